@@ -1,0 +1,24 @@
+//! The transport between an omps client (the shim) and the omps server.
+//!
+//! * [`shm`]: the anonymous memfd segment and its mapping.
+//! * [`ring`]: a single-producer single-consumer ring of variable-length records that
+//!   lives in that segment and is addressed through offsets only.
+//! * [`futex`]: doorbells that cost no system call while the other side is awake.
+//! * [`segment`]: where everything sits inside a client's segment.
+//! * [`wire`]: the plain-old-data records that travel through the ring and the socket.
+//! * [`sock`]: where the server's socket lives, and messages that carry descriptors.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod sync;
+pub mod ring;
+#[cfg(not(loom))]
+pub mod futex;
+#[cfg(not(loom))]
+pub mod shm;
+#[cfg(not(loom))]
+pub mod segment;
+#[cfg(not(loom))]
+pub mod sock;
+#[cfg(not(loom))]
+pub mod wire;

@@ -1,0 +1,355 @@
+//! Where everything sits inside a client's shared segment.
+//!
+//! ```text
+//! offset 0        SegmentHeader (one page): magic, layout, server state word
+//! PAGE            DeviceSnapshot table (what the shim answers device queries from)
+//! rings_offset    one command ring per GPU: RingHeader + data (client produces)
+//! channels_offset channel headers, one page each: reply + completion words
+//! staging_offset  staging chunks, `chunks_per_channel` per channel
+//! ```
+//!
+//! Channels and staging are contiguous and page aligned because the server registers
+//! exactly that range with the GPU: the GPU writes completion words into channel headers
+//! (`cuStreamWriteValue32`) and DMAs straight from and to the staging chunks. The rings are
+//! never registered, so their pages are not pinned.
+//!
+//! Every offset is computed by [`Layout`] from the handful of numbers in the handshake;
+//! nothing in the segment holds a pointer.
+
+use crate::ring::RING_HEADER_BYTES;
+use crate::sync::CachePadded;
+use bytemuck::{Pod, Zeroable};
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicI32, AtomicU32};
+
+pub const PAGE: usize = 4096;
+pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"omps-seg");
+/// Most GPUs one server drives; one ring per GPU in every client segment.
+pub const MAX_DEVICES: usize = 8;
+/// Staging chunks per channel: enough to keep copy-in and DMA overlapped.
+pub const CHUNKS_PER_CHANNEL: usize = 4;
+/// Bytes of inline reply payload in a channel.
+pub const REPLY_BYTES: usize = 1024;
+/// Device attributes kept per device in the snapshot (CUdevice_attribute values below this).
+pub const MAX_ATTRIBUTES: usize = 256;
+
+/// The numbers both sides derive the layout from. Sent in the handshake.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LayoutParams {
+    pub num_rings: u32,
+    pub num_channels: u32,
+    pub ring_capacity: u32,
+    pub chunk_bytes: u32,
+}
+
+impl LayoutParams {
+    pub const DEFAULT_RING_CAPACITY: u32 = 1 << 20;
+    pub const DEFAULT_CHANNELS: u32 = 8;
+    pub const DEFAULT_CHUNK: u32 = 1 << 20;
+
+    pub fn for_devices(num_devices: usize) -> Self {
+        LayoutParams {
+            num_rings: num_devices.clamp(1, MAX_DEVICES) as u32,
+            num_channels: Self::DEFAULT_CHANNELS,
+            ring_capacity: Self::DEFAULT_RING_CAPACITY,
+            chunk_bytes: Self::DEFAULT_CHUNK,
+        }
+    }
+
+    /// Rejects parameters a peer could use to make the layout overflow or misalign.
+    pub fn validate(&self) -> Result<Layout, &'static str> {
+        let ok_pow2 = |v: u32, min: u32, max: u32| v.is_power_of_two() && v >= min && v <= max;
+        if self.num_rings == 0 || self.num_rings as usize > MAX_DEVICES {
+            return Err("ring count out of range");
+        }
+        if self.num_channels == 0 || self.num_channels > 64 {
+            return Err("channel count out of range");
+        }
+        if !ok_pow2(self.ring_capacity, 4096, 1 << 26) {
+            return Err("ring capacity must be a power of two in 4 KiB..64 MiB");
+        }
+        if !ok_pow2(self.chunk_bytes, PAGE as u32, 1 << 24) {
+            return Err("chunk size must be a power of two in 4 KiB..16 MiB");
+        }
+        Ok(Layout::new(*self))
+    }
+}
+
+/// Byte offsets of every region, derived from [`LayoutParams`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub params: LayoutParams,
+    pub snapshot_offset: usize,
+    pub rings_offset: usize,
+    pub ring_stride: usize,
+    pub channels_offset: usize,
+    pub staging_offset: usize,
+    pub total_len: usize,
+}
+
+const fn page_up(n: usize) -> usize {
+    (n + PAGE - 1) & !(PAGE - 1)
+}
+
+impl Layout {
+    fn new(p: LayoutParams) -> Self {
+        let snapshot_offset = PAGE;
+        let rings_offset = page_up(snapshot_offset + core::mem::size_of::<SnapshotTable>());
+        let ring_stride = page_up(RING_HEADER_BYTES + p.ring_capacity as usize);
+        let channels_offset = rings_offset + ring_stride * p.num_rings as usize;
+        let staging_offset = channels_offset + PAGE * p.num_channels as usize;
+        let staging_len =
+            p.num_channels as usize * CHUNKS_PER_CHANNEL * p.chunk_bytes as usize;
+        Layout {
+            params: p,
+            snapshot_offset,
+            rings_offset,
+            ring_stride,
+            channels_offset,
+            staging_offset,
+            total_len: staging_offset + staging_len,
+        }
+    }
+
+    /// Offset of ring `i`'s header; its data follows `RING_HEADER_BYTES` later.
+    pub fn ring_offset(&self, i: usize) -> usize {
+        self.rings_offset + i * self.ring_stride
+    }
+
+    pub fn channel_offset(&self, c: usize) -> usize {
+        self.channels_offset + c * PAGE
+    }
+
+    pub fn chunk_offset(&self, c: usize, chunk: usize) -> usize {
+        self.staging_offset
+            + (c * CHUNKS_PER_CHANNEL + chunk) * self.params.chunk_bytes as usize
+    }
+
+    /// The range the server registers with the GPU: channel headers and staging.
+    pub fn registered_range(&self) -> (usize, usize) {
+        (self.channels_offset, self.total_len - self.channels_offset)
+    }
+}
+
+/// Server state as seen by a client, in [`SegmentHeader::server_state`].
+pub mod state {
+    pub const ACTIVE: u32 = 0;
+    /// The server disconnected this client (malformed command) or is going away.
+    pub const DISCONNECTED: u32 = 1;
+    /// A fatal GPU fault poisoned the shared context.
+    pub const FAULT: u32 = 2;
+}
+
+/// First page of the segment.
+#[repr(C)]
+pub struct SegmentHeader {
+    pub magic: u64,
+    pub params: LayoutParams,
+    pub client_id: u32,
+    /// One of [`state`]; a futex word so waiting clients can be woken when it changes.
+    pub server_state: AtomicU32,
+    /// The CUresult behind a FAULT or DISCONNECTED state.
+    pub state_code: AtomicI32,
+}
+
+/// One channel: a caller's in-flight synchronous call and its staging chunks.
+///
+/// `done` and `chunk_done` hold the sequence number of the last finished call or chunk
+/// transfer. The server writes them from the CPU, or the GPU writes them in stream order
+/// with `cuStreamWriteValue32`; either way the client waits for `== seq`.
+#[repr(C)]
+pub struct Channel {
+    pub done: CachePadded<AtomicU32>,
+    /// The client sets this before it sleeps on `done` or a `chunk_done` word; the server
+    /// then wakes it after completing.
+    pub waiting: CachePadded<AtomicU32>,
+    pub chunk_done: [CachePadded<AtomicU32>; CHUNKS_PER_CHANNEL],
+    /// CUresult of the call, written before `done`.
+    pub result: AtomicI32,
+    /// Bytes of reply payload that follow; beyond `REPLY_BYTES` they are in chunk 0.
+    pub reply_len: AtomicU32,
+    reply: UnsafeCell<[u8; REPLY_BYTES]>,
+}
+
+// SAFETY: `reply` is only touched through the copy methods below, and the protocol hands it
+// over with the `done` word: the server writes it before its Release store of `done`, the
+// client reads it after its Acquire load sees `seq`.
+unsafe impl Sync for Channel {}
+
+impl Channel {
+    /// Server side: copies `bytes` (at most REPLY_BYTES) into the reply area.
+    pub fn write_reply(&self, bytes: &[u8]) {
+        let n = bytes.len().min(REPLY_BYTES);
+        // SAFETY: n is within the area; the peer does not read it until `done` flips, and a
+        // hostile peer that does so only sees torn bytes of its own reply.
+        unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), self.reply.get() as *mut u8, n) };
+    }
+
+    /// Client side: copies the reply area into `out` (at most REPLY_BYTES).
+    pub fn read_reply(&self, out: &mut [u8]) {
+        let n = out.len().min(REPLY_BYTES);
+        // SAFETY: n is within the area; see write_reply for the hand-off.
+        unsafe { core::ptr::copy_nonoverlapping(self.reply.get() as *const u8, out.as_mut_ptr(), n) };
+    }
+
+    /// The word a completion for `target` lands in.
+    pub fn word(&self, target: Word) -> Option<&AtomicU32> {
+        match target {
+            Word::Done => Some(&self.done),
+            Word::Chunk(i) => self.chunk_done.get(i as usize).map(|c| &**c),
+        }
+    }
+}
+
+/// Which completion word of a channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Word {
+    Done,
+    Chunk(u8),
+}
+
+const _: () = assert!(core::mem::size_of::<Channel>() <= PAGE);
+const _: () = assert!(core::mem::size_of::<SegmentHeader>() <= PAGE);
+
+/// What the shim needs to answer device queries without a round trip.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct DeviceSnapshot {
+    pub name: [u8; 256],
+    pub uuid: [u8; 16],
+    pub total_mem: u64,
+    /// `attributes[a]` is CUdevice_attribute `a`; `attr_valid` says whether the driver had it.
+    pub attributes: [i32; MAX_ATTRIBUTES],
+    pub attr_valid: [u8; MAX_ATTRIBUTES],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct SnapshotTable {
+    pub driver_version: i32,
+    pub device_count: u32,
+    pub devices: [DeviceSnapshot; MAX_DEVICES],
+}
+
+impl DeviceSnapshot {
+    pub fn name_str(&self) -> &str {
+        let end = self.name.iter().position(|&b| b == 0).unwrap_or(self.name.len());
+        core::str::from_utf8(&self.name[..end]).unwrap_or("")
+    }
+
+    pub fn attribute(&self, attr: usize) -> Option<i32> {
+        (attr < MAX_ATTRIBUTES && self.attr_valid[attr] != 0).then(|| self.attributes[attr])
+    }
+}
+
+/// Typed access to a mapped segment. Holds the base address only; the mapping's owner
+/// guarantees it outlives this view.
+#[derive(Clone, Copy)]
+pub struct SegmentView {
+    base: *mut u8,
+    pub layout: Layout,
+}
+
+// SAFETY: the view only hands out references to atomics and Pod data in shared memory,
+// which are fine to use from any thread.
+unsafe impl Send for SegmentView {}
+// SAFETY: as above.
+unsafe impl Sync for SegmentView {}
+
+impl SegmentView {
+    /// # Safety
+    /// `base` points to a mapping of at least `layout.total_len` bytes, page aligned, that
+    /// stays mapped for as long as the view or anything borrowed from it is used.
+    pub unsafe fn new(base: *mut u8, layout: Layout) -> Self {
+        SegmentView { base, layout }
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    pub fn header(&self) -> &SegmentHeader {
+        // SAFETY: offset 0 is inside the mapping, page aligned; SegmentHeader is all atomics
+        // and plain integers for which any bit pattern is valid.
+        unsafe { &*(self.base as *const SegmentHeader) }
+    }
+
+    pub fn snapshot(&self) -> &SnapshotTable {
+        // SAFETY: the snapshot region lies inside the mapping (Layout::new) and is Pod.
+        unsafe { &*(self.base.add(self.layout.snapshot_offset) as *const SnapshotTable) }
+    }
+
+    /// # Safety
+    /// No other reference to the snapshot is alive (the server writes it before sharing).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn snapshot_mut(&self) -> &mut SnapshotTable {
+        // SAFETY: as snapshot(); exclusivity is the caller's promise.
+        unsafe { &mut *(self.base.add(self.layout.snapshot_offset) as *mut SnapshotTable) }
+    }
+
+    /// Header and data pointers of ring `i` (panics if `i` is out of range).
+    pub fn ring_parts(&self, i: usize) -> (*const crate::ring::RingHeader, *mut u8, usize) {
+        assert!(i < self.layout.params.num_rings as usize, "ring index out of range");
+        let off = self.layout.ring_offset(i);
+        // SAFETY: ring i lies inside the mapping by construction of Layout.
+        let hdr = unsafe { self.base.add(off) };
+        // SAFETY: as above; the data follows the header inside the same ring stride.
+        let data = unsafe { self.base.add(off + RING_HEADER_BYTES) };
+        (hdr as *const _, data, self.layout.params.ring_capacity as usize)
+    }
+
+    /// Channel `c`; `None` when the index is out of range (it may come from a hostile peer).
+    pub fn channel(&self, c: usize) -> Option<&Channel> {
+        if c >= self.layout.params.num_channels as usize {
+            return None;
+        }
+        // SAFETY: c is in range, so the page lies inside the mapping; Channel is atomics and
+        // bytes, valid for any bit pattern.
+        Some(unsafe { &*(self.base.add(self.layout.channel_offset(c)) as *const Channel) })
+    }
+
+    /// Staging chunk `chunk` of channel `c` as a raw pointer and its length.
+    pub fn chunk(&self, c: usize, chunk: usize) -> Option<(*mut u8, usize)> {
+        if c >= self.layout.params.num_channels as usize || chunk >= CHUNKS_PER_CHANNEL {
+            return None;
+        }
+        // SAFETY: both indices are in range, so the chunk lies inside the mapping.
+        let p = unsafe { self.base.add(self.layout.chunk_offset(c, chunk)) };
+        Some((p, self.layout.params.chunk_bytes as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_regions_do_not_overlap_and_are_page_aligned() {
+        let l = LayoutParams::for_devices(3).validate().unwrap();
+        assert!(l.snapshot_offset + core::mem::size_of::<SnapshotTable>() <= l.rings_offset);
+        assert_eq!(l.ring_offset(1) - l.ring_offset(0), l.ring_stride);
+        assert!(l.ring_offset(2) + l.ring_stride <= l.channels_offset);
+        assert_eq!(l.channels_offset % PAGE, 0);
+        assert_eq!(l.staging_offset % PAGE, 0);
+        assert_eq!(
+            l.chunk_offset(7, 3) + l.params.chunk_bytes as usize,
+            l.total_len
+        );
+    }
+
+    #[test]
+    fn hostile_layout_params_are_rejected() {
+        let good = LayoutParams::for_devices(1);
+        for bad in [
+            LayoutParams { num_rings: 0, ..good },
+            LayoutParams { num_rings: 99, ..good },
+            LayoutParams { num_channels: 0, ..good },
+            LayoutParams { ring_capacity: 5000, ..good },
+            LayoutParams { ring_capacity: u32::MAX, ..good },
+            LayoutParams { chunk_bytes: 1, ..good },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?} accepted");
+        }
+    }
+}

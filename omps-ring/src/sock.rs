@@ -1,0 +1,129 @@
+//! The server's Unix socket: where it lives, and messages that carry file descriptors.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+pub const SOCKET_NAME: &str = "omps.sock";
+pub const DEFAULT_PIPE_DIRECTORY: &str = "/tmp/omps-pipe";
+/// Most descriptors one message carries: a segment and a doorbell per GPU.
+pub const MAX_FDS: usize = 1 + crate::segment::MAX_DEVICES;
+
+fn env_dir(ours: &str, mps: &str) -> Option<PathBuf> {
+    [ours, mps]
+        .iter()
+        .filter_map(|k| std::env::var_os(k))
+        .find(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// `OMPS_PIPE_DIRECTORY`, else `CUDA_MPS_PIPE_DIRECTORY`, else `/tmp/omps-pipe`.
+pub fn pipe_directory() -> PathBuf {
+    env_dir("OMPS_PIPE_DIRECTORY", "CUDA_MPS_PIPE_DIRECTORY")
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PIPE_DIRECTORY))
+}
+
+/// `OMPS_LOG_DIRECTORY`, else `CUDA_MPS_LOG_DIRECTORY`.
+pub fn log_directory() -> Option<PathBuf> {
+    env_dir("OMPS_LOG_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+}
+
+pub fn socket_path() -> PathBuf {
+    pipe_directory().join(SOCKET_NAME)
+}
+
+/// Sends `bytes` in one message with `fds` attached (SCM_RIGHTS).
+pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    assert!(fds.len() <= MAX_FDS);
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+    let fd_bytes = std::mem::size_of_val(fds);
+    let mut cbuf = [0u64; 16];
+    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the sendmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+        assert!(space <= std::mem::size_of_val(&cbuf));
+        msg.msg_control = cbuf.as_mut_ptr() as *mut _;
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `space` bytes, enough for one header and the fds.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr() as *const u8, libc::CMSG_DATA(c), fd_bytes);
+        }
+    }
+    // SAFETY: msg is fully initialised above.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != bytes.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "short send"));
+    }
+    Ok(())
+}
+
+/// Receives one message into `buf`; returns its length and the descriptors it carried.
+pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
+    let mut cbuf = [0u64; 16];
+    // SAFETY: a zeroed msghdr is valid; the buffers set below outlive recvmsg.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut _;
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: msg describes valid buffers.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into cbuf, within controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    let fd = std::ptr::read_unaligned((data as *const RawFd).add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "descriptors truncated"));
+    }
+    Ok((n as usize, fds))
+}
+
+/// Control-channel framing: a little-endian u32 length, then that many bytes.
+pub fn write_frame(w: &mut impl io::Write, bytes: &[u8]) -> io::Result<()> {
+    w.write_all(&(bytes.len() as u32).to_le_bytes())?;
+    w.write_all(bytes)
+}
+
+/// Reads one frame of at most `max` bytes; Ok(None) at a clean end of stream.
+pub fn read_frame(r: &mut impl io::Read, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "frame too long"));
+    }
+    let mut v = vec![0; len];
+    r.read_exact(&mut v)?;
+    Ok(Some(v))
+}

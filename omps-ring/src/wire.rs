@@ -1,0 +1,341 @@
+//! The wire format: plain-old-data records.
+//!
+//! A ring record's tag is an [`Op`]; its payload is that op's fixed-size struct, optionally
+//! followed by variable bytes (kernel arguments, a symbol name). Calls that need an answer
+//! carry a [`CallHdr`] naming the channel the answer goes to and the sequence number the
+//! channel's `done` word takes when it is there.
+//!
+//! Handles that cross the wire are small integers the client chose (streams, events) or the
+//! server assigned (modules, functions); device pointers are the real device addresses. The
+//! server resolves every one of them in that client's own tables.
+
+use bytemuck::{Pod, Zeroable};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
+
+/// The stream handle a client uses for its legacy default stream (CUDA's `0`).
+pub const STREAM_DEFAULT: u32 = 0;
+
+macro_rules! ops {
+    ($($(#[$doc:meta])* $name:ident = $val:expr => $ty:ty,)*) => {
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Op { $($(#[$doc])* $name = $val,)* }
+
+        impl Op {
+            pub fn from_tag(tag: u32) -> Option<Op> {
+                match tag { $($val => Some(Op::$name),)* _ => None }
+            }
+
+            /// Size of the fixed part of this op's payload.
+            pub fn fixed_len(self) -> usize {
+                match self { $(Op::$name => core::mem::size_of::<$ty>(),)* }
+            }
+        }
+    };
+}
+
+ops! {
+    // Fire-and-forget: errors surface at the client's next synchronizing call.
+    Launch = 1 => Launch,
+    Memset = 2 => Memset,
+    CopyDtoD = 3 => CopyDtoD,
+    CopyHtoDChunk = 4 => ChunkCopy,
+    CopyDtoHChunk = 5 => ChunkCopy,
+    BlobAppend = 6 => ChunkCopy,
+    StreamCreate = 7 => StreamCreate,
+    StreamDestroy = 8 => Handle,
+    EventCreate = 9 => EventCreate,
+    EventDestroy = 10 => Handle,
+    EventRecord = 11 => EventRecord,
+    StreamWaitEvent = 12 => EventRecord,
+    MemFree = 13 => MemFree,
+    ModuleUnload = 14 => Handle,
+    // Calls: answered in a channel.
+    MemAlloc = 32 => MemAlloc,
+    MemGetInfo = 33 => CallHdr,
+    ModuleLoad = 34 => ModuleLoad,
+    ModuleGetGlobal = 35 => ModuleGetGlobal,
+    FuncGetAttribute = 36 => FuncGetAttribute,
+    StreamSync = 37 => HandleCall,
+    StreamQuery = 38 => HandleCall,
+    EventSync = 39 => HandleCall,
+    EventQuery = 40 => HandleCall,
+    EventElapsed = 41 => EventElapsed,
+    CtxSync = 42 => CallHdr,
+    /// Waits until every earlier command of this client on this GPU has been handled by
+    /// the server (not by the GPU); answers pending asynchronous errors.
+    Ping = 43 => CallHdr,
+}
+
+/// Where an answer goes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CallHdr {
+    pub channel: u32,
+    pub seq: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Handle {
+    pub id: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HandleCall {
+    pub call: CallHdr,
+    pub id: u32,
+    pub _pad: u32,
+}
+
+/// Followed by `args_len` bytes: the kernel's parameter buffer, laid out with the
+/// offsets the server reported for this function.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Launch {
+    pub func: u32,
+    pub stream: u32,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub args_len: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Memset {
+    pub dst: u64,
+    /// Elements, not bytes.
+    pub count: u64,
+    pub value: u32,
+    /// 1, 2 or 4.
+    pub elem_size: u32,
+    pub stream: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CopyDtoD {
+    pub dst: u64,
+    pub src: u64,
+    pub len: u64,
+    pub stream: u32,
+    pub _pad: u32,
+}
+
+/// One staged piece of a host copy or of an upload. `dev` is the device address for
+/// copies and unused for blob appends. When the chunk is free again, the chunk's
+/// `chunk_done` word becomes `seq`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ChunkCopy {
+    pub dev: u64,
+    pub channel: u32,
+    pub chunk: u32,
+    pub len: u32,
+    pub seq: u32,
+    pub stream: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct StreamCreate {
+    pub id: u32,
+    pub flags: u32,
+    pub priority: i32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct EventCreate {
+    pub id: u32,
+    pub flags: u32,
+}
+
+/// Also used for StreamWaitEvent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct EventRecord {
+    pub event: u32,
+    pub stream: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct MemFree {
+    pub ptr: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct MemAlloc {
+    pub call: CallHdr,
+    pub size: u64,
+}
+
+/// Loads the image uploaded into this channel's blob with BlobAppend records.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ModuleLoad {
+    pub call: CallHdr,
+    pub blob_len: u64,
+}
+
+/// Followed by `name_len` bytes of symbol name (no NUL).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ModuleGetGlobal {
+    pub call: CallHdr,
+    pub module: u32,
+    pub name_len: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct FuncGetAttribute {
+    pub call: CallHdr,
+    pub func: u32,
+    pub attr: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct EventElapsed {
+    pub call: CallHdr,
+    pub start: u32,
+    pub end: u32,
+}
+
+// ---- replies (in the channel's reply area) ----
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct U64Reply {
+    pub value: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct MemInfoReply {
+    pub free: u64,
+    pub total: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GlobalReply {
+    pub ptr: u64,
+    pub size: u64,
+}
+
+/// ModuleLoad's answer, written at the start of chunk 0 of the channel: this header,
+/// then `num_functions` [`FunctionDesc`], then the parameter table, then the names.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ModuleReply {
+    pub module: u32,
+    pub num_functions: u32,
+    pub total_len: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct FunctionDesc {
+    pub func: u32,
+    pub max_threads_per_block: i32,
+    pub static_shared: i32,
+    pub max_dynamic_shared: i32,
+    /// Byte offset of this function's name within the reply, and its length.
+    pub name_offset: u32,
+    pub name_len: u32,
+    /// Index of its first parameter in the parameter table, and how many it has.
+    pub first_param: u32,
+    pub num_params: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ParamDesc {
+    pub offset: u32,
+    pub size: u32,
+}
+
+// ---- socket handshake ----
+
+pub mod kind {
+    pub const CLIENT: u32 = 0;
+    pub const CONTROL: u32 = 1;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Hello {
+    pub magic: u64,
+    pub version: u32,
+    pub kind: u32,
+}
+
+/// The server's answer to a client Hello; with status 0 it carries, as SCM_RIGHTS, the
+/// segment memfd followed by one doorbell memfd per GPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Welcome {
+    pub magic: u64,
+    pub version: u32,
+    /// CUresult: 0, or why the client is refused.
+    pub status: i32,
+    pub client_id: u32,
+    pub num_devices: u32,
+    pub layout: crate::segment::LayoutParams,
+    pub segment_len: u64,
+}
+
+/// Size of the per-GPU doorbell page shared by all clients of that GPU.
+pub const DOORBELL_PAGE: usize = 4096;
+
+/// Appends a Pod value's bytes.
+pub fn put<T: Pod>(out: &mut Vec<u8>, v: &T) {
+    out.extend_from_slice(bytemuck::bytes_of(v));
+}
+
+/// Reads a Pod value from the front of `bytes`, tolerating any alignment.
+pub fn get<T: Pod>(bytes: &[u8]) -> Option<T> {
+    bytes
+        .get(..core::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_op_round_trips_through_its_tag() {
+        for tag in 0..64 {
+            if let Some(op) = Op::from_tag(tag) {
+                assert_eq!(op as u32, tag);
+                assert!(op.fixed_len() >= 8, "{op:?}");
+                assert_eq!(op.fixed_len() % 8, 0, "{op:?} not 8-byte sized");
+            }
+        }
+        assert_eq!(Op::from_tag(0), None);
+        assert_eq!(Op::from_tag(u32::MAX), None);
+    }
+
+    #[test]
+    fn get_rejects_short_input() {
+        assert_eq!(get::<Launch>(&[0u8; 10]), None);
+        let l = Launch { func: 7, args_len: 3, ..Default::default() };
+        let mut v = vec![1u8];
+        put(&mut v, &l);
+        assert_eq!(get::<Launch>(&v[1..]), Some(l));
+    }
+}

@@ -1,0 +1,397 @@
+//! The control thread: the socket, the handshake, omps-ctl requests, and client death.
+
+use crate::client::ClientShared;
+use crate::gpu::{code, Gpu};
+use crate::worker::{self, ToWorker, WorkerConfig};
+use omps_ring::futex::Doorbell;
+use omps_ring::segment::{state, DeviceSnapshot, LayoutParams, SegmentView, SnapshotTable, SEGMENT_MAGIC};
+use omps_ring::shm::{self, Mapping};
+use omps_ring::sock;
+use omps_ring::wire::{self, Hello, Welcome};
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub pipe_dir: PathBuf,
+    pub spin: Duration,
+    pub pin_workers: bool,
+}
+
+impl ServerConfig {
+    pub fn from_env() -> Self {
+        let spin_us = std::env::var("OMPS_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+        ServerConfig {
+            pipe_dir: sock::pipe_directory(),
+            spin: Duration::from_micros(spin_us),
+            pin_workers: std::env::var_os("OMPS_NO_PIN").is_none(),
+        }
+    }
+}
+
+struct WorkerHandle {
+    tx: rtrb::Producer<ToWorker>,
+    bell_fd: OwnedFd,
+    bell_map: Arc<Mapping>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    fn bell(&self) -> &Doorbell {
+        // SAFETY: the doorbell page is mapped for as long as bell_map lives, page aligned,
+        // and Doorbell is two atomics, valid for any bit pattern.
+        unsafe { &*(self.bell_map.as_ptr() as *const Doorbell) }
+    }
+
+    fn send(&mut self, mut msg: ToWorker) {
+        loop {
+            match self.tx.push(msg) {
+                Ok(()) => break,
+                Err(rtrb::PushError::Full(m)) => {
+                    msg = m;
+                    self.bell().ring();
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        }
+        self.bell().ring();
+    }
+}
+
+pub struct Server {
+    cfg: ServerConfig,
+    listener: UnixListener,
+    socket_path: PathBuf,
+    gpus: Vec<Arc<dyn Gpu>>,
+    snapshots: Vec<DeviceSnapshot>,
+    driver_version: i32,
+    workers: Vec<WorkerHandle>,
+    clients: HashMap<u32, (Arc<ClientShared>, UnixStream)>,
+    exiting: Vec<Arc<ClientShared>>,
+    next_id: u32,
+    uid: u32,
+    quit: bool,
+}
+
+/// Creates the pipe directory (0700, ours) and binds the socket, refusing to steal the
+/// socket of a server that still answers.
+fn bind(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let md = std::fs::metadata(dir)?;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    if md.uid() != uid {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("pipe directory {} belongs to uid {}, not {uid}", dir.display(), md.uid())));
+    }
+    if md.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let path = dir.join(sock::SOCKET_NAME);
+    if UnixStream::connect(&path).is_ok() {
+        return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("an omps server already listens on {}", path.display())));
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok((UnixListener::bind(&path)?, path))
+}
+
+impl Server {
+    pub fn new(cfg: ServerConfig, gpus: Vec<Arc<dyn Gpu>>, driver_version: i32) -> io::Result<Server> {
+        let (listener, socket_path) = bind(&cfg.pipe_dir)?;
+        let snapshots = gpus.iter().map(|g| g.snapshot()).collect();
+        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut workers = Vec::new();
+        for (i, gpu) in gpus.iter().enumerate() {
+            let bell_fd = shm::create_segment("omps-doorbell", wire::DOORBELL_PAGE)?;
+            let bell_map = Arc::new(Mapping::map(bell_fd.as_fd(), wire::DOORBELL_PAGE)?);
+            let (tx, rx) = rtrb::RingBuffer::new(1024);
+            let wcfg = WorkerConfig {
+                spin: cfg.spin,
+                // Core 0 takes interrupts and the control thread; workers take the next ones.
+                cpu: (cfg.pin_workers && ncpu > 2).then_some(1 + i % (ncpu - 1)),
+            };
+            let (g, m) = (gpu.clone(), bell_map.clone());
+            let thread = std::thread::Builder::new().name(format!("omps-gpu{i}")).spawn(move || {
+                // SAFETY: the mapping is page aligned and lives as long as `m`.
+                let bell = unsafe { &*(m.as_ptr() as *const Doorbell) };
+                worker::run(g, rx, bell, wcfg)
+            })?;
+            workers.push(WorkerHandle { tx, bell_fd, bell_map, thread: Some(thread) });
+        }
+        tracing::info!(pipe_dir = %cfg.pipe_dir.display(), gpus = gpus.len(), "omps server listening");
+        Ok(Server {
+            cfg,
+            listener,
+            socket_path,
+            gpus,
+            snapshots,
+            driver_version,
+            workers,
+            clients: HashMap::new(),
+            exiting: Vec::new(),
+            next_id: 1,
+            // SAFETY: getuid has no preconditions.
+            uid: unsafe { libc::getuid() },
+            quit: false,
+        })
+    }
+
+    /// Serves until `quit`.
+    pub fn run(mut self) -> io::Result<()> {
+        while !self.quit {
+            self.poll_once()?;
+        }
+        for w in &mut self.workers {
+            w.send(ToWorker::Quit);
+        }
+        for w in &mut self.workers {
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+        tracing::info!("omps server stopped");
+        Ok(())
+    }
+
+    fn poll_once(&mut self) -> io::Result<()> {
+        let ids: Vec<u32> = self.clients.keys().copied().collect();
+        let mut fds = Vec::with_capacity(ids.len() + 1);
+        fds.push(libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        for id in &ids {
+            let fd = self.clients[id].1.as_raw_fd();
+            fds.push(libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 });
+        }
+        // SAFETY: fds is a valid array of pollfd of the given length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(()) } else { Err(e) };
+        }
+        for (pfd, id) in fds[1..].iter().zip(&ids) {
+            if pfd.revents != 0 && self.client_socket_closed(*id) {
+                self.retire_client(*id);
+            }
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            if let Ok((stream, _)) = self.listener.accept() {
+                if let Err(e) = self.accept(stream) {
+                    tracing::warn!("connection refused: {e}");
+                }
+            }
+        }
+        self.reap_exiting();
+        Ok(())
+    }
+
+    /// A client never writes after its hello: readable means closed, or misbehaving.
+    fn client_socket_closed(&self, id: u32) -> bool {
+        let mut b = [0u8; 64];
+        let s = &self.clients[&id].1;
+        // SAFETY: recv into a local buffer; non-blocking.
+        let n = unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr() as *mut _, b.len(), libc::MSG_DONTWAIT) };
+        n == 0 || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock) || n > 0
+    }
+
+    fn retire_client(&mut self, id: u32) {
+        if let Some((c, _)) = self.clients.remove(&id) {
+            c.gone.store(true, Ordering::SeqCst);
+            tracing::info!(client = id, pid = c.pid, "client gone; releasing its resources");
+            for w in &mut self.workers {
+                w.send(ToWorker::Remove(id));
+            }
+            self.exiting.push(c);
+        }
+    }
+
+    fn reap_exiting(&mut self) {
+        let n = self.workers.len() as u32;
+        self.exiting.retain(|c| c.released.load(Ordering::SeqCst) < n);
+    }
+
+    fn accept(&mut self, stream: UnixStream) -> io::Result<()> {
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+        let cred = peer_cred(&stream)?;
+        if cred.uid != self.uid {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("peer uid {} is not the server's uid {}", cred.uid, self.uid)));
+        }
+        let mut hb = [0u8; std::mem::size_of::<Hello>()];
+        io::Read::read_exact(&mut &stream, &mut hb)?;
+        let hello: Hello = bytemuck::pod_read_unaligned(&hb);
+        if hello.magic != wire::HELLO_MAGIC || hello.version != wire::PROTOCOL_VERSION {
+            let w = Welcome { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, status: code::MPS_CONNECTION_FAILED, ..Default::default() };
+            let _ = sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad hello (protocol version mismatch?)"));
+        }
+        match hello.kind {
+            wire::kind::CLIENT => self.accept_client(stream, cred.pid),
+            wire::kind::CONTROL => self.serve_control(stream),
+            k => Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown connection kind {k}"))),
+        }
+    }
+
+    fn accept_client(&mut self, stream: UnixStream, pid: i32) -> io::Result<()> {
+        if self.any_fault().is_some() {
+            let w = Welcome { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, status: code::MPS_SERVER_NOT_READY, ..Default::default() };
+            return sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let params = LayoutParams::for_devices(self.gpus.len());
+        let layout = params.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let fd = shm::create_segment(&format!("omps-client-{pid}"), layout.total_len)?;
+        let map = Mapping::map(fd.as_fd(), layout.total_len)?;
+        // SAFETY: the mapping is total_len bytes, page aligned, and moves into ClientShared
+        // together with the view.
+        let seg = unsafe { SegmentView::new(map.as_ptr(), layout) };
+        {
+            // SAFETY: nobody else sees this segment yet.
+            let snap: &mut SnapshotTable = unsafe { seg.snapshot_mut() };
+            snap.driver_version = self.driver_version;
+            snap.device_count = self.snapshots.len() as u32;
+            for (d, s) in snap.devices.iter_mut().zip(&self.snapshots) {
+                *d = *s;
+            }
+            // SAFETY: as above; the header is plain fields and atomics at offset 0.
+            let h = unsafe { &mut *(seg.base() as *mut omps_ring::segment::SegmentHeader) };
+            h.magic = SEGMENT_MAGIC;
+            h.params = params;
+            h.client_id = id;
+        }
+        let registered_on = match self.gpus.first() {
+            Some(g) => {
+                let (off, len) = layout.registered_range();
+                // SAFETY: the range is inside the mapping, which outlives the registration
+                // (ClientShared unregisters before unmapping).
+                unsafe { g.register_host(seg.base().add(off), len) }
+                    .map_err(|e| io::Error::other(format!("registering client memory failed: CUDA error {}", e.0)))?;
+                Some(g.clone())
+            }
+            None => None,
+        };
+        let welcome = Welcome {
+            magic: wire::HELLO_MAGIC,
+            version: wire::PROTOCOL_VERSION,
+            status: 0,
+            client_id: id,
+            num_devices: self.gpus.len() as u32,
+            layout: params,
+            segment_len: layout.total_len as u64,
+        };
+        let mut fds = vec![fd.as_raw_fd()];
+        fds.extend(self.workers.iter().map(|w| w.bell_fd.as_raw_fd()));
+        sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&welcome), &fds)?;
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()).unwrap_or_default();
+        let ours = stream.try_clone()?;
+        let c = Arc::new(ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on));
+        for w in &mut self.workers {
+            w.send(ToWorker::Add(c.clone()));
+        }
+        tracing::info!(client = id, pid, "client connected");
+        self.clients.insert(id, (c, stream));
+        Ok(())
+    }
+
+    fn any_fault(&self) -> Option<i32> {
+        self.clients.values().find_map(|(c, _)| {
+            let h = c.seg.header();
+            (h.server_state.load(Ordering::Relaxed) == state::FAULT).then(|| h.state_code.load(Ordering::Relaxed))
+        })
+    }
+
+    fn serve_control(&mut self, stream: UnixStream) -> io::Result<()> {
+        let mut r = &stream;
+        while let Some(req) = sock::read_frame(&mut r, 4096)? {
+            let line = String::from_utf8_lossy(&req).trim().to_string();
+            let (ok, text) = self.control_command(&line);
+            let mut reply = vec![u8::from(!ok)];
+            reply.extend_from_slice(text.as_bytes());
+            sock::write_frame(&mut &stream, &reply)?;
+            if self.quit {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one omps-ctl / nvidia-cuda-mps-control command line: (success, output).
+    pub fn control_command(&mut self, line: &str) -> (bool, String) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["status"] => (true, self.status_text()),
+            ["ps"] | ["ps", ..] => (true, self.ps_text()),
+            ["get_server_list"] => (true, format!("{}\n", std::process::id())),
+            ["get_client_list", ..] | ["get_device_client_list", ..] => {
+                let mut pids: Vec<i32> = self.clients.values().map(|(c, _)| c.pid).collect();
+                pids.sort_unstable();
+                (true, pids.iter().map(|p| format!("{p}\n")).collect())
+            }
+            ["quit"] | ["quit", ..] => {
+                self.quit = true;
+                (true, String::new())
+            }
+            [] => (true, String::new()),
+            [cmd, ..] => (false, format!("unknown command '{cmd}' (known: status, ps, quit, get_server_list, get_client_list)\n")),
+        }
+    }
+
+    fn status_text(&self) -> String {
+        let fault = self.any_fault();
+        let mut s = format!(
+            "omps-server {} pid {} {}\npipe directory: {}\ndriver version: {}\nclients: {}\n",
+            env!("CARGO_PKG_VERSION"),
+            std::process::id(),
+            if let Some(e) = fault { format!("FAULT (CUDA error {e})") } else { "ACTIVE".to_string() },
+            self.cfg.pipe_dir.display(),
+            self.driver_version,
+            self.clients.len()
+        );
+        for (i, snap) in self.snapshots.iter().enumerate() {
+            let mem: u64 = self.clients.values().map(|(c, _)| c.mem_bytes[i].load(Ordering::Relaxed)).sum();
+            s += &format!("GPU {i}: {} {} total {} MiB, clients' allocations {} MiB\n", snap.name_str(), uuid_text(&snap.uuid), snap.total_mem >> 20, mem >> 20);
+        }
+        s
+    }
+
+    fn ps_text(&self) -> String {
+        let mut s = String::from("PID GPU MEM_BYTES COMMANDS NAME\n");
+        let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).chain(self.exiting.iter()).collect();
+        rows.sort_by_key(|c| c.id);
+        for c in rows {
+            let gpus: Vec<String> = (0..self.gpus.len()).filter(|&i| c.mem_bytes[i].load(Ordering::Relaxed) > 0).map(|i| i.to_string()).collect();
+            let gpus = if gpus.is_empty() { "-".to_string() } else { gpus.join(",") };
+            let exiting = if c.gone.load(Ordering::Relaxed) { " (exiting)" } else { "" };
+            s += &format!("{} {} {} {} {}{}\n", c.pid, gpus, c.total_mem(), c.commands.load(Ordering::Relaxed), c.name, exiting);
+        }
+        s
+    }
+}
+
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", h[0..4].concat(), h[4..6].concat(), h[6..8].concat(), h[8..10].concat(), h[10..16].concat())
+}
+
+struct Cred {
+    pid: i32,
+    uid: u32,
+}
+
+fn peer_cred(s: &UnixStream) -> io::Result<Cred> {
+    // SAFETY: a zeroed ucred is valid; getsockopt writes at most `len` bytes into it.
+    unsafe {
+        let mut c: libc::ucred = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        if libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut c as *mut _ as *mut _, &mut len) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Cred { pid: c.pid, uid: c.uid })
+    }
+}

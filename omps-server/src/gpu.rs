@@ -1,0 +1,122 @@
+//! The small GPU interface the server core is written against.
+//!
+//! [`crate::gpu_cuda::CudaGpu`] implements it with the CUDA driver; [`crate::gpu_host::HostGpu`]
+//! implements it with host memory so the core (sessions, validation, bookkeeping, client
+//! death) is tested on machines without a GPU. Streams are indices into a fixed pool:
+//! `0..pool_size()` carry client work, `pool_size()..2*pool_size()` carry completion markers.
+//! No method blocks on the GPU.
+
+use omps_ring::segment::DeviceSnapshot;
+
+/// A CUresult other than CUDA_SUCCESS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CuError(pub i32);
+
+pub type GpuResult<T> = Result<T, CuError>;
+
+/// CUresult values the server produces itself.
+pub mod code {
+    pub const SUCCESS: i32 = 0;
+    pub const INVALID_VALUE: i32 = 1;
+    pub const OUT_OF_MEMORY: i32 = 2;
+    pub const NOT_INITIALIZED: i32 = 3;
+    pub const INVALID_IMAGE: i32 = 200;
+    pub const INVALID_HANDLE: i32 = 400;
+    pub const NOT_FOUND: i32 = 500;
+    pub const NOT_READY: i32 = 600;
+    pub const ILLEGAL_ADDRESS: i32 = 700;
+    pub const LAUNCH_FAILED: i32 = 719;
+    pub const NOT_SUPPORTED: i32 = 801;
+    pub const MPS_CONNECTION_FAILED: i32 = 805;
+    pub const MPS_RPC_FAILURE: i32 = 806;
+    pub const MPS_SERVER_NOT_READY: i32 = 807;
+    pub const MPS_CLIENT_TERMINATED: i32 = 810;
+    pub const UNKNOWN: i32 = 999;
+}
+
+/// CUfunction_attribute values the server asks for at module load.
+pub mod func_attr {
+    pub const MAX_THREADS_PER_BLOCK: i32 = 0;
+    pub const SHARED_SIZE_BYTES: i32 = 1;
+    pub const MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionInfo {
+    pub handle: u64,
+    pub name: String,
+    pub max_threads_per_block: i32,
+    pub static_shared: i32,
+    pub max_dynamic_shared: i32,
+    /// (offset, size) of each parameter, in order.
+    pub params: Vec<(u32, u32)>,
+}
+
+impl FunctionInfo {
+    /// Bytes of the packed parameter buffer a launch must carry.
+    pub fn args_size(&self) -> usize {
+        self.params
+            .iter()
+            .map(|&(o, s)| o as usize + s as usize)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadedModule {
+    pub handle: u64,
+    pub functions: Vec<FunctionInfo>,
+}
+
+pub trait Gpu: Send + Sync + 'static {
+    fn ordinal(&self) -> usize;
+    fn snapshot(&self) -> DeviceSnapshot;
+    /// Number of work streams; as many marker streams follow them.
+    fn pool_size(&self) -> usize;
+
+    fn mem_alloc(&self, size: u64) -> GpuResult<u64>;
+    /// Only called once the memory is idle (after a fence).
+    fn mem_free(&self, ptr: u64) -> GpuResult<()>;
+    fn mem_info(&self) -> GpuResult<(u64, u64)>;
+
+    /// # Safety
+    /// `src..src+len` is readable host memory registered with [`Gpu::register_host`] that
+    /// stays so until the copy is known complete.
+    unsafe fn copy_htod(&self, dst: u64, src: *const u8, len: usize, s: usize) -> GpuResult<()>;
+    /// # Safety
+    /// As [`Gpu::copy_htod`], for writable memory.
+    unsafe fn copy_dtoh(&self, dst: *mut u8, src: u64, len: usize, s: usize) -> GpuResult<()>;
+    fn copy_dtod(&self, dst: u64, src: u64, len: usize, s: usize) -> GpuResult<()>;
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: usize, s: usize) -> GpuResult<()>;
+    /// Stores `value` into the host word at `addr` once the stream reaches this point.
+    ///
+    /// # Safety
+    /// `addr` lies in registered host memory that stays registered until it is written.
+    unsafe fn write_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()>;
+
+    /// Pins and maps host memory for DMA and for stream writes.
+    ///
+    /// # Safety
+    /// The range stays mapped until [`Gpu::unregister_host`].
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> GpuResult<()>;
+    /// # Safety
+    /// No transfer to or from the range is still in flight.
+    unsafe fn unregister_host(&self, ptr: *mut u8) -> GpuResult<()>;
+
+    fn module_load(&self, image: &[u8]) -> GpuResult<LoadedModule>;
+    fn module_unload(&self, module: u64) -> GpuResult<()>;
+    fn module_global(&self, module: u64, name: &str) -> GpuResult<(u64, u64)>;
+    fn func_attribute(&self, func: u64, attr: i32) -> GpuResult<i32>;
+    fn launch(&self, func: u64, grid: [u32; 3], block: [u32; 3], shared: u32, s: usize, args: &[u8]) -> GpuResult<()>;
+
+    fn event_create(&self, flags: u32) -> GpuResult<u64>;
+    fn event_destroy(&self, ev: u64) -> GpuResult<()>;
+    fn event_record(&self, ev: u64, s: usize) -> GpuResult<()>;
+    fn stream_wait_event(&self, s: usize, ev: u64) -> GpuResult<()>;
+    /// Ok(true) when complete, Ok(false) when not yet.
+    fn event_query(&self, ev: u64) -> GpuResult<bool>;
+    fn event_elapsed(&self, start: u64, end: u64) -> GpuResult<f32>;
+    /// Ok(true) when idle, Ok(false) when work is pending; an error is sticky.
+    fn stream_query(&self, s: usize) -> GpuResult<bool>;
+}

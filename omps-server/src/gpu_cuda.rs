@@ -1,0 +1,409 @@
+//! [`Gpu`] on the real CUDA driver, loaded at run time through cudarc's `sys` layer.
+
+use crate::gpu::{code, func_attr, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule};
+use cudarc::driver::sys as cu;
+use omps_ring::segment::{DeviceSnapshot, MAX_ATTRIBUTES};
+use std::cell::Cell;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+
+fn ck(r: cu::CUresult) -> GpuResult<()> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CuError(r as i32))
+    }
+}
+
+/// Whether libcuda can be loaded at all; checked before anything that would panic in cudarc.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    unsafe { cu::is_culib_present() }
+}
+
+type RawAttrFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+type RawFuncAttrFn = unsafe extern "C" fn(*mut c_int, c_int, cu::CUfunction) -> c_int;
+
+/// Attribute getters taking a plain int: cudarc's enums cannot hold values this build of
+/// the bindings does not know, and the snapshot asks for every attribute number.
+fn raw_fn<T: Copy>(name: &[u8]) -> GpuResult<T> {
+    // SAFETY: the symbol has the C signature T describes (from cuda.h); the library stays
+    // loaded for the life of the process (cudarc keeps it in a static).
+    unsafe {
+        cu::culib()
+            .get::<T>(name)
+            .map(|s| *s)
+            .map_err(|_| CuError(code::NOT_FOUND))
+    }
+}
+
+pub fn init() -> GpuResult<(i32, usize)> {
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        ck(cu::cuInit(0))?;
+        let mut v = 0;
+        ck(cu::cuDriverGetVersion(&mut v))?;
+        let mut n = 0;
+        ck(cu::cuDeviceGetCount(&mut n))?;
+        Ok((v, n.max(0) as usize))
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+pub struct CudaGpu {
+    ordinal: usize,
+    dev: cu::CUdevice,
+    ctx: cu::CUcontext,
+    /// Work streams, then as many marker streams.
+    streams: Vec<cu::CUstream>,
+    attr_fn: RawAttrFn,
+    func_attr_fn: RawFuncAttrFn,
+}
+
+// SAFETY: CUDA driver handles may be used from any thread once the context is current there
+// (bind() makes it so); the struct never hands them out.
+unsafe impl Send for CudaGpu {}
+// SAFETY: as above; the driver API is thread safe.
+unsafe impl Sync for CudaGpu {}
+
+impl CudaGpu {
+    pub fn open(ordinal: usize, pool_size: usize) -> GpuResult<CudaGpu> {
+        let mut dev = 0;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: valid out-pointers; ordinal comes from cuDeviceGetCount.
+        unsafe {
+            ck(cu::cuDeviceGet(&mut dev, ordinal as c_int))?;
+            ck(cu::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+        }
+        let mut g = CudaGpu {
+            ordinal,
+            dev,
+            ctx,
+            streams: Vec::new(),
+            attr_fn: raw_fn(b"cuDeviceGetAttribute\0")?,
+            func_attr_fn: raw_fn(b"cuFuncGetAttribute\0")?,
+        };
+        g.bind();
+        for _ in 0..2 * pool_size {
+            let mut s = std::ptr::null_mut();
+            // SAFETY: context is current; non-blocking so the pool never syncs with stream 0.
+            ck(unsafe { cu::cuStreamCreate(&mut s, 1) })?;
+            g.streams.push(s);
+        }
+        Ok(g)
+    }
+
+    fn bind(&self) {
+        let want = self.ctx as usize;
+        CURRENT.with(|c| {
+            if c.get() != want {
+                // SAFETY: ctx is a retained primary context.
+                unsafe { cu::cuCtxSetCurrent(self.ctx) };
+                c.set(want);
+            }
+        });
+    }
+
+    fn stream(&self, s: usize) -> GpuResult<cu::CUstream> {
+        self.streams.get(s).copied().ok_or(CuError(code::INVALID_HANDLE))
+    }
+
+    fn func_attr(&self, f: cu::CUfunction, attr: i32) -> GpuResult<i32> {
+        let mut v = 0;
+        // SAFETY: f is a function handle of a loaded module; valid out-pointer.
+        let r = unsafe { (self.func_attr_fn)(&mut v, attr, f) };
+        if r == 0 {
+            Ok(v)
+        } else {
+            Err(CuError(r))
+        }
+    }
+
+    fn describe(&self, f: cu::CUfunction) -> GpuResult<FunctionInfo> {
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: valid function handle and out-pointer; the name is owned by the driver.
+        ck(unsafe { cu::cuFuncGetName(&mut name, f) })?;
+        // SAFETY: the driver returns a NUL-terminated string that lives with the module.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        let mut params = Vec::new();
+        loop {
+            let (mut off, mut size) = (0usize, 0usize);
+            // SAFETY: valid handle and out-pointers; past the last parameter it errors.
+            let r = unsafe { cu::cuFuncGetParamInfo(f, params.len(), &mut off, &mut size) };
+            if r != cu::CUresult::CUDA_SUCCESS {
+                break;
+            }
+            params.push((off as u32, size as u32));
+        }
+        Ok(FunctionInfo {
+            handle: f as u64,
+            name,
+            max_threads_per_block: self.func_attr(f, func_attr::MAX_THREADS_PER_BLOCK)?,
+            static_shared: self.func_attr(f, func_attr::SHARED_SIZE_BYTES)?,
+            max_dynamic_shared: self.func_attr(f, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
+            params,
+        })
+    }
+}
+
+impl Gpu for CudaGpu {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    fn snapshot(&self) -> DeviceSnapshot {
+        let mut s: DeviceSnapshot = bytemuck::Zeroable::zeroed();
+        // SAFETY: valid buffers and lengths; dev is a valid device.
+        unsafe {
+            cu::cuDeviceGetName(s.name.as_mut_ptr() as *mut c_char, 255, self.dev);
+            let mut uuid: cu::CUuuid = std::mem::zeroed();
+            if cu::cuDeviceGetUuid_v2(&mut uuid, self.dev) == cu::CUresult::CUDA_SUCCESS {
+                for (d, b) in s.uuid.iter_mut().zip(uuid.bytes) {
+                    *d = b as u8;
+                }
+            }
+            let mut total = 0usize;
+            cu::cuDeviceTotalMem_v2(&mut total, self.dev);
+            s.total_mem = total as u64;
+            for a in 1..MAX_ATTRIBUTES {
+                let mut v = 0;
+                if (self.attr_fn)(&mut v, a as c_int, self.dev) == 0 {
+                    s.attributes[a] = v;
+                    s.attr_valid[a] = 1;
+                }
+            }
+        }
+        s
+    }
+
+    fn pool_size(&self) -> usize {
+        self.streams.len() / 2
+    }
+
+    fn mem_alloc(&self, size: u64) -> GpuResult<u64> {
+        self.bind();
+        let mut p = 0;
+        // SAFETY: valid out-pointer.
+        ck(unsafe { cu::cuMemAlloc_v2(&mut p, size as usize) })?;
+        Ok(p)
+    }
+
+    fn mem_free(&self, ptr: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: the caller frees only pointers it allocated, once, when idle.
+        ck(unsafe { cu::cuMemFree_v2(ptr) })
+    }
+
+    fn mem_info(&self) -> GpuResult<(u64, u64)> {
+        self.bind();
+        let (mut f, mut t) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        ck(unsafe { cu::cuMemGetInfo_v2(&mut f, &mut t) })?;
+        Ok((f as u64, t as u64))
+    }
+
+    unsafe fn copy_htod(&self, dst: u64, src: *const u8, len: usize, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: the caller guarantees the host range; the driver checks the device range.
+        ck(unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, st) })
+    }
+
+    unsafe fn copy_dtoh(&self, dst: *mut u8, src: u64, len: usize, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: as copy_htod.
+        ck(unsafe { cu::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, st) })
+    }
+
+    fn copy_dtod(&self, dst: u64, src: u64, len: usize, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: device addresses only; the driver checks them.
+        ck(unsafe { cu::cuMemcpyDtoDAsync_v2(dst, src, len, st) })
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: usize, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: device addresses only; the driver checks them.
+        ck(unsafe {
+            match elem_size {
+                1 => cu::cuMemsetD8Async(dst, value as u8, count, st),
+                2 => cu::cuMemsetD16Async(dst, value as u16, count, st),
+                4 => cu::cuMemsetD32Async(dst, value, count, st),
+                _ => return Err(CuError(code::INVALID_VALUE)),
+            }
+        })
+    }
+
+    unsafe fn write_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: registered with DEVICEMAP and unified addressing, so the host address is
+        // the device address (checked in register_host).
+        ck(unsafe { cu::cuStreamWriteValue32_v2(st, addr as u64, value, 0) })
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> GpuResult<()> {
+        self.bind();
+        const PORTABLE: u32 = 1;
+        const DEVICEMAP: u32 = 2;
+        // SAFETY: the caller keeps the range mapped until unregister.
+        ck(unsafe { cu::cuMemHostRegister_v2(ptr as *mut c_void, len, PORTABLE | DEVICEMAP) })?;
+        let mut d = 0;
+        // SAFETY: ptr was just registered; valid out-pointer.
+        ck(unsafe { cu::cuMemHostGetDevicePointer_v2(&mut d, ptr as *mut c_void, 0) })?;
+        if d != ptr as u64 {
+            // write_u32 relies on the identity mapping; refuse rather than write elsewhere.
+            // SAFETY: undoing the registration above.
+            unsafe { cu::cuMemHostUnregister(ptr as *mut c_void) };
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
+        Ok(())
+    }
+
+    unsafe fn unregister_host(&self, ptr: *mut u8) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: the caller guarantees nothing is in flight.
+        ck(unsafe { cu::cuMemHostUnregister(ptr as *mut c_void) })
+    }
+
+    fn module_load(&self, image: &[u8]) -> GpuResult<LoadedModule> {
+        self.bind();
+        let mut m = std::ptr::null_mut();
+        // SAFETY: the image is a server-owned copy; the driver parses it (fatbin, cubin, or
+        // NUL-terminated PTX, which the session checks).
+        ck(unsafe { cu::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) })?;
+        let result = (|| {
+            let mut n = 0u32;
+            // SAFETY: m is a loaded module; valid out-pointer.
+            ck(unsafe { cu::cuModuleGetFunctionCount(&mut n, m) })?;
+            let mut fs = vec![std::ptr::null_mut(); n as usize];
+            // SAFETY: the buffer holds n handles.
+            ck(unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) })?;
+            fs.into_iter().map(|f| self.describe(f)).collect::<GpuResult<Vec<_>>>()
+        })();
+        match result {
+            Ok(functions) => Ok(LoadedModule { handle: m as u64, functions }),
+            Err(e) => {
+                // SAFETY: unloading the module loaded above.
+                unsafe { cu::cuModuleUnload(m) };
+                Err(e)
+            }
+        }
+    }
+
+    fn module_unload(&self, module: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: module is a handle from module_load, unloaded once.
+        ck(unsafe { cu::cuModuleUnload(module as cu::CUmodule) })
+    }
+
+    fn module_global(&self, module: u64, name: &str) -> GpuResult<(u64, u64)> {
+        self.bind();
+        let name = CString::new(name).map_err(|_| CuError(code::INVALID_VALUE))?;
+        let (mut p, mut n) = (0, 0usize);
+        // SAFETY: valid module handle, NUL-terminated name, valid out-pointers.
+        ck(unsafe { cu::cuModuleGetGlobal_v2(&mut p, &mut n, module as cu::CUmodule, name.as_ptr()) })?;
+        Ok((p, n as u64))
+    }
+
+    fn func_attribute(&self, func: u64, attr: i32) -> GpuResult<i32> {
+        self.bind();
+        self.func_attr(func as cu::CUfunction, attr)
+    }
+
+    fn launch(&self, func: u64, grid: [u32; 3], block: [u32; 3], shared: u32, s: usize, args: &[u8]) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        let mut size = args.len();
+        // The packed buffer form: the session checked its size against the function's
+        // parameter layout, so the driver reads exactly what is there.
+        let mut extra = [
+            1 as *mut c_void, // CU_LAUNCH_PARAM_BUFFER_POINTER
+            args.as_ptr() as *mut c_void,
+            2 as *mut c_void, // CU_LAUNCH_PARAM_BUFFER_SIZE
+            &mut size as *mut usize as *mut c_void,
+            std::ptr::null_mut(), // CU_LAUNCH_PARAM_END
+        ];
+        let extra_ptr = if args.is_empty() { std::ptr::null_mut() } else { extra.as_mut_ptr() };
+        // SAFETY: func is a live function handle; extra points at locals alive for the call.
+        ck(unsafe {
+            cu::cuLaunchKernel(
+                func as cu::CUfunction,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                st,
+                std::ptr::null_mut(),
+                extra_ptr,
+            )
+        })
+    }
+
+    fn event_create(&self, flags: u32) -> GpuResult<u64> {
+        self.bind();
+        let mut e = std::ptr::null_mut();
+        // Blocking sync is meaningless in a server that never blocks; keep disable-timing.
+        let flags = flags & 0x2;
+        // SAFETY: valid out-pointer.
+        ck(unsafe { cu::cuEventCreate(&mut e, flags) })?;
+        Ok(e as u64)
+    }
+
+    fn event_destroy(&self, ev: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: ev from event_create, destroyed once.
+        ck(unsafe { cu::cuEventDestroy_v2(ev as cu::CUevent) })
+    }
+
+    fn event_record(&self, ev: u64, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: live event and stream.
+        ck(unsafe { cu::cuEventRecord(ev as cu::CUevent, st) })
+    }
+
+    fn stream_wait_event(&self, s: usize, ev: u64) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: live event and stream.
+        ck(unsafe { cu::cuStreamWaitEvent(st, ev as cu::CUevent, 0) })
+    }
+
+    fn event_query(&self, ev: u64) -> GpuResult<bool> {
+        self.bind();
+        // SAFETY: live event.
+        match unsafe { cu::cuEventQuery(ev as cu::CUevent) } {
+            cu::CUresult::CUDA_SUCCESS => Ok(true),
+            cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(CuError(e as i32)),
+        }
+    }
+
+    fn event_elapsed(&self, start: u64, end: u64) -> GpuResult<f32> {
+        self.bind();
+        let mut ms = 0f32;
+        // SAFETY: live events, valid out-pointer.
+        ck(unsafe { cu::cuEventElapsedTime_v2(&mut ms, start as cu::CUevent, end as cu::CUevent) })?;
+        Ok(ms)
+    }
+
+    fn stream_query(&self, s: usize) -> GpuResult<bool> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: live stream.
+        match unsafe { cu::cuStreamQuery(st) } {
+            cu::CUresult::CUDA_SUCCESS => Ok(true),
+            cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(CuError(e as i32)),
+        }
+    }
+}

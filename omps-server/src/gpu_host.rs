@@ -1,0 +1,346 @@
+//! A [`Gpu`] made of host memory, for tests on machines without a GPU.
+//!
+//! Every stream operation runs at once, in the caller's thread, so "stream order" is
+//! trivially kept. Device memory is a map of byte vectors at made-up addresses. A module
+//! image is text: `omps-host-module` on the first line, then `fn NAME OFF:SIZE ...` or
+//! `global NAME SIZE` lines. Known kernels: `fill_u32(ptr u64, value u32, count u32)` and
+//! `trap()`, which makes the context's error sticky as a device fault would.
+
+use crate::gpu::{code, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule};
+use omps_ring::segment::DeviceSnapshot;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+#[derive(Default)]
+struct State {
+    mem: BTreeMap<u64, Vec<u8>>,
+    next_addr: u64,
+    modules: BTreeMap<u64, (Vec<FunctionInfo>, Vec<(String, u64, u64)>)>,
+    next_handle: u64,
+    registered: Vec<(usize, usize)>,
+    sticky: Option<i32>,
+    events: BTreeMap<u64, ()>,
+}
+
+pub struct HostGpu {
+    ordinal: usize,
+    total: u64,
+    state: Mutex<State>,
+}
+
+const BASE: u64 = 0x7f00_0000_0000;
+
+impl HostGpu {
+    pub fn new(ordinal: usize, total: u64) -> Self {
+        HostGpu {
+            ordinal,
+            total,
+            state: Mutex::new(State { next_addr: BASE, next_handle: 1, ..Default::default() }),
+        }
+    }
+
+    /// Bytes currently allocated, for tests that check nothing leaked.
+    pub fn bytes_allocated(&self) -> u64 {
+        self.state.lock().unwrap().mem.values().map(|v| v.len() as u64).sum()
+    }
+
+    pub fn registered_ranges(&self) -> usize {
+        self.state.lock().unwrap().registered.len()
+    }
+
+    pub fn modules_loaded(&self) -> usize {
+        self.state.lock().unwrap().modules.len()
+    }
+
+    pub fn events_live(&self) -> usize {
+        self.state.lock().unwrap().events.len()
+    }
+}
+
+impl State {
+    fn check(&self) -> GpuResult<()> {
+        self.sticky.map_or(Ok(()), |e| Err(CuError(e)))
+    }
+
+    /// The byte range `[addr, addr+len)` inside one allocation.
+    fn range(&mut self, addr: u64, len: usize) -> GpuResult<&mut [u8]> {
+        let (&start, buf) = self
+            .mem
+            .range_mut(..=addr)
+            .next_back()
+            .ok_or(CuError(code::INVALID_VALUE))?;
+        let off = (addr - start) as usize;
+        buf.get_mut(off..off.checked_add(len).ok_or(CuError(code::INVALID_VALUE))?)
+            .ok_or(CuError(code::INVALID_VALUE))
+    }
+
+    fn is_registered(&self, p: usize, len: usize) -> bool {
+        self.registered.iter().any(|&(s, l)| p >= s && p + len <= s + l)
+    }
+
+    fn alloc(&mut self, size: u64) -> u64 {
+        let a = self.next_addr;
+        self.next_addr += size.max(1).next_multiple_of(256) + 256;
+        self.mem.insert(a, vec![0; size as usize]);
+        a
+    }
+}
+
+fn parse_module(text: &str) -> Option<(Vec<(String, Vec<(u32, u32)>)>, Vec<(String, u64)>)> {
+    let mut lines = text.lines();
+    if lines.next()? != "omps-host-module" {
+        return None;
+    }
+    let (mut fns, mut globals) = (Vec::new(), Vec::new());
+    for line in lines {
+        let mut w = line.split_whitespace();
+        match w.next() {
+            Some("fn") => {
+                let name = w.next()?.to_string();
+                let params = w
+                    .map(|p| {
+                        let (o, s) = p.split_once(':')?;
+                        Some((o.parse().ok()?, s.parse().ok()?))
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+                fns.push((name, params));
+            }
+            Some("global") => globals.push((w.next()?.to_string(), w.next()?.parse().ok()?)),
+            None => {}
+            _ => return None,
+        }
+    }
+    Some((fns, globals))
+}
+
+impl Gpu for HostGpu {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    fn snapshot(&self) -> DeviceSnapshot {
+        let mut s: DeviceSnapshot = bytemuck::Zeroable::zeroed();
+        let name = format!("omps host test device {}", self.ordinal);
+        s.name[..name.len()].copy_from_slice(name.as_bytes());
+        s.uuid = [0x10 + self.ordinal as u8; 16];
+        s.total_mem = self.total;
+        // Max threads per block, block and grid dimensions, SM count, shared memory.
+        for (a, v) in [(1, 1024), (2, 1024), (3, 1024), (4, 64), (5, i32::MAX), (6, 65535), (7, 65535), (8, 49152), (16, 4), (97, 232448)] {
+            s.attributes[a] = v;
+            s.attr_valid[a] = 1;
+        }
+        s
+    }
+
+    fn pool_size(&self) -> usize {
+        4
+    }
+
+    fn mem_alloc(&self, size: u64) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        let used: u64 = st.mem.values().map(|v| v.len() as u64).sum();
+        if used + size > self.total {
+            return Err(CuError(code::OUT_OF_MEMORY));
+        }
+        Ok(st.alloc(size))
+    }
+
+    fn mem_free(&self, ptr: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.mem.remove(&ptr).map(drop).ok_or(CuError(code::INVALID_VALUE))
+    }
+
+    fn mem_info(&self) -> GpuResult<(u64, u64)> {
+        Ok((self.total - self.bytes_allocated(), self.total))
+    }
+
+    unsafe fn copy_htod(&self, dst: u64, src: *const u8, len: usize, _s: usize) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        if !st.is_registered(src as usize, len) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let d = st.range(dst, len)?;
+        // SAFETY: the caller guarantees src..src+len is readable; d is a distinct Vec.
+        unsafe { std::ptr::copy_nonoverlapping(src, d.as_mut_ptr(), len) };
+        Ok(())
+    }
+
+    unsafe fn copy_dtoh(&self, dst: *mut u8, src: u64, len: usize, _s: usize) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        if !st.is_registered(dst as usize, len) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let s = st.range(src, len)?;
+        // SAFETY: the caller guarantees dst..dst+len is writable; s is a distinct Vec.
+        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), dst, len) };
+        Ok(())
+    }
+
+    fn copy_dtod(&self, dst: u64, src: u64, len: usize, _s: usize) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        let tmp = st.range(src, len)?.to_vec();
+        st.range(dst, len)?.copy_from_slice(&tmp);
+        Ok(())
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: usize, _s: usize) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        let n = elem_size as usize;
+        let bytes = &value.to_le_bytes()[..n];
+        let d = st.range(dst, count * n)?;
+        for c in d.chunks_exact_mut(n) {
+            c.copy_from_slice(bytes);
+        }
+        Ok(())
+    }
+
+    unsafe fn write_u32(&self, addr: *mut u32, value: u32, _s: usize) -> GpuResult<()> {
+        let st = self.state.lock().unwrap();
+        st.check()?;
+        if !st.is_registered(addr as usize, 4) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        // SAFETY: registered memory is mapped and the address is 4-aligned (a segment word).
+        unsafe { (*(addr as *const AtomicU32)).store(value, Ordering::Release) };
+        Ok(())
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> GpuResult<()> {
+        self.state.lock().unwrap().registered.push((ptr as usize, len));
+        Ok(())
+    }
+
+    unsafe fn unregister_host(&self, ptr: *mut u8) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        let before = st.registered.len();
+        st.registered.retain(|&(s, _)| s != ptr as usize);
+        if st.registered.len() == before {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        Ok(())
+    }
+
+    fn module_load(&self, image: &[u8]) -> GpuResult<LoadedModule> {
+        let text = std::str::from_utf8(image).map_err(|_| CuError(code::INVALID_IMAGE))?;
+        let (fns, globals) =
+            parse_module(text.trim_end_matches('\0')).ok_or(CuError(code::INVALID_IMAGE))?;
+        let mut st = self.state.lock().unwrap();
+        let handle = st.next_handle;
+        st.next_handle += 1;
+        let functions: Vec<FunctionInfo> = fns
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, params))| FunctionInfo {
+                handle: handle << 16 | i as u64,
+                name,
+                max_threads_per_block: 1024,
+                static_shared: 0,
+                max_dynamic_shared: 49152,
+                params,
+            })
+            .collect();
+        let globals = globals
+            .into_iter()
+            .map(|(n, size)| {
+                let a = st.alloc(size);
+                (n, a, size)
+            })
+            .collect();
+        st.modules.insert(handle, (functions.clone(), globals));
+        Ok(LoadedModule { handle, functions })
+    }
+
+    fn module_unload(&self, module: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        let (_, globals) = st.modules.remove(&module).ok_or(CuError(code::INVALID_HANDLE))?;
+        for (_, a, _) in globals {
+            st.mem.remove(&a);
+        }
+        Ok(())
+    }
+
+    fn module_global(&self, module: u64, name: &str) -> GpuResult<(u64, u64)> {
+        let st = self.state.lock().unwrap();
+        let (_, globals) = st.modules.get(&module).ok_or(CuError(code::INVALID_HANDLE))?;
+        globals
+            .iter()
+            .find(|g| g.0 == name)
+            .map(|g| (g.1, g.2))
+            .ok_or(CuError(code::NOT_FOUND))
+    }
+
+    fn func_attribute(&self, _func: u64, attr: i32) -> GpuResult<i32> {
+        match attr {
+            0 => Ok(1024),
+            1 => Ok(0),
+            _ => Err(CuError(code::INVALID_VALUE)),
+        }
+    }
+
+    fn launch(&self, func: u64, _grid: [u32; 3], _block: [u32; 3], _shared: u32, _s: usize, args: &[u8]) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        let name = st
+            .modules
+            .get(&(func >> 16))
+            .and_then(|(f, _)| f.get((func & 0xffff) as usize))
+            .map(|f| f.name.clone())
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        match name.as_str() {
+            "fill_u32" if args.len() >= 16 => {
+                let ptr = u64::from_le_bytes(args[0..8].try_into().unwrap());
+                let value = u32::from_le_bytes(args[8..12].try_into().unwrap());
+                let n = u32::from_le_bytes(args[12..16].try_into().unwrap()) as usize;
+                match st.range(ptr, n * 4) {
+                    Ok(d) => d.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&value.to_le_bytes())),
+                    Err(_) => st.sticky = Some(code::ILLEGAL_ADDRESS),
+                }
+            }
+            "trap" => st.sticky = Some(code::LAUNCH_FAILED),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn event_create(&self, _flags: u32) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        let h = st.next_handle;
+        st.next_handle += 1;
+        st.events.insert(h, ());
+        Ok(h)
+    }
+
+    fn event_destroy(&self, ev: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.events.remove(&ev).ok_or(CuError(code::INVALID_HANDLE))
+    }
+
+    fn event_record(&self, ev: u64, _s: usize) -> GpuResult<()> {
+        let st = self.state.lock().unwrap();
+        st.check()?;
+        st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE)).map(drop)
+    }
+
+    fn stream_wait_event(&self, s: usize, ev: u64) -> GpuResult<()> {
+        self.event_record(ev, s)
+    }
+
+    fn event_query(&self, ev: u64) -> GpuResult<bool> {
+        self.event_record(ev, 0).map(|_| true)
+    }
+
+    fn event_elapsed(&self, start: u64, end: u64) -> GpuResult<f32> {
+        self.event_record(start, 0)?;
+        self.event_record(end, 0)?;
+        Ok(0.0)
+    }
+
+    fn stream_query(&self, _s: usize) -> GpuResult<bool> {
+        self.state.lock().unwrap().check().map(|_| true)
+    }
+}

@@ -1,0 +1,19 @@
+//! The omps server: one CUDA context per GPU, shared by every client.
+//!
+//! * [`control`]: the socket, the handshake, omps-ctl requests, client death.
+//! * [`worker`]: one thread per GPU that runs every client's commands for that GPU.
+//! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
+//! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
+//!   memory, for tests without a GPU) implement it.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod client;
+pub mod control;
+pub mod gpu;
+pub mod gpu_cuda;
+pub mod gpu_host;
+pub mod session;
+pub mod worker;
+
+pub use control::{Server, ServerConfig};

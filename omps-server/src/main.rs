@@ -1,0 +1,90 @@
+//! `omps-server`: serves CUDA programs preloaded with libomps_shim.so.
+//!
+//! Environment: OMPS_PIPE_DIRECTORY / CUDA_MPS_PIPE_DIRECTORY (socket), OMPS_LOG_DIRECTORY /
+//! CUDA_MPS_LOG_DIRECTORY (server.log), OMPS_SPIN_US (busy-poll window), OMPS_NO_PIN,
+//! CUDA_VISIBLE_DEVICES (as for any CUDA program).
+
+use omps_server::gpu::Gpu;
+use omps_server::gpu_cuda::{self, CudaGpu};
+use omps_server::{Server, ServerConfig};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// Work streams per GPU; the hardware gets as many queues (CUDA_DEVICE_MAX_CONNECTIONS).
+const POOL: usize = 32;
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OMPS_LOG").unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
+    match omps_ring::sock::log_directory() {
+        Some(dir) => {
+            let _ = std::fs::create_dir_all(&dir);
+            match std::fs::OpenOptions::new().create(true).append(true).open(dir.join("server.log")) {
+                Ok(f) => builder.with_writer(std::sync::Mutex::new(f)).init(),
+                Err(e) => {
+                    eprintln!("omps-server: cannot open {}/server.log: {e}; logging to stderr", dir.display());
+                    builder.with_writer(std::io::stderr).init()
+                }
+            }
+        }
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    if std::env::args().any(|a| a == "-v" || a == "--version") {
+        println!("omps-server {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    init_logging();
+    if std::env::var_os("LD_PRELOAD").is_some_and(|v| v.to_string_lossy().contains("omps_shim")) {
+        eprintln!("omps-server: refusing to run with libomps_shim.so preloaded (the server needs the real driver)");
+        return ExitCode::FAILURE;
+    }
+    if !gpu_cuda::driver_present() {
+        eprintln!("omps-server: the CUDA driver library libcuda.so (libcuda.so.1) was not found; install the NVIDIA driver or add its directory to LD_LIBRARY_PATH");
+        return ExitCode::FAILURE;
+    }
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // SAFETY: still single-threaded; the driver reads this at cuInit.
+        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", POOL.to_string()) };
+    }
+    let (driver_version, count) = match gpu_cuda::init() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("omps-server: cuInit failed with CUDA error {}", e.0);
+            return ExitCode::FAILURE;
+        }
+    };
+    if count == 0 {
+        eprintln!("omps-server: no CUDA device found");
+        return ExitCode::FAILURE;
+    }
+    let count = count.min(omps_ring::segment::MAX_DEVICES);
+    let mut gpus: Vec<Arc<dyn Gpu>> = Vec::new();
+    for i in 0..count {
+        match CudaGpu::open(i, POOL) {
+            Ok(g) => gpus.push(Arc::new(g)),
+            Err(e) => {
+                eprintln!("omps-server: opening GPU {i} failed with CUDA error {}", e.0);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let cfg = ServerConfig::from_env();
+    let server = match Server::new(cfg.clone(), gpus, driver_version) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("omps-server: cannot listen in {}: {e}", cfg.pipe_dir.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!("omps-server: serving {count} GPU(s) on {}", cfg.pipe_dir.join(omps_ring::sock::SOCKET_NAME).display());
+    match server.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("omps-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

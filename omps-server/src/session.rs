@@ -1,0 +1,584 @@
+//! One client's state on one GPU, and the decoding, validation and execution of its
+//! commands.
+//!
+//! Everything read from the ring is hostile: records are copied out of shared memory
+//! before they are looked at (the ring does that), sizes are checked against the op, and
+//! every handle is looked up in this client's own tables. A record that cannot have come
+//! from an honest shim is [`Malformed`] and gets the client disconnected; an honest mistake
+//! (a copy out of bounds, a failed allocation) becomes a CUDA error for the client.
+
+use crate::client::ClientShared;
+use crate::gpu::{code, CuError};
+use crate::worker::WorkerCtx;
+use omps_ring::futex;
+use omps_ring::ring::Consumer;
+use omps_ring::segment::{Channel, Word, CHUNKS_PER_CHANNEL};
+use omps_ring::wire::{self, CallHdr, Op};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Why a client is cut off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed(pub String);
+
+fn bad<T>(why: impl Into<String>) -> Result<T, Malformed> {
+    Err(Malformed(why.into()))
+}
+
+/// Upper bound on one module image, so a client can't make the server buffer without end.
+pub const MAX_BLOB: usize = 1 << 30;
+
+struct Function {
+    handle: u64,
+    args_size: usize,
+    module: u32,
+}
+
+struct Module {
+    handle: u64,
+    functions: Vec<u32>,
+}
+
+/// Resources a client gave back or left behind, freed once the GPU is done with them.
+#[derive(Default)]
+pub struct Release {
+    pub allocs: Vec<(u64, u64)>,
+    pub modules: Vec<u64>,
+    pub events: Vec<u64>,
+}
+
+pub struct Session {
+    pub client: Arc<ClientShared>,
+    consumer: Consumer,
+    dev: usize,
+    streams: HashMap<u32, usize>,
+    events: HashMap<u32, u64>,
+    modules: HashMap<u32, Module>,
+    functions: HashMap<u32, Function>,
+    /// Device ranges this client may copy to and from: its allocations and module globals.
+    allocs: BTreeMap<u64, u64>,
+    globals: BTreeMap<u64, u64>,
+    blobs: Vec<Vec<u8>>,
+    /// Bit i set when work stream i has carried this client's work.
+    pub used_streams: u64,
+    pub marker_stream: usize,
+    /// First asynchronous error since the last synchronizing call.
+    pending_error: i32,
+    next_id: u32,
+}
+
+impl Session {
+    /// # Safety
+    /// The client's segment holds ring `dev` and stays mapped while the session lives (the
+    /// session holds an Arc of the client, which owns the mapping).
+    pub unsafe fn new(client: Arc<ClientShared>, dev: usize, ctx: &mut WorkerCtx) -> Self {
+        let (hdr, data, cap) = client.seg.ring_parts(dev);
+        // SAFETY: the caller's promise; the server is this ring's only consumer.
+        let consumer = unsafe { Consumer::new(hdr, data, cap) };
+        let channels = client.seg.layout.params.num_channels as usize;
+        let mut s = Session {
+            client,
+            consumer,
+            dev,
+            streams: HashMap::new(),
+            events: HashMap::new(),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            allocs: BTreeMap::new(),
+            globals: BTreeMap::new(),
+            blobs: vec![Vec::new(); channels],
+            used_streams: 0,
+            marker_stream: ctx.pick_marker_stream(),
+            pending_error: 0,
+            next_id: 1,
+        };
+        s.streams.insert(wire::STREAM_DEFAULT, ctx.pick_work_stream());
+        s
+    }
+
+    pub fn has_data(&mut self) -> bool {
+        self.consumer.has_data()
+    }
+
+    /// Takes the next record out of the ring: Ok(None) when empty.
+    pub fn pop(&mut self, buf: &mut Vec<u8>) -> Result<Option<u32>, Malformed> {
+        self.consumer.pop_into(buf).map_err(|c| Malformed(format!("corrupt ring: {}", c.reason)))
+    }
+
+    fn stream(&mut self, id: u32) -> Result<usize, Malformed> {
+        match self.streams.get(&id) {
+            Some(&s) => {
+                self.used_streams |= 1 << s;
+                Ok(s)
+            }
+            None => bad(format!("unknown stream {id}")),
+        }
+    }
+
+    fn event(&self, id: u32) -> Result<u64, Malformed> {
+        self.events.get(&id).copied().ok_or_else(|| Malformed(format!("unknown event {id}")))
+    }
+
+    fn channel(&self, c: u32) -> Result<&Channel, Malformed> {
+        self.client
+            .seg
+            .channel(c as usize)
+            .ok_or_else(|| Malformed(format!("channel {c} out of range")))
+    }
+
+    fn note_error(&mut self, e: CuError) {
+        tracing::debug!(client = self.client.id, "asynchronous error {}", e.0);
+        if self.pending_error == 0 {
+            self.pending_error = e.0;
+        }
+    }
+
+    fn take_pending(&mut self) -> i32 {
+        std::mem::take(&mut self.pending_error)
+    }
+
+    /// Whether `[addr, addr+len)` lies inside one allocation or global of this client.
+    fn owns_range(&self, addr: u64, len: u64) -> bool {
+        let inside = |m: &BTreeMap<u64, u64>| {
+            m.range(..=addr)
+                .next_back()
+                .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
+        };
+        inside(&self.allocs) || inside(&self.globals)
+    }
+
+    fn check_range(&mut self, addr: u64, len: u64) -> bool {
+        let ok = self.owns_range(addr, len);
+        if !ok {
+            self.note_error(CuError(code::INVALID_VALUE));
+        }
+        ok
+    }
+
+    /// Answers a call from the CPU: reply bytes, then result, then `done` (Release).
+    fn complete(&self, call: CallHdr, result: i32, reply: &[u8]) -> Result<(), Malformed> {
+        let ch = self.channel(call.channel)?;
+        ch.write_reply(reply);
+        ch.reply_len.store(reply.len() as u32, Ordering::Relaxed);
+        ch.result.store(result, Ordering::Relaxed);
+        // SYNC POINT: pairs with the client's Acquire load of `done`.
+        ch.done.store(call.seq, Ordering::Release);
+        wake_if_waiting(ch, &ch.done);
+        Ok(())
+    }
+
+    fn complete_pod<T: bytemuck::Pod>(&self, call: CallHdr, r: Result<T, CuError>) -> Result<(), Malformed> {
+        match r {
+            Ok(v) => self.complete(call, 0, bytemuck::bytes_of(&v)),
+            Err(e) => self.complete(call, e.0, &[]),
+        }
+    }
+
+    /// Answers a call once stream `s` reaches this point: the GPU writes `done`.
+    fn complete_on_gpu(&mut self, ctx: &mut WorkerCtx, call: CallHdr, s: usize) -> Result<(), Malformed> {
+        let pending = self.take_pending();
+        if pending != 0 {
+            return self.complete(call, pending, &[]);
+        }
+        self.signal_on_gpu(ctx, call.channel, Word::Done, call.seq, s)
+    }
+
+    /// Has the GPU store `seq` into a completion word in stream order.
+    fn signal_on_gpu(&mut self, ctx: &mut WorkerCtx, channel: u32, word: Word, seq: u32, s: usize) -> Result<(), Malformed> {
+        let ch = self.channel(channel)?;
+        ch.result.store(0, Ordering::Relaxed);
+        ch.reply_len.store(0, Ordering::Relaxed);
+        let w = ch.word(word).ok_or_else(|| Malformed("chunk index out of range".into()))?;
+        // SAFETY: the word lies in the registered part of the segment, which stays mapped and
+        // registered while this client's Arc is held by the marker below.
+        let r = unsafe { ctx.gpu.write_u32(w.as_ptr(), seq, s) };
+        match r {
+            Ok(()) => {
+                ctx.add_marker(self.client.clone(), channel, word, seq, s);
+                Ok(())
+            }
+            Err(e) => {
+                self.note_error(e);
+                self.signal_now(channel, word, seq, e.0)
+            }
+        }
+    }
+
+    /// Sets a completion word from the CPU, with `result` for the client to see.
+    fn signal_now(&self, channel: u32, word: Word, seq: u32, result: i32) -> Result<(), Malformed> {
+        let ch = self.channel(channel)?;
+        if result != 0 {
+            ch.result.store(result, Ordering::Relaxed);
+        }
+        let w = ch.word(word).ok_or_else(|| Malformed("chunk index out of range".into()))?;
+        // SYNC POINT: pairs with the client's Acquire load of the word.
+        w.store(seq, Ordering::Release);
+        wake_if_waiting(ch, w);
+        Ok(())
+    }
+
+    /// Decodes, validates and runs one record.
+    pub fn handle(&mut self, ctx: &mut WorkerCtx, tag: u32, p: &[u8]) -> Result<(), Malformed> {
+        let Some(op) = Op::from_tag(tag) else {
+            return bad(format!("unknown op {tag}"));
+        };
+        if p.len() < op.fixed_len() {
+            return bad(format!("{op:?}: {} bytes, needs {}", p.len(), op.fixed_len()));
+        }
+        let tail = &p[op.fixed_len()..];
+        let fixed_only = |name: &str| -> Result<(), Malformed> {
+            if tail.is_empty() {
+                Ok(())
+            } else {
+                bad(format!("{name}: trailing bytes"))
+            }
+        };
+        macro_rules! rec {
+            ($t:ty) => {
+                wire::get::<$t>(p).expect("length checked above")
+            };
+        }
+        self.client.commands.fetch_add(1, Ordering::Relaxed);
+        let gpu = ctx.gpu.clone();
+        match op {
+            Op::Launch => {
+                let l = rec!(wire::Launch);
+                if tail.len() != l.args_len as usize {
+                    return bad("launch: argument bytes disagree with args_len");
+                }
+                let f = self.functions.get(&l.func).ok_or_else(|| Malformed(format!("unknown function {}", l.func)))?;
+                if f.args_size != tail.len() {
+                    return bad(format!("launch: {} argument bytes, function takes {}", tail.len(), f.args_size));
+                }
+                let h = f.handle;
+                let s = self.stream(l.stream)?;
+                if let Err(e) = gpu.launch(h, l.grid, l.block, l.shared_mem, s, tail) {
+                    self.note_error(e);
+                }
+            }
+            Op::Memset => {
+                fixed_only("memset")?;
+                let m = rec!(wire::Memset);
+                if !matches!(m.elem_size, 1 | 2 | 4) {
+                    return bad("memset: element size");
+                }
+                let s = self.stream(m.stream)?;
+                let Some(bytes) = m.count.checked_mul(m.elem_size as u64) else {
+                    return bad("memset: size overflows");
+                };
+                if self.check_range(m.dst, bytes) {
+                    if let Err(e) = gpu.memset(m.dst, m.value, m.elem_size, m.count as usize, s) {
+                        self.note_error(e);
+                    }
+                }
+            }
+            Op::CopyDtoD => {
+                fixed_only("copy")?;
+                let c = rec!(wire::CopyDtoD);
+                let s = self.stream(c.stream)?;
+                if self.check_range(c.dst, c.len) && self.check_range(c.src, c.len) {
+                    if let Err(e) = gpu.copy_dtod(c.dst, c.src, c.len as usize, s) {
+                        self.note_error(e);
+                    }
+                }
+            }
+            Op::CopyHtoDChunk | Op::CopyDtoHChunk => {
+                fixed_only("chunk copy")?;
+                let c = rec!(wire::ChunkCopy);
+                let (ptr, cap) = self.chunk(&c)?;
+                let s = self.stream(c.stream)?;
+                let word = Word::Chunk(c.chunk as u8);
+                if !self.check_range(c.dev, c.len as u64) {
+                    return self.signal_now(c.channel, word, c.seq, code::INVALID_VALUE);
+                }
+                debug_assert!(c.len as usize <= cap);
+                // SAFETY: ptr..ptr+len is inside this client's registered staging chunk
+                // (checked by chunk()); the marker keeps it registered until the copy is done.
+                let r = unsafe {
+                    if op == Op::CopyHtoDChunk {
+                        gpu.copy_htod(c.dev, ptr, c.len as usize, s)
+                    } else {
+                        gpu.copy_dtoh(ptr, c.dev, c.len as usize, s)
+                    }
+                };
+                match r {
+                    Ok(()) => self.signal_on_gpu(ctx, c.channel, word, c.seq, s)?,
+                    Err(e) => {
+                        self.note_error(e);
+                        self.signal_now(c.channel, word, c.seq, e.0)?
+                    }
+                }
+            }
+            Op::BlobAppend => {
+                fixed_only("blob append")?;
+                let c = rec!(wire::ChunkCopy);
+                let (ptr, _) = self.chunk(&c)?;
+                let blob = &mut self.blobs[c.channel as usize];
+                if blob.len() + c.len as usize > MAX_BLOB {
+                    return bad("module image larger than 1 GiB");
+                }
+                // SAFETY: chunk() checked the range lies inside the segment; the client may
+                // scribble on it concurrently, which only corrupts its own image.
+                blob.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, c.len as usize) });
+                self.signal_now(c.channel, Word::Chunk(c.chunk as u8), c.seq, 0)?;
+            }
+            Op::StreamCreate => {
+                let c = rec!(wire::StreamCreate);
+                if c.id == wire::STREAM_DEFAULT || self.streams.contains_key(&c.id) {
+                    return bad(format!("stream id {} reused", c.id));
+                }
+                self.streams.insert(c.id, ctx.pick_work_stream());
+            }
+            Op::StreamDestroy => {
+                let h = rec!(wire::Handle);
+                if h.id == wire::STREAM_DEFAULT || self.streams.remove(&h.id).is_none() {
+                    return bad(format!("destroying unknown stream {}", h.id));
+                }
+            }
+            Op::EventCreate => {
+                let c = rec!(wire::EventCreate);
+                if self.events.contains_key(&c.id) {
+                    return bad(format!("event id {} reused", c.id));
+                }
+                match gpu.event_create(c.flags) {
+                    Ok(e) => {
+                        self.events.insert(c.id, e);
+                    }
+                    Err(e) => self.note_error(e),
+                }
+            }
+            Op::EventDestroy => {
+                let h = rec!(wire::Handle);
+                let e = self.events.remove(&h.id).ok_or_else(|| Malformed(format!("destroying unknown event {}", h.id)))?;
+                // The driver defers the release of a recorded event until it completes.
+                let _ = gpu.event_destroy(e);
+            }
+            Op::EventRecord => {
+                let r = rec!(wire::EventRecord);
+                let (e, s) = (self.event(r.event)?, self.stream(r.stream)?);
+                if let Err(err) = gpu.event_record(e, s) {
+                    self.note_error(err);
+                }
+            }
+            Op::StreamWaitEvent => {
+                let r = rec!(wire::EventRecord);
+                let (e, s) = (self.event(r.event)?, self.stream(r.stream)?);
+                if let Err(err) = gpu.stream_wait_event(s, e) {
+                    self.note_error(err);
+                }
+            }
+            Op::MemFree => {
+                let f = rec!(wire::MemFree);
+                match self.allocs.remove(&f.ptr) {
+                    Some(len) => ctx.release_later(self, Release { allocs: vec![(f.ptr, len)], ..Default::default() }),
+                    None => self.note_error(CuError(code::INVALID_VALUE)),
+                }
+            }
+            Op::ModuleUnload => {
+                let h = rec!(wire::Handle);
+                let m = self.modules.remove(&h.id).ok_or_else(|| Malformed(format!("unloading unknown module {}", h.id)))?;
+                for f in &m.functions {
+                    self.functions.remove(f);
+                }
+                ctx.release_later(self, Release { modules: vec![m.handle], ..Default::default() });
+            }
+            Op::MemAlloc => {
+                let a = rec!(wire::MemAlloc);
+                let r = if a.size == 0 {
+                    Err(CuError(code::INVALID_VALUE))
+                } else {
+                    gpu.mem_alloc(a.size)
+                };
+                if let Ok(p) = r {
+                    self.allocs.insert(p, a.size);
+                    self.client.mem_bytes[self.dev].fetch_add(a.size, Ordering::Relaxed);
+                }
+                self.complete_pod(a.call, r.map(|value| wire::U64Reply { value }))?;
+            }
+            Op::MemGetInfo => {
+                let c = rec!(CallHdr);
+                let r = gpu.mem_info().map(|(free, total)| wire::MemInfoReply { free, total });
+                self.complete_pod(c, r)?;
+            }
+            Op::ModuleLoad => {
+                let m = rec!(wire::ModuleLoad);
+                self.channel(m.call.channel)?;
+                let blob = std::mem::take(&mut self.blobs[m.call.channel as usize]);
+                if blob.len() as u64 != m.blob_len {
+                    return self.complete(m.call, code::INVALID_IMAGE, &[]);
+                }
+                match gpu.module_load(&blob) {
+                    Ok(loaded) => self.finish_module_load(ctx, m.call, loaded)?,
+                    Err(e) => self.complete(m.call, e.0, &[])?,
+                }
+            }
+            Op::ModuleGetGlobal => {
+                let g = rec!(wire::ModuleGetGlobal);
+                if tail.len() != g.name_len as usize {
+                    return bad("global name length");
+                }
+                let m = self.modules.get(&g.module).ok_or_else(|| Malformed(format!("unknown module {}", g.module)))?;
+                let r = match std::str::from_utf8(tail) {
+                    Ok(name) => gpu.module_global(m.handle, name),
+                    Err(_) => Err(CuError(code::NOT_FOUND)),
+                };
+                if let Ok((p, n)) = r {
+                    self.globals.insert(p, n);
+                }
+                self.complete_pod(g.call, r.map(|(ptr, size)| wire::GlobalReply { ptr, size }))?;
+            }
+            Op::FuncGetAttribute => {
+                let a = rec!(wire::FuncGetAttribute);
+                let f = self.functions.get(&a.func).ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
+                let r = gpu.func_attribute(f.handle, a.attr);
+                self.complete_pod(a.call, r.map(|v| wire::U64Reply { value: v as u32 as u64 }))?;
+            }
+            Op::StreamSync => {
+                let h = rec!(wire::HandleCall);
+                let s = self.stream(h.id)?;
+                self.complete_on_gpu(ctx, h.call, s)?;
+            }
+            Op::StreamQuery => {
+                let h = rec!(wire::HandleCall);
+                let s = self.stream(h.id)?;
+                let r = match gpu.stream_query(s) {
+                    Ok(true) => self.take_pending(),
+                    Ok(false) => code::NOT_READY,
+                    Err(e) => e.0,
+                };
+                self.complete(h.call, r, &[])?;
+            }
+            Op::EventSync => {
+                let h = rec!(wire::HandleCall);
+                let e = self.event(h.id)?;
+                let m = self.marker_stream;
+                match gpu.stream_wait_event(m, e) {
+                    Ok(()) => self.complete_on_gpu(ctx, h.call, m)?,
+                    Err(err) => self.complete(h.call, err.0, &[])?,
+                }
+            }
+            Op::EventQuery => {
+                let h = rec!(wire::HandleCall);
+                let e = self.event(h.id)?;
+                let r = match gpu.event_query(e) {
+                    Ok(true) => 0,
+                    Ok(false) => code::NOT_READY,
+                    Err(err) => err.0,
+                };
+                self.complete(h.call, r, &[])?;
+            }
+            Op::EventElapsed => {
+                let el = rec!(wire::EventElapsed);
+                let (a, b) = (self.event(el.start)?, self.event(el.end)?);
+                let r = gpu.event_elapsed(a, b).map(|ms| wire::U64Reply { value: ms.to_bits() as u64 });
+                self.complete_pod(el.call, r)?;
+            }
+            Op::CtxSync => {
+                let c = rec!(CallHdr);
+                let m = self.marker_stream;
+                match ctx.join_streams(self.used_streams, m) {
+                    Ok(()) => self.complete_on_gpu(ctx, c, m)?,
+                    Err(e) => self.complete(c, e.0, &[])?,
+                }
+            }
+            Op::Ping => {
+                let c = rec!(CallHdr);
+                let r = self.take_pending();
+                self.complete(c, r, &[])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The staging chunk a ChunkCopy names, bounds-checked.
+    fn chunk(&self, c: &wire::ChunkCopy) -> Result<(*mut u8, usize), Malformed> {
+        if c.chunk as usize >= CHUNKS_PER_CHANNEL {
+            return bad("chunk index out of range");
+        }
+        let (ptr, cap) = self
+            .client
+            .seg
+            .chunk(c.channel as usize, c.chunk as usize)
+            .ok_or_else(|| Malformed(format!("channel {} out of range", c.channel)))?;
+        if c.len as usize > cap {
+            return bad("chunk length larger than a chunk");
+        }
+        Ok((ptr, cap))
+    }
+
+    /// Registers the module's functions and writes the function table into chunk 0.
+    fn finish_module_load(&mut self, ctx: &mut WorkerCtx, call: CallHdr, loaded: crate::gpu::LoadedModule) -> Result<(), Malformed> {
+        let module_id = self.next_id;
+        self.next_id += 1;
+        let nf = loaded.functions.len();
+        let np: usize = loaded.functions.iter().map(|f| f.params.len()).sum();
+        let names_at = 16 + nf * 32 + np * 8;
+        let mut out = Vec::with_capacity(names_at + nf * 32);
+        let mut descs = Vec::with_capacity(nf);
+        let mut params = Vec::with_capacity(np * 8);
+        let mut names = Vec::new();
+        let mut fids = Vec::with_capacity(nf);
+        for f in &loaded.functions {
+            let id = self.next_id;
+            self.next_id += 1;
+            fids.push(id);
+            descs.push(wire::FunctionDesc {
+                func: id,
+                max_threads_per_block: f.max_threads_per_block,
+                static_shared: f.static_shared,
+                max_dynamic_shared: f.max_dynamic_shared,
+                name_offset: (names_at + names.len()) as u32,
+                name_len: f.name.len() as u32,
+                first_param: (params.len() / 8) as u32,
+                num_params: f.params.len() as u32,
+            });
+            for &(o, s) in &f.params {
+                wire::put(&mut params, &wire::ParamDesc { offset: o, size: s });
+            }
+            names.extend_from_slice(f.name.as_bytes());
+            self.functions.insert(id, Function { handle: f.handle, args_size: f.args_size(), module: module_id });
+        }
+        let total = names_at + names.len();
+        wire::put(&mut out, &wire::ModuleReply { module: module_id, num_functions: nf as u32, total_len: total as u32, _pad: 0 });
+        for d in &descs {
+            wire::put(&mut out, d);
+        }
+        out.extend_from_slice(&params);
+        out.extend_from_slice(&names);
+        let (chunk, cap) = self.client.seg.chunk(call.channel as usize, 0).expect("channel checked by caller");
+        if out.len() > cap {
+            for id in &fids {
+                self.functions.remove(id);
+            }
+            ctx.release_later(self, Release { modules: vec![loaded.handle], ..Default::default() });
+            return self.complete(call, code::NOT_SUPPORTED, &[]);
+        }
+        // SAFETY: out fits in chunk 0 of a checked channel, inside the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), chunk, out.len()) };
+        self.modules.insert(module_id, Module { handle: loaded.handle, functions: fids });
+        debug_assert!(self.functions.values().all(|f| self.modules.contains_key(&f.module)));
+        let head = wire::ModuleReply { module: module_id, num_functions: nf as u32, total_len: total as u32, _pad: 0 };
+        self.complete(call, 0, bytemuck::bytes_of(&head))
+    }
+
+    /// Everything the client still holds on this GPU, for release once its work is done.
+    pub fn into_release(mut self) -> (Arc<ClientShared>, u64, usize, Release) {
+        let rel = Release {
+            allocs: std::mem::take(&mut self.allocs).into_iter().collect(),
+            modules: self.modules.drain().map(|(_, m)| m.handle).collect(),
+            events: self.events.drain().map(|(_, e)| e).collect(),
+        };
+        (self.client, self.used_streams, self.marker_stream, rel)
+    }
+
+    pub fn dev(&self) -> usize {
+        self.dev
+    }
+}
+
+fn wake_if_waiting(ch: &Channel, w: &std::sync::atomic::AtomicU32) {
+    if ch.waiting.load(Ordering::SeqCst) != 0 {
+        futex::wake(w, u32::MAX);
+    }
+}

@@ -1,0 +1,320 @@
+//! One worker thread per GPU: polls every client's ring for that GPU, runs the commands,
+//! wakes clients whose completions the GPU wrote, and frees what clients released once the
+//! GPU is done with it. It never waits for the GPU.
+
+use crate::client::ClientShared;
+use crate::gpu::{CuError, Gpu, GpuResult};
+use crate::session::{Release, Session};
+use omps_ring::futex::{self, Doorbell};
+use omps_ring::segment::{state, Word};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub enum ToWorker {
+    Add(Arc<ClientShared>),
+    Remove(u32),
+    Quit,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerConfig {
+    /// How long the worker keeps spinning after its last piece of work before it sleeps.
+    pub spin: Duration,
+    /// CPU to pin to, if any.
+    pub cpu: Option<usize>,
+}
+
+/// A completion the GPU will write; the worker wakes the client if it sleeps on it.
+struct Marker {
+    client: Arc<ClientShared>,
+    channel: u32,
+    word: Word,
+    seq: u32,
+    stream: usize,
+    since: Instant,
+}
+
+/// Resources freed once `fence` completes.
+struct Deferred {
+    fence: u64,
+    client: Arc<ClientShared>,
+    /// Counts toward `client.released` once done (the client's whole session ended).
+    final_for_client: bool,
+    release: Release,
+}
+
+pub struct WorkerCtx {
+    pub gpu: Arc<dyn Gpu>,
+    markers: Vec<Marker>,
+    deferred: Vec<Deferred>,
+    /// One per work stream, to make a marker stream wait for it.
+    scratch_events: Vec<u64>,
+    next_work: usize,
+    next_marker: usize,
+    last_fault_check: Instant,
+    pub fault: Option<i32>,
+}
+
+impl WorkerCtx {
+    pub fn new(gpu: Arc<dyn Gpu>) -> GpuResult<Self> {
+        let scratch_events = (0..gpu.pool_size())
+            .map(|_| gpu.event_create(0x2))
+            .collect::<GpuResult<Vec<_>>>()?;
+        Ok(WorkerCtx {
+            gpu,
+            markers: Vec::new(),
+            deferred: Vec::new(),
+            scratch_events,
+            next_work: 0,
+            next_marker: 0,
+            last_fault_check: Instant::now(),
+            fault: None,
+        })
+    }
+
+    /// Round robin over the pool: client streams share hardware queues evenly.
+    pub fn pick_work_stream(&mut self) -> usize {
+        let s = self.next_work % self.gpu.pool_size();
+        self.next_work += 1;
+        s
+    }
+
+    pub fn pick_marker_stream(&mut self) -> usize {
+        let n = self.gpu.pool_size();
+        let s = n + self.next_marker % n;
+        self.next_marker += 1;
+        s
+    }
+
+    /// Makes marker stream `m` wait for the work already queued on every stream in `mask`.
+    pub fn join_streams(&mut self, mask: u64, m: usize) -> GpuResult<()> {
+        for (i, &ev) in self.scratch_events.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                self.gpu.event_record(ev, i)?;
+                self.gpu.stream_wait_event(m, ev)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn add_marker(&mut self, client: Arc<ClientShared>, channel: u32, word: Word, seq: u32, stream: usize) {
+        self.markers.push(Marker { client, channel, word, seq, stream, since: Instant::now() });
+    }
+
+    /// Frees `release` once everything the session queued so far has finished.
+    pub fn release_later(&mut self, s: &Session, release: Release) {
+        self.defer(s.client.clone(), s.used_streams, s.marker_stream, release, false);
+    }
+
+    fn defer(&mut self, client: Arc<ClientShared>, mask: u64, m: usize, release: Release, final_for_client: bool) {
+        let fence = self
+            .gpu
+            .event_create(0x2)
+            .and_then(|ev| {
+                self.join_streams(mask, m)?;
+                self.gpu.event_record(ev, m)?;
+                Ok(ev)
+            });
+        match fence {
+            Ok(fence) => self.deferred.push(Deferred { fence, client, final_for_client, release }),
+            Err(e) => {
+                // No fence means the context is broken: nothing can still be running.
+                tracing::warn!("fence failed ({}); releasing at once", e.0);
+                self.free(client, release, final_for_client);
+            }
+        }
+    }
+
+    fn free(&self, client: Arc<ClientShared>, rel: Release, final_for_client: bool) {
+        let dev = self.gpu.ordinal();
+        for (p, len) in rel.allocs {
+            if let Err(e) = self.gpu.mem_free(p) {
+                tracing::warn!(client = client.id, "cuMemFree failed: {}", e.0);
+            }
+            client.mem_bytes[dev].fetch_sub(len, Ordering::Relaxed);
+        }
+        for m in rel.modules {
+            let _ = self.gpu.module_unload(m);
+        }
+        for e in rel.events {
+            let _ = self.gpu.event_destroy(e);
+        }
+        if final_for_client {
+            client.released.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    pub fn retire(&mut self, s: Session) {
+        let (client, mask, m, rel) = s.into_release();
+        self.markers.retain(|mk| mk.client.id != client.id);
+        self.defer(client, mask, m, rel, true);
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.markers.is_empty() || !self.deferred.is_empty()
+    }
+
+    /// Wakes clients whose completions landed; detects a GPU fault behind a stuck marker.
+    fn poll_markers(&mut self) {
+        let mut stuck_stream = None;
+        self.markers.retain(|mk| {
+            let Some(ch) = mk.client.seg.channel(mk.channel as usize) else { return false };
+            let Some(w) = ch.word(mk.word) else { return false };
+            if w.load(Ordering::Acquire) == mk.seq {
+                if ch.waiting.load(Ordering::SeqCst) != 0 {
+                    futex::wake(w, u32::MAX);
+                }
+                return false;
+            }
+            if mk.since.elapsed() > Duration::from_millis(2) {
+                stuck_stream = Some(mk.stream);
+            }
+            true
+        });
+        // A sticky fault stops the GPU from ever writing the markers; ask the driver now
+        // and then rather than on every pass (a query costs over a microsecond).
+        if let Some(s) = stuck_stream {
+            if self.last_fault_check.elapsed() > Duration::from_millis(1) {
+                self.last_fault_check = Instant::now();
+                if let Err(CuError(e)) = self.gpu.stream_query(s) {
+                    self.enter_fault(e);
+                }
+            }
+        }
+    }
+
+    /// A sticky error poisoned the context: every waiting client gets it.
+    fn enter_fault(&mut self, e: i32) {
+        if self.fault.is_none() {
+            tracing::error!(gpu = self.gpu.ordinal(), "GPU fault {e}: failing every client of this GPU");
+        }
+        self.fault = Some(e);
+        for mk in self.markers.drain(..) {
+            if let Some(ch) = mk.client.seg.channel(mk.channel as usize) {
+                ch.result.store(e, Ordering::Relaxed);
+                if let Some(w) = ch.word(mk.word) {
+                    w.store(mk.seq, Ordering::Release);
+                    futex::wake(w, u32::MAX);
+                }
+            }
+            mk.client.set_state(state::FAULT, e);
+        }
+    }
+
+    fn poll_deferred(&mut self) {
+        let mut i = 0;
+        while i < self.deferred.len() {
+            let done = match self.gpu.event_query(self.deferred[i].fence) {
+                Ok(done) => done,
+                Err(_) => true, // a broken context runs nothing any more
+            };
+            if done {
+                let d = self.deferred.swap_remove(i);
+                let _ = self.gpu.event_destroy(d.fence);
+                self.free(d.client, d.release, d.final_for_client);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_setaffinity reads it for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+            tracing::warn!("could not pin worker to cpu {cpu}");
+        }
+    }
+}
+
+/// Records taken from one client's ring per pass, so one busy client can't starve others.
+const BATCH: usize = 64;
+
+pub fn run(gpu: Arc<dyn Gpu>, mut rx: rtrb::Consumer<ToWorker>, bell: &Doorbell, cfg: WorkerConfig) {
+    if let Some(cpu) = cfg.cpu {
+        pin_to(cpu);
+    }
+    let dev = gpu.ordinal();
+    let mut ctx = match WorkerCtx::new(gpu) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(gpu = dev, "worker cannot start: {}", e.0);
+            return;
+        }
+    };
+    let mut sessions: Vec<Session> = Vec::new();
+    let mut buf = Vec::with_capacity(64 * 1024);
+    let mut last_work = Instant::now();
+    let mut quitting = false;
+    loop {
+        while let Ok(msg) = rx.pop() {
+            match msg {
+                // SAFETY: every client segment holds a ring per GPU (layout from the GPU count).
+                ToWorker::Add(c) => sessions.push(unsafe { Session::new(c, dev, &mut ctx) }),
+                ToWorker::Remove(id) => {
+                    if let Some(i) = sessions.iter().position(|s| s.client.id == id) {
+                        let s = sessions.swap_remove(i);
+                        ctx.retire(s);
+                    }
+                }
+                ToWorker::Quit => quitting = true,
+            }
+        }
+        if quitting {
+            for s in sessions.drain(..) {
+                ctx.retire(s);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !ctx.deferred.is_empty() && Instant::now() < deadline {
+                ctx.poll_deferred();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return;
+        }
+        let mut busy = false;
+        let mut i = 0;
+        while i < sessions.len() {
+            let mut outcome = Ok(());
+            for _ in 0..BATCH {
+                match sessions[i].pop(&mut buf) {
+                    Ok(Some(tag)) => {
+                        busy = true;
+                        if let Err(e) = sessions[i].handle(&mut ctx, tag, &buf) {
+                            outcome = Err(e);
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+            }
+            if let Err(e) = outcome {
+                let s = sessions.swap_remove(i);
+                s.client.disconnect(crate::gpu::code::MPS_CLIENT_TERMINATED, &e.0);
+                ctx.retire(s);
+                continue;
+            }
+            i += 1;
+        }
+        ctx.poll_markers();
+        ctx.poll_deferred();
+        if busy {
+            last_work = Instant::now();
+        } else if last_work.elapsed() >= cfg.spin {
+            // Rest until a client rings; wake now and then while the GPU owes completions,
+            // and in any case so a client that clears the shared sleep flag can delay
+            // others by a few milliseconds at most.
+            let timeout = if ctx.has_pending() { Duration::from_micros(50) } else { Duration::from_millis(5) };
+            bell.sleep_unless(|| !rx.is_empty() || sessions.iter_mut().any(|s| s.has_data()), Some(timeout));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Contexts are bookkeeping in the client: all of a client's work on a GPU runs in the
+//! server's one context for that GPU. The shim keeps CUDA's per-thread context stack and
+//! the primary contexts' reference counts so programs see the behaviour they expect.
+
+use super::device::device;
+use super::{entry, live, out};
+use crate::cuda::*;
+use crate::handles::{leak, resolve, retire, Ctx, CTX_MAGIC};
+use omps_ring::segment::MAX_DEVICES;
+use omps_ring::wire::{CallHdr, Op};
+use std::cell::RefCell;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+pub type CUcontext = *mut Ctx;
+
+thread_local! {
+    static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+struct Primary {
+    ctx: &'static Ctx,
+    refs: AtomicU32,
+    flags: AtomicU32,
+}
+
+fn primaries() -> &'static [Primary] {
+    static P: OnceLock<Vec<Primary>> = OnceLock::new();
+    P.get_or_init(|| {
+        (0..MAX_DEVICES)
+            .map(|dev| Primary {
+                // SAFETY: a freshly leaked box is valid forever.
+                ctx: unsafe { &*leak(Ctx { magic: AtomicU32::new(CTX_MAGIC), dev, primary: true }) },
+                refs: AtomicU32::new(0),
+                flags: AtomicU32::new(0),
+            })
+            .collect()
+    })
+}
+
+fn primary(dev: CUdevice) -> Result<&'static Primary, CUresult> {
+    device(dev)?;
+    Ok(&primaries()[dev as usize])
+}
+
+fn current() -> Option<CUcontext> {
+    STACK.with(|s| s.borrow().last().map(|&p| p as CUcontext))
+}
+
+/// The device of the calling thread's current context.
+pub(crate) fn current_dev() -> Result<usize, CUresult> {
+    live()?;
+    let c = current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    // SAFETY: the stack only holds handles this shim made.
+    let ctx = unsafe { resolve(c, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+    Ok(ctx.dev)
+}
+
+fn set_top(c: Option<CUcontext>) {
+    STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        if let Some(c) = c {
+            s.push(c as usize);
+        }
+    });
+}
+
+/// # Safety
+/// `pctx` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let p = primary(dev)?;
+        p.refs.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's pointer.
+        unsafe { out(pctx, p.ctx as *const Ctx as CUcontext) }
+    })
+}
+
+fn release_primary(dev: CUdevice) -> Result<(), CUresult> {
+    let p = primary(dev)?;
+    p.refs
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
+        .map(drop)
+        .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    entry(|| release_primary(dev))
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    entry(|| {
+        let p = primary(dev)?;
+        // Resetting tears down the context's work and memory; the server keeps the GPU's
+        // context, so wait for this client's work and forget the reference count.
+        sync_device(dev as usize)?;
+        p.refs.store(0, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `flags` and `active` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult {
+    entry(|| {
+        let p = primary(dev)?;
+        // SAFETY: the caller's pointers.
+        unsafe {
+            out(flags, p.flags.load(Ordering::Relaxed))?;
+            out(active, c_int::from(p.refs.load(Ordering::Relaxed) > 0))
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    entry(|| {
+        primary(dev)?.flags.store(flags, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+/// CUDA 13's cuCtxCreate: (ctx, params, flags, dev). Params (execution affinity, CIG)
+/// are not supported yet and refused rather than ignored.
+///
+/// # Safety
+/// `pctx` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, _flags: c_uint, dev: CUdevice) -> CUresult {
+    entry(|| {
+        if !params.is_null() {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        create(pctx, dev)
+    })
+}
+
+/// # Safety
+/// `pctx` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, _flags: c_uint, dev: CUdevice) -> CUresult {
+    entry(|| create(pctx, dev))
+}
+
+fn create(pctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
+    device(dev)?;
+    let c = leak(Ctx { magic: AtomicU32::new(CTX_MAGIC), dev: dev as usize, primary: false });
+    // SAFETY: the caller's pointer (checked for null by out).
+    unsafe { out(pctx, c)? };
+    STACK.with(|s| s.borrow_mut().push(c as usize));
+    Ok(())
+}
+
+/// # Safety
+/// `ctx` is a context handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's handle.
+        let c = unsafe { resolve(ctx, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+        if c.primary {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        // Destroying a context waits for its work, as the driver does.
+        sync_device(c.dev)?;
+        retire(&c.magic, CTX_MAGIC)?;
+        STACK.with(|s| s.borrow_mut().retain(|&p| p != ctx as usize));
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `ctx` is null or a context handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    entry(|| {
+        if ctx.is_null() {
+            set_top(None);
+            return Ok(());
+        }
+        // SAFETY: the caller's handle.
+        unsafe { resolve(ctx, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+        set_top(Some(ctx));
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `pctx` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    entry(|| {
+        live()?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(pctx, current().unwrap_or(std::ptr::null_mut())) }
+    })
+}
+
+/// # Safety
+/// `ctx` is a context handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's handle.
+        unsafe { resolve(ctx, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+        STACK.with(|s| s.borrow_mut().push(ctx as usize));
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `pctx` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    entry(|| {
+        let c = STACK.with(|s| s.borrow_mut().pop()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if !pctx.is_null() {
+            // SAFETY: the caller's pointer, non-null.
+            unsafe { pctx.write(c as CUcontext) };
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `d` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(d: *mut CUdevice) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(d, current_dev()? as CUdevice) })
+}
+
+/// Waits for everything this client queued on `dev`, and reports pending errors.
+pub(crate) fn sync_device(dev: usize) -> Result<(), CUresult> {
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::CtxSync, |call: CallHdr| bytemuck::bytes_of(&call).to_vec())
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    entry(|| sync_device(current_dev()?))
+}

@@ -1,0 +1,180 @@
+//! Initialisation, device queries (answered from the handshake's snapshot) and error text.
+
+use super::{entry, live, mark_initialized, out};
+use crate::conn::{conn, connected};
+use crate::cuda::*;
+use omps_ring::segment::DeviceSnapshot;
+use std::ffi::{c_char, c_int, c_uint};
+
+/// The snapshot of `dev`, checking the ordinal.
+pub(crate) fn device(dev: CUdevice) -> Result<&'static DeviceSnapshot, CUresult> {
+    let c = live()?;
+    let n = c.snapshot.device_count as usize;
+    if dev < 0 || dev as usize >= n.min(c.num_devices()) {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    Ok(&c.snapshot.devices[dev as usize])
+}
+
+#[no_mangle]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    entry(|| {
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        conn()?;
+        mark_initialized();
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `v` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
+    // Answered before cuInit too, as the driver does; the server's driver decides.
+    let version = connected().or_else(|| conn().ok()).map_or(13000, |c| c.snapshot.driver_version);
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(v, version) })
+}
+
+/// # Safety
+/// `d` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(d: *mut CUdevice, ordinal: c_int) -> CUresult {
+    entry(|| {
+        device(ordinal)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(d, ordinal) }
+    })
+}
+
+/// # Safety
+/// `n` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
+    entry(|| {
+        let c = live()?;
+        let count = (c.snapshot.device_count as usize).min(c.num_devices());
+        // SAFETY: the caller's pointer.
+        unsafe { out(n, count as c_int) }
+    })
+}
+
+/// # Safety
+/// `name` is null or writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = device(dev)?;
+        if name.is_null() || len <= 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let s = d.name_str().as_bytes();
+        let n = s.len().min(len as usize - 1);
+        // SAFETY: the caller's buffer holds len bytes; we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr(), name as *mut u8, n);
+            *name.add(n) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `bytes` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(bytes, device(dev)?.total_mem as usize) })
+}
+
+/// # Safety
+/// `uuid` is null or writable for 16 bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(uuid, device(dev)?.uuid) })
+}
+
+/// # Safety
+/// `uuid` is null or writable for 16 bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuDeviceGetUuid(uuid, dev) }
+}
+
+/// # Safety
+/// `pi` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = device(dev)?;
+        let v = usize::try_from(attrib).ok().and_then(|a| d.attribute(a)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(pi, v) }
+    })
+}
+
+/// # Safety
+/// `major` and `minor` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
+    const MAJOR: usize = 75;
+    const MINOR: usize = 76;
+    entry(|| {
+        let d = device(dev)?;
+        // SAFETY: the caller's pointers.
+        unsafe {
+            out(major, d.attribute(MAJOR).unwrap_or(0))?;
+            out(minor, d.attribute(MINOR).unwrap_or(0))
+        }
+    })
+}
+
+/// # Safety
+/// `bus_id` is null or writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    const BUS: usize = 33;
+    const DEVICE: usize = 34;
+    const DOMAIN: usize = 50;
+    entry(|| {
+        let d = device(dev)?;
+        let a = |i| d.attribute(i).unwrap_or(0);
+        let s = format!("{:08X}:{:02X}:{:02X}.0", a(DOMAIN), a(BUS), a(DEVICE));
+        if bus_id.is_null() || len <= 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let n = s.len().min(len as usize - 1);
+        // SAFETY: the caller's buffer holds len bytes; we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr(), bus_id as *mut u8, n);
+            *bus_id.add(n) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `s` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorName(e: CUresult, s: *mut *const c_char) -> CUresult {
+    entry(|| {
+        let (name, _) = error_text(e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(s, name) }
+    })
+}
+
+/// # Safety
+/// `s` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorString(e: CUresult, s: *mut *const c_char) -> CUresult {
+    entry(|| {
+        let (_, text) = error_text(e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(s, text) }
+    })
+}

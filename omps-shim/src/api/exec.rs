@@ -1,0 +1,306 @@
+//! Streams, events and kernel launches.
+
+use super::ctx::current_dev;
+use super::{entry, live, out};
+use crate::cuda::*;
+use crate::handles::{leak, next_id, resolve, retire, Event, Function, Stream, EVENT_MAGIC, FUNC_MAGIC, STREAM_MAGIC};
+use omps_ring::wire::{self, EventCreate, EventElapsed, EventRecord, Handle, HandleCall, Launch, Op, StreamCreate};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::AtomicU32;
+
+pub type CUstream = *mut Stream;
+pub type CUevent = *mut Event;
+pub type CUfunction = *mut Function;
+
+const CU_STREAM_LEGACY: usize = 0x1;
+const CU_STREAM_PER_THREAD: usize = 0x2;
+
+/// The wire id of a stream handle; 0 (and the legacy / per-thread handles) is the
+/// client's default stream.
+pub(crate) fn stream_of(s: CUstream) -> Result<u32, CUresult> {
+    Ok(resolve_stream(s)?.map_or(wire::STREAM_DEFAULT, |st| st.id))
+}
+
+fn resolve_stream(s: CUstream) -> Result<Option<&'static Stream>, CUresult> {
+    match s as usize {
+        0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD => Ok(None),
+        // SAFETY: the caller passed a stream handle, as the API requires.
+        _ => unsafe { resolve(s as *const Stream, STREAM_MAGIC) }.map(Some),
+    }
+}
+
+/// Device a stream belongs to: its own, or the current context's for the default stream.
+fn stream_dev(s: CUstream) -> Result<(u32, usize), CUresult> {
+    match resolve_stream(s)? {
+        Some(st) => Ok((st.id, st.dev)),
+        None => Ok((wire::STREAM_DEFAULT, current_dev()?)),
+    }
+}
+
+fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CUresult> {
+    if ph.is_null() || flags > 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = current_dev()?;
+    let id = next_id();
+    let rec = StreamCreate { id, flags, priority, _pad: 0 };
+    live()?.push(dev, Op::StreamCreate, &[bytemuck::bytes_of(&rec)])?;
+    let h = leak(Stream { magic: AtomicU32::new(STREAM_MAGIC), id, dev, flags, priority });
+    // SAFETY: ph checked non-null; the caller's pointer.
+    unsafe { out(ph, h) }
+}
+
+/// # Safety
+/// `ph` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
+    entry(|| create_stream(ph, flags, 0))
+}
+
+/// # Safety
+/// `s` is a stream handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
+    entry(|| {
+        let st = resolve_stream(s)?.ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        retire(&st.magic, STREAM_MAGIC)?;
+        live()?.push(st.dev, Op::StreamDestroy, &[bytemuck::bytes_of(&Handle { id: st.id, _pad: 0 })])
+    })
+}
+
+fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, op, |call| bytemuck::bytes_of(&HandleCall { call, id, _pad: 0 }).to_vec())
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
+    entry(|| {
+        let (id, dev) = stream_dev(s)?;
+        handle_call(dev, Op::StreamSync, id)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
+    entry(|| {
+        let (id, dev) = stream_dev(s)?;
+        handle_call(dev, Op::StreamQuery, id)
+    })
+}
+
+fn event(e: CUevent) -> Result<&'static Event, CUresult> {
+    // SAFETY: the caller passed an event handle, as the API requires.
+    unsafe { resolve(e as *const Event, EVENT_MAGIC) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, _flags: c_uint) -> CUresult {
+    entry(|| {
+        let ev = event(e)?;
+        let (id, dev) = stream_dev(s)?;
+        if dev != ev.dev {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        live()?.push(dev, Op::StreamWaitEvent, &[bytemuck::bytes_of(&EventRecord { event: ev.id, stream: id })])
+    })
+}
+
+/// # Safety
+/// `ph` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
+    entry(|| {
+        if ph.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = current_dev()?;
+        let id = next_id();
+        live()?.push(dev, Op::EventCreate, &[bytemuck::bytes_of(&EventCreate { id, flags })])?;
+        let h = leak(Event { magic: AtomicU32::new(EVENT_MAGIC), id, dev, flags });
+        // SAFETY: ph checked non-null; the caller's pointer.
+        unsafe { out(ph, h) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
+    entry(|| {
+        let ev = event(e)?;
+        retire(&ev.magic, EVENT_MAGIC)?;
+        live()?.push(ev.dev, Op::EventDestroy, &[bytemuck::bytes_of(&Handle { id: ev.id, _pad: 0 })])
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
+    entry(|| {
+        let ev = event(e)?;
+        let (id, dev) = stream_dev(s)?;
+        if dev != ev.dev {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        live()?.push(dev, Op::EventRecord, &[bytemuck::bytes_of(&EventRecord { event: ev.id, stream: id })])
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
+    entry(|| {
+        let ev = event(e)?;
+        handle_call(ev.dev, Op::EventSync, ev.id)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
+    entry(|| {
+        let ev = event(e)?;
+        handle_call(ev.dev, Op::EventQuery, ev.id)
+    })
+}
+
+/// # Safety
+/// `ms` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    entry(|| {
+        let (a, b) = (event(start)?, event(end)?);
+        if ms.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let c = live()?;
+        let mut ch = c.channel();
+        ch.call(a.dev, Op::EventElapsed, |call| bytemuck::bytes_of(&EventElapsed { call, start: a.id, end: b.id }).to_vec())?;
+        let v = f32::from_bits(ch.reply::<wire::U64Reply>().value as u32);
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(ms, v) }
+    })
+}
+
+/// # Safety
+/// As cuEventElapsedTime_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuEventElapsedTime_v2(ms, start, end) }
+}
+
+pub(crate) fn function(f: CUfunction) -> Result<&'static Function, CUresult> {
+    // SAFETY: the caller passed a function handle, as the API requires.
+    unsafe { resolve(f as *const Function, FUNC_MAGIC) }
+}
+
+const LAUNCH_PARAM_END: usize = 0;
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+/// The packed parameter buffer a launch carries, from `kernelParams` or from `extra`.
+///
+/// # Safety
+/// `params` and `extra` follow cuLaunchKernel's contract for function `f`.
+unsafe fn pack_args(f: &Function, params: *mut *mut c_void, extra: *mut *mut c_void, buf: &mut [u8]) -> Result<(), CUresult> {
+    if !params.is_null() {
+        for (i, &(off, size)) in f.params.iter().enumerate() {
+            // SAFETY: kernelParams holds one pointer per parameter, each to `size` bytes.
+            let src = unsafe { *params.add(i) } as *const u8;
+            if src.is_null() {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            // SAFETY: as above; buf is args_size long, which covers off + size.
+            unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr().add(off as usize), size as usize) };
+        }
+        return Ok(());
+    }
+    if extra.is_null() {
+        return if f.args_size == 0 { Ok(()) } else { Err(CUDA_ERROR_INVALID_VALUE) };
+    }
+    let (mut ptr, mut size): (*const u8, Option<usize>) = (std::ptr::null(), None);
+    let mut i = 0;
+    loop {
+        // SAFETY: extra is a key/value list ended by CU_LAUNCH_PARAM_END.
+        let key = unsafe { *extra.add(i) } as usize;
+        match key {
+            LAUNCH_PARAM_END => break,
+            // SAFETY: the value follows its key.
+            LAUNCH_PARAM_BUFFER_POINTER => ptr = unsafe { *extra.add(i + 1) } as *const u8,
+            // SAFETY: the value is a pointer to a size_t.
+            LAUNCH_PARAM_BUFFER_SIZE => size = Some(unsafe { *(*extra.add(i + 1) as *const usize) }),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        i += 2;
+    }
+    match size {
+        Some(n) if !ptr.is_null() && n >= f.args_size => {
+            // SAFETY: the caller's buffer holds n >= args_size bytes.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, buf.as_mut_ptr(), f.args_size) };
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// The checks the driver makes before it queues a launch, from the snapshot's limits.
+fn check_config(f: &Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> Result<(), CUresult> {
+    let d = super::device::device(f.dev as CUdevice)?;
+    let attr = |a: usize| d.attribute(a).unwrap_or(i32::MAX) as u64;
+    const MAX_BLOCK_DIM: [usize; 3] = [2, 3, 4];
+    const MAX_GRID_DIM: [usize; 3] = [5, 6, 7];
+    for i in 0..3 {
+        if block[i] == 0 || grid[i] == 0 || block[i] as u64 > attr(MAX_BLOCK_DIM[i]) || grid[i] as u64 > attr(MAX_GRID_DIM[i]) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let threads = block.iter().map(|&b| b as u64).product::<u64>();
+    if threads > f.max_threads_per_block.max(0) as u64 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if shared as u64 > f.max_dynamic_shared.max(0) as u64 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// # Safety
+/// Arguments follow cuLaunchKernel's contract.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    s: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let func = function(f)?;
+        let (grid, block) = ([gx, gy, gz], [bx, by, bz]);
+        check_config(func, grid, block, shared)?;
+        let stream = match resolve_stream(s)? {
+            Some(st) if st.dev != func.dev => return Err(CUDA_ERROR_INVALID_HANDLE),
+            Some(st) => st.id,
+            None => wire::STREAM_DEFAULT,
+        };
+        let hdr = Launch { func: func.id, stream, grid, block, shared_mem: shared, args_len: func.args_size as u32 };
+        // Packed before anything is queued, so a bad argument list queues nothing.
+        ARGS.with(|a| {
+            let mut a = a.borrow_mut();
+            a.clear();
+            a.resize(func.args_size, 0);
+            // SAFETY: the caller's params/extra, per cuLaunchKernel's contract.
+            unsafe { pack_args(func, params, extra, &mut a) }?;
+            live()?.push(func.dev, Op::Launch, &[bytemuck::bytes_of(&hdr), &a])
+        })
+    })
+}
+
+thread_local! {
+    static ARGS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}

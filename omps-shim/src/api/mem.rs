@@ -1,0 +1,264 @@
+//! Device memory: allocation in the server, copies staged through the segment in
+//! pipelined chunks, memsets. The shim keeps its own table of the client's ranges so bad
+//! pointers get their error synchronously, as from the driver; the server checks again.
+
+use super::ctx::current_dev;
+use super::exec::{stream_of, CUstream};
+use super::{entry, live, out};
+use crate::cuda::*;
+use omps_ring::segment::CHUNKS_PER_CHANNEL;
+use omps_ring::wire::{self, CallHdr, ChunkCopy, CopyDtoD, MemAlloc, MemFree, Memset, Op};
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+/// Start -> (length, device, freeable). Module globals are ranges too, but not freeable.
+static RANGES: Mutex<BTreeMap<u64, (u64, usize, bool)>> = Mutex::new(BTreeMap::new());
+
+pub(crate) fn add_range(ptr: u64, len: u64, dev: usize, freeable: bool) {
+    RANGES.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, (len, dev, freeable));
+}
+
+/// The device of the allocation holding `[addr, addr+len)`, or INVALID_VALUE.
+pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
+    let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+    let (&start, &(n, dev, _)) = r.range(..=addr).next_back().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    match addr.checked_add(len) {
+        Some(end) if end <= start + n => Ok(dev),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn alloc(dev: usize, size: usize) -> Result<u64, CUresult> {
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::MemAlloc, |call| bytemuck::bytes_of(&MemAlloc { call, size: size as u64 }).to_vec())?;
+    let p = ch.reply::<wire::U64Reply>().value;
+    add_range(p, size as u64, dev, true);
+    Ok(p)
+}
+
+/// # Safety
+/// `dptr` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    entry(|| {
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = alloc(current_dev()?, size)?;
+        // SAFETY: the caller's pointer, non-null.
+        unsafe { out(dptr, p) }
+    })
+}
+
+/// # Safety
+/// `dptr` and `pitch` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) -> CUresult {
+    // The driver rounds rows up to the texture pitch alignment, at least 512 bytes on
+    // every GPU this targets.
+    const ALIGN: usize = 512;
+    entry(|| {
+        if dptr.is_null() || pitch.is_null() || width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let row = width.next_multiple_of(ALIGN);
+        let p = alloc(current_dev()?, row.checked_mul(height).ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        // SAFETY: the caller's pointers, non-null.
+        unsafe {
+            out(pitch, row)?;
+            out(dptr, p)
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
+    entry(|| {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let c = live()?;
+        let (_, dev, _) = {
+            let mut r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+            match r.get(&ptr) {
+                Some(&(_, _, true)) => r.remove(&ptr).expect("present"),
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        };
+        // The server frees it once the GPU is done with this client's queued work.
+        c.push(dev, Op::MemFree, &[bytemuck::bytes_of(&MemFree { ptr })])
+    })
+}
+
+/// # Safety
+/// `free` and `total` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    entry(|| {
+        let dev = current_dev()?;
+        let c = live()?;
+        let mut ch = c.channel();
+        ch.call(dev, Op::MemGetInfo, |call: CallHdr| bytemuck::bytes_of(&call).to_vec())?;
+        let r = ch.reply::<wire::MemInfoReply>();
+        // SAFETY: the caller's pointers.
+        unsafe {
+            out(free, r.free as usize)?;
+            out(total, r.total as usize)
+        }
+    })
+}
+
+fn memset(dst: u64, value: u32, elem_size: u32, count: usize, stream: CUstream) -> Result<(), CUresult> {
+    let bytes = (count as u64).checked_mul(elem_size as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if count == 0 {
+        return Ok(());
+    }
+    if dst % elem_size as u64 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = range_dev(dst, bytes)?;
+    let s = stream_of(stream)?;
+    let m = Memset { dst, count: count as u64, value, elem_size, stream: s, _pad: 0 };
+    live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])
+}
+
+macro_rules! memsets {
+    ($($sync:ident, $async_:ident, $t:ty, $size:expr;)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $sync(dst: CUdeviceptr, v: $t, n: usize) -> CUresult {
+            entry(|| memset(dst, v as u32, $size, n, std::ptr::null_mut()))
+        }
+        #[no_mangle]
+        pub extern "C" fn $async_(dst: CUdeviceptr, v: $t, n: usize, s: CUstream) -> CUresult {
+            entry(|| memset(dst, v as u32, $size, n, s))
+        }
+    )*};
+}
+
+memsets! {
+    cuMemsetD8_v2, cuMemsetD8Async, u8, 1;
+    cuMemsetD16_v2, cuMemsetD16Async, u16, 2;
+    cuMemsetD32_v2, cuMemsetD32Async, u32, 4;
+}
+
+/// Host to device through the staging chunks: copy a piece in while earlier pieces DMA.
+/// Returns once the source is consumed, as a pageable copy does.
+fn copy_htod(dst: u64, src: *const u8, len: usize, stream: CUstream) -> Result<(), CUresult> {
+    if len == 0 {
+        return Ok(());
+    }
+    if src.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = range_dev(dst, len as u64)?;
+    let s = stream_of(stream)?;
+    let c = live()?;
+    let mut ch = c.channel();
+    let chunk = c.params().chunk_bytes as usize;
+    for (i, off) in (0..len).step_by(chunk).enumerate() {
+        let k = i % CHUNKS_PER_CHANNEL;
+        let n = chunk.min(len - off);
+        ch.wait_chunk(k)?;
+        let (p, _) = ch.chunk_ptr(k);
+        // SAFETY: the caller's source holds len bytes; the chunk holds `chunk` >= n bytes
+        // and is ours until its transfer is queued.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(off), p, n) };
+        let seq = ch.claim_chunk(k);
+        let rec = ChunkCopy { dev: dst + off as u64, channel: ch.idx, chunk: k as u32, len: n as u32, seq, stream: s, _pad: 0 };
+        c.push(dev, Op::CopyHtoDChunk, &[bytemuck::bytes_of(&rec)])?;
+    }
+    Ok(())
+}
+
+/// Device to host: keep up to CHUNKS_PER_CHANNEL pieces in flight, copy each out as it lands.
+fn copy_dtoh(dst: *mut u8, src: u64, len: usize, stream: CUstream) -> Result<(), CUresult> {
+    if len == 0 {
+        return Ok(());
+    }
+    if dst.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = range_dev(src, len as u64)?;
+    let s = stream_of(stream)?;
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.wait_all_chunks()?;
+    let chunk = c.params().chunk_bytes as usize;
+    let pieces: Vec<(usize, usize)> = (0..len).step_by(chunk).map(|off| (off, chunk.min(len - off))).collect();
+    let land = |ch: &mut crate::conn::ChanGuard, i: usize| -> Result<(), CUresult> {
+        let k = i % CHUNKS_PER_CHANNEL;
+        ch.wait_chunk(k)?;
+        let (p, _) = ch.chunk_ptr(k);
+        let (off, n) = pieces[i];
+        // SAFETY: the GPU has written n bytes into the chunk; the caller's buffer holds len.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.add(off), n) };
+        Ok(())
+    };
+    for (i, &(off, n)) in pieces.iter().enumerate() {
+        if i >= CHUNKS_PER_CHANNEL {
+            land(&mut ch, i - CHUNKS_PER_CHANNEL)?;
+        }
+        let k = i % CHUNKS_PER_CHANNEL;
+        let seq = ch.claim_chunk(k);
+        let rec = ChunkCopy { dev: src + off as u64, channel: ch.idx, chunk: k as u32, len: n as u32, seq, stream: s, _pad: 0 };
+        c.push(dev, Op::CopyDtoHChunk, &[bytemuck::bytes_of(&rec)])?;
+    }
+    for i in pieces.len().saturating_sub(CHUNKS_PER_CHANNEL)..pieces.len() {
+        land(&mut ch, i)?;
+    }
+    Ok(())
+}
+
+fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Result<(), CUresult> {
+    if len == 0 {
+        return Ok(());
+    }
+    let dev = range_dev(dst, len as u64)?;
+    range_dev(src, len as u64)?;
+    let s = stream_of(stream)?;
+    let rec = CopyDtoD { dst, src, len: len as u64, stream: s, _pad: 0 };
+    live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])
+}
+
+/// # Safety
+/// `src` is readable for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    entry(|| copy_htod(dst, src as *const u8, n, std::ptr::null_mut()))
+}
+
+/// # Safety
+/// `src` is readable for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) -> CUresult {
+    entry(|| copy_htod(dst, src as *const u8, n, s))
+}
+
+/// # Safety
+/// `dst` is writable for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    entry(|| copy_dtoh(dst as *mut u8, src, n, std::ptr::null_mut()))
+}
+
+/// # Safety
+/// `dst` is writable for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) -> CUresult {
+    entry(|| copy_dtoh(dst as *mut u8, src, n, s))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    entry(|| copy_dtod(dst, src, n, std::ptr::null_mut()))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CUresult {
+    entry(|| copy_dtod(dst, src, n, s))
+}

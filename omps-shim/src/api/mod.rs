@@ -1,0 +1,47 @@
+//! The exported driver entry points. Each is a thin `extern "C"` wrapper that turns a
+//! `Result` into a CUresult and keeps panics from unwinding into C.
+
+pub mod ctx;
+pub mod device;
+pub mod exec;
+pub mod mem;
+pub mod module;
+
+use crate::cuda::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn mark_initialized() {
+    INITIALIZED.store(true, Ordering::Release);
+}
+
+/// Runs an entry point's body: Ok becomes CUDA_SUCCESS, a panic CUDA_ERROR_UNKNOWN.
+pub(crate) fn entry(f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CUDA_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => 999,
+    }
+}
+
+/// The connection, once cuInit has run.
+pub(crate) fn live() -> Result<&'static crate::conn::Conn, CUresult> {
+    if !INITIALIZED.load(Ordering::Acquire) {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
+    crate::conn::conn()
+}
+
+/// Writes through an out-pointer the caller gave, refusing null.
+///
+/// # Safety
+/// `p` is null or valid for a write of T.
+pub(crate) unsafe fn out<T>(p: *mut T, v: T) -> Result<(), CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null and, per the caller, valid for writes.
+    unsafe { p.write(v) };
+    Ok(())
+}

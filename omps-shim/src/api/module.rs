@@ -1,0 +1,222 @@
+//! Modules: images are uploaded through the staging chunks, loaded in the server, and come
+//! back with every function's parameter layout, so launches need no further round trip.
+
+use super::ctx::current_dev;
+use super::exec::{function, CUfunction};
+use super::mem::add_range;
+use super::{entry, live, out};
+use crate::cuda::*;
+use crate::handles::{leak, resolve, retire, Function, Module, FUNC_MAGIC, MODULE_MAGIC};
+use omps_ring::wire::{self, ChunkCopy, FuncGetAttribute, FunctionDesc, ModuleGetGlobal, ModuleLoad, ModuleReply, Op, ParamDesc};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::atomic::AtomicU32;
+
+pub type CUmodule = *mut Module;
+
+fn load(image: &[u8]) -> Result<CUmodule, CUresult> {
+    let dev = current_dev()?;
+    let c = live()?;
+    let mut ch = c.channel();
+    let chunk = c.params().chunk_bytes as usize;
+    for (i, piece) in image.chunks(chunk).enumerate() {
+        let k = i % omps_ring::segment::CHUNKS_PER_CHANNEL;
+        ch.wait_chunk(k)?;
+        let (p, _) = ch.chunk_ptr(k);
+        // SAFETY: the chunk holds `chunk` >= piece.len() bytes and is ours until queued.
+        unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), p, piece.len()) };
+        let seq = ch.claim_chunk(k);
+        let rec = ChunkCopy { dev: 0, channel: ch.idx, chunk: k as u32, len: piece.len() as u32, seq, stream: 0, _pad: 0 };
+        c.push(dev, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])?;
+    }
+    // The answer lands in chunk 0: make sure no transfer still uses it.
+    ch.wait_chunk(0)?;
+    ch.call(dev, Op::ModuleLoad, |call| bytemuck::bytes_of(&ModuleLoad { call, blob_len: image.len() as u64 }).to_vec())?;
+    let (p, cap) = ch.chunk_ptr(0);
+    // SAFETY: the server wrote the reply into chunk 0 before completing the call.
+    let reply = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
+    parse_module(reply, dev).ok_or(CUDA_ERROR_INVALID_IMAGE)
+}
+
+fn parse_module(r: &[u8], dev: usize) -> Option<CUmodule> {
+    let head: ModuleReply = wire::get(r)?;
+    let total = (head.total_len as usize).min(r.len());
+    let r = &r[..total];
+    let descs_at = std::mem::size_of::<ModuleReply>();
+    let fd = std::mem::size_of::<FunctionDesc>();
+    let params_at = descs_at + head.num_functions as usize * fd;
+    let module = leak(Module { magic: AtomicU32::new(0), id: head.module, dev, functions: Vec::new() });
+    let mut functions = Vec::new();
+    for i in 0..head.num_functions as usize {
+        let d: FunctionDesc = wire::get(r.get(descs_at + i * fd..)?)?;
+        let name = r.get(d.name_offset as usize..(d.name_offset + d.name_len) as usize)?;
+        let params = (0..d.num_params as usize)
+            .map(|j| wire::get::<ParamDesc>(r.get(params_at + (d.first_param as usize + j) * 8..)?).map(|p| (p.offset, p.size)))
+            .collect::<Option<Vec<_>>>()?;
+        let args_size = params.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0);
+        let f = Function {
+            magic: AtomicU32::new(FUNC_MAGIC),
+            id: d.func,
+            dev,
+            name: CString::new(name).ok()?,
+            params,
+            args_size,
+            max_threads_per_block: d.max_threads_per_block,
+            static_shared: d.static_shared,
+            max_dynamic_shared: d.max_dynamic_shared,
+            module,
+        };
+        // SAFETY: freshly leaked, never freed.
+        functions.push(unsafe { &*leak(f) });
+    }
+    // SAFETY: module was just leaked and is not yet shared.
+    unsafe {
+        (*module).functions = functions;
+        (*module).magic.store(MODULE_MAGIC, std::sync::atomic::Ordering::Release);
+    }
+    Some(module)
+}
+
+/// # Safety
+/// `m` is null or writable; `image` is a module image.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void) -> CUresult {
+    entry(|| {
+        if m.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes a module image.
+        let img = unsafe { crate::image::image_slice(image as *const u8) }.ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        let h = load(img)?;
+        // SAFETY: checked non-null.
+        unsafe { out(m, h) }
+    })
+}
+
+/// JIT options are not forwarded yet: the server's driver JIT-compiles with defaults and
+/// option output buffers are left untouched.
+///
+/// # Safety
+/// As cuModuleLoadData.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(m: *mut CUmodule, image: *const c_void, _n: c_uint, _opts: *mut c_int, _vals: *mut *mut c_void) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuModuleLoadData(m, image) }
+}
+
+/// # Safety
+/// As cuModuleLoadData.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(m: *mut CUmodule, image: *const c_void) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuModuleLoadData(m, image) }
+}
+
+/// # Safety
+/// `m` is null or writable; `path` is a NUL-terminated file name.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoad(m: *mut CUmodule, path: *const c_char) -> CUresult {
+    entry(|| {
+        if m.is_null() || path.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's NUL-terminated path.
+        let p = unsafe { CStr::from_ptr(path) }.to_string_lossy().into_owned();
+        let mut img = std::fs::read(&p).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+        img.push(0); // PTX files carry no NUL of their own
+        let h = load(&img)?;
+        // SAFETY: checked non-null.
+        unsafe { out(m, h) }
+    })
+}
+
+fn module<'a>(m: CUmodule) -> Result<&'a Module, CUresult> {
+    // SAFETY: the caller passed a module handle, as the API requires.
+    unsafe { resolve(m as *const Module, MODULE_MAGIC) }
+}
+
+/// # Safety
+/// `f` is null or writable; `name` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetFunction(f: *mut CUfunction, m: CUmodule, name: *const c_char) -> CUresult {
+    entry(|| {
+        let md = module(m)?;
+        if name.is_null() || f.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(name) };
+        let func = md.functions.iter().find(|x| x.name.as_c_str() == name).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        // SAFETY: checked non-null.
+        unsafe { out(f, *func as *const Function as CUfunction) }
+    })
+}
+
+/// # Safety
+/// `dptr` and `bytes` are null or writable; `name` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, m: CUmodule, name: *const c_char) -> CUresult {
+    entry(|| {
+        let md = module(m)?;
+        if name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+        let c = live()?;
+        let mut ch = c.channel();
+        ch.call(md.dev, Op::ModuleGetGlobal, |call| {
+            let mut v = bytemuck::bytes_of(&ModuleGetGlobal { call, module: md.id, name_len: name.len() as u32 }).to_vec();
+            v.extend_from_slice(name);
+            v
+        })?;
+        let g = ch.reply::<wire::GlobalReply>();
+        add_range(g.ptr, g.size, md.dev, false);
+        // SAFETY: the caller's pointers; either may be null.
+        unsafe {
+            if !dptr.is_null() {
+                dptr.write(g.ptr);
+            }
+            if !bytes.is_null() {
+                bytes.write(g.size as usize);
+            }
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuModuleUnload(m: CUmodule) -> CUresult {
+    entry(|| {
+        let md = module(m)?;
+        retire(&md.magic, MODULE_MAGIC)?;
+        for f in &md.functions {
+            let _ = retire(&f.magic, FUNC_MAGIC);
+        }
+        live()?.push(md.dev, Op::ModuleUnload, &[bytemuck::bytes_of(&wire::Handle { id: md.id, _pad: 0 })])
+    })
+}
+
+/// # Safety
+/// `pi` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: CUfunction) -> CUresult {
+    const MAX_THREADS_PER_BLOCK: c_int = 0;
+    const SHARED_SIZE_BYTES: c_int = 1;
+    const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
+    entry(|| {
+        let func = function(f)?;
+        let v = match attrib {
+            MAX_THREADS_PER_BLOCK => func.max_threads_per_block,
+            SHARED_SIZE_BYTES => func.static_shared,
+            MAX_DYNAMIC_SHARED_SIZE_BYTES => func.max_dynamic_shared,
+            _ => {
+                let c = live()?;
+                let mut ch = c.channel();
+                ch.call(func.dev, Op::FuncGetAttribute, |call| bytemuck::bytes_of(&FuncGetAttribute { call, func: func.id, attr: attrib }).to_vec())?;
+                ch.reply::<wire::U64Reply>().value as u32 as i32
+            }
+        };
+        // SAFETY: the caller's pointer.
+        unsafe { out(pi, v) }
+    })
+}

@@ -1,0 +1,338 @@
+//! The client's end of the transport: the connection to the server, the command rings,
+//! the channels that carry synchronous calls, and waiting that never hangs on a lost server.
+
+use crate::cuda::*;
+use omps_ring::futex::{self, Doorbell, WaitResult};
+use omps_ring::ring::{Producer, PushError};
+use omps_ring::segment::{state, Channel, LayoutParams, SegmentView, SnapshotTable, Word, CHUNKS_PER_CHANNEL, SEGMENT_MAGIC};
+use omps_ring::shm::{self, Mapping};
+use omps_ring::sock;
+use omps_ring::wire::{self, CallHdr, Hello, Op, Welcome};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// What a channel's owner remembers between calls.
+#[derive(Default)]
+pub struct ChanState {
+    seq: u32,
+    /// Sequence of the last transfer through each staging chunk (0: never used).
+    chunk_seq: [u32; CHUNKS_PER_CHANNEL],
+}
+
+pub struct Conn {
+    sock: UnixStream,
+    seg: SegmentView,
+    _seg_map: Mapping,
+    bells: Vec<Mapping>,
+    rings: Vec<Mutex<Producer>>,
+    chans: Vec<Mutex<ChanState>>,
+    pub snapshot: Box<SnapshotTable>,
+    lost: AtomicBool,
+}
+
+/// A channel held by one thread for the length of a call.
+pub struct ChanGuard<'a> {
+    pub idx: u32,
+    st: MutexGuard<'a, ChanState>,
+    conn: &'a Conn,
+}
+
+static CONN: OnceLock<Result<Conn, CUresult>> = OnceLock::new();
+
+/// The process's connection, made on first use.
+pub fn conn() -> Result<&'static Conn, CUresult> {
+    CONN.get_or_init(|| {
+        Conn::connect().map_err(|(code, why)| {
+            eprintln!("omps: {why}");
+            code
+        })
+    })
+    .as_ref()
+    .map_err(|&e| e)
+}
+
+pub fn connected() -> Option<&'static Conn> {
+    CONN.get().and_then(|c| c.as_ref().ok())
+}
+
+pub type ConnectError = (CUresult, String);
+
+impl Conn {
+    /// A new connection to the server of the pipe directory. Programs use the process's
+    /// one connection through [`conn`]; tools and tests may hold several.
+    pub fn connect() -> Result<Conn, ConnectError> {
+        Self::connect_to(&sock::socket_path())
+    }
+
+    pub fn connect_to(path: &std::path::Path) -> Result<Conn, ConnectError> {
+        let fail = |what: String| (CUDA_ERROR_MPS_CONNECTION_FAILED, what);
+        let s = UnixStream::connect(path).map_err(|e| {
+            fail(format!("cannot reach the omps server at {} ({e}); start it with `omps-server` or run the program with `omps-ctl run -- PROGRAM`", path.display()))
+        })?;
+        let hello = Hello { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, kind: wire::kind::CLIENT };
+        std::io::Write::write_all(&mut &s, bytemuck::bytes_of(&hello)).map_err(|e| fail(format!("handshake failed: {e}")))?;
+        let mut buf = [0u8; std::mem::size_of::<Welcome>()];
+        let (n, fds) = sock::recv_with_fds(s.as_raw_fd(), &mut buf).map_err(|e| fail(format!("handshake failed: {e}")))?;
+        let w: Welcome = wire::get(&buf[..n]).ok_or_else(|| fail("short handshake reply".into()))?;
+        if w.magic != wire::HELLO_MAGIC || w.version != wire::PROTOCOL_VERSION {
+            return Err(fail(format!("server speaks protocol {} (this shim: {})", w.version, wire::PROTOCOL_VERSION)));
+        }
+        if w.status != 0 {
+            return Err((w.status, format!("the omps server refused this client (CUDA error {})", w.status)));
+        }
+        Self::attach(s, w, fds).map_err(fail)
+    }
+
+    fn attach(sock: UnixStream, w: Welcome, fds: Vec<OwnedFd>) -> Result<Conn, String> {
+        let layout = w.layout.validate()?;
+        let ndev = w.num_devices as usize;
+        if fds.len() != 1 + ndev || ndev > layout.params.num_rings as usize || layout.total_len as u64 != w.segment_len {
+            return Err("handshake carried the wrong descriptors".into());
+        }
+        let mut fds = fds.into_iter();
+        let seg_fd = fds.next().expect("counted above");
+        shm::check_segment(seg_fd.as_fd(), layout.total_len).map_err(|e| format!("segment: {e}"))?;
+        let seg_map = Mapping::map(seg_fd.as_fd(), layout.total_len).map_err(|e| format!("mapping the segment: {e}"))?;
+        // SAFETY: the mapping is total_len bytes and lives in the Conn beside the view.
+        let seg = unsafe { SegmentView::new(seg_map.as_ptr(), layout) };
+        if seg.header().magic != SEGMENT_MAGIC || seg.header().params != w.layout {
+            return Err("segment header does not match the handshake".into());
+        }
+        let bells = fds
+            .map(|fd| Mapping::map(fd.as_fd(), wire::DOORBELL_PAGE))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("mapping a doorbell: {e}"))?;
+        let rings = (0..ndev)
+            .map(|d| {
+                let (h, data, cap) = seg.ring_parts(d);
+                // SAFETY: ring d is inside the mapping owned by this Conn; this process is
+                // its only producer (the server consumes).
+                Mutex::new(unsafe { Producer::new(h, data, cap) })
+            })
+            .collect();
+        let snapshot = Box::new(*seg.snapshot());
+        let chans = (0..layout.params.num_channels).map(|_| Mutex::new(ChanState::default())).collect();
+        Ok(Conn { sock, seg, _seg_map: seg_map, bells, rings, chans, snapshot, lost: AtomicBool::new(false) })
+    }
+
+    pub fn params(&self) -> LayoutParams {
+        self.seg.layout.params
+    }
+
+    pub fn num_devices(&self) -> usize {
+        self.rings.len()
+    }
+
+    /// Wakes GPU `dev`'s worker if it sleeps.
+    pub fn ring_bell(&self, dev: usize) {
+        self.bell(dev).ring();
+    }
+
+    /// Waits until the server has handled everything queued so far on `dev`; returns the
+    /// first asynchronous error since the last synchronizing call.
+    pub fn ping(&self, dev: usize) -> Result<(), CUresult> {
+        let mut ch = self.channel();
+        ch.call(dev, Op::Ping, |call| bytemuck::bytes_of(&call).to_vec())
+    }
+
+    fn bell(&self, dev: usize) -> &Doorbell {
+        // SAFETY: the doorbell page is mapped for the life of the Conn; Doorbell is atomics.
+        unsafe { &*(self.bells[dev].as_ptr() as *const Doorbell) }
+    }
+
+    /// The server is gone, or cut us off: every call fails from now on.
+    pub fn check_alive(&self) -> Result<(), CUresult> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(CUDA_ERROR_MPS_RPC_FAILURE);
+        }
+        let h = self.seg.header();
+        match h.server_state.load(Ordering::Acquire) {
+            state::ACTIVE => {}
+            _ => {
+                let code = h.state_code.load(Ordering::Relaxed);
+                return Err(if code != 0 { code } else { CUDA_ERROR_MPS_RPC_FAILURE });
+            }
+        }
+        let mut p = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one valid pollfd, zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            if !self.lost.swap(true, Ordering::Relaxed) {
+                eprintln!("omps: lost the connection to the omps server");
+            }
+            return Err(CUDA_ERROR_MPS_RPC_FAILURE);
+        }
+        Ok(())
+    }
+
+    /// Puts one record into GPU `dev`'s ring and rings the server if it sleeps.
+    pub fn push(&self, dev: usize, op: Op, parts: &[&[u8]]) -> Result<(), CUresult> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.push_with(dev, op, len, |buf| {
+            let mut at = 0;
+            for p in parts {
+                buf[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+        })
+    }
+
+    pub fn push_with(&self, dev: usize, op: Op, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), CUresult> {
+        let ring = self.rings.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        let mut fill = Some(fill);
+        let mut ring = ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut since: Option<Instant> = None;
+        loop {
+            let r = ring.try_push_with(op as u32, len, |b| (fill.take().expect("called once"))(b));
+            match r {
+                Ok(()) => break,
+                Err(PushError::Full) => {
+                    self.bell(dev).ring();
+                    let t = since.get_or_insert_with(Instant::now);
+                    if t.elapsed() > Duration::from_millis(1) {
+                        self.check_alive()?;
+                        std::thread::sleep(Duration::from_micros(20));
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(_) => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+        drop(ring);
+        self.bell(dev).ring();
+        Ok(())
+    }
+
+    /// Takes a free channel, waiting if every one is busy.
+    pub fn channel(&self) -> ChanGuard<'_> {
+        let n = self.chans.len();
+        let start = thread_slot() % n;
+        loop {
+            for i in 0..n {
+                let idx = (start + i) % n;
+                if let Ok(st) = self.chans[idx].try_lock() {
+                    return ChanGuard { idx: idx as u32, st, conn: self };
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    pub fn seg(&self) -> &SegmentView {
+        &self.seg
+    }
+
+    /// Spins briefly, then sleeps on the futex word until it holds `seq`.
+    fn wait_word(&self, ch: &Channel, word: &AtomicU32, seq: u32) -> Result<(), CUresult> {
+        for _ in 0..2000 {
+            if word.load(Ordering::Acquire) == seq {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        let r = loop {
+            ch.waiting.store(1, Ordering::SeqCst);
+            let cur = word.load(Ordering::SeqCst);
+            if cur == seq {
+                break Ok(());
+            }
+            if let Err(e) = self.check_alive() {
+                break Err(e);
+            }
+            if let WaitResult::TimedOut = futex::wait(word, cur, Some(Duration::from_millis(20))) {
+                if let Err(e) = self.check_alive() {
+                    break Err(e);
+                }
+            }
+        };
+        ch.waiting.store(0, Ordering::Relaxed);
+        r
+    }
+}
+
+fn thread_slot() -> usize {
+    thread_local! { static SLOT: usize = {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::gettid() as usize }
+    } }
+    SLOT.with(|s| *s)
+}
+
+impl<'a> ChanGuard<'a> {
+    fn chan(&self) -> &'a Channel {
+        let conn: &'a Conn = self.conn;
+        conn.seg.channel(self.idx as usize).expect("own channel index")
+    }
+
+    pub fn next_call(&mut self) -> CallHdr {
+        self.st.seq = self.st.seq.wrapping_add(1).max(1);
+        CallHdr { channel: self.idx, seq: self.st.seq }
+    }
+
+    /// Waits for the answer to `call` and returns its CUresult.
+    pub fn wait(&self, call: CallHdr) -> Result<(), CUresult> {
+        let ch = self.chan();
+        self.conn.wait_word(ch, &ch.done, call.seq)?;
+        match ch.result.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    /// Sends a call record (its fixed part must start with `call`'s CallHdr) and waits.
+    pub fn call(&mut self, dev: usize, op: Op, build: impl FnOnce(CallHdr) -> Vec<u8>) -> Result<(), CUresult> {
+        let call = self.next_call();
+        let rec = build(call);
+        self.conn.push(dev, op, &[&rec])?;
+        self.wait(call)
+    }
+
+    /// Reads the inline reply of the last call.
+    pub fn reply<T: bytemuck::Pod>(&self) -> T {
+        let mut b = vec![0u8; std::mem::size_of::<T>()];
+        self.chan().read_reply(&mut b);
+        bytemuck::pod_read_unaligned(&b)
+    }
+
+    /// Waits until staging chunk `k` is free again; reports the error of its last transfer.
+    pub fn wait_chunk(&mut self, k: usize) -> Result<(), CUresult> {
+        let seq = self.st.chunk_seq[k];
+        if seq == 0 {
+            return Ok(());
+        }
+        let ch = self.chan();
+        self.conn.wait_word(ch, ch.word(Word::Chunk(k as u8)).expect("k < CHUNKS"), seq)?;
+        self.st.chunk_seq[k] = 0;
+        match ch.result.swap(0, Ordering::Relaxed) {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    pub fn wait_all_chunks(&mut self) -> Result<(), CUresult> {
+        let mut first = Ok(());
+        for k in 0..CHUNKS_PER_CHANNEL {
+            let r = self.wait_chunk(k);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// Staging chunk `k` of this channel.
+    pub fn chunk_ptr(&self, k: usize) -> (*mut u8, usize) {
+        self.conn.seg.chunk(self.idx as usize, k).expect("own channel")
+    }
+
+    /// Marks chunk `k` busy with a new transfer and returns that transfer's sequence.
+    pub fn claim_chunk(&mut self, k: usize) -> u32 {
+        self.st.seq = self.st.seq.wrapping_add(1).max(1);
+        self.st.chunk_seq[k] = self.st.seq;
+        self.st.seq
+    }
+}

@@ -1,0 +1,100 @@
+//! The objects behind the opaque handles the shim gives out.
+//!
+//! A handle is a pointer to a leaked box whose first field is a per-kind magic, so a
+//! handle of the wrong kind, or one already destroyed, is refused instead of used: boxes
+//! are never freed (the magic is cleared on destroy), which costs a few bytes per object
+//! and keeps a stale handle readable.
+
+use crate::cuda::*;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub const CTX_MAGIC: u32 = 0x6374_7821;
+pub const STREAM_MAGIC: u32 = 0x7374_7221;
+pub const EVENT_MAGIC: u32 = 0x6576_7421;
+pub const MODULE_MAGIC: u32 = 0x6d6f_6421;
+pub const FUNC_MAGIC: u32 = 0x6675_6e21;
+
+#[repr(C)]
+pub struct Ctx {
+    pub magic: AtomicU32,
+    pub dev: usize,
+    pub primary: bool,
+}
+
+#[repr(C)]
+pub struct Stream {
+    pub magic: AtomicU32,
+    pub id: u32,
+    pub dev: usize,
+    pub flags: u32,
+    pub priority: i32,
+}
+
+#[repr(C)]
+pub struct Event {
+    pub magic: AtomicU32,
+    pub id: u32,
+    pub dev: usize,
+    pub flags: u32,
+}
+
+#[repr(C)]
+pub struct Function {
+    pub magic: AtomicU32,
+    pub id: u32,
+    pub dev: usize,
+    pub name: CString,
+    pub params: Vec<(u32, u32)>,
+    pub args_size: usize,
+    pub max_threads_per_block: i32,
+    pub static_shared: i32,
+    pub max_dynamic_shared: i32,
+    pub module: *const Module,
+}
+
+#[repr(C)]
+pub struct Module {
+    pub magic: AtomicU32,
+    pub id: u32,
+    pub dev: usize,
+    pub functions: Vec<&'static Function>,
+}
+
+/// Gives out a handle for `v`.
+pub fn leak<T>(v: T) -> *mut T {
+    Box::into_raw(Box::new(v))
+}
+
+/// Resolves a handle of kind `T` whose magic is `magic`.
+///
+/// # Safety
+/// `h` is null or a handle this shim gave out (possibly destroyed since), as the CUDA API
+/// requires of callers; a pointer from elsewhere is undefined behaviour, as with libcuda.
+pub unsafe fn resolve<'a, T>(h: *const T, magic: u32) -> Result<&'a T, CUresult> {
+    if h.is_null() {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    // SAFETY: per the contract, h points at a leaked box of T whose first field (repr(C))
+    // is the magic word.
+    let m = unsafe { &*(h as *const AtomicU32) };
+    if m.load(Ordering::Acquire) != magic {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    // SAFETY: the magic matched, so this is a live T that is never freed.
+    Ok(unsafe { &*h })
+}
+
+/// Marks a handle destroyed; later uses get CUDA_ERROR_INVALID_HANDLE.
+pub fn retire(magic: &AtomicU32, expected: u32) -> Result<(), CUresult> {
+    magic
+        .compare_exchange(expected, 0, Ordering::AcqRel, Ordering::Relaxed)
+        .map(drop)
+        .map_err(|_| CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// Client-chosen ids for streams and events; 0 is the default stream.
+pub fn next_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}

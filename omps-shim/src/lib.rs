@@ -1,0 +1,15 @@
+//! libomps_shim.so: stands in for libcuda.so.1 in a client process.
+//!
+//! The real driver is never loaded here: device queries are answered from the server's
+//! snapshot, contexts are bookkeeping, and everything that touches the GPU becomes a record
+//! in this process's command ring to the omps server (see docs/design.md).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![allow(non_snake_case)]
+
+pub mod api;
+pub mod conn;
+pub mod cuda;
+pub mod handles;
+pub mod image;
+pub mod unsupported;

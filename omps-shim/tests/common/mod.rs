@@ -1,0 +1,87 @@
+//! A server on the host-memory GPU in this process, and an omps-ctl stand-in.
+#![allow(dead_code)]
+
+use omps_ring::sock;
+use omps_ring::wire::{self, Hello};
+use omps_server::gpu::Gpu;
+use omps_server::gpu_host::HostGpu;
+use omps_server::{Server, ServerConfig};
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct TestServer {
+    pub dir: PathBuf,
+    pub gpu: Arc<HostGpu>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("omps-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+impl TestServer {
+    pub fn start(tag: &str) -> TestServer {
+        let dir = temp_dir(tag);
+        let gpu = Arc::new(HostGpu::new(0, 1 << 30));
+        let cfg = ServerConfig { pipe_dir: dir.clone(), spin: Duration::from_micros(200), pin_workers: false };
+        let server = Server::new(cfg, vec![gpu.clone() as Arc<dyn Gpu>], 13000).expect("server starts");
+        let thread = std::thread::spawn(move || server.run().expect("server runs"));
+        TestServer { dir, gpu, thread: Some(thread) }
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(sock::SOCKET_NAME)
+    }
+
+    /// One omps-ctl command: (ok, text).
+    pub fn ctl(&self, cmd: &str) -> (bool, String) {
+        ctl_at(&self.socket(), cmd)
+    }
+
+    /// Polls `ps` until `pred` holds, for up to `secs`.
+    pub fn wait_ps(&self, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+        let t = std::time::Instant::now();
+        loop {
+            let (_, ps) = self.ctl("ps");
+            if pred(&ps) || t.elapsed() > Duration::from_secs(secs) {
+                return ps;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.ctl("quit");
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn ctl_at(path: &Path, cmd: &str) -> (bool, String) {
+    let s = UnixStream::connect(path).expect("server socket");
+    let hello = Hello { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, kind: wire::kind::CONTROL };
+    (&s).write_all(bytemuck::bytes_of(&hello)).unwrap();
+    sock::write_frame(&mut &s, cmd.as_bytes()).unwrap();
+    let r = sock::read_frame(&mut &s, 1 << 20).unwrap().expect("reply");
+    (r[0] == 0, String::from_utf8_lossy(&r[1..]).into_owned())
+}
+
+/// The memory column of the `ps` row of client `pid`, if listed.
+pub fn ps_mem(ps: &str, pid: u32) -> Option<u64> {
+    ps.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.first()? == &pid.to_string().as_str()).then(|| f[2].parse().ok()).flatten()
+    })
+}
+
+/// A module for the host GPU: fill_u32(ptr, value, count), trap(), and a global.
+pub const HOST_MODULE: &str = "omps-host-module\nfn fill_u32 0:8 8:4 12:4\nfn trap\nglobal counter 16\n\0";

@@ -421,13 +421,18 @@ mod tests {
         fn ends(&mut self) -> (Producer, Consumer) {
             let capacity = self.data.len() * 8;
             let data = self.data.as_mut_ptr().cast::<u8>();
-            // SAFETY: `self` outlives both ends in every test, and each is created once.
-            unsafe {
-                (
-                    Producer::new(&*self.header, data, capacity),
-                    Consumer::new(&*self.header, data, capacity),
-                )
-            }
+            // SAFETY: `self` outlives the producer in every test, and it is the only one.
+            let producer = unsafe { Producer::new(&*self.header, data, capacity) };
+            (producer, self.consumer())
+        }
+
+        /// A consumer that starts from the published head, as after a restart.
+        fn consumer(&mut self) -> Consumer {
+            let capacity = self.data.len() * 8;
+            let data = self.data.as_mut_ptr().cast::<u8>();
+            // SAFETY: `self` outlives the consumer in every test; tests drop or stop
+            // using the previous one before asking for another.
+            unsafe { Consumer::new(&*self.header, data, capacity) }
         }
 
         fn set_tail(&self, tail: u64) {
@@ -560,7 +565,7 @@ mod tests {
     }
 
     /// Each case: tail to publish, records to plant, expected reason.
-    fn assert_corrupt(tail: u64, records: &[(usize, u32, u32)], reason: &str) {
+    fn assert_corrupt(tail: u64, records: &[(usize, u32, u32)], reason: &'static str) {
         let mut ring = HeapRing::new(4096);
         let (_, mut consumer) = ring.ends();
         for &(pos, len, tag) in records {
@@ -603,12 +608,15 @@ mod tests {
         ring.set_tail(4032 + 112);
         let past_end = "record runs past the end of the data area";
         assert_eq!(pop(&mut consumer), Err(Corrupt { reason: past_end }));
+        // A consumer caches the tail while it has data, so each case gets a fresh one.
         ring.write_header(4032, 56, PAD_TAG);
         ring.set_tail(4096);
+        let mut consumer = ring.consumer();
         let nothing = "padding record with no record after it";
         assert_eq!(pop(&mut consumer), Err(Corrupt { reason: nothing }));
         ring.write_header(0, 3, 77);
         ring.set_tail(4096 + 16);
+        let mut consumer = ring.consumer();
         assert_eq!(pop(&mut consumer), Ok(Some((77, payload[..3].to_vec()))));
         assert_eq!(ring.head(), 4096 + 16);
     }

@@ -218,6 +218,8 @@ const _: () = assert!(core::mem::size_of::<SegmentHeader>() <= PAGE);
 pub struct DeviceSnapshot {
     pub name: [u8; 256],
     pub uuid: [u8; 16],
+    /// As cuDeviceGetPCIBusId writes it, NUL-terminated.
+    pub pci_bus_id: [u8; 32],
     pub total_mem: u64,
     /// `attributes[a]` is CUdevice_attribute `a`; `attr_valid` says whether the driver had it.
     pub attributes: [i32; MAX_ATTRIBUTES],

@@ -67,6 +67,7 @@ ops! {
     /// Waits until every earlier command of this client on this GPU has been handled by
     /// the server (not by the GPU); answers pending asynchronous errors.
     Ping = 43 => CallHdr,
+    FuncSetAttribute = 44 => FuncSetAttribute,
 }
 
 /// Where an answer goes.
@@ -203,6 +204,16 @@ pub struct FuncGetAttribute {
     pub call: CallHdr,
     pub func: u32,
     pub attr: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct FuncSetAttribute {
+    pub call: CallHdr,
+    pub func: u32,
+    pub attr: i32,
+    pub value: i32,
+    pub _pad: u32,
 }
 
 #[repr(C)]

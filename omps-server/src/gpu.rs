@@ -108,6 +108,7 @@ pub trait Gpu: Send + Sync + 'static {
     fn module_unload(&self, module: u64) -> GpuResult<()>;
     fn module_global(&self, module: u64, name: &str) -> GpuResult<(u64, u64)>;
     fn func_attribute(&self, func: u64, attr: i32) -> GpuResult<i32>;
+    fn func_set_attribute(&self, func: u64, attr: i32, value: i32) -> GpuResult<()>;
     fn launch(&self, func: u64, grid: [u32; 3], block: [u32; 3], shared: u32, s: usize, args: &[u8]) -> GpuResult<()>;
 
     fn event_create(&self, flags: u32) -> GpuResult<u64>;

@@ -22,6 +22,7 @@ pub fn driver_present() -> bool {
 
 type RawAttrFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
 type RawFuncAttrFn = unsafe extern "C" fn(*mut c_int, c_int, cu::CUfunction) -> c_int;
+type RawFuncSetAttrFn = unsafe extern "C" fn(cu::CUfunction, c_int, c_int) -> c_int;
 
 /// Attribute getters taking a plain int: cudarc's enums cannot hold values this build of
 /// the bindings does not know, and the snapshot asks for every attribute number.
@@ -60,6 +61,7 @@ pub struct CudaGpu {
     streams: Vec<cu::CUstream>,
     attr_fn: RawAttrFn,
     func_attr_fn: RawFuncAttrFn,
+    func_set_attr_fn: RawFuncSetAttrFn,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -84,6 +86,7 @@ impl CudaGpu {
             streams: Vec::new(),
             attr_fn: raw_fn(b"cuDeviceGetAttribute\0")?,
             func_attr_fn: raw_fn(b"cuFuncGetAttribute\0")?,
+            func_set_attr_fn: raw_fn(b"cuFuncSetAttribute\0")?,
         };
         g.bind();
         for _ in 0..2 * pool_size {
@@ -122,9 +125,13 @@ impl CudaGpu {
     }
 
     fn describe(&self, f: cu::CUfunction) -> GpuResult<FunctionInfo> {
+        // Under lazy loading (the default) a function's name, parameters and attributes
+        // are only known once it is loaded.
+        // SAFETY: f is a function of a module that is loaded.
+        ck(unsafe { cu::cuFuncLoad(f) }).inspect_err(|e| tracing::warn!("cuFuncLoad: {}", e.0))?;
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: valid function handle and out-pointer; the name is owned by the driver.
-        ck(unsafe { cu::cuFuncGetName(&mut name, f) })?;
+        ck(unsafe { cu::cuFuncGetName(&mut name, f) }).inspect_err(|e| tracing::warn!("cuFuncGetName: {}", e.0))?;
         // SAFETY: the driver returns a NUL-terminated string that lives with the module.
         let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
         let mut params = Vec::new();
@@ -140,7 +147,7 @@ impl CudaGpu {
         Ok(FunctionInfo {
             handle: f as u64,
             name,
-            max_threads_per_block: self.func_attr(f, func_attr::MAX_THREADS_PER_BLOCK)?,
+            max_threads_per_block: self.func_attr(f, func_attr::MAX_THREADS_PER_BLOCK).inspect_err(|e| tracing::warn!("cuFuncGetAttribute: {}", e.0))?,
             static_shared: self.func_attr(f, func_attr::SHARED_SIZE_BYTES)?,
             max_dynamic_shared: self.func_attr(f, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
             params,
@@ -164,6 +171,7 @@ impl Gpu for CudaGpu {
                     *d = b as u8;
                 }
             }
+            cu::cuDeviceGetPCIBusId(s.pci_bus_id.as_mut_ptr() as *mut c_char, 31, self.dev);
             let mut total = 0usize;
             cu::cuDeviceTotalMem_v2(&mut total, self.dev);
             s.total_mem = total as u64;
@@ -280,10 +288,10 @@ impl Gpu for CudaGpu {
         let result = (|| {
             let mut n = 0u32;
             // SAFETY: m is a loaded module; valid out-pointer.
-            ck(unsafe { cu::cuModuleGetFunctionCount(&mut n, m) })?;
+            ck(unsafe { cu::cuModuleGetFunctionCount(&mut n, m) }).inspect_err(|e| tracing::warn!("cuModuleGetFunctionCount: {}", e.0))?;
             let mut fs = vec![std::ptr::null_mut(); n as usize];
             // SAFETY: the buffer holds n handles.
-            ck(unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) })?;
+            ck(unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) }).inspect_err(|e| tracing::warn!("cuModuleEnumerateFunctions({n}): {}", e.0))?;
             fs.into_iter().map(|f| self.describe(f)).collect::<GpuResult<Vec<_>>>()
         })();
         match result {
@@ -314,6 +322,17 @@ impl Gpu for CudaGpu {
     fn func_attribute(&self, func: u64, attr: i32) -> GpuResult<i32> {
         self.bind();
         self.func_attr(func as cu::CUfunction, attr)
+    }
+
+    fn func_set_attribute(&self, func: u64, attr: i32, value: i32) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: func is a live function handle; the driver validates attr and value.
+        let r = unsafe { (self.func_set_attr_fn)(func as cu::CUfunction, attr, value) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(CuError(r))
+        }
     }
 
     fn launch(&self, func: u64, grid: [u32; 3], block: [u32; 3], shared: u32, s: usize, args: &[u8]) -> GpuResult<()> {

@@ -124,6 +124,8 @@ impl Gpu for HostGpu {
         let name = format!("omps host test device {}", self.ordinal);
         s.name[..name.len()].copy_from_slice(name.as_bytes());
         s.uuid = [0x10 + self.ordinal as u8; 16];
+        let bus = format!("0000:{:02x}:00.0", 0x10 + self.ordinal);
+        s.pci_bus_id[..bus.len()].copy_from_slice(bus.as_bytes());
         s.total_mem = self.total;
         // Max threads per block, block and grid dimensions, SM count, shared memory.
         for (a, v) in [(1, 1024), (2, 1024), (3, 1024), (4, 64), (5, i32::MAX), (6, 65535), (7, 65535), (8, 49152), (16, 4), (97, 232448)] {
@@ -278,6 +280,13 @@ impl Gpu for HostGpu {
         match attr {
             0 => Ok(1024),
             1 => Ok(0),
+            _ => Err(CuError(code::INVALID_VALUE)),
+        }
+    }
+
+    fn func_set_attribute(&self, _func: u64, attr: i32, value: i32) -> GpuResult<()> {
+        match attr {
+            8 if (0..=232448).contains(&value) => Ok(()),
             _ => Err(CuError(code::INVALID_VALUE)),
         }
     }

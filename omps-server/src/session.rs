@@ -434,6 +434,12 @@ impl Session {
                 let r = gpu.func_attribute(f.handle, a.attr);
                 self.complete_pod(a.call, r.map(|v| wire::U64Reply { value: v as u32 as u64 }))?;
             }
+            Op::FuncSetAttribute => {
+                let a = rec!(wire::FuncSetAttribute);
+                let f = self.functions.get(&a.func).ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
+                let r = gpu.func_set_attribute(f.handle, a.attr, a.value);
+                self.complete(a.call, r.err().map_or(0, |e| e.0), &[])?;
+            }
             Op::StreamSync => {
                 let h = rec!(wire::HandleCall);
                 let s = self.stream(h.id)?;

@@ -49,7 +49,7 @@ pub struct Function {
     pub args_size: usize,
     pub max_threads_per_block: i32,
     pub static_shared: i32,
-    pub max_dynamic_shared: i32,
+    pub max_dynamic_shared: std::sync::atomic::AtomicI32,
     pub module: *const Module,
 }
 

@@ -137,16 +137,12 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mu
 /// `bus_id` is null or writable for `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
-    const BUS: usize = 33;
-    const DEVICE: usize = 34;
-    const DOMAIN: usize = 50;
     entry(|| {
         let d = device(dev)?;
-        let a = |i| d.attribute(i).unwrap_or(0);
-        let s = format!("{:08X}:{:02X}:{:02X}.0", a(DOMAIN), a(BUS), a(DEVICE));
         if bus_id.is_null() || len <= 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let s = &d.pci_bus_id[..d.pci_bus_id.iter().position(|&b| b == 0).unwrap_or(0)];
         let n = s.len().min(len as usize - 1);
         // SAFETY: the caller's buffer holds len bytes; we write n + 1 <= len.
         unsafe {

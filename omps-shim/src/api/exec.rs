@@ -256,7 +256,7 @@ fn check_config(f: &Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> R
     if threads > f.max_threads_per_block.max(0) as u64 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if shared as u64 > f.max_dynamic_shared.max(0) as u64 {
+    if shared as u64 > f.max_dynamic_shared.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     Ok(())

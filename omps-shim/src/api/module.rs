@@ -9,7 +9,7 @@ use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, Function, Module, FUNC_MAGIC, MODULE_MAGIC};
 use omps_ring::wire::{self, ChunkCopy, FuncGetAttribute, FunctionDesc, ModuleGetGlobal, ModuleLoad, ModuleReply, Op, ParamDesc};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 pub type CUmodule = *mut Module;
 
@@ -62,7 +62,7 @@ fn parse_module(r: &[u8], dev: usize) -> Option<CUmodule> {
             args_size,
             max_threads_per_block: d.max_threads_per_block,
             static_shared: d.static_shared,
-            max_dynamic_shared: d.max_dynamic_shared,
+            max_dynamic_shared: d.max_dynamic_shared.into(),
             module,
         };
         // SAFETY: freshly leaked, never freed.
@@ -92,15 +92,40 @@ pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void
     })
 }
 
-/// JIT options are not forwarded yet: the server's driver JIT-compiles with defaults and
-/// option output buffers are left untouched.
+/// JIT input options are not forwarded yet (the server's driver JIT-compiles with its
+/// defaults). Output options are answered: the log buffers come back empty with size 0,
+/// and the wall time is the load's, as the client saw it.
 ///
 /// # Safety
-/// As cuModuleLoadData.
+/// As cuModuleLoadData; `opts` and `vals` hold `n` entries as cuModuleLoadDataEx requires.
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleLoadDataEx(m: *mut CUmodule, image: *const c_void, _n: c_uint, _opts: *mut c_int, _vals: *mut *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuModuleLoadDataEx(m: *mut CUmodule, image: *const c_void, n: c_uint, opts: *mut c_int, vals: *mut *mut c_void) -> CUresult {
+    const WALL_TIME: c_int = 2;
+    const INFO_LOG_BUFFER: c_int = 3;
+    const INFO_LOG_SIZE: c_int = 4;
+    const ERROR_LOG_BUFFER: c_int = 5;
+    const ERROR_LOG_SIZE: c_int = 6;
+    let t = std::time::Instant::now();
     // SAFETY: forwarded contract.
-    unsafe { cuModuleLoadData(m, image) }
+    let r = unsafe { cuModuleLoadData(m, image) };
+    let ms = t.elapsed().as_secs_f32() * 1e3;
+    if opts.is_null() || vals.is_null() {
+        return r;
+    }
+    for i in 0..n as usize {
+        // SAFETY: opts and vals hold n entries; output values are written in place as the
+        // driver does (sizes and times in the value slot itself, logs into the buffer).
+        unsafe {
+            let v = vals.add(i);
+            match *opts.add(i) {
+                WALL_TIME => *(v as *mut f32) = ms,
+                INFO_LOG_SIZE | ERROR_LOG_SIZE => *(v as *mut usize) = 0,
+                INFO_LOG_BUFFER | ERROR_LOG_BUFFER if !(*v).is_null() => *(*v as *mut u8) = 0,
+                _ => {}
+            }
+        }
+    }
+    r
 }
 
 /// # Safety
@@ -208,7 +233,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: CU
         let v = match attrib {
             MAX_THREADS_PER_BLOCK => func.max_threads_per_block,
             SHARED_SIZE_BYTES => func.static_shared,
-            MAX_DYNAMIC_SHARED_SIZE_BYTES => func.max_dynamic_shared,
+            MAX_DYNAMIC_SHARED_SIZE_BYTES => func.max_dynamic_shared.load(Ordering::Relaxed),
             _ => {
                 let c = live()?;
                 let mut ch = c.channel();
@@ -219,4 +244,46 @@ pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: CU
         // SAFETY: the caller's pointer.
         unsafe { out(pi, v) }
     })
+}
+
+/// # Safety
+/// `f` is a function handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncSetAttribute(f: CUfunction, attrib: c_int, value: c_int) -> CUresult {
+    const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
+    entry(|| {
+        let func = function(f)?;
+        let c = live()?;
+        let mut ch = c.channel();
+        ch.call(func.dev, Op::FuncSetAttribute, |call| {
+            bytemuck::bytes_of(&wire::FuncSetAttribute { call, func: func.id, attr: attrib, value, _pad: 0 }).to_vec()
+        })?;
+        if attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES {
+            func.max_dynamic_shared.store(value, Ordering::Relaxed);
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `off` and `size` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetParamInfo(f: CUfunction, index: usize, off: *mut usize, size: *mut usize) -> CUresult {
+    entry(|| {
+        let func = function(f)?;
+        let &(o, s) = func.params.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's pointers.
+        unsafe {
+            out(off, o as usize)?;
+            out(size, s as usize)
+        }
+    })
+}
+
+/// # Safety
+/// `count` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetParamCount(f: CUfunction, count: *mut usize) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(count, function(f)?.params.len()) })
 }

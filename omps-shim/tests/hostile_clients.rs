@@ -1,0 +1,118 @@
+//! Clients that misbehave or die must cost the others nothing.
+
+mod common;
+use common::*;
+use omps_ring::ring::RingHeader;
+use omps_ring::segment::state;
+use omps_ring::wire::{self, MemAlloc, Op};
+use omps_shim::conn::Conn;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+fn alloc(c: &Conn, size: u64) -> u64 {
+    let mut ch = c.channel();
+    ch.call(0, Op::MemAlloc, |call| bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()).expect("alloc");
+    ch.reply::<wire::U64Reply>().value
+}
+
+fn wait_disconnected(c: &Conn) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if c.check_alive().is_err() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+#[test]
+fn garbage_in_the_ring_disconnects_only_that_client() {
+    let srv = TestServer::start("garbage");
+    let good = Conn::connect_to(&srv.socket()).unwrap();
+    let bad = Conn::connect_to(&srv.socket()).unwrap();
+    good.ping(0).unwrap();
+    bad.ping(0).unwrap();
+    let (hdr, _, _) = bad.seg().ring_parts(0);
+    // SAFETY: the ring header lies in our own mapping; the tail counter is its first word.
+    unsafe { (hdr as *mut RingHeader as *mut u64).write_volatile(0x1234_5678_9abc_def1) };
+    bad.ring_bell(0);
+    assert!(wait_disconnected(&bad), "server kept a client with a corrupt ring");
+    assert_eq!(bad.seg().header().server_state.load(Ordering::SeqCst), state::DISCONNECTED);
+    // The other client and the server go on.
+    good.ping(0).unwrap();
+    let p = alloc(&good, 4096);
+    assert_ne!(p, 0);
+    assert!(srv.ctl("status").0);
+}
+
+#[test]
+fn records_that_lie_disconnect_the_client() {
+    let srv = TestServer::start("lies");
+    let good = Conn::connect_to(&srv.socket()).unwrap();
+    // Each of these is a well-formed ring record whose contents no honest shim sends.
+    let lies: Vec<(Op, Vec<u8>)> = vec![
+        (Op::Launch, bytemuck::bytes_of(&wire::Launch { func: 99, ..Default::default() }).to_vec()),
+        (Op::Memset, vec![0u8; 8]),
+        (Op::StreamDestroy, bytemuck::bytes_of(&wire::Handle { id: 0, _pad: 0 }).to_vec()),
+        (Op::EventRecord, bytemuck::bytes_of(&wire::EventRecord { event: 5, stream: 0 }).to_vec()),
+        (Op::CopyHtoDChunk, bytemuck::bytes_of(&wire::ChunkCopy { channel: 1000, ..Default::default() }).to_vec()),
+        (Op::CopyHtoDChunk, bytemuck::bytes_of(&wire::ChunkCopy { chunk: 9, ..Default::default() }).to_vec()),
+        (Op::CopyDtoHChunk, bytemuck::bytes_of(&wire::ChunkCopy { len: u32::MAX, ..Default::default() }).to_vec()),
+        (Op::MemAlloc, bytemuck::bytes_of(&MemAlloc { call: wire::CallHdr { channel: 77, seq: 1 }, size: 8 }).to_vec()),
+    ];
+    for (op, rec) in lies {
+        let liar = Conn::connect_to(&srv.socket()).unwrap();
+        liar.push(0, op, &[&rec]).unwrap();
+        assert!(wait_disconnected(&liar), "{op:?} with a lie was accepted");
+        good.ping(0).unwrap();
+    }
+    assert!(alloc(&good, 64) != 0);
+}
+
+#[test]
+fn a_dead_clients_memory_is_freed_and_others_go_on() {
+    let srv = TestServer::start("death");
+    let survivor = Conn::connect_to(&srv.socket()).unwrap();
+    let keep = alloc(&survivor, 1 << 20);
+    let victim = Conn::connect_to(&srv.socket()).unwrap();
+    for _ in 0..8 {
+        alloc(&victim, 1 << 20);
+    }
+    assert_eq!(srv.gpu.bytes_allocated(), 9 << 20);
+    let regs = srv.gpu.registered_ranges();
+    drop(victim); // the socket closes, as when a process is killed
+    let t = Instant::now();
+    while srv.gpu.bytes_allocated() != 1 << 20 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(srv.gpu.bytes_allocated(), 1 << 20, "victim's memory not freed");
+    let t = Instant::now();
+    while srv.gpu.registered_ranges() != regs - 1 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(srv.gpu.registered_ranges(), regs - 1, "victim's segment still registered");
+    let ps = srv.wait_ps(2, |ps| ps.lines().count() == 2);
+    assert_eq!(ps.lines().count(), 2, "only the survivor is listed: {ps}");
+    survivor.ping(0).unwrap();
+    assert_ne!(keep, 0);
+}
+
+#[test]
+fn control_commands_answer_and_unknown_ones_fail() {
+    let srv = TestServer::start("ctl");
+    let (ok, status) = srv.ctl("status");
+    assert!(ok && status.contains("ACTIVE") && status.contains("omps host test device 0"), "{status}");
+    let (ok, text) = srv.ctl("frobnicate");
+    assert!(!ok && text.contains("unknown command 'frobnicate'"), "{text}");
+    let (ok, list) = srv.ctl("get_server_list");
+    assert!(ok && list.trim() == std::process::id().to_string());
+}
+
+#[test]
+fn a_second_server_on_the_same_pipe_directory_is_refused() {
+    let srv = TestServer::start("twice");
+    let cfg = omps_server::ServerConfig { pipe_dir: srv.dir.clone(), spin: Duration::ZERO, pin_workers: false };
+    let err = omps_server::Server::new(cfg, vec![], 13000).err().expect("second server refused");
+    assert!(err.to_string().contains("already listens"), "{err}");
+}

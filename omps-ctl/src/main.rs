@@ -15,7 +15,10 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
-#[command(version, about = "Control the omps server (drop-in for nvidia-cuda-mps-control)")]
+#[command(
+    version,
+    about = "Control the omps server (drop-in for nvidia-cuda-mps-control)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -35,10 +38,19 @@ enum Cmd {
 
 fn connect() -> Result<UnixStream, String> {
     let dir = sock::pipe_directory();
-    let s = UnixStream::connect(dir.join(sock::SOCKET_NAME))
-        .map_err(|e| format!("no omps server is running for pipe directory {} ({e})", dir.display()))?;
-    let hello = Hello { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, kind: wire::kind::CONTROL };
-    (&s).write_all(bytemuck::bytes_of(&hello)).map_err(|e| format!("talking to the server: {e}"))?;
+    let s = UnixStream::connect(dir.join(sock::SOCKET_NAME)).map_err(|e| {
+        format!(
+            "no omps server is running for pipe directory {} ({e})",
+            dir.display()
+        )
+    })?;
+    let hello = Hello {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        kind: wire::kind::CONTROL,
+    };
+    (&s).write_all(bytemuck::bytes_of(&hello))
+        .map_err(|e| format!("talking to the server: {e}"))?;
     Ok(s)
 }
 
@@ -71,8 +83,15 @@ fn sibling(name: &str) -> Option<PathBuf> {
 
 fn run(argv: &[String]) -> Result<ExitCode, String> {
     if connect().is_err() {
-        let server = std::env::var_os("OMPS_SERVER").map(PathBuf::from).or_else(|| sibling("omps-server")).unwrap_or_else(|| "omps-server".into());
-        eprintln!("omps-ctl: starting {} for pipe directory {}", server.display(), sock::pipe_directory().display());
+        let server = std::env::var_os("OMPS_SERVER")
+            .map(PathBuf::from)
+            .or_else(|| sibling("omps-server"))
+            .unwrap_or_else(|| "omps-server".into());
+        eprintln!(
+            "omps-ctl: starting {} for pipe directory {}",
+            server.display(),
+            sock::pipe_directory().display()
+        );
         let mut cmd = Command::new(&server);
         cmd.stdin(Stdio::null()).env_remove("LD_PRELOAD");
         // SAFETY: setsid is async-signal-safe; the server outlives this program like a daemon.
@@ -82,11 +101,15 @@ fn run(argv: &[String]) -> Result<ExitCode, String> {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", server.display()))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", server.display()))?;
         let t = Instant::now();
         while connect().is_err() {
             if let Ok(Some(st)) = child.try_wait() {
-                return Err(format!("omps-server exited at start ({st}); see its message above"));
+                return Err(format!(
+                    "omps-server exited at start ({st}); see its message above"
+                ));
             }
             if t.elapsed() > Duration::from_secs(30) {
                 return Err("omps-server did not start listening within 30 s".into());
@@ -94,12 +117,18 @@ fn run(argv: &[String]) -> Result<ExitCode, String> {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let shim = std::env::var_os("OMPS_SHIM").map(PathBuf::from).or_else(|| sibling("libomps_shim.so")).ok_or("libomps_shim.so not found next to omps-ctl (set OMPS_SHIM)")?;
+    let shim = std::env::var_os("OMPS_SHIM")
+        .map(PathBuf::from)
+        .or_else(|| sibling("libomps_shim.so"))
+        .ok_or("libomps_shim.so not found next to omps-ctl (set OMPS_SHIM)")?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(p) if !p.is_empty() => format!("{}:{p}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let err = Command::new(&argv[0]).args(&argv[1..]).env("LD_PRELOAD", preload).exec();
+    let err = Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("LD_PRELOAD", preload)
+        .exec();
     Err(format!("cannot run {}: {err}", argv[0]))
 }
 
@@ -107,10 +136,26 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Some(Cmd::Run { argv }) => run(&argv),
-        Some(Cmd::Server(words)) => send(&[words.join(" ")]).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
+        Some(Cmd::Server(words)) => send(&[words.join(" ")]).map(|ok| {
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }),
         None => {
-            let lines: Vec<String> = std::io::stdin().lock().lines().map_while(Result::ok).collect();
-            send(&lines).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            let lines: Vec<String> = std::io::stdin()
+                .lock()
+                .lines()
+                .map_while(Result::ok)
+                .collect();
+            send(&lines).map(|ok| {
+                if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            })
         }
     };
     result.unwrap_or_else(|e| {

@@ -10,15 +10,15 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod sync;
-pub mod ring;
 #[cfg(not(loom))]
 pub mod futex;
-#[cfg(not(loom))]
-pub mod shm;
+pub mod ring;
 #[cfg(not(loom))]
 pub mod segment;
 #[cfg(not(loom))]
+pub mod shm;
+#[cfg(not(loom))]
 pub mod sock;
+pub mod sync;
 #[cfg(not(loom))]
 pub mod wire;

@@ -118,7 +118,10 @@ impl std::error::Error for Corrupt {}
 /// # Safety
 /// Shared by both constructors: see [`Producer::new`].
 unsafe fn checked_header<'a>(header: *const RingHeader, capacity: usize) -> &'a RingHeader {
-    assert!(is_valid_capacity(capacity), "invalid ring capacity {capacity}");
+    assert!(
+        is_valid_capacity(capacity),
+        "invalid ring capacity {capacity}"
+    );
     assert!(header.is_aligned(), "misaligned ring header");
     // SAFETY: the caller guarantees the header is mapped for as long as it is used.
     unsafe { &*header }
@@ -584,7 +587,11 @@ mod tests {
         assert_corrupt(4104, &[], ahead);
         assert_corrupt(u64::MAX - 7, &[], ahead);
         assert_corrupt(12, &[(0, 0, 1)], "tail or head is not a multiple of 8");
-        assert_corrupt(4096, &[(0, 2000, 1)], "record longer than the maximum payload");
+        assert_corrupt(
+            4096,
+            &[(0, 2000, 1)],
+            "record longer than the maximum payload",
+        );
         assert_corrupt(16, &[(0, 9, 1)], "record runs past tail");
         assert_corrupt(
             8,

@@ -99,8 +99,7 @@ impl Layout {
         let ring_stride = page_up(RING_HEADER_BYTES + p.ring_capacity as usize);
         let channels_offset = rings_offset + ring_stride * p.num_rings as usize;
         let staging_offset = channels_offset + PAGE * p.num_channels as usize;
-        let staging_len =
-            p.num_channels as usize * CHUNKS_PER_CHANNEL * p.chunk_bytes as usize;
+        let staging_len = p.num_channels as usize * CHUNKS_PER_CHANNEL * p.chunk_bytes as usize;
         Layout {
             params: p,
             snapshot_offset,
@@ -122,8 +121,7 @@ impl Layout {
     }
 
     pub fn chunk_offset(&self, c: usize, chunk: usize) -> usize {
-        self.staging_offset
-            + (c * CHUNKS_PER_CHANNEL + chunk) * self.params.chunk_bytes as usize
+        self.staging_offset + (c * CHUNKS_PER_CHANNEL + chunk) * self.params.chunk_bytes as usize
     }
 
     /// The range the server registers with the GPU: channel headers and staging.
@@ -190,7 +188,9 @@ impl Channel {
     pub fn read_reply(&self, out: &mut [u8]) {
         let n = out.len().min(REPLY_BYTES);
         // SAFETY: n is within the area; see write_reply for the hand-off.
-        unsafe { core::ptr::copy_nonoverlapping(self.reply.get() as *const u8, out.as_mut_ptr(), n) };
+        unsafe {
+            core::ptr::copy_nonoverlapping(self.reply.get() as *const u8, out.as_mut_ptr(), n)
+        };
     }
 
     /// The word a completion for `target` lands in.
@@ -220,6 +220,8 @@ pub struct DeviceSnapshot {
     pub uuid: [u8; 16],
     /// As cuDeviceGetPCIBusId writes it, NUL-terminated.
     pub pci_bus_id: [u8; 32],
+    /// cuCtxGetStreamPriorityRange: least, greatest.
+    pub stream_priority: [i32; 2],
     pub total_mem: u64,
     /// `attributes[a]` is CUdevice_attribute `a`; `attr_valid` says whether the driver had it.
     pub attributes: [i32; MAX_ATTRIBUTES],
@@ -236,7 +238,11 @@ pub struct SnapshotTable {
 
 impl DeviceSnapshot {
     pub fn name_str(&self) -> &str {
-        let end = self.name.iter().position(|&b| b == 0).unwrap_or(self.name.len());
+        let end = self
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.name.len());
         core::str::from_utf8(&self.name[..end]).unwrap_or("")
     }
 
@@ -292,13 +298,20 @@ impl SegmentView {
 
     /// Header and data pointers of ring `i` (panics if `i` is out of range).
     pub fn ring_parts(&self, i: usize) -> (*const crate::ring::RingHeader, *mut u8, usize) {
-        assert!(i < self.layout.params.num_rings as usize, "ring index out of range");
+        assert!(
+            i < self.layout.params.num_rings as usize,
+            "ring index out of range"
+        );
         let off = self.layout.ring_offset(i);
         // SAFETY: ring i lies inside the mapping by construction of Layout.
         let hdr = unsafe { self.base.add(off) };
         // SAFETY: as above; the data follows the header inside the same ring stride.
         let data = unsafe { self.base.add(off + RING_HEADER_BYTES) };
-        (hdr as *const _, data, self.layout.params.ring_capacity as usize)
+        (
+            hdr as *const _,
+            data,
+            self.layout.params.ring_capacity as usize,
+        )
     }
 
     /// Channel `c`; `None` when the index is out of range (it may come from a hostile peer).
@@ -344,12 +357,30 @@ mod tests {
     fn hostile_layout_params_are_rejected() {
         let good = LayoutParams::for_devices(1);
         for bad in [
-            LayoutParams { num_rings: 0, ..good },
-            LayoutParams { num_rings: 99, ..good },
-            LayoutParams { num_channels: 0, ..good },
-            LayoutParams { ring_capacity: 5000, ..good },
-            LayoutParams { ring_capacity: u32::MAX, ..good },
-            LayoutParams { chunk_bytes: 1, ..good },
+            LayoutParams {
+                num_rings: 0,
+                ..good
+            },
+            LayoutParams {
+                num_rings: 99,
+                ..good
+            },
+            LayoutParams {
+                num_channels: 0,
+                ..good
+            },
+            LayoutParams {
+                ring_capacity: 5000,
+                ..good
+            },
+            LayoutParams {
+                ring_capacity: u32::MAX,
+                ..good
+            },
+            LayoutParams {
+                chunk_bytes: 1,
+                ..good
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?} accepted");
         }

@@ -142,7 +142,9 @@ mod tests {
         assert_eq!(a.as_ptr() as usize % 4096, 0);
         // SAFETY: both mappings are 8192 bytes long and alive; nothing else uses them.
         unsafe {
-            assert!(std::slice::from_raw_parts(a.as_ptr(), 8192).iter().all(|&b| b == 0));
+            assert!(std::slice::from_raw_parts(a.as_ptr(), 8192)
+                .iter()
+                .all(|&b| b == 0));
             a.as_ptr().add(8191).write(0x5A);
             assert_eq!(b.as_ptr().add(8191).read(), 0x5A);
         }

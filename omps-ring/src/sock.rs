@@ -12,7 +12,7 @@ pub const MAX_FDS: usize = 1 + crate::segment::MAX_DEVICES;
 fn env_dir(ours: &str, mps: &str) -> Option<PathBuf> {
     [ours, mps]
         .iter()
-        .filter_map(|k| std::env::var_os(k))
+        .filter_map(std::env::var_os)
         .find(|v| !v.is_empty())
         .map(PathBuf::from)
 }
@@ -35,7 +35,10 @@ pub fn socket_path() -> PathBuf {
 /// Sends `bytes` in one message with `fds` attached (SCM_RIGHTS).
 pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     assert!(fds.len() <= MAX_FDS);
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut _,
+        iov_len: bytes.len(),
+    };
     let fd_bytes = std::mem::size_of_val(fds);
     let mut cbuf = [0u64; 16];
     // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the sendmsg call.
@@ -70,7 +73,10 @@ pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()>
 
 /// Receives one message into `buf`; returns its length and the descriptors it carried.
 pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut _,
+        iov_len: buf.len(),
+    };
     let mut cbuf = [0u64; 16];
     // SAFETY: a zeroed msghdr is valid; the buffers set below outlive recvmsg.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -90,7 +96,8 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(c);
-                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                let count =
+                    ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
                 for i in 0..count {
                     let fd = std::ptr::read_unaligned((data as *const RawFd).add(i));
                     fds.push(OwnedFd::from_raw_fd(fd));
@@ -100,7 +107,10 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "descriptors truncated"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "descriptors truncated",
+        ));
     }
     Ok((n as usize, fds))
 }

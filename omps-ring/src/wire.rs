@@ -93,8 +93,9 @@ pub struct HandleCall {
     pub _pad: u32,
 }
 
-/// Followed by `args_len` bytes: the kernel's parameter buffer, laid out with the
-/// offsets the server reported for this function.
+/// Followed by `num_attrs` launch attributes of [`LAUNCH_ATTR_BYTES`] each, as
+/// cuLaunchKernelEx takes them, then `args_len` bytes: the kernel's parameter buffer, laid
+/// out with the offsets the server reported for this function.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Launch {
@@ -104,6 +105,18 @@ pub struct Launch {
     pub block: [u32; 3],
     pub shared_mem: u32,
     pub args_len: u32,
+    pub num_attrs: u32,
+    pub _pad: u32,
+}
+
+/// Size of one CUlaunchAttribute: a u32 id, 4 bytes of padding, a 64-byte value.
+pub const LAUNCH_ATTR_BYTES: usize = 72;
+pub const MAX_LAUNCH_ATTRS: u32 = 16;
+
+/// Launch attributes that carry only values (no handles of the client's): omps forwards
+/// these to the driver. The others (events, graph nodes) are refused, never dropped.
+pub fn launch_attr_forwardable(id: u32) -> bool {
+    matches!(id, 0..=6 | 8..=11 | 14 | 16..=18)
 }
 
 #[repr(C)]
@@ -344,7 +357,11 @@ mod tests {
     #[test]
     fn get_rejects_short_input() {
         assert_eq!(get::<Launch>(&[0u8; 10]), None);
-        let l = Launch { func: 7, args_len: 3, ..Default::default() };
+        let l = Launch {
+            func: 7,
+            args_len: 3,
+            ..Default::default()
+        };
         let mut v = vec![1u8];
         put(&mut v, &l);
         assert_eq!(get::<Launch>(&v[1..]), Some(l));

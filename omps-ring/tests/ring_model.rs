@@ -77,7 +77,13 @@ impl Drop for Shared {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Push { len: usize, tag: u32, seed: u8, split: usize, in_place: bool },
+    Push {
+        len: usize,
+        tag: u32,
+        seed: u8,
+        split: usize,
+        in_place: bool,
+    },
     Pop,
 }
 
@@ -85,7 +91,13 @@ fn op() -> impl Strategy<Value = Op> {
     let len = prop_oneof![4 => 0..=64usize, 4 => 0..=MAX, 1 => MAX - 8..=MAX + 16];
     let tag = prop_oneof![9 => 0..PAD_TAG, 1 => Just(PAD_TAG)];
     let push = (len, tag, any::<u8>(), any::<usize>(), any::<bool>()).prop_map(
-        |(len, tag, seed, split, in_place)| Op::Push { len, tag, seed, split, in_place },
+        |(len, tag, seed, split, in_place)| Op::Push {
+            len,
+            tag,
+            seed,
+            split,
+            in_place,
+        },
     );
     prop_oneof![push, Just(Op::Pop)]
 }
@@ -102,7 +114,11 @@ impl Model {
     fn room_for(&self, len: usize) -> Option<u64> {
         let record = 8 + len.div_ceil(8) as u64 * 8;
         let to_end = CAPACITY as u64 - self.tail % CAPACITY as u64;
-        let needed = if record > to_end { to_end + record } else { record };
+        let needed = if record > to_end {
+            to_end + record
+        } else {
+            record
+        };
         (CAPACITY as u64 - (self.tail - self.head) >= needed).then_some(needed)
     }
 }
@@ -110,11 +126,21 @@ impl Model {
 fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
     let shared = Shared::new();
     let (mut producer, mut consumer) = (shared.producer(), shared.consumer());
-    let mut model = Model { tail: 0, head: 0, queue: VecDeque::new() };
+    let mut model = Model {
+        tail: 0,
+        head: 0,
+        queue: VecDeque::new(),
+    };
     let mut out = Vec::new();
     for op in ops {
         match *op {
-            Op::Push { len, tag, seed, split, in_place } => {
+            Op::Push {
+                len,
+                tag,
+                seed,
+                split,
+                in_place,
+            } => {
                 let payload: Vec<u8> = (0..len).map(|i| seed.wrapping_add(i as u8)).collect();
                 let result = if in_place {
                     producer.try_push_with(tag, len, |dst| dst.copy_from_slice(&payload))
@@ -149,7 +175,10 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
         }
         prop_assert_eq!(shared.tail().load(Ordering::Acquire), model.tail);
         prop_assert_eq!(shared.head().load(Ordering::Acquire), model.head);
-        prop_assert_eq!(producer.free_bytes(), CAPACITY - (model.tail - model.head) as usize);
+        prop_assert_eq!(
+            producer.free_bytes(),
+            CAPACITY - (model.tail - model.head) as usize
+        );
         prop_assert_eq!(producer.is_drained(), model.queue.is_empty());
         prop_assert_eq!(consumer.has_data(), !model.queue.is_empty());
     }

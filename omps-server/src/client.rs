@@ -3,7 +3,7 @@
 
 use crate::gpu::Gpu;
 use omps_ring::futex;
-use omps_ring::segment::{state, SegmentView, MAX_DEVICES, CHUNKS_PER_CHANNEL};
+use omps_ring::segment::{state, SegmentView, CHUNKS_PER_CHANNEL, MAX_DEVICES};
 use omps_ring::shm::Mapping;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -54,7 +54,10 @@ impl ClientShared {
     }
 
     pub fn total_mem(&self) -> u64 {
-        self.mem_bytes.iter().map(|m| m.load(Ordering::Relaxed)).sum()
+        self.mem_bytes
+            .iter()
+            .map(|m| m.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Tells the client it is cut off and hangs up its socket; the control thread then sees
@@ -63,7 +66,11 @@ impl ClientShared {
         if self.gone.swap(true, Ordering::SeqCst) {
             return;
         }
-        tracing::warn!(client = self.id, pid = self.pid, "disconnecting client: {why}");
+        tracing::warn!(
+            client = self.id,
+            pid = self.pid,
+            "disconnecting client: {why}"
+        );
         self.set_state(state::DISCONNECTED, code);
         // SAFETY: shutting down a socket we own; the fd stays open until drop.
         unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RDWR) };

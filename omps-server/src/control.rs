@@ -4,7 +4,9 @@ use crate::client::ClientShared;
 use crate::gpu::{code, Gpu};
 use crate::worker::{self, ToWorker, WorkerConfig};
 use omps_ring::futex::Doorbell;
-use omps_ring::segment::{state, DeviceSnapshot, LayoutParams, SegmentView, SnapshotTable, SEGMENT_MAGIC};
+use omps_ring::segment::{
+    state, DeviceSnapshot, LayoutParams, SegmentView, SnapshotTable, SEGMENT_MAGIC,
+};
 use omps_ring::shm::{self, Mapping};
 use omps_ring::sock;
 use omps_ring::wire::{self, Hello, Welcome};
@@ -26,7 +28,10 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     pub fn from_env() -> Self {
-        let spin_us = std::env::var("OMPS_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+        let spin_us = std::env::var("OMPS_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000);
         ServerConfig {
             pipe_dir: sock::pipe_directory(),
             spin: Duration::from_micros(spin_us),
@@ -83,26 +88,43 @@ pub struct Server {
 /// socket of a server that still answers.
 fn bind(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
     let md = std::fs::metadata(dir)?;
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     if md.uid() != uid {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("pipe directory {} belongs to uid {}, not {uid}", dir.display(), md.uid())));
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "pipe directory {} belongs to uid {}, not {uid}",
+                dir.display(),
+                md.uid()
+            ),
+        ));
     }
     if md.permissions().mode() & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     let path = dir.join(sock::SOCKET_NAME);
     if UnixStream::connect(&path).is_ok() {
-        return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("an omps server already listens on {}", path.display())));
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("an omps server already listens on {}", path.display()),
+        ));
     }
     let _ = std::fs::remove_file(&path);
     Ok((UnixListener::bind(&path)?, path))
 }
 
 impl Server {
-    pub fn new(cfg: ServerConfig, gpus: Vec<Arc<dyn Gpu>>, driver_version: i32) -> io::Result<Server> {
+    pub fn new(
+        cfg: ServerConfig,
+        gpus: Vec<Arc<dyn Gpu>>,
+        driver_version: i32,
+    ) -> io::Result<Server> {
         let (listener, socket_path) = bind(&cfg.pipe_dir)?;
         let snapshots = gpus.iter().map(|g| g.snapshot()).collect();
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -117,12 +139,19 @@ impl Server {
                 cpu: (cfg.pin_workers && ncpu > 2).then_some(1 + i % (ncpu - 1)),
             };
             let (g, m) = (gpu.clone(), bell_map.clone());
-            let thread = std::thread::Builder::new().name(format!("omps-gpu{i}")).spawn(move || {
-                // SAFETY: the mapping is page aligned and lives as long as `m`.
-                let bell = unsafe { &*(m.as_ptr() as *const Doorbell) };
-                worker::run(g, rx, bell, wcfg)
-            })?;
-            workers.push(WorkerHandle { tx, bell_fd, bell_map, thread: Some(thread) });
+            let thread = std::thread::Builder::new()
+                .name(format!("omps-gpu{i}"))
+                .spawn(move || {
+                    // SAFETY: the mapping is page aligned and lives as long as `m`.
+                    let bell = unsafe { &*(m.as_ptr() as *const Doorbell) };
+                    worker::run(g, rx, bell, wcfg)
+                })?;
+            workers.push(WorkerHandle {
+                tx,
+                bell_fd,
+                bell_map,
+                thread: Some(thread),
+            });
         }
         tracing::info!(pipe_dir = %cfg.pipe_dir.display(), gpus = gpus.len(), "omps server listening");
         Ok(Server {
@@ -163,16 +192,28 @@ impl Server {
     fn poll_once(&mut self) -> io::Result<()> {
         let ids: Vec<u32> = self.clients.keys().copied().collect();
         let mut fds = Vec::with_capacity(ids.len() + 1);
-        fds.push(libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        fds.push(libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         for id in &ids {
             let fd = self.clients[id].1.as_raw_fd();
-            fds.push(libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 });
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            });
         }
         // SAFETY: fds is a valid array of pollfd of the given length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
         if n < 0 {
             let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted { Ok(()) } else { Err(e) };
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(())
+            } else {
+                Err(e)
+            };
         }
         for (pfd, id) in fds[1..].iter().zip(&ids) {
             if pfd.revents != 0 && self.client_socket_closed(*id) {
@@ -195,14 +236,25 @@ impl Server {
         let mut b = [0u8; 64];
         let s = &self.clients[&id].1;
         // SAFETY: recv into a local buffer; non-blocking.
-        let n = unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr() as *mut _, b.len(), libc::MSG_DONTWAIT) };
+        let n = unsafe {
+            libc::recv(
+                s.as_raw_fd(),
+                b.as_mut_ptr() as *mut _,
+                b.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
         n == 0 || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock) || n > 0
     }
 
     fn retire_client(&mut self, id: u32) {
         if let Some((c, _)) = self.clients.remove(&id) {
             c.gone.store(true, Ordering::SeqCst);
-            tracing::info!(client = id, pid = c.pid, "client gone; releasing its resources");
+            tracing::info!(
+                client = id,
+                pid = c.pid,
+                "client gone; releasing its resources"
+            );
             for w in &mut self.workers {
                 w.send(ToWorker::Remove(id));
             }
@@ -212,7 +264,8 @@ impl Server {
 
     fn reap_exiting(&mut self) {
         let n = self.workers.len() as u32;
-        self.exiting.retain(|c| c.released.load(Ordering::SeqCst) < n);
+        self.exiting
+            .retain(|c| c.released.load(Ordering::SeqCst) < n);
     }
 
     fn accept(&mut self, stream: UnixStream) -> io::Result<()> {
@@ -220,32 +273,53 @@ impl Server {
         stream.set_write_timeout(Some(Duration::from_secs(2)))?;
         let cred = peer_cred(&stream)?;
         if cred.uid != self.uid {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("peer uid {} is not the server's uid {}", cred.uid, self.uid)));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("peer uid {} is not the server's uid {}", cred.uid, self.uid),
+            ));
         }
         let mut hb = [0u8; std::mem::size_of::<Hello>()];
         io::Read::read_exact(&mut &stream, &mut hb)?;
         let hello: Hello = bytemuck::pod_read_unaligned(&hb);
         if hello.magic != wire::HELLO_MAGIC || hello.version != wire::PROTOCOL_VERSION {
-            let w = Welcome { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, status: code::MPS_CONNECTION_FAILED, ..Default::default() };
+            let w = Welcome {
+                magic: wire::HELLO_MAGIC,
+                version: wire::PROTOCOL_VERSION,
+                status: code::MPS_CONNECTION_FAILED,
+                ..Default::default()
+            };
             let _ = sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad hello (protocol version mismatch?)"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad hello (protocol version mismatch?)",
+            ));
         }
         match hello.kind {
             wire::kind::CLIENT => self.accept_client(stream, cred.pid),
             wire::kind::CONTROL => self.serve_control(stream),
-            k => Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown connection kind {k}"))),
+            k => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unknown connection kind {k}"),
+            )),
         }
     }
 
     fn accept_client(&mut self, stream: UnixStream, pid: i32) -> io::Result<()> {
         if self.any_fault().is_some() {
-            let w = Welcome { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, status: code::MPS_SERVER_NOT_READY, ..Default::default() };
+            let w = Welcome {
+                magic: wire::HELLO_MAGIC,
+                version: wire::PROTOCOL_VERSION,
+                status: code::MPS_SERVER_NOT_READY,
+                ..Default::default()
+            };
             return sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
         }
         let id = self.next_id;
         self.next_id += 1;
         let params = LayoutParams::for_devices(self.gpus.len());
-        let layout = params.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let layout = params
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let fd = shm::create_segment(&format!("omps-client-{pid}"), layout.total_len)?;
         let map = Mapping::map(fd.as_fd(), layout.total_len)?;
         // SAFETY: the mapping is total_len bytes, page aligned, and moves into ClientShared
@@ -270,8 +344,12 @@ impl Server {
                 let (off, len) = layout.registered_range();
                 // SAFETY: the range is inside the mapping, which outlives the registration
                 // (ClientShared unregisters before unmapping).
-                unsafe { g.register_host(seg.base().add(off), len) }
-                    .map_err(|e| io::Error::other(format!("registering client memory failed: CUDA error {}", e.0)))?;
+                unsafe { g.register_host(seg.base().add(off), len) }.map_err(|e| {
+                    io::Error::other(format!(
+                        "registering client memory failed: CUDA error {}",
+                        e.0
+                    ))
+                })?;
                 Some(g.clone())
             }
             None => None,
@@ -288,9 +366,19 @@ impl Server {
         let mut fds = vec![fd.as_raw_fd()];
         fds.extend(self.workers.iter().map(|w| w.bell_fd.as_raw_fd()));
         sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&welcome), &fds)?;
-        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()).unwrap_or_default();
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
         let ours = stream.try_clone()?;
-        let c = Arc::new(ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on));
+        let c = Arc::new(ClientShared::new(
+            id,
+            pid,
+            name,
+            map,
+            seg,
+            OwnedFd::from(ours),
+            registered_on,
+        ));
         for w in &mut self.workers {
             w.send(ToWorker::Add(c.clone()));
         }
@@ -302,7 +390,8 @@ impl Server {
     fn any_fault(&self) -> Option<i32> {
         self.clients.values().find_map(|(c, _)| {
             let h = c.seg.header();
-            (h.server_state.load(Ordering::Relaxed) == state::FAULT).then(|| h.state_code.load(Ordering::Relaxed))
+            (h.server_state.load(Ordering::Relaxed) == state::FAULT)
+                .then(|| h.state_code.load(Ordering::Relaxed))
         })
     }
 
@@ -348,27 +437,65 @@ impl Server {
             "omps-server {} pid {} {}\npipe directory: {}\ndriver version: {}\nclients: {}\n",
             env!("CARGO_PKG_VERSION"),
             std::process::id(),
-            if let Some(e) = fault { format!("FAULT (CUDA error {e})") } else { "ACTIVE".to_string() },
+            if let Some(e) = fault {
+                format!("FAULT (CUDA error {e})")
+            } else {
+                "ACTIVE".to_string()
+            },
             self.cfg.pipe_dir.display(),
             self.driver_version,
             self.clients.len()
         );
         for (i, snap) in self.snapshots.iter().enumerate() {
-            let mem: u64 = self.clients.values().map(|(c, _)| c.mem_bytes[i].load(Ordering::Relaxed)).sum();
-            s += &format!("GPU {i}: {} {} total {} MiB, clients' allocations {} MiB\n", snap.name_str(), uuid_text(&snap.uuid), snap.total_mem >> 20, mem >> 20);
+            let mem: u64 = self
+                .clients
+                .values()
+                .map(|(c, _)| c.mem_bytes[i].load(Ordering::Relaxed))
+                .sum();
+            s += &format!(
+                "GPU {i}: {} {} total {} MiB, clients' allocations {} MiB\n",
+                snap.name_str(),
+                uuid_text(&snap.uuid),
+                snap.total_mem >> 20,
+                mem >> 20
+            );
         }
         s
     }
 
     fn ps_text(&self) -> String {
         let mut s = String::from("PID GPU MEM_BYTES COMMANDS NAME\n");
-        let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).chain(self.exiting.iter()).collect();
+        let mut rows: Vec<&Arc<ClientShared>> = self
+            .clients
+            .values()
+            .map(|(c, _)| c)
+            .chain(self.exiting.iter())
+            .collect();
         rows.sort_by_key(|c| c.id);
         for c in rows {
-            let gpus: Vec<String> = (0..self.gpus.len()).filter(|&i| c.mem_bytes[i].load(Ordering::Relaxed) > 0).map(|i| i.to_string()).collect();
-            let gpus = if gpus.is_empty() { "-".to_string() } else { gpus.join(",") };
-            let exiting = if c.gone.load(Ordering::Relaxed) { " (exiting)" } else { "" };
-            s += &format!("{} {} {} {} {}{}\n", c.pid, gpus, c.total_mem(), c.commands.load(Ordering::Relaxed), c.name, exiting);
+            let gpus: Vec<String> = (0..self.gpus.len())
+                .filter(|&i| c.mem_bytes[i].load(Ordering::Relaxed) > 0)
+                .map(|i| i.to_string())
+                .collect();
+            let gpus = if gpus.is_empty() {
+                "-".to_string()
+            } else {
+                gpus.join(",")
+            };
+            let exiting = if c.gone.load(Ordering::Relaxed) {
+                " (exiting)"
+            } else {
+                ""
+            };
+            s += &format!(
+                "{} {} {} {} {}{}\n",
+                c.pid,
+                gpus,
+                c.total_mem(),
+                c.commands.load(Ordering::Relaxed),
+                c.name,
+                exiting
+            );
         }
         s
     }
@@ -376,7 +503,14 @@ impl Server {
 
 pub fn uuid_text(u: &[u8; 16]) -> String {
     let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", h[0..4].concat(), h[4..6].concat(), h[6..8].concat(), h[8..10].concat(), h[10..16].concat())
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
 }
 
 struct Cred {
@@ -389,9 +523,19 @@ fn peer_cred(s: &UnixStream) -> io::Result<Cred> {
     unsafe {
         let mut c: libc::ucred = std::mem::zeroed();
         let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        if libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut c as *mut _ as *mut _, &mut len) != 0 {
+        if libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut c as *mut _ as *mut _,
+            &mut len,
+        ) != 0
+        {
             return Err(io::Error::last_os_error());
         }
-        Ok(Cred { pid: c.pid, uid: c.uid })
+        Ok(Cred {
+            pid: c.pid,
+            uid: c.uid,
+        })
     }
 }

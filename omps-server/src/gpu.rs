@@ -88,7 +88,8 @@ pub trait Gpu: Send + Sync + 'static {
     /// As [`Gpu::copy_htod`], for writable memory.
     unsafe fn copy_dtoh(&self, dst: *mut u8, src: u64, len: usize, s: usize) -> GpuResult<()>;
     fn copy_dtod(&self, dst: u64, src: u64, len: usize, s: usize) -> GpuResult<()>;
-    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: usize, s: usize) -> GpuResult<()>;
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: usize, s: usize)
+        -> GpuResult<()>;
     /// Stores `value` into the host word at `addr` once the stream reaches this point.
     ///
     /// # Safety
@@ -109,7 +110,19 @@ pub trait Gpu: Send + Sync + 'static {
     fn module_global(&self, module: u64, name: &str) -> GpuResult<(u64, u64)>;
     fn func_attribute(&self, func: u64, attr: i32) -> GpuResult<i32>;
     fn func_set_attribute(&self, func: u64, attr: i32, value: i32) -> GpuResult<()>;
-    fn launch(&self, func: u64, grid: [u32; 3], block: [u32; 3], shared: u32, s: usize, args: &[u8]) -> GpuResult<()>;
+    /// `attrs` holds CUlaunchAttribute records (wire::LAUNCH_ATTR_BYTES each), already
+    /// checked to be forwardable.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        func: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        s: usize,
+        attrs: &[u8],
+        args: &[u8],
+    ) -> GpuResult<()>;
 
     fn event_create(&self, flags: u32) -> GpuResult<u64>;
     fn event_destroy(&self, ev: u64) -> GpuResult<()>;

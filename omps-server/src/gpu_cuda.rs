@@ -6,6 +6,9 @@ use omps_ring::segment::{DeviceSnapshot, MAX_ATTRIBUTES};
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
+const _: () =
+    assert!(std::mem::size_of::<cu::CUlaunchAttribute>() == omps_ring::wire::LAUNCH_ATTR_BYTES);
+
 fn ck(r: cu::CUresult) -> GpuResult<()> {
     if r == cu::CUresult::CUDA_SUCCESS {
         Ok(())
@@ -110,7 +113,10 @@ impl CudaGpu {
     }
 
     fn stream(&self, s: usize) -> GpuResult<cu::CUstream> {
-        self.streams.get(s).copied().ok_or(CuError(code::INVALID_HANDLE))
+        self.streams
+            .get(s)
+            .copied()
+            .ok_or(CuError(code::INVALID_HANDLE))
     }
 
     fn func_attr(&self, f: cu::CUfunction, attr: i32) -> GpuResult<i32> {
@@ -131,9 +137,12 @@ impl CudaGpu {
         ck(unsafe { cu::cuFuncLoad(f) }).inspect_err(|e| tracing::warn!("cuFuncLoad: {}", e.0))?;
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: valid function handle and out-pointer; the name is owned by the driver.
-        ck(unsafe { cu::cuFuncGetName(&mut name, f) }).inspect_err(|e| tracing::warn!("cuFuncGetName: {}", e.0))?;
+        ck(unsafe { cu::cuFuncGetName(&mut name, f) })
+            .inspect_err(|e| tracing::warn!("cuFuncGetName: {}", e.0))?;
         // SAFETY: the driver returns a NUL-terminated string that lives with the module.
-        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
         let mut params = Vec::new();
         loop {
             let (mut off, mut size) = (0usize, 0usize);
@@ -147,7 +156,9 @@ impl CudaGpu {
         Ok(FunctionInfo {
             handle: f as u64,
             name,
-            max_threads_per_block: self.func_attr(f, func_attr::MAX_THREADS_PER_BLOCK).inspect_err(|e| tracing::warn!("cuFuncGetAttribute: {}", e.0))?,
+            max_threads_per_block: self
+                .func_attr(f, func_attr::MAX_THREADS_PER_BLOCK)
+                .inspect_err(|e| tracing::warn!("cuFuncGetAttribute: {}", e.0))?,
             static_shared: self.func_attr(f, func_attr::SHARED_SIZE_BYTES)?,
             max_dynamic_shared: self.func_attr(f, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
             params,
@@ -172,6 +183,13 @@ impl Gpu for CudaGpu {
                 }
             }
             cu::cuDeviceGetPCIBusId(s.pci_bus_id.as_mut_ptr() as *mut c_char, 31, self.dev);
+            self.bind();
+            let (mut least, mut greatest) = (0, 0);
+            if cu::cuCtxGetStreamPriorityRange(&mut least, &mut greatest)
+                == cu::CUresult::CUDA_SUCCESS
+            {
+                s.stream_priority = [least, greatest];
+            }
             let mut total = 0usize;
             cu::cuDeviceTotalMem_v2(&mut total, self.dev);
             s.total_mem = total as u64;
@@ -233,7 +251,14 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuMemcpyDtoDAsync_v2(dst, src, len, st) })
     }
 
-    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: usize, s: usize) -> GpuResult<()> {
+    fn memset(
+        &self,
+        dst: u64,
+        value: u32,
+        elem_size: u32,
+        count: usize,
+        s: usize,
+    ) -> GpuResult<()> {
         self.bind();
         let st = self.stream(s)?;
         // SAFETY: device addresses only; the driver checks them.
@@ -288,14 +313,21 @@ impl Gpu for CudaGpu {
         let result = (|| {
             let mut n = 0u32;
             // SAFETY: m is a loaded module; valid out-pointer.
-            ck(unsafe { cu::cuModuleGetFunctionCount(&mut n, m) }).inspect_err(|e| tracing::warn!("cuModuleGetFunctionCount: {}", e.0))?;
+            ck(unsafe { cu::cuModuleGetFunctionCount(&mut n, m) })
+                .inspect_err(|e| tracing::warn!("cuModuleGetFunctionCount: {}", e.0))?;
             let mut fs = vec![std::ptr::null_mut(); n as usize];
             // SAFETY: the buffer holds n handles.
-            ck(unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) }).inspect_err(|e| tracing::warn!("cuModuleEnumerateFunctions({n}): {}", e.0))?;
-            fs.into_iter().map(|f| self.describe(f)).collect::<GpuResult<Vec<_>>>()
+            ck(unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) })
+                .inspect_err(|e| tracing::warn!("cuModuleEnumerateFunctions({n}): {}", e.0))?;
+            fs.into_iter()
+                .map(|f| self.describe(f))
+                .collect::<GpuResult<Vec<_>>>()
         })();
         match result {
-            Ok(functions) => Ok(LoadedModule { handle: m as u64, functions }),
+            Ok(functions) => Ok(LoadedModule {
+                handle: m as u64,
+                functions,
+            }),
             Err(e) => {
                 // SAFETY: unloading the module loaded above.
                 unsafe { cu::cuModuleUnload(m) };
@@ -315,7 +347,9 @@ impl Gpu for CudaGpu {
         let name = CString::new(name).map_err(|_| CuError(code::INVALID_VALUE))?;
         let (mut p, mut n) = (0, 0usize);
         // SAFETY: valid module handle, NUL-terminated name, valid out-pointers.
-        ck(unsafe { cu::cuModuleGetGlobal_v2(&mut p, &mut n, module as cu::CUmodule, name.as_ptr()) })?;
+        ck(unsafe {
+            cu::cuModuleGetGlobal_v2(&mut p, &mut n, module as cu::CUmodule, name.as_ptr())
+        })?;
         Ok((p, n as u64))
     }
 
@@ -335,7 +369,16 @@ impl Gpu for CudaGpu {
         }
     }
 
-    fn launch(&self, func: u64, grid: [u32; 3], block: [u32; 3], shared: u32, s: usize, args: &[u8]) -> GpuResult<()> {
+    fn launch(
+        &self,
+        func: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        s: usize,
+        attrs: &[u8],
+        args: &[u8],
+    ) -> GpuResult<()> {
         self.bind();
         let st = self.stream(s)?;
         let mut size = args.len();
@@ -348,19 +391,54 @@ impl Gpu for CudaGpu {
             &mut size as *mut usize as *mut c_void,
             std::ptr::null_mut(), // CU_LAUNCH_PARAM_END
         ];
-        let extra_ptr = if args.is_empty() { std::ptr::null_mut() } else { extra.as_mut_ptr() };
-        // SAFETY: func is a live function handle; extra points at locals alive for the call.
+        let extra_ptr = if args.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
+        if attrs.is_empty() {
+            // SAFETY: func is a live function handle; extra points at locals alive for the call.
+            return ck(unsafe {
+                cu::cuLaunchKernel(
+                    func as cu::CUfunction,
+                    grid[0],
+                    grid[1],
+                    grid[2],
+                    block[0],
+                    block[1],
+                    block[2],
+                    shared,
+                    st,
+                    std::ptr::null_mut(),
+                    extra_ptr,
+                )
+            });
+        }
+        let n = attrs.len() / omps_ring::wire::LAUNCH_ATTR_BYTES;
+        // SAFETY: CUlaunchAttribute is plain data for which zero is valid.
+        let mut list: Vec<cu::CUlaunchAttribute> = vec![unsafe { std::mem::zeroed() }; n];
+        // SAFETY: list holds n records of LAUNCH_ATTR_BYTES (72) bytes, the size of
+        // CUlaunchAttribute; attrs holds exactly n of them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(attrs.as_ptr(), list.as_mut_ptr() as *mut u8, attrs.len())
+        };
+        let config = cu::CUlaunchConfig {
+            gridDimX: grid[0],
+            gridDimY: grid[1],
+            gridDimZ: grid[2],
+            blockDimX: block[0],
+            blockDimY: block[1],
+            blockDimZ: block[2],
+            sharedMemBytes: shared,
+            hStream: st,
+            attrs: list.as_mut_ptr(),
+            numAttrs: n as u32,
+        };
+        // SAFETY: as above; config and list outlive the call.
         ck(unsafe {
-            cu::cuLaunchKernel(
+            cu::cuLaunchKernelEx(
+                &config,
                 func as cu::CUfunction,
-                grid[0],
-                grid[1],
-                grid[2],
-                block[0],
-                block[1],
-                block[2],
-                shared,
-                st,
                 std::ptr::null_mut(),
                 extra_ptr,
             )
@@ -411,7 +489,9 @@ impl Gpu for CudaGpu {
         self.bind();
         let mut ms = 0f32;
         // SAFETY: live events, valid out-pointer.
-        ck(unsafe { cu::cuEventElapsedTime_v2(&mut ms, start as cu::CUevent, end as cu::CUevent) })?;
+        ck(unsafe {
+            cu::cuEventElapsedTime_v2(&mut ms, start as cu::CUevent, end as cu::CUevent)
+        })?;
         Ok(ms)
     }
 

@@ -36,13 +36,23 @@ impl HostGpu {
         HostGpu {
             ordinal,
             total,
-            state: Mutex::new(State { next_addr: BASE, next_handle: 1, ..Default::default() }),
+            state: Mutex::new(State {
+                next_addr: BASE,
+                next_handle: 1,
+                ..Default::default()
+            }),
         }
     }
 
     /// Bytes currently allocated, for tests that check nothing leaked.
     pub fn bytes_allocated(&self) -> u64 {
-        self.state.lock().unwrap().mem.values().map(|v| v.len() as u64).sum()
+        self.state
+            .lock()
+            .unwrap()
+            .mem
+            .values()
+            .map(|v| v.len() as u64)
+            .sum()
     }
 
     pub fn registered_ranges(&self) -> usize {
@@ -76,7 +86,9 @@ impl State {
     }
 
     fn is_registered(&self, p: usize, len: usize) -> bool {
-        self.registered.iter().any(|&(s, l)| p >= s && p + len <= s + l)
+        self.registered
+            .iter()
+            .any(|&(s, l)| p >= s && p + len <= s + l)
     }
 
     fn alloc(&mut self, size: u64) -> u64 {
@@ -128,7 +140,18 @@ impl Gpu for HostGpu {
         s.pci_bus_id[..bus.len()].copy_from_slice(bus.as_bytes());
         s.total_mem = self.total;
         // Max threads per block, block and grid dimensions, SM count, shared memory.
-        for (a, v) in [(1, 1024), (2, 1024), (3, 1024), (4, 64), (5, i32::MAX), (6, 65535), (7, 65535), (8, 49152), (16, 4), (97, 232448)] {
+        for (a, v) in [
+            (1, 1024),
+            (2, 1024),
+            (3, 1024),
+            (4, 64),
+            (5, i32::MAX),
+            (6, 65535),
+            (7, 65535),
+            (8, 49152),
+            (16, 4),
+            (97, 232448),
+        ] {
             s.attributes[a] = v;
             s.attr_valid[a] = 1;
         }
@@ -142,7 +165,7 @@ impl Gpu for HostGpu {
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {
         let mut st = self.state.lock().unwrap();
         let used: u64 = st.mem.values().map(|v| v.len() as u64).sum();
-        if used + size > self.total {
+        if used.checked_add(size).is_none_or(|t| t > self.total) {
             return Err(CuError(code::OUT_OF_MEMORY));
         }
         Ok(st.alloc(size))
@@ -150,7 +173,10 @@ impl Gpu for HostGpu {
 
     fn mem_free(&self, ptr: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
-        st.mem.remove(&ptr).map(drop).ok_or(CuError(code::INVALID_VALUE))
+        st.mem
+            .remove(&ptr)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_VALUE))
     }
 
     fn mem_info(&self) -> GpuResult<(u64, u64)> {
@@ -189,7 +215,14 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
-    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: usize, _s: usize) -> GpuResult<()> {
+    fn memset(
+        &self,
+        dst: u64,
+        value: u32,
+        elem_size: u32,
+        count: usize,
+        _s: usize,
+    ) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         st.check()?;
         let n = elem_size as usize;
@@ -213,7 +246,11 @@ impl Gpu for HostGpu {
     }
 
     unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> GpuResult<()> {
-        self.state.lock().unwrap().registered.push((ptr as usize, len));
+        self.state
+            .lock()
+            .unwrap()
+            .registered
+            .push((ptr as usize, len));
         Ok(())
     }
 
@@ -259,7 +296,10 @@ impl Gpu for HostGpu {
 
     fn module_unload(&self, module: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
-        let (_, globals) = st.modules.remove(&module).ok_or(CuError(code::INVALID_HANDLE))?;
+        let (_, globals) = st
+            .modules
+            .remove(&module)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
         for (_, a, _) in globals {
             st.mem.remove(&a);
         }
@@ -268,7 +308,10 @@ impl Gpu for HostGpu {
 
     fn module_global(&self, module: u64, name: &str) -> GpuResult<(u64, u64)> {
         let st = self.state.lock().unwrap();
-        let (_, globals) = st.modules.get(&module).ok_or(CuError(code::INVALID_HANDLE))?;
+        let (_, globals) = st
+            .modules
+            .get(&module)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
         globals
             .iter()
             .find(|g| g.0 == name)
@@ -291,7 +334,16 @@ impl Gpu for HostGpu {
         }
     }
 
-    fn launch(&self, func: u64, _grid: [u32; 3], _block: [u32; 3], _shared: u32, _s: usize, args: &[u8]) -> GpuResult<()> {
+    fn launch(
+        &self,
+        func: u64,
+        _grid: [u32; 3],
+        _block: [u32; 3],
+        _shared: u32,
+        _s: usize,
+        _attrs: &[u8],
+        args: &[u8],
+    ) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         st.check()?;
         let name = st
@@ -306,7 +358,9 @@ impl Gpu for HostGpu {
                 let value = u32::from_le_bytes(args[8..12].try_into().unwrap());
                 let n = u32::from_le_bytes(args[12..16].try_into().unwrap()) as usize;
                 match st.range(ptr, n * 4) {
-                    Ok(d) => d.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&value.to_le_bytes())),
+                    Ok(d) => d
+                        .chunks_exact_mut(4)
+                        .for_each(|c| c.copy_from_slice(&value.to_le_bytes())),
                     Err(_) => st.sticky = Some(code::ILLEGAL_ADDRESS),
                 }
             }
@@ -332,7 +386,10 @@ impl Gpu for HostGpu {
     fn event_record(&self, ev: u64, _s: usize) -> GpuResult<()> {
         let st = self.state.lock().unwrap();
         st.check()?;
-        st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE)).map(drop)
+        st.events
+            .get(&ev)
+            .ok_or(CuError(code::INVALID_HANDLE))
+            .map(drop)
     }
 
     fn stream_wait_event(&self, s: usize, ev: u64) -> GpuResult<()> {

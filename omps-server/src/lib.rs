@@ -14,6 +14,7 @@ pub mod gpu;
 pub mod gpu_cuda;
 pub mod gpu_host;
 pub mod session;
+pub mod testing;
 pub mod worker;
 
 pub use control::{Server, ServerConfig};

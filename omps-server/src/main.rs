@@ -14,15 +14,25 @@ use std::sync::Arc;
 const POOL: usize = 32;
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("OMPS_LOG").unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("OMPS_LOG").unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
     match omps_ring::sock::log_directory() {
         Some(dir) => {
             let _ = std::fs::create_dir_all(&dir);
-            match std::fs::OpenOptions::new().create(true).append(true).open(dir.join("server.log")) {
+            match std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("server.log"))
+            {
                 Ok(f) => builder.with_writer(std::sync::Mutex::new(f)).init(),
                 Err(e) => {
-                    eprintln!("omps-server: cannot open {}/server.log: {e}; logging to stderr", dir.display());
+                    eprintln!(
+                        "omps-server: cannot open {}/server.log: {e}; logging to stderr",
+                        dir.display()
+                    );
                     builder.with_writer(std::io::stderr).init()
                 }
             }
@@ -66,7 +76,10 @@ fn main() -> ExitCode {
         match CudaGpu::open(i, POOL) {
             Ok(g) => gpus.push(Arc::new(g)),
             Err(e) => {
-                eprintln!("omps-server: opening GPU {i} failed with CUDA error {}", e.0);
+                eprintln!(
+                    "omps-server: opening GPU {i} failed with CUDA error {}",
+                    e.0
+                );
                 return ExitCode::FAILURE;
             }
         }
@@ -75,11 +88,17 @@ fn main() -> ExitCode {
     let server = match Server::new(cfg.clone(), gpus, driver_version) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("omps-server: cannot listen in {}: {e}", cfg.pipe_dir.display());
+            eprintln!(
+                "omps-server: cannot listen in {}: {e}",
+                cfg.pipe_dir.display()
+            );
             return ExitCode::FAILURE;
         }
     };
-    eprintln!("omps-server: serving {count} GPU(s) on {}", cfg.pipe_dir.join(omps_ring::sock::SOCKET_NAME).display());
+    eprintln!(
+        "omps-server: serving {count} GPU(s) on {}",
+        cfg.pipe_dir.join(omps_ring::sock::SOCKET_NAME).display()
+    );
     match server.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

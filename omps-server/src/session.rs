@@ -93,7 +93,8 @@ impl Session {
             pending_error: 0,
             next_id: 1,
         };
-        s.streams.insert(wire::STREAM_DEFAULT, ctx.pick_work_stream());
+        s.streams
+            .insert(wire::STREAM_DEFAULT, ctx.pick_work_stream());
         s
     }
 
@@ -103,7 +104,9 @@ impl Session {
 
     /// Takes the next record out of the ring: Ok(None) when empty.
     pub fn pop(&mut self, buf: &mut Vec<u8>) -> Result<Option<u32>, Malformed> {
-        self.consumer.pop_into(buf).map_err(|c| Malformed(format!("corrupt ring: {}", c.reason)))
+        self.consumer
+            .pop_into(buf)
+            .map_err(|c| Malformed(format!("corrupt ring: {}", c.reason)))
     }
 
     fn stream(&mut self, id: u32) -> Result<usize, Malformed> {
@@ -117,7 +120,10 @@ impl Session {
     }
 
     fn event(&self, id: u32) -> Result<u64, Malformed> {
-        self.events.get(&id).copied().ok_or_else(|| Malformed(format!("unknown event {id}")))
+        self.events
+            .get(&id)
+            .copied()
+            .ok_or_else(|| Malformed(format!("unknown event {id}")))
     }
 
     fn channel(&self, c: u32) -> Result<&Channel, Malformed> {
@@ -168,7 +174,11 @@ impl Session {
         Ok(())
     }
 
-    fn complete_pod<T: bytemuck::Pod>(&self, call: CallHdr, r: Result<T, CuError>) -> Result<(), Malformed> {
+    fn complete_pod<T: bytemuck::Pod>(
+        &self,
+        call: CallHdr,
+        r: Result<T, CuError>,
+    ) -> Result<(), Malformed> {
         match r {
             Ok(v) => self.complete(call, 0, bytemuck::bytes_of(&v)),
             Err(e) => self.complete(call, e.0, &[]),
@@ -176,7 +186,12 @@ impl Session {
     }
 
     /// Answers a call once stream `s` reaches this point: the GPU writes `done`.
-    fn complete_on_gpu(&mut self, ctx: &mut WorkerCtx, call: CallHdr, s: usize) -> Result<(), Malformed> {
+    fn complete_on_gpu(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        call: CallHdr,
+        s: usize,
+    ) -> Result<(), Malformed> {
         let pending = self.take_pending();
         if pending != 0 {
             return self.complete(call, pending, &[]);
@@ -185,11 +200,20 @@ impl Session {
     }
 
     /// Has the GPU store `seq` into a completion word in stream order.
-    fn signal_on_gpu(&mut self, ctx: &mut WorkerCtx, channel: u32, word: Word, seq: u32, s: usize) -> Result<(), Malformed> {
+    fn signal_on_gpu(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        channel: u32,
+        word: Word,
+        seq: u32,
+        s: usize,
+    ) -> Result<(), Malformed> {
         let ch = self.channel(channel)?;
         ch.result.store(0, Ordering::Relaxed);
         ch.reply_len.store(0, Ordering::Relaxed);
-        let w = ch.word(word).ok_or_else(|| Malformed("chunk index out of range".into()))?;
+        let w = ch
+            .word(word)
+            .ok_or_else(|| Malformed("chunk index out of range".into()))?;
         // SAFETY: the word lies in the registered part of the segment, which stays mapped and
         // registered while this client's Arc is held by the marker below.
         let r = unsafe { ctx.gpu.write_u32(w.as_ptr(), seq, s) };
@@ -211,7 +235,9 @@ impl Session {
         if result != 0 {
             ch.result.store(result, Ordering::Relaxed);
         }
-        let w = ch.word(word).ok_or_else(|| Malformed("chunk index out of range".into()))?;
+        let w = ch
+            .word(word)
+            .ok_or_else(|| Malformed("chunk index out of range".into()))?;
         // SYNC POINT: pairs with the client's Acquire load of the word.
         w.store(seq, Ordering::Release);
         wake_if_waiting(ch, w);
@@ -224,7 +250,11 @@ impl Session {
             return bad(format!("unknown op {tag}"));
         };
         if p.len() < op.fixed_len() {
-            return bad(format!("{op:?}: {} bytes, needs {}", p.len(), op.fixed_len()));
+            return bad(format!(
+                "{op:?}: {} bytes, needs {}",
+                p.len(),
+                op.fixed_len()
+            ));
         }
         let tail = &p[op.fixed_len()..];
         let fixed_only = |name: &str| -> Result<(), Malformed> {
@@ -244,16 +274,34 @@ impl Session {
         match op {
             Op::Launch => {
                 let l = rec!(wire::Launch);
-                if tail.len() != l.args_len as usize {
-                    return bad("launch: argument bytes disagree with args_len");
+                if l.num_attrs > wire::MAX_LAUNCH_ATTRS {
+                    return bad("launch: too many attributes");
                 }
-                let f = self.functions.get(&l.func).ok_or_else(|| Malformed(format!("unknown function {}", l.func)))?;
+                let attr_len = l.num_attrs as usize * wire::LAUNCH_ATTR_BYTES;
+                if tail.len() != attr_len + l.args_len as usize {
+                    return bad("launch: record length disagrees with attributes and args_len");
+                }
+                let (attrs, tail) = tail.split_at(attr_len);
+                for a in attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
+                    let id = u32::from_le_bytes(a[..4].try_into().expect("4 bytes"));
+                    if !wire::launch_attr_forwardable(id) {
+                        return bad(format!("launch: attribute {id} carries handles"));
+                    }
+                }
+                let f = self
+                    .functions
+                    .get(&l.func)
+                    .ok_or_else(|| Malformed(format!("unknown function {}", l.func)))?;
                 if f.args_size != tail.len() {
-                    return bad(format!("launch: {} argument bytes, function takes {}", tail.len(), f.args_size));
+                    return bad(format!(
+                        "launch: {} argument bytes, function takes {}",
+                        tail.len(),
+                        f.args_size
+                    ));
                 }
                 let h = f.handle;
                 let s = self.stream(l.stream)?;
-                if let Err(e) = gpu.launch(h, l.grid, l.block, l.shared_mem, s, tail) {
+                if let Err(e) = gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
                     self.note_error(e);
                 }
             }
@@ -350,7 +398,10 @@ impl Session {
             }
             Op::EventDestroy => {
                 let h = rec!(wire::Handle);
-                let e = self.events.remove(&h.id).ok_or_else(|| Malformed(format!("destroying unknown event {}", h.id)))?;
+                let e = self
+                    .events
+                    .remove(&h.id)
+                    .ok_or_else(|| Malformed(format!("destroying unknown event {}", h.id)))?;
                 // The driver defers the release of a recorded event until it completes.
                 let _ = gpu.event_destroy(e);
             }
@@ -371,17 +422,32 @@ impl Session {
             Op::MemFree => {
                 let f = rec!(wire::MemFree);
                 match self.allocs.remove(&f.ptr) {
-                    Some(len) => ctx.release_later(self, Release { allocs: vec![(f.ptr, len)], ..Default::default() }),
+                    Some(len) => ctx.release_later(
+                        self,
+                        Release {
+                            allocs: vec![(f.ptr, len)],
+                            ..Default::default()
+                        },
+                    ),
                     None => self.note_error(CuError(code::INVALID_VALUE)),
                 }
             }
             Op::ModuleUnload => {
                 let h = rec!(wire::Handle);
-                let m = self.modules.remove(&h.id).ok_or_else(|| Malformed(format!("unloading unknown module {}", h.id)))?;
+                let m = self
+                    .modules
+                    .remove(&h.id)
+                    .ok_or_else(|| Malformed(format!("unloading unknown module {}", h.id)))?;
                 for f in &m.functions {
                     self.functions.remove(f);
                 }
-                ctx.release_later(self, Release { modules: vec![m.handle], ..Default::default() });
+                ctx.release_later(
+                    self,
+                    Release {
+                        modules: vec![m.handle],
+                        ..Default::default()
+                    },
+                );
             }
             Op::MemAlloc => {
                 let a = rec!(wire::MemAlloc);
@@ -398,7 +464,9 @@ impl Session {
             }
             Op::MemGetInfo => {
                 let c = rec!(CallHdr);
-                let r = gpu.mem_info().map(|(free, total)| wire::MemInfoReply { free, total });
+                let r = gpu
+                    .mem_info()
+                    .map(|(free, total)| wire::MemInfoReply { free, total });
                 self.complete_pod(c, r)?;
             }
             Op::ModuleLoad => {
@@ -418,7 +486,10 @@ impl Session {
                 if tail.len() != g.name_len as usize {
                     return bad("global name length");
                 }
-                let m = self.modules.get(&g.module).ok_or_else(|| Malformed(format!("unknown module {}", g.module)))?;
+                let m = self
+                    .modules
+                    .get(&g.module)
+                    .ok_or_else(|| Malformed(format!("unknown module {}", g.module)))?;
                 let r = match std::str::from_utf8(tail) {
                     Ok(name) => gpu.module_global(m.handle, name),
                     Err(_) => Err(CuError(code::NOT_FOUND)),
@@ -430,13 +501,24 @@ impl Session {
             }
             Op::FuncGetAttribute => {
                 let a = rec!(wire::FuncGetAttribute);
-                let f = self.functions.get(&a.func).ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
+                let f = self
+                    .functions
+                    .get(&a.func)
+                    .ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
                 let r = gpu.func_attribute(f.handle, a.attr);
-                self.complete_pod(a.call, r.map(|v| wire::U64Reply { value: v as u32 as u64 }))?;
+                self.complete_pod(
+                    a.call,
+                    r.map(|v| wire::U64Reply {
+                        value: v as u32 as u64,
+                    }),
+                )?;
             }
             Op::FuncSetAttribute => {
                 let a = rec!(wire::FuncSetAttribute);
-                let f = self.functions.get(&a.func).ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
+                let f = self
+                    .functions
+                    .get(&a.func)
+                    .ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
                 let r = gpu.func_set_attribute(f.handle, a.attr, a.value);
                 self.complete(a.call, r.err().map_or(0, |e| e.0), &[])?;
             }
@@ -477,7 +559,9 @@ impl Session {
             Op::EventElapsed => {
                 let el = rec!(wire::EventElapsed);
                 let (a, b) = (self.event(el.start)?, self.event(el.end)?);
-                let r = gpu.event_elapsed(a, b).map(|ms| wire::U64Reply { value: ms.to_bits() as u64 });
+                let r = gpu.event_elapsed(a, b).map(|ms| wire::U64Reply {
+                    value: ms.to_bits() as u64,
+                });
                 self.complete_pod(el.call, r)?;
             }
             Op::CtxSync => {
@@ -514,7 +598,12 @@ impl Session {
     }
 
     /// Registers the module's functions and writes the function table into chunk 0.
-    fn finish_module_load(&mut self, ctx: &mut WorkerCtx, call: CallHdr, loaded: crate::gpu::LoadedModule) -> Result<(), Malformed> {
+    fn finish_module_load(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        call: CallHdr,
+        loaded: crate::gpu::LoadedModule,
+    ) -> Result<(), Malformed> {
         let module_id = self.next_id;
         self.next_id += 1;
         let nf = loaded.functions.len();
@@ -543,28 +632,67 @@ impl Session {
                 wire::put(&mut params, &wire::ParamDesc { offset: o, size: s });
             }
             names.extend_from_slice(f.name.as_bytes());
-            self.functions.insert(id, Function { handle: f.handle, args_size: f.args_size(), module: module_id });
+            self.functions.insert(
+                id,
+                Function {
+                    handle: f.handle,
+                    args_size: f.args_size(),
+                    module: module_id,
+                },
+            );
         }
         let total = names_at + names.len();
-        wire::put(&mut out, &wire::ModuleReply { module: module_id, num_functions: nf as u32, total_len: total as u32, _pad: 0 });
+        wire::put(
+            &mut out,
+            &wire::ModuleReply {
+                module: module_id,
+                num_functions: nf as u32,
+                total_len: total as u32,
+                _pad: 0,
+            },
+        );
         for d in &descs {
             wire::put(&mut out, d);
         }
         out.extend_from_slice(&params);
         out.extend_from_slice(&names);
-        let (chunk, cap) = self.client.seg.chunk(call.channel as usize, 0).expect("channel checked by caller");
+        let (chunk, cap) = self
+            .client
+            .seg
+            .chunk(call.channel as usize, 0)
+            .expect("channel checked by caller");
         if out.len() > cap {
             for id in &fids {
                 self.functions.remove(id);
             }
-            ctx.release_later(self, Release { modules: vec![loaded.handle], ..Default::default() });
+            ctx.release_later(
+                self,
+                Release {
+                    modules: vec![loaded.handle],
+                    ..Default::default()
+                },
+            );
             return self.complete(call, code::NOT_SUPPORTED, &[]);
         }
         // SAFETY: out fits in chunk 0 of a checked channel, inside the mapping.
         unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), chunk, out.len()) };
-        self.modules.insert(module_id, Module { handle: loaded.handle, functions: fids });
-        debug_assert!(self.functions.values().all(|f| self.modules.contains_key(&f.module)));
-        let head = wire::ModuleReply { module: module_id, num_functions: nf as u32, total_len: total as u32, _pad: 0 };
+        self.modules.insert(
+            module_id,
+            Module {
+                handle: loaded.handle,
+                functions: fids,
+            },
+        );
+        debug_assert!(self
+            .functions
+            .values()
+            .all(|f| self.modules.contains_key(&f.module)));
+        let head = wire::ModuleReply {
+            module: module_id,
+            num_functions: nf as u32,
+            total_len: total as u32,
+            _pad: 0,
+        };
         self.complete(call, 0, bytemuck::bytes_of(&head))
     }
 

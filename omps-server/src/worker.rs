@@ -98,26 +98,55 @@ impl WorkerCtx {
         Ok(())
     }
 
-    pub(crate) fn add_marker(&mut self, client: Arc<ClientShared>, channel: u32, word: Word, seq: u32, stream: usize) {
-        self.markers.push(Marker { client, channel, word, seq, stream, since: Instant::now() });
+    pub(crate) fn add_marker(
+        &mut self,
+        client: Arc<ClientShared>,
+        channel: u32,
+        word: Word,
+        seq: u32,
+        stream: usize,
+    ) {
+        self.markers.push(Marker {
+            client,
+            channel,
+            word,
+            seq,
+            stream,
+            since: Instant::now(),
+        });
     }
 
     /// Frees `release` once everything the session queued so far has finished.
     pub fn release_later(&mut self, s: &Session, release: Release) {
-        self.defer(s.client.clone(), s.used_streams, s.marker_stream, release, false);
+        self.defer(
+            s.client.clone(),
+            s.used_streams,
+            s.marker_stream,
+            release,
+            false,
+        );
     }
 
-    fn defer(&mut self, client: Arc<ClientShared>, mask: u64, m: usize, release: Release, final_for_client: bool) {
-        let fence = self
-            .gpu
-            .event_create(0x2)
-            .and_then(|ev| {
-                self.join_streams(mask, m)?;
-                self.gpu.event_record(ev, m)?;
-                Ok(ev)
-            });
+    fn defer(
+        &mut self,
+        client: Arc<ClientShared>,
+        mask: u64,
+        m: usize,
+        release: Release,
+        final_for_client: bool,
+    ) {
+        let fence = self.gpu.event_create(0x2).and_then(|ev| {
+            self.join_streams(mask, m)?;
+            self.gpu.event_record(ev, m)?;
+            Ok(ev)
+        });
         match fence {
-            Ok(fence) => self.deferred.push(Deferred { fence, client, final_for_client, release }),
+            Ok(fence) => self.deferred.push(Deferred {
+                fence,
+                client,
+                final_for_client,
+                release,
+            }),
             Err(e) => {
                 // No fence means the context is broken: nothing can still be running.
                 tracing::warn!("fence failed ({}); releasing at once", e.0);
@@ -151,6 +180,13 @@ impl WorkerCtx {
         self.defer(client, mask, m, rel, true);
     }
 
+    /// Completes what the GPU finished and frees what is idle; one pass of the worker's
+    /// housekeeping (public for tests and the fuzz targets).
+    pub fn poll(&mut self) {
+        self.poll_markers();
+        self.poll_deferred();
+    }
+
     pub fn has_pending(&self) -> bool {
         !self.markers.is_empty() || !self.deferred.is_empty()
     }
@@ -159,8 +195,12 @@ impl WorkerCtx {
     fn poll_markers(&mut self) {
         let mut stuck_stream = None;
         self.markers.retain(|mk| {
-            let Some(ch) = mk.client.seg.channel(mk.channel as usize) else { return false };
-            let Some(w) = ch.word(mk.word) else { return false };
+            let Some(ch) = mk.client.seg.channel(mk.channel as usize) else {
+                return false;
+            };
+            let Some(w) = ch.word(mk.word) else {
+                return false;
+            };
             if w.load(Ordering::Acquire) == mk.seq {
                 if ch.waiting.load(Ordering::SeqCst) != 0 {
                     futex::wake(w, u32::MAX);
@@ -187,7 +227,10 @@ impl WorkerCtx {
     /// A sticky error poisoned the context: every waiting client gets it.
     fn enter_fault(&mut self, e: i32) {
         if self.fault.is_none() {
-            tracing::error!(gpu = self.gpu.ordinal(), "GPU fault {e}: failing every client of this GPU");
+            tracing::error!(
+                gpu = self.gpu.ordinal(),
+                "GPU fault {e}: failing every client of this GPU"
+            );
         }
         self.fault = Some(e);
         for mk in self.markers.drain(..) {
@@ -234,7 +277,12 @@ fn pin_to(cpu: usize) {
 /// Records taken from one client's ring per pass, so one busy client can't starve others.
 const BATCH: usize = 64;
 
-pub fn run(gpu: Arc<dyn Gpu>, mut rx: rtrb::Consumer<ToWorker>, bell: &Doorbell, cfg: WorkerConfig) {
+pub fn run(
+    gpu: Arc<dyn Gpu>,
+    mut rx: rtrb::Consumer<ToWorker>,
+    bell: &Doorbell,
+    cfg: WorkerConfig,
+) {
     if let Some(cpu) = cfg.cpu {
         pin_to(cpu);
     }
@@ -297,7 +345,8 @@ pub fn run(gpu: Arc<dyn Gpu>, mut rx: rtrb::Consumer<ToWorker>, bell: &Doorbell,
             }
             if let Err(e) = outcome {
                 let s = sessions.swap_remove(i);
-                s.client.disconnect(crate::gpu::code::MPS_CLIENT_TERMINATED, &e.0);
+                s.client
+                    .disconnect(crate::gpu::code::MPS_CLIENT_TERMINATED, &e.0);
                 ctx.retire(s);
                 continue;
             }
@@ -311,8 +360,15 @@ pub fn run(gpu: Arc<dyn Gpu>, mut rx: rtrb::Consumer<ToWorker>, bell: &Doorbell,
             // Rest until a client rings; wake now and then while the GPU owes completions,
             // and in any case so a client that clears the shared sleep flag can delay
             // others by a few milliseconds at most.
-            let timeout = if ctx.has_pending() { Duration::from_micros(50) } else { Duration::from_millis(5) };
-            bell.sleep_unless(|| !rx.is_empty() || sessions.iter_mut().any(|s| s.has_data()), Some(timeout));
+            let timeout = if ctx.has_pending() {
+                Duration::from_micros(50)
+            } else {
+                Duration::from_millis(5)
+            };
+            bell.sleep_unless(
+                || !rx.is_empty() || sessions.iter_mut().any(|s| s.has_data()),
+                Some(timeout),
+            );
         } else {
             std::hint::spin_loop();
         }

@@ -35,7 +35,10 @@ fn main() {
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(5) {
         if c.check_alive().is_err() {
-            println!("ring_vandal: disconnected after {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+            println!(
+                "ring_vandal: disconnected after {:.1} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
             return;
         }
         std::thread::sleep(Duration::from_millis(1));

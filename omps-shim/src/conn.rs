@@ -4,7 +4,10 @@
 use crate::cuda::*;
 use omps_ring::futex::{self, Doorbell, WaitResult};
 use omps_ring::ring::{Producer, PushError};
-use omps_ring::segment::{state, Channel, LayoutParams, SegmentView, SnapshotTable, Word, CHUNKS_PER_CHANNEL, SEGMENT_MAGIC};
+use omps_ring::segment::{
+    state, Channel, LayoutParams, SegmentView, SnapshotTable, Word, CHUNKS_PER_CHANNEL,
+    SEGMENT_MAGIC,
+};
 use omps_ring::shm::{self, Mapping};
 use omps_ring::sock;
 use omps_ring::wire::{self, CallHdr, Hello, Op, Welcome};
@@ -72,16 +75,33 @@ impl Conn {
         let s = UnixStream::connect(path).map_err(|e| {
             fail(format!("cannot reach the omps server at {} ({e}); start it with `omps-server` or run the program with `omps-ctl run -- PROGRAM`", path.display()))
         })?;
-        let hello = Hello { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, kind: wire::kind::CLIENT };
-        std::io::Write::write_all(&mut &s, bytemuck::bytes_of(&hello)).map_err(|e| fail(format!("handshake failed: {e}")))?;
+        let hello = Hello {
+            magic: wire::HELLO_MAGIC,
+            version: wire::PROTOCOL_VERSION,
+            kind: wire::kind::CLIENT,
+        };
+        std::io::Write::write_all(&mut &s, bytemuck::bytes_of(&hello))
+            .map_err(|e| fail(format!("handshake failed: {e}")))?;
         let mut buf = [0u8; std::mem::size_of::<Welcome>()];
-        let (n, fds) = sock::recv_with_fds(s.as_raw_fd(), &mut buf).map_err(|e| fail(format!("handshake failed: {e}")))?;
-        let w: Welcome = wire::get(&buf[..n]).ok_or_else(|| fail("short handshake reply".into()))?;
+        let (n, fds) = sock::recv_with_fds(s.as_raw_fd(), &mut buf)
+            .map_err(|e| fail(format!("handshake failed: {e}")))?;
+        let w: Welcome =
+            wire::get(&buf[..n]).ok_or_else(|| fail("short handshake reply".into()))?;
         if w.magic != wire::HELLO_MAGIC || w.version != wire::PROTOCOL_VERSION {
-            return Err(fail(format!("server speaks protocol {} (this shim: {})", w.version, wire::PROTOCOL_VERSION)));
+            return Err(fail(format!(
+                "server speaks protocol {} (this shim: {})",
+                w.version,
+                wire::PROTOCOL_VERSION
+            )));
         }
         if w.status != 0 {
-            return Err((w.status, format!("the omps server refused this client (CUDA error {})", w.status)));
+            return Err((
+                w.status,
+                format!(
+                    "the omps server refused this client (CUDA error {})",
+                    w.status
+                ),
+            ));
         }
         Self::attach(s, w, fds).map_err(fail)
     }
@@ -89,13 +109,18 @@ impl Conn {
     fn attach(sock: UnixStream, w: Welcome, fds: Vec<OwnedFd>) -> Result<Conn, String> {
         let layout = w.layout.validate()?;
         let ndev = w.num_devices as usize;
-        if fds.len() != 1 + ndev || ndev > layout.params.num_rings as usize || layout.total_len as u64 != w.segment_len {
+        if fds.len() != 1 + ndev
+            || ndev > layout.params.num_rings as usize
+            || layout.total_len as u64 != w.segment_len
+        {
             return Err("handshake carried the wrong descriptors".into());
         }
         let mut fds = fds.into_iter();
         let seg_fd = fds.next().expect("counted above");
-        shm::check_segment(seg_fd.as_fd(), layout.total_len).map_err(|e| format!("segment: {e}"))?;
-        let seg_map = Mapping::map(seg_fd.as_fd(), layout.total_len).map_err(|e| format!("mapping the segment: {e}"))?;
+        shm::check_segment(seg_fd.as_fd(), layout.total_len)
+            .map_err(|e| format!("segment: {e}"))?;
+        let seg_map = Mapping::map(seg_fd.as_fd(), layout.total_len)
+            .map_err(|e| format!("mapping the segment: {e}"))?;
         // SAFETY: the mapping is total_len bytes and lives in the Conn beside the view.
         let seg = unsafe { SegmentView::new(seg_map.as_ptr(), layout) };
         if seg.header().magic != SEGMENT_MAGIC || seg.header().params != w.layout {
@@ -114,8 +139,19 @@ impl Conn {
             })
             .collect();
         let snapshot = Box::new(*seg.snapshot());
-        let chans = (0..layout.params.num_channels).map(|_| Mutex::new(ChanState::default())).collect();
-        Ok(Conn { sock, seg, _seg_map: seg_map, bells, rings, chans, snapshot, lost: AtomicBool::new(false) })
+        let chans = (0..layout.params.num_channels)
+            .map(|_| Mutex::new(ChanState::default()))
+            .collect();
+        Ok(Conn {
+            sock,
+            seg,
+            _seg_map: seg_map,
+            bells,
+            rings,
+            chans,
+            snapshot,
+            lost: AtomicBool::new(false),
+        })
     }
 
     pub fn params(&self) -> LayoutParams {
@@ -153,10 +189,18 @@ impl Conn {
             state::ACTIVE => {}
             _ => {
                 let code = h.state_code.load(Ordering::Relaxed);
-                return Err(if code != 0 { code } else { CUDA_ERROR_MPS_RPC_FAILURE });
+                return Err(if code != 0 {
+                    code
+                } else {
+                    CUDA_ERROR_MPS_RPC_FAILURE
+                });
             }
         }
-        let mut p = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+        let mut p = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd, zero timeout.
         let n = unsafe { libc::poll(&mut p, 1, 0) };
         if n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
@@ -180,7 +224,13 @@ impl Conn {
         })
     }
 
-    pub fn push_with(&self, dev: usize, op: Op, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), CUresult> {
+    pub fn push_with(
+        &self,
+        dev: usize,
+        op: Op,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), CUresult> {
         let ring = self.rings.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
         let mut fill = Some(fill);
         let mut ring = ring.lock().unwrap_or_else(|p| p.into_inner());
@@ -215,7 +265,11 @@ impl Conn {
             for i in 0..n {
                 let idx = (start + i) % n;
                 if let Ok(st) = self.chans[idx].try_lock() {
-                    return ChanGuard { idx: idx as u32, st, conn: self };
+                    return ChanGuard {
+                        idx: idx as u32,
+                        st,
+                        conn: self,
+                    };
                 }
             }
             std::thread::yield_now();
@@ -265,12 +319,17 @@ fn thread_slot() -> usize {
 impl<'a> ChanGuard<'a> {
     fn chan(&self) -> &'a Channel {
         let conn: &'a Conn = self.conn;
-        conn.seg.channel(self.idx as usize).expect("own channel index")
+        conn.seg
+            .channel(self.idx as usize)
+            .expect("own channel index")
     }
 
     pub fn next_call(&mut self) -> CallHdr {
         self.st.seq = self.st.seq.wrapping_add(1).max(1);
-        CallHdr { channel: self.idx, seq: self.st.seq }
+        CallHdr {
+            channel: self.idx,
+            seq: self.st.seq,
+        }
     }
 
     /// Waits for the answer to `call` and returns its CUresult.
@@ -284,7 +343,12 @@ impl<'a> ChanGuard<'a> {
     }
 
     /// Sends a call record (its fixed part must start with `call`'s CallHdr) and waits.
-    pub fn call(&mut self, dev: usize, op: Op, build: impl FnOnce(CallHdr) -> Vec<u8>) -> Result<(), CUresult> {
+    pub fn call(
+        &mut self,
+        dev: usize,
+        op: Op,
+        build: impl FnOnce(CallHdr) -> Vec<u8>,
+    ) -> Result<(), CUresult> {
         let call = self.next_call();
         let rec = build(call);
         self.conn.push(dev, op, &[&rec])?;
@@ -305,7 +369,8 @@ impl<'a> ChanGuard<'a> {
             return Ok(());
         }
         let ch = self.chan();
-        self.conn.wait_word(ch, ch.word(Word::Chunk(k as u8)).expect("k < CHUNKS"), seq)?;
+        self.conn
+            .wait_word(ch, ch.word(Word::Chunk(k as u8)).expect("k < CHUNKS"), seq)?;
         self.st.chunk_seq[k] = 0;
         match ch.result.swap(0, Ordering::Relaxed) {
             0 => Ok(()),
@@ -326,7 +391,10 @@ impl<'a> ChanGuard<'a> {
 
     /// Staging chunk `k` of this channel.
     pub fn chunk_ptr(&self, k: usize) -> (*mut u8, usize) {
-        self.conn.seg.chunk(self.idx as usize, k).expect("own channel")
+        self.conn
+            .seg
+            .chunk(self.idx as usize, k)
+            .expect("own channel")
     }
 
     /// Marks chunk `k` busy with a new transfer and returns that transfer's sequence.

@@ -35,7 +35,11 @@ fn table() -> &'static Vec<(i32, &'static CStr, &'static CStr)> {
                 // Leaked once: the driver's strings are static too, and callers keep them.
                 let name = Box::leak(format!("{}\0", f.next()?).into_boxed_str());
                 let text = Box::leak(format!("{}\0", f.next()?).into_boxed_str());
-                Some((code, CStr::from_bytes_with_nul(name.as_bytes()).ok()?, CStr::from_bytes_with_nul(text.as_bytes()).ok()?))
+                Some((
+                    code,
+                    CStr::from_bytes_with_nul(name.as_bytes()).ok()?,
+                    CStr::from_bytes_with_nul(text.as_bytes()).ok()?,
+                ))
             })
             .collect()
     })
@@ -43,7 +47,10 @@ fn table() -> &'static Vec<(i32, &'static CStr, &'static CStr)> {
 
 /// (name, description) of a CUresult, as the driver gives them.
 pub fn error_text(code: CUresult) -> Option<(*const c_char, *const c_char)> {
-    table().iter().find(|e| e.0 == code).map(|e| (e.1.as_ptr(), e.2.as_ptr()))
+    table()
+        .iter()
+        .find(|e| e.0 == code)
+        .map(|e| (e.1.as_ptr(), e.2.as_ptr()))
 }
 
 #[cfg(test)]
@@ -52,7 +59,13 @@ mod tests {
 
     #[test]
     fn error_table_has_the_codes_the_shim_returns() {
-        for c in [CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_MPS_RPC_FAILURE, CUDA_ERROR_INVALID_CONTEXT] {
+        for c in [
+            CUDA_SUCCESS,
+            CUDA_ERROR_INVALID_VALUE,
+            CUDA_ERROR_NOT_SUPPORTED,
+            CUDA_ERROR_MPS_RPC_FAILURE,
+            CUDA_ERROR_INVALID_CONTEXT,
+        ] {
             let (n, _) = error_text(c).expect("code in table");
             // SAFETY: the table's strings are NUL-terminated statics.
             let n = unsafe { CStr::from_ptr(n) }.to_str().unwrap();

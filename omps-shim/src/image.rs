@@ -33,14 +33,17 @@ pub unsafe fn image_slice<'a>(p: *const u8) -> Option<&'a [u8]> {
         // { u32 magic, u16 version, u16 header size, u64 size of what follows }
         // SAFETY: the fatbin header is 16 bytes.
         let h = unsafe { read::<16>(p, 0) };
-        u16::from_le_bytes([h[6], h[7]]) as usize + u64::from_le_bytes(h[8..16].try_into().ok()?) as usize
+        u16::from_le_bytes([h[6], h[7]]) as usize
+            + u64::from_le_bytes(h[8..16].try_into().ok()?) as usize
     } else if magic4 == ELF_MAGIC {
         // SAFETY: a 64-bit ELF header is 64 bytes; section headers are where it says.
         unsafe { elf_len(p)? }
     } else {
         // PTX: text up to and including its NUL.
         // SAFETY: PTX images are NUL-terminated strings.
-        unsafe { std::ffi::CStr::from_ptr(p as *const std::ffi::c_char) }.to_bytes_with_nul().len()
+        unsafe { std::ffi::CStr::from_ptr(p as *const std::ffi::c_char) }
+            .to_bytes_with_nul()
+            .len()
     };
     // SAFETY: the header says the image is len bytes long.
     Some(unsafe { std::slice::from_raw_parts(p, len) })
@@ -58,7 +61,9 @@ unsafe fn elf_len(p: *const u8) -> Option<usize> {
     let u64at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap()) as usize;
     let (phoff, shoff) = (u64at(32), u64at(40));
     let (phentsize, phnum, shentsize, shnum) = (u16at(54), u16at(56), u16at(58), u16at(60));
-    let mut end = (shoff + shentsize * shnum).max(phoff + phentsize * phnum).max(64);
+    let mut end = (shoff + shentsize * shnum)
+        .max(phoff + phentsize * phnum)
+        .max(64);
     const SHT_NOBITS: u32 = 8;
     for i in 0..shnum {
         // SAFETY: section header i lies inside the section header table.
@@ -102,7 +107,7 @@ mod tests {
         img[40..48].copy_from_slice(&128u64.to_le_bytes()); // shoff
         img[58..60].copy_from_slice(&64u16.to_le_bytes()); // shentsize
         img[60..62].copy_from_slice(&2u16.to_le_bytes()); // shnum
-        // section 1: PROGBITS at 300, 100 bytes -> ends at 400, past the table's 256
+                                                          // section 1: PROGBITS at 300, 100 bytes -> ends at 400, past the table's 256
         let s1 = 128 + 64;
         img[s1 + 4..s1 + 8].copy_from_slice(&1u32.to_le_bytes());
         img[s1 + 24..s1 + 32].copy_from_slice(&300u64.to_le_bytes());

@@ -12,4 +12,5 @@ pub mod conn;
 pub mod cuda;
 pub mod handles;
 pub mod image;
+pub mod preload;
 pub mod unsupported;

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 fn alloc(c: &Conn, size: u64) -> u64 {
     let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()).expect("alloc");
+    ch.call(0, Op::MemAlloc, |call| {
+        bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
+    })
+    .expect("alloc");
     ch.reply::<wire::U64Reply>().value
 }
 
@@ -37,8 +40,14 @@ fn garbage_in_the_ring_disconnects_only_that_client() {
     // SAFETY: the ring header lies in our own mapping; the tail counter is its first word.
     unsafe { (hdr as *mut RingHeader as *mut u64).write_volatile(0x1234_5678_9abc_def1) };
     bad.ring_bell(0);
-    assert!(wait_disconnected(&bad), "server kept a client with a corrupt ring");
-    assert_eq!(bad.seg().header().server_state.load(Ordering::SeqCst), state::DISCONNECTED);
+    assert!(
+        wait_disconnected(&bad),
+        "server kept a client with a corrupt ring"
+    );
+    assert_eq!(
+        bad.seg().header().server_state.load(Ordering::SeqCst),
+        state::DISCONNECTED
+    );
     // The other client and the server go on.
     good.ping(0).unwrap();
     let p = alloc(&good, 4096);
@@ -52,14 +61,62 @@ fn records_that_lie_disconnect_the_client() {
     let good = Conn::connect_to(&srv.socket()).unwrap();
     // Each of these is a well-formed ring record whose contents no honest shim sends.
     let lies: Vec<(Op, Vec<u8>)> = vec![
-        (Op::Launch, bytemuck::bytes_of(&wire::Launch { func: 99, ..Default::default() }).to_vec()),
+        (
+            Op::Launch,
+            bytemuck::bytes_of(&wire::Launch {
+                func: 99,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
         (Op::Memset, vec![0u8; 8]),
-        (Op::StreamDestroy, bytemuck::bytes_of(&wire::Handle { id: 0, _pad: 0 }).to_vec()),
-        (Op::EventRecord, bytemuck::bytes_of(&wire::EventRecord { event: 5, stream: 0 }).to_vec()),
-        (Op::CopyHtoDChunk, bytemuck::bytes_of(&wire::ChunkCopy { channel: 1000, ..Default::default() }).to_vec()),
-        (Op::CopyHtoDChunk, bytemuck::bytes_of(&wire::ChunkCopy { chunk: 9, ..Default::default() }).to_vec()),
-        (Op::CopyDtoHChunk, bytemuck::bytes_of(&wire::ChunkCopy { len: u32::MAX, ..Default::default() }).to_vec()),
-        (Op::MemAlloc, bytemuck::bytes_of(&MemAlloc { call: wire::CallHdr { channel: 77, seq: 1 }, size: 8 }).to_vec()),
+        (
+            Op::StreamDestroy,
+            bytemuck::bytes_of(&wire::Handle { id: 0, _pad: 0 }).to_vec(),
+        ),
+        (
+            Op::EventRecord,
+            bytemuck::bytes_of(&wire::EventRecord {
+                event: 5,
+                stream: 0,
+            })
+            .to_vec(),
+        ),
+        (
+            Op::CopyHtoDChunk,
+            bytemuck::bytes_of(&wire::ChunkCopy {
+                channel: 1000,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::CopyHtoDChunk,
+            bytemuck::bytes_of(&wire::ChunkCopy {
+                chunk: 9,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::CopyDtoHChunk,
+            bytemuck::bytes_of(&wire::ChunkCopy {
+                len: u32::MAX,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::MemAlloc,
+            bytemuck::bytes_of(&MemAlloc {
+                call: wire::CallHdr {
+                    channel: 77,
+                    seq: 1,
+                },
+                size: 8,
+            })
+            .to_vec(),
+        ),
     ];
     for (op, rec) in lies {
         let liar = Conn::connect_to(&srv.socket()).unwrap();
@@ -86,12 +143,20 @@ fn a_dead_clients_memory_is_freed_and_others_go_on() {
     while srv.gpu.bytes_allocated() != 1 << 20 && t.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(srv.gpu.bytes_allocated(), 1 << 20, "victim's memory not freed");
+    assert_eq!(
+        srv.gpu.bytes_allocated(),
+        1 << 20,
+        "victim's memory not freed"
+    );
     let t = Instant::now();
     while srv.gpu.registered_ranges() != regs - 1 && t.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(srv.gpu.registered_ranges(), regs - 1, "victim's segment still registered");
+    assert_eq!(
+        srv.gpu.registered_ranges(),
+        regs - 1,
+        "victim's segment still registered"
+    );
     let ps = srv.wait_ps(2, |ps| ps.lines().count() == 2);
     assert_eq!(ps.lines().count(), 2, "only the survivor is listed: {ps}");
     survivor.ping(0).unwrap();
@@ -102,9 +167,15 @@ fn a_dead_clients_memory_is_freed_and_others_go_on() {
 fn control_commands_answer_and_unknown_ones_fail() {
     let srv = TestServer::start("ctl");
     let (ok, status) = srv.ctl("status");
-    assert!(ok && status.contains("ACTIVE") && status.contains("omps host test device 0"), "{status}");
+    assert!(
+        ok && status.contains("ACTIVE") && status.contains("omps host test device 0"),
+        "{status}"
+    );
     let (ok, text) = srv.ctl("frobnicate");
-    assert!(!ok && text.contains("unknown command 'frobnicate'"), "{text}");
+    assert!(
+        !ok && text.contains("unknown command 'frobnicate'"),
+        "{text}"
+    );
     let (ok, list) = srv.ctl("get_server_list");
     assert!(ok && list.trim() == std::process::id().to_string());
 }
@@ -112,7 +183,13 @@ fn control_commands_answer_and_unknown_ones_fail() {
 #[test]
 fn a_second_server_on_the_same_pipe_directory_is_refused() {
     let srv = TestServer::start("twice");
-    let cfg = omps_server::ServerConfig { pipe_dir: srv.dir.clone(), spin: Duration::ZERO, pin_workers: false };
-    let err = omps_server::Server::new(cfg, vec![], 13000).err().expect("second server refused");
+    let cfg = omps_server::ServerConfig {
+        pipe_dir: srv.dir.clone(),
+        spin: Duration::ZERO,
+        pin_workers: false,
+    };
+    let err = omps_server::Server::new(cfg, vec![], 13000)
+        .err()
+        .expect("second server refused");
     assert!(err.to_string().contains("already listens"), "{err}");
 }

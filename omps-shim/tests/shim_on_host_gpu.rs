@@ -46,11 +46,17 @@ fn driver_api_through_the_server() {
         assert_eq!(cuDeviceGet(&mut dev, 1), CUDA_ERROR_INVALID_DEVICE);
         let mut name = [0i8; 64];
         ok(cuDeviceGetName(name.as_mut_ptr(), 64, 0));
-        assert_eq!(CStr::from_ptr(name.as_ptr()).to_str().unwrap(), "omps host test device 0");
+        assert_eq!(
+            CStr::from_ptr(name.as_ptr()).to_str().unwrap(),
+            "omps host test device 0"
+        );
         let mut sms = 0;
         ok(cuDeviceGetAttribute(&mut sms, 16, 0));
         assert_eq!(sms, 4);
-        assert_eq!(cuDeviceGetAttribute(&mut sms, 250, 0), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cuDeviceGetAttribute(&mut sms, 250, 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
         let mut total = 0usize;
         ok(cuDeviceTotalMem_v2(&mut total, 0));
         assert_eq!(total, 1 << 30);
@@ -84,25 +90,71 @@ fn driver_api_through_the_server() {
         assert_eq!(&back[4136..], &src[4136..]);
 
         // Out-of-bounds copies and bogus frees are refused synchronously.
-        assert_eq!(cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, p + 1, len), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, p + 1, len),
+            CUDA_ERROR_INVALID_VALUE
+        );
         assert_eq!(cuMemFree_v2(p + 8), CUDA_ERROR_INVALID_VALUE);
 
         // Modules: functions come back with their parameter layout.
         let mut m = null_mut();
-        ok(cuModuleLoadData(&mut m, HOST_MODULE.as_ptr() as *const c_void));
+        ok(cuModuleLoadData(
+            &mut m,
+            HOST_MODULE.as_ptr() as *const c_void,
+        ));
         let mut f = null_mut();
         ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr()));
-        assert_eq!(cuModuleGetFunction(&mut f, m, c"nope".as_ptr()), CUDA_ERROR_NOT_FOUND);
+        assert_eq!(
+            cuModuleGetFunction(&mut f, m, c"nope".as_ptr()),
+            CUDA_ERROR_NOT_FOUND
+        );
         ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr()));
         let (mut ptr_arg, mut val, mut cnt) = (p, 0x01020304u32, 100u32);
-        let mut args = [&mut ptr_arg as *mut _ as *mut c_void, &mut val as *mut _ as *mut c_void, &mut cnt as *mut _ as *mut c_void];
+        let mut args = [
+            &mut ptr_arg as *mut _ as *mut c_void,
+            &mut val as *mut _ as *mut c_void,
+            &mut cnt as *mut _ as *mut c_void,
+        ];
         let mut s = null_mut();
         ok(cuStreamCreate(&mut s, 1));
-        ok(cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, s, args.as_mut_ptr(), null_mut()));
+        ok(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            128,
+            1,
+            1,
+            0,
+            s,
+            args.as_mut_ptr(),
+            null_mut(),
+        ));
         // Launches the driver would refuse are refused here, before anything is queued.
-        assert_eq!(cuLaunchKernel(f, 1, 1, 1, 2048, 1, 1, 0, s, args.as_mut_ptr(), null_mut()), CUDA_ERROR_INVALID_VALUE);
-        assert_eq!(cuLaunchKernel(f, 0, 1, 1, 32, 1, 1, 0, s, args.as_mut_ptr(), null_mut()), CUDA_ERROR_INVALID_VALUE);
-        assert_eq!(cuLaunchKernel(null_mut(), 1, 1, 1, 32, 1, 1, 0, s, args.as_mut_ptr(), null_mut()), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(
+            cuLaunchKernel(f, 1, 1, 1, 2048, 1, 1, 0, s, args.as_mut_ptr(), null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            cuLaunchKernel(f, 0, 1, 1, 32, 1, 1, 0, s, args.as_mut_ptr(), null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            cuLaunchKernel(
+                null_mut(),
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                s,
+                args.as_mut_ptr(),
+                null_mut()
+            ),
+            CUDA_ERROR_INVALID_HANDLE
+        );
         let mut e = null_mut();
         ok(cuEventCreate(&mut e, 0));
         ok(cuEventRecord(e, s));
@@ -111,7 +163,9 @@ fn driver_api_through_the_server() {
         ok(cuStreamSynchronize(s));
         ok(cuStreamQuery(s));
         ok(cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, p, 400));
-        assert!(back[..400].chunks(4).all(|c| c == 0x01020304u32.to_le_bytes()));
+        assert!(back[..400]
+            .chunks(4)
+            .all(|c| c == 0x01020304u32.to_le_bytes()));
         assert_eq!(&back[400..404], &src[400..404]);
 
         // The packed-buffer form of the arguments.
@@ -120,8 +174,26 @@ fn driver_api_through_the_server() {
         packed[8..12].copy_from_slice(&7u32.to_le_bytes());
         packed[12..16].copy_from_slice(&3u32.to_le_bytes());
         let mut size = 16usize;
-        let mut extra = [1 as *mut c_void, packed.as_mut_ptr() as *mut c_void, 2 as *mut c_void, &mut size as *mut usize as *mut c_void, null_mut()];
-        ok(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, null_mut(), null_mut(), extra.as_mut_ptr()));
+        let mut extra = [
+            1 as *mut c_void,
+            packed.as_mut_ptr() as *mut c_void,
+            2 as *mut c_void,
+            &mut size as *mut usize as *mut c_void,
+            null_mut(),
+        ];
+        ok(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            null_mut(),
+            null_mut(),
+            extra.as_mut_ptr(),
+        ));
         ok(cuCtxSynchronize());
         let mut w = [0u32; 4];
         ok(cuMemcpyDtoH_v2(w.as_mut_ptr() as *mut c_void, q, 16));
@@ -129,7 +201,12 @@ fn driver_api_through_the_server() {
 
         // Globals are copyable ranges.
         let (mut g, mut gsize) = (0u64, 0usize);
-        ok(cuModuleGetGlobal_v2(&mut g, &mut gsize, m, c"counter".as_ptr()));
+        ok(cuModuleGetGlobal_v2(
+            &mut g,
+            &mut gsize,
+            m,
+            c"counter".as_ptr(),
+        ));
         assert_eq!(gsize, 16);
         ok(cuMemcpyHtoD_v2(g, [9u8; 16].as_ptr() as *const c_void, 16));
         let mut gb = [0u8; 16];
@@ -152,17 +229,35 @@ fn driver_api_through_the_server() {
         assert_eq!(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
 
         // Unimplemented entry points say so.
-        assert_eq!(omps_shim::unsupported::cuGraphLaunch(), CUDA_ERROR_NOT_SUPPORTED);
+        assert_eq!(
+            omps_shim::unsupported::cuGraphLaunch(),
+            CUDA_ERROR_NOT_SUPPORTED
+        );
 
         // Error names.
         let mut msg = std::ptr::null();
         ok(cuGetErrorName(CUDA_ERROR_INVALID_VALUE, &mut msg));
-        assert_eq!(CStr::from_ptr(msg).to_str().unwrap(), "CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(
+            CStr::from_ptr(msg).to_str().unwrap(),
+            "CUDA_ERROR_INVALID_VALUE"
+        );
 
         // Last: a kernel fault surfaces at the next synchronizing call.
         let mut t = null_mut();
         ok(cuModuleGetFunction(&mut t, m, c"trap".as_ptr()));
-        ok(cuLaunchKernel(t, 1, 1, 1, 1, 1, 1, 0, null_mut(), null_mut(), null_mut()));
+        ok(cuLaunchKernel(
+            t,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            null_mut(),
+            null_mut(),
+            null_mut(),
+        ));
         assert_ne!(cuCtxSynchronize(), CUDA_SUCCESS);
     }
 }

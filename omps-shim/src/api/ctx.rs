@@ -31,7 +31,13 @@ fn primaries() -> &'static [Primary] {
         (0..MAX_DEVICES)
             .map(|dev| Primary {
                 // SAFETY: a freshly leaked box is valid forever.
-                ctx: unsafe { &*leak(Ctx { magic: AtomicU32::new(CTX_MAGIC), dev, primary: true }) },
+                ctx: unsafe {
+                    &*leak(Ctx {
+                        magic: AtomicU32::new(CTX_MAGIC),
+                        dev,
+                        primary: true,
+                    })
+                },
                 refs: AtomicU32::new(0),
                 flags: AtomicU32::new(0),
             })
@@ -107,7 +113,11 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
 /// # Safety
 /// `flags` and `active` are null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult {
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
     entry(|| {
         let p = primary(dev)?;
         // SAFETY: the caller's pointers.
@@ -132,7 +142,12 @@ pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) ->
 /// # Safety
 /// `pctx` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, _flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     entry(|| {
         if !params.is_null() {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
@@ -144,13 +159,21 @@ pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_voi
 /// # Safety
 /// `pctx` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, _flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     entry(|| create(pctx, dev))
 }
 
 fn create(pctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
     device(dev)?;
-    let c = leak(Ctx { magic: AtomicU32::new(CTX_MAGIC), dev: dev as usize, primary: false });
+    let c = leak(Ctx {
+        magic: AtomicU32::new(CTX_MAGIC),
+        dev: dev as usize,
+        primary: false,
+    });
     // SAFETY: the caller's pointer (checked for null by out).
     unsafe { out(pctx, c)? };
     STACK.with(|s| s.borrow_mut().push(c as usize));
@@ -219,7 +242,9 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
     entry(|| {
-        let c = STACK.with(|s| s.borrow_mut().pop()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let c = STACK
+            .with(|s| s.borrow_mut().pop())
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         if !pctx.is_null() {
             // SAFETY: the caller's pointer, non-null.
             unsafe { pctx.write(c as CUcontext) };
@@ -240,10 +265,34 @@ pub unsafe extern "C" fn cuCtxGetDevice(d: *mut CUdevice) -> CUresult {
 pub(crate) fn sync_device(dev: usize) -> Result<(), CUresult> {
     let c = live()?;
     let mut ch = c.channel();
-    ch.call(dev, Op::CtxSync, |call: CallHdr| bytemuck::bytes_of(&call).to_vec())
+    ch.call(dev, Op::CtxSync, |call: CallHdr| {
+        bytemuck::bytes_of(&call).to_vec()
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry(|| sync_device(current_dev()?))
+}
+
+/// # Safety
+/// `least` and `greatest` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CUresult {
+    entry(|| {
+        let [l, g] = device(current_dev()? as CUdevice)?.stream_priority;
+        // SAFETY: the caller's pointers; either may be null.
+        unsafe {
+            if !least.is_null() {
+                least.write(l);
+            }
+            if !greatest.is_null() {
+                greatest.write(g);
+            }
+        }
+        Ok(())
+    })
 }

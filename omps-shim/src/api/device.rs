@@ -33,7 +33,9 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
     // Answered before cuInit too, as the driver does; the server's driver decides.
-    let version = connected().or_else(|| conn().ok()).map_or(13000, |c| c.snapshot.driver_version);
+    let version = connected()
+        .or_else(|| conn().ok())
+        .map_or(13000, |c| c.snapshot.driver_version);
     // SAFETY: the caller's pointer.
     entry(|| unsafe { out(v, version) })
 }
@@ -108,10 +110,17 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) 
 /// # Safety
 /// `pi` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    dev: CUdevice,
+) -> CUresult {
     entry(|| {
         let d = device(dev)?;
-        let v = usize::try_from(attrib).ok().and_then(|a| d.attribute(a)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let v = usize::try_from(attrib)
+            .ok()
+            .and_then(|a| d.attribute(a))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: the caller's pointer.
         unsafe { out(pi, v) }
     })
@@ -120,7 +129,11 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev
 /// # Safety
 /// `major` and `minor` are null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceComputeCapability(
+    major: *mut c_int,
+    minor: *mut c_int,
+    dev: CUdevice,
+) -> CUresult {
     const MAJOR: usize = 75;
     const MINOR: usize = 76;
     entry(|| {
@@ -136,7 +149,11 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mu
 /// # Safety
 /// `bus_id` is null or writable for `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    bus_id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
     entry(|| {
         let d = device(dev)?;
         if bus_id.is_null() || len <= 0 {

@@ -3,8 +3,12 @@
 use super::ctx::current_dev;
 use super::{entry, live, out};
 use crate::cuda::*;
-use crate::handles::{leak, next_id, resolve, retire, Event, Function, Stream, EVENT_MAGIC, FUNC_MAGIC, STREAM_MAGIC};
-use omps_ring::wire::{self, EventCreate, EventElapsed, EventRecord, Handle, HandleCall, Launch, Op, StreamCreate};
+use crate::handles::{
+    leak, next_id, resolve, retire, Event, Function, Stream, EVENT_MAGIC, FUNC_MAGIC, STREAM_MAGIC,
+};
+use omps_ring::wire::{
+    self, EventCreate, EventElapsed, EventRecord, Handle, HandleCall, Launch, Op, StreamCreate,
+};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::AtomicU32;
 
@@ -23,10 +27,57 @@ pub(crate) fn stream_of(s: CUstream) -> Result<u32, CUresult> {
 
 fn resolve_stream(s: CUstream) -> Result<Option<&'static Stream>, CUresult> {
     match s as usize {
-        0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD => Ok(None),
+        0 if PER_THREAD.get() => per_thread_stream().map(Some),
+        CU_STREAM_PER_THREAD => per_thread_stream().map(Some),
+        0 | CU_STREAM_LEGACY => Ok(None),
         // SAFETY: the caller passed a stream handle, as the API requires.
         _ => unsafe { resolve(s as *const Stream, STREAM_MAGIC) }.map(Some),
     }
+}
+
+thread_local! {
+    /// Set while a `_ptds` / `_ptsz` entry point runs: stream 0 means this thread's stream.
+    static PER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static THREAD_STREAMS: std::cell::RefCell<Vec<(usize, &'static Stream)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs an entry point with per-thread default stream semantics.
+pub(crate) fn per_thread<R>(f: impl FnOnce() -> R) -> R {
+    PER_THREAD.set(true);
+    let r = f();
+    PER_THREAD.set(false);
+    r
+}
+
+/// This thread's default stream on the current device, made on first use. Like CUDA's, it
+/// is non-blocking with respect to other streams.
+fn per_thread_stream() -> Result<&'static Stream, CUresult> {
+    let dev = current_dev()?;
+    if let Some(s) =
+        THREAD_STREAMS.with(|t| t.borrow().iter().find(|(d, _)| *d == dev).map(|(_, s)| *s))
+    {
+        return Ok(s);
+    }
+    let id = next_id();
+    let rec = StreamCreate {
+        id,
+        flags: 1,
+        priority: 0,
+        _pad: 0,
+    };
+    live()?.push(dev, Op::StreamCreate, &[bytemuck::bytes_of(&rec)])?;
+    // SAFETY: freshly leaked, never freed.
+    let s: &'static Stream = unsafe {
+        &*leak(Stream {
+            magic: AtomicU32::new(STREAM_MAGIC),
+            id,
+            dev,
+            flags: 1,
+            priority: 0,
+        })
+    };
+    THREAD_STREAMS.with(|t| t.borrow_mut().push((dev, s)));
+    Ok(s)
 }
 
 /// Device a stream belongs to: its own, or the current context's for the default stream.
@@ -43,9 +94,20 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<()
     }
     let dev = current_dev()?;
     let id = next_id();
-    let rec = StreamCreate { id, flags, priority, _pad: 0 };
+    let rec = StreamCreate {
+        id,
+        flags,
+        priority,
+        _pad: 0,
+    };
     live()?.push(dev, Op::StreamCreate, &[bytemuck::bytes_of(&rec)])?;
-    let h = leak(Stream { magic: AtomicU32::new(STREAM_MAGIC), id, dev, flags, priority });
+    let h = leak(Stream {
+        magic: AtomicU32::new(STREAM_MAGIC),
+        id,
+        dev,
+        flags,
+        priority,
+    });
     // SAFETY: ph checked non-null; the caller's pointer.
     unsafe { out(ph, h) }
 }
@@ -64,14 +126,20 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
     entry(|| {
         let st = resolve_stream(s)?.ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         retire(&st.magic, STREAM_MAGIC)?;
-        live()?.push(st.dev, Op::StreamDestroy, &[bytemuck::bytes_of(&Handle { id: st.id, _pad: 0 })])
+        live()?.push(
+            st.dev,
+            Op::StreamDestroy,
+            &[bytemuck::bytes_of(&Handle { id: st.id, _pad: 0 })],
+        )
     })
 }
 
 fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
     let c = live()?;
     let mut ch = c.channel();
-    ch.call(dev, op, |call| bytemuck::bytes_of(&HandleCall { call, id, _pad: 0 }).to_vec())
+    ch.call(dev, op, |call| {
+        bytemuck::bytes_of(&HandleCall { call, id, _pad: 0 }).to_vec()
+    })
 }
 
 #[no_mangle]
@@ -103,7 +171,14 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, _flags: c_uint) -> 
         if dev != ev.dev {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        live()?.push(dev, Op::StreamWaitEvent, &[bytemuck::bytes_of(&EventRecord { event: ev.id, stream: id })])
+        live()?.push(
+            dev,
+            Op::StreamWaitEvent,
+            &[bytemuck::bytes_of(&EventRecord {
+                event: ev.id,
+                stream: id,
+            })],
+        )
     })
 }
 
@@ -117,8 +192,17 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
         }
         let dev = current_dev()?;
         let id = next_id();
-        live()?.push(dev, Op::EventCreate, &[bytemuck::bytes_of(&EventCreate { id, flags })])?;
-        let h = leak(Event { magic: AtomicU32::new(EVENT_MAGIC), id, dev, flags });
+        live()?.push(
+            dev,
+            Op::EventCreate,
+            &[bytemuck::bytes_of(&EventCreate { id, flags })],
+        )?;
+        let h = leak(Event {
+            magic: AtomicU32::new(EVENT_MAGIC),
+            id,
+            dev,
+            flags,
+        });
         // SAFETY: ph checked non-null; the caller's pointer.
         unsafe { out(ph, h) }
     })
@@ -129,7 +213,11 @@ pub extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
     entry(|| {
         let ev = event(e)?;
         retire(&ev.magic, EVENT_MAGIC)?;
-        live()?.push(ev.dev, Op::EventDestroy, &[bytemuck::bytes_of(&Handle { id: ev.id, _pad: 0 })])
+        live()?.push(
+            ev.dev,
+            Op::EventDestroy,
+            &[bytemuck::bytes_of(&Handle { id: ev.id, _pad: 0 })],
+        )
     })
 }
 
@@ -141,7 +229,14 @@ pub extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
         if dev != ev.dev {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
-        live()?.push(dev, Op::EventRecord, &[bytemuck::bytes_of(&EventRecord { event: ev.id, stream: id })])
+        live()?.push(
+            dev,
+            Op::EventRecord,
+            &[bytemuck::bytes_of(&EventRecord {
+                event: ev.id,
+                stream: id,
+            })],
+        )
     })
 }
 
@@ -164,7 +259,11 @@ pub extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
 /// # Safety
 /// `ms` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
     entry(|| {
         let (a, b) = (event(start)?, event(end)?);
         if ms.is_null() {
@@ -172,7 +271,14 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end
         }
         let c = live()?;
         let mut ch = c.channel();
-        ch.call(a.dev, Op::EventElapsed, |call| bytemuck::bytes_of(&EventElapsed { call, start: a.id, end: b.id }).to_vec())?;
+        ch.call(a.dev, Op::EventElapsed, |call| {
+            bytemuck::bytes_of(&EventElapsed {
+                call,
+                start: a.id,
+                end: b.id,
+            })
+            .to_vec()
+        })?;
         let v = f32::from_bits(ch.reply::<wire::U64Reply>().value as u32);
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(ms, v) }
@@ -182,7 +288,11 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end
 /// # Safety
 /// As cuEventElapsedTime_v2.
 #[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
     // SAFETY: forwarded contract.
     unsafe { cuEventElapsedTime_v2(ms, start, end) }
 }
@@ -200,7 +310,12 @@ const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 ///
 /// # Safety
 /// `params` and `extra` follow cuLaunchKernel's contract for function `f`.
-unsafe fn pack_args(f: &Function, params: *mut *mut c_void, extra: *mut *mut c_void, buf: &mut [u8]) -> Result<(), CUresult> {
+unsafe fn pack_args(
+    f: &Function,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    buf: &mut [u8],
+) -> Result<(), CUresult> {
     if !params.is_null() {
         for (i, &(off, size)) in f.params.iter().enumerate() {
             // SAFETY: kernelParams holds one pointer per parameter, each to `size` bytes.
@@ -209,12 +324,22 @@ unsafe fn pack_args(f: &Function, params: *mut *mut c_void, extra: *mut *mut c_v
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
             // SAFETY: as above; buf is args_size long, which covers off + size.
-            unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr().add(off as usize), size as usize) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src,
+                    buf.as_mut_ptr().add(off as usize),
+                    size as usize,
+                )
+            };
         }
         return Ok(());
     }
     if extra.is_null() {
-        return if f.args_size == 0 { Ok(()) } else { Err(CUDA_ERROR_INVALID_VALUE) };
+        return if f.args_size == 0 {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        };
     }
     let (mut ptr, mut size): (*const u8, Option<usize>) = (std::ptr::null(), None);
     let mut i = 0;
@@ -226,7 +351,9 @@ unsafe fn pack_args(f: &Function, params: *mut *mut c_void, extra: *mut *mut c_v
             // SAFETY: the value follows its key.
             LAUNCH_PARAM_BUFFER_POINTER => ptr = unsafe { *extra.add(i + 1) } as *const u8,
             // SAFETY: the value is a pointer to a size_t.
-            LAUNCH_PARAM_BUFFER_SIZE => size = Some(unsafe { *(*extra.add(i + 1) as *const usize) }),
+            LAUNCH_PARAM_BUFFER_SIZE => {
+                size = Some(unsafe { *(*extra.add(i + 1) as *const usize) })
+            }
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
         i += 2;
@@ -242,13 +369,22 @@ unsafe fn pack_args(f: &Function, params: *mut *mut c_void, extra: *mut *mut c_v
 }
 
 /// The checks the driver makes before it queues a launch, from the snapshot's limits.
-fn check_config(f: &Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> Result<(), CUresult> {
+fn check_config(
+    f: &Function,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+) -> Result<(), CUresult> {
     let d = super::device::device(f.dev as CUdevice)?;
     let attr = |a: usize| d.attribute(a).unwrap_or(i32::MAX) as u64;
     const MAX_BLOCK_DIM: [usize; 3] = [2, 3, 4];
     const MAX_GRID_DIM: [usize; 3] = [5, 6, 7];
     for i in 0..3 {
-        if block[i] == 0 || grid[i] == 0 || block[i] as u64 > attr(MAX_BLOCK_DIM[i]) || grid[i] as u64 > attr(MAX_GRID_DIM[i]) {
+        if block[i] == 0
+            || grid[i] == 0
+            || block[i] as u64 > attr(MAX_BLOCK_DIM[i])
+            || grid[i] as u64 > attr(MAX_GRID_DIM[i])
+        {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
     }
@@ -256,10 +392,59 @@ fn check_config(f: &Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> R
     if threads > f.max_threads_per_block.max(0) as u64 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if shared as u64 > f.max_dynamic_shared.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64 {
+    if shared as u64
+        > f.max_dynamic_shared
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .max(0) as u64
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     Ok(())
+}
+
+/// Queues a launch: checks what the driver checks synchronously, packs the arguments,
+/// and pushes one record (header, attributes, arguments).
+///
+/// # Safety
+/// `params` and `extra` follow cuLaunchKernel's contract for `f`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch(
+    f: CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    s: CUstream,
+    attrs: &[u8],
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    let func = function(f)?;
+    check_config(func, grid, block, shared)?;
+    let stream = match resolve_stream(s)? {
+        Some(st) if st.dev != func.dev => return Err(CUDA_ERROR_INVALID_HANDLE),
+        Some(st) => st.id,
+        None => wire::STREAM_DEFAULT,
+    };
+    let num_attrs = (attrs.len() / wire::LAUNCH_ATTR_BYTES) as u32;
+    let hdr = Launch {
+        func: func.id,
+        stream,
+        grid,
+        block,
+        shared_mem: shared,
+        args_len: func.args_size as u32,
+        num_attrs,
+        _pad: 0,
+    };
+    // Packed before anything is queued, so a bad argument list queues nothing.
+    ARGS.with(|a| {
+        let mut a = a.borrow_mut();
+        a.clear();
+        a.resize(func.args_size, 0);
+        // SAFETY: the caller's params/extra, per cuLaunchKernel's contract.
+        unsafe { pack_args(func, params, extra, &mut a) }?;
+        live()?.push(func.dev, Op::Launch, &[bytemuck::bytes_of(&hdr), attrs, &a])
+    })
 }
 
 /// # Safety
@@ -279,26 +464,141 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
+    // SAFETY: forwarded contract.
+    entry(|| unsafe { launch(f, [gx, gy, gz], [bx, by, bz], shared, s, &[], params, extra) })
+}
+
+/// CUlaunchConfig, as cuda.h lays it out.
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem: c_uint,
+    pub stream: CUstream,
+    pub attrs: *const u8,
+    pub num_attrs: c_uint,
+}
+
+/// Launch attributes are forwarded to the server's cuLaunchKernelEx; those that carry
+/// handles (events, graph nodes) are refused with CUDA_ERROR_NOT_SUPPORTED, not dropped.
+///
+/// # Safety
+/// Arguments follow cuLaunchKernelEx's contract.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
     entry(|| {
-        let func = function(f)?;
-        let (grid, block) = ([gx, gy, gz], [bx, by, bz]);
-        check_config(func, grid, block, shared)?;
-        let stream = match resolve_stream(s)? {
-            Some(st) if st.dev != func.dev => return Err(CUDA_ERROR_INVALID_HANDLE),
-            Some(st) => st.id,
-            None => wire::STREAM_DEFAULT,
+        if config.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's config.
+        let c = unsafe { &*config };
+        if c.num_attrs > wire::MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let attrs: &[u8] = if c.num_attrs == 0 {
+            &[]
+        } else {
+            // SAFETY: attrs holds num_attrs CUlaunchAttribute records.
+            unsafe {
+                std::slice::from_raw_parts(c.attrs, c.num_attrs as usize * wire::LAUNCH_ATTR_BYTES)
+            }
         };
-        let hdr = Launch { func: func.id, stream, grid, block, shared_mem: shared, args_len: func.args_size as u32 };
-        // Packed before anything is queued, so a bad argument list queues nothing.
-        ARGS.with(|a| {
-            let mut a = a.borrow_mut();
-            a.clear();
-            a.resize(func.args_size, 0);
-            // SAFETY: the caller's params/extra, per cuLaunchKernel's contract.
-            unsafe { pack_args(func, params, extra, &mut a) }?;
-            live()?.push(func.dev, Op::Launch, &[bytemuck::bytes_of(&hdr), &a])
-        })
+        for a in attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
+            if !wire::launch_attr_forwardable(u32::from_le_bytes(
+                a[..4].try_into().expect("4 bytes"),
+            )) {
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe {
+            launch(
+                f,
+                c.grid,
+                c.block,
+                c.shared_mem,
+                c.stream,
+                attrs,
+                params,
+                extra,
+            )
+        }
     })
+}
+
+/// # Safety
+/// Arguments follow cuLaunchCooperativeKernel's contract.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    s: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    const COOPERATIVE: u32 = 2;
+    let mut attr = [0u8; wire::LAUNCH_ATTR_BYTES];
+    attr[..4].copy_from_slice(&COOPERATIVE.to_le_bytes());
+    attr[8..12].copy_from_slice(&1u32.to_le_bytes());
+    // SAFETY: forwarded contract.
+    entry(|| unsafe {
+        launch(
+            f,
+            [gx, gy, gz],
+            [bx, by, bz],
+            shared,
+            s,
+            &attr,
+            params,
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+/// # Safety
+/// `ph` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut CUstream,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    entry(|| create_stream(ph, flags, priority))
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetPriority(s: CUstream, p: *mut c_int) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(p, resolve_stream(s)?.map_or(0, |st| st.priority)) })
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetFlags(s: CUstream, p: *mut c_uint) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(p, resolve_stream(s)?.map_or(0, |st| st.flags)) })
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetId(s: CUstream, p: *mut u64) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(p, resolve_stream(s)?.map_or(0, |st| st.id as u64)) })
 }
 
 thread_local! {

@@ -16,13 +16,19 @@ use std::sync::Mutex;
 static RANGES: Mutex<BTreeMap<u64, (u64, usize, bool)>> = Mutex::new(BTreeMap::new());
 
 pub(crate) fn add_range(ptr: u64, len: u64, dev: usize, freeable: bool) {
-    RANGES.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, (len, dev, freeable));
+    RANGES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(ptr, (len, dev, freeable));
 }
 
 /// The device of the allocation holding `[addr, addr+len)`, or INVALID_VALUE.
 pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
     let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
-    let (&start, &(n, dev, _)) = r.range(..=addr).next_back().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let (&start, &(n, dev, _)) = r
+        .range(..=addr)
+        .next_back()
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     match addr.checked_add(len) {
         Some(end) if end <= start + n => Ok(dev),
         _ => Err(CUDA_ERROR_INVALID_VALUE),
@@ -35,7 +41,13 @@ fn alloc(dev: usize, size: usize) -> Result<u64, CUresult> {
     }
     let c = live()?;
     let mut ch = c.channel();
-    ch.call(dev, Op::MemAlloc, |call| bytemuck::bytes_of(&MemAlloc { call, size: size as u64 }).to_vec())?;
+    ch.call(dev, Op::MemAlloc, |call| {
+        bytemuck::bytes_of(&MemAlloc {
+            call,
+            size: size as u64,
+        })
+        .to_vec()
+    })?;
     let p = ch.reply::<wire::U64Reply>().value;
     add_range(p, size as u64, dev, true);
     Ok(p)
@@ -58,16 +70,30 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
 /// # Safety
 /// `dptr` and `pitch` are null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: u32,
+) -> CUresult {
     // The driver rounds rows up to the texture pitch alignment, at least 512 bytes on
     // every GPU this targets.
     const ALIGN: usize = 512;
     entry(|| {
-        if dptr.is_null() || pitch.is_null() || width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+        if dptr.is_null()
+            || pitch.is_null()
+            || width == 0
+            || height == 0
+            || !matches!(elem, 4 | 8 | 16)
+        {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let row = width.next_multiple_of(ALIGN);
-        let p = alloc(current_dev()?, row.checked_mul(height).ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        let p = alloc(
+            current_dev()?,
+            row.checked_mul(height).ok_or(CUDA_ERROR_INVALID_VALUE)?,
+        )?;
         // SAFETY: the caller's pointers, non-null.
         unsafe {
             out(pitch, row)?;
@@ -103,7 +129,9 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         let dev = current_dev()?;
         let c = live()?;
         let mut ch = c.channel();
-        ch.call(dev, Op::MemGetInfo, |call: CallHdr| bytemuck::bytes_of(&call).to_vec())?;
+        ch.call(dev, Op::MemGetInfo, |call: CallHdr| {
+            bytemuck::bytes_of(&call).to_vec()
+        })?;
         let r = ch.reply::<wire::MemInfoReply>();
         // SAFETY: the caller's pointers.
         unsafe {
@@ -113,8 +141,16 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
-fn memset(dst: u64, value: u32, elem_size: u32, count: usize, stream: CUstream) -> Result<(), CUresult> {
-    let bytes = (count as u64).checked_mul(elem_size as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+fn memset(
+    dst: u64,
+    value: u32,
+    elem_size: u32,
+    count: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    let bytes = (count as u64)
+        .checked_mul(elem_size as u64)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if count == 0 {
         return Ok(());
     }
@@ -123,7 +159,14 @@ fn memset(dst: u64, value: u32, elem_size: u32, count: usize, stream: CUstream) 
     }
     let dev = range_dev(dst, bytes)?;
     let s = stream_of(stream)?;
-    let m = Memset { dst, count: count as u64, value, elem_size, stream: s, _pad: 0 };
+    let m = Memset {
+        dst,
+        count: count as u64,
+        value,
+        elem_size,
+        stream: s,
+        _pad: 0,
+    };
     live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])
 }
 
@@ -169,7 +212,15 @@ fn copy_htod(dst: u64, src: *const u8, len: usize, stream: CUstream) -> Result<(
         // and is ours until its transfer is queued.
         unsafe { std::ptr::copy_nonoverlapping(src.add(off), p, n) };
         let seq = ch.claim_chunk(k);
-        let rec = ChunkCopy { dev: dst + off as u64, channel: ch.idx, chunk: k as u32, len: n as u32, seq, stream: s, _pad: 0 };
+        let rec = ChunkCopy {
+            dev: dst + off as u64,
+            channel: ch.idx,
+            chunk: k as u32,
+            len: n as u32,
+            seq,
+            stream: s,
+            _pad: 0,
+        };
         c.push(dev, Op::CopyHtoDChunk, &[bytemuck::bytes_of(&rec)])?;
     }
     Ok(())
@@ -189,7 +240,10 @@ fn copy_dtoh(dst: *mut u8, src: u64, len: usize, stream: CUstream) -> Result<(),
     let mut ch = c.channel();
     ch.wait_all_chunks()?;
     let chunk = c.params().chunk_bytes as usize;
-    let pieces: Vec<(usize, usize)> = (0..len).step_by(chunk).map(|off| (off, chunk.min(len - off))).collect();
+    let pieces: Vec<(usize, usize)> = (0..len)
+        .step_by(chunk)
+        .map(|off| (off, chunk.min(len - off)))
+        .collect();
     let land = |ch: &mut crate::conn::ChanGuard, i: usize| -> Result<(), CUresult> {
         let k = i % CHUNKS_PER_CHANNEL;
         ch.wait_chunk(k)?;
@@ -205,7 +259,15 @@ fn copy_dtoh(dst: *mut u8, src: u64, len: usize, stream: CUstream) -> Result<(),
         }
         let k = i % CHUNKS_PER_CHANNEL;
         let seq = ch.claim_chunk(k);
-        let rec = ChunkCopy { dev: src + off as u64, channel: ch.idx, chunk: k as u32, len: n as u32, seq, stream: s, _pad: 0 };
+        let rec = ChunkCopy {
+            dev: src + off as u64,
+            channel: ch.idx,
+            chunk: k as u32,
+            len: n as u32,
+            seq,
+            stream: s,
+            _pad: 0,
+        };
         c.push(dev, Op::CopyDtoHChunk, &[bytemuck::bytes_of(&rec)])?;
     }
     for i in pieces.len().saturating_sub(CHUNKS_PER_CHANNEL)..pieces.len() {
@@ -221,21 +283,36 @@ fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Result<(), CUr
     let dev = range_dev(dst, len as u64)?;
     range_dev(src, len as u64)?;
     let s = stream_of(stream)?;
-    let rec = CopyDtoD { dst, src, len: len as u64, stream: s, _pad: 0 };
+    let rec = CopyDtoD {
+        dst,
+        src,
+        len: len as u64,
+        stream: s,
+        _pad: 0,
+    };
     live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])
 }
 
 /// # Safety
 /// `src` is readable for `n` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
     entry(|| copy_htod(dst, src as *const u8, n, std::ptr::null_mut()))
 }
 
 /// # Safety
 /// `src` is readable for `n` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
     entry(|| copy_htod(dst, src as *const u8, n, s))
 }
 
@@ -249,7 +326,12 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: 
 /// # Safety
 /// `dst` is writable for `n` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
     entry(|| copy_dtoh(dst as *mut u8, src, n, s))
 }
 
@@ -259,6 +341,11 @@ pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) 
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CUresult {
+pub extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
     entry(|| copy_dtod(dst, src, n, s))
 }

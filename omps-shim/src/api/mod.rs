@@ -6,6 +6,8 @@ pub mod device;
 pub mod exec;
 pub mod mem;
 pub mod module;
+pub mod proc;
+pub mod ptds;
 
 use crate::cuda::*;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -7,14 +7,20 @@ use super::mem::add_range;
 use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, Function, Module, FUNC_MAGIC, MODULE_MAGIC};
-use omps_ring::wire::{self, ChunkCopy, FuncGetAttribute, FunctionDesc, ModuleGetGlobal, ModuleLoad, ModuleReply, Op, ParamDesc};
+use omps_ring::wire::{
+    self, ChunkCopy, FuncGetAttribute, FunctionDesc, ModuleGetGlobal, ModuleLoad, ModuleReply, Op,
+    ParamDesc,
+};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub type CUmodule = *mut Module;
 
 fn load(image: &[u8]) -> Result<CUmodule, CUresult> {
-    let dev = current_dev()?;
+    load_on(current_dev()?, image)
+}
+
+fn load_on(dev: usize, image: &[u8]) -> Result<CUmodule, CUresult> {
     let c = live()?;
     let mut ch = c.channel();
     let chunk = c.params().chunk_bytes as usize;
@@ -25,12 +31,26 @@ fn load(image: &[u8]) -> Result<CUmodule, CUresult> {
         // SAFETY: the chunk holds `chunk` >= piece.len() bytes and is ours until queued.
         unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), p, piece.len()) };
         let seq = ch.claim_chunk(k);
-        let rec = ChunkCopy { dev: 0, channel: ch.idx, chunk: k as u32, len: piece.len() as u32, seq, stream: 0, _pad: 0 };
+        let rec = ChunkCopy {
+            dev: 0,
+            channel: ch.idx,
+            chunk: k as u32,
+            len: piece.len() as u32,
+            seq,
+            stream: 0,
+            _pad: 0,
+        };
         c.push(dev, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])?;
     }
     // The answer lands in chunk 0: make sure no transfer still uses it.
     ch.wait_chunk(0)?;
-    ch.call(dev, Op::ModuleLoad, |call| bytemuck::bytes_of(&ModuleLoad { call, blob_len: image.len() as u64 }).to_vec())?;
+    ch.call(dev, Op::ModuleLoad, |call| {
+        bytemuck::bytes_of(&ModuleLoad {
+            call,
+            blob_len: image.len() as u64,
+        })
+        .to_vec()
+    })?;
     let (p, cap) = ch.chunk_ptr(0);
     // SAFETY: the server wrote the reply into chunk 0 before completing the call.
     let reply = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
@@ -44,15 +64,27 @@ fn parse_module(r: &[u8], dev: usize) -> Option<CUmodule> {
     let descs_at = std::mem::size_of::<ModuleReply>();
     let fd = std::mem::size_of::<FunctionDesc>();
     let params_at = descs_at + head.num_functions as usize * fd;
-    let module = leak(Module { magic: AtomicU32::new(0), id: head.module, dev, functions: Vec::new() });
+    let module = leak(Module {
+        magic: AtomicU32::new(0),
+        id: head.module,
+        dev,
+        functions: Vec::new(),
+    });
     let mut functions = Vec::new();
     for i in 0..head.num_functions as usize {
         let d: FunctionDesc = wire::get(r.get(descs_at + i * fd..)?)?;
         let name = r.get(d.name_offset as usize..(d.name_offset + d.name_len) as usize)?;
         let params = (0..d.num_params as usize)
-            .map(|j| wire::get::<ParamDesc>(r.get(params_at + (d.first_param as usize + j) * 8..)?).map(|p| (p.offset, p.size)))
+            .map(|j| {
+                wire::get::<ParamDesc>(r.get(params_at + (d.first_param as usize + j) * 8..)?)
+                    .map(|p| (p.offset, p.size))
+            })
             .collect::<Option<Vec<_>>>()?;
-        let args_size = params.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0);
+        let args_size = params
+            .iter()
+            .map(|&(o, s)| (o + s) as usize)
+            .max()
+            .unwrap_or(0);
         let f = Function {
             magic: AtomicU32::new(FUNC_MAGIC),
             id: d.func,
@@ -71,7 +103,9 @@ fn parse_module(r: &[u8], dev: usize) -> Option<CUmodule> {
     // SAFETY: module was just leaked and is not yet shared.
     unsafe {
         (*module).functions = functions;
-        (*module).magic.store(MODULE_MAGIC, std::sync::atomic::Ordering::Release);
+        (*module)
+            .magic
+            .store(MODULE_MAGIC, std::sync::atomic::Ordering::Release);
     }
     Some(module)
 }
@@ -85,7 +119,8 @@ pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller passes a module image.
-        let img = unsafe { crate::image::image_slice(image as *const u8) }.ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        let img = unsafe { crate::image::image_slice(image as *const u8) }
+            .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
         let h = load(img)?;
         // SAFETY: checked non-null.
         unsafe { out(m, h) }
@@ -99,7 +134,13 @@ pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void
 /// # Safety
 /// As cuModuleLoadData; `opts` and `vals` hold `n` entries as cuModuleLoadDataEx requires.
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleLoadDataEx(m: *mut CUmodule, image: *const c_void, n: c_uint, opts: *mut c_int, vals: *mut *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    m: *mut CUmodule,
+    image: *const c_void,
+    n: c_uint,
+    opts: *mut c_int,
+    vals: *mut *mut c_void,
+) -> CUresult {
     const WALL_TIME: c_int = 2;
     const INFO_LOG_BUFFER: c_int = 3;
     const INFO_LOG_SIZE: c_int = 4;
@@ -145,7 +186,9 @@ pub unsafe extern "C" fn cuModuleLoad(m: *mut CUmodule, path: *const c_char) -> 
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller's NUL-terminated path.
-        let p = unsafe { CStr::from_ptr(path) }.to_string_lossy().into_owned();
+        let p = unsafe { CStr::from_ptr(path) }
+            .to_string_lossy()
+            .into_owned();
         let mut img = std::fs::read(&p).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
         img.push(0); // PTX files carry no NUL of their own
         let h = load(&img)?;
@@ -162,7 +205,11 @@ fn module<'a>(m: CUmodule) -> Result<&'a Module, CUresult> {
 /// # Safety
 /// `f` is null or writable; `name` is NUL-terminated.
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleGetFunction(f: *mut CUfunction, m: CUmodule, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuModuleGetFunction(
+    f: *mut CUfunction,
+    m: CUmodule,
+    name: *const c_char,
+) -> CUresult {
     entry(|| {
         let md = module(m)?;
         if name.is_null() || f.is_null() {
@@ -170,7 +217,11 @@ pub unsafe extern "C" fn cuModuleGetFunction(f: *mut CUfunction, m: CUmodule, na
         }
         // SAFETY: the caller's NUL-terminated name.
         let name = unsafe { CStr::from_ptr(name) };
-        let func = md.functions.iter().find(|x| x.name.as_c_str() == name).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        let func = md
+            .functions
+            .iter()
+            .find(|x| x.name.as_c_str() == name)
+            .ok_or(CUDA_ERROR_NOT_FOUND)?;
         // SAFETY: checked non-null.
         unsafe { out(f, *func as *const Function as CUfunction) }
     })
@@ -179,7 +230,12 @@ pub unsafe extern "C" fn cuModuleGetFunction(f: *mut CUfunction, m: CUmodule, na
 /// # Safety
 /// `dptr` and `bytes` are null or writable; `name` is NUL-terminated.
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, m: CUmodule, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    m: CUmodule,
+    name: *const c_char,
+) -> CUresult {
     entry(|| {
         let md = module(m)?;
         if name.is_null() {
@@ -190,7 +246,12 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mu
         let c = live()?;
         let mut ch = c.channel();
         ch.call(md.dev, Op::ModuleGetGlobal, |call| {
-            let mut v = bytemuck::bytes_of(&ModuleGetGlobal { call, module: md.id, name_len: name.len() as u32 }).to_vec();
+            let mut v = bytemuck::bytes_of(&ModuleGetGlobal {
+                call,
+                module: md.id,
+                name_len: name.len() as u32,
+            })
+            .to_vec();
             v.extend_from_slice(name);
             v
         })?;
@@ -217,14 +278,22 @@ pub extern "C" fn cuModuleUnload(m: CUmodule) -> CUresult {
         for f in &md.functions {
             let _ = retire(&f.magic, FUNC_MAGIC);
         }
-        live()?.push(md.dev, Op::ModuleUnload, &[bytemuck::bytes_of(&wire::Handle { id: md.id, _pad: 0 })])
+        live()?.push(
+            md.dev,
+            Op::ModuleUnload,
+            &[bytemuck::bytes_of(&wire::Handle { id: md.id, _pad: 0 })],
+        )
     })
 }
 
 /// # Safety
 /// `pi` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: CUfunction) -> CUresult {
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    f: CUfunction,
+) -> CUresult {
     const MAX_THREADS_PER_BLOCK: c_int = 0;
     const SHARED_SIZE_BYTES: c_int = 1;
     const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
@@ -237,7 +306,14 @@ pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: CU
             _ => {
                 let c = live()?;
                 let mut ch = c.channel();
-                ch.call(func.dev, Op::FuncGetAttribute, |call| bytemuck::bytes_of(&FuncGetAttribute { call, func: func.id, attr: attrib }).to_vec())?;
+                ch.call(func.dev, Op::FuncGetAttribute, |call| {
+                    bytemuck::bytes_of(&FuncGetAttribute {
+                        call,
+                        func: func.id,
+                        attr: attrib,
+                    })
+                    .to_vec()
+                })?;
                 ch.reply::<wire::U64Reply>().value as u32 as i32
             }
         };
@@ -249,14 +325,25 @@ pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: CU
 /// # Safety
 /// `f` is a function handle from this shim.
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncSetAttribute(f: CUfunction, attrib: c_int, value: c_int) -> CUresult {
+pub unsafe extern "C" fn cuFuncSetAttribute(
+    f: CUfunction,
+    attrib: c_int,
+    value: c_int,
+) -> CUresult {
     const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
     entry(|| {
         let func = function(f)?;
         let c = live()?;
         let mut ch = c.channel();
         ch.call(func.dev, Op::FuncSetAttribute, |call| {
-            bytemuck::bytes_of(&wire::FuncSetAttribute { call, func: func.id, attr: attrib, value, _pad: 0 }).to_vec()
+            bytemuck::bytes_of(&wire::FuncSetAttribute {
+                call,
+                func: func.id,
+                attr: attrib,
+                value,
+                _pad: 0,
+            })
+            .to_vec()
         })?;
         if attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES {
             func.max_dynamic_shared.store(value, Ordering::Relaxed);
@@ -268,7 +355,12 @@ pub unsafe extern "C" fn cuFuncSetAttribute(f: CUfunction, attrib: c_int, value:
 /// # Safety
 /// `off` and `size` are null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncGetParamInfo(f: CUfunction, index: usize, off: *mut usize, size: *mut usize) -> CUresult {
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    f: CUfunction,
+    index: usize,
+    off: *mut usize,
+    size: *mut usize,
+) -> CUresult {
     entry(|| {
         let func = function(f)?;
         let &(o, s) = func.params.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -286,4 +378,162 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(f: CUfunction, index: usize, off: *m
 pub unsafe extern "C" fn cuFuncGetParamCount(f: CUfunction, count: *mut usize) -> CUresult {
     // SAFETY: the caller's pointer.
     entry(|| unsafe { out(count, function(f)?.params.len()) })
+}
+
+// ---- The library API: cudart registers every kernel this way. A library is loaded as a
+// module on the device current at load time (device 0 if none is), and a CUkernel is that
+// module's function handle, which cuLaunchKernel accepts as CUDA allows.
+
+pub type CUlibrary = *mut Module;
+pub type CUkernel = *mut Function;
+
+/// # Safety
+/// `lib` is null or writable; `code` is a module image; the option arrays hold the counts
+/// given (they are not forwarded yet, as for cuModuleLoadDataEx).
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    lib: *mut CUlibrary,
+    code: *const c_void,
+    _jit_opts: *mut c_int,
+    _jit_vals: *mut *mut c_void,
+    _n_jit: c_uint,
+    _lib_opts: *mut c_int,
+    _lib_vals: *mut *mut c_void,
+    _n_lib: c_uint,
+) -> CUresult {
+    entry(|| {
+        if lib.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes a module image.
+        let img = unsafe { crate::image::image_slice(code as *const u8) }
+            .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        let dev = current_dev().or_else(|e| {
+            if e == CUDA_ERROR_INVALID_CONTEXT {
+                Ok(0)
+            } else {
+                Err(e)
+            }
+        })?;
+        let h = load_on(dev, img)?;
+        // SAFETY: checked non-null.
+        unsafe { out(lib, h) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
+    cuModuleUnload(lib)
+}
+
+/// # Safety
+/// `k` is null or writable; `name` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    k: *mut CUkernel,
+    lib: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    // SAFETY: forwarded contract (a CUkernel is a function handle here).
+    unsafe { cuModuleGetFunction(k, lib, name) }
+}
+
+/// # Safety
+/// `m` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetModule(m: *mut CUmodule, lib: CUlibrary) -> CUresult {
+    entry(|| {
+        module(lib)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(m, lib) }
+    })
+}
+
+/// # Safety
+/// As cuModuleGetGlobal_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    lib: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuModuleGetGlobal_v2(dptr, bytes, lib, name) }
+}
+
+/// # Safety
+/// `f` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUfunction, k: CUkernel) -> CUresult {
+    entry(|| {
+        function(k)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(f, k) }
+    })
+}
+
+/// # Safety
+/// As cuFuncGetAttribute.
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    k: CUkernel,
+    _dev: CUdevice,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuFuncGetAttribute(pi, attrib, k) }
+}
+
+/// # Safety
+/// As cuFuncSetAttribute.
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelSetAttribute(
+    attrib: c_int,
+    value: c_int,
+    k: CUkernel,
+    _dev: CUdevice,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuFuncSetAttribute(k, attrib, value) }
+}
+
+/// # Safety
+/// `name` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, k: CUkernel) -> CUresult {
+    // SAFETY: the caller's pointer; the name lives as long as the (never freed) handle.
+    entry(|| unsafe { out(name, function(k)?.name.as_ptr()) })
+}
+
+/// # Safety
+/// `name` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: CUfunction) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuKernelGetName(name, f) }
+}
+
+/// # Safety
+/// As cuFuncGetParamInfo.
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    k: CUkernel,
+    index: usize,
+    off: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuFuncGetParamInfo(k, index, off, size) }
+}
+
+/// # Safety
+/// `mode` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
+    // The server's driver loads lazily unless CUDA_MODULE_LOADING says otherwise.
+    const LAZY: c_int = 2;
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(mode, LAZY) })
 }

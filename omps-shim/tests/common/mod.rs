@@ -28,10 +28,19 @@ impl TestServer {
     pub fn start(tag: &str) -> TestServer {
         let dir = temp_dir(tag);
         let gpu = Arc::new(HostGpu::new(0, 1 << 30));
-        let cfg = ServerConfig { pipe_dir: dir.clone(), spin: Duration::from_micros(200), pin_workers: false };
-        let server = Server::new(cfg, vec![gpu.clone() as Arc<dyn Gpu>], 13000).expect("server starts");
+        let cfg = ServerConfig {
+            pipe_dir: dir.clone(),
+            spin: Duration::from_micros(200),
+            pin_workers: false,
+        };
+        let server =
+            Server::new(cfg, vec![gpu.clone() as Arc<dyn Gpu>], 13000).expect("server starts");
         let thread = std::thread::spawn(move || server.run().expect("server runs"));
-        TestServer { dir, gpu, thread: Some(thread) }
+        TestServer {
+            dir,
+            gpu,
+            thread: Some(thread),
+        }
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -68,7 +77,11 @@ impl Drop for TestServer {
 
 pub fn ctl_at(path: &Path, cmd: &str) -> (bool, String) {
     let s = UnixStream::connect(path).expect("server socket");
-    let hello = Hello { magic: wire::HELLO_MAGIC, version: wire::PROTOCOL_VERSION, kind: wire::kind::CONTROL };
+    let hello = Hello {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        kind: wire::kind::CONTROL,
+    };
     (&s).write_all(bytemuck::bytes_of(&hello)).unwrap();
     sock::write_frame(&mut &s, cmd.as_bytes()).unwrap();
     let r = sock::read_frame(&mut &s, 1 << 20).unwrap().expect("reply");
@@ -79,9 +92,12 @@ pub fn ctl_at(path: &Path, cmd: &str) -> (bool, String) {
 pub fn ps_mem(ps: &str, pid: u32) -> Option<u64> {
     ps.lines().skip(1).find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        (f.first()? == &pid.to_string().as_str()).then(|| f[2].parse().ok()).flatten()
+        (f.first()? == &pid.to_string().as_str())
+            .then(|| f[2].parse().ok())
+            .flatten()
     })
 }
 
 /// A module for the host GPU: fill_u32(ptr, value, count), trap(), and a global.
-pub const HOST_MODULE: &str = "omps-host-module\nfn fill_u32 0:8 8:4 12:4\nfn trap\nglobal counter 16\n\0";
+pub const HOST_MODULE: &str =
+    "omps-host-module\nfn fill_u32 0:8 8:4 12:4\nfn trap\nglobal counter 16\n\0";

@@ -1,0 +1,94 @@
+//! cuGetProcAddress: how cudart finds every entry point. The answers (which ABI variant a
+//! name means at a CUDA version and stream flag) were probed from the real driver and are
+//! compiled in from data/proc_address.txt; the pointer is the shim's own export of that
+//! variant, implemented or a NOT_SUPPORTED stub.
+
+use super::{entry, out};
+use crate::cuda::*;
+use crate::preload::own_symbol;
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+include!(concat!(env!("OUT_DIR"), "/proc_table.rs"));
+
+const SYMBOL_SUCCESS: c_int = 0;
+const SYMBOL_NOT_FOUND: c_int = 1;
+
+/// What the driver answers for (name, version, flags): the symbol, or (CUresult, status).
+pub fn resolve(name: &str, version: i32, flags: u64) -> Result<&'static CStr, (CUresult, c_int)> {
+    // Flags: 0 default, 1 legacy stream, 2 per-thread default stream.
+    let flags = (flags & 3) as u8;
+    let i = PROC_TABLE
+        .binary_search_by(|(n, f, _)| (*n, *f).cmp(&(name, flags)))
+        .map_err(|_| (CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND))?;
+    let entries = PROC_TABLE[i].2;
+    match entries.iter().rev().find(|(v, _)| *v <= version) {
+        Some((_, r)) => *r,
+        // Asked for a version older than the name's first: the earliest answer is a refusal.
+        None => entries
+            .first()
+            .map_or(Err((CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND)), |e| {
+                e.1.and(Err((CUDA_ERROR_NOT_FOUND, 2)))
+            }),
+    }
+}
+
+/// # Safety
+/// `symbol` is NUL-terminated; `pfn` and `status` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    entry(|| {
+        if symbol.is_null() || pfn.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+        let answer = resolve(name, version, flags).and_then(|sym| {
+            let p = own_symbol(sym);
+            if p.is_null() {
+                Err((CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND))
+            } else {
+                Ok(p)
+            }
+        });
+        // SAFETY: the caller's pointers (status may be null).
+        unsafe {
+            match answer {
+                Ok(p) => {
+                    out(pfn, p)?;
+                    if !status.is_null() {
+                        status.write(SYMBOL_SUCCESS);
+                    }
+                    Ok(())
+                }
+                Err((r, st)) => {
+                    out(pfn, std::ptr::null_mut())?;
+                    if !status.is_null() {
+                        status.write(st);
+                    }
+                    Err(r)
+                }
+            }
+        }
+    })
+}
+
+/// The pre-12.0 form, without the status.
+///
+/// # Safety
+/// As cuGetProcAddress_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, version, flags, std::ptr::null_mut()) }
+}

@@ -1,0 +1,50 @@
+//! The per-thread default stream variants (`_ptds`, `_ptsz`) that cuGetProcAddress hands
+//! out for flag CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: each is its legacy entry
+//! point run with stream 0 meaning the calling thread's own stream.
+
+use super::exec::*;
+use super::exec::{per_thread, CUevent, CUfunction, CUstream};
+use super::mem::*;
+use crate::cuda::*;
+use std::ffi::{c_uint, c_void};
+
+macro_rules! per_thread_variants {
+    ($($alias:ident => $base:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        /// # Safety
+        /// As the legacy entry point it stands for.
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments, unused_unsafe)]
+        pub unsafe extern "C" fn $alias($($arg: $ty),*) -> CUresult {
+            // SAFETY: forwarded contract.
+            per_thread(|| unsafe { $base($($arg),*) })
+        }
+    )*};
+}
+
+per_thread_variants! {
+    cuLaunchKernel_ptsz => cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void);
+    cuStreamSynchronize_ptsz => cuStreamSynchronize(s: CUstream);
+    cuStreamQuery_ptsz => cuStreamQuery(s: CUstream);
+    cuStreamWaitEvent_ptsz => cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint);
+    cuEventRecord_ptsz => cuEventRecord(e: CUevent, s: CUstream);
+    cuMemcpyHtoD_v2_ptds => cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize);
+    cuMemcpyDtoH_v2_ptds => cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize);
+    cuMemcpyDtoD_v2_ptds => cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
+    cuMemcpyHtoDAsync_v2_ptsz => cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream);
+    cuMemcpyDtoHAsync_v2_ptsz => cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream);
+    cuMemcpyDtoDAsync_v2_ptsz => cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream);
+    cuMemsetD8_v2_ptds => cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize);
+    cuMemsetD16_v2_ptds => cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize);
+    cuMemsetD32_v2_ptds => cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize);
+    cuMemsetD8Async_ptsz => cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream);
+    cuMemsetD16Async_ptsz => cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: CUstream);
+    cuMemsetD32Async_ptsz => cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream);
+}
+
+per_thread_variants! {
+    cuLaunchKernelEx_ptsz => cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void);
+    cuLaunchCooperativeKernel_ptsz => cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, s: CUstream, params: *mut *mut c_void);
+    cuStreamGetPriority_ptsz => cuStreamGetPriority(s: CUstream, p: *mut std::ffi::c_int);
+    cuStreamGetFlags_ptsz => cuStreamGetFlags(s: CUstream, p: *mut c_uint);
+    cuStreamGetId_ptsz => cuStreamGetId(s: CUstream, p: *mut u64);
+}

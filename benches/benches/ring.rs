@@ -25,18 +25,22 @@ fn one_way(c: &mut Criterion, child: &mut Child) {
     for size in [64usize, 4096] {
         let payload = vec![0x5Au8; size];
         group.throughput(Throughput::Bytes(size as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(format!("{size}B")), &size, |b, _| {
-            // Timed until the child has consumed the last record, so a full ring
-            // cannot flatter the figure.
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    child.push(SINK, &payload);
-                }
-                child.wait_drained();
-                start.elapsed()
-            })
-        });
+        group.bench_with_input(
+            BenchmarkId::from_parameter(format!("{size}B")),
+            &size,
+            |b, _| {
+                // Timed until the child has consumed the last record, so a full ring
+                // cannot flatter the figure.
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        child.push(SINK, &payload);
+                    }
+                    child.wait_drained();
+                    start.elapsed()
+                })
+            },
+        );
     }
     group.finish();
 }

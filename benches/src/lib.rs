@@ -148,7 +148,10 @@ impl Drop for Child {
         self.push(STOP, &[]);
         let status = self.process.wait();
         if !std::thread::panicking() {
-            assert!(status.map(|s| s.success()).unwrap_or(false), "bench child failed");
+            assert!(
+                status.map(|s| s.success()).unwrap_or(false),
+                "bench child failed"
+            );
         }
     }
 }

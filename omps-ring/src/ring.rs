@@ -351,7 +351,7 @@ impl Consumer {
             if avail > capacity {
                 return corrupt("tail is more than a ring ahead of head, or behind it");
             }
-            if avail % 8 != 0 || head % 8 != 0 {
+            if (avail | head) & 7 != 0 {
                 return corrupt("tail or head is not a multiple of 8");
             }
             if avail == 0 {

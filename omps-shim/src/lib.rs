@@ -10,7 +10,9 @@
 pub mod api;
 pub mod conn;
 pub mod cuda;
+pub mod dark;
 pub mod handles;
 pub mod image;
+pub mod integrity;
 pub mod preload;
 pub mod unsupported;

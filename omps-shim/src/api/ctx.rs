@@ -106,6 +106,7 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
         // context, so wait for this client's work and forget the reference count.
         sync_device(dev as usize)?;
         p.refs.store(0, Ordering::Relaxed);
+        crate::dark::cls_reset(p.ctx as *const Ctx as *mut c_void);
         Ok(())
     })
 }
@@ -295,4 +296,16 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
         }
         Ok(())
     })
+}
+
+/// The primary context handle of `dev`, for pointer attributes.
+pub(crate) fn primary_handle(dev: usize) -> *mut c_void {
+    primaries()
+        .get(dev)
+        .map_or(std::ptr::null_mut(), |p| p.ctx as *const Ctx as *mut c_void)
+}
+
+/// The calling thread's current context handle, or null.
+pub(crate) fn current_ctx() -> *mut c_void {
+    current().map_or(std::ptr::null_mut(), |c| c as *mut c_void)
 }

@@ -604,3 +604,54 @@ pub unsafe extern "C" fn cuStreamGetId(s: CUstream, p: *mut u64) -> CUresult {
 thread_local! {
     static ARGS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Host functions run in the client, in stream order. For now the call drains the stream
+/// and runs the function before returning: everything queued before it has finished and
+/// nothing queued after it can start early, as CUDA promises, but the caller waits.
+///
+/// # Safety
+/// `f` is a host function taking `data`.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    s: CUstream,
+    f: Option<unsafe extern "C" fn(*mut c_void)>,
+    data: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (id, dev) = stream_dev(s)?;
+        handle_call(dev, Op::StreamSync, id)?;
+        // SAFETY: the caller's function and argument.
+        unsafe { f(data) };
+        Ok(())
+    })
+}
+
+type StreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
+
+/// As cuLaunchHostFunc; the callback learns the stream's status.
+///
+/// # Safety
+/// `cb` is a callback taking `data`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAddCallback(
+    s: CUstream,
+    cb: Option<StreamCallback>,
+    data: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    entry(|| {
+        let cb = cb.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (id, dev) = stream_dev(s)?;
+        let status = match handle_call(dev, Op::StreamSync, id) {
+            Ok(()) => CUDA_SUCCESS,
+            Err(e) => e,
+        };
+        // SAFETY: the caller's callback and argument.
+        unsafe { cb(s, status, data) };
+        Ok(())
+    })
+}

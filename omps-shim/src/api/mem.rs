@@ -22,6 +22,13 @@ pub(crate) fn add_range(ptr: u64, len: u64, dev: usize, freeable: bool) {
         .insert(ptr, (len, dev, freeable));
 }
 
+/// The allocation holding `addr`: (start, length, device).
+pub(crate) fn range_info(addr: u64) -> Option<(u64, u64, usize)> {
+    let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+    let (&start, &(n, dev, _)) = r.range(..=addr).next_back()?;
+    (addr < start + n).then_some((start, n, dev))
+}
+
 /// The device of the allocation holding `[addr, addr+len)`, or INVALID_VALUE.
 pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
     let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
@@ -191,7 +198,12 @@ memsets! {
 
 /// Host to device through the staging chunks: copy a piece in while earlier pieces DMA.
 /// Returns once the source is consumed, as a pageable copy does.
-fn copy_htod(dst: u64, src: *const u8, len: usize, stream: CUstream) -> Result<(), CUresult> {
+pub(crate) fn copy_htod(
+    dst: u64,
+    src: *const u8,
+    len: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
     if len == 0 {
         return Ok(());
     }
@@ -227,7 +239,12 @@ fn copy_htod(dst: u64, src: *const u8, len: usize, stream: CUstream) -> Result<(
 }
 
 /// Device to host: keep up to CHUNKS_PER_CHANNEL pieces in flight, copy each out as it lands.
-fn copy_dtoh(dst: *mut u8, src: u64, len: usize, stream: CUstream) -> Result<(), CUresult> {
+pub(crate) fn copy_dtoh(
+    dst: *mut u8,
+    src: u64,
+    len: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
     if len == 0 {
         return Ok(());
     }
@@ -276,7 +293,7 @@ fn copy_dtoh(dst: *mut u8, src: u64, len: usize, stream: CUstream) -> Result<(),
     Ok(())
 }
 
-fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Result<(), CUresult> {
+pub(crate) fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Result<(), CUresult> {
     if len == 0 {
         return Ok(());
     }

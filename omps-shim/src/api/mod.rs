@@ -4,6 +4,7 @@
 pub mod ctx;
 pub mod device;
 pub mod exec;
+pub mod hostmem;
 pub mod mem;
 pub mod module;
 pub mod proc;

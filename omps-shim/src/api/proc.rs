@@ -12,6 +12,7 @@ include!(concat!(env!("OUT_DIR"), "/proc_table.rs"));
 
 const SYMBOL_SUCCESS: c_int = 0;
 const SYMBOL_NOT_FOUND: c_int = 1;
+const VERSION_NOT_SUFFICIENT: c_int = 2;
 
 /// What the driver answers for (name, version, flags): the symbol, or (CUresult, status).
 pub fn resolve(name: &str, version: i32, flags: u64) -> Result<&'static CStr, (CUresult, c_int)> {
@@ -19,16 +20,12 @@ pub fn resolve(name: &str, version: i32, flags: u64) -> Result<&'static CStr, (C
     let flags = (flags & 3) as u8;
     let i = PROC_TABLE
         .binary_search_by(|(n, f, _)| (*n, *f).cmp(&(name, flags)))
-        .map_err(|_| (CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND))?;
+        .map_err(|_| (CUDA_SUCCESS, SYMBOL_NOT_FOUND))?;
     let entries = PROC_TABLE[i].2;
     match entries.iter().rev().find(|(v, _)| *v <= version) {
         Some((_, r)) => *r,
         // Asked for a version older than the name's first: the earliest answer is a refusal.
-        None => entries
-            .first()
-            .map_or(Err((CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND)), |e| {
-                e.1.and(Err((CUDA_ERROR_NOT_FOUND, 2)))
-            }),
+        None => Err((CUDA_SUCCESS, VERSION_NOT_SUFFICIENT)),
     }
 }
 
@@ -48,10 +45,15 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         }
         // SAFETY: the caller's NUL-terminated name.
         let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+        // A version newer than the driver's is refused without touching the outputs.
+        let driver = crate::conn::connected().map_or(13000, |c| c.snapshot.driver_version);
+        if version > driver {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
         let answer = resolve(name, version, flags).and_then(|sym| {
             let p = own_symbol(sym);
             if p.is_null() {
-                Err((CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND))
+                Err((CUDA_SUCCESS, SYMBOL_NOT_FOUND))
             } else {
                 Ok(p)
             }
@@ -91,4 +93,33 @@ pub unsafe extern "C" fn cuGetProcAddress(
 ) -> CUresult {
     // SAFETY: forwarded contract.
     unsafe { cuGetProcAddress_v2(symbol, pfn, version, flags, std::ptr::null_mut()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_match_the_probed_driver() {
+        assert_eq!(
+            resolve("cuMemcpyHtoDAsync", 13000, 0).unwrap(),
+            c"cuMemcpyHtoDAsync_v2"
+        );
+        assert_eq!(
+            resolve("cuMemcpyHtoDAsync", 13000, 2).unwrap(),
+            c"cuMemcpyHtoDAsync_v2_ptsz"
+        );
+        assert_eq!(
+            resolve("cuMemcpyHtoDAsync", 3000, 0).unwrap(),
+            c"cuMemcpyHtoDAsync"
+        );
+        assert_eq!(
+            resolve("cuLaunchKernel", 2000, 0),
+            Err((CUDA_SUCCESS, VERSION_NOT_SUFFICIENT))
+        );
+        assert_eq!(
+            resolve("cuNoSuchThing", 13000, 0),
+            Err((CUDA_SUCCESS, SYMBOL_NOT_FOUND))
+        );
+    }
 }

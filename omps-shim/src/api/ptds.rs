@@ -48,3 +48,16 @@ per_thread_variants! {
     cuStreamGetFlags_ptsz => cuStreamGetFlags(s: CUstream, p: *mut c_uint);
     cuStreamGetId_ptsz => cuStreamGetId(s: CUstream, p: *mut u64);
 }
+
+use super::hostmem::*;
+
+per_thread_variants! {
+    cuMemcpy_ptds => cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
+    cuMemcpyAsync_ptsz => cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream);
+    cuMemcpy2D_v2_ptds => cuMemcpy2D_v2(c: *const Memcpy2D);
+    cuMemcpy2DUnaligned_v2_ptds => cuMemcpy2DUnaligned_v2(c: *const Memcpy2D);
+    cuMemcpy2DAsync_v2_ptsz => cuMemcpy2DAsync_v2(c: *const Memcpy2D, s: CUstream);
+    cuMemcpy3D_v2_ptds => cuMemcpy3D_v2(c: *const Memcpy3D);
+    cuMemcpy3DAsync_v2_ptsz => cuMemcpy3DAsync_v2(c: *const Memcpy3D, s: CUstream);
+    cuLaunchHostFunc_ptsz => cuLaunchHostFunc(s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void);
+}

@@ -3,7 +3,8 @@
 //! [`crate::gpu_cuda::CudaGpu`] implements it with the CUDA driver; [`crate::gpu_host::HostGpu`]
 //! implements it with host memory so the core (sessions, validation, bookkeeping, client
 //! death) is tested on machines without a GPU. Streams are indices into a fixed pool:
-//! `0..pool_size()` carry client work, `pool_size()..2*pool_size()` carry completion markers.
+//! `0..pool_size()` carry client work, `pool_size()..2*pool_size()` carry completion markers,
+//! and `2*pool_size()..` (`priority_streams()` of them) carry work of high-priority streams.
 //! No method blocks on the GPU.
 
 use omps_ring::segment::DeviceSnapshot;
@@ -74,6 +75,10 @@ pub trait Gpu: Send + Sync + 'static {
     fn snapshot(&self) -> DeviceSnapshot;
     /// Number of work streams; as many marker streams follow them.
     fn pool_size(&self) -> usize;
+    /// Work streams at the device's greatest priority, after the marker streams.
+    fn priority_streams(&self) -> usize {
+        0
+    }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64>;
     /// Only called once the memory is idle (after a fence).

@@ -92,10 +92,14 @@ impl CudaGpu {
             func_set_attr_fn: raw_fn(b"cuFuncSetAttribute\0")?,
         };
         g.bind();
-        for _ in 0..2 * pool_size {
+        let (mut _least, mut greatest) = (0, 0);
+        // SAFETY: valid out-pointers; the context is current.
+        ck(unsafe { cu::cuCtxGetStreamPriorityRange(&mut _least, &mut greatest) })?;
+        for i in 0..3 * pool_size {
             let mut s = std::ptr::null_mut();
+            let priority = if i < 2 * pool_size { 0 } else { greatest };
             // SAFETY: context is current; non-blocking so the pool never syncs with stream 0.
-            ck(unsafe { cu::cuStreamCreate(&mut s, 1) })?;
+            ck(unsafe { cu::cuStreamCreateWithPriority(&mut s, 1, priority) })?;
             g.streams.push(s);
         }
         Ok(g)
@@ -205,7 +209,11 @@ impl Gpu for CudaGpu {
     }
 
     fn pool_size(&self) -> usize {
-        self.streams.len() / 2
+        self.streams.len() / 3
+    }
+
+    fn priority_streams(&self) -> usize {
+        self.streams.len() / 3
     }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {

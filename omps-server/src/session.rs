@@ -35,6 +35,25 @@ struct Function {
     module: u32,
 }
 
+/// A client stream: the pool stream it runs on, and what CUDA's legacy default stream
+/// semantics need. Work on the legacy stream (id 0) waits for earlier work of the
+/// client's blocking streams, and theirs for earlier legacy work; non-blocking streams
+/// never wait. Only transitions cost anything: an event record and a wait.
+struct ClientStream {
+    pool: usize,
+    blocking: bool,
+    /// Has queued work that later legacy-stream work must wait for.
+    dirty: bool,
+    /// Must wait for the legacy stream's work before its next work.
+    stale: bool,
+}
+
+impl ClientStream {
+    fn new(pool: usize, blocking: bool) -> Self {
+        ClientStream { pool, blocking, dirty: false, stale: false }
+    }
+}
+
 struct Module {
     handle: u64,
     functions: Vec<u32>,
@@ -52,7 +71,7 @@ pub struct Session {
     pub client: Arc<ClientShared>,
     consumer: Consumer,
     dev: usize,
-    streams: HashMap<u32, usize>,
+    streams: HashMap<u32, ClientStream>,
     events: HashMap<u32, u64>,
     modules: HashMap<u32, Module>,
     functions: HashMap<u32, Function>,
@@ -61,7 +80,7 @@ pub struct Session {
     globals: BTreeMap<u64, u64>,
     blobs: Vec<Vec<u8>>,
     /// Bit i set when work stream i has carried this client's work.
-    pub used_streams: u64,
+    pub used_streams: u128,
     pub marker_stream: usize,
     /// First asynchronous error since the last synchronizing call.
     pending_error: i32,
@@ -94,7 +113,7 @@ impl Session {
             next_id: 1,
         };
         s.streams
-            .insert(wire::STREAM_DEFAULT, ctx.pick_work_stream());
+            .insert(wire::STREAM_DEFAULT, ClientStream::new(ctx.pick_work_stream(0), false));
         s
     }
 
@@ -109,14 +128,35 @@ impl Session {
             .map_err(|c| Malformed(format!("corrupt ring: {}", c.reason)))
     }
 
-    fn stream(&mut self, id: u32) -> Result<usize, Malformed> {
-        match self.streams.get(&id) {
-            Some(&s) => {
-                self.used_streams |= 1 << s;
-                Ok(s)
+    /// The pool stream for work on client stream `id`, after the implicit ordering of
+    /// the legacy default stream has been queued.
+    fn stream(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<usize, Malformed> {
+        let Some(st) = self.streams.get(&id) else {
+            return bad(format!("unknown stream {id}"));
+        };
+        let pool = st.pool;
+        self.used_streams |= 1 << pool;
+        let legacy = self.streams[&wire::STREAM_DEFAULT].pool;
+        let mut r = Ok(());
+        if id == wire::STREAM_DEFAULT {
+            for b in self.streams.values_mut().filter(|b| b.blocking) {
+                if b.dirty && b.pool != legacy {
+                    r = r.and(ctx.order(b.pool, legacy));
+                }
+                b.dirty = false;
+                b.stale = true;
             }
-            None => bad(format!("unknown stream {id}")),
+        } else if let Some(b) = self.streams.get_mut(&id).filter(|b| b.blocking) {
+            if b.stale && b.pool != legacy {
+                r = ctx.order(legacy, b.pool);
+            }
+            b.stale = false;
+            b.dirty = true;
         }
+        if let Err(e) = r {
+            self.note_error(e);
+        }
+        Ok(pool)
     }
 
     fn event(&self, id: u32) -> Result<u64, Malformed> {
@@ -300,7 +340,7 @@ impl Session {
                     ));
                 }
                 let h = f.handle;
-                let s = self.stream(l.stream)?;
+                let s = self.stream(ctx, l.stream)?;
                 if let Err(e) = gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
                     self.note_error(e);
                 }
@@ -311,7 +351,7 @@ impl Session {
                 if !matches!(m.elem_size, 1 | 2 | 4) {
                     return bad("memset: element size");
                 }
-                let s = self.stream(m.stream)?;
+                let s = self.stream(ctx, m.stream)?;
                 let Some(bytes) = m.count.checked_mul(m.elem_size as u64) else {
                     return bad("memset: size overflows");
                 };
@@ -324,7 +364,7 @@ impl Session {
             Op::CopyDtoD => {
                 fixed_only("copy")?;
                 let c = rec!(wire::CopyDtoD);
-                let s = self.stream(c.stream)?;
+                let s = self.stream(ctx, c.stream)?;
                 if self.check_range(c.dst, c.len) && self.check_range(c.src, c.len) {
                     if let Err(e) = gpu.copy_dtod(c.dst, c.src, c.len as usize, s) {
                         self.note_error(e);
@@ -335,7 +375,7 @@ impl Session {
                 fixed_only("chunk copy")?;
                 let c = rec!(wire::ChunkCopy);
                 let (ptr, cap) = self.chunk(&c)?;
-                let s = self.stream(c.stream)?;
+                let s = self.stream(ctx, c.stream)?;
                 let word = Word::Chunk(c.chunk as u8);
                 if !self.check_range(c.dev, c.len as u64) {
                     return self.signal_now(c.channel, word, c.seq, code::INVALID_VALUE);
@@ -376,7 +416,9 @@ impl Session {
                 if c.id == wire::STREAM_DEFAULT || self.streams.contains_key(&c.id) {
                     return bad(format!("stream id {} reused", c.id));
                 }
-                self.streams.insert(c.id, ctx.pick_work_stream());
+                const NON_BLOCKING: u32 = 1;
+                let pool = ctx.pick_work_stream(c.priority);
+                self.streams.insert(c.id, ClientStream::new(pool, c.flags & NON_BLOCKING == 0));
             }
             Op::StreamDestroy => {
                 let h = rec!(wire::Handle);
@@ -407,14 +449,14 @@ impl Session {
             }
             Op::EventRecord => {
                 let r = rec!(wire::EventRecord);
-                let (e, s) = (self.event(r.event)?, self.stream(r.stream)?);
+                let (e, s) = (self.event(r.event)?, self.stream(ctx, r.stream)?);
                 if let Err(err) = gpu.event_record(e, s) {
                     self.note_error(err);
                 }
             }
             Op::StreamWaitEvent => {
                 let r = rec!(wire::EventRecord);
-                let (e, s) = (self.event(r.event)?, self.stream(r.stream)?);
+                let (e, s) = (self.event(r.event)?, self.stream(ctx, r.stream)?);
                 if let Err(err) = gpu.stream_wait_event(s, e) {
                     self.note_error(err);
                 }
@@ -524,12 +566,12 @@ impl Session {
             }
             Op::StreamSync => {
                 let h = rec!(wire::HandleCall);
-                let s = self.stream(h.id)?;
+                let s = self.stream(ctx, h.id)?;
                 self.complete_on_gpu(ctx, h.call, s)?;
             }
             Op::StreamQuery => {
                 let h = rec!(wire::HandleCall);
-                let s = self.stream(h.id)?;
+                let s = self.stream(ctx, h.id)?;
                 let r = match gpu.stream_query(s) {
                     Ok(true) => self.take_pending(),
                     Ok(false) => code::NOT_READY,
@@ -697,7 +739,7 @@ impl Session {
     }
 
     /// Everything the client still holds on this GPU, for release once its work is done.
-    pub fn into_release(mut self) -> (Arc<ClientShared>, u64, usize, Release) {
+    pub fn into_release(mut self) -> (Arc<ClientShared>, u128, usize, Release) {
         let rel = Release {
             allocs: std::mem::take(&mut self.allocs).into_iter().collect(),
             modules: self.modules.drain().map(|(_, m)| m.handle).collect(),

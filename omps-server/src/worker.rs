@@ -58,7 +58,7 @@ pub struct WorkerCtx {
 
 impl WorkerCtx {
     pub fn new(gpu: Arc<dyn Gpu>) -> GpuResult<Self> {
-        let scratch_events = (0..gpu.pool_size())
+        let scratch_events = (0..2 * gpu.pool_size() + gpu.priority_streams())
             .map(|_| gpu.event_create(0x2))
             .collect::<GpuResult<Vec<_>>>()?;
         Ok(WorkerCtx {
@@ -74,10 +74,16 @@ impl WorkerCtx {
     }
 
     /// Round robin over the pool: client streams share hardware queues evenly.
-    pub fn pick_work_stream(&mut self) -> usize {
-        let s = self.next_work % self.gpu.pool_size();
+    /// CUDA priorities are "lower is more urgent"; omps has two levels: streams created
+    /// with a priority below 0 run on the device's greatest-priority streams.
+    pub fn pick_work_stream(&mut self, priority: i32) -> usize {
         self.next_work += 1;
-        s
+        let (p, hi) = (self.gpu.pool_size(), self.gpu.priority_streams());
+        if priority < 0 && hi > 0 {
+            2 * p + self.next_work % hi
+        } else {
+            self.next_work % p
+        }
     }
 
     pub fn pick_marker_stream(&mut self) -> usize {
@@ -88,7 +94,7 @@ impl WorkerCtx {
     }
 
     /// Makes marker stream `m` wait for the work already queued on every stream in `mask`.
-    pub fn join_streams(&mut self, mask: u64, m: usize) -> GpuResult<()> {
+    pub fn join_streams(&mut self, mask: u128, m: usize) -> GpuResult<()> {
         for (i, &ev) in self.scratch_events.iter().enumerate() {
             if mask & (1 << i) != 0 {
                 self.gpu.event_record(ev, i)?;
@@ -96,6 +102,13 @@ impl WorkerCtx {
             }
         }
         Ok(())
+    }
+
+    /// Makes work stream `after` wait for what is queued on work stream `before` now.
+    pub fn order(&mut self, before: usize, after: usize) -> GpuResult<()> {
+        let ev = self.scratch_events[before];
+        self.gpu.event_record(ev, before)?;
+        self.gpu.stream_wait_event(after, ev)
     }
 
     pub(crate) fn add_marker(
@@ -130,7 +143,7 @@ impl WorkerCtx {
     fn defer(
         &mut self,
         client: Arc<ClientShared>,
-        mask: u64,
+        mask: u128,
         m: usize,
         release: Release,
         final_for_client: bool,

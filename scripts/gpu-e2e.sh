@@ -1,53 +1,76 @@
 #!/usr/bin/env bash
 # End-to-end test of omps on a GPU machine.
 #
-#   bash scripts/gpu-e2e.sh [--native-only] [--reps N]
+#   bash scripts/gpu-e2e.sh [--native-only] [--reps N] [--no-rt | --rt-only]
 #
 # Run from anywhere inside the repository, on a machine with an NVIDIA GPU,
 # nvcc and (for the MPS column) nvidia-cuda-mps-control. It
 #   0. builds the driver-API test programs of tests/cuda/ with nvcc into
 #      ${BUILD:-/tmp/omps-e2e}/bin (host code with -cudart none, kernels as
-#      fatbin/cubin/PTX images loaded at run time);
+#      fatbin/cubin/PTX images loaded at run time), and the runtime-API
+#      programs of tests/cuda/rt/ into $BUILD/rt with nvcc's default flags
+#      (static cudart) plus -arch=sm_90; per_thread_stream alone is built
+#      with --default-stream per-thread;
 #   1. correctness: runs each program natively and under omps
 #      (LD_PRELOAD=libomps_shim.so) and diffs the outputs;
+#   6. runtime API: runs each tests/cuda/rt program natively and under omps
+#      two ways, (a) LD_PRELOAD=libomps_shim.so and (b) no preload but
+#      LD_LIBRARY_PATH=$OMPS_LIBDIR, a temporary directory in which
+#      libcuda.so.1 and libcuda.so are symlinks to libomps_shim.so, so that
+#      cudart's dlopen("libcuda.so.1") finds the shim; diffs both against
+#      native. kernel_fault runs last and the omps server is restarted after
+#      each of its omps runs (a fault may leave the server's context broken);
 #   2. concurrency: N = 1, 4, 8 copies of spin_concurrency started at one
 #      instant, natively (time-slicing), under NVIDIA MPS and under omps;
 #      makespan = max(end) - min(start), median of --reps runs (default 3);
+#   7. overhead benchmark: tests/cuda/rt/bench_overhead --reps times each
+#      natively, under NVIDIA MPS and under omps (preload), median of each
+#      figure; table in bench.txt (see docs/benchmarks.md);
 #   3. kill -9: 7 vector_add survivors + 1 hold_memory victim under omps; the
 #      victim is SIGKILLed, `omps-ctl ps` must drop it within 1 s, and the
 #      survivors must pass;
 #   4. vandal: ring_vandal scribbles on its ring while 4 vector_add run; the
 #      server must disconnect it and keep serving the others;
 #   5. stops the server and prints the end of its log.
+# --no-rt skips 6 and 7 (and the runtime-API build); --rt-only runs only the
+# runtime-API build, 6 and 7.
 # The omps binaries are expected prebuilt in target/release/ (omps-server,
 # omps-ctl, libomps_shim.so, examples/ring_vandal). With --native-only, or
 # when they are missing, the omps columns are skipped (and said so).
 #
 # Logs go to ${OUT:-/tmp/omps-e2e/out}: e2e.log (everything printed here),
-# build.log, server.log, mps.log and table.txt (the summary, also printed
-# last). Exit status: 0 if every test that ran passed, 1 otherwise.
+# build.log, server.log, mps.log, bench.txt (the benchmark table) and
+# table.txt (the summary, also printed last). Exit status: 0 if every test
+# that ran passed, 1 otherwise.
 set -u
 
 NATIVE_ONLY=0
 REPS=3
+RT=1          # runtime-API section and benchmark
+RT_ONLY=0     # only the runtime-API build, section and benchmark
 while [ $# -gt 0 ]; do
     case "$1" in
         --native-only) NATIVE_ONLY=1 ;;
         --reps) REPS=${2:?--reps needs a value}; shift ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        --no-rt) RT=0 ;;
+        --rt-only) RT_ONLY=1 ;;
+        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
 done
+if [ "$RT" -eq 0 ] && [ "$RT_ONLY" -eq 1 ]; then echo "--no-rt and --rt-only exclude each other" >&2; exit 2; fi
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 BUILD=${BUILD:-/tmp/omps-e2e}
 OUT=${OUT:-/tmp/omps-e2e/out}
 BIN="$BUILD/bin"
+RTBIN="$BUILD/rt"
 WORK="$BUILD/work"
 SRC="$ROOT/tests/cuda"
-mkdir -p "$BIN" "$OUT" || exit 2
+RTSRC="$SRC/rt"
+mkdir -p "$BIN" "$RTBIN" "$OUT" || exit 2
 rm -rf "$WORK"
 mkdir -p "$WORK" || exit 2
 
@@ -62,6 +85,16 @@ CONC_NS="1 4 8"
 START_LEAD_NS=3000000000               # copies start together 3 s after launch
 KILL_SURVIVORS=7
 VANDAL_SURVIVORS=4
+# runtime-API programs (tests/cuda/rt/*.cu), in the order they run; kernel_fault
+# must stay last: its fault may break the omps server's context
+RT_PROGS="device_props error_names vector_add memset memcpy2d3d memcpy_default pointer_attrs
+          streams events async_copy pinned mapped host_register atomics dyn_shared symbols
+          coop_grid_sync callbacks templates threads no_free stream_priority per_thread_stream
+          legacy_stream device_sync device_printf func_attrs occupancy launch_ex invalid_launch
+          kernel_fault"
+RT_FAULT_PROGS="kernel_fault"          # the omps server is restarted after each omps run of these
+RT_ARCH=${RT_ARCH:-sm_90}
+BENCH_KEYS="launch_async launch_sync sync_idle h2d_4b_pageable d2h_4b_pageable d2h_4b_pinned malloc_free_1mib h2d_bw_pinned h2d_bw_pageable"
 
 ANY_FAIL=0
 note_fail() { ANY_FAIL=1; }
@@ -114,6 +147,38 @@ ctl() { OMPS_PIPE_DIRECTORY="$OMPS_PIPE" timeout -k 2 10 "$OMPS_CTL" "$@"; }
 
 # Run a command as an omps client (no LD_PRELOAD on `timeout` itself).
 as_omps() { timeout -k 5 "$PROG_TIMEOUT" env OMPS_PIPE_DIRECTORY="$OMPS_PIPE" LD_PRELOAD="$OMPS_SHIM" "$@"; }
+
+# The same without LD_PRELOAD: the shim is found as libcuda.so.1 through
+# LD_LIBRARY_PATH (a directory of symlinks to it; see make_omps_libdir).
+OMPS_LIBDIR=""
+as_omps_libpath() {
+    timeout -k 5 "$PROG_TIMEOUT" env OMPS_PIPE_DIRECTORY="$OMPS_PIPE" \
+        LD_LIBRARY_PATH="$OMPS_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
+}
+
+make_omps_libdir() {
+    [ -n "$OMPS_LIBDIR" ] && return 0
+    OMPS_LIBDIR=$(mktemp -d "$WORK/omps-libdir.XXXXXX") || return 1
+    ln -s "$OMPS_SHIM" "$OMPS_LIBDIR/libcuda.so.1" && ln -s "$OMPS_SHIM" "$OMPS_LIBDIR/libcuda.so" || return 1
+    log "omps library directory $OMPS_LIBDIR:"
+    local l
+    for l in "$OMPS_LIBDIR"/*; do log "    $l -> $(readlink "$l")"; done
+}
+
+# Restart the omps server if it died (at most RESTARTS_LEFT times per run).
+RESTARTS_LEFT=3
+ensure_omps() {
+    [ "$OMPS" -eq 1 ] || return 1
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then return 0; fi
+    if [ -n "$SERVER_PID" ]; then
+        wait "$SERVER_PID"; log "omps-server (pid $SERVER_PID) has died with status $?"; SERVER_PID=""; note_fail
+    fi
+    [ "$RESTARTS_LEFT" -gt 0 ] || return 1
+    RESTARTS_LEFT=$((RESTARTS_LEFT - 1))
+    start_omps || { log "omps-server failed to start"; note_fail; return 1; }
+}
+
+restart_omps() { stop_omps; start_omps || { log "omps-server failed to start"; note_fail; }; }
 
 start_omps() {
     SERVER_N=$((SERVER_N + 1))
@@ -236,6 +301,8 @@ build_all() {
     "$NVCC" --version | tail -n 2
     local libs="-L$cuda_home/lib64/stubs -L$cuda_home/targets/x86_64-linux/lib/stubs -lcuda"
     local bpids=() names=()
+    [ "$RT" -eq 1 ] && build_rt
+    [ "$RT_ONLY" -eq 1 ] && { wait_builds; return; }
     # kernel images: source -> image name (as the programs expect it)
     local k
     for k in vector_add_kernel:vector_add.fatbin dyn_shared_kernel:dyn_shared.fatbin \
@@ -261,6 +328,27 @@ build_all() {
             >"$WORK/build-$p.log" 2>&1 &
         bpids+=($!); names+=("$p")
     done
+    wait_builds
+}
+
+# Runtime-API programs: nvcc's default flags (static cudart) plus -arch; the
+# commands are logged. Appends to bpids/names of build_all.
+build_rt() {
+    local p flags
+    for p in $RT_PROGS bench_overhead; do
+        flags="-arch=$RT_ARCH"
+        [ "$p" = per_thread_stream ] && flags="$flags --default-stream per-thread"
+        rm -f "$RTBIN/$p"
+        # shellcheck disable=SC2086
+        ( echo "$NVCC $flags -o $RTBIN/$p $RTSRC/$p.cu"; "$NVCC" $flags -o "$RTBIN/$p" "$RTSRC/$p.cu" ) \
+            >"$WORK/build-rt-$p.log" 2>&1 &
+        bpids+=($!); names+=("rt-$p")
+    done
+    log "runtime-API programs: nvcc -arch=$RT_ARCH (per_thread_stream: + --default-stream per-thread)"
+}
+
+# Wait for the builds of build_all (bpids/names are its locals).
+wait_builds() {
     local i failed=0
     : >"$OUT/build.log"
     for i in "${!bpids[@]}"; do
@@ -564,6 +652,163 @@ vandal() {
     log ">>> vandal: $VANDAL_OMPS -> $VANDAL_RES"
 }
 
+# ---------------------------------------------------------------- 6. runtime API
+
+declare -A RT_NAT RT_PRE RT_LIB RT_RES
+
+in_list() { # word list: is word in the whitespace-separated list?
+    local w
+    for w in $2; do [ "$w" = "$1" ] && return 0; done
+    return 1
+}
+
+# One omps run of an rt program: mode preload|libpath; sets RT_PRE/RT_LIB.
+rt_omps_run() { # prog mode
+    local p=$1 mode=$2 o="$WORK/rt.$1.$2" rc v
+    if ! ensure_omps; then v="NO SERVER"
+    else
+        if [ "$mode" = preload ]; then as_omps "$RTBIN/$p" >"$o" 2>"$o.err"; rc=$?
+        else as_omps_libpath "$RTBIN/$p" >"$o" 2>"$o.err"; rc=$?; fi
+        v=$(verdict $rc "$o")
+        show_output "rt/$p omps $mode (rc=$rc)" "$o"
+        if [ -f "$WORK/rt.$p.native" ] && ! cmp -s "$WORK/rt.$p.native" "$o"; then
+            log "--- rt/$p: diff native omps-$mode"
+            diff "$WORK/rt.$p.native" "$o" | head -n 40 | sed 's/^/    /'
+            [ "$v" = PASS ] && v="PASS, output differs"
+        fi
+        in_list "$p" "$RT_FAULT_PROGS" && restart_omps
+    fi
+    if [ "$mode" = preload ]; then RT_PRE[$p]=$v; else RT_LIB[$p]=$v; fi
+}
+
+rt_correctness() {
+    section "6. runtime-API programs (native, omps preload, omps libpath)"
+    if [ "$OMPS" -eq 1 ]; then
+        make_omps_libdir || { log "could not make the omps library directory"; note_fail; }
+        log "omps preload: env OMPS_PIPE_DIRECTORY=\$pipe LD_PRELOAD=$OMPS_SHIM PROGRAM"
+        log "omps libpath: env OMPS_PIPE_DIRECTORY=\$pipe LD_LIBRARY_PATH=$OMPS_LIBDIR\${LD_LIBRARY_PATH:+:...} PROGRAM (no preload)"
+    else
+        log "omps columns skipped: $OMPS_NOTE"
+    fi
+    local p on rc
+    for p in $RT_PROGS; do
+        on="$WORK/rt.$p.native"
+        if [ ! -x "$RTBIN/$p" ]; then
+            RT_NAT[$p]="NOT BUILT"; RT_PRE[$p]="-"; RT_LIB[$p]="-"; RT_RES[$p]="FAIL"; note_fail; continue
+        fi
+        timeout -k 5 "$PROG_TIMEOUT" "$RTBIN/$p" >"$on" 2>"$on.err"; rc=$?
+        RT_NAT[$p]=$(verdict $rc "$on")
+        show_output "rt/$p native (rc=$rc)" "$on"
+        if [ "$OMPS" -eq 1 ]; then
+            rt_omps_run "$p" preload
+            rt_omps_run "$p" libpath
+            if [ "${RT_NAT[$p]}" = PASS ] && [ "${RT_PRE[$p]}" = PASS ] && [ "${RT_LIB[$p]}" = PASS ]; then
+                RT_RES[$p]=PASS
+            else
+                RT_RES[$p]=FAIL; note_fail
+            fi
+        else
+            RT_PRE[$p]=skipped; RT_LIB[$p]=skipped
+            if [ "${RT_NAT[$p]}" = PASS ]; then RT_RES[$p]="PASS (native only)"; else RT_RES[$p]=FAIL; note_fail; fi
+        fi
+        log ">>> rt/$p: native ${RT_NAT[$p]}, omps preload ${RT_PRE[$p]}, omps libpath ${RT_LIB[$p]}, result ${RT_RES[$p]}"
+    done
+}
+
+# ---------------------------------------------------------------- 7. overhead benchmark
+
+declare -A BENCH BENCH_UNIT   # BENCH[mode,key] = median | FAIL | skipped; BENCH_UNIT[key]
+BENCH_RAN=0
+
+# --reps runs of bench_overhead in mode native|mps|omps; medians into BENCH.
+bench_mode() { # mode
+    local mode=$1 rep o rc k line
+    declare -A runs
+    BENCH_RAN=1
+    for rep in $(seq "$REPS"); do
+        o="$WORK/bench.$mode.$rep"
+        case "$mode" in
+            native) timeout -k 5 120 "$RTBIN/bench_overhead" >"$o" 2>"$o.err"; rc=$? ;;
+            mps) timeout -k 5 120 env CUDA_MPS_PIPE_DIRECTORY="$MPS_PIPE" "$RTBIN/bench_overhead" >"$o" 2>"$o.err"; rc=$? ;;
+            omps) timeout -k 5 120 env OMPS_PIPE_DIRECTORY="$OMPS_PIPE" LD_PRELOAD="$OMPS_SHIM" \
+                      "$RTBIN/bench_overhead" >"$o" 2>"$o.err"; rc=$? ;;
+        esac
+        show_output "bench_overhead $mode rep $rep (rc=$rc)" "$o"
+        [ "$(verdict $rc "$o")" = PASS ] || note_fail
+        for k in $BENCH_KEYS; do
+            line=$(awk -v k="$k" '$1 == "BENCH" && $2 == k { print $3, $4; exit }' "$o")
+            if [ -n "$line" ]; then runs[$k]="${runs[$k]:-} ${line%% *}"; BENCH_UNIT[$k]=${line#* }
+            else runs[$k]="${runs[$k]:-} FAIL"; fi
+        done
+    done
+    for k in $BENCH_KEYS; do
+        # shellcheck disable=SC2086
+        BENCH[$mode,$k]=$(median ${runs[$k]:-FAIL})
+        log "bench $mode $k: runs${runs[$k]:-} -> median ${BENCH[$mode,$k]}"
+    done
+}
+
+bench_skip() { local k; for k in $BENCH_KEYS; do BENCH[$1,$k]=$2; done; }
+
+bench_native_mps() {
+    section "7a. overhead benchmark: native"
+    if [ ! -x "$RTBIN/bench_overhead" ]; then bench_skip native "NOT BUILT"; bench_skip mps "NOT BUILT"; note_fail; return; fi
+    bench_mode native
+    section "7b. overhead benchmark: NVIDIA MPS"
+    if start_mps; then
+        # untimed warm-up: the first client makes the control daemon start its server
+        timeout -k 5 60 env CUDA_MPS_PIPE_DIRECTORY="$MPS_PIPE" "$RTBIN/vector_add" >"$WORK/bench.mps.warmup" 2>&1
+        log "MPS warm-up client: $(tail -n 1 "$WORK/bench.mps.warmup")"
+        bench_mode mps
+        stop_mps
+    else
+        bench_skip mps "MPS failed to start"; note_fail
+    fi
+}
+
+bench_omps() {
+    section "7c. overhead benchmark: omps (preload)"
+    if [ "$OMPS" -ne 1 ]; then bench_skip omps skipped; log "skipped: $OMPS_NOTE"; return; fi
+    if [ ! -x "$RTBIN/bench_overhead" ]; then bench_skip omps "NOT BUILT"; return; fi
+    if ! ensure_omps; then bench_skip omps "NO SERVER"; return; fi
+    as_omps "$RTBIN/vector_add" >"$WORK/bench.omps.warmup" 2>&1
+    log "omps warm-up client: $(tail -n 1 "$WORK/bench.omps.warmup")"
+    bench_mode omps
+}
+
+bench_label() {
+    case "$1" in
+        launch_async) echo "empty-kernel launch, host cost per async launch" ;;
+        launch_sync) echo "launch + cudaStreamSynchronize round trip" ;;
+        sync_idle) echo "cudaStreamSynchronize on an idle stream" ;;
+        h2d_4b_pageable) echo "4 B cudaMemcpyAsync H2D (pageable) + sync" ;;
+        d2h_4b_pageable) echo "4 B cudaMemcpyAsync D2H (pageable) + sync" ;;
+        d2h_4b_pinned) echo "4 B cudaMemcpyAsync D2H (pinned) + sync" ;;
+        malloc_free_1mib) echo "cudaMalloc + cudaFree, 1 MiB" ;;
+        h2d_bw_pinned) echo "H2D bandwidth, 256 MiB, pinned" ;;
+        h2d_bw_pageable) echo "H2D bandwidth, 256 MiB, pageable" ;;
+        *) echo "$1" ;;
+    esac
+}
+
+write_bench() {
+    [ "$BENCH_RAN" -eq 1 ] || return 0
+    local k
+    {
+        echo "## bench_overhead: $GPU_DESC"
+        echo
+        echo "| figure | native | MPS | omps | omps/native |"
+        echo "|---|---|---|---|---|"
+        for k in $BENCH_KEYS; do
+            echo "| $(bench_label "$k") ($k, ${BENCH_UNIT[$k]:-?}) | ${BENCH[native,$k]:-not run} | ${BENCH[mps,$k]:-not run} | ${BENCH[omps,$k]:-not run} | $(ratio "${BENCH[omps,$k]:-}" "${BENCH[native,$k]:-}") |"
+        done
+        echo
+        echo "median of $REPS runs of $RTBIN/bench_overhead each; us = microseconds per call (lower is better), GB/s higher is better"
+    } >"$OUT/bench.txt"
+    section "benchmark"
+    cat "$OUT/bench.txt"
+}
+
 # ---------------------------------------------------------------- table
 
 ratio() { # omps mps
@@ -578,22 +823,39 @@ write_table() {
         echo
         echo "$OMPS_NOTE"
         echo
-        echo "| test | native | omps | result |"
-        echo "|---|---|---|---|"
-        for p in $CORRECTNESS_PROGS; do
-            echo "| $p | ${NAT_V[$p]:-not run} | ${OMPS_V[$p]:-not run} | ${RES_V[$p]:-not run} |"
-        done
-        echo "| kill -9 ($KILL_SURVIVORS x vector_add --loops $LOOPS + hold_memory) | $KILL_NATIVE | $KILL_OMPS | $KILL_RES |"
-        echo "| vandal ($VANDAL_SURVIVORS x vector_add + ring_vandal) | - | $VANDAL_OMPS | $VANDAL_RES |"
-        echo
-        echo "| spin_concurrency, N copies | native (s) | NVIDIA MPS (s) | omps (s) | omps/MPS |"
-        echo "|---|---|---|---|---|"
-        for n in $CONC_NS; do
-            echo "| N=$n | ${CONC[native,$n]:-not run} | ${CONC[mps,$n]:-not run} | ${CONC[omps,$n]:-not run} | $(ratio "${CONC[omps,$n]:-}" "${CONC[mps,$n]:-}") |"
-        done
-        echo
-        echo "makespan = max(end) - min(start) over the N copies, 500 launches x 200 us each, median of $REPS runs"
-        [ "$CONC_LATE" -eq 1 ] && echo "note: some copies started after the common start instant (see e2e.log)"
+        if [ "$RT_ONLY" -eq 0 ]; then
+            echo "| test | native | omps | result |"
+            echo "|---|---|---|---|"
+            for p in $CORRECTNESS_PROGS; do
+                echo "| $p | ${NAT_V[$p]:-not run} | ${OMPS_V[$p]:-not run} | ${RES_V[$p]:-not run} |"
+            done
+            echo "| kill -9 ($KILL_SURVIVORS x vector_add --loops $LOOPS + hold_memory) | $KILL_NATIVE | $KILL_OMPS | $KILL_RES |"
+            echo "| vandal ($VANDAL_SURVIVORS x vector_add + ring_vandal) | - | $VANDAL_OMPS | $VANDAL_RES |"
+            echo
+        fi
+        if [ "$RT" -eq 1 ]; then
+            echo "| test | native | omps preload | omps libpath | result |"
+            echo "|---|---|---|---|---|"
+            for p in $RT_PROGS; do
+                echo "| rt/$p | ${RT_NAT[$p]:-not run} | ${RT_PRE[$p]:-not run} | ${RT_LIB[$p]:-not run} | ${RT_RES[$p]:-not run} |"
+            done
+            echo
+            echo "rt/*: tests/cuda/rt, nvcc -arch=$RT_ARCH, static cudart (rt/per_thread_stream: --default-stream per-thread);"
+            echo "preload = LD_PRELOAD=libomps_shim.so; libpath = LD_LIBRARY_PATH=<dir with libcuda.so.1 -> libomps_shim.so>"
+            echo
+        fi
+        if [ "$RT_ONLY" -eq 0 ]; then
+            echo "| spin_concurrency, N copies | native (s) | NVIDIA MPS (s) | omps (s) | omps/MPS |"
+            echo "|---|---|---|---|---|"
+            for n in $CONC_NS; do
+                echo "| N=$n | ${CONC[native,$n]:-not run} | ${CONC[mps,$n]:-not run} | ${CONC[omps,$n]:-not run} | $(ratio "${CONC[omps,$n]:-}" "${CONC[mps,$n]:-}") |"
+            done
+            echo
+            echo "makespan = max(end) - min(start) over the N copies, 500 launches x 200 us each, median of $REPS runs"
+            [ "$CONC_LATE" -eq 1 ] && echo "note: some copies started after the common start instant (see e2e.log)"
+            echo
+        fi
+        [ -f "$OUT/bench.txt" ] && [ "$BENCH_RAN" -eq 1 ] && { cat "$OUT/bench.txt"; echo; }
         if [ "$ANY_FAIL" -eq 0 ]; then echo "overall: PASS"; else echo "overall: FAIL"; fi
     } >"$t"
     section "summary"
@@ -602,10 +864,23 @@ write_table() {
 
 # ---------------------------------------------------------------- main
 
+collect_server_log() {
+    local f
+    : >"$OUT/server.log"
+    for f in "$WORK"/server-*.out "$WORK"/omps-log-*/*; do
+        [ -f "$f" ] && { echo "=== $f"; cat "$f"; } >>"$OUT/server.log"
+    done
+    log "--- last 50 lines of the server log:"
+    tail -n 50 "$OUT/server.log" | sed 's/^/    /'
+}
+
 main() {
+    local f
     section "omps gpu-e2e $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     log "repo: $ROOT   build: $BUILD   out: $OUT"
     log "$OMPS_NOTE"
+    [ "$RT" -eq 0 ] && log "runtime-API section and benchmark skipped (--no-rt)"
+    [ "$RT_ONLY" -eq 1 ] && log "--rt-only: runtime-API build, section and benchmark only"
     GPU_DESC=$(nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv,noheader 2>/dev/null | head -n 1)
     GPU_DESC=${GPU_DESC:-unknown GPU}
     log "GPU: $GPU_DESC"
@@ -616,31 +891,32 @@ main() {
         section "starting omps-server"
         start_omps || { log "omps-server failed to start"; note_fail; }
     fi
-    correctness
+    [ "$RT_ONLY" -eq 0 ] && correctness
+    [ "$RT" -eq 1 ] && rt_correctness
     stop_omps                      # no omps server while native and MPS are timed
 
-    calibrate_loops
-    concurrency_native_mps
-    kill9_native
+    if [ "$RT_ONLY" -eq 0 ]; then
+        calibrate_loops
+        concurrency_native_mps
+        kill9_native
+    fi
+    [ "$RT" -eq 1 ] && bench_native_mps
 
     if [ "$OMPS" -eq 1 ]; then
         section "restarting omps-server"
         start_omps || { log "omps-server failed to start"; note_fail; }
     fi
-    concurrency_omps
-    kill9_omps
-    vandal
+    [ "$RT" -eq 1 ] && bench_omps
+    if [ "$RT_ONLY" -eq 0 ]; then
+        concurrency_omps
+        kill9_omps
+        vandal
+    fi
 
     section "5. stop omps-server"
     if [ "$OMPS" -eq 1 ]; then
         stop_omps
-        local f
-        : >"$OUT/server.log"
-        for f in "$WORK"/server-*.out "$WORK"/omps-log-*/*; do
-            [ -f "$f" ] && { echo "=== $f"; cat "$f"; } >>"$OUT/server.log"
-        done
-        log "--- last 50 lines of the server log:"
-        tail -n 50 "$OUT/server.log" | sed 's/^/    /'
+        collect_server_log
     else
         log "omps not run: $OMPS_NOTE"
     fi
@@ -653,6 +929,7 @@ main() {
         done
     fi
 
+    write_bench
     write_table
     return "$ANY_FAIL"
 }

@@ -52,6 +52,10 @@ pub fn init() -> GpuResult<(i32, usize)> {
     }
 }
 
+/// `extra` keys of cuLaunchKernel (cuda.h: CU_LAUNCH_PARAM_*).
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
 thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
@@ -393,9 +397,9 @@ impl Gpu for CudaGpu {
         // The packed buffer form: the session checked its size against the function's
         // parameter layout, so the driver reads exactly what is there.
         let mut extra = [
-            1 as *mut c_void, // CU_LAUNCH_PARAM_BUFFER_POINTER
+            LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
             args.as_ptr() as *mut c_void,
-            2 as *mut c_void, // CU_LAUNCH_PARAM_BUFFER_SIZE
+            LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
             &mut size as *mut usize as *mut c_void,
             std::ptr::null_mut(), // CU_LAUNCH_PARAM_END
         ];

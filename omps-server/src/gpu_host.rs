@@ -16,7 +16,7 @@ use std::sync::Mutex;
 struct State {
     mem: BTreeMap<u64, Vec<u8>>,
     next_addr: u64,
-    modules: BTreeMap<u64, (Vec<FunctionInfo>, Vec<(String, u64, u64)>)>,
+    modules: BTreeMap<u64, (Vec<FunctionInfo>, Vec<Global>)>,
     next_handle: u64,
     registered: Vec<(usize, usize)>,
     sticky: Option<i32>,
@@ -99,7 +99,15 @@ impl State {
     }
 }
 
-fn parse_module(text: &str) -> Option<(Vec<(String, Vec<(u32, u32)>)>, Vec<(String, u64)>)> {
+/// (name, address, size) of a module global.
+type Global = (String, u64, u64);
+/// (name, parameter layout) of a kernel.
+type Kernel = (String, Vec<(u32, u32)>);
+
+/// A parsed module: its kernels and its globals' (name, size).
+type ParsedModule = (Vec<Kernel>, Vec<(String, u64)>);
+
+fn parse_module(text: &str) -> Option<ParsedModule> {
     let mut lines = text.lines();
     if lines.next()? != "omps-host-module" {
         return None;

@@ -50,7 +50,12 @@ struct ClientStream {
 
 impl ClientStream {
     fn new(pool: usize, blocking: bool) -> Self {
-        ClientStream { pool, blocking, dirty: false, stale: false }
+        ClientStream {
+            pool,
+            blocking,
+            dirty: false,
+            stale: false,
+        }
     }
 }
 
@@ -112,8 +117,10 @@ impl Session {
             pending_error: 0,
             next_id: 1,
         };
-        s.streams
-            .insert(wire::STREAM_DEFAULT, ClientStream::new(ctx.pick_work_stream(0), false));
+        s.streams.insert(
+            wire::STREAM_DEFAULT,
+            ClientStream::new(ctx.pick_work_stream(0), false),
+        );
         s
     }
 
@@ -418,7 +425,8 @@ impl Session {
                 }
                 const NON_BLOCKING: u32 = 1;
                 let pool = ctx.pick_work_stream(c.priority);
-                self.streams.insert(c.id, ClientStream::new(pool, c.flags & NON_BLOCKING == 0));
+                self.streams
+                    .insert(c.id, ClientStream::new(pool, c.flags & NON_BLOCKING == 0));
             }
             Op::StreamDestroy => {
                 let h = rec!(wire::Handle);

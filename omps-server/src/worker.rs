@@ -261,10 +261,8 @@ impl WorkerCtx {
     fn poll_deferred(&mut self) {
         let mut i = 0;
         while i < self.deferred.len() {
-            let done = match self.gpu.event_query(self.deferred[i].fence) {
-                Ok(done) => done,
-                Err(_) => true, // a broken context runs nothing any more
-            };
+            // A broken context runs nothing any more: treat its fences as passed.
+            let done = self.gpu.event_query(self.deferred[i].fence).unwrap_or(true);
             if done {
                 let d = self.deferred.swap_remove(i);
                 let _ = self.gpu.event_destroy(d.fence);

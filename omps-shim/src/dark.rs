@@ -489,6 +489,13 @@ pub unsafe extern "C" fn cuGetExportTable(pp: *mut *const c_void, id: *const [u8
     }
     // SAFETY: 16 readable bytes, per the contract.
     let uuid = unsafe { *id };
+    if crate::trace_enabled() {
+        let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+        eprintln!(
+            "omps trace: cuGetExportTable({hex}) -> {}",
+            table(&uuid).is_some()
+        );
+    }
     match table(&uuid) {
         Some(t) => {
             // SAFETY: checked non-null.

@@ -84,7 +84,7 @@ mod tests {
 
     #[test]
     fn fatbin_length_comes_from_its_header() {
-        let mut img = vec![0u8; 64];
+        let mut img = [0u8; 64];
         img[0..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
         img[6..8].copy_from_slice(&16u16.to_le_bytes());
         img[8..16].copy_from_slice(&40u64.to_le_bytes());

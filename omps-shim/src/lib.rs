@@ -16,3 +16,9 @@ pub mod image;
 pub mod integrity;
 pub mod preload;
 pub mod unsupported;
+
+/// OMPS_TRACE=1 makes the shim name the entry points and tables a program asks for.
+pub fn trace_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("OMPS_TRACE").is_some_and(|v| v != "0"))
+}

@@ -174,10 +174,12 @@ fn driver_api_through_the_server() {
         packed[8..12].copy_from_slice(&7u32.to_le_bytes());
         packed[12..16].copy_from_slice(&3u32.to_le_bytes());
         let mut size = 16usize;
+        // CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE
+        let (buffer_pointer, buffer_size) = (1usize, 2usize);
         let mut extra = [
-            1 as *mut c_void,
+            buffer_pointer as *mut c_void,
             packed.as_mut_ptr() as *mut c_void,
-            2 as *mut c_void,
+            buffer_size as *mut c_void,
             &mut size as *mut usize as *mut c_void,
             null_mut(),
         ];

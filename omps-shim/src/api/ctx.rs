@@ -309,3 +309,77 @@ pub(crate) fn primary_handle(dev: usize) -> *mut c_void {
 pub(crate) fn current_ctx() -> *mut c_void {
     current().map_or(std::ptr::null_mut(), |c| c as *mut c_void)
 }
+
+/// The context a call names: `ctx`, or the current one when it is null.
+fn ctx_or_current(ctx: CUcontext) -> Result<&'static Ctx, CUresult> {
+    let c = if ctx.is_null() {
+        current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?
+    } else {
+        ctx
+    };
+    // SAFETY: a handle from this shim, as the API requires.
+    unsafe { resolve(c, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// # Safety
+/// `d` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice_v2(d: *mut CUdevice, ctx: CUcontext) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(d, ctx_or_current(ctx)?.dev as CUdevice) })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    entry(|| sync_device(ctx_or_current(ctx)?.dev))
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    cuDevicePrimaryCtxRelease_v2(dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
+    cuDevicePrimaryCtxReset_v2(dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CUresult {
+    cuDevicePrimaryCtxSetFlags_v2(dev, flags)
+}
+
+/// # Safety
+/// `flags` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    entry(|| {
+        let c = ctx_or_current(std::ptr::null_mut())?;
+        let f = if c.primary {
+            primaries()[c.dev].flags.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        // SAFETY: the caller's pointer.
+        unsafe { out(flags, f) }
+    })
+}
+
+/// # Safety
+/// `id` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
+    // SAFETY: the caller's pointer; a context's id is its handle's address, unique for life.
+    entry(|| unsafe { out(id, ctx_or_current(ctx)? as *const Ctx as u64) })
+}
+
+/// # Safety
+/// `v` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, v: *mut c_uint) -> CUresult {
+    entry(|| {
+        ctx_or_current(ctx)?;
+        // SAFETY: the caller's pointer. Contexts are created at the 3.2+ ABI.
+        unsafe { out(v, 3020) }
+    })
+}

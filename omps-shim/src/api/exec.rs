@@ -350,8 +350,8 @@ unsafe fn pack_args(
             LAUNCH_PARAM_END => break,
             // SAFETY: the value follows its key.
             LAUNCH_PARAM_BUFFER_POINTER => ptr = unsafe { *extra.add(i + 1) } as *const u8,
-            // SAFETY: the value is a pointer to a size_t.
             LAUNCH_PARAM_BUFFER_SIZE => {
+                // SAFETY: the value is a pointer to a size_t.
                 size = Some(unsafe { *(*extra.add(i + 1) as *const usize) })
             }
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
@@ -653,5 +653,42 @@ pub unsafe extern "C" fn cuStreamAddCallback(
         // SAFETY: the caller's callback and argument.
         unsafe { cb(s, status, data) };
         Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint) -> CUresult {
+    // CU_EVENT_RECORD_EXTERNAL only matters inside graph capture, which omps does not do.
+    if flags != 0 {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    cuEventRecord(e, s)
+}
+
+/// # Safety
+/// `pctx` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx(s: CUstream, pctx: *mut *mut c_void) -> CUresult {
+    entry(|| {
+        let dev = match resolve_stream(s)? {
+            Some(st) => st.dev,
+            None => current_dev()?,
+        };
+        // SAFETY: the caller's pointer.
+        unsafe { out(pctx, super::ctx::primary_handle(dev)) }
+    })
+}
+
+/// # Safety
+/// `dev` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetDevice(s: CUstream, dev: *mut c_int) -> CUresult {
+    entry(|| {
+        let d = match resolve_stream(s)? {
+            Some(st) => st.dev,
+            None => current_dev()?,
+        };
+        // SAFETY: the caller's pointer.
+        unsafe { out(dev, d as c_int) }
     })
 }

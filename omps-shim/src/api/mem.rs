@@ -161,7 +161,7 @@ fn memset(
     if count == 0 {
         return Ok(());
     }
-    if dst % elem_size as u64 != 0 {
+    if !dst.is_multiple_of(elem_size as u64) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = range_dev(dst, bytes)?;

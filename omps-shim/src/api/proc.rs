@@ -8,6 +8,12 @@ use crate::cuda::*;
 use crate::preload::own_symbol;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
+/// The symbol a (name, version, flags) query resolves to, or the driver's (CUresult,
+/// status) refusal.
+type Answer = Result<&'static CStr, (i32, i32)>;
+/// (name, flags, [(from version, answer)]).
+type ProcEntry = (&'static str, u8, &'static [(i32, Answer)]);
+
 include!(concat!(env!("OUT_DIR"), "/proc_table.rs"));
 
 const SYMBOL_SUCCESS: c_int = 0;
@@ -50,7 +56,14 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         if version > driver {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let answer = resolve(name, version, flags).and_then(|sym| {
+        let resolved = resolve(name, version, flags);
+        if crate::trace_enabled() {
+            let target = resolved.map(|s| s.to_string_lossy().into_owned());
+            let implemented = resolved
+                .is_ok_and(|s| crate::unsupported::IMPLEMENTED.contains(&s.to_str().unwrap_or("")));
+            eprintln!("omps trace: resolve {name} {version} {flags} -> {target:?} implemented={implemented}");
+        }
+        let answer = resolved.and_then(|sym| {
             let p = own_symbol(sym);
             if p.is_null() {
                 Err((CUDA_SUCCESS, SYMBOL_NOT_FOUND))

@@ -61,3 +61,9 @@ per_thread_variants! {
     cuMemcpy3DAsync_v2_ptsz => cuMemcpy3DAsync_v2(c: *const Memcpy3D, s: CUstream);
     cuLaunchHostFunc_ptsz => cuLaunchHostFunc(s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void);
 }
+
+per_thread_variants! {
+    cuEventRecordWithFlags_ptsz => cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint);
+    cuStreamGetCtx_ptsz => cuStreamGetCtx(s: CUstream, pctx: *mut *mut c_void);
+    cuStreamGetDevice_ptsz => cuStreamGetDevice(s: CUstream, dev: *mut std::ffi::c_int);
+}

@@ -23,6 +23,10 @@ fn host_range(p: usize) -> Option<(usize, usize, u32, bool)> {
     (p < s + n).then_some((s, n, f, ours))
 }
 
+/// With unified addressing every page-locked allocation is mapped: the driver reports
+/// CU_MEMHOSTALLOC_DEVICEMAP whether or not it was asked for.
+const DEVICEMAP: u32 = 2;
+
 fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void, CUresult> {
     live()?;
     if size == 0 {
@@ -37,7 +41,7 @@ fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void, CUresult> {
     }
     HOST.lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(p as usize, (size, flags, true));
+        .insert(p as usize, (size, flags | DEVICEMAP, true));
     Ok(p as *mut c_void)
 }
 

@@ -196,6 +196,36 @@ memsets! {
     cuMemsetD32_v2, cuMemsetD32Async, u32, 4;
 }
 
+/// A pitched memset as one memset per row.
+fn memset_2d(dst: u64, pitch: usize, value: u32, elem_size: u32, width: usize, height: usize, stream: CUstream) -> Result<(), CUresult> {
+    if height > 1 && pitch < width * elem_size as usize {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for row in 0..height {
+        memset(dst + (row * pitch) as u64, value, elem_size, width, stream)?;
+    }
+    Ok(())
+}
+
+macro_rules! memsets_2d {
+    ($($sync:ident, $async_:ident, $t:ty, $size:expr;)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $sync(dst: CUdeviceptr, pitch: usize, v: $t, w: usize, h: usize) -> CUresult {
+            entry(|| memset_2d(dst, pitch, v as u32, $size, w, h, std::ptr::null_mut()))
+        }
+        #[no_mangle]
+        pub extern "C" fn $async_(dst: CUdeviceptr, pitch: usize, v: $t, w: usize, h: usize, s: CUstream) -> CUresult {
+            entry(|| memset_2d(dst, pitch, v as u32, $size, w, h, s))
+        }
+    )*};
+}
+
+memsets_2d! {
+    cuMemsetD2D8_v2, cuMemsetD2D8Async, u8, 1;
+    cuMemsetD2D16_v2, cuMemsetD2D16Async, u16, 2;
+    cuMemsetD2D32_v2, cuMemsetD2D32Async, u32, 4;
+}
+
 /// Host to device through the staging chunks: copy a piece in while earlier pieces DMA.
 /// Returns once the source is consumed, as a pageable copy does.
 pub(crate) fn copy_htod(

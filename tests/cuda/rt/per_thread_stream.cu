@@ -21,6 +21,13 @@ int main() {
     CHECK(cudaMalloc(&flag, sizeof(int)));
     CHECK(cudaMalloc(&seen, sizeof(int)));
     CHECK(cudaMemset(flag, 0, sizeof(int)));
+    // Load both kernels now. With lazy loading (CUDA's default) a kernel is loaded
+    // at its first launch, which may synchronise the context: B's first launch
+    // would then wait for A's spinning kernel (seen natively on an H200).
+    set_flag<<<1, 1>>>(seen);
+    CHECK_LAUNCH();
+    wait_flag<<<1, 1>>>(seen, 1, seen, 0);
+    CHECK_LAUNCH();
     CHECK(cudaMemset(seen, 0, sizeof(int)));
     CHECK(cudaDeviceSynchronize());
 

@@ -68,6 +68,9 @@ ops! {
     /// the server (not by the GPU); answers pending asynchronous errors.
     Ping = 43 => CallHdr,
     FuncSetAttribute = 44 => FuncSetAttribute,
+    /// Copies between device memory and the client's pinned host memory: DMA, no staging.
+    CopyHtoDPinned = 15 => PinnedCopy,
+    CopyDtoHPinned = 16 => PinnedCopy,
 }
 
 /// Where an answer goes.
@@ -153,6 +156,18 @@ pub struct ChunkCopy {
     pub chunk: u32,
     pub len: u32,
     pub seq: u32,
+    pub stream: u32,
+    pub _pad: u32,
+}
+
+/// `host` lies in one of the client's pinned allocations, mapped at the same address in
+/// the client and the server.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct PinnedCopy {
+    pub dev: u64,
+    pub host: u64,
+    pub len: u64,
     pub stream: u32,
     pub _pad: u32,
 }
@@ -320,6 +335,31 @@ pub struct Welcome {
     pub num_devices: u32,
     pub layout: crate::segment::LayoutParams,
     pub segment_len: u64,
+}
+
+/// A request on the client's socket after the handshake: pinned host memory.
+/// `PIN` carries a memfd (SCM_RIGHTS) that the server maps at `addr` and registers;
+/// `UNPIN` releases `addr` once the client's queued work is done.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HostMemRequest {
+    pub kind: u32,
+    pub _pad: u32,
+    pub addr: u64,
+    pub len: u64,
+}
+
+pub mod hostmem {
+    pub const PIN: u32 = 1;
+    pub const UNPIN: u32 = 2;
+}
+
+/// The answer: a CUresult.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HostMemReply {
+    pub status: i32,
+    pub _pad: u32,
 }
 
 /// Size of the per-GPU doorbell page shared by all clients of that GPU.

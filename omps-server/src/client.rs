@@ -25,6 +25,9 @@ pub struct ClientShared {
     pub released: AtomicU32,
     /// The GPU the segment is registered with (portable registration: one is enough).
     registered_on: Option<Arc<dyn Gpu>>,
+    /// The client's pinned host allocations: start -> length. Each is a memfd of the
+    /// client's, mapped here at the same address and registered with `registered_on`.
+    pub pinned: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
     _mapping: Mapping,
 }
 
@@ -49,6 +52,7 @@ impl ClientShared {
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,
+            pinned: Default::default(),
             _mapping: mapping,
         }
     }
@@ -93,8 +97,82 @@ impl ClientShared {
     }
 }
 
+impl ClientShared {
+    /// Whether `[addr, addr+len)` lies inside one of the client's pinned allocations.
+    pub fn pinned_contains(&self, addr: u64, len: u64) -> bool {
+        let p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        p.range(..=addr)
+            .next_back()
+            .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
+    }
+
+    /// Maps the client's memfd at `addr` (never over anything already mapped here) and
+    /// registers it, so the GPU reaches the same pages at the same address.
+    pub fn pin(&self, fd: std::os::fd::BorrowedFd, addr: u64, len: u64) -> Result<(), i32> {
+        use crate::gpu::code;
+        const MAX_PINNED: u64 = 1 << 40;
+        let page = 4096;
+        if len == 0 || len % page != 0 || addr % page != 0 || len > MAX_PINNED {
+            return Err(code::INVALID_VALUE);
+        }
+        omps_ring::shm::check_segment(fd, len as usize).map_err(|_| code::INVALID_VALUE)?;
+        let gpu = self.registered_on.as_ref().ok_or(code::NOT_SUPPORTED)?;
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the kernel checks
+        // the address range; the fd is sealed against shrinking.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(code::NOT_SUPPORTED);
+        }
+        if p as u64 != addr {
+            // SAFETY: unmapping what this call just mapped (an old kernel ignored the hint).
+            unsafe { libc::munmap(p, len as usize) };
+            return Err(code::NOT_SUPPORTED);
+        }
+        // SAFETY: just mapped; stays mapped until unpin or drop, which unregister first.
+        if let Err(e) = unsafe { gpu.register_host(p as *mut u8, len as usize) } {
+            // SAFETY: unmapping what this call just mapped.
+            unsafe { libc::munmap(p, len as usize) };
+            return Err(e.0);
+        }
+        self.pinned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr, len);
+        Ok(())
+    }
+
+    /// Unregisters and unmaps a pinned range once nothing uses it.
+    pub fn release_pinned(&self, addr: u64, len: u64) {
+        if let Some(gpu) = &self.registered_on {
+            // SAFETY: the range was registered by pin(); the caller fenced the client's work.
+            if let Err(e) = unsafe { gpu.unregister_host(addr as *mut u8) } {
+                tracing::warn!(
+                    client = self.id,
+                    "unregistering pinned memory failed: {}",
+                    e.0
+                );
+            }
+        }
+        // SAFETY: the range was mapped by pin() and nothing references it any more.
+        unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) };
+    }
+}
+
 impl Drop for ClientShared {
     fn drop(&mut self) {
+        let pinned = std::mem::take(&mut *self.pinned.lock().unwrap_or_else(|e| e.into_inner()));
+        for (addr, len) in pinned {
+            self.release_pinned(addr, len);
+        }
         if let Some(gpu) = &self.registered_on {
             let (off, _) = self.seg.layout.registered_range();
             // SAFETY: the last reference is gone, so every worker has fenced this client's

@@ -216,7 +216,7 @@ impl Server {
             };
         }
         for (pfd, id) in fds[1..].iter().zip(&ids) {
-            if pfd.revents != 0 && self.client_socket_closed(*id) {
+            if pfd.revents != 0 && self.client_message(*id) {
                 self.retire_client(*id);
             }
         }
@@ -231,20 +231,63 @@ impl Server {
         Ok(())
     }
 
-    /// A client never writes after its hello: readable means closed, or misbehaving.
-    fn client_socket_closed(&self, id: u32) -> bool {
-        let mut b = [0u8; 64];
-        let s = &self.clients[&id].1;
-        // SAFETY: recv into a local buffer; non-blocking.
-        let n = unsafe {
-            libc::recv(
-                s.as_raw_fd(),
-                b.as_mut_ptr() as *mut _,
-                b.len(),
-                libc::MSG_DONTWAIT,
-            )
+    /// Handles what a client sent on its socket: a pinned-memory request, or the end of
+    /// the stream (the client is gone). Anything else gets the client disconnected.
+    /// Returns whether the client is gone.
+    fn client_message(&mut self, id: u32) -> bool {
+        let (c, s) = &self.clients[&id];
+        let mut buf = [0u8; std::mem::size_of::<wire::HostMemRequest>()];
+        let fd = s.as_raw_fd();
+        // SAFETY: a zero-timeout poll of one descriptor tells whether recv would block.
+        let ready = unsafe {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            libc::poll(&mut p, 1, 0) > 0 && p.revents & libc::POLLIN != 0
         };
-        n == 0 || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock) || n > 0
+        if !ready {
+            return true; // hang-up or error without data
+        }
+        let (n, fds) = match sock::recv_with_fds(fd, &mut buf) {
+            Ok(r) => r,
+            Err(_) => return true,
+        };
+        if n == 0 {
+            return true;
+        }
+        let Some(req) = wire::get::<wire::HostMemRequest>(&buf[..n]).filter(|_| n == buf.len())
+        else {
+            c.disconnect(code::MPS_CLIENT_TERMINATED, "malformed socket request");
+            return true;
+        };
+        let status = match (req.kind, fds.as_slice()) {
+            (wire::hostmem::PIN, [memfd]) => {
+                c.pin(memfd.as_fd(), req.addr, req.len).err().unwrap_or(0)
+            }
+            (wire::hostmem::UNPIN, []) => {
+                let removed = c
+                    .pinned
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&req.addr);
+                match removed {
+                    Some(len) => {
+                        // The registering GPU's worker frees it after the client's queued work.
+                        self.workers[0].send(ToWorker::Unpin(id, req.addr, len));
+                        0
+                    }
+                    None => code::INVALID_VALUE,
+                }
+            }
+            _ => {
+                c.disconnect(code::MPS_CLIENT_TERMINATED, "malformed socket request");
+                return true;
+            }
+        };
+        let reply = wire::HostMemReply { status, _pad: 0 };
+        sock::send_with_fds(fd, bytemuck::bytes_of(&reply), &[]).is_err()
     }
 
     fn retire_client(&mut self, id: u32) {

@@ -68,6 +68,8 @@ struct Module {
 #[derive(Default)]
 pub struct Release {
     pub allocs: Vec<(u64, u64)>,
+    /// Pinned host ranges (already out of the client's table).
+    pub pinned: Vec<(u64, u64)>,
     pub modules: Vec<u64>,
     pub events: Vec<u64>,
 }
@@ -403,6 +405,27 @@ impl Session {
                         self.note_error(e);
                         self.signal_now(c.channel, word, c.seq, e.0)?
                     }
+                }
+            }
+            Op::CopyHtoDPinned | Op::CopyDtoHPinned => {
+                fixed_only("pinned copy")?;
+                let c = rec!(wire::PinnedCopy);
+                let s = self.stream(ctx, c.stream)?;
+                if !self.client.pinned_contains(c.host, c.len) || !self.check_range(c.dev, c.len) {
+                    self.note_error(CuError(code::INVALID_VALUE));
+                    return Ok(());
+                }
+                // SAFETY: the host range is pinned memory of this client, mapped and
+                // registered here until a fence after this copy has passed (unpin defers).
+                let r = unsafe {
+                    if op == Op::CopyHtoDPinned {
+                        gpu.copy_htod(c.dev, c.host as *const u8, c.len as usize, s)
+                    } else {
+                        gpu.copy_dtoh(c.host as *mut u8, c.dev, c.len as usize, s)
+                    }
+                };
+                if let Err(e) = r {
+                    self.note_error(e);
                 }
             }
             Op::BlobAppend => {
@@ -748,7 +771,9 @@ impl Session {
 
     /// Everything the client still holds on this GPU, for release once its work is done.
     pub fn into_release(mut self) -> (Arc<ClientShared>, u128, usize, Release) {
+        // Pinned host memory stays with the client and goes when its last Arc does.
         let rel = Release {
+            pinned: Vec::new(),
             allocs: std::mem::take(&mut self.allocs).into_iter().collect(),
             modules: self.modules.drain().map(|(_, m)| m.handle).collect(),
             events: self.events.drain().map(|(_, e)| e).collect(),

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 pub enum ToWorker {
     Add(Arc<ClientShared>),
     Remove(u32),
+    /// Release a pinned range of a client once its queued work is done.
+    Unpin(u32, u64, u64),
     Quit,
 }
 
@@ -182,6 +184,9 @@ impl WorkerCtx {
         for e in rel.events {
             let _ = self.gpu.event_destroy(e);
         }
+        for (addr, len) in rel.pinned {
+            client.release_pinned(addr, len);
+        }
         if final_for_client {
             client.released.fetch_add(1, Ordering::SeqCst);
         }
@@ -320,6 +325,19 @@ pub fn run(
                         ctx.retire(s);
                     }
                 }
+                ToWorker::Unpin(id, addr, len) => match sessions.iter().find(|s| s.client.id == id)
+                {
+                    Some(s) => ctx.release_later(
+                        s,
+                        Release {
+                            pinned: vec![(addr, len)],
+                            ..Default::default()
+                        },
+                    ),
+                    None => {
+                        tracing::warn!(client = id, "unpin for a client this worker does not know")
+                    }
+                },
                 ToWorker::Quit => quitting = true,
             }
         }

@@ -34,6 +34,8 @@ pub struct Conn {
     chans: Vec<Mutex<ChanState>>,
     pub snapshot: Box<SnapshotTable>,
     lost: AtomicBool,
+    /// Serialises requests on the socket (pinned memory), one answer per request.
+    requests: Mutex<()>,
 }
 
 /// A channel held by one thread for the length of a call.
@@ -151,6 +153,7 @@ impl Conn {
             chans,
             snapshot,
             lost: AtomicBool::new(false),
+            requests: Mutex::new(()),
         })
     }
 
@@ -160,6 +163,35 @@ impl Conn {
 
     pub fn num_devices(&self) -> usize {
         self.rings.len()
+    }
+
+    /// A pinned-memory request on the socket; returns the server's CUresult.
+    pub fn host_request(
+        &self,
+        kind: u32,
+        addr: u64,
+        len: u64,
+        fd: Option<std::os::fd::RawFd>,
+    ) -> Result<(), CUresult> {
+        self.check_alive()?;
+        let _one_at_a_time = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        let req = wire::HostMemRequest {
+            kind,
+            _pad: 0,
+            addr,
+            len,
+        };
+        let fds: Vec<_> = fd.into_iter().collect();
+        sock::send_with_fds(self.sock.as_raw_fd(), bytemuck::bytes_of(&req), &fds)
+            .map_err(|_| CUDA_ERROR_MPS_RPC_FAILURE)?;
+        let mut buf = [0u8; std::mem::size_of::<wire::HostMemReply>()];
+        let (n, _) = sock::recv_with_fds(self.sock.as_raw_fd(), &mut buf)
+            .map_err(|_| CUDA_ERROR_MPS_RPC_FAILURE)?;
+        let reply: wire::HostMemReply = wire::get(&buf[..n]).ok_or(CUDA_ERROR_MPS_RPC_FAILURE)?;
+        match reply.status {
+            0 => Ok(()),
+            e => Err(e),
+        }
     }
 
     /// Wakes GPU `dev`'s worker if it sleeps.

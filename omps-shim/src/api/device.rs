@@ -199,21 +199,27 @@ fn parse_bus_id(s: &[u8]) -> Option<[u32; 4]> {
     let mut parts = rest.split(':').rev();
     let device = u32::from_str_radix(parts.next()?, 16).ok()?;
     let bus = u32::from_str_radix(parts.next()?, 16).ok()?;
-    let domain = parts.next().map_or(Some(0), |d| u32::from_str_radix(d, 16).ok())?;
+    let domain = parts
+        .next()
+        .map_or(Some(0), |d| u32::from_str_radix(d, 16).ok())?;
     Some([domain, bus, device, u32::from_str_radix(func, 16).ok()?])
 }
 
 /// # Safety
 /// `dev` is null or writable; `bus_id` is NUL-terminated.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, bus_id: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
+    dev: *mut CUdevice,
+    bus_id: *const c_char,
+) -> CUresult {
     entry(|| {
         let c = live()?;
         if bus_id.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller's NUL-terminated string.
-        let want = parse_bus_id(unsafe { std::ffi::CStr::from_ptr(bus_id) }.to_bytes()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let want = parse_bus_id(unsafe { std::ffi::CStr::from_ptr(bus_id) }.to_bytes())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let n = (c.snapshot.device_count as usize).min(c.num_devices());
         let found = c.snapshot.devices[..n].iter().position(|d| {
             let id = &d.pci_bus_id[..d.pci_bus_id.iter().position(|&b| b == 0).unwrap_or(0)];
@@ -229,7 +235,10 @@ mod tests {
     #[test]
     fn bus_ids_compare_as_numbers() {
         assert_eq!(super::parse_bus_id(b"0000:00:06.0"), Some([0, 0, 6, 0]));
-        assert_eq!(super::parse_bus_id(b"00000000:1A:00.0"), super::parse_bus_id(b"0000:1a:00.0"));
+        assert_eq!(
+            super::parse_bus_id(b"00000000:1A:00.0"),
+            super::parse_bus_id(b"0000:1a:00.0")
+        );
         assert_eq!(super::parse_bus_id(b"1a:00.0"), Some([0, 0x1a, 0, 0]));
         assert_eq!(super::parse_bus_id(b"zz"), None);
     }

@@ -1,47 +1,104 @@
 //! Host memory and copies between any two kinds of memory.
 //!
-//! Page-locked host allocations are ordinary page-aligned memory of the client for now:
-//! copies from and to them go through the staging chunks like pageable copies (correct,
-//! not zero-copy). Mapped access from kernels needs the memory registered in the server,
-//! so cuMemHostGetDevicePointer says CUDA_ERROR_NOT_SUPPORTED rather than hand out an
-//! address the GPU cannot reach.
+//! Page-locked allocations (cuMemHostAlloc, cuMemAllocHost) are memfds shared with the
+//! server, which maps each at the same address and registers it with the GPU: copies to
+//! and from them are DMA with no staging, asynchronous copies really are asynchronous,
+//! and kernels reach them through the same pointer (zero-copy). If the server cannot map
+//! an allocation at the client's address, it falls back to private memory that copies
+//! stage and kernels cannot reach (cuMemHostGetDevicePointer then says NOT_SUPPORTED).
+//! cuMemHostRegister of the program's own memory is bookkeeping; copies from it stage.
 
 use super::exec::CUstream;
 use super::mem::{copy_dtod, copy_dtoh, copy_htod, range_info};
 use super::{entry, live, out};
 use crate::cuda::*;
-use std::collections::BTreeMap;
+use omps_ring::shm::{self, Mapping};
+use omps_ring::wire::hostmem;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_uint, c_void};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Mutex;
 
-/// Start -> (length, flags, allocated by us rather than registered).
-static HOST: Mutex<BTreeMap<usize, (usize, u32, bool)>> = Mutex::new(BTreeMap::new());
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// Shared with the server and registered there: DMA and zero-copy.
+    Shared,
+    /// The shim's own memory (the fallback): staged.
+    Private,
+    /// The program's memory, registered with cuMemHostRegister: staged.
+    Registered,
+}
 
-fn host_range(p: usize) -> Option<(usize, usize, u32, bool)> {
+#[derive(Clone, Copy)]
+struct HostRange {
+    len: usize,
+    flags: u32,
+    kind: Kind,
+}
+
+static HOST: Mutex<BTreeMap<usize, HostRange>> = Mutex::new(BTreeMap::new());
+static SHARED_MAPS: Mutex<Option<HashMap<usize, Mapping>>> = Mutex::new(None);
+
+fn host_range(p: usize) -> Option<(usize, HostRange)> {
     let h = HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let (&s, &(n, f, ours)) = h.range(..=p).next_back()?;
-    (p < s + n).then_some((s, n, f, ours))
+    let (&s, &r) = h.range(..=p).next_back()?;
+    (p < s + r.len).then_some((s, r))
+}
+
+/// Whether `[p, p+len)` lies in one shared (server-registered) allocation.
+pub(crate) fn is_shared(p: u64, len: usize) -> bool {
+    host_range(p as usize)
+        .is_some_and(|(s, r)| r.kind == Kind::Shared && p as usize + len <= s + r.len)
 }
 
 /// With unified addressing every page-locked allocation is mapped: the driver reports
 /// CU_MEMHOSTALLOC_DEVICEMAP whether or not it was asked for.
 const DEVICEMAP: u32 = 2;
 
+fn shared_alloc(len: usize) -> Option<usize> {
+    let c = live().ok()?;
+    let fd = shm::create_segment("omps-pinned", len).ok()?;
+    let map = Mapping::map(fd.as_fd(), len).ok()?;
+    let addr = map.as_ptr() as usize;
+    c.host_request(hostmem::PIN, addr as u64, len as u64, Some(fd.as_raw_fd()))
+        .ok()?;
+    SHARED_MAPS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(addr, map);
+    Some(addr)
+}
+
 fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void, CUresult> {
     live()?;
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let layout =
-        std::alloc::Layout::from_size_align(size, 4096).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-    // SAFETY: non-zero size.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) };
-    if p.is_null() {
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    HOST.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(p as usize, (size, flags | DEVICEMAP, true));
+    let len = size
+        .checked_next_multiple_of(4096)
+        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    let (p, kind) = match shared_alloc(len) {
+        Some(p) => (p, Kind::Shared),
+        None => {
+            let layout = std::alloc::Layout::from_size_align(len, 4096)
+                .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+            // SAFETY: non-zero size.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) };
+            if p.is_null() {
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            (p as usize, Kind::Private)
+        }
+    };
+    HOST.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        p,
+        HostRange {
+            len,
+            flags: flags | DEVICEMAP,
+            kind,
+        },
+    );
     Ok(p as *mut c_void)
 }
 
@@ -70,20 +127,34 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry(|| {
-        let mut h = HOST.lock().unwrap_or_else(|e| e.into_inner());
-        match h.get(&(p as usize)) {
-            Some(&(n, _, true)) => {
-                h.remove(&(p as usize));
+        let r = {
+            let mut h = HOST.lock().unwrap_or_else(|e| e.into_inner());
+            match h.get(&(p as usize)) {
+                Some(r) if r.kind != Kind::Registered => h.remove(&(p as usize)).expect("present"),
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        };
+        match r.kind {
+            Kind::Shared => {
+                // The server releases its side once this client's queued work is done.
+                let res = live()?.host_request(hostmem::UNPIN, p as u64, r.len as u64, None);
+                SHARED_MAPS
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(HashMap::new)
+                    .remove(&(p as usize));
+                res
+            }
+            _ => {
                 // SAFETY: allocated by host_alloc with this size and alignment.
                 unsafe {
                     std::alloc::dealloc(
                         p as *mut u8,
-                        std::alloc::Layout::from_size_align_unchecked(n, 4096),
+                        std::alloc::Layout::from_size_align_unchecked(r.len, 4096),
                     )
                 };
                 Ok(())
             }
-            _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     })
 }
@@ -93,21 +164,33 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> CUresult {
     entry(|| {
-        let (_, _, f, _) = host_range(p as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (_, r) = host_range(p as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: the caller's pointer.
-        unsafe { out(flags, f) }
+        unsafe { out(flags, r.flags) }
     })
 }
 
+/// Shared allocations are mapped at the same address in the server, so the device
+/// pointer is the host pointer, as under unified addressing.
+///
+/// # Safety
+/// `d` is null or writable.
 #[no_mangle]
-pub extern "C" fn cuMemHostGetDevicePointer_v2(
-    _d: *mut CUdeviceptr,
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    d: *mut CUdeviceptr,
     p: *mut c_void,
-    _flags: c_uint,
+    flags: c_uint,
 ) -> CUresult {
     entry(|| {
-        host_range(p as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        Err(CUDA_ERROR_NOT_SUPPORTED)
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (_, r) = host_range(p as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if r.kind != Kind::Shared {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        // SAFETY: the caller's pointer.
+        unsafe { out(d, p as u64) }
     })
 }
 
@@ -125,9 +208,14 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uin
         if host_range(p as usize).is_some() || host_range(p as usize + size - 1).is_some() {
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }
-        HOST.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(p as usize, (size, flags, false));
+        HOST.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            p as usize,
+            HostRange {
+                len: size,
+                flags,
+                kind: Kind::Registered,
+            },
+        );
         Ok(())
     })
 }
@@ -138,7 +226,7 @@ pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     entry(|| {
         let mut h = HOST.lock().unwrap_or_else(|e| e.into_inner());
         match h.get(&(p as usize)) {
-            Some(&(_, _, false)) => {
+            Some(r) if r.kind == Kind::Registered => {
                 h.remove(&(p as usize));
                 Ok(())
             }
@@ -152,11 +240,11 @@ fn is_device(p: u64) -> bool {
     range_info(p).is_some()
 }
 
-fn copy_any(dst: u64, src: u64, len: usize, s: CUstream) -> Result<(), CUresult> {
+fn copy_any(dst: u64, src: u64, len: usize, s: CUstream, sync: bool) -> Result<(), CUresult> {
     match (is_device(dst), is_device(src)) {
         (true, true) => copy_dtod(dst, src, len, s),
-        (true, false) => copy_htod(dst, src as *const u8, len, s),
-        (false, true) => copy_dtoh(dst as *mut u8, src, len, s),
+        (true, false) => copy_htod(dst, src as *const u8, len, s, sync),
+        (false, true) => copy_dtoh(dst as *mut u8, src, len, s, sync),
         (false, false) => {
             if len > 0 {
                 // SAFETY: both are host memory of len bytes, per cuMemcpy's contract.
@@ -169,7 +257,7 @@ fn copy_any(dst: u64, src: u64, len: usize, s: CUstream) -> Result<(), CUresult>
 
 #[no_mangle]
 pub extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| copy_any(dst, src, n, std::ptr::null_mut()))
+    entry(|| copy_any(dst, src, n, std::ptr::null_mut(), true))
 }
 
 #[no_mangle]
@@ -179,7 +267,7 @@ pub extern "C" fn cuMemcpyAsync(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    entry(|| copy_any(dst, src, n, s))
+    entry(|| copy_any(dst, src, n, s, false))
 }
 
 const MEMORYTYPE_HOST: c_uint = 1;
@@ -248,7 +336,7 @@ fn base(kind: c_uint, host: usize, dev: u64) -> Result<u64, CUresult> {
 }
 
 /// A pitched copy as rows of plain copies; one copy when both sides are contiguous.
-fn copy_3d(c: &Memcpy3D, s: CUstream) -> Result<(), CUresult> {
+fn copy_3d(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult> {
     if c.src_lod != 0 || c.dst_lod != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -273,6 +361,7 @@ fn copy_3d(c: &Memcpy3D, s: CUstream) -> Result<(), CUresult> {
             at(src, 0, c.src_y, c.src_z, sp, sh),
             n,
             s,
+            sync,
         );
     }
     for z in 0..depth {
@@ -282,6 +371,7 @@ fn copy_3d(c: &Memcpy3D, s: CUstream) -> Result<(), CUresult> {
                 at(src, c.src_x, c.src_y + y, c.src_z + z, sp, sh),
                 c.width,
                 s,
+                sync,
             )?;
         }
     }
@@ -318,51 +408,63 @@ fn from_2d(c: &Memcpy2D) -> Memcpy3D {
     }
 }
 
-macro_rules! copies_2d_3d {
-    ($($name:ident($t:ty, $conv:expr, $stream:ident));* $(;)?) => {$(
-        /// # Safety
-        /// `c` points at a copy description whose memory is valid, as CUDA requires.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(c: *const $t, $stream: CUstream) -> CUresult {
-            entry(|| {
-                if c.is_null() {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                // SAFETY: the caller's description.
-                let d = $conv(unsafe { &*c });
-                copy_3d(&d, $stream)
-            })
+/// Runs a 2D or 3D copy description (converted to the 3D form).
+///
+/// # Safety
+/// `c` is null or points at a copy description whose memory is valid, as CUDA requires.
+unsafe fn copy_desc<T>(
+    c: *const T,
+    conv: impl FnOnce(&T) -> Memcpy3D,
+    s: CUstream,
+    sync: bool,
+) -> CUresult {
+    entry(|| {
+        if c.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
         }
-    )*};
-}
-
-copies_2d_3d! {
-    cuMemcpy2DAsync_v2(Memcpy2D, from_2d, s);
-    cuMemcpy3DAsync_v2(Memcpy3D, |c: &Memcpy3D| *c, s);
+        // SAFETY: the caller's description, non-null.
+        copy_3d(&conv(unsafe { &*c }), s, sync)
+    })
 }
 
 /// # Safety
-/// As cuMemcpy2DAsync_v2.
+/// `c` points at a valid copy description.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2(c: *const Memcpy2D, s: CUstream) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { copy_desc(c, from_2d, s, false) }
+}
+
+/// # Safety
+/// `c` points at a valid copy description.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2(c: *const Memcpy3D, s: CUstream) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { copy_desc(c, |c| *c, s, false) }
+}
+
+/// # Safety
+/// `c` points at a valid copy description.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy2D_v2(c: *const Memcpy2D) -> CUresult {
     // SAFETY: forwarded contract.
-    unsafe { cuMemcpy2DAsync_v2(c, std::ptr::null_mut()) }
+    unsafe { copy_desc(c, from_2d, std::ptr::null_mut(), true) }
 }
 
 /// # Safety
-/// As cuMemcpy2DAsync_v2.
+/// `c` points at a valid copy description.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(c: *const Memcpy2D) -> CUresult {
     // SAFETY: forwarded contract.
-    unsafe { cuMemcpy2DAsync_v2(c, std::ptr::null_mut()) }
+    unsafe { copy_desc(c, from_2d, std::ptr::null_mut(), true) }
 }
 
 /// # Safety
-/// As cuMemcpy3DAsync_v2.
+/// `c` points at a valid copy description.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy3D_v2(c: *const Memcpy3D) -> CUresult {
     // SAFETY: forwarded contract.
-    unsafe { cuMemcpy3DAsync_v2(c, std::ptr::null_mut()) }
+    unsafe { copy_desc(c, |c| *c, std::ptr::null_mut(), true) }
 }
 
 /// # Safety
@@ -423,14 +525,20 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 (MEMORY_TYPE, Some(_), _) => out(data as *mut c_uint, MEMORYTYPE_DEVICE),
                 (MEMORY_TYPE, None, Some(_)) => out(data as *mut c_uint, MEMORYTYPE_HOST),
                 (DEVICE_POINTER, Some(_), _) => out(data as *mut u64, p),
+                (DEVICE_POINTER, None, Some((_, r))) if r.kind == Kind::Shared => {
+                    out(data as *mut u64, p)
+                }
                 (HOST_POINTER, None, Some(_)) => out(data as *mut u64, p),
                 (IS_MANAGED, _, _) => out(data as *mut c_uint, 0),
                 (DEVICE_ORDINAL, Some((_, _, d)), _) => out(data as *mut c_int, d as c_int),
                 (RANGE_START_ADDR, Some((s, _, _)), _) => out(data as *mut u64, s),
-                (RANGE_START_ADDR, None, Some((s, _, _, _))) => out(data as *mut u64, s as u64),
+                (RANGE_START_ADDR, None, Some((s, _))) => out(data as *mut u64, s as u64),
                 (RANGE_SIZE, Some((_, n, _)), _) => out(data as *mut usize, n as usize),
-                (RANGE_SIZE, None, Some((_, n, _, _))) => out(data as *mut usize, n),
+                (RANGE_SIZE, None, Some((_, r))) => out(data as *mut usize, r.len),
                 (MAPPED, Some(_), _) => out(data as *mut c_uint, 1),
+                (MAPPED, None, Some((_, r))) => {
+                    out(data as *mut c_uint, c_uint::from(r.kind == Kind::Shared))
+                }
                 _ => Err(CUDA_ERROR_INVALID_VALUE),
             }
         }

@@ -4,10 +4,13 @@
 
 use super::ctx::current_dev;
 use super::exec::{stream_of, CUstream};
+use super::hostmem::is_shared;
 use super::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::segment::CHUNKS_PER_CHANNEL;
-use omps_ring::wire::{self, CallHdr, ChunkCopy, CopyDtoD, MemAlloc, MemFree, Memset, Op};
+use omps_ring::wire::{
+    self, CallHdr, ChunkCopy, CopyDtoD, MemAlloc, MemFree, Memset, Op, PinnedCopy,
+};
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -197,7 +200,15 @@ memsets! {
 }
 
 /// A pitched memset as one memset per row.
-fn memset_2d(dst: u64, pitch: usize, value: u32, elem_size: u32, width: usize, height: usize, stream: CUstream) -> Result<(), CUresult> {
+fn memset_2d(
+    dst: u64,
+    pitch: usize,
+    value: u32,
+    elem_size: u32,
+    width: usize,
+    height: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
     if height > 1 && pitch < width * elem_size as usize {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -233,6 +244,7 @@ pub(crate) fn copy_htod(
     src: *const u8,
     len: usize,
     stream: CUstream,
+    sync: bool,
 ) -> Result<(), CUresult> {
     if len == 0 {
         return Ok(());
@@ -242,6 +254,9 @@ pub(crate) fn copy_htod(
     }
     let dev = range_dev(dst, len as u64)?;
     let s = stream_of(stream)?;
+    if is_shared(src as u64, len) {
+        return pinned_copy(Op::CopyHtoDPinned, dev, dst, src as u64, len, s, sync);
+    }
     let c = live()?;
     let mut ch = c.channel();
     let chunk = c.params().chunk_bytes as usize;
@@ -268,12 +283,47 @@ pub(crate) fn copy_htod(
     Ok(())
 }
 
+/// A copy between device memory and a shared pinned allocation: one DMA in stream
+/// order, no staging. A synchronous copy waits for it, as CUDA's does.
+fn pinned_copy(
+    op: Op,
+    dev: usize,
+    dptr: u64,
+    host: u64,
+    len: usize,
+    stream: u32,
+    sync: bool,
+) -> Result<(), CUresult> {
+    let c = live()?;
+    let rec = PinnedCopy {
+        dev: dptr,
+        host,
+        len: len as u64,
+        stream,
+        _pad: 0,
+    };
+    c.push(dev, op, &[bytemuck::bytes_of(&rec)])?;
+    if sync {
+        let mut ch = c.channel();
+        ch.call(dev, Op::StreamSync, |call| {
+            bytemuck::bytes_of(&wire::HandleCall {
+                call,
+                id: stream,
+                _pad: 0,
+            })
+            .to_vec()
+        })?;
+    }
+    Ok(())
+}
+
 /// Device to host: keep up to CHUNKS_PER_CHANNEL pieces in flight, copy each out as it lands.
 pub(crate) fn copy_dtoh(
     dst: *mut u8,
     src: u64,
     len: usize,
     stream: CUstream,
+    sync: bool,
 ) -> Result<(), CUresult> {
     if len == 0 {
         return Ok(());
@@ -283,6 +333,9 @@ pub(crate) fn copy_dtoh(
     }
     let dev = range_dev(src, len as u64)?;
     let s = stream_of(stream)?;
+    if is_shared(dst as u64, len) {
+        return pinned_copy(Op::CopyDtoHPinned, dev, src, dst as u64, len, s, sync);
+    }
     let c = live()?;
     let mut ch = c.channel();
     ch.wait_all_chunks()?;
@@ -348,7 +401,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    entry(|| copy_htod(dst, src as *const u8, n, std::ptr::null_mut()))
+    entry(|| copy_htod(dst, src as *const u8, n, std::ptr::null_mut(), true))
 }
 
 /// # Safety
@@ -360,14 +413,14 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    entry(|| copy_htod(dst, src as *const u8, n, s))
+    entry(|| copy_htod(dst, src as *const u8, n, s, false))
 }
 
 /// # Safety
 /// `dst` is writable for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| copy_dtoh(dst as *mut u8, src, n, std::ptr::null_mut()))
+    entry(|| copy_dtoh(dst as *mut u8, src, n, std::ptr::null_mut(), true))
 }
 
 /// # Safety
@@ -379,7 +432,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    entry(|| copy_dtoh(dst as *mut u8, src, n, s))
+    entry(|| copy_dtoh(dst as *mut u8, src, n, s, false))
 }
 
 #[no_mangle]

@@ -112,7 +112,7 @@ impl ClientShared {
         use crate::gpu::code;
         const MAX_PINNED: u64 = 1 << 40;
         let page = 4096;
-        if len == 0 || len % page != 0 || addr % page != 0 || len > MAX_PINNED {
+        if len == 0 || !len.is_multiple_of(page) || !addr.is_multiple_of(page) || len > MAX_PINNED {
             return Err(code::INVALID_VALUE);
         }
         omps_ring::shm::check_segment(fd, len as usize).map_err(|_| code::INVALID_VALUE)?;

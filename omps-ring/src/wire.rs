@@ -68,6 +68,8 @@ ops! {
     /// the server (not by the GPU); answers pending asynchronous errors.
     Ping = 43 => CallHdr,
     FuncSetAttribute = 44 => FuncSetAttribute,
+    /// Questions for the driver that take a few numbers: occupancy, limits, cache config.
+    Query = 45 => Query,
     /// Copies between device memory and the client's pinned host memory: DMA, no staging.
     CopyHtoDPinned = 15 => PinnedCopy,
     CopyDtoHPinned = 16 => PinnedCopy,
@@ -242,6 +244,38 @@ pub struct FuncSetAttribute {
     pub attr: i32,
     pub value: i32,
     pub _pad: u32,
+}
+
+/// Followed, for the cluster queries, by `num_attrs` launch attributes. The answer is a
+/// [`U64Reply`] holding an i64.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Query {
+    pub call: CallHdr,
+    pub kind: u32,
+    /// A function id, for the queries about a function; else 0.
+    pub func: u32,
+    pub args: [i64; 7],
+    pub num_attrs: u32,
+    pub _pad: u32,
+}
+
+/// [`Query::kind`] values and their `args`.
+pub mod query {
+    /// (block size, dynamic shared memory, flags) -> blocks per multiprocessor.
+    pub const OCC_MAX_BLOCKS: u32 = 1;
+    /// (blocks, block size) -> dynamic shared memory bytes available per block.
+    pub const OCC_DYN_SMEM: u32 = 2;
+    /// (grid x y z, block x y z, shared memory) + attributes -> clusters.
+    pub const OCC_MAX_CLUSTERS: u32 = 3;
+    /// As OCC_MAX_CLUSTERS -> largest cluster size.
+    pub const OCC_MAX_CLUSTER_SIZE: u32 = 4;
+    /// (limit) -> value.
+    pub const CTX_GET_LIMIT: u32 = 5;
+    /// (limit, value).
+    pub const CTX_SET_LIMIT: u32 = 6;
+    /// (cache config) for a function.
+    pub const FUNC_CACHE_CONFIG: u32 = 7;
 }
 
 #[repr(C)]

@@ -115,6 +115,9 @@ pub trait Gpu: Send + Sync + 'static {
     fn module_global(&self, module: u64, name: &str) -> GpuResult<(u64, u64)>;
     fn func_attribute(&self, func: u64, attr: i32) -> GpuResult<i32>;
     fn func_set_attribute(&self, func: u64, attr: i32, value: i32) -> GpuResult<()>;
+    /// A wire::query question; `func` is the function handle (0 when none), `attrs`
+    /// launch attributes for the cluster questions.
+    fn query(&self, kind: u32, func: u64, args: [i64; 7], attrs: &[u8]) -> GpuResult<i64>;
     /// `attrs` holds CUlaunchAttribute records (wire::LAUNCH_ATTR_BYTES each), already
     /// checked to be forwardable.
     #[allow(clippy::too_many_arguments)]

@@ -26,6 +26,9 @@ pub fn driver_present() -> bool {
 type RawAttrFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
 type RawFuncAttrFn = unsafe extern "C" fn(*mut c_int, c_int, cu::CUfunction) -> c_int;
 type RawFuncSetAttrFn = unsafe extern "C" fn(cu::CUfunction, c_int, c_int) -> c_int;
+type RawGetLimitFn = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
+type RawSetLimitFn = unsafe extern "C" fn(c_int, usize) -> c_int;
+type RawCacheConfigFn = unsafe extern "C" fn(cu::CUfunction, c_int) -> c_int;
 
 /// Attribute getters taking a plain int: cudarc's enums cannot hold values this build of
 /// the bindings does not know, and the snapshot asks for every attribute number.
@@ -69,6 +72,9 @@ pub struct CudaGpu {
     attr_fn: RawAttrFn,
     func_attr_fn: RawFuncAttrFn,
     func_set_attr_fn: RawFuncSetAttrFn,
+    get_limit_fn: RawGetLimitFn,
+    set_limit_fn: RawSetLimitFn,
+    cache_config_fn: RawCacheConfigFn,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -94,6 +100,9 @@ impl CudaGpu {
             attr_fn: raw_fn(b"cuDeviceGetAttribute\0")?,
             func_attr_fn: raw_fn(b"cuFuncGetAttribute\0")?,
             func_set_attr_fn: raw_fn(b"cuFuncSetAttribute\0")?,
+            get_limit_fn: raw_fn(b"cuCtxGetLimit\0")?,
+            set_limit_fn: raw_fn(b"cuCtxSetLimit\0")?,
+            cache_config_fn: raw_fn(b"cuFuncSetCacheConfig\0")?,
         };
         g.bind();
         let (mut _least, mut greatest) = (0, 0);
@@ -378,6 +387,92 @@ impl Gpu for CudaGpu {
             Ok(())
         } else {
             Err(CuError(r))
+        }
+    }
+
+    fn query(&self, kind: u32, func: u64, a: [i64; 7], attrs: &[u8]) -> GpuResult<i64> {
+        use omps_ring::wire::query;
+        self.bind();
+        let f = func as cu::CUfunction;
+        let raw = |r: c_int| if r == 0 { Ok(()) } else { Err(CuError(r)) };
+        match kind {
+            query::OCC_MAX_BLOCKS => {
+                let mut n = 0;
+                // SAFETY: f is a live function; valid out-pointer.
+                ck(unsafe {
+                    cu::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+                        &mut n,
+                        f,
+                        a[0] as c_int,
+                        a[1] as usize,
+                        a[2] as u32,
+                    )
+                })?;
+                Ok(n as i64)
+            }
+            query::OCC_DYN_SMEM => {
+                let mut n = 0usize;
+                // SAFETY: f is a live function; valid out-pointer.
+                ck(unsafe {
+                    cu::cuOccupancyAvailableDynamicSMemPerBlock(
+                        &mut n,
+                        f,
+                        a[0] as c_int,
+                        a[1] as c_int,
+                    )
+                })?;
+                Ok(n as i64)
+            }
+            query::OCC_MAX_CLUSTERS | query::OCC_MAX_CLUSTER_SIZE => {
+                let n = attrs.len() / omps_ring::wire::LAUNCH_ATTR_BYTES;
+                // SAFETY: CUlaunchAttribute is plain data for which zero is valid.
+                let mut list: Vec<cu::CUlaunchAttribute> = vec![unsafe { std::mem::zeroed() }; n];
+                // SAFETY: list holds n records of LAUNCH_ATTR_BYTES bytes; attrs holds exactly n.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        attrs.as_ptr(),
+                        list.as_mut_ptr() as *mut u8,
+                        attrs.len(),
+                    )
+                };
+                let config = cu::CUlaunchConfig {
+                    gridDimX: a[0] as u32,
+                    gridDimY: a[1] as u32,
+                    gridDimZ: a[2] as u32,
+                    blockDimX: a[3] as u32,
+                    blockDimY: a[4] as u32,
+                    blockDimZ: a[5] as u32,
+                    sharedMemBytes: a[6] as u32,
+                    hStream: std::ptr::null_mut(),
+                    attrs: list.as_mut_ptr(),
+                    numAttrs: n as u32,
+                };
+                let mut r = 0;
+                // SAFETY: f is a live function; config and list outlive the call.
+                ck(unsafe {
+                    if kind == query::OCC_MAX_CLUSTERS {
+                        cu::cuOccupancyMaxActiveClusters(&mut r, f, &config)
+                    } else {
+                        cu::cuOccupancyMaxPotentialClusterSize(&mut r, f, &config)
+                    }
+                })?;
+                Ok(r as i64)
+            }
+            query::CTX_GET_LIMIT => {
+                let mut v = 0usize;
+                // SAFETY: valid out-pointer; the driver checks the limit number.
+                raw(unsafe { (self.get_limit_fn)(&mut v, a[0] as c_int) })?;
+                Ok(v as i64)
+            }
+            query::CTX_SET_LIMIT => {
+                // SAFETY: the driver checks the limit number and value.
+                raw(unsafe { (self.set_limit_fn)(a[0] as c_int, a[1] as usize) }).map(|_| 0)
+            }
+            query::FUNC_CACHE_CONFIG => {
+                // SAFETY: f is a live function; the driver checks the config.
+                raw(unsafe { (self.cache_config_fn)(f, a[0] as c_int) }).map(|_| 0)
+            }
+            _ => Err(CuError(code::NOT_SUPPORTED)),
         }
     }
 

@@ -342,6 +342,16 @@ impl Gpu for HostGpu {
         }
     }
 
+    fn query(&self, kind: u32, _func: u64, args: [i64; 7], _attrs: &[u8]) -> GpuResult<i64> {
+        use omps_ring::wire::query;
+        match kind {
+            query::OCC_MAX_BLOCKS => Ok(if args[0] > 0 { 2048 / args[0] } else { 0 }),
+            query::CTX_GET_LIMIT => Ok(1024),
+            query::CTX_SET_LIMIT | query::FUNC_CACHE_CONFIG => Ok(0),
+            _ => Err(CuError(code::NOT_SUPPORTED)),
+        }
+    }
+
     fn launch(
         &self,
         func: u64,

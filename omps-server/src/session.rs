@@ -137,6 +137,15 @@ impl Session {
             .map_err(|c| Malformed(format!("corrupt ring: {}", c.reason)))
     }
 
+    /// The pool stream of client stream `id`, for questions about it (queries and
+    /// synchronizing), which take no part in the legacy stream's ordering.
+    fn stream_pool(&self, id: u32) -> Result<usize, Malformed> {
+        self.streams
+            .get(&id)
+            .map(|s| s.pool)
+            .ok_or_else(|| Malformed(format!("unknown stream {id}")))
+    }
+
     /// The pool stream for work on client stream `id`, after the implicit ordering of
     /// the legacy default stream has been queued.
     fn stream(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<usize, Malformed> {
@@ -595,14 +604,42 @@ impl Session {
                 let r = gpu.func_set_attribute(f.handle, a.attr, a.value);
                 self.complete(a.call, r.err().map_or(0, |e| e.0), &[])?;
             }
+            Op::Query => {
+                let q = rec!(wire::Query);
+                if q.num_attrs > wire::MAX_LAUNCH_ATTRS
+                    || tail.len() != q.num_attrs as usize * wire::LAUNCH_ATTR_BYTES
+                {
+                    return bad("query: attribute bytes disagree with num_attrs");
+                }
+                for a in tail.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
+                    if !wire::launch_attr_forwardable(u32::from_le_bytes(
+                        a[..4].try_into().expect("4 bytes"),
+                    )) {
+                        return bad("query: attribute carries handles");
+                    }
+                }
+                let func = match q.kind {
+                    wire::query::CTX_GET_LIMIT | wire::query::CTX_SET_LIMIT => 0,
+                    _ => {
+                        self.functions
+                            .get(&q.func)
+                            .ok_or_else(|| Malformed(format!("unknown function {}", q.func)))?
+                            .handle
+                    }
+                };
+                let r = gpu
+                    .query(q.kind, func, q.args, tail)
+                    .map(|v| wire::U64Reply { value: v as u64 });
+                self.complete_pod(q.call, r)?;
+            }
             Op::StreamSync => {
                 let h = rec!(wire::HandleCall);
-                let s = self.stream(ctx, h.id)?;
+                let s = self.stream_pool(h.id)?;
                 self.complete_on_gpu(ctx, h.call, s)?;
             }
             Op::StreamQuery => {
                 let h = rec!(wire::HandleCall);
-                let s = self.stream(ctx, h.id)?;
+                let s = self.stream_pool(h.id)?;
                 let r = match gpu.stream_query(s) {
                     Ok(true) => self.take_pending(),
                     Ok(false) => code::NOT_READY,

@@ -355,11 +355,14 @@ pub extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CU
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     entry(|| {
         let c = ctx_or_current(std::ptr::null_mut())?;
-        let f = if c.primary {
-            primaries()[c.dev].flags.load(Ordering::Relaxed)
-        } else {
-            0
-        };
+        // Host memory is always mappable under unified addressing: CU_CTX_MAP_HOST is set.
+        const MAP_HOST: c_uint = 0x08;
+        let f = MAP_HOST
+            | if c.primary {
+                primaries()[c.dev].flags.load(Ordering::Relaxed)
+            } else {
+                0
+            };
         // SAFETY: the caller's pointer.
         unsafe { out(flags, f) }
     })

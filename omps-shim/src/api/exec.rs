@@ -50,7 +50,7 @@ pub(crate) fn per_thread<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// This thread's default stream on the current device, made on first use. Like CUDA's, it
-/// is non-blocking with respect to other streams.
+/// is a blocking stream: it synchronizes with the legacy default stream.
 fn per_thread_stream() -> Result<&'static Stream, CUresult> {
     let dev = current_dev()?;
     if let Some(s) =
@@ -61,7 +61,7 @@ fn per_thread_stream() -> Result<&'static Stream, CUresult> {
     let id = next_id();
     let rec = StreamCreate {
         id,
-        flags: 1,
+        flags: 0,
         priority: 0,
         _pad: 0,
     };
@@ -72,7 +72,7 @@ fn per_thread_stream() -> Result<&'static Stream, CUresult> {
             magic: AtomicU32::new(STREAM_MAGIC),
             id,
             dev,
-            flags: 1,
+            flags: 0,
             priority: 0,
         })
     };
@@ -93,6 +93,9 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<()
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = current_dev()?;
+    // Out-of-range priorities are clamped into the device's range, as the driver does.
+    let [least, greatest] = super::device::device(dev as CUdevice)?.stream_priority;
+    let priority = priority.clamp(greatest.min(least), least.max(greatest));
     let id = next_id();
     let rec = StreamCreate {
         id,

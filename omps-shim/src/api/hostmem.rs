@@ -70,6 +70,15 @@ fn shared_alloc(len: usize) -> Option<usize> {
     Some(addr)
 }
 
+/// Whether `p` starts a shared allocation made by cuMemHostAlloc (not a registration).
+fn allocated_here(p: usize) -> bool {
+    SHARED_MAPS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|m| m.contains_key(&p))
+}
+
 fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void, CUresult> {
     live()?;
     if size == 0 {
@@ -127,10 +136,18 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry(|| {
+        if p.is_null() {
+            return Ok(());
+        }
         let r = {
             let mut h = HOST.lock().unwrap_or_else(|e| e.into_inner());
             match h.get(&(p as usize)) {
-                Some(r) if r.kind != Kind::Registered => h.remove(&(p as usize)).expect("present"),
+                Some(r)
+                    if r.kind == Kind::Private
+                        || (r.kind == Kind::Shared && allocated_here(p as usize)) =>
+                {
+                    h.remove(&(p as usize)).expect("present")
+                }
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         };
@@ -194,44 +211,95 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     })
 }
 
-/// Registration is bookkeeping: copies from registered memory are staged as pageable ones.
-/// Mapping it for kernels (CU_MEMHOSTREGISTER_DEVICEMAP alone is fine to ask for) is not
-/// available, see cuMemHostGetDevicePointer.
+/// Registers the program's own memory. A page-aligned range is moved, in place and with
+/// its contents, onto a memfd shared with the server, which maps and registers it at the
+/// same address: copies are DMA and kernels reach it (zero-copy), as with the driver. Other
+/// ranges are bookkeeping only (copies stage; no device pointer): their pages hold other
+/// objects of the program, which must not be moved under its feet.
 #[no_mangle]
 pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresult {
+    const HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
     entry(|| {
         live()?;
         if p.is_null() || size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        const HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
         if host_range(p as usize).is_some() || host_range(p as usize + size - 1).is_some() {
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }
+        let kind = if share_in_place(p as usize, size) {
+            Kind::Shared
+        } else {
+            Kind::Registered
+        };
         HOST.lock().unwrap_or_else(|e| e.into_inner()).insert(
             p as usize,
             HostRange {
                 len: size,
                 flags,
-                kind: Kind::Registered,
+                kind,
             },
         );
         Ok(())
     })
 }
 
+fn share_in_place(p: usize, len: usize) -> bool {
+    const PAGE: usize = 4096;
+    if !p.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
+        return false;
+    }
+    let Ok(c) = live() else { return false };
+    let Ok(fd) = shm::create_segment("omps-registered", len) else {
+        return false;
+    };
+    let Ok(staging) = Mapping::map(fd.as_fd(), len) else {
+        return false;
+    };
+    // SAFETY: the program registered p..p+len, which must be its readable memory; staging
+    // is a fresh mapping of the same length.
+    unsafe { std::ptr::copy_nonoverlapping(p as *const u8, staging.as_ptr(), len) };
+    // SAFETY: MAP_FIXED replaces exactly the program's registered pages (whole pages of
+    // its own buffer) with the shared file now holding the same bytes.
+    let m = unsafe {
+        libc::mmap(
+            p as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if m != p as *mut c_void {
+        return false;
+    }
+    drop(staging);
+    c.host_request(hostmem::PIN, p as u64, len as u64, Some(fd.as_raw_fd()))
+        .is_ok()
+}
+
 #[no_mangle]
 pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     const HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
     entry(|| {
-        let mut h = HOST.lock().unwrap_or_else(|e| e.into_inner());
-        match h.get(&(p as usize)) {
-            Some(r) if r.kind == Kind::Registered => {
-                h.remove(&(p as usize));
-                Ok(())
+        let r = {
+            let mut h = HOST.lock().unwrap_or_else(|e| e.into_inner());
+            let ours = |r: &HostRange| {
+                r.kind == Kind::Registered
+                    || (r.kind == Kind::Shared && !allocated_here(p as usize))
+            };
+            match h.get(&(p as usize)) {
+                Some(r) if ours(r) => h.remove(&(p as usize)).expect("present"),
+                _ => return Err(HOST_MEMORY_NOT_REGISTERED),
             }
-            _ => Err(HOST_MEMORY_NOT_REGISTERED),
+        };
+        // The pages stay shared (the program keeps its memory and contents); the server
+        // lets go of them once this client's queued work is done.
+        if r.kind == Kind::Shared {
+            live()?.host_request(hostmem::UNPIN, p as u64, r.len as u64, None)?;
         }
+        Ok(())
     })
 }
 
@@ -554,20 +622,40 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     data: *mut *mut c_void,
     p: CUdeviceptr,
 ) -> CUresult {
+    const CONTEXT: c_int = 1;
+    const MEMORY_TYPE: c_int = 2;
+    const DEVICE_POINTER: c_int = 3;
+    const HOST_POINTER: c_int = 4;
+    const P2P_TOKENS: c_int = 5;
+    const DEVICE_ORDINAL: c_int = 9;
     entry(|| {
         if attrs.is_null() || data.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let known = range_info(p).is_some() || host_range(p as usize).is_some();
         for i in 0..n as usize {
             // SAFETY: n entries each, per the contract.
             let (a, d) = unsafe { (*attrs.add(i), *data.add(i)) };
-            // Unlike the single query, an unknown pointer is not an error here: the
-            // memory type then reads as 0 (unregistered host memory).
+            if d.is_null() {
+                continue;
+            }
             // SAFETY: d is writable for attribute a.
-            let r = unsafe { cuPointerGetAttribute(d, a, p) };
-            if r != CUDA_SUCCESS && !d.is_null() {
-                // SAFETY: as above; zero is the "unknown" answer for every attribute.
-                unsafe { (d as *mut u32).write(0) };
+            if unsafe { cuPointerGetAttribute(d, a, p) } == CUDA_SUCCESS {
+                continue;
+            }
+            // Unlike the single query, what does not apply is not an error here: the
+            // driver answers memory the program did not register as host memory unknown
+            // to CUDA (type 0, device -2, host pointer itself) and zero for the rest.
+            // SAFETY: d is writable for attribute a, whose size these cases follow.
+            unsafe {
+                match a {
+                    MEMORY_TYPE => (d as *mut u32).write(0),
+                    DEVICE_ORDINAL => (d as *mut i32).write(if known { 0 } else { -2 }),
+                    HOST_POINTER => (d as *mut u64).write(if known { 0 } else { p }),
+                    CONTEXT | DEVICE_POINTER | 7 | 11 | 12 | 17..=20 => (d as *mut u64).write(0),
+                    P2P_TOKENS => (d as *mut [u64; 2]).write([0; 2]),
+                    _ => (d as *mut u32).write(0),
+                }
             }
         }
         Ok(())

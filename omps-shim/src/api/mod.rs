@@ -9,6 +9,7 @@ pub mod mem;
 pub mod module;
 pub mod proc;
 pub mod ptds;
+pub mod query;
 
 use crate::cuda::*;
 use std::sync::atomic::{AtomicBool, Ordering};

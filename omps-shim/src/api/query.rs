@@ -1,0 +1,281 @@
+//! Questions only the server's driver can answer: occupancy, context limits, a function's
+//! cache preference. Each is one round trip.
+
+use super::ctx::current_dev;
+use super::exec::{function, CUfunction, LaunchConfig};
+use super::{entry, live, out};
+use crate::cuda::*;
+use omps_ring::wire::{self, query, Op, Query};
+use std::ffi::{c_int, c_uint};
+
+fn ask(dev: usize, kind: u32, func: u32, args: [i64; 7], attrs: &[u8]) -> Result<i64, CUresult> {
+    let c = live()?;
+    let mut ch = c.channel();
+    let q = |call| Query {
+        call,
+        kind,
+        func,
+        args,
+        num_attrs: (attrs.len() / wire::LAUNCH_ATTR_BYTES) as u32,
+        _pad: 0,
+    };
+    ch.call(dev, Op::Query, |call| {
+        let mut v = bytemuck::bytes_of(&q(call)).to_vec();
+        v.extend_from_slice(attrs);
+        v
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value as i64)
+}
+
+fn occupancy(f: CUfunction, block: c_int, smem: usize, flags: c_uint) -> Result<i64, CUresult> {
+    let func = function(f)?;
+    ask(
+        func.dev,
+        query::OCC_MAX_BLOCKS,
+        func.id,
+        [block as i64, smem as i64, flags as i64, 0, 0, 0, 0],
+        &[],
+    )
+}
+
+/// # Safety
+/// `n` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    n: *mut c_int,
+    f: CUfunction,
+    block: c_int,
+    smem: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(n, occupancy(f, block, smem, flags)? as c_int) })
+}
+
+/// # Safety
+/// `n` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    n: *mut c_int,
+    f: CUfunction,
+    block: c_int,
+    smem: usize,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, block, smem, 0) }
+}
+
+/// # Safety
+/// `size` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
+    size: *mut usize,
+    f: CUfunction,
+    blocks: c_int,
+    block: c_int,
+) -> CUresult {
+    entry(|| {
+        let func = function(f)?;
+        let v = ask(
+            func.dev,
+            query::OCC_DYN_SMEM,
+            func.id,
+            [blocks as i64, block as i64, 0, 0, 0, 0, 0],
+            &[],
+        )?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(size, v as usize) }
+    })
+}
+
+type SmemForBlock = Option<unsafe extern "C" fn(c_int) -> usize>;
+
+/// The block size with the highest occupancy, computed here from the server's occupancy
+/// answers, since the callback lives in this process.
+///
+/// # Safety
+/// `min_grid` and `block` are null or writable; `cb`, if given, is callable.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+    min_grid: *mut c_int,
+    block: *mut c_int,
+    f: CUfunction,
+    cb: SmemForBlock,
+    smem: usize,
+    limit: c_int,
+    flags: c_uint,
+) -> CUresult {
+    entry(|| {
+        let func = function(f)?;
+        let d = super::device::device(func.dev as CUdevice)?;
+        const WARP_SIZE: usize = 10;
+        const MULTIPROCESSOR_COUNT: usize = 16;
+        let warp = d.attribute(WARP_SIZE).unwrap_or(32).max(1);
+        let mut max = func.max_threads_per_block;
+        if limit > 0 {
+            max = max.min(limit);
+        }
+        let (mut best, mut best_bs, mut best_blocks) = (0i64, 0, 0i64);
+        let mut bs = max - max % warp;
+        while bs > 0 {
+            // SAFETY: the caller's callback.
+            let s = cb.map_or(smem, |cb| unsafe { cb(bs) });
+            let blocks = occupancy(f, bs, s, flags)?;
+            if blocks * bs as i64 > best {
+                (best, best_bs, best_blocks) = (blocks * bs as i64, bs, blocks);
+            }
+            bs -= warp;
+        }
+        let sms = d.attribute(MULTIPROCESSOR_COUNT).unwrap_or(1) as i64;
+        // SAFETY: the caller's pointers.
+        unsafe {
+            out(min_grid, (best_blocks * sms) as c_int)?;
+            out(block, best_bs)
+        }
+    })
+}
+
+/// # Safety
+/// As cuOccupancyMaxPotentialBlockSizeWithFlags.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
+    min_grid: *mut c_int,
+    block: *mut c_int,
+    f: CUfunction,
+    cb: SmemForBlock,
+    smem: usize,
+    limit: c_int,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block, f, cb, smem, limit, 0) }
+}
+
+/// # Safety
+/// `config` is a valid launch configuration.
+unsafe fn cluster_query(
+    kind: u32,
+    f: CUfunction,
+    config: *const LaunchConfig,
+) -> Result<i64, CUresult> {
+    let func = function(f)?;
+    if config.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's config.
+    let c = unsafe { &*config };
+    if c.num_attrs > wire::MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let attrs: &[u8] = if c.num_attrs == 0 {
+        &[]
+    } else {
+        // SAFETY: attrs holds num_attrs CUlaunchAttribute records.
+        unsafe {
+            std::slice::from_raw_parts(c.attrs, c.num_attrs as usize * wire::LAUNCH_ATTR_BYTES)
+        }
+    };
+    if attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES).any(|a| {
+        !wire::launch_attr_forwardable(u32::from_le_bytes(a[..4].try_into().expect("4 bytes")))
+    }) {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let g = |x: c_uint| x as i64;
+    let args = [
+        g(c.grid[0]),
+        g(c.grid[1]),
+        g(c.grid[2]),
+        g(c.block[0]),
+        g(c.block[1]),
+        g(c.block[2]),
+        g(c.shared_mem),
+    ];
+    ask(func.dev, kind, func.id, args, attrs)
+}
+
+/// # Safety
+/// `n` is null or writable; `config` is a valid launch configuration.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    n: *mut c_int,
+    f: CUfunction,
+    config: *const LaunchConfig,
+) -> CUresult {
+    // SAFETY: the caller's pointers.
+    entry(|| unsafe {
+        out(
+            n,
+            cluster_query(query::OCC_MAX_CLUSTERS, f, config)? as c_int,
+        )
+    })
+}
+
+/// # Safety
+/// `n` is null or writable; `config` is a valid launch configuration.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
+    n: *mut c_int,
+    f: CUfunction,
+    config: *const LaunchConfig,
+) -> CUresult {
+    // SAFETY: the caller's pointers.
+    entry(|| unsafe {
+        out(
+            n,
+            cluster_query(query::OCC_MAX_CLUSTER_SIZE, f, config)? as c_int,
+        )
+    })
+}
+
+/// Limits belong to the server's context, which every client of the GPU shares, as
+/// under MPS.
+///
+/// # Safety
+/// `v` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult {
+    entry(|| {
+        let x = ask(
+            current_dev()?,
+            query::CTX_GET_LIMIT,
+            0,
+            [limit as i64, 0, 0, 0, 0, 0, 0],
+            &[],
+        )?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(v, x as usize) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
+    entry(|| {
+        ask(
+            current_dev()?,
+            query::CTX_SET_LIMIT,
+            0,
+            [limit as i64, value as i64, 0, 0, 0, 0, 0],
+            &[],
+        )
+        .map(drop)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuFuncSetCacheConfig(f: CUfunction, config: c_int) -> CUresult {
+    entry(|| {
+        let func = function(f)?;
+        ask(
+            func.dev,
+            query::FUNC_CACHE_CONFIG,
+            func.id,
+            [config as i64, 0, 0, 0, 0, 0, 0],
+            &[],
+        )
+        .map(drop)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuKernelSetCacheConfig(k: CUfunction, config: c_int, _dev: CUdevice) -> CUresult {
+    cuFuncSetCacheConfig(k, config)
+}

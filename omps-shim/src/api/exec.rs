@@ -371,6 +371,49 @@ unsafe fn pack_args(
     }
 }
 
+/// The launch attributes the driver checks before queueing: cluster dimensions must
+/// divide the grid, and a cooperative grid must fit on the GPU at once. The latter needs
+/// the function's occupancy, one round trip, paid only by cooperative launches.
+fn check_attrs(
+    f: CUfunction,
+    func: &Function,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    attrs: &[u8],
+) -> Result<(), CUresult> {
+    const COOPERATIVE: u32 = 2;
+    const CLUSTER_DIMENSION: u32 = 4;
+    const INVALID_CLUSTER_SIZE: CUresult = 912;
+    const COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
+    const MULTIPROCESSOR_COUNT: usize = 16;
+    let word = |a: &[u8], i: usize| {
+        u32::from_le_bytes(a[8 + 4 * i..12 + 4 * i].try_into().expect("4 bytes"))
+    };
+    for a in attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
+        match u32::from_le_bytes(a[..4].try_into().expect("4 bytes")) {
+            CLUSTER_DIMENSION => {
+                let cluster = [word(a, 0), word(a, 1), word(a, 2)];
+                if (0..3).any(|i| cluster[i] == 0 || grid[i] % cluster[i] != 0) {
+                    return Err(INVALID_CLUSTER_SIZE);
+                }
+            }
+            COOPERATIVE if word(a, 0) != 0 => {
+                let threads = block.iter().product::<u32>() as i64;
+                let per_sm = super::query::occupancy(f, threads as c_int, shared as usize, 0)?;
+                let sms = super::device::device(func.dev as CUdevice)?
+                    .attribute(MULTIPROCESSOR_COUNT)
+                    .unwrap_or(0) as i64;
+                if grid.iter().map(|&g| g as i64).product::<i64>() > per_sm * sms {
+                    return Err(COOPERATIVE_LAUNCH_TOO_LARGE);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The checks the driver makes before it queues a launch, from the snapshot's limits.
 fn check_config(
     f: &Function,
@@ -423,6 +466,7 @@ unsafe fn launch(
 ) -> Result<(), CUresult> {
     let func = function(f)?;
     check_config(func, grid, block, shared)?;
+    check_attrs(f, func, grid, block, shared, attrs)?;
     let stream = match resolve_stream(s)? {
         Some(st) if st.dev != func.dev => return Err(CUDA_ERROR_INVALID_HANDLE),
         Some(st) => st.id,

@@ -27,7 +27,12 @@ fn ask(dev: usize, kind: u32, func: u32, args: [i64; 7], attrs: &[u8]) -> Result
     Ok(ch.reply::<wire::U64Reply>().value as i64)
 }
 
-fn occupancy(f: CUfunction, block: c_int, smem: usize, flags: c_uint) -> Result<i64, CUresult> {
+pub(crate) fn occupancy(
+    f: CUfunction,
+    block: c_int,
+    smem: usize,
+    flags: c_uint,
+) -> Result<i64, CUresult> {
     let func = function(f)?;
     ask(
         func.dev,

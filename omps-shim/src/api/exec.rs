@@ -394,7 +394,7 @@ fn check_attrs(
         match u32::from_le_bytes(a[..4].try_into().expect("4 bytes")) {
             CLUSTER_DIMENSION => {
                 let cluster = [word(a, 0), word(a, 1), word(a, 2)];
-                if (0..3).any(|i| cluster[i] == 0 || grid[i] % cluster[i] != 0) {
+                if (0..3).any(|i| cluster[i] == 0 || !grid[i].is_multiple_of(cluster[i])) {
                     return Err(INVALID_CLUSTER_SIZE);
                 }
             }

@@ -14,8 +14,8 @@ fn context_local_storage(c: &mut Criterion) {
     // SAFETY: slots 0 and 2 of the table are put and get with these signatures.
     let (put, get): (Put, Get) = unsafe {
         (
-            std::mem::transmute(CONTEXT_LOCAL_STORAGE.0[0]),
-            std::mem::transmute(CONTEXT_LOCAL_STORAGE.0[2]),
+            std::mem::transmute::<*const c_void, Put>(CONTEXT_LOCAL_STORAGE.0[0]),
+            std::mem::transmute::<*const c_void, Get>(CONTEXT_LOCAL_STORAGE.0[2]),
         )
     };
     let (ctx, key) = (0x1000 as *mut c_void, 0x2000 as *mut c_void);

@@ -541,3 +541,48 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod cls_tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    static DESTROYED: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn dtor(_ctx: *mut c_void, _key: *mut c_void, value: *mut c_void) {
+        DESTROYED.fetch_add(value as usize, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn put_get_delete_and_reset_behave_as_the_driver() {
+        let (ctx, key) = (0x51 as *mut c_void, 0x52 as *mut c_void);
+        let mut v = 7 as *mut c_void;
+        // SAFETY: valid out-pointers; a non-null context is only used as a key here.
+        unsafe {
+            assert_eq!(cls_get(&mut v, ctx, key), CUDA_ERROR_INVALID_HANDLE);
+            assert_eq!(v as usize, 7, "a miss leaves the value untouched");
+            assert_eq!(cls_put(ctx, key, 40 as *mut c_void, Some(dtor)), CUDA_SUCCESS);
+            assert_eq!(cls_get(&mut v, ctx, key), CUDA_SUCCESS);
+            assert_eq!(v as usize, 40);
+            // The thread's cached answer must not survive an overwrite.
+            assert_eq!(cls_put(ctx, key, 2 as *mut c_void, Some(dtor)), CUDA_SUCCESS);
+            assert_eq!(cls_get(&mut v, ctx, key), CUDA_SUCCESS);
+            assert_eq!(v as usize, 2);
+            assert_eq!(cls_delete(ctx, key), CUDA_SUCCESS);
+            assert_eq!(cls_get(&mut v, ctx, key), CUDA_ERROR_INVALID_HANDLE);
+            assert_eq!(cls_put(ctx, key, 3 as *mut c_void, Some(dtor)), CUDA_SUCCESS);
+        }
+        cls_reset(ctx);
+        assert_eq!(DESTROYED.load(Ordering::SeqCst), 3, "reset runs the destructor of what is stored");
+        // SAFETY: as above.
+        assert_eq!(unsafe { cls_get(&mut v, ctx, key) }, CUDA_ERROR_INVALID_HANDLE);
+    }
+
+    #[test]
+    fn integrity_answer_for_version_ending_in_zero_is_the_drivers_constant() {
+        let mut out = [0u64; 2];
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { integrity_check(13000, 1, &mut out) }, CUDA_SUCCESS);
+        assert_eq!(out, [0x3341_181C_03CB_675C, 0x8ED3_83AA_1F4C_D1E8]);
+    }
+}

@@ -17,6 +17,23 @@ fn ck(r: cu::CUresult) -> GpuResult<()> {
     }
 }
 
+/// Launch attributes from the wire (whole CUlaunchAttribute records) in an aligned list.
+fn attr_list(attrs: &[u8]) -> Vec<cu::CUlaunchAttribute> {
+    let n = attrs.len() / omps_ring::wire::LAUNCH_ATTR_BYTES;
+    // SAFETY: CUlaunchAttribute is plain data for which zero is valid.
+    let mut list: Vec<cu::CUlaunchAttribute> = vec![unsafe { std::mem::zeroed() }; n];
+    // SAFETY: list holds n records of LAUNCH_ATTR_BYTES bytes, the size of
+    // CUlaunchAttribute (checked at compile time); attrs holds at least n of them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            attrs.as_ptr(),
+            list.as_mut_ptr() as *mut u8,
+            n * omps_ring::wire::LAUNCH_ATTR_BYTES,
+        )
+    };
+    list
+}
+
 /// Whether libcuda can be loaded at all; checked before anything that would panic in cudarc.
 pub fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the library by its usual names.
@@ -424,17 +441,8 @@ impl Gpu for CudaGpu {
                 Ok(n as i64)
             }
             query::OCC_MAX_CLUSTERS | query::OCC_MAX_CLUSTER_SIZE => {
-                let n = attrs.len() / omps_ring::wire::LAUNCH_ATTR_BYTES;
-                // SAFETY: CUlaunchAttribute is plain data for which zero is valid.
-                let mut list: Vec<cu::CUlaunchAttribute> = vec![unsafe { std::mem::zeroed() }; n];
-                // SAFETY: list holds n records of LAUNCH_ATTR_BYTES bytes; attrs holds exactly n.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        attrs.as_ptr(),
-                        list.as_mut_ptr() as *mut u8,
-                        attrs.len(),
-                    )
-                };
+                let mut list = attr_list(attrs);
+                let n = list.len();
                 let config = cu::CUlaunchConfig {
                     gridDimX: a[0] as u32,
                     gridDimY: a[1] as u32,
@@ -521,14 +529,8 @@ impl Gpu for CudaGpu {
                 )
             });
         }
-        let n = attrs.len() / omps_ring::wire::LAUNCH_ATTR_BYTES;
-        // SAFETY: CUlaunchAttribute is plain data for which zero is valid.
-        let mut list: Vec<cu::CUlaunchAttribute> = vec![unsafe { std::mem::zeroed() }; n];
-        // SAFETY: list holds n records of LAUNCH_ATTR_BYTES (72) bytes, the size of
-        // CUlaunchAttribute; attrs holds exactly n of them.
-        unsafe {
-            std::ptr::copy_nonoverlapping(attrs.as_ptr(), list.as_mut_ptr() as *mut u8, attrs.len())
-        };
+        let mut list = attr_list(attrs);
+        let n = list.len();
         let config = cu::CUlaunchConfig {
             gridDimX: grid[0],
             gridDimY: grid[1],

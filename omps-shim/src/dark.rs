@@ -147,28 +147,30 @@ pub static CUDART_INTERFACE: Table<13> = Table([
 static HOOK_BUF_1: [u64; 1024] = [0; 1024];
 static HOOK_BUF_2: [u64; 16] = [0; 16];
 
-unsafe extern "C" fn hook_buffer_1(ptr: *mut *const c_void, size: *mut usize) {
+/// Hands out a static buffer and its size, as the driver's hooks [2] and [6] do.
+///
+/// # Safety
+/// `ptr` and `size` are null or writable.
+unsafe fn hook_buffer(buf: *const c_void, len: usize, ptr: *mut *const c_void, size: *mut usize) {
     // SAFETY: cudart's out-pointers (checked for null).
     unsafe {
         if !ptr.is_null() {
-            ptr.write(HOOK_BUF_1.as_ptr() as *const c_void);
+            ptr.write(buf);
         }
         if !size.is_null() {
-            size.write(1024);
+            size.write(len);
         }
     }
 }
 
+unsafe extern "C" fn hook_buffer_1(ptr: *mut *const c_void, size: *mut usize) {
+    // SAFETY: forwarded contract.
+    unsafe { hook_buffer(HOOK_BUF_1.as_ptr() as *const c_void, 1024, ptr, size) }
+}
+
 unsafe extern "C" fn hook_buffer_2(ptr: *mut *const c_void, size: *mut usize) {
-    // SAFETY: cudart's out-pointers (checked for null).
-    unsafe {
-        if !ptr.is_null() {
-            ptr.write(HOOK_BUF_2.as_ptr() as *const c_void);
-        }
-        if !size.is_null() {
-            size.write(14);
-        }
-    }
+    // SAFETY: forwarded contract.
+    unsafe { hook_buffer(HOOK_BUF_2.as_ptr() as *const c_void, 14, ptr, size) }
 }
 
 pub static TOOLS_HOOKS: Table<7> = Table([
@@ -561,21 +563,35 @@ mod cls_tests {
         unsafe {
             assert_eq!(cls_get(&mut v, ctx, key), CUDA_ERROR_INVALID_HANDLE);
             assert_eq!(v as usize, 7, "a miss leaves the value untouched");
-            assert_eq!(cls_put(ctx, key, 40 as *mut c_void, Some(dtor)), CUDA_SUCCESS);
+            assert_eq!(
+                cls_put(ctx, key, 40 as *mut c_void, Some(dtor)),
+                CUDA_SUCCESS
+            );
             assert_eq!(cls_get(&mut v, ctx, key), CUDA_SUCCESS);
             assert_eq!(v as usize, 40);
             // The thread's cached answer must not survive an overwrite.
-            assert_eq!(cls_put(ctx, key, 2 as *mut c_void, Some(dtor)), CUDA_SUCCESS);
+            assert_eq!(
+                cls_put(ctx, key, 2 as *mut c_void, Some(dtor)),
+                CUDA_SUCCESS
+            );
             assert_eq!(cls_get(&mut v, ctx, key), CUDA_SUCCESS);
             assert_eq!(v as usize, 2);
             assert_eq!(cls_delete(ctx, key), CUDA_SUCCESS);
             assert_eq!(cls_get(&mut v, ctx, key), CUDA_ERROR_INVALID_HANDLE);
-            assert_eq!(cls_put(ctx, key, 3 as *mut c_void, Some(dtor)), CUDA_SUCCESS);
+            assert_eq!(
+                cls_put(ctx, key, 3 as *mut c_void, Some(dtor)),
+                CUDA_SUCCESS
+            );
         }
         cls_reset(ctx);
-        assert_eq!(DESTROYED.load(Ordering::SeqCst), 3, "reset runs the destructor of what is stored");
+        assert_eq!(
+            DESTROYED.load(Ordering::SeqCst),
+            3,
+            "reset runs the destructor of what is stored"
+        );
         // SAFETY: as above.
-        assert_eq!(unsafe { cls_get(&mut v, ctx, key) }, CUDA_ERROR_INVALID_HANDLE);
+        let r = unsafe { cls_get(&mut v, ctx, key) };
+        assert_eq!(r, CUDA_ERROR_INVALID_HANDLE);
     }
 
     #[test]

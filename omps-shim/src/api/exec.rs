@@ -526,6 +526,39 @@ pub struct LaunchConfig {
     pub num_attrs: c_uint,
 }
 
+/// A launch configuration and its attributes as wire bytes, checked: attributes that
+/// carry handles (events, graph nodes) are refused with CUDA_ERROR_NOT_SUPPORTED.
+///
+/// # Safety
+/// `config` is null or a valid CUlaunchConfig whose attrs hold num_attrs records.
+pub(crate) unsafe fn config_parts<'a>(
+    config: *const LaunchConfig,
+) -> Result<(&'a LaunchConfig, &'a [u8]), CUresult> {
+    if config.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's config, non-null.
+    let c = unsafe { &*config };
+    if c.num_attrs > wire::MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let attrs: &[u8] = if c.num_attrs == 0 {
+        &[]
+    } else {
+        // SAFETY: attrs holds num_attrs CUlaunchAttribute records.
+        unsafe {
+            std::slice::from_raw_parts(c.attrs, c.num_attrs as usize * wire::LAUNCH_ATTR_BYTES)
+        }
+    };
+    let forwardable = |a: &[u8]| {
+        wire::launch_attr_forwardable(u32::from_le_bytes(a[..4].try_into().expect("4 bytes")))
+    };
+    if !attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES).all(forwardable) {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok((c, attrs))
+}
+
 /// Launch attributes are forwarded to the server's cuLaunchKernelEx; those that carry
 /// handles (events, graph nodes) are refused with CUDA_ERROR_NOT_SUPPORTED, not dropped.
 ///
@@ -539,29 +572,8 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     extra: *mut *mut c_void,
 ) -> CUresult {
     entry(|| {
-        if config.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
         // SAFETY: the caller's config.
-        let c = unsafe { &*config };
-        if c.num_attrs > wire::MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let attrs: &[u8] = if c.num_attrs == 0 {
-            &[]
-        } else {
-            // SAFETY: attrs holds num_attrs CUlaunchAttribute records.
-            unsafe {
-                std::slice::from_raw_parts(c.attrs, c.num_attrs as usize * wire::LAUNCH_ATTR_BYTES)
-            }
-        };
-        for a in attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
-            if !wire::launch_attr_forwardable(u32::from_le_bytes(
-                a[..4].try_into().expect("4 bytes"),
-            )) {
-                return Err(CUDA_ERROR_NOT_SUPPORTED);
-            }
-        }
+        let (c, attrs) = unsafe { config_parts(config) }?;
         // SAFETY: forwarded contract.
         unsafe {
             launch(

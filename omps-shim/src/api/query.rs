@@ -2,7 +2,7 @@
 //! cache preference. Each is one round trip.
 
 use super::ctx::current_dev;
-use super::exec::{function, CUfunction, LaunchConfig};
+use super::exec::{config_parts, function, CUfunction, LaunchConfig};
 use super::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::wire::{self, query, Op, Query};
@@ -163,27 +163,8 @@ unsafe fn cluster_query(
     config: *const LaunchConfig,
 ) -> Result<i64, CUresult> {
     let func = function(f)?;
-    if config.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
     // SAFETY: the caller's config.
-    let c = unsafe { &*config };
-    if c.num_attrs > wire::MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let attrs: &[u8] = if c.num_attrs == 0 {
-        &[]
-    } else {
-        // SAFETY: attrs holds num_attrs CUlaunchAttribute records.
-        unsafe {
-            std::slice::from_raw_parts(c.attrs, c.num_attrs as usize * wire::LAUNCH_ATTR_BYTES)
-        }
-    };
-    if attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES).any(|a| {
-        !wire::launch_attr_forwardable(u32::from_le_bytes(a[..4].try_into().expect("4 bytes")))
-    }) {
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
+    let (c, attrs) = unsafe { config_parts(config) }?;
     let g = |x: c_uint| x as i64;
     let args = [
         g(c.grid[0]),

@@ -4,9 +4,7 @@ use crate::client::ClientShared;
 use crate::gpu::{code, Gpu};
 use crate::worker::{self, ToWorker, WorkerConfig};
 use omps_ring::futex::Doorbell;
-use omps_ring::segment::{
-    state, DeviceSnapshot, LayoutParams, SegmentView, SnapshotTable, SEGMENT_MAGIC,
-};
+use omps_ring::segment::{DeviceSnapshot, LayoutParams, SegmentView, SnapshotTable, SEGMENT_MAGIC};
 use omps_ring::shm::{self, Mapping};
 use omps_ring::sock;
 use omps_ring::wire::{self, Hello, Welcome};
@@ -42,6 +40,8 @@ impl ServerConfig {
 
 struct WorkerHandle {
     tx: rtrb::Producer<ToWorker>,
+    /// Set by the worker while its GPU is in FAULT.
+    faulted: Arc<std::sync::atomic::AtomicBool>,
     bell_fd: OwnedFd,
     bell_map: Arc<Mapping>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -138,16 +138,18 @@ impl Server {
                 // Core 0 takes interrupts and the control thread; workers take the next ones.
                 cpu: (cfg.pin_workers && ncpu > 2).then_some(1 + i % (ncpu - 1)),
             };
-            let (g, m) = (gpu.clone(), bell_map.clone());
+            let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (g, m, f) = (gpu.clone(), bell_map.clone(), faulted.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("omps-gpu{i}"))
                 .spawn(move || {
                     // SAFETY: the mapping is page aligned and lives as long as `m`.
                     let bell = unsafe { &*(m.as_ptr() as *const Doorbell) };
-                    worker::run(g, rx, bell, wcfg)
+                    worker::run(g, rx, bell, wcfg, f)
                 })?;
             workers.push(WorkerHandle {
                 tx,
+                faulted,
                 bell_fd,
                 bell_map,
                 thread: Some(thread),
@@ -348,7 +350,7 @@ impl Server {
     }
 
     fn accept_client(&mut self, stream: UnixStream, pid: i32) -> io::Result<()> {
-        if self.any_fault().is_some() {
+        if self.any_fault() {
             let w = Welcome {
                 magic: wire::HELLO_MAGIC,
                 version: wire::PROTOCOL_VERSION,
@@ -430,12 +432,12 @@ impl Server {
         Ok(())
     }
 
-    fn any_fault(&self) -> Option<i32> {
-        self.clients.values().find_map(|(c, _)| {
-            let h = c.seg.header();
-            (h.server_state.load(Ordering::Relaxed) == state::FAULT)
-                .then(|| h.state_code.load(Ordering::Relaxed))
-        })
+    /// Whether a GPU is in FAULT: its clients have been told, new clients are refused
+    /// until they are gone and its worker has recreated the context.
+    fn any_fault(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|w| w.faulted.load(Ordering::SeqCst))
     }
 
     fn serve_control(&mut self, stream: UnixStream) -> io::Result<()> {
@@ -480,11 +482,7 @@ impl Server {
             "omps-server {} pid {} {}\npipe directory: {}\ndriver version: {}\nclients: {}\n",
             env!("CARGO_PKG_VERSION"),
             std::process::id(),
-            if let Some(e) = fault {
-                format!("FAULT (CUDA error {e})")
-            } else {
-                "ACTIVE".to_string()
-            },
+            if fault { "FAULT" } else { "ACTIVE" },
             self.cfg.pipe_dir.display(),
             self.driver_version,
             self.clients.len()

@@ -35,6 +35,11 @@ pub mod code {
     pub const UNKNOWN: i32 = 999;
 }
 
+/// Errors that poison a context: after one, nothing more runs in it until it is reset.
+pub fn is_sticky(e: i32) -> bool {
+    matches!(e, 214 | 700 | 702 | 714..=719)
+}
+
 /// CUfunction_attribute values the server asks for at module load.
 pub mod func_attr {
     pub const MAX_THREADS_PER_BLOCK: i32 = 0;
@@ -75,6 +80,8 @@ pub trait Gpu: Send + Sync + 'static {
     fn snapshot(&self) -> DeviceSnapshot;
     /// Number of work streams; as many marker streams follow them.
     fn pool_size(&self) -> usize;
+    /// Recreates the context after a fault (no client is left): every handle is gone.
+    fn reset(&self) -> GpuResult<()>;
     /// Work streams at the device's greatest priority, after the marker streams.
     fn priority_streams(&self) -> usize {
         0

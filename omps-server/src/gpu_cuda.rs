@@ -5,6 +5,7 @@ use cudarc::driver::sys as cu;
 use omps_ring::segment::{DeviceSnapshot, MAX_ATTRIBUTES};
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 const _: () =
     assert!(std::mem::size_of::<cu::CUlaunchAttribute>() == omps_ring::wire::LAUNCH_ATTR_BYTES);
@@ -84,8 +85,9 @@ pub struct CudaGpu {
     ordinal: usize,
     dev: cu::CUdevice,
     ctx: cu::CUcontext,
-    /// Work streams, then as many marker streams.
-    streams: Vec<cu::CUstream>,
+    /// Work streams, marker streams, high-priority work streams; atomics so that reset()
+    /// can recreate them after a fault.
+    streams: Vec<AtomicPtr<cu::CUstream_st>>,
     attr_fn: RawAttrFn,
     func_attr_fn: RawFuncAttrFn,
     func_set_attr_fn: RawFuncSetAttrFn,
@@ -121,18 +123,27 @@ impl CudaGpu {
             set_limit_fn: raw_fn(b"cuCtxSetLimit\0")?,
             cache_config_fn: raw_fn(b"cuFuncSetCacheConfig\0")?,
         };
-        g.bind();
+        g.streams = (0..3 * pool_size)
+            .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+            .collect();
+        g.create_streams()?;
+        Ok(g)
+    }
+
+    fn create_streams(&self) -> GpuResult<()> {
+        self.bind();
+        let pool_size = self.streams.len() / 3;
         let (mut _least, mut greatest) = (0, 0);
         // SAFETY: valid out-pointers; the context is current.
         ck(unsafe { cu::cuCtxGetStreamPriorityRange(&mut _least, &mut greatest) })?;
-        for i in 0..3 * pool_size {
+        for (i, slot) in self.streams.iter().enumerate() {
             let mut s = std::ptr::null_mut();
             let priority = if i < 2 * pool_size { 0 } else { greatest };
             // SAFETY: context is current; non-blocking so the pool never syncs with stream 0.
             ck(unsafe { cu::cuStreamCreateWithPriority(&mut s, 1, priority) })?;
-            g.streams.push(s);
+            slot.store(s, Ordering::Release);
         }
-        Ok(g)
+        Ok(())
     }
 
     fn bind(&self) {
@@ -149,7 +160,7 @@ impl CudaGpu {
     fn stream(&self, s: usize) -> GpuResult<cu::CUstream> {
         self.streams
             .get(s)
-            .copied()
+            .map(|p| p.load(Ordering::Acquire))
             .ok_or(CuError(code::INVALID_HANDLE))
     }
 
@@ -240,6 +251,22 @@ impl Gpu for CudaGpu {
 
     fn pool_size(&self) -> usize {
         self.streams.len() / 3
+    }
+
+    fn reset(&self) -> GpuResult<()> {
+        // SAFETY: called by the worker once no client of this GPU is left; the reset
+        // destroys everything the context held, and the primary context stays current.
+        ck(unsafe { cu::cuDevicePrimaryCtxReset_v2(self.dev) })?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the reference from open() was dropped by the reset.
+        ck(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, self.dev) })?;
+        if ctx != self.ctx {
+            tracing::error!("the primary context changed handle across a reset");
+            return Err(CuError(code::UNKNOWN));
+        }
+        // SAFETY: ctx is retained; make it current here again.
+        ck(unsafe { cu::cuCtxSetCurrent(ctx) })?;
+        self.create_streams()
     }
 
     fn priority_streams(&self) -> usize {

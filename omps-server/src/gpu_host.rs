@@ -166,6 +166,15 @@ impl Gpu for HostGpu {
         s
     }
 
+    fn reset(&self) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.sticky = None;
+        st.events.clear();
+        st.modules.clear();
+        st.mem.clear();
+        Ok(())
+    }
+
     fn pool_size(&self) -> usize {
         4
     }

@@ -281,6 +281,9 @@ impl Session {
                 Ok(())
             }
             Err(e) => {
+                if crate::gpu::is_sticky(e.0) {
+                    ctx.enter_fault(e.0);
+                }
                 self.note_error(e);
                 self.signal_now(channel, word, seq, e.0)
             }

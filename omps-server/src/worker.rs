@@ -56,13 +56,20 @@ pub struct WorkerCtx {
     next_marker: usize,
     last_fault_check: Instant,
     pub fault: Option<i32>,
+    /// Shared with the control thread, which refuses new clients while it is set.
+    faulted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl WorkerCtx {
     pub fn new(gpu: Arc<dyn Gpu>) -> GpuResult<Self> {
-        let scratch_events = (0..2 * gpu.pool_size() + gpu.priority_streams())
-            .map(|_| gpu.event_create(0x2))
-            .collect::<GpuResult<Vec<_>>>()?;
+        Self::with_fault_flag(gpu, Default::default())
+    }
+
+    pub fn with_fault_flag(
+        gpu: Arc<dyn Gpu>,
+        faulted: Arc<std::sync::atomic::AtomicBool>,
+    ) -> GpuResult<Self> {
+        let scratch_events = Self::scratch_events(&*gpu)?;
         Ok(WorkerCtx {
             gpu,
             markers: Vec::new(),
@@ -72,7 +79,40 @@ impl WorkerCtx {
             next_marker: 0,
             last_fault_check: Instant::now(),
             fault: None,
+            faulted,
         })
+    }
+
+    fn scratch_events(gpu: &dyn Gpu) -> GpuResult<Vec<u64>> {
+        (0..2 * gpu.pool_size() + gpu.priority_streams())
+            .map(|_| gpu.event_create(0x2))
+            .collect()
+    }
+
+    /// Once every client of a faulted GPU is gone and released, recreate its context, as
+    /// MPS does, and accept clients again.
+    fn recover(&mut self) {
+        let dev = self.gpu.ordinal();
+        match self
+            .gpu
+            .reset()
+            .and_then(|_| Self::scratch_events(&*self.gpu))
+        {
+            Ok(events) => {
+                self.scratch_events = events;
+                self.fault = None;
+                self.faulted.store(false, Ordering::SeqCst);
+                tracing::info!(
+                    gpu = dev,
+                    "context recreated after the fault; accepting clients again"
+                );
+            }
+            Err(e) => tracing::error!(
+                gpu = dev,
+                "recreating the context failed: CUDA error {}",
+                e.0
+            ),
+        }
     }
 
     /// Round robin over the pool: client streams share hardware queues evenly.
@@ -243,7 +283,8 @@ impl WorkerCtx {
     }
 
     /// A sticky error poisoned the context: every waiting client gets it.
-    fn enter_fault(&mut self, e: i32) {
+    pub fn enter_fault(&mut self, e: i32) {
+        self.faulted.store(true, Ordering::SeqCst);
         if self.fault.is_none() {
             tracing::error!(
                 gpu = self.gpu.ordinal(),
@@ -298,12 +339,13 @@ pub fn run(
     mut rx: rtrb::Consumer<ToWorker>,
     bell: &Doorbell,
     cfg: WorkerConfig,
+    faulted: Arc<std::sync::atomic::AtomicBool>,
 ) {
     if let Some(cpu) = cfg.cpu {
         pin_to(cpu);
     }
     let dev = gpu.ordinal();
-    let mut ctx = match WorkerCtx::new(gpu) {
+    let mut ctx = match WorkerCtx::with_fault_flag(gpu, faulted) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(gpu = dev, "worker cannot start: {}", e.0);
@@ -383,6 +425,18 @@ pub fn run(
         }
         ctx.poll_markers();
         ctx.poll_deferred();
+        if let Some(e) = ctx.fault {
+            // Every client of the GPU learns of the fault (MPS's contract), and once they
+            // are all gone the context is recreated.
+            for s in &sessions {
+                if s.client.seg.header().server_state.load(Ordering::Relaxed) != state::FAULT {
+                    s.client.set_state(state::FAULT, e);
+                }
+            }
+            if sessions.is_empty() && ctx.deferred.is_empty() {
+                ctx.recover();
+            }
+        }
         if busy {
             last_work = Instant::now();
         } else if last_work.elapsed() >= cfg.spin {

@@ -193,3 +193,114 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
         .expect("second server refused");
     assert!(err.to_string().contains("already listens"), "{err}");
 }
+
+/// Loads the host test module through a bare connection; returns (name, function id).
+fn load_host_module(c: &Conn) -> Vec<(String, u32)> {
+    use omps_ring::wire::{ChunkCopy, FunctionDesc, ModuleLoad, ModuleReply};
+    let img = HOST_MODULE.as_bytes();
+    let mut ch = c.channel();
+    ch.wait_chunk(0).unwrap();
+    let (p, _) = ch.chunk_ptr(0);
+    // SAFETY: the chunk is ours and larger than the image.
+    unsafe { std::ptr::copy_nonoverlapping(img.as_ptr(), p, img.len()) };
+    let seq = ch.claim_chunk(0);
+    let rec = ChunkCopy {
+        channel: ch.idx,
+        chunk: 0,
+        len: img.len() as u32,
+        seq,
+        ..Default::default()
+    };
+    c.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    ch.wait_chunk(0).unwrap();
+    ch.call(0, Op::ModuleLoad, |call| {
+        bytemuck::bytes_of(&ModuleLoad {
+            call,
+            blob_len: img.len() as u64,
+        })
+        .to_vec()
+    })
+    .unwrap();
+    let (p, cap) = ch.chunk_ptr(0);
+    // SAFETY: the server wrote the function table into chunk 0 before answering.
+    let r = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
+    let head: ModuleReply = wire::get(r).unwrap();
+    (0..head.num_functions as usize)
+        .map(|i| {
+            let d: FunctionDesc = wire::get(&r[16 + i * 32..]).unwrap();
+            let name = String::from_utf8(
+                r[d.name_offset as usize..(d.name_offset + d.name_len) as usize].to_vec(),
+            )
+            .unwrap();
+            (name, d.func)
+        })
+        .collect()
+}
+
+#[test]
+fn a_fault_fails_every_client_refuses_new_ones_and_recovers_once_they_are_gone() {
+    let srv = TestServer::start("fault");
+    let bystander = Conn::connect_to(&srv.socket()).unwrap();
+    let culprit = Conn::connect_to(&srv.socket()).unwrap();
+    let funcs = load_host_module(&culprit);
+    let trap = funcs.iter().find(|f| f.0 == "trap").unwrap().1;
+    let launch = wire::Launch {
+        func: trap,
+        grid: [1; 3],
+        block: [1; 3],
+        ..Default::default()
+    };
+    culprit
+        .push(0, Op::Launch, &[bytemuck::bytes_of(&launch)])
+        .unwrap();
+    let sync = |c: &Conn| {
+        let mut ch = c.channel();
+        ch.call(0, Op::StreamSync, |call| {
+            bytemuck::bytes_of(&wire::HandleCall {
+                call,
+                id: 0,
+                _pad: 0,
+            })
+            .to_vec()
+        })
+    };
+    assert!(
+        sync(&culprit).is_err(),
+        "the fault surfaces at the next synchronization"
+    );
+    // Every client of the GPU is told; new clients are refused while it lasts.
+    let t = Instant::now();
+    while bystander.check_alive().is_ok() && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        bystander.seg().header().server_state.load(Ordering::SeqCst),
+        state::FAULT
+    );
+    assert!(srv.ctl("status").1.contains("FAULT"));
+    let refused = Conn::connect_to(&srv.socket())
+        .err()
+        .expect("refused during the fault");
+    assert_eq!(
+        refused.0, 807,
+        "CUDA_ERROR_MPS_SERVER_NOT_READY: {}",
+        refused.1
+    );
+    // Once the faulted clients are gone, the context is recreated and clients work again.
+    drop(culprit);
+    drop(bystander);
+    let t = Instant::now();
+    let fresh = loop {
+        match Conn::connect_to(&srv.socket()) {
+            Ok(c) => break c,
+            Err(_) if t.elapsed() < Duration::from_secs(3) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("no recovery: {}", e.1),
+        }
+    };
+    assert!(srv.ctl("status").1.contains("ACTIVE"));
+    assert_ne!(alloc(&fresh, 4096), 0);
+    sync(&fresh).unwrap();
+}

@@ -20,6 +20,8 @@
 #      cudart's dlopen("libcuda.so.1") finds the shim; diffs both against
 #      native. kernel_fault runs last and the omps server is restarted after
 #      each of its omps runs (a fault may leave the server's context broken);
+#  6b. device printf beside others: rt/device_printf under omps while 2
+#      bench_overhead clients run beside it; its output must match native;
 #   2. concurrency: N = 1, 4, 8 copies of spin_concurrency started at one
 #      instant, natively (time-slicing), under NVIDIA MPS and under omps;
 #      makespan = max(end) - min(start), median of --reps runs (default 3);
@@ -32,8 +34,8 @@
 #   4. vandal: ring_vandal scribbles on its ring while 4 vector_add run; the
 #      server must disconnect it and keep serving the others;
 #   5. stops the server and prints the end of its log.
-# --no-rt skips 6 and 7 (and the runtime-API build); --rt-only runs only the
-# runtime-API build, 6 and 7.
+# --no-rt skips 6, 6b and 7 (and the runtime-API build); --rt-only runs only the
+# runtime-API build, 6, 6b and 7.
 # The omps binaries are expected prebuilt in target/release/ (omps-server,
 # omps-ctl, libomps_shim.so, examples/ring_vandal). With --native-only, or
 # when they are missing, the omps columns are skipped (and said so).
@@ -54,7 +56,7 @@ while [ $# -gt 0 ]; do
         --reps) REPS=${2:?--reps needs a value}; shift ;;
         --no-rt) RT=0 ;;
         --rt-only) RT_ONLY=1 ;;
-        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -715,6 +717,34 @@ rt_correctness() {
     done
 }
 
+# Device printf must reach the client that printed while others, which do not print,
+# share the server: rt/device_printf under omps beside 2 x bench_overhead.
+PRINTF_BESIDE="not run"
+rt_printf_beside() {
+    [ "$OMPS" -eq 1 ] && [ -x "$RTBIN/device_printf" ] && [ -x "$RTBIN/bench_overhead" ] || return 0
+    ensure_omps || { PRINTF_BESIDE="NO SERVER"; note_fail; return; }
+    section "6b. device printf beside other clients"
+    local o="$WORK/rt.device_printf.beside" bg=() i rc v
+    for i in 1 2; do
+        as_omps "$RTBIN/bench_overhead" --launches 200000 --reps 100000 >"$WORK/beside.$i" 2>&1 &
+        bg+=($!)
+    done
+    sleep 1
+    as_omps "$RTBIN/device_printf" >"$o" 2>"$o.err"; rc=$?
+    v=$(verdict $rc "$o")
+    show_output "rt/device_printf beside 2 x bench_overhead (rc=$rc)" "$o"
+    if ! cmp -s "$WORK/rt.device_printf.native" "$o"; then
+        diff "$WORK/rt.device_printf.native" "$o" | head -n 20 | sed 's/^/    /'
+        [ "$v" = PASS ] && v="PASS, output differs"
+    fi
+    local alive=0
+    for i in "${bg[@]}"; do kill -0 "$i" 2>/dev/null && alive=$((alive + 1)); done
+    for i in "${bg[@]}"; do kill "$i" 2>/dev/null; wait "$i" 2>/dev/null; done
+    PRINTF_BESIDE="$v ($alive of 2 others still running when it ended)"
+    [ "$v" = PASS ] && [ "$alive" -eq 2 ] || note_fail
+    log ">>> rt/device_printf beside others: $PRINTF_BESIDE"
+}
+
 # ---------------------------------------------------------------- 7. overhead benchmark
 
 declare -A BENCH BENCH_UNIT   # BENCH[mode,key] = median | FAIL | skipped; BENCH_UNIT[key]
@@ -839,6 +869,7 @@ write_table() {
             for p in $RT_PROGS; do
                 echo "| rt/$p | ${RT_NAT[$p]:-not run} | ${RT_PRE[$p]:-not run} | ${RT_LIB[$p]:-not run} | ${RT_RES[$p]:-not run} |"
             done
+            echo "| rt/device_printf beside 2 x bench_overhead | - | $PRINTF_BESIDE | - | ${PRINTF_BESIDE%% *} |"
             echo
             echo "rt/*: tests/cuda/rt, nvcc -arch=$RT_ARCH, static cudart (rt/per_thread_stream: --default-stream per-thread);"
             echo "preload = LD_PRELOAD=libomps_shim.so; libpath = LD_LIBRARY_PATH=<dir with libcuda.so.1 -> libomps_shim.so>"
@@ -892,7 +923,7 @@ main() {
         start_omps || { log "omps-server failed to start"; note_fail; }
     fi
     [ "$RT_ONLY" -eq 0 ] && correctness
-    [ "$RT" -eq 1 ] && rt_correctness
+    [ "$RT" -eq 1 ] && { rt_correctness; rt_printf_beside; }
     stop_omps                      # no omps server while native and MPS are timed
 
     if [ "$RT_ONLY" -eq 0 ]; then

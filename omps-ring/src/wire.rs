@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -371,9 +371,11 @@ pub struct Welcome {
     pub segment_len: u64,
 }
 
-/// A request on the client's socket after the handshake: pinned host memory.
-/// `PIN` carries a memfd (SCM_RIGHTS) that the server maps at `addr` and registers;
-/// `UNPIN` releases `addr` once the client's queued work is done.
+/// A request on the client's socket after the handshake. Pinned host memory: `PIN`
+/// carries a memfd (SCM_RIGHTS) that the server maps at `addr` and registers; `UNPIN`
+/// releases `addr` once the client's queued work is done. Device printf: `PRINTF_USE`
+/// says the client loaded code that may call printf (`len`: a [`printf_use`] level);
+/// `PRINTF_FLUSH` asks for the printf output of GPU `addr` so far, which follows the reply.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct HostMemRequest {
@@ -386,15 +388,29 @@ pub struct HostMemRequest {
 pub mod hostmem {
     pub const PIN: u32 = 1;
     pub const UNPIN: u32 = 2;
+    pub const PRINTF_USE: u32 = 3;
+    pub const PRINTF_FLUSH: u32 = 4;
 }
 
-/// The answer: a CUresult.
+/// How sure the shim is that a client's code calls device printf, weakest first.
+pub mod printf_use {
+    pub const NONE: u64 = 0;
+    /// Its images hold compressed code the shim does not look into.
+    pub const MAYBE: u64 = 1;
+    /// The code the GPU runs references `vprintf`.
+    pub const YES: u64 = 2;
+}
+
+/// The answer: a CUresult, and how many bytes of text follow it on the socket.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct HostMemReply {
     pub status: i32,
-    pub _pad: u32,
+    pub text_len: u32,
 }
+
+/// Most text one `PRINTF_FLUSH` reply carries; the rest waits for the next flush.
+pub const PRINTF_REPLY_MAX: usize = 4 << 20;
 
 /// Size of the per-GPU doorbell page shared by all clients of that GPU.
 pub const DOORBELL_PAGE: usize = 4096;

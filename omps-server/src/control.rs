@@ -2,6 +2,7 @@
 
 use crate::client::ClientShared;
 use crate::gpu::{code, Gpu};
+use crate::printf::PrintfRouter;
 use crate::worker::{self, ToWorker, WorkerConfig};
 use omps_ring::futex::Doorbell;
 use omps_ring::segment::{DeviceSnapshot, LayoutParams, SegmentView, SnapshotTable, SEGMENT_MAGIC};
@@ -22,6 +23,9 @@ pub struct ServerConfig {
     pub pipe_dir: PathBuf,
     pub spin: Duration,
     pub pin_workers: bool,
+    /// Point this process's fd 1 at the printf router (see [`crate::printf`]); only a
+    /// server process does this, never a test that runs the server in its own process.
+    pub capture_printf: bool,
 }
 
 impl ServerConfig {
@@ -34,6 +38,7 @@ impl ServerConfig {
             pipe_dir: sock::pipe_directory(),
             spin: Duration::from_micros(spin_us),
             pin_workers: std::env::var_os("OMPS_NO_PIN").is_none(),
+            capture_printf: true,
         }
     }
 }
@@ -78,6 +83,7 @@ pub struct Server {
     driver_version: i32,
     workers: Vec<WorkerHandle>,
     clients: HashMap<u32, (Arc<ClientShared>, UnixStream)>,
+    printf: PrintfRouter,
     exiting: Vec<Arc<ClientShared>>,
     next_id: u32,
     uid: u32,
@@ -126,6 +132,10 @@ impl Server {
         driver_version: i32,
     ) -> io::Result<Server> {
         let (listener, socket_path) = bind(&cfg.pipe_dir)?;
+        let printf = PrintfRouter::new(cfg.capture_printf)?;
+        for g in &gpus {
+            g.set_printf_output(printf.write_fd());
+        }
         let snapshots = gpus.iter().map(|g| g.snapshot()).collect();
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
@@ -165,6 +175,7 @@ impl Server {
             driver_version,
             workers,
             clients: HashMap::new(),
+            printf,
             exiting: Vec::new(),
             next_id: 1,
             // SAFETY: getuid has no preconditions.
@@ -283,18 +294,39 @@ impl Server {
                     None => code::INVALID_VALUE,
                 }
             }
+            (wire::hostmem::PRINTF_USE, []) if req.len <= wire::printf_use::YES => {
+                self.printf.declare(id, req.len);
+                0
+            }
+            (wire::hostmem::PRINTF_FLUSH, []) => {
+                let Some(gpu) = self.gpus.get(req.addr as usize) else {
+                    return Self::reply(s, code::INVALID_DEVICE, &[]);
+                };
+                let text = self.printf.flush(&**gpu, id, wire::PRINTF_REPLY_MAX);
+                return Self::reply(s, 0, &text);
+            }
             _ => {
                 c.disconnect(code::MPS_CLIENT_TERMINATED, "malformed socket request");
                 return true;
             }
         };
-        let reply = wire::HostMemReply { status, _pad: 0 };
-        sock::send_with_fds(fd, bytemuck::bytes_of(&reply), &[]).is_err()
+        Self::reply(s, status, &[])
+    }
+
+    /// Answers a socket request: the status, then `text`. Returns whether the client is gone.
+    fn reply(s: &UnixStream, status: i32, text: &[u8]) -> bool {
+        let reply = wire::HostMemReply {
+            status,
+            text_len: text.len() as u32,
+        };
+        sock::send_with_fds(s.as_raw_fd(), bytemuck::bytes_of(&reply), &[]).is_err()
+            || io::Write::write_all(&mut &*s, text).is_err()
     }
 
     fn retire_client(&mut self, id: u32) {
         if let Some((c, _)) = self.clients.remove(&id) {
             c.gone.store(true, Ordering::SeqCst);
+            self.printf.forget(id);
             tracing::info!(
                 client = id,
                 pid = c.pid,

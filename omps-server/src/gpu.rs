@@ -22,6 +22,7 @@ pub mod code {
     pub const OUT_OF_MEMORY: i32 = 2;
     pub const NOT_INITIALIZED: i32 = 3;
     pub const INVALID_IMAGE: i32 = 200;
+    pub const INVALID_DEVICE: i32 = 101;
     pub const INVALID_HANDLE: i32 = 400;
     pub const NOT_FOUND: i32 = 500;
     pub const NOT_READY: i32 = 600;
@@ -148,4 +149,10 @@ pub trait Gpu: Send + Sync + 'static {
     fn event_elapsed(&self, start: u64, end: u64) -> GpuResult<f32>;
     /// Ok(true) when idle, Ok(false) when work is pending; an error is sticky.
     fn stream_query(&self, s: usize) -> GpuResult<bool>;
+
+    /// Makes the driver write out the context's device printf buffer (see [`crate::printf`])
+    /// without waiting for any work; may be called from any thread.
+    fn flush_printf(&self) -> GpuResult<()>;
+    /// Where printf output goes for a GPU that does not write to fd 1 itself.
+    fn set_printf_output(&self, _fd: std::os::fd::RawFd) {}
 }

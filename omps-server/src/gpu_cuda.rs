@@ -88,6 +88,8 @@ pub struct CudaGpu {
     /// Work streams, marker streams, high-priority work streams; atomics so that reset()
     /// can recreate them after a fault.
     streams: Vec<AtomicPtr<cu::CUstream_st>>,
+    /// Never given work: synchronizing it makes the driver write out printf output at once.
+    printf_stream: AtomicPtr<cu::CUstream_st>,
     attr_fn: RawAttrFn,
     func_attr_fn: RawFuncAttrFn,
     func_set_attr_fn: RawFuncSetAttrFn,
@@ -116,6 +118,7 @@ impl CudaGpu {
             dev,
             ctx,
             streams: Vec::new(),
+            printf_stream: AtomicPtr::new(std::ptr::null_mut()),
             attr_fn: raw_fn(b"cuDeviceGetAttribute\0")?,
             func_attr_fn: raw_fn(b"cuFuncGetAttribute\0")?,
             func_set_attr_fn: raw_fn(b"cuFuncSetAttribute\0")?,
@@ -143,6 +146,10 @@ impl CudaGpu {
             ck(unsafe { cu::cuStreamCreateWithPriority(&mut s, 1, priority) })?;
             slot.store(s, Ordering::Release);
         }
+        let mut s = std::ptr::null_mut();
+        // SAFETY: context is current; valid out-pointer.
+        ck(unsafe { cu::cuStreamCreate(&mut s, 1) })?;
+        self.printf_stream.store(s, Ordering::Release);
         Ok(())
     }
 
@@ -629,6 +636,14 @@ impl Gpu for CudaGpu {
             cu::cuEventElapsedTime_v2(&mut ms, start as cu::CUevent, end as cu::CUevent)
         })?;
         Ok(ms)
+    }
+
+    fn flush_printf(&self) -> GpuResult<()> {
+        self.bind();
+        let st = self.printf_stream.load(Ordering::Acquire);
+        // SAFETY: a live stream of this context with no work, so this returns at once
+        // (measured 20-90 us on an H100, also with other streams busy).
+        ck(unsafe { cu::cuStreamSynchronize(st) })
     }
 
     fn stream_query(&self, s: usize) -> GpuResult<bool> {

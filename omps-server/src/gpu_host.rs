@@ -3,8 +3,11 @@
 //! Every stream operation runs at once, in the caller's thread, so "stream order" is
 //! trivially kept. Device memory is a map of byte vectors at made-up addresses. A module
 //! image is text: `omps-host-module` on the first line, then `fn NAME OFF:SIZE ...` or
-//! `global NAME SIZE` lines. Known kernels: `fill_u32(ptr u64, value u32, count u32)` and
-//! `trap()`, which makes the context's error sticky as a device fault would.
+//! `global NAME SIZE` lines, and `extern NAME` for a function the code calls (`vprintf`).
+//! Known kernels: `fill_u32(ptr u64, value u32, count u32)`, `trap()`, which makes the
+//! context's error sticky as a device fault would, and `print(ptr u64, len u32)`, which
+//! puts `len` bytes of device memory into the printf buffer, as device printf would;
+//! [`Gpu::flush_printf`] writes that buffer to the descriptor of `set_printf_output`.
 
 use crate::gpu::{code, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule};
 use omps_ring::segment::DeviceSnapshot;
@@ -21,11 +24,13 @@ struct State {
     registered: Vec<(usize, usize)>,
     sticky: Option<i32>,
     events: BTreeMap<u64, ()>,
+    printf_buffer: Vec<u8>,
 }
 
 pub struct HostGpu {
     ordinal: usize,
     total: u64,
+    printf_fd: std::sync::atomic::AtomicI32,
     state: Mutex<State>,
 }
 
@@ -36,6 +41,7 @@ impl HostGpu {
         HostGpu {
             ordinal,
             total,
+            printf_fd: std::sync::atomic::AtomicI32::new(-1),
             state: Mutex::new(State {
                 next_addr: BASE,
                 next_handle: 1,
@@ -127,6 +133,7 @@ fn parse_module(text: &str) -> Option<ParsedModule> {
                 fns.push((name, params));
             }
             Some("global") => globals.push((w.next()?.to_string(), w.next()?.parse().ok()?)),
+            Some("extern") => {}
             None => {}
             _ => return None,
         }
@@ -392,6 +399,17 @@ impl Gpu for HostGpu {
                 }
             }
             "trap" => st.sticky = Some(code::LAUNCH_FAILED),
+            "print" if args.len() >= 12 => {
+                let ptr = u64::from_le_bytes(args[0..8].try_into().unwrap());
+                let n = u32::from_le_bytes(args[8..12].try_into().unwrap()) as usize;
+                match st.range(ptr, n) {
+                    Ok(d) => {
+                        let text = d.to_vec();
+                        st.printf_buffer.extend_from_slice(&text);
+                    }
+                    Err(_) => st.sticky = Some(code::ILLEGAL_ADDRESS),
+                }
+            }
             _ => {}
         }
         Ok(())
@@ -435,5 +453,27 @@ impl Gpu for HostGpu {
 
     fn stream_query(&self, _s: usize) -> GpuResult<bool> {
         self.state.lock().unwrap().check().map(|_| true)
+    }
+
+    fn flush_printf(&self) -> GpuResult<()> {
+        let text = std::mem::take(&mut self.state.lock().unwrap().printf_buffer);
+        let fd = self.printf_fd.load(Ordering::Relaxed);
+        if fd < 0 || text.is_empty() {
+            return Ok(());
+        }
+        let mut rest = &text[..];
+        while !rest.is_empty() {
+            // SAFETY: writes from a live buffer of rest.len() bytes.
+            let n = unsafe { libc::write(fd, rest.as_ptr() as *const _, rest.len()) };
+            if n <= 0 {
+                return Err(CuError(code::UNKNOWN));
+            }
+            rest = &rest[n as usize..];
+        }
+        Ok(())
+    }
+
+    fn set_printf_output(&self, fd: std::os::fd::RawFd) {
+        self.printf_fd.store(fd, Ordering::Relaxed);
     }
 }

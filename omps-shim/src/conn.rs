@@ -173,6 +173,17 @@ impl Conn {
         len: u64,
         fd: Option<std::os::fd::RawFd>,
     ) -> Result<(), CUresult> {
+        self.socket_request(kind, addr, len, fd).map(drop)
+    }
+
+    /// A request on the socket (wire::hostmem); returns the text that follows the reply.
+    pub fn socket_request(
+        &self,
+        kind: u32,
+        addr: u64,
+        len: u64,
+        fd: Option<std::os::fd::RawFd>,
+    ) -> Result<Vec<u8>, CUresult> {
         self.check_alive()?;
         let _one_at_a_time = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         let req = wire::HostMemRequest {
@@ -188,8 +199,15 @@ impl Conn {
         let (n, _) = sock::recv_with_fds(self.sock.as_raw_fd(), &mut buf)
             .map_err(|_| CUDA_ERROR_MPS_RPC_FAILURE)?;
         let reply: wire::HostMemReply = wire::get(&buf[..n]).ok_or(CUDA_ERROR_MPS_RPC_FAILURE)?;
+        let text_len = reply.text_len as usize;
+        if text_len > wire::PRINTF_REPLY_MAX {
+            return Err(CUDA_ERROR_MPS_RPC_FAILURE);
+        }
+        let mut text = vec![0u8; text_len];
+        std::io::Read::read_exact(&mut &self.sock, &mut text)
+            .map_err(|_| CUDA_ERROR_MPS_RPC_FAILURE)?;
         match reply.status {
-            0 => Ok(()),
+            0 => Ok(text),
             e => Err(e),
         }
     }

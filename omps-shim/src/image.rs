@@ -78,9 +78,149 @@ unsafe fn elf_len(p: *const u8) -> Option<usize> {
     Some(end)
 }
 
+/// Whether the code the GPU will run from `image` calls device printf (a
+/// `wire::printf_use` level), for a device of compute capability `cc` (90 for 9.0).
+///
+/// A cubin or PTX that calls printf names the driver's `vprintf`. In a fatbin only the
+/// entries the driver would pick count: cubins of the device's major version not newer
+/// than it, else PTX. Compressed entries are not looked into: they make it a maybe.
+pub fn printf_use(image: &[u8], cc: u32) -> u64 {
+    use omps_ring::wire::printf_use::{MAYBE, NONE, YES};
+    let names_vprintf = |b: &[u8]| b.windows(7).any(|w| w == b"vprintf");
+    let Some(entries) = fatbin_entries(image) else {
+        return if names_vprintf(image) { YES } else { NONE };
+    };
+    let cubins: Vec<&FatEntry> = entries
+        .iter()
+        .filter(|e| e.kind == FATBIN_ELF && e.arch / 10 == cc / 10 && e.arch <= cc)
+        .collect();
+    let chosen = if cubins.is_empty() {
+        entries.iter().filter(|e| e.kind == FATBIN_PTX && e.arch <= cc).collect()
+    } else {
+        cubins
+    };
+    chosen
+        .iter()
+        .map(|e| match (e.compressed, names_vprintf(e.payload)) {
+            (true, _) => MAYBE,
+            (false, true) => YES,
+            (false, false) => NONE,
+        })
+        .max()
+        .unwrap_or(NONE)
+}
+
+const FATBIN_PTX: u16 = 1;
+const FATBIN_ELF: u16 = 2;
+/// Entry flags that mark a compressed payload (LZ4 in older toolchains, zstd in newer).
+const FATBIN_COMPRESSED: u64 = 0x2000 | 0x8000;
+
+struct FatEntry<'a> {
+    kind: u16,
+    arch: u32,
+    compressed: bool,
+    payload: &'a [u8],
+}
+
+/// The entries of a fatbin image; None if it is not one. A truncated entry ends the list.
+fn fatbin_entries(image: &[u8]) -> Option<Vec<FatEntry<'_>>> {
+    let u16at = |b: &[u8], o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let u32at = |b: &[u8], o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+    let u64at = |b: &[u8], o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+    if u32at(image, 0)? != FATBIN_MAGIC {
+        return None;
+    }
+    let start = u16at(image, 6)? as usize;
+    let end = image.len().min(start.saturating_add(u64at(image, 8)? as usize));
+    let mut at = start;
+    let mut out = Vec::new();
+    while at < end {
+        let e = &image[at..end];
+        let (Some(kind), Some(hsize), Some(psize), Some(arch), Some(flags)) =
+            (u16at(e, 0), u32at(e, 4), u64at(e, 8), u32at(e, 28), u64at(e, 40))
+        else {
+            break;
+        };
+        let hsize = hsize as usize;
+        let Some(payload) = usize::try_from(psize)
+            .ok()
+            .and_then(|p| e.get(hsize..hsize.checked_add(p)?))
+        else {
+            break;
+        };
+        if hsize == 0 {
+            break;
+        }
+        out.push(FatEntry {
+            kind,
+            arch,
+            compressed: flags & FATBIN_COMPRESSED != 0,
+            payload,
+        });
+        at += hsize + payload.len();
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use omps_ring::wire::printf_use::{MAYBE, NONE, YES};
+
+    /// A fatbin of (kind, arch, compressed, payload) entries, laid out as nvcc does.
+    fn fatbin(entries: &[(u16, u32, bool, &[u8])]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for &(kind, arch, compressed, payload) in entries {
+            let mut h = [0u8; 64];
+            h[0..2].copy_from_slice(&kind.to_le_bytes());
+            h[4..8].copy_from_slice(&64u32.to_le_bytes());
+            h[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            h[28..32].copy_from_slice(&arch.to_le_bytes());
+            let flags: u64 = if compressed { 0x8011 } else { 0x11 };
+            h[40..48].copy_from_slice(&flags.to_le_bytes());
+            body.extend_from_slice(&h);
+            body.extend_from_slice(payload);
+        }
+        let mut img = FATBIN_MAGIC.to_le_bytes().to_vec();
+        img.extend_from_slice(&1u16.to_le_bytes());
+        img.extend_from_slice(&16u16.to_le_bytes());
+        img.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        img.extend(body);
+        img
+    }
+
+    #[test]
+    fn printf_is_found_in_the_cubin_the_driver_would_pick() {
+        // As nvcc 13 builds by default: an sm_90 cubin and compressed PTX.
+        let img = fatbin(&[(2, 90, false, b"..vprintf.."), (1, 90, true, b"zz")]);
+        assert_eq!(printf_use(&img, 90), YES);
+        let img = fatbin(&[(2, 90, false, b"no calls"), (1, 90, true, b"zz")]);
+        assert_eq!(printf_use(&img, 90), NONE, "the PTX is not used when a cubin fits");
+        // A cubin for another major version is not used: the compressed PTX is.
+        let img = fatbin(&[(2, 80, false, b"vprintf"), (1, 80, true, b"zz")]);
+        assert_eq!(printf_use(&img, 90), MAYBE);
+        // Built with -Xfatbin -compress-all, as PyTorch is.
+        let img = fatbin(&[(2, 90, true, b"zz")]);
+        assert_eq!(printf_use(&img, 90), MAYBE);
+        // Uncompressed PTX is read as text.
+        let img = fatbin(&[(1, 70, false, b"call.uni vprintf, (...)")]);
+        assert_eq!(printf_use(&img, 90), YES);
+    }
+
+    #[test]
+    fn cubins_and_ptx_outside_a_fatbin_are_read_whole() {
+        assert_eq!(printf_use(b"\x7fELF....vprintf....", 90), YES);
+        assert_eq!(printf_use(b".version 8.0\n.target sm_90\n", 90), NONE);
+    }
+
+    #[test]
+    fn a_truncated_fatbin_is_read_as_far_as_it_goes() {
+        let mut img = fatbin(&[(2, 90, false, b"vprintf"), (2, 90, false, b"other")]);
+        img.truncate(img.len() - 3);
+        assert_eq!(printf_use(&img, 90), YES);
+        img.truncate(30);
+        assert_eq!(printf_use(&img, 90), NONE);
+    }
 
     #[test]
     fn fatbin_length_comes_from_its_header() {

@@ -15,6 +15,7 @@ pub mod handles;
 pub mod image;
 pub mod integrity;
 pub mod preload;
+pub mod printf;
 pub mod unsupported;
 
 /// OMPS_TRACE=1 makes the shim name the entry points and tables a program asks for.

@@ -187,6 +187,7 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
         pipe_dir: srv.dir.clone(),
         spin: Duration::ZERO,
         pin_workers: false,
+            capture_printf: false,
     };
     let err = omps_server::Server::new(cfg, vec![], 13000)
         .err()
@@ -303,4 +304,28 @@ fn a_fault_fails_every_client_refuses_new_ones_and_recovers_once_they_are_gone()
     assert!(srv.ctl("status").1.contains("ACTIVE"));
     assert_ne!(alloc(&fresh, 4096), 0);
     sync(&fresh).unwrap();
+}
+
+#[test]
+fn bad_printf_requests_are_refused_or_disconnect() {
+    let srv = TestServer::start("printf-req");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let other = Conn::connect_to(&srv.socket()).unwrap();
+    // A GPU that does not exist is an error, and the client stays.
+    assert_eq!(
+        c.socket_request(wire::hostmem::PRINTF_FLUSH, 7, 0, None),
+        Err(101)
+    );
+    assert_eq!(
+        c.socket_request(wire::hostmem::PRINTF_FLUSH, 0, 0, None),
+        Ok(Vec::new())
+    );
+    c.socket_request(wire::hostmem::PRINTF_USE, 0, wire::printf_use::YES, None)
+        .unwrap();
+    c.ping(0).unwrap();
+    // A level that means nothing is a malformed request: that client goes, no other.
+    let _ = c.socket_request(wire::hostmem::PRINTF_USE, 0, 9, None);
+    assert!(wait_disconnected(&c), "server kept a client that sent garbage");
+    other.ping(0).unwrap();
+    assert!(srv.ctl("status").0);
 }

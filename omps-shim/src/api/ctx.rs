@@ -266,9 +266,12 @@ pub unsafe extern "C" fn cuCtxGetDevice(d: *mut CUdevice) -> CUresult {
 pub(crate) fn sync_device(dev: usize) -> Result<(), CUresult> {
     let c = live()?;
     let mut ch = c.channel();
-    ch.call(dev, Op::CtxSync, |call: CallHdr| {
+    let r = ch.call(dev, Op::CtxSync, |call: CallHdr| {
         bytemuck::bytes_of(&call).to_vec()
-    })
+    });
+    drop(ch);
+    crate::printf::deliver(dev);
+    r
 }
 
 #[no_mangle]

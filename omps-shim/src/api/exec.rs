@@ -149,7 +149,9 @@ fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
 pub extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
     entry(|| {
         let (id, dev) = stream_dev(s)?;
-        handle_call(dev, Op::StreamSync, id)
+        let r = handle_call(dev, Op::StreamSync, id);
+        crate::printf::deliver(dev);
+        r
     })
 }
 
@@ -247,7 +249,9 @@ pub extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
 pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     entry(|| {
         let ev = event(e)?;
-        handle_call(ev.dev, Op::EventSync, ev.id)
+        let r = handle_call(ev.dev, Op::EventSync, ev.id);
+        crate::printf::deliver(ev.dev);
+        r
     })
 }
 
@@ -680,6 +684,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
         let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let (id, dev) = stream_dev(s)?;
         handle_call(dev, Op::StreamSync, id)?;
+        crate::printf::deliver(dev);
         // SAFETY: the caller's function and argument.
         unsafe { f(data) };
         Ok(())

@@ -237,9 +237,47 @@ memsets_2d! {
     cuMemsetD2D32_v2, cuMemsetD2D32Async, u32, 4;
 }
 
+/// Host to device; a synchronous copy also delivers device printf output, as the driver's does.
+pub(crate) fn copy_htod(
+    dst: u64,
+    src: *const u8,
+    len: usize,
+    stream: CUstream,
+    sync: bool,
+) -> Result<(), CUresult> {
+    let r = copy_htod_queued(dst, src, len, stream, sync);
+    if sync {
+        deliver_printf(dst, len);
+    }
+    r
+}
+
+/// Device to host; a synchronous copy also delivers device printf output.
+pub(crate) fn copy_dtoh(
+    dst: *mut u8,
+    src: u64,
+    len: usize,
+    stream: CUstream,
+    sync: bool,
+) -> Result<(), CUresult> {
+    let r = copy_dtoh_queued(dst, src, len, stream, sync);
+    if sync {
+        deliver_printf(src, len);
+    }
+    r
+}
+
+fn deliver_printf(dptr: u64, len: usize) {
+    if crate::printf::may_print() {
+        if let Ok(dev) = range_dev(dptr, len as u64) {
+            crate::printf::deliver(dev);
+        }
+    }
+}
+
 /// Host to device through the staging chunks: copy a piece in while earlier pieces DMA.
 /// Returns once the source is consumed, as a pageable copy does.
-pub(crate) fn copy_htod(
+fn copy_htod_queued(
     dst: u64,
     src: *const u8,
     len: usize,
@@ -318,7 +356,7 @@ fn pinned_copy(
 }
 
 /// Device to host: keep up to CHUNKS_PER_CHANNEL pieces in flight, copy each out as it lands.
-pub(crate) fn copy_dtoh(
+fn copy_dtoh_queued(
     dst: *mut u8,
     src: u64,
     len: usize,

@@ -22,6 +22,7 @@ fn load(image: &[u8]) -> Result<CUmodule, CUresult> {
 
 fn load_on(dev: usize, image: &[u8]) -> Result<CUmodule, CUresult> {
     let c = live()?;
+    crate::printf::note_image(c, dev, image);
     let mut ch = c.channel();
     let chunk = c.params().chunk_bytes as usize;
     for (i, piece) in image.chunks(chunk).enumerate() {

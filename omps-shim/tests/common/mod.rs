@@ -32,6 +32,7 @@ impl TestServer {
             pipe_dir: dir.clone(),
             spin: Duration::from_micros(200),
             pin_workers: false,
+            capture_printf: false,
         };
         let server =
             Server::new(cfg, vec![gpu.clone() as Arc<dyn Gpu>], 13000).expect("server starts");

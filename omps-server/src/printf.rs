@@ -1,0 +1,355 @@
+//! Device printf, routed back to the client whose kernel printed.
+//!
+//! The driver keeps one printf buffer per context and writes its contents, formatted, to
+//! file descriptor 1 of the process that owns the context, whenever that process makes a
+//! synchronizing call (any stream's synchronize, an event's, the context's, and some
+//! queries) from any thread. The contexts are the server's, so the server points its fd 1
+//! at a pipe that a pump thread drains at all times, since a driver write that blocked
+//! would stall whichever thread made the call, a worker among them.
+//!
+//! Who printed is not in the text. The shim tells the server which clients run code
+//! that references `vprintf` (or might: compressed images). Text goes to the one such
+//! client; when there are several, or none, it goes to the server log, with a warning.
+//! A client's text waits in the server until the client asks for it after one of its own
+//! synchronizing calls: `flush` makes the driver write out its buffer, then puts a marker
+//! into the pipe and waits until the pump has routed everything before the marker.
+
+use crate::gpu::Gpu;
+use omps_ring::wire::printf_use;
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Starts every marker; 8 more bytes (the marker's number) follow.
+const MARK_PREFIX: [u8; 8] = *b"\0\x1bomps\x1b\0";
+const MARK_LEN: usize = MARK_PREFIX.len() + 8;
+/// Text a client has not collected yet is capped at this; the rest is counted as lost.
+const PENDING_MAX: usize = 16 << 20;
+/// How long `flush` waits for the pump to reach its marker.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct Pending {
+    text: Vec<u8>,
+    dropped: usize,
+}
+
+#[derive(Default)]
+struct State {
+    /// Clients that run (or may run) printf code, with the level they declared.
+    users: BTreeMap<u32, u64>,
+    pending: BTreeMap<u32, Pending>,
+    /// Number of the last marker the pump has passed.
+    marks_seen: u64,
+    marks_sent: u64,
+    /// Bytes routed to the log because no single client could be named.
+    unattributed: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    marked: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub struct PrintfRouter {
+    shared: Arc<Shared>,
+    /// The pipe's write end: the driver's fd 1 (when capturing), and where markers go.
+    write_end: OwnedFd,
+}
+
+impl PrintfRouter {
+    /// A router reading a new pipe. With `capture_stdout`, the pipe becomes this process's
+    /// fd 1, where the driver writes printf output.
+    pub fn new(capture_stdout: bool) -> io::Result<PrintfRouter> {
+        let mut fds = [0; 2];
+        // SAFETY: fds has room for the two descriptors pipe2 returns.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 just returned these descriptors, owned by nobody else.
+        let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // A larger pipe absorbs bursts while the pump is descheduled (best effort).
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe { libc::fcntl(read_end.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+        if capture_stdout {
+            // SAFETY: dup2 onto fd 1; the previous fd 1 is closed by it, which is intended.
+            if unsafe { libc::dup2(write_end.as_raw_fd(), 1) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::default(),
+            marked: Condvar::new(),
+        });
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("omps-printf".into())
+            .spawn(move || pump(std::fs::File::from(read_end), &s))?;
+        Ok(PrintfRouter { shared, write_end })
+    }
+
+    /// Where the driver's printf output goes, for GPUs that do not write to fd 1 themselves.
+    pub fn write_fd(&self) -> RawFd {
+        self.write_end.as_raw_fd()
+    }
+
+    /// Client `id` runs code at printf level `level` (raised, never lowered).
+    pub fn declare(&self, id: u32, level: u64) {
+        if level == printf_use::NONE {
+            return;
+        }
+        let mut st = self.shared.lock();
+        let l = st.users.entry(id).or_insert(level);
+        *l = (*l).max(level);
+    }
+
+    /// Makes `gpu` write out its printf buffer, waits until the pump has routed it, and
+    /// returns up to `max` bytes of what client `id` printed so far.
+    pub fn flush(&self, gpu: &dyn Gpu, id: u32, max: usize) -> Vec<u8> {
+        if let Err(e) = gpu.flush_printf() {
+            tracing::debug!(client = id, "printf flush: CUDA error {}", e.0);
+        }
+        self.sync_pump();
+        let mut st = self.shared.lock();
+        let Some(p) = st.pending.get_mut(&id) else {
+            return Vec::new();
+        };
+        if p.dropped > 0 && p.text.len() < max {
+            let note = format!(
+                "[omps: {} bytes of device printf output were dropped]\n",
+                p.dropped
+            );
+            p.text.extend_from_slice(note.as_bytes());
+            p.dropped = 0;
+        }
+        let n = p.text.len().min(max);
+        p.text.drain(..n).collect()
+    }
+
+    /// Client `id` is gone: what it did not collect goes to the log.
+    pub fn forget(&self, id: u32) {
+        let mut st = self.shared.lock();
+        st.users.remove(&id);
+        if let Some(p) = st.pending.remove(&id) {
+            if !p.text.is_empty() {
+                tracing::warn!(
+                    client = id,
+                    "device printf output the client did not collect before it went:\n{}",
+                    String::from_utf8_lossy(&p.text)
+                );
+            }
+        }
+    }
+
+    /// Bytes of printf output that went to the log because no one client could be named.
+    pub fn unattributed(&self) -> u64 {
+        self.shared.lock().unattributed
+    }
+
+    /// Puts a marker into the pipe and waits until the pump has passed it, so everything
+    /// written before it has been routed.
+    fn sync_pump(&self) {
+        let n = {
+            let mut st = self.shared.lock();
+            st.marks_sent += 1;
+            st.marks_sent
+        };
+        let mut mark = [0u8; MARK_LEN];
+        mark[..8].copy_from_slice(&MARK_PREFIX);
+        mark[8..].copy_from_slice(&n.to_le_bytes());
+        // SAFETY: writes MARK_LEN bytes from a live buffer to a descriptor we own; below
+        // PIPE_BUF, so the marker is never split by other writers.
+        let w = unsafe { libc::write(self.write_end.as_raw_fd(), mark.as_ptr() as *const _, MARK_LEN) };
+        if w != MARK_LEN as isize {
+            tracing::warn!("printf: cannot write a marker: {}", io::Error::last_os_error());
+            return;
+        }
+        let st = self.shared.lock();
+        let (_st, timeout) = self
+            .shared
+            .marked
+            .wait_timeout_while(st, FLUSH_TIMEOUT, |s| s.marks_seen < n)
+            .unwrap_or_else(|e| e.into_inner());
+        if timeout.timed_out() {
+            tracing::warn!("printf: the pump did not reach marker {n} in time");
+        }
+    }
+}
+
+/// Reads the pipe until it closes, routing text and counting markers.
+fn pump(mut pipe: std::fs::File, shared: &Shared) {
+    let mut acc: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match pipe.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        acc.extend_from_slice(&buf[..n]);
+        let mut st = shared.lock();
+        let mut marked = false;
+        let kept = split_marks(&acc, |piece| match piece {
+            Piece::Text(t) => route(&mut st, t),
+            Piece::Mark(m) => {
+                st.marks_seen = st.marks_seen.max(m);
+                marked = true;
+            }
+        });
+        drop(st);
+        acc.drain(..acc.len() - kept);
+        if marked {
+            shared.marked.notify_all();
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Piece<'a> {
+    Text(&'a [u8]),
+    Mark(u64),
+}
+
+/// Cuts `data` into text and markers, in order; returns how many bytes at its end were
+/// held back because they may be the start of a marker not yet complete.
+fn split_marks<'a>(data: &'a [u8], mut f: impl FnMut(Piece<'a>)) -> usize {
+    let mut rest = data;
+    loop {
+        match find(rest, &MARK_PREFIX) {
+            Some(i) if rest.len() >= i + MARK_LEN => {
+                if i > 0 {
+                    f(Piece::Text(&rest[..i]));
+                }
+                let n = u64::from_le_bytes(rest[i + 8..i + MARK_LEN].try_into().expect("8 bytes"));
+                f(Piece::Mark(n));
+                rest = &rest[i + MARK_LEN..];
+            }
+            Some(i) => {
+                if i > 0 {
+                    f(Piece::Text(&rest[..i]));
+                }
+                return rest.len() - i;
+            }
+            None => {
+                // The longest tail that is a proper prefix of the marker waits for more.
+                let keep = (1..MARK_PREFIX.len())
+                    .rev()
+                    .find(|&k| rest.len() >= k && rest[rest.len() - k..] == MARK_PREFIX[..k])
+                    .unwrap_or(0);
+                if rest.len() > keep {
+                    f(Piece::Text(&rest[..rest.len() - keep]));
+                }
+                return keep;
+            }
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Text goes to the one client that runs printf code; otherwise to the log.
+fn route(st: &mut State, text: &[u8]) {
+    let mut users = st.users.keys();
+    match (users.next(), users.next()) {
+        (Some(&id), None) => {
+            let p = st.pending.entry(id).or_default();
+            let room = PENDING_MAX.saturating_sub(p.text.len());
+            let take = text.len().min(room);
+            p.text.extend_from_slice(&text[..take]);
+            p.dropped += text.len() - take;
+        }
+        (first, _) => {
+            st.unattributed += text.len() as u64;
+            let why = if first.is_none() {
+                "no client declared printf code"
+            } else {
+                "several clients run printf code"
+            };
+            tracing::warn!(
+                "device printf output ({why}, so it cannot be given to one client):\n{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(n: u64) -> Vec<u8> {
+        let mut m = MARK_PREFIX.to_vec();
+        m.extend_from_slice(&n.to_le_bytes());
+        m
+    }
+
+    fn pieces(data: &[u8]) -> (Vec<String>, usize) {
+        let mut out = Vec::new();
+        let kept = split_marks(data, |p| {
+            out.push(match p {
+                Piece::Text(t) => format!("T:{}", String::from_utf8_lossy(t)),
+                Piece::Mark(n) => format!("M:{n}"),
+            })
+        });
+        (out, kept)
+    }
+
+    #[test]
+    fn markers_are_cut_out_of_the_text() {
+        let mut d = b"one\n".to_vec();
+        d.extend(mark(7));
+        d.extend_from_slice(b"two\n");
+        d.extend(mark(8));
+        assert_eq!(pieces(&d), (vec!["T:one\n".into(), "M:7".into(), "T:two\n".into(), "M:8".into()], 0));
+    }
+
+    #[test]
+    fn a_marker_split_across_reads_is_held_back() {
+        let m = mark(3);
+        for cut in 1..MARK_LEN {
+            let mut d = b"abc".to_vec();
+            d.extend_from_slice(&m[..cut]);
+            let (p, kept) = pieces(&d);
+            assert_eq!(p, vec!["T:abc".to_string()], "cut at {cut}");
+            assert_eq!(kept, cut, "cut at {cut}");
+        }
+        // A NUL that starts no marker is text, once it cannot be one.
+        assert_eq!(pieces(b"a\0b"), (vec!["T:a\0b".into()], 0));
+    }
+
+    #[test]
+    fn text_goes_to_the_only_printf_client_else_to_the_log() {
+        let mut st = State::default();
+        route(&mut st, b"nobody\n");
+        assert_eq!(st.unattributed, 7);
+        st.users.insert(4, printf_use::YES);
+        route(&mut st, b"hello\n");
+        assert_eq!(st.pending[&4].text, b"hello\n");
+        st.users.insert(5, printf_use::MAYBE);
+        route(&mut st, b"whose?\n");
+        assert_eq!(st.pending[&4].text, b"hello\n");
+        assert_eq!(st.unattributed, 14);
+    }
+
+    #[test]
+    fn pending_text_is_capped_and_the_loss_counted() {
+        let mut st = State::default();
+        st.users.insert(1, printf_use::YES);
+        let big = vec![b'x'; PENDING_MAX - 2];
+        route(&mut st, &big);
+        route(&mut st, b"12345");
+        assert_eq!(st.pending[&1].text.len(), PENDING_MAX);
+        assert_eq!(st.pending[&1].dropped, 3);
+    }
+}

@@ -1,0 +1,61 @@
+//! Device printf in a client. The driver writes printf output to fd 1 of the process that
+//! owns the context, the server, which routes it back (omps-server's `printf` module). The
+//! shim declares which code may print when it loads it, and after each synchronizing call
+//! asks for the output so far and writes it to its own fd 1 before the call returns, as
+//! the driver does natively.
+
+use crate::conn::Conn;
+use omps_ring::wire::{self, printf_use};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The highest `printf_use` level of the code this process has loaded.
+static LEVEL: AtomicU64 = AtomicU64::new(printf_use::NONE);
+
+/// CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR and _MINOR.
+const CC_MAJOR: usize = 75;
+const CC_MINOR: usize = 76;
+
+/// Looks at an image loaded on `dev` and tells the server if this process now runs code
+/// that may print.
+pub fn note_image(c: &Conn, dev: usize, image: &[u8]) {
+    let Some(d) = c.snapshot.devices.get(dev) else {
+        return;
+    };
+    let cc = (d.attributes[CC_MAJOR] * 10 + d.attributes[CC_MINOR]) as u32;
+    let level = crate::image::printf_use(image, cc);
+    if level > LEVEL.fetch_max(level, Ordering::AcqRel) {
+        // Without the declaration the output goes to the server log: nothing to undo.
+        let _ = c.socket_request(wire::hostmem::PRINTF_USE, 0, level, None);
+    }
+}
+
+/// Whether this process loaded code known to print. A maybe does not count: delivery
+/// costs every synchronization a round trip.
+pub fn may_print() -> bool {
+    LEVEL.load(Ordering::Acquire) >= printf_use::YES
+}
+
+/// After a synchronizing call on `dev`: writes what this process's kernels printed.
+pub fn deliver(dev: usize) {
+    if !may_print() {
+        return;
+    }
+    let Some(c) = crate::conn::connected() else {
+        return;
+    };
+    let Ok(text) = c.socket_request(wire::hostmem::PRINTF_FLUSH, dev as u64, 0, None) else {
+        return;
+    };
+    let mut rest = &text[..];
+    while !rest.is_empty() {
+        // SAFETY: writes from a live buffer of rest.len() bytes to this process's fd 1.
+        let n = unsafe { libc::write(1, rest.as_ptr() as *const _, rest.len()) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            return;
+        }
+        rest = &rest[n as usize..];
+    }
+}

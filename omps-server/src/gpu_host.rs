@@ -31,6 +31,7 @@ pub struct HostGpu {
     ordinal: usize,
     total: u64,
     printf_fd: std::sync::atomic::AtomicI32,
+    completions: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -42,6 +43,7 @@ impl HostGpu {
             ordinal,
             total,
             printf_fd: std::sync::atomic::AtomicI32::new(-1),
+            completions: std::sync::atomic::AtomicUsize::new(0),
             state: Mutex::new(State {
                 next_addr: BASE,
                 next_handle: 1,
@@ -59,6 +61,11 @@ impl HostGpu {
             .values()
             .map(|v| v.len() as u64)
             .sum()
+    }
+
+    /// Completion words written in stream order so far ([`Gpu::write_u32`]).
+    pub fn completions_written(&self) -> usize {
+        self.completions.load(Ordering::Relaxed)
     }
 
     pub fn registered_ranges(&self) -> usize {
@@ -266,6 +273,7 @@ impl Gpu for HostGpu {
         }
         // SAFETY: registered memory is mapped and the address is 4-aligned (a segment word).
         unsafe { (*(addr as *const AtomicU32)).store(value, Ordering::Release) };
+        self.completions.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

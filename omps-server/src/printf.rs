@@ -75,7 +75,8 @@ impl PrintfRouter {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: pipe2 just returned these descriptors, owned by nobody else.
-        let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         // A larger pipe absorbs bursts while the pump is descheduled (best effort).
         // SAFETY: fcntl on a descriptor we own.
         unsafe { libc::fcntl(read_end.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
@@ -167,9 +168,18 @@ impl PrintfRouter {
         mark[8..].copy_from_slice(&n.to_le_bytes());
         // SAFETY: writes MARK_LEN bytes from a live buffer to a descriptor we own; below
         // PIPE_BUF, so the marker is never split by other writers.
-        let w = unsafe { libc::write(self.write_end.as_raw_fd(), mark.as_ptr() as *const _, MARK_LEN) };
+        let w = unsafe {
+            libc::write(
+                self.write_end.as_raw_fd(),
+                mark.as_ptr() as *const _,
+                MARK_LEN,
+            )
+        };
         if w != MARK_LEN as isize {
-            tracing::warn!("printf: cannot write a marker: {}", io::Error::last_os_error());
+            tracing::warn!(
+                "printf: cannot write a marker: {}",
+                io::Error::last_os_error()
+            );
             return;
         }
         let st = self.shared.lock();
@@ -311,7 +321,18 @@ mod tests {
         d.extend(mark(7));
         d.extend_from_slice(b"two\n");
         d.extend(mark(8));
-        assert_eq!(pieces(&d), (vec!["T:one\n".into(), "M:7".into(), "T:two\n".into(), "M:8".into()], 0));
+        assert_eq!(
+            pieces(&d),
+            (
+                vec![
+                    "T:one\n".into(),
+                    "M:7".into(),
+                    "T:two\n".into(),
+                    "M:8".into()
+                ],
+                0
+            )
+        );
     }
 
     #[test]

@@ -69,8 +69,16 @@ pub fn run_command_bytes(data: &[u8]) {
     for _ in 0..4 {
         ctx.poll();
     }
-    assert_eq!(host.bytes_allocated(), 0, "a retired session leaked device memory");
-    assert_eq!(host.events_live(), worker_events, "a retired session leaked events");
+    assert_eq!(
+        host.bytes_allocated(),
+        0,
+        "a retired session leaked device memory"
+    );
+    assert_eq!(
+        host.events_live(),
+        worker_events,
+        "a retired session leaked events"
+    );
 }
 
 #[cfg(test)]

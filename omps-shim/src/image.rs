@@ -95,7 +95,10 @@ pub fn printf_use(image: &[u8], cc: u32) -> u64 {
         .filter(|e| e.kind == FATBIN_ELF && e.arch / 10 == cc / 10 && e.arch <= cc)
         .collect();
     let chosen = if cubins.is_empty() {
-        entries.iter().filter(|e| e.kind == FATBIN_PTX && e.arch <= cc).collect()
+        entries
+            .iter()
+            .filter(|e| e.kind == FATBIN_PTX && e.arch <= cc)
+            .collect()
     } else {
         cubins
     };
@@ -131,14 +134,20 @@ fn fatbin_entries(image: &[u8]) -> Option<Vec<FatEntry<'_>>> {
         return None;
     }
     let start = u16at(image, 6)? as usize;
-    let end = image.len().min(start.saturating_add(u64at(image, 8)? as usize));
+    let end = image
+        .len()
+        .min(start.saturating_add(u64at(image, 8)? as usize));
     let mut at = start;
     let mut out = Vec::new();
     while at < end {
         let e = &image[at..end];
-        let (Some(kind), Some(hsize), Some(psize), Some(arch), Some(flags)) =
-            (u16at(e, 0), u32at(e, 4), u64at(e, 8), u32at(e, 28), u64at(e, 40))
-        else {
+        let (Some(kind), Some(hsize), Some(psize), Some(arch), Some(flags)) = (
+            u16at(e, 0),
+            u32at(e, 4),
+            u64at(e, 8),
+            u32at(e, 28),
+            u64at(e, 40),
+        ) else {
             break;
         };
         let hsize = hsize as usize;
@@ -195,7 +204,11 @@ mod tests {
         let img = fatbin(&[(2, 90, false, b"..vprintf.."), (1, 90, true, b"zz")]);
         assert_eq!(printf_use(&img, 90), YES);
         let img = fatbin(&[(2, 90, false, b"no calls"), (1, 90, true, b"zz")]);
-        assert_eq!(printf_use(&img, 90), NONE, "the PTX is not used when a cubin fits");
+        assert_eq!(
+            printf_use(&img, 90),
+            NONE,
+            "the PTX is not used when a cubin fits"
+        );
         // A cubin for another major version is not used: the compressed PTX is.
         let img = fatbin(&[(2, 80, false, b"vprintf"), (1, 80, true, b"zz")]);
         assert_eq!(printf_use(&img, 90), MAYBE);

@@ -91,7 +91,11 @@ unsafe fn printer(image: &str, text: &str) -> impl Fn(CUstream) {
     // SAFETY: valid out-pointer; the copy reads text.len() bytes of text.
     unsafe {
         ok(cuMemAlloc_v2(&mut p, text.len()));
-        ok(cuMemcpyHtoD_v2(p, text.as_ptr() as *const c_void, text.len()));
+        ok(cuMemcpyHtoD_v2(
+            p,
+            text.as_ptr() as *const c_void,
+            text.len(),
+        ));
     }
     let len = text.len() as u32;
     move |s| {
@@ -122,7 +126,11 @@ fn device_printf_reaches_the_client_before_its_sync_returns() {
         let quiet = printer("omps-host-module\nfn print 0:8 8:4\n\0", "first\n");
         quiet(null_mut());
         ok(cuCtxSynchronize());
-        assert_eq!(out.text(0), "", "nothing is delivered for code that does not print");
+        assert_eq!(
+            out.text(0),
+            "",
+            "nothing is delivered for code that does not print"
+        );
 
         // Code that calls vprintf: each synchronizing call delivers what was printed so far,
         // the earlier kernel's text included (this process is the only one that prints).

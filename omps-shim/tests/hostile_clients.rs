@@ -187,7 +187,7 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
         pipe_dir: srv.dir.clone(),
         spin: Duration::ZERO,
         pin_workers: false,
-            capture_printf: false,
+        capture_printf: false,
     };
     let err = omps_server::Server::new(cfg, vec![], 13000)
         .err()
@@ -325,7 +325,10 @@ fn bad_printf_requests_are_refused_or_disconnect() {
     c.ping(0).unwrap();
     // A level that means nothing is a malformed request: that client goes, no other.
     let _ = c.socket_request(wire::hostmem::PRINTF_USE, 0, 9, None);
-    assert!(wait_disconnected(&c), "server kept a client that sent garbage");
+    assert!(
+        wait_disconnected(&c),
+        "server kept a client that sent garbage"
+    );
     other.ping(0).unwrap();
     assert!(srv.ctl("status").0);
 }

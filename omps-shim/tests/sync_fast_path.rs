@@ -1,0 +1,72 @@
+//! A synchronization with nothing queued since the last one the GPU signalled completes
+//! without asking the GPU; anything queued, or an error to report, sends it to the GPU.
+
+mod common;
+use common::*;
+use omps_ring::wire::{self, CallHdr, HandleCall, MemAlloc, Memset, Op};
+use omps_shim::conn::Conn;
+
+fn alloc(c: &Conn, size: u64) -> u64 {
+    let mut ch = c.channel();
+    ch.call(0, Op::MemAlloc, |call| {
+        bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
+    })
+    .expect("alloc");
+    ch.reply::<wire::U64Reply>().value
+}
+
+fn stream_sync(c: &Conn) -> Result<(), i32> {
+    c.channel().call(0, Op::StreamSync, |call| {
+        bytemuck::bytes_of(&HandleCall { call, id: 0, _pad: 0 }).to_vec()
+    })
+}
+
+fn ctx_sync(c: &Conn) -> Result<(), i32> {
+    c.channel()
+        .call(0, Op::CtxSync, |call: CallHdr| bytemuck::bytes_of(&call).to_vec())
+}
+
+fn memset(c: &Conn, dst: u64) {
+    let m = Memset {
+        dst,
+        count: 16,
+        value: 7,
+        elem_size: 4,
+        stream: 0,
+        _pad: 0,
+    };
+    c.push(0, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
+}
+
+#[test]
+fn idle_synchronizations_skip_the_gpu_and_busy_ones_do_not() {
+    let srv = TestServer::start("syncfast");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&c, 4096);
+    let gpu_writes = || srv.gpu.completions_written();
+    let w = gpu_writes();
+
+    stream_sync(&c).unwrap();
+    assert_eq!(gpu_writes(), w + 1, "the first sync goes to the GPU");
+    stream_sync(&c).unwrap();
+    stream_sync(&c).unwrap();
+    assert_eq!(gpu_writes(), w + 1, "nothing queued since: answered at once");
+
+    memset(&c, p);
+    stream_sync(&c).unwrap();
+    assert_eq!(gpu_writes(), w + 2, "work queued: the GPU signals");
+    stream_sync(&c).unwrap();
+    assert_eq!(gpu_writes(), w + 2);
+
+    ctx_sync(&c).unwrap();
+    ctx_sync(&c).unwrap();
+    assert_eq!(gpu_writes(), w + 3);
+    memset(&c, p);
+    ctx_sync(&c).unwrap();
+    assert_eq!(gpu_writes(), w + 4);
+
+    // An error queued since the last sync is reported by the next one, then cleared.
+    memset(&c, p + (1 << 20));
+    assert_eq!(stream_sync(&c), Err(1));
+    stream_sync(&c).unwrap();
+}

@@ -89,6 +89,16 @@ pub struct Release {
     pub events: Vec<u64>,
 }
 
+impl Release {
+    /// Whether this is one device allocation of `size` bytes and nothing else.
+    pub fn is_one_alloc_of(&self, size: u64) -> bool {
+        matches!(self.allocs[..], [(_, len)] if len == size)
+            && self.pinned.is_empty()
+            && self.modules.is_empty()
+            && self.events.is_empty()
+    }
+}
+
 pub struct Session {
     pub client: Arc<ClientShared>,
     consumer: Consumer,
@@ -577,6 +587,8 @@ impl Session {
                 let a = rec!(wire::MemAlloc);
                 let r = if a.size == 0 {
                     Err(CuError(code::INVALID_VALUE))
+                } else if let Some(p) = ctx.reuse_freed(&self.client, a.size) {
+                    Ok(p)
                 } else {
                     gpu.mem_alloc(a.size)
                 };

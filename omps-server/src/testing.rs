@@ -83,7 +83,60 @@ pub fn run_command_bytes(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::gpu_host::HostGpu;
+    use crate::session::{Release, Session};
+    use crate::worker::WorkerCtx;
     use proptest::prelude::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_freed_block_goes_back_to_its_own_client_only() {
+        let host = Arc::new(HostGpu::new(0, 1 << 26));
+        let gpu: Arc<dyn Gpu> = host.clone();
+        let (a, _pa) = fake_client(&gpu, 1).unwrap();
+        let (b, _pb) = fake_client(&gpu, 2).unwrap();
+        let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
+        // SAFETY: the fake clients' segments have ring 0 and outlive the sessions.
+        let (sa, sb) = unsafe {
+            (
+                Session::new(a.clone(), 0, &mut ctx),
+                Session::new(b.clone(), 0, &mut ctx),
+            )
+        };
+        let p = gpu.mem_alloc(4096).unwrap();
+        a.mem_bytes[0].fetch_add(4096, Ordering::Relaxed);
+        let free = |ptr| Release {
+            allocs: vec![(ptr, 4096)],
+            ..Default::default()
+        };
+        ctx.release_later(&sa, free(p));
+        assert_eq!(
+            ctx.reuse_freed(&b, 4096),
+            None,
+            "never another client's memory"
+        );
+        assert_eq!(ctx.reuse_freed(&a, 8192), None, "only the same size");
+        assert_eq!(ctx.reuse_freed(&a, 4096), Some(p));
+        assert_eq!(
+            a.mem_bytes[0].load(Ordering::Relaxed),
+            0,
+            "accounted as freed"
+        );
+        assert_eq!(ctx.reuse_freed(&a, 4096), None, "handed back once");
+        // What is not reused is freed once its fence has passed.
+        let q = gpu.mem_alloc(4096).unwrap();
+        a.mem_bytes[0].fetch_add(4096, Ordering::Relaxed);
+        ctx.release_later(&sa, free(q));
+        ctx.poll();
+        assert_eq!(ctx.reuse_freed(&a, 4096), None);
+        assert_eq!(
+            host.bytes_allocated(),
+            4096,
+            "p is the client's again, q is freed"
+        );
+        drop((sa, sb));
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]

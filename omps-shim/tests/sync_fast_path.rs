@@ -17,13 +17,19 @@ fn alloc(c: &Conn, size: u64) -> u64 {
 
 fn stream_sync(c: &Conn) -> Result<(), i32> {
     c.channel().call(0, Op::StreamSync, |call| {
-        bytemuck::bytes_of(&HandleCall { call, id: 0, _pad: 0 }).to_vec()
+        bytemuck::bytes_of(&HandleCall {
+            call,
+            id: 0,
+            _pad: 0,
+        })
+        .to_vec()
     })
 }
 
 fn ctx_sync(c: &Conn) -> Result<(), i32> {
-    c.channel()
-        .call(0, Op::CtxSync, |call: CallHdr| bytemuck::bytes_of(&call).to_vec())
+    c.channel().call(0, Op::CtxSync, |call: CallHdr| {
+        bytemuck::bytes_of(&call).to_vec()
+    })
 }
 
 fn memset(c: &Conn, dst: u64) {
@@ -50,7 +56,11 @@ fn idle_synchronizations_skip_the_gpu_and_busy_ones_do_not() {
     assert_eq!(gpu_writes(), w + 1, "the first sync goes to the GPU");
     stream_sync(&c).unwrap();
     stream_sync(&c).unwrap();
-    assert_eq!(gpu_writes(), w + 1, "nothing queued since: answered at once");
+    assert_eq!(
+        gpu_writes(),
+        w + 1,
+        "nothing queued since: answered at once"
+    );
 
     memset(&c, p);
     stream_sync(&c).unwrap();

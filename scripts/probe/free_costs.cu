@@ -3,6 +3,7 @@
 //
 //   nvcc -arch=sm_90 -o free_costs free_costs.cu -lcuda && ./free_costs
 #include <cuda.h>
+#include <cuda_runtime.h>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -21,7 +22,19 @@ __global__ void spin(long long ns) {
     do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
 }
 
-int main() {
+int main(int argc, char **argv) {
+    // With an argument the runtime goes first: does cudart set the context up differently?
+    if (argc > 1) {
+        cudaFree(0);
+        void *q;
+        for (int i = 0; i < 100; i++) { cudaMalloc(&q, 1 << 20); cudaFree(q); }
+        auto t0 = clk::now();
+        for (int i = 0; i < 2000; i++) { cudaMalloc(&q, 1 << 20); cudaFree(q); }
+        printf("cudaMalloc+cudaFree 1 MiB, pair (runtime):   %8.2f us\n", us_since(t0) / 2000);
+        unsigned flags = 0; int active = 0;
+        cuDevicePrimaryCtxGetState(0, &flags, &active);
+        printf("primary context flags after the runtime:     0x%x (active %d)\n", flags, active);
+    }
     CK(cuInit(0));
     CUdevice dev;
     CK(cuDeviceGet(&dev, 0));
@@ -39,6 +52,13 @@ int main() {
     auto t = clk::now();
     for (int i = 0; i < N; i++) { CK(cuMemAlloc(&p, MiB)); CK(cuMemFree(p)); }
     printf("cuMemAlloc+cuMemFree 1 MiB, pair:            %8.2f us\n", us_since(t) / N);
+    t = clk::now();
+    for (int i = 0; i < N; i++) { CK(cuMemAlloc(&p, 4096)); CK(cuMemFree(p)); }
+    printf("cuMemAlloc+cuMemFree 4 KiB, pair:            %8.2f us\n", us_since(t) / N);
+    t = clk::now();
+    for (int i = 0; i < N; i++) { CK(cuMemAllocAsync(&p, MiB, a)); CK(cuMemFreeAsync(p, a)); }
+    CK(cuStreamSynchronize(a));
+    printf("cuMemAllocAsync+cuMemFreeAsync 1 MiB, pair:  %8.2f us\n", us_since(t) / N);
 
     std::vector<CUdeviceptr> ps(N);
     t = clk::now();

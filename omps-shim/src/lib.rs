@@ -14,6 +14,7 @@ pub mod dark;
 pub mod handles;
 pub mod image;
 pub mod integrity;
+pub mod pcopy;
 pub mod preload;
 pub mod printf;
 pub mod unsupported;

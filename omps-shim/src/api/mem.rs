@@ -305,7 +305,7 @@ fn copy_htod_queued(
         let (p, _) = ch.chunk_ptr(k);
         // SAFETY: the caller's source holds len bytes; the chunk holds `chunk` >= n bytes
         // and is ours until its transfer is queued.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(off), p, n) };
+        unsafe { crate::pcopy::copy(p, src.add(off), n) };
         let seq = ch.claim_chunk(k);
         let rec = ChunkCopy {
             dev: dst + off as u64,
@@ -388,7 +388,7 @@ fn copy_dtoh_queued(
         let (p, _) = ch.chunk_ptr(k);
         let (off, n) = pieces[i];
         // SAFETY: the GPU has written n bytes into the chunk; the caller's buffer holds len.
-        unsafe { std::ptr::copy_nonoverlapping(p, dst.add(off), n) };
+        unsafe { crate::pcopy::copy(dst.add(off), p, n) };
         Ok(())
     };
     for (i, &(off, n)) in pieces.iter().enumerate() {

@@ -1,9 +1,12 @@
 // Overhead benchmark (timed, not compared): the host-side cost of the runtime
 // calls that omps forwards. One line per figure: "BENCH <key> <value> <unit>",
-// then PASS. Each figure is a mean over many repetitions after a warm-up, on a
-// non-blocking stream. See docs/benchmarks.md for what each figure means.
+// then PASS. After a warm-up, on a non-blocking stream, each round-trip figure is
+// the median of 50 batch means (robust to a hiccup of the machine), the async launch
+// and bandwidth figures a mean. See docs/benchmarks.md for what each figure means.
 //   bench_overhead [--launches N] [--reps N]
 #include "rt_common.h"
+#include <algorithm>
+#include <vector>
 
 __global__ void empty_k(void) {}
 
@@ -12,6 +15,19 @@ static double now_us(void) { return (double)host_now_ns() / 1000.0; }
 static void bench(const char *key, double value, const char *unit) {
     printf("BENCH %s %.3f %s\n", key, value, unit);
     fflush(stdout);
+}
+
+// Runs body(i) for i in [0, reps) in 50 batches; the median batch's mean time per call.
+template <class F> static double median_batch_us(int reps, F body) {
+    const int batches = 50, per = reps / batches > 0 ? reps / batches : 1;
+    std::vector<double> means;
+    for (int b = 0; b < batches; b++) {
+        double t0 = now_us();
+        for (int j = 0; j < per; j++) body(b * per + j);
+        means.push_back((now_us() - t0) / per);
+    }
+    std::sort(means.begin(), means.end());
+    return means[batches / 2];
 }
 
 int main(int argc, char **argv) {
@@ -46,43 +62,34 @@ int main(int argc, char **argv) {
     bench("launch_async", (t1 - t0) / launches, "us");
 
     // 2. launch + cudaStreamSynchronize round trip
-    t0 = now_us();
-    for (int i = 0; i < reps; i++) {
+    bench("launch_sync", median_batch_us(reps, [&](int) {
         empty_k<<<1, 1, 0, s>>>();
         CHECK(cudaStreamSynchronize(s));
-    }
-    bench("launch_sync", (now_us() - t0) / reps, "us");
+    }), "us");
     CHECK_LAUNCH();
 
     // 3. cudaStreamSynchronize on an idle stream
-    t0 = now_us();
-    for (int i = 0; i < reps * 4; i++) CHECK(cudaStreamSynchronize(s));
-    bench("sync_idle", (now_us() - t0) / (reps * 4), "us");
+    bench("sync_idle", median_batch_us(reps * 4, [&](int) { CHECK(cudaStreamSynchronize(s)); }), "us");
 
     // 4-6. 4-byte copies + sync
     for (int i = 0; i < 100; i++) CHECK(cudaMemcpyAsync(d, pageable, 4, cudaMemcpyHostToDevice, s));
     CHECK(cudaStreamSynchronize(s));
-    t0 = now_us();
-    for (int i = 0; i < reps; i++) {
-        pageable[0] = i;
+    int last = 0;
+    bench("h2d_4b_pageable", median_batch_us(reps, [&](int i) {
+        pageable[0] = last = i;
         CHECK(cudaMemcpyAsync(d, pageable, 4, cudaMemcpyHostToDevice, s));
         CHECK(cudaStreamSynchronize(s));
-    }
-    bench("h2d_4b_pageable", (now_us() - t0) / reps, "us");
-    t0 = now_us();
-    for (int i = 0; i < reps; i++) {
+    }), "us");
+    bench("d2h_4b_pageable", median_batch_us(reps, [&](int) {
         CHECK(cudaMemcpyAsync(pageable, d, 4, cudaMemcpyDeviceToHost, s));
         CHECK(cudaStreamSynchronize(s));
-    }
-    bench("d2h_4b_pageable", (now_us() - t0) / reps, "us");
-    EXPECT(pageable[0] == reps - 1, "4-byte copies: got %d, want %d", pageable[0], reps - 1);
-    t0 = now_us();
-    for (int i = 0; i < reps; i++) {
+    }), "us");
+    EXPECT(pageable[0] == last, "4-byte copies: got %d, want %d", pageable[0], last);
+    bench("d2h_4b_pinned", median_batch_us(reps, [&](int) {
         CHECK(cudaMemcpyAsync(pin, d, 4, cudaMemcpyDeviceToHost, s));
         CHECK(cudaStreamSynchronize(s));
-    }
-    bench("d2h_4b_pinned", (now_us() - t0) / reps, "us");
-    EXPECT(pin[0] == reps - 1, "pinned 4-byte copies: got %d", pin[0]);
+    }), "us");
+    EXPECT(pin[0] == last, "pinned 4-byte copies: got %d, want %d", pin[0], last);
 
     // 7. cudaMalloc + cudaFree of 1 MiB
     for (int i = 0; i < 100; i++) {
@@ -90,14 +97,11 @@ int main(int argc, char **argv) {
         CHECK(cudaMalloc(&p, 1 << 20));
         CHECK(cudaFree(p));
     }
-    int mreps = reps / 2;
-    t0 = now_us();
-    for (int i = 0; i < mreps; i++) {
+    bench("malloc_free_1mib", median_batch_us(reps / 2, [&](int) {
         void *p;
         CHECK(cudaMalloc(&p, 1 << 20));
         CHECK(cudaFree(p));
-    }
-    bench("malloc_free_1mib", (now_us() - t0) / mreps, "us");
+    }), "us");
 
     // 8-9. H2D bandwidth, 256 MiB, pinned and pageable (mean of 5 after a warm-up)
     const size_t big = (size_t)256 << 20;

@@ -9,15 +9,6 @@ use omps_shim::conn::Conn;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-fn alloc(c: &Conn, size: u64) -> u64 {
-    let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
-    })
-    .expect("alloc");
-    ch.reply::<wire::U64Reply>().value
-}
-
 fn wait_disconnected(c: &Conn) -> bool {
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(5) {

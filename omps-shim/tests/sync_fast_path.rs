@@ -3,17 +3,8 @@
 
 mod common;
 use common::*;
-use omps_ring::wire::{self, CallHdr, HandleCall, MemAlloc, Memset, Op};
+use omps_ring::wire::{CallHdr, HandleCall, Memset, Op};
 use omps_shim::conn::Conn;
-
-fn alloc(c: &Conn, size: u64) -> u64 {
-    let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
-    })
-    .expect("alloc");
-    ch.reply::<wire::U64Reply>().value
-}
 
 fn stream_sync(c: &Conn) -> Result<(), i32> {
     c.channel().call(0, Op::StreamSync, |call| {

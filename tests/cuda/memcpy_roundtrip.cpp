@@ -171,7 +171,10 @@ int main(int argc, char **argv) {
     CUstream s;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 
-    static const size_t sizes[] = {1, 7, 4096, (1u << 20) + 3, 64u << 20, 256u << 20};
+    // 262145 and 524289: staged pieces that the shim's helper threads split into
+    // page-rounded parts with a tail of a byte or two left over.
+    static const size_t sizes[] = {1,         7,          4096,      262145,
+                                   524289,    (1u << 20) + 3, 64u << 20, 256u << 20};
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++)
         if (sizes[k] <= max_bytes) roundtrip(sizes[k], s);
     pitch_and_offsets(p.dev);

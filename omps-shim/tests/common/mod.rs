@@ -102,3 +102,14 @@ pub fn ps_mem(ps: &str, pid: u32) -> Option<u64> {
 /// A module for the host GPU: fill_u32(ptr, value, count), trap(), and a global.
 pub const HOST_MODULE: &str =
     "omps-host-module\nfn fill_u32 0:8 8:4 12:4\nfn trap\nglobal counter 16\n\0";
+
+/// Allocates `size` bytes of device memory on GPU 0 through a raw connection.
+pub fn alloc(c: &omps_shim::conn::Conn, size: u64) -> u64 {
+    use omps_ring::wire::{MemAlloc, Op, U64Reply};
+    let mut ch = c.channel();
+    ch.call(0, Op::MemAlloc, |call| {
+        bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
+    })
+    .expect("alloc");
+    ch.reply::<U64Reply>().value
+}

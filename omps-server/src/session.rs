@@ -65,11 +65,13 @@ impl ClientStream {
     }
 }
 
-/// A synchronization the GPU signals by storing `seq` into channel `channel`'s done word,
-/// and how many submissions had been queued when it was.
+/// A completion the GPU signals in stream order by storing `seq` into a word of channel
+/// `channel` (a synchronization's done word, or a staging chunk's after its copy), and
+/// how many submissions had been queued when it was.
 #[derive(Clone, Copy)]
 struct SyncMark {
     channel: u32,
+    word: Word,
     seq: u32,
     submits: u64,
 }
@@ -236,7 +238,10 @@ impl Session {
             && ctx.fault.is_none()
             && self.channel(m.channel).is_ok_and(|ch| {
                 // SYNC POINT: pairs with the GPU's (or the fault path's) store of the word.
-                ch.done.load(Ordering::Acquire).wrapping_sub(m.seq) as i32 >= 0
+                // A later value also means landed: the client reuses a word only after it
+                // has seen the earlier completion.
+                ch.word(m.word)
+                    .is_some_and(|w| w.load(Ordering::Acquire).wrapping_sub(m.seq) as i32 >= 0)
             })
     }
 
@@ -461,7 +466,20 @@ impl Session {
                     }
                 };
                 match r {
-                    Ok(()) => self.signal_on_gpu(ctx, c.channel, word, c.seq, s)?,
+                    Ok(()) => {
+                        self.signal_on_gpu(ctx, c.channel, word, c.seq, s)?;
+                        // The chunk's word lands after everything queued on the stream so
+                        // far: a synchronization that follows the client's wait for it (a
+                        // pageable device-to-host copy) need not ask the GPU again.
+                        if let Some(st) = self.streams.get_mut(&c.stream) {
+                            st.synced = Some(SyncMark {
+                                channel: c.channel,
+                                word,
+                                seq: c.seq,
+                                submits: st.submits,
+                            });
+                        }
+                    }
                     Err(e) => {
                         self.note_error(e);
                         self.signal_now(c.channel, word, c.seq, e.0)?
@@ -697,6 +715,7 @@ impl Session {
                     if let Some(st) = self.streams.get_mut(&h.id) {
                         st.synced = Some(SyncMark {
                             channel: h.call.channel,
+                            word: Word::Done,
                             seq: h.call.seq,
                             submits,
                         });
@@ -752,6 +771,7 @@ impl Session {
                     }
                     self.ctx_synced = Some(SyncMark {
                         channel: c.channel,
+                        word: Word::Done,
                         seq: c.seq,
                         submits: self.submits,
                     });

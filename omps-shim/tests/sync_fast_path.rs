@@ -71,3 +71,42 @@ fn idle_synchronizations_skip_the_gpu_and_busy_ones_do_not() {
     assert_eq!(stream_sync(&c), Err(1));
     stream_sync(&c).unwrap();
 }
+
+/// A device-to-host copy through staging chunk 0 of a channel, waited for as the shim does.
+fn d2h_chunk(c: &Conn, src: u64, len: u32) {
+    let mut ch = c.channel();
+    let seq = ch.claim_chunk(0);
+    let rec = omps_ring::wire::ChunkCopy {
+        dev: src,
+        channel: ch.idx,
+        chunk: 0,
+        len,
+        seq,
+        stream: 0,
+        _pad: 0,
+    };
+    c.push(0, Op::CopyDtoHChunk, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    ch.wait_chunk(0).unwrap();
+}
+
+#[test]
+fn a_sync_after_a_waited_for_staged_copy_skips_the_gpu() {
+    let srv = TestServer::start("syncchunk");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&c, 4096);
+    let gpu_writes = || srv.gpu.completions_written();
+    let w = gpu_writes();
+    d2h_chunk(&c, p, 4);
+    assert_eq!(gpu_writes(), w + 1, "the chunk's completion");
+    stream_sync(&c).unwrap();
+    assert_eq!(
+        gpu_writes(),
+        w + 1,
+        "the chunk's word already covers the stream"
+    );
+    // Work queued after the copy sends the next sync to the GPU again.
+    memset(&c, p);
+    stream_sync(&c).unwrap();
+    assert_eq!(gpu_writes(), w + 2);
+}

@@ -108,6 +108,8 @@ pub trait Gpu: Send + Sync + 'static {
     /// # Safety
     /// `addr` lies in registered host memory that stays registered until it is written.
     unsafe fn write_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()>;
+    /// Stores `value` into device memory at `dptr` (4-byte aligned) in stream order.
+    fn write_device_u32(&self, dptr: u64, value: u32, s: usize) -> GpuResult<()>;
 
     /// Pins and maps host memory for DMA and for stream writes.
     ///

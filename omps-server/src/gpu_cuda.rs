@@ -638,6 +638,13 @@ impl Gpu for CudaGpu {
         Ok(ms)
     }
 
+    fn write_device_u32(&self, dptr: u64, value: u32, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: live stream; the session checked that dptr..dptr+4 is the client's.
+        ck(unsafe { cu::cuStreamWriteValue32_v2(st, dptr, value, 0) })
+    }
+
     fn flush_printf(&self) -> GpuResult<()> {
         self.bind();
         let st = self.printf_stream.load(Ordering::Acquire);

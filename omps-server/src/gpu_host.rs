@@ -463,6 +463,13 @@ impl Gpu for HostGpu {
         self.state.lock().unwrap().check().map(|_| true)
     }
 
+    fn write_device_u32(&self, dptr: u64, value: u32, _s: usize) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        st.range(dptr, 4)?.copy_from_slice(&value.to_le_bytes());
+        Ok(())
+    }
+
     fn flush_printf(&self) -> GpuResult<()> {
         let text = std::mem::take(&mut self.state.lock().unwrap().printf_buffer);
         let fd = self.printf_fd.load(Ordering::Relaxed);

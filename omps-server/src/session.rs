@@ -486,6 +486,26 @@ impl Session {
                     }
                 }
             }
+            Op::CopyHtoDInline => {
+                let c = rec!(wire::InlineCopy);
+                if c.len as usize != tail.len()
+                    || tail.len() > wire::INLINE_COPY_MAX
+                    || !c.len.is_multiple_of(4)
+                    || !c.dev.is_multiple_of(4)
+                {
+                    return bad("inline copy: length or alignment");
+                }
+                let s = self.stream(ctx, c.stream)?;
+                if self.check_range(c.dev, c.len as u64) {
+                    for (i, w) in tail.chunks_exact(4).enumerate() {
+                        let v = u32::from_le_bytes(w.try_into().expect("4 bytes"));
+                        if let Err(e) = gpu.write_device_u32(c.dev + 4 * i as u64, v, s) {
+                            self.note_error(e);
+                            break;
+                        }
+                    }
+                }
+            }
             Op::CopyHtoDPinned | Op::CopyDtoHPinned => {
                 fixed_only("pinned copy")?;
                 let c = rec!(wire::PinnedCopy);

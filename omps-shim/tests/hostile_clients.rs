@@ -62,6 +62,45 @@ fn records_that_lie_disconnect_the_client() {
         ),
         (Op::Memset, vec![0u8; 8]),
         (
+            Op::CopyHtoDInline,
+            [
+                bytemuck::bytes_of(&wire::InlineCopy {
+                    dev: 0,
+                    stream: 0,
+                    len: 12,
+                })
+                .to_vec(),
+                vec![0u8; 12],
+            ]
+            .concat(),
+        ),
+        (
+            Op::CopyHtoDInline,
+            [
+                bytemuck::bytes_of(&wire::InlineCopy {
+                    dev: 2,
+                    stream: 0,
+                    len: 4,
+                })
+                .to_vec(),
+                vec![0u8; 4],
+            ]
+            .concat(),
+        ),
+        (
+            Op::CopyHtoDInline,
+            [
+                bytemuck::bytes_of(&wire::InlineCopy {
+                    dev: 0,
+                    stream: 0,
+                    len: 8,
+                })
+                .to_vec(),
+                vec![0u8; 4],
+            ]
+            .concat(),
+        ),
+        (
             Op::StreamDestroy,
             bytemuck::bytes_of(&wire::Handle { id: 0, _pad: 0 }).to_vec(),
         ),

@@ -296,6 +296,17 @@ fn copy_htod_queued(
         return pinned_copy(Op::CopyHtoDPinned, dev, dst, src as u64, len, s, sync);
     }
     let c = live()?;
+    if len <= wire::INLINE_COPY_MAX && len.is_multiple_of(4) && dst.is_multiple_of(4) {
+        // A few bytes travel in the record: no chunk to fill, wait for or signal.
+        let rec = wire::InlineCopy {
+            dev: dst,
+            stream: s,
+            len: len as u32,
+        };
+        // SAFETY: the caller's source holds len bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(src, len) };
+        return c.push(dev, Op::CopyHtoDInline, &[bytemuck::bytes_of(&rec), bytes]);
+    }
     let mut ch = c.channel();
     let chunk = c.params().chunk_bytes as usize;
     for (i, off) in (0..len).step_by(chunk).enumerate() {

@@ -46,6 +46,18 @@ fn garbage_in_the_ring_disconnects_only_that_client() {
     assert!(srv.ctl("status").0);
 }
 
+/// A CopyHtoDInline record for `dev` that claims `len` bytes and carries `carried`.
+fn inline_lie(dev: u64, len: u32, carried: usize) -> (Op, Vec<u8>) {
+    let rec = wire::InlineCopy {
+        dev,
+        stream: 0,
+        len,
+    };
+    let mut bytes = bytemuck::bytes_of(&rec).to_vec();
+    bytes.resize(bytes.len() + carried, 0);
+    (Op::CopyHtoDInline, bytes)
+}
+
 #[test]
 fn records_that_lie_disconnect_the_client() {
     let srv = TestServer::start("lies");
@@ -61,45 +73,10 @@ fn records_that_lie_disconnect_the_client() {
             .to_vec(),
         ),
         (Op::Memset, vec![0u8; 8]),
-        (
-            Op::CopyHtoDInline,
-            [
-                bytemuck::bytes_of(&wire::InlineCopy {
-                    dev: 0,
-                    stream: 0,
-                    len: 12,
-                })
-                .to_vec(),
-                vec![0u8; 12],
-            ]
-            .concat(),
-        ),
-        (
-            Op::CopyHtoDInline,
-            [
-                bytemuck::bytes_of(&wire::InlineCopy {
-                    dev: 2,
-                    stream: 0,
-                    len: 4,
-                })
-                .to_vec(),
-                vec![0u8; 4],
-            ]
-            .concat(),
-        ),
-        (
-            Op::CopyHtoDInline,
-            [
-                bytemuck::bytes_of(&wire::InlineCopy {
-                    dev: 0,
-                    stream: 0,
-                    len: 8,
-                })
-                .to_vec(),
-                vec![0u8; 4],
-            ]
-            .concat(),
-        ),
+        // Inline copies of the wrong length, unaligned, or shorter than they say.
+        inline_lie(0, 12, 12),
+        inline_lie(2, 4, 4),
+        inline_lie(0, 8, 4),
         (
             Op::StreamDestroy,
             bytemuck::bytes_of(&wire::Handle { id: 0, _pad: 0 }).to_vec(),

@@ -76,6 +76,18 @@ struct SyncMark {
     submits: u64,
 }
 
+impl SyncMark {
+    /// The done word of `call`, after `submits` submissions.
+    fn done(call: CallHdr, submits: u64) -> Self {
+        SyncMark {
+            channel: call.channel,
+            word: Word::Done,
+            seq: call.seq,
+            submits,
+        }
+    }
+}
+
 struct Module {
     handle: u64,
     functions: Vec<u32>,
@@ -297,21 +309,23 @@ impl Session {
         }
     }
 
-    /// Answers a call once stream `s` reaches this point: the GPU writes `done`.
+    /// Answers a call once stream `s` reaches this point: the GPU writes `done`. Ok(true)
+    /// when the GPU will; Ok(false) when the call was answered at once with an error.
     fn complete_on_gpu(
         &mut self,
         ctx: &mut WorkerCtx,
         call: CallHdr,
         s: usize,
-    ) -> Result<(), Malformed> {
+    ) -> Result<bool, Malformed> {
         let pending = self.take_pending();
         if pending != 0 {
-            return self.complete(call, pending, &[]);
+            return self.complete(call, pending, &[]).map(|_| false);
         }
         self.signal_on_gpu(ctx, call.channel, Word::Done, call.seq, s)
     }
 
-    /// Has the GPU store `seq` into a completion word in stream order.
+    /// Has the GPU store `seq` into a completion word in stream order. Ok(true) when it
+    /// will; Ok(false) when the word was set at once with the error that prevented it.
     fn signal_on_gpu(
         &mut self,
         ctx: &mut WorkerCtx,
@@ -319,7 +333,7 @@ impl Session {
         word: Word,
         seq: u32,
         s: usize,
-    ) -> Result<(), Malformed> {
+    ) -> Result<bool, Malformed> {
         let ch = self.channel(channel)?;
         ch.result.store(0, Ordering::Relaxed);
         ch.reply_len.store(0, Ordering::Relaxed);
@@ -332,14 +346,14 @@ impl Session {
         match r {
             Ok(()) => {
                 ctx.add_marker(self.client.clone(), channel, word, seq, s);
-                Ok(())
+                Ok(true)
             }
             Err(e) => {
                 if crate::gpu::is_sticky(e.0) {
                     ctx.enter_fault(e.0);
                 }
                 self.note_error(e);
-                self.signal_now(channel, word, seq, e.0)
+                self.signal_now(channel, word, seq, e.0).map(|_| false)
             }
         }
     }
@@ -467,11 +481,11 @@ impl Session {
                 };
                 match r {
                     Ok(()) => {
-                        self.signal_on_gpu(ctx, c.channel, word, c.seq, s)?;
                         // The chunk's word lands after everything queued on the stream so
                         // far: a synchronization that follows the client's wait for it (a
                         // pageable device-to-host copy) need not ask the GPU again.
-                        if let Some(st) = self.streams.get_mut(&c.stream) {
+                        if self.signal_on_gpu(ctx, c.channel, word, c.seq, s)? {
+                            let st = self.streams.get_mut(&c.stream).expect("stream() found it");
                             st.synced = Some(SyncMark {
                                 channel: c.channel,
                                 word,
@@ -730,16 +744,9 @@ impl Session {
                 let (mark, submits) = (self.streams[&h.id].synced, self.streams[&h.id].submits);
                 if self.already_synced(ctx, mark, submits) {
                     self.complete(h.call, 0, &[])?;
-                } else {
-                    self.complete_on_gpu(ctx, h.call, s)?;
-                    if let Some(st) = self.streams.get_mut(&h.id) {
-                        st.synced = Some(SyncMark {
-                            channel: h.call.channel,
-                            word: Word::Done,
-                            seq: h.call.seq,
-                            submits,
-                        });
-                    }
+                } else if self.complete_on_gpu(ctx, h.call, s)? {
+                    let st = self.streams.get_mut(&h.id).expect("stream_pool() found it");
+                    st.synced = Some(SyncMark::done(h.call, submits));
                 }
             }
             Op::StreamQuery => {
@@ -757,7 +764,7 @@ impl Session {
                 let e = self.event(h.id)?;
                 let m = self.marker_stream;
                 match gpu.stream_wait_event(m, e) {
-                    Ok(()) => self.complete_on_gpu(ctx, h.call, m)?,
+                    Ok(()) => _ = self.complete_on_gpu(ctx, h.call, m)?,
                     Err(err) => self.complete(h.call, err.0, &[])?,
                 }
             }
@@ -786,15 +793,13 @@ impl Session {
                     self.complete(c, 0, &[])?;
                 } else {
                     match ctx.join_streams(self.used_streams, m) {
-                        Ok(()) => self.complete_on_gpu(ctx, c, m)?,
+                        Ok(()) => {
+                            if self.complete_on_gpu(ctx, c, m)? {
+                                self.ctx_synced = Some(SyncMark::done(c, self.submits));
+                            }
+                        }
                         Err(e) => self.complete(c, e.0, &[])?,
                     }
-                    self.ctx_synced = Some(SyncMark {
-                        channel: c.channel,
-                        word: Word::Done,
-                        seq: c.seq,
-                        submits: self.submits,
-                    });
                 }
             }
             Op::Ping => {

@@ -66,10 +66,18 @@ fn idle_synchronizations_skip_the_gpu_and_busy_ones_do_not() {
     ctx_sync(&c).unwrap();
     assert_eq!(gpu_writes(), w + 4);
 
-    // An error queued since the last sync is reported by the next one, then cleared.
+    // An error queued since the last sync is reported by the next one, then cleared. That
+    // answer did not come from the GPU, so it proves nothing about the stream: the sync
+    // after it asks the GPU again.
     memset(&c, p + (1 << 20));
     assert_eq!(stream_sync(&c), Err(1));
+    assert_eq!(gpu_writes(), w + 4, "the error was answered at once");
     stream_sync(&c).unwrap();
+    assert_eq!(
+        gpu_writes(),
+        w + 5,
+        "after an error answer, the GPU is asked"
+    );
 }
 
 /// A device-to-host copy through staging chunk 0 of a channel, waited for as the shim does.

@@ -533,6 +533,12 @@ impl Server {
                 mem >> 20
             );
         }
+        let unattributed = self.printf.unattributed();
+        if unattributed > 0 {
+            s += &format!(
+                "device printf sent to the server log (no single client to give it to): {unattributed} bytes\n"
+            );
+        }
         s
     }
 

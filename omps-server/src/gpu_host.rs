@@ -476,16 +476,12 @@ impl Gpu for HostGpu {
         if fd < 0 || text.is_empty() {
             return Ok(());
         }
-        let mut rest = &text[..];
-        while !rest.is_empty() {
-            // SAFETY: writes from a live buffer of rest.len() bytes.
-            let n = unsafe { libc::write(fd, rest.as_ptr() as *const _, rest.len()) };
-            if n <= 0 {
-                return Err(CuError(code::UNKNOWN));
-            }
-            rest = &rest[n as usize..];
-        }
-        Ok(())
+        // SAFETY: the router's pipe, open for the life of the server; ManuallyDrop leaves
+        // it open.
+        let mut out = std::mem::ManuallyDrop::new(unsafe {
+            <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        });
+        std::io::Write::write_all(&mut *out, &text).map_err(|_| CuError(code::UNKNOWN))
     }
 
     fn set_printf_output(&self, fd: std::os::fd::RawFd) {

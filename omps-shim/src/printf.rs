@@ -46,16 +46,10 @@ pub fn deliver(dev: usize) {
     let Ok(text) = c.socket_request(wire::hostmem::PRINTF_FLUSH, dev as u64, 0, None) else {
         return;
     };
-    let mut rest = &text[..];
-    while !rest.is_empty() {
-        // SAFETY: writes from a live buffer of rest.len() bytes to this process's fd 1.
-        let n = unsafe { libc::write(1, rest.as_ptr() as *const _, rest.len()) };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        if n <= 0 {
-            return;
-        }
-        rest = &rest[n as usize..];
-    }
+    // Straight to fd 1, past any stdio buffering, as the driver writes natively.
+    // SAFETY: fd 1 stays the program's; ManuallyDrop leaves it open.
+    let mut out = std::mem::ManuallyDrop::new(unsafe {
+        <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(1)
+    });
+    let _ = std::io::Write::write_all(&mut *out, &text);
 }

@@ -137,21 +137,26 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
     })
 }
 
+/// A call about stream or event `id`. After a synchronization, device printf output is
+/// delivered, as the driver writes it at such calls.
 fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
     let c = live()?;
     let mut ch = c.channel();
-    ch.call(dev, op, |call| {
+    let r = ch.call(dev, op, |call| {
         bytemuck::bytes_of(&HandleCall { call, id, _pad: 0 }).to_vec()
-    })
+    });
+    drop(ch);
+    if matches!(op, Op::StreamSync | Op::EventSync) {
+        crate::printf::deliver(dev);
+    }
+    r
 }
 
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
     entry(|| {
         let (id, dev) = stream_dev(s)?;
-        let r = handle_call(dev, Op::StreamSync, id);
-        crate::printf::deliver(dev);
-        r
+        handle_call(dev, Op::StreamSync, id)
     })
 }
 
@@ -249,9 +254,7 @@ pub extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
 pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     entry(|| {
         let ev = event(e)?;
-        let r = handle_call(ev.dev, Op::EventSync, ev.id);
-        crate::printf::deliver(ev.dev);
-        r
+        handle_call(ev.dev, Op::EventSync, ev.id)
     })
 }
 
@@ -684,7 +687,6 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
         let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let (id, dev) = stream_dev(s)?;
         handle_call(dev, Op::StreamSync, id)?;
-        crate::printf::deliver(dev);
         // SAFETY: the caller's function and argument.
         unsafe { f(data) };
         Ok(())

@@ -83,13 +83,19 @@ impl Mapping {
     /// missing tail would SIGBUS; a peer's fd must also pass [`check_segment`] so that
     /// it cannot become shorter later.
     pub fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
+        Self::map_near(fd, len, 0)
+    }
+
+    /// As [`Mapping::map`], at `hint` if that range is free (0: wherever the kernel likes).
+    pub fn map_near(fd: BorrowedFd<'_>, len: usize, hint: usize) -> io::Result<Mapping> {
         if file_len(fd)? < len as u64 {
             return Err(invalid("segment is shorter than the mapping"));
         }
-        // SAFETY: a fresh mapping chosen by the kernel overlaps nothing of ours.
+        // SAFETY: without MAP_FIXED the hint is only a hint: the kernel never places the
+        // mapping over anything of ours.
         let ptr = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                hint as *mut libc::c_void,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,

@@ -58,16 +58,45 @@ const DEVICEMAP: u32 = 2;
 fn shared_alloc(len: usize) -> Option<usize> {
     let c = live().ok()?;
     let fd = shm::create_segment("omps-pinned", len).ok()?;
-    let map = Mapping::map(fd.as_fd(), len).ok()?;
-    let addr = map.as_ptr() as usize;
-    c.host_request(hostmem::PIN, addr as u64, len as u64, Some(fd.as_raw_fd()))
-        .ok()?;
-    SHARED_MAPS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .insert(addr, map);
-    Some(addr)
+    // The server maps the memfd at the same address, which may already be in use there
+    // (its own mappings, the driver's address reservations): then try elsewhere, at
+    // random addresses between the programs' heaps and their mmap areas.
+    for attempt in 0..PIN_ATTEMPTS {
+        let hint = if attempt == 0 { 0 } else { random_hint() };
+        let map = Mapping::map_near(fd.as_fd(), len, hint).ok()?;
+        let addr = map.as_ptr() as usize;
+        if c.host_request(hostmem::PIN, addr as u64, len as u64, Some(fd.as_raw_fd()))
+            .is_ok()
+        {
+            SHARED_MAPS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(HashMap::new)
+                .insert(addr, map);
+            return Some(addr);
+        }
+    }
+    None
+}
+
+const PIN_ATTEMPTS: usize = 4;
+
+/// A 2 MiB-aligned address in [16 TiB, 80 TiB): above the heaps of both processes and
+/// below where Linux puts executables (about 85 TiB) and the mmap area (near 128 TiB).
+fn random_hint() -> usize {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ (std::process::id() as u64) << 32;
+    let mut x = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed) ^ seed;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    x ^= x >> 33;
+    const LOW: u64 = 16 << 40;
+    const SPAN: u64 = 64 << 40;
+    (LOW + (x % SPAN) / (2 << 20) * (2 << 20)) as usize
 }
 
 /// Whether `p` starts a shared allocation made by cuMemHostAlloc (not a registration).
@@ -660,4 +689,25 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn retry_hints_are_aligned_spread_and_inside_their_window() {
+        let hints: std::collections::BTreeSet<usize> =
+            (0..1000).map(|_| super::random_hint()).collect();
+        assert!(
+            hints.len() > 990,
+            "hints repeat: {} distinct of 1000",
+            hints.len()
+        );
+        for h in hints {
+            assert!(
+                (16usize << 40..80usize << 40).contains(&h),
+                "{h:#x} outside 16..80 TiB"
+            );
+            assert_eq!(h % (2 << 20), 0, "{h:#x} not 2 MiB aligned");
+        }
+    }
 }

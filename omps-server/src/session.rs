@@ -35,12 +35,13 @@ struct Function {
     module: u32,
 }
 
-/// A client stream: the pool stream it runs on, and what CUDA's legacy default stream
-/// semantics need. Work on the legacy stream (id 0) waits for earlier work of the
+/// A client stream: the pool stream it runs on (bound at its first work, so that idle
+/// streams hold none), and what CUDA's legacy default stream semantics need. Work on the legacy stream (id 0) waits for earlier work of the
 /// client's blocking streams, and theirs for earlier legacy work; non-blocking streams
 /// never wait. Only transitions cost anything: an event record and a wait.
 struct ClientStream {
-    pool: usize,
+    pool: Option<usize>,
+    priority: i32,
     blocking: bool,
     /// Has queued work that later legacy-stream work must wait for.
     dirty: bool,
@@ -53,9 +54,10 @@ struct ClientStream {
 }
 
 impl ClientStream {
-    fn new(pool: usize, blocking: bool) -> Self {
+    fn new(priority: i32, blocking: bool) -> Self {
         ClientStream {
-            pool,
+            pool: None,
+            priority,
             blocking,
             dirty: false,
             stale: false,
@@ -164,10 +166,8 @@ impl Session {
             submits: 0,
             ctx_synced: None,
         };
-        s.streams.insert(
-            wire::STREAM_DEFAULT,
-            ClientStream::new(ctx.pick_work_stream(0), false),
-        );
+        s.streams
+            .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));
         s
     }
 
@@ -183,8 +183,9 @@ impl Session {
     }
 
     /// The pool stream of client stream `id`, for questions about it (queries and
-    /// synchronizing), which take no part in the legacy stream's ordering.
-    fn stream_pool(&self, id: u32) -> Result<usize, Malformed> {
+    /// synchronizing), which take no part in the legacy stream's ordering; None while
+    /// nothing was ever queued on it.
+    fn stream_pool(&self, id: u32) -> Result<Option<usize>, Malformed> {
         self.streams
             .get(&id)
             .map(|s| s.pool)
@@ -199,21 +200,27 @@ impl Session {
         };
         st.submits += 1;
         self.submits += 1;
-        let pool = st.pool;
+        let pool = match st.pool {
+            Some(p) => p,
+            None => *st.pool.insert(ctx.bind_work_stream(self.client.id, st.priority)),
+        };
         self.used_streams |= 1 << pool;
-        let legacy = self.streams[&wire::STREAM_DEFAULT].pool;
+        // Work on a blocking stream is ordered after legacy work only once there is some,
+        // and then the legacy stream is bound.
+        let legacy = self.streams[&wire::STREAM_DEFAULT].pool.unwrap_or(pool);
         let mut r = Ok(());
         if id == wire::STREAM_DEFAULT {
             for b in self.streams.values_mut().filter(|b| b.blocking) {
-                if b.dirty && b.pool != legacy {
-                    r = r.and(ctx.order(b.pool, legacy));
+                match b.pool {
+                    Some(bp) if b.dirty && bp != legacy => r = r.and(ctx.order(bp, legacy)),
+                    _ => {}
                 }
                 b.dirty = false;
                 b.stale = true;
             }
         } else if let Some(b) = self.streams.get_mut(&id).filter(|b| b.blocking) {
-            if b.stale && b.pool != legacy {
-                r = ctx.order(legacy, b.pool);
+            if b.stale && pool != legacy {
+                r = ctx.order(legacy, pool);
             }
             b.stale = false;
             b.dirty = true;
@@ -560,14 +567,21 @@ impl Session {
                     return bad(format!("stream id {} reused", c.id));
                 }
                 const NON_BLOCKING: u32 = 1;
-                let pool = ctx.pick_work_stream(c.priority);
-                self.streams
-                    .insert(c.id, ClientStream::new(pool, c.flags & NON_BLOCKING == 0));
+                self.streams.insert(
+                    c.id,
+                    ClientStream::new(c.priority, c.flags & NON_BLOCKING == 0),
+                );
             }
             Op::StreamDestroy => {
                 let h = rec!(wire::Handle);
-                if h.id == wire::STREAM_DEFAULT || self.streams.remove(&h.id).is_none() {
-                    return bad(format!("destroying unknown stream {}", h.id));
+                if h.id == wire::STREAM_DEFAULT {
+                    return bad("destroying the default stream");
+                }
+                match self.streams.remove(&h.id) {
+                    // Its queued work still runs; the pool stream is handed to another
+                    // client only once it is idle (WorkerCtx::bind_work_stream).
+                    Some(st) => st.pool.into_iter().for_each(|p| ctx.unbind_work_stream(p)),
+                    None => return bad(format!("destroying unknown stream {}", h.id)),
                 }
             }
             Op::EventCreate => {
@@ -740,8 +754,14 @@ impl Session {
             }
             Op::StreamSync => {
                 let h = rec!(wire::HandleCall);
-                let s = self.stream_pool(h.id)?;
+                let pool = self.stream_pool(h.id)?;
                 let (mark, submits) = (self.streams[&h.id].synced, self.streams[&h.id].submits);
+                let Some(s) = pool else {
+                    // Nothing was ever queued on it: only errors of other streams remain.
+                    let r = self.take_pending();
+                    self.complete(h.call, r, &[])?;
+                    return Ok(());
+                };
                 if self.already_synced(ctx, mark, submits) {
                     self.complete(h.call, 0, &[])?;
                 } else if self.complete_on_gpu(ctx, h.call, s)? {
@@ -751,8 +771,7 @@ impl Session {
             }
             Op::StreamQuery => {
                 let h = rec!(wire::HandleCall);
-                let s = self.stream_pool(h.id)?;
-                let r = match gpu.stream_query(s) {
+                let r = match self.stream_pool(h.id)?.map_or(Ok(true), |s| gpu.stream_query(s)) {
                     Ok(true) => self.take_pending(),
                     Ok(false) => code::NOT_READY,
                     Err(e) => e.0,
@@ -924,6 +943,11 @@ impl Session {
             _pad: 0,
         };
         self.complete(call, 0, bytemuck::bytes_of(&head))
+    }
+
+    /// The work streams this client's streams are bound to, one entry per binding.
+    pub fn bound_work_streams(&self) -> Vec<usize> {
+        self.streams.values().filter_map(|s| s.pool).collect()
     }
 
     /// Everything the client still holds on this GPU, for release once its work is done.

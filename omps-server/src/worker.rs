@@ -37,6 +37,12 @@ struct Marker {
     since: Instant,
 }
 
+#[derive(Clone, Copy, Default)]
+struct Binding {
+    client: u32,
+    refs: u32,
+}
+
 /// Resources freed once `fence` completes.
 struct Deferred {
     fence: u64,
@@ -52,6 +58,8 @@ pub struct WorkerCtx {
     deferred: Vec<Deferred>,
     /// One per work stream, to make a marker stream wait for it.
     scratch_events: Vec<u64>,
+    /// Per work stream: the client whose streams are bound to it, and how many.
+    bindings: Vec<Binding>,
     next_work: usize,
     next_marker: usize,
     last_fault_check: Instant,
@@ -74,6 +82,7 @@ impl WorkerCtx {
             gpu,
             markers: Vec::new(),
             deferred: Vec::new(),
+            bindings: vec![Binding::default(); scratch_events.len()],
             scratch_events,
             next_work: 0,
             next_marker: 0,
@@ -115,16 +124,57 @@ impl WorkerCtx {
         }
     }
 
-    /// Round robin over the pool: client streams share hardware queues evenly.
-    /// CUDA priorities are "lower is more urgent"; omps has two levels: streams created
-    /// with a priority below 0 run on the device's greatest-priority streams.
-    pub fn pick_work_stream(&mut self, priority: i32) -> usize {
-        self.next_work += 1;
+    /// The work streams of one priority class: CUDA priorities are "lower is more urgent";
+    /// omps has two levels, and streams created with a priority below 0 run on the
+    /// device's greatest-priority streams.
+    fn work_class(&self, priority: i32) -> std::ops::Range<usize> {
         let (p, hi) = (self.gpu.pool_size(), self.gpu.priority_streams());
         if priority < 0 && hi > 0 {
-            2 * p + self.next_work % hi
+            2 * p..2 * p + hi
         } else {
-            self.next_work % p
+            0..p
+        }
+    }
+
+    /// Binds a client stream, at its first work, to a work stream of its class. No
+    /// other client's unfinished work may share it: first a stream no client holds and
+    /// that is idle (a destroyed stream's work may still run there), spread round robin;
+    /// else the client's own least-bound stream; only when every stream of the class is
+    /// held by other clients (more active clients than hardware queues) the least-bound
+    /// one, said once in the log.
+    pub fn bind_work_stream(&mut self, client: u32, priority: i32) -> usize {
+        let class = self.work_class(priority);
+        let n = class.len();
+        self.next_work += 1;
+        let rotated = (0..n).map(|i| class.start + (self.next_work + i) % n);
+        let free = rotated
+            .clone()
+            .find(|&i| self.bindings[i].refs == 0 && self.gpu.stream_query(i).unwrap_or(true));
+        let own = || {
+            class
+                .clone()
+                .filter(|&i| self.bindings[i].refs > 0 && self.bindings[i].client == client)
+                .min_by_key(|&i| self.bindings[i].refs)
+        };
+        let pick = free.or_else(own).unwrap_or_else(|| {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!("every work stream is held by other clients; sharing one")
+            });
+            rotated.min_by_key(|&i| self.bindings[i].refs).unwrap_or(0)
+        });
+        let b = &mut self.bindings[pick];
+        if b.refs == 0 {
+            b.client = client;
+        }
+        b.refs += 1;
+        pick
+    }
+
+    /// A client stream bound to work stream `i` is gone.
+    pub fn unbind_work_stream(&mut self, i: usize) {
+        if let Some(b) = self.bindings.get_mut(i) {
+            b.refs = b.refs.saturating_sub(1);
         }
     }
 
@@ -252,6 +302,9 @@ impl WorkerCtx {
     }
 
     pub fn retire(&mut self, s: Session) {
+        for i in s.bound_work_streams() {
+            self.unbind_work_stream(i);
+        }
         let (client, mask, m, rel) = s.into_release();
         self.markers.retain(|mk| mk.client.id != client.id);
         self.defer(client, mask, m, rel, true);

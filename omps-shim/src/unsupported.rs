@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
 
-fn unsupported(name: &'static str) -> CUresult {
+pub(crate) fn unsupported(name: &'static str) -> CUresult {
     let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
     if seen.get_or_insert_with(HashSet::new).insert(name) || crate::trace_enabled() {
         eprintln!("omps: {name} is not supported yet; returning CUDA_ERROR_NOT_SUPPORTED");

@@ -25,7 +25,7 @@ pub(crate) fn stream_of(s: CUstream) -> Result<u32, CUresult> {
     Ok(resolve_stream(s)?.map_or(wire::STREAM_DEFAULT, |st| st.id))
 }
 
-fn resolve_stream(s: CUstream) -> Result<Option<&'static Stream>, CUresult> {
+pub(crate) fn resolve_stream(s: CUstream) -> Result<Option<&'static Stream>, CUresult> {
     match s as usize {
         0 if PER_THREAD.get() => per_thread_stream().map(Some),
         CU_STREAM_PER_THREAD => per_thread_stream().map(Some),

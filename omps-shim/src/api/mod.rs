@@ -10,6 +10,7 @@ pub mod module;
 pub mod proc;
 pub mod ptds;
 pub mod query;
+pub mod stream_info;
 
 use crate::cuda::*;
 use std::sync::atomic::{AtomicBool, Ordering};

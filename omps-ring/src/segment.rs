@@ -226,7 +226,15 @@ pub struct DeviceSnapshot {
     /// `attributes[a]` is CUdevice_attribute `a`; `attr_valid` says whether the driver had it.
     pub attributes: [i32; MAX_ATTRIBUTES],
     pub attr_valid: [u8; MAX_ATTRIBUTES],
+    /// The driver's TPC-to-virtual-GPC and TPC-in-GPC maps (export table 1734dc26,
+    /// entry 4), which cuBLASLt reads; `tpc_map_len` is 0 where the driver gave none.
+    pub tpc_vgpc: [u8; TPC_MAP_MAX],
+    pub tpc_mtpc: [u8; TPC_MAP_MAX],
+    pub tpc_map_len: [u32; 2],
 }
+
+/// Bytes kept of each TPC map (a byte per TPC; an H100 has 66 TPCs).
+pub const TPC_MAP_MAX: usize = 512;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]

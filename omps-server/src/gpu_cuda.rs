@@ -2,7 +2,7 @@
 
 use crate::gpu::{code, func_attr, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule};
 use cudarc::driver::sys as cu;
-use omps_ring::segment::{DeviceSnapshot, MAX_ATTRIBUTES};
+use omps_ring::segment::{DeviceSnapshot, MAX_ATTRIBUTES, TPC_MAP_MAX};
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -253,6 +253,7 @@ impl Gpu for CudaGpu {
                 }
             }
         }
+        read_tpc_maps(&mut s);
         s
     }
 
@@ -662,5 +663,53 @@ impl Gpu for CudaGpu {
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             e => Err(CuError(e as i32)),
         }
+    }
+}
+
+/// Export table 1734dc26 (cluster support): [4] allocates and fills the current context's
+/// TPC-to-vGPC and TPC-in-GPC byte maps, [13] frees them. cuBLASLt reads them to pick
+/// kernels, so a client must get the driver's bytes. The driver does not say how long the
+/// maps are; they come from its malloc heap, so the usable size of each allocation bounds
+/// what may be read.
+fn read_tpc_maps(s: &mut DeviceSnapshot) {
+    const CLUSTER_TABLE: [u8; 16] = [
+        0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b,
+        0xca,
+    ];
+    type GetMaps = unsafe extern "C" fn(*mut *mut u8, *mut *mut u8) -> c_int;
+    type FreeMaps = unsafe extern "C" fn(*mut u8, *mut u8) -> c_int;
+    let mut table: *const c_void = std::ptr::null();
+    let id = cu::CUuuid {
+        bytes: CLUSTER_TABLE.map(|b| b as c_char),
+    };
+    // SAFETY: valid out-pointer and id; the driver returns a table or an error.
+    if unsafe { cu::cuGetExportTable(&mut table, &id) } != cu::CUresult::CUDA_SUCCESS
+        || table.is_null()
+    {
+        return;
+    }
+    let slots = table as *const usize;
+    // SAFETY: slot 0 is the table's size in bytes; entries 4 and 13 exist when it covers
+    // 14 slots, and are functions of the signatures above (checked on driver 580 by
+    // scripts/probe/darktrace.c).
+    unsafe {
+        if *slots < 14 * 8 {
+            return;
+        }
+        let get: GetMaps = std::mem::transmute(*slots.add(4));
+        let free: FreeMaps = std::mem::transmute(*slots.add(13));
+        let (mut vgpc, mut mtpc) = (std::ptr::null_mut(), std::ptr::null_mut());
+        if get(&mut vgpc, &mut mtpc) != 0 || vgpc.is_null() || mtpc.is_null() {
+            return;
+        }
+        for (i, (p, out)) in [(vgpc, &mut s.tpc_vgpc), (mtpc, &mut s.tpc_mtpc)]
+            .into_iter()
+            .enumerate()
+        {
+            let n = libc::malloc_usable_size(p as *mut c_void).min(TPC_MAP_MAX);
+            std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), n);
+            s.tpc_map_len[i] = n as u32;
+        }
+        free(vgpc, mtpc);
     }
 }

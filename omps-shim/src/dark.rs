@@ -422,7 +422,7 @@ pub static INTEGRITY: Table<3> = Table([
 
 // ---- the lookup
 
-const UUIDS: [([u8; 16], &str); 6] = [
+const UUIDS: [([u8; 16], &str); 8] = [
     (
         [
             0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,
@@ -465,6 +465,20 @@ const UUIDS: [([u8; 16], &str); 6] = [
         ],
         "integrity",
     ),
+    (
+        [
+            0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24,
+            0xc8, 0xf2,
+        ],
+        "tools context",
+    ),
+    (
+        [
+            0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd,
+            0x8b, 0xca,
+        ],
+        "cluster",
+    ),
 ];
 
 fn table(uuid: &[u8; 16]) -> Option<*const c_void> {
@@ -475,6 +489,8 @@ fn table(uuid: &[u8; 16]) -> Option<*const c_void> {
         "tls" => &TOOLS_TLS as *const _ as *const c_void,
         "cls" => &CONTEXT_LOCAL_STORAGE as *const _ as *const c_void,
         "checks" => &CONTEXT_CHECKS as *const _ as *const c_void,
+        "tools context" => &crate::dark_tools::TOOLS_CONTEXT as *const _ as *const c_void,
+        "cluster" => &crate::dark_tools::CLUSTER as *const _ as *const c_void,
         _ => &INTEGRITY as *const _ as *const c_void,
     })
 }

@@ -11,6 +11,7 @@ pub mod api;
 pub mod conn;
 pub mod cuda;
 pub mod dark;
+pub mod dark_tools;
 pub mod handles;
 pub mod image;
 pub mod integrity;

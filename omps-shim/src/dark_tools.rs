@@ -1,0 +1,148 @@
+//! Export tables that cuBLAS, cuBLASLt and cuFFT ask for beyond cudart's: tools context
+//! (21318c60) and cluster support (1734dc26). What each called entry does was read off
+//! driver 580 with `scripts/probe/darktrace.c` (arguments and results under PyTorch) and
+//! matches the names public tool headers give them; the code is ours.
+//!
+//! Every other slot is a stub that returns CUDA_ERROR_NOT_SUPPORTED and names its table and
+//! index once, so a library that reaches a new entry fails loudly.
+
+use crate::api::ctx::cuCtxGetId;
+use crate::api::exec::{cuStreamGetId, CUstream};
+use crate::cuda::*;
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+#[repr(C)]
+pub struct Table<const N: usize>(pub [*const c_void; N]);
+// SAFETY: immutable arrays of function addresses and sizes.
+unsafe impl<const N: usize> Sync for Table<N> {}
+
+const TABLE_NAMES: [&str; 2] = ["tools context 21318c60", "cluster 1734dc26"];
+
+extern "C" fn unknown_slot<const T: usize, const S: usize>() -> CUresult {
+    static SEEN: Mutex<Option<HashSet<(usize, usize)>>> = Mutex::new(None);
+    let first = SEEN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashSet::new)
+        .insert((T, S));
+    if first || crate::trace_enabled() {
+        eprintln!(
+            "omps: export table {}[{S}] called; not supported yet",
+            TABLE_NAMES[T]
+        );
+    }
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// A table of `$n` stubs named after table `$t`, with slot 0 holding the size in bytes.
+macro_rules! stub_table {
+    ($t:literal; $($i:literal)*) => {{
+        let mut slots = [$(unknown_slot::<$t, $i> as *const c_void),*];
+        slots[0] = (slots.len() * 8) as *const c_void;
+        slots
+    }};
+}
+
+// ---- 21318c60: tools context. [4] is the context's unique id (cuBLASLt keys its kernel
+// cache by it: 372 calls in a PyTorch run), [39] a stream's.
+
+unsafe extern "C" fn context_id(ctx: *mut c_void, id: *mut u64) -> CUresult {
+    // SAFETY: forwarded contract: a context handle (or null for the current) and an
+    // out-pointer.
+    unsafe { cuCtxGetId(ctx as _, id) }
+}
+
+unsafe extern "C" fn stream_id(_ctx: *mut c_void, s: CUstream, id: *mut u64) -> CUresult {
+    // SAFETY: forwarded contract: a stream handle of this shim and an out-pointer.
+    unsafe { cuStreamGetId(s, id) }
+}
+
+pub static TOOLS_CONTEXT: Table<93> = Table({
+    let mut t = stub_table!(0; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24
+        25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53
+        54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82
+        83 84 85 86 87 88 89 90 91 92);
+    t[4] = context_id as *const c_void;
+    t[39] = stream_id as *const c_void;
+    t
+});
+
+// ---- 1734dc26: cluster support. [4] hands out the TPC maps (two malloc'd byte arrays),
+// [13] frees them. The server read the driver's maps into the snapshot.
+
+unsafe extern "C" fn tpc_maps(vgpc: *mut *mut u8, mtpc: *mut *mut u8) -> CUresult {
+    if vgpc.is_null() || mtpc.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let dev = match crate::api::ctx::current_dev() {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let snap = match crate::api::device::device(dev as CUdevice) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let [nv, nm] = snap.tpc_map_len.map(|n| n as usize);
+    if nv == 0 || nm == 0 {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let copy = |src: &[u8]| -> *mut u8 {
+        // SAFETY: a fresh allocation of src.len() bytes, filled before it is handed out;
+        // the caller gives it back through tpc_maps_free, which frees with libc.
+        unsafe {
+            let p = libc::malloc(src.len()) as *mut u8;
+            if !p.is_null() {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len());
+            }
+            p
+        }
+    };
+    let (v, m) = (copy(&snap.tpc_vgpc[..nv]), copy(&snap.tpc_mtpc[..nm]));
+    if v.is_null() || m.is_null() {
+        // SAFETY: null or from malloc above.
+        unsafe { (libc::free(v as _), libc::free(m as _)) };
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    // SAFETY: checked non-null; the caller's out-pointers.
+    unsafe { (vgpc.write(v), mtpc.write(m)) };
+    CUDA_SUCCESS
+}
+
+unsafe extern "C" fn tpc_maps_free(vgpc: *mut u8, mtpc: *mut u8) -> CUresult {
+    // SAFETY: null or arrays tpc_maps allocated with malloc.
+    unsafe { (libc::free(vgpc as _), libc::free(mtpc as _)) };
+    CUDA_SUCCESS
+}
+
+pub static CLUSTER: Table<17> = Table({
+    let mut t = stub_table!(1; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+    t[4] = tpc_maps as *const c_void;
+    t[13] = tpc_maps_free as *const c_void;
+    t
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_have_the_drivers_sizes_and_stubs_refuse() {
+        assert_eq!(TOOLS_CONTEXT.0[0] as usize, 0x2e8);
+        assert_eq!(CLUSTER.0[0] as usize, 0x88);
+        // SAFETY: slot 1 is a stub taking no arguments.
+        let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(TOOLS_CONTEXT.0[1]) };
+        assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED);
+        assert_ne!(TOOLS_CONTEXT.0[1], TOOLS_CONTEXT.0[2], "each slot names itself");
+    }
+
+    #[test]
+    fn tpc_map_free_accepts_what_it_would_hand_out() {
+        // SAFETY: malloc'd (or null) arrays, as tpc_maps hands out.
+        unsafe {
+            let (a, b) = (libc::malloc(8) as *mut u8, std::ptr::null_mut());
+            assert_eq!(tpc_maps_free(a, b), CUDA_SUCCESS);
+        }
+    }
+}

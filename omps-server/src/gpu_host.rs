@@ -25,6 +25,8 @@ struct State {
     sticky: Option<i32>,
     events: BTreeMap<u64, ()>,
     printf_buffer: Vec<u8>,
+    /// Context limits that were set (CUlimit 0..=6 exist; each defaults to 1024).
+    limits: BTreeMap<i64, i64>,
 }
 
 pub struct HostGpu {
@@ -370,8 +372,18 @@ impl Gpu for HostGpu {
         use omps_ring::wire::query;
         match kind {
             query::OCC_MAX_BLOCKS => Ok(if args[0] > 0 { 2048 / args[0] } else { 0 }),
-            query::CTX_GET_LIMIT => Ok(1024),
-            query::CTX_SET_LIMIT | query::FUNC_CACHE_CONFIG => Ok(0),
+            query::CTX_GET_LIMIT | query::CTX_SET_LIMIT if !(0..=6).contains(&args[0]) => {
+                Err(CuError(code::INVALID_VALUE))
+            }
+            query::CTX_GET_LIMIT => {
+                let st = self.state.lock().unwrap();
+                Ok(st.limits.get(&args[0]).copied().unwrap_or(1024))
+            }
+            query::CTX_SET_LIMIT => {
+                self.state.lock().unwrap().limits.insert(args[0], args[1]);
+                Ok(0)
+            }
+            query::FUNC_CACHE_CONFIG => Ok(0),
             _ => Err(CuError(code::NOT_SUPPORTED)),
         }
     }

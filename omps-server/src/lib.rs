@@ -3,6 +3,7 @@
 //! * [`control`]: the socket, the handshake, omps-ctl requests, client death.
 //! * [`worker`]: one thread per GPU that runs every client's commands for that GPU.
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
+//! * [`limits`]: context limits, per client.
 //! * [`printf`]: device printf output, routed to the client that printed.
 //! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
 //!   memory, for tests without a GPU) implement it.
@@ -14,6 +15,7 @@ pub mod control;
 pub mod gpu;
 pub mod gpu_cuda;
 pub mod gpu_host;
+pub mod limits;
 pub mod printf;
 pub mod session;
 pub mod testing;

@@ -137,6 +137,8 @@ pub struct Session {
     submits: u64,
     /// Its last context synchronization that went to the GPU.
     ctx_synced: Option<SyncMark>,
+    /// Context limits it set (crate::limits).
+    limits: HashMap<i32, u64>,
 }
 
 impl Session {
@@ -165,6 +167,7 @@ impl Session {
             next_id: 1,
             submits: 0,
             ctx_synced: None,
+            limits: HashMap::new(),
         };
         s.streams
             .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));
@@ -747,10 +750,16 @@ impl Session {
                             .handle
                     }
                 };
-                let r = gpu
-                    .query(q.kind, func, q.args, tail)
-                    .map(|v| wire::U64Reply { value: v as u64 });
-                self.complete_pod(q.call, r)?;
+                let limit = q.args[0] as i32;
+                let r = match q.kind {
+                    wire::query::CTX_GET_LIMIT => ctx.limits.get(&*gpu, &self.limits, limit),
+                    wire::query::CTX_SET_LIMIT => ctx
+                        .limits
+                        .set(&*gpu, &mut self.limits, limit, q.args[1] as u64)
+                        .map(|()| 0),
+                    _ => gpu.query(q.kind, func, q.args, tail).map(|v| v as u64),
+                };
+                self.complete_pod(q.call, r.map(|value| wire::U64Reply { value }))?;
             }
             Op::StreamSync => {
                 let h = rec!(wire::HandleCall);

@@ -64,6 +64,7 @@ pub struct WorkerCtx {
     next_marker: usize,
     last_fault_check: Instant,
     pub fault: Option<i32>,
+    pub limits: crate::limits::ContextLimits,
     /// Shared with the control thread, which refuses new clients while it is set.
     faulted: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -88,6 +89,7 @@ impl WorkerCtx {
             next_marker: 0,
             last_fault_check: Instant::now(),
             fault: None,
+            limits: Default::default(),
             faulted,
         })
     }

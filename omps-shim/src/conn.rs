@@ -363,7 +363,10 @@ fn thread_slot() -> usize {
         // SAFETY: gettid has no preconditions.
         unsafe { libc::gettid() as usize }
     } }
-    SLOT.with(|s| *s)
+    // During exit the thread's locals may be gone (static destructors that call CUDA).
+    // SAFETY: gettid has no preconditions.
+    SLOT.try_with(|s| *s)
+        .unwrap_or_else(|_| unsafe { libc::gettid() as usize })
 }
 
 impl<'a> ChanGuard<'a> {

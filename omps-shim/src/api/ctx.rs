@@ -50,8 +50,30 @@ fn primary(dev: CUdevice) -> Result<&'static Primary, CUresult> {
     Ok(&primaries()[dev as usize])
 }
 
+/// The context most recently made current by any thread. Static destructors run after
+/// the thread's locals are gone (glibc's exit runs TLS destructors first), and libraries
+/// such as cuBLAS still call the driver from them: they get this context, as a driver that
+/// keeps its own thread state would still answer.
+static LAST_CURRENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn current() -> Option<CUcontext> {
-    STACK.with(|s| s.borrow().last().map(|&p| p as CUcontext))
+    STACK
+        .try_with(|s| s.borrow().last().map(|&p| p as CUcontext))
+        .unwrap_or_else(|_| {
+            let c = LAST_CURRENT.load(std::sync::atomic::Ordering::Relaxed);
+            (c != 0).then_some(c as CUcontext)
+        })
+}
+
+/// Changes this thread's context stack; after its locals are gone, only the fallback.
+fn with_stack(f: impl FnOnce(&mut Vec<usize>)) {
+    let _ = STACK.try_with(|s| {
+        let mut s = s.borrow_mut();
+        f(&mut s);
+        if let Some(&top) = s.last() {
+            LAST_CURRENT.store(top, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
 }
 
 /// The device of the calling thread's current context.
@@ -64,8 +86,7 @@ pub(crate) fn current_dev() -> Result<usize, CUresult> {
 }
 
 fn set_top(c: Option<CUcontext>) {
-    STACK.with(|s| {
-        let mut s = s.borrow_mut();
+    with_stack(|s| {
         s.pop();
         if let Some(c) = c {
             s.push(c as usize);
@@ -177,7 +198,7 @@ fn create(pctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
     });
     // SAFETY: the caller's pointer (checked for null by out).
     unsafe { out(pctx, c)? };
-    STACK.with(|s| s.borrow_mut().push(c as usize));
+    with_stack(|s| s.push(c as usize));
     Ok(())
 }
 
@@ -194,7 +215,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
         // Destroying a context waits for its work, as the driver does.
         sync_device(c.dev)?;
         retire(&c.magic, CTX_MAGIC)?;
-        STACK.with(|s| s.borrow_mut().retain(|&p| p != ctx as usize));
+        with_stack(|s| s.retain(|&p| p != ctx as usize));
         Ok(())
     })
 }
@@ -233,7 +254,7 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
     entry(|| {
         // SAFETY: the caller's handle.
         unsafe { resolve(ctx, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
-        STACK.with(|s| s.borrow_mut().push(ctx as usize));
+        with_stack(|s| s.push(ctx as usize));
         Ok(())
     })
 }
@@ -244,7 +265,9 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
     entry(|| {
         let c = STACK
-            .with(|s| s.borrow_mut().pop())
+            .try_with(|s| s.borrow_mut().pop())
+            .ok()
+            .flatten()
             .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         if !pctx.is_null() {
             // SAFETY: the caller's pointer, non-null.

@@ -14,6 +14,7 @@ pub const STREAM_MAGIC: u32 = 0x7374_7221;
 pub const EVENT_MAGIC: u32 = 0x6576_7421;
 pub const MODULE_MAGIC: u32 = 0x6d6f_6421;
 pub const FUNC_MAGIC: u32 = 0x6675_6e21;
+pub const POOL_MAGIC: u32 = 0x706f_6f21;
 
 #[repr(C)]
 pub struct Ctx {

@@ -45,7 +45,7 @@ pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
     }
 }
 
-fn alloc(dev: usize, size: usize) -> Result<u64, CUresult> {
+pub(crate) fn alloc(dev: usize, size: usize) -> Result<u64, CUresult> {
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -119,6 +119,7 @@ pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
             return Ok(());
         }
         let c = live()?;
+        super::pool::forget(ptr);
         let (_, dev, _) = {
             let mut r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
             match r.get(&ptr) {

@@ -6,6 +6,7 @@ pub mod device;
 pub mod exec;
 pub mod hostmem;
 pub mod mem;
+pub mod pool;
 pub mod module;
 pub mod proc;
 pub mod ptds;

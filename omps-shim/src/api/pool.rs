@@ -1,0 +1,435 @@
+//! Stream-ordered allocation (cuMemAllocAsync, cuMemFreeAsync) and memory pools, as
+//! PyTorch's `backend:cudaMallocAsync` uses them.
+//!
+//! A pool is the client's own: its blocks are allocated in the server like cuMemAlloc's
+//! and count as the client's memory. An allocation is valid as soon as the call returns,
+//! which satisfies every stream order. A freed block is kept in the pool while the pool's
+//! release threshold allows (the default, 0, keeps nothing), and handed out again only to
+//! work on the stream that freed it, where stream order makes reuse safe; a block freed on
+//! one stream is never reused on another. Cached blocks beyond the threshold are freed at
+//! once (the server frees them after the client's queued work), where the driver would
+//! trim at the next synchronization.
+
+use super::exec::{per_thread, resolve_stream, CUstream};
+use super::mem::alloc;
+use super::{entry, out};
+use crate::cuda::*;
+use crate::handles::{leak, resolve, retire, POOL_MAGIC};
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::AtomicU32;
+use std::sync::{Mutex, OnceLock};
+
+#[derive(Default)]
+struct PoolState {
+    release_threshold: u64,
+    /// REUSE_FOLLOW_EVENT_DEPENDENCIES, REUSE_ALLOW_OPPORTUNISTIC,
+    /// REUSE_ALLOW_INTERNAL_DEPENDENCIES: kept and read back (reuse here is always the
+    /// strictest, same-stream kind).
+    reuse: [c_int; 3],
+    /// Freed blocks kept for reuse: (address, size, stream that freed it).
+    cached: Vec<(u64, u64, usize)>,
+    used: u64,
+    used_high: u64,
+    reserved_high: u64,
+}
+
+impl PoolState {
+    fn reserved(&self) -> u64 {
+        self.used + self.cached.iter().map(|b| b.1).sum::<u64>()
+    }
+    fn note_high(&mut self) {
+        self.used_high = self.used_high.max(self.used);
+        self.reserved_high = self.reserved_high.max(self.reserved());
+    }
+}
+
+#[repr(C)]
+pub struct Pool {
+    magic: AtomicU32,
+    dev: usize,
+    is_default: bool,
+    state: Mutex<PoolState>,
+}
+
+pub type CUmemoryPool = *mut Pool;
+
+fn new_pool(dev: usize, is_default: bool) -> &'static Pool {
+    let reuse = [1, 1, 1]; // the driver's defaults
+    // SAFETY: freshly leaked, never freed (handles stay readable, see handles.rs).
+    unsafe {
+        &*leak(Pool {
+            magic: AtomicU32::new(POOL_MAGIC),
+            dev,
+            is_default,
+            state: Mutex::new(PoolState {
+                reuse,
+                ..Default::default()
+            }),
+        })
+    }
+}
+
+struct Devices {
+    default: Vec<&'static Pool>,
+    current: Mutex<Vec<usize>>,
+}
+
+fn devices() -> Result<&'static Devices, CUresult> {
+    static D: OnceLock<Devices> = OnceLock::new();
+    let n = super::live()?.num_devices();
+    Ok(D.get_or_init(|| {
+        let default: Vec<_> = (0..n).map(|d| new_pool(d, true)).collect();
+        let current = default.iter().map(|p| *p as *const Pool as usize).collect();
+        Devices {
+            default,
+            current: Mutex::new(current),
+        }
+    }))
+}
+
+fn pool(p: CUmemoryPool) -> Result<&'static Pool, CUresult> {
+    // SAFETY: a handle from this shim, as the API requires.
+    unsafe { resolve(p, POOL_MAGIC) }
+}
+
+/// Which pool each live pool allocation came from, and its size.
+static ALLOCS: Mutex<Option<HashMap<u64, (usize, u64)>>> = Mutex::new(None);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn stream_key(s: CUstream) -> Result<(usize, usize), CUresult> {
+    let st = resolve_stream(s)?;
+    let dev = match st {
+        Some(st) => st.dev,
+        None => super::ctx::current_dev()?,
+    };
+    Ok((st.map_or(0, |st| st as *const _ as usize), dev))
+}
+
+fn alloc_from(p: &'static Pool, size: usize, s: CUstream) -> Result<u64, CUresult> {
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (key, dev) = stream_key(s)?;
+    if dev != p.dev {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let size = size as u64;
+    let reused = {
+        let mut st = lock(&p.state);
+        let best = st
+            .cached
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.2 == key && b.1 >= size && b.1 <= size.saturating_mul(2))
+            .min_by_key(|(_, b)| b.1)
+            .map(|(i, _)| i);
+        best.map(|i| st.cached.swap_remove(i))
+    };
+    let (ptr, len) = match reused {
+        Some((ptr, len, _)) => (ptr, len),
+        None => (alloc(p.dev, size as usize)?, size),
+    };
+    let mut st = lock(&p.state);
+    st.used += len;
+    st.note_high();
+    lock(&ALLOCS)
+        .get_or_insert_with(HashMap::new)
+        .insert(ptr, (p as *const Pool as usize, len));
+    Ok(ptr)
+}
+
+/// Frees cached blocks of `p` until it holds at most `keep` bytes.
+fn trim(p: &Pool, keep: u64) {
+    let gone: Vec<u64> = {
+        let mut st = lock(&p.state);
+        let mut gone = Vec::new();
+        while st.reserved() > keep {
+            match st.cached.pop() {
+                Some((ptr, _, _)) => gone.push(ptr),
+                None => break,
+            }
+        }
+        gone
+    };
+    for ptr in gone {
+        let _ = super::mem::cuMemFree_v2(ptr);
+    }
+}
+
+/// A pool allocation freed with cuMemFree: it leaves its pool's books.
+pub(crate) fn forget(ptr: u64) {
+    let Some((p, len)) = lock(&ALLOCS).as_mut().and_then(|m| m.remove(&ptr)) else {
+        return;
+    };
+    // SAFETY: recorded from a live pool; pools are never freed.
+    let p = unsafe { &*(p as *const Pool) };
+    let mut st = lock(&p.state);
+    st.used = st.used.saturating_sub(len);
+}
+
+fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
+    let (key, _) = stream_key(s)?;
+    let Some((p, len)) = lock(&ALLOCS).as_mut().and_then(|m| m.remove(&ptr)) else {
+        // Memory from cuMemAlloc may be freed this way too; the server's free waits for
+        // all of the client's queued work, which covers this stream's.
+        return match super::mem::cuMemFree_v2(ptr) {
+            CUDA_SUCCESS => Ok(()),
+            e => Err(e),
+        };
+    };
+    // SAFETY: recorded from a live pool; pools are never freed.
+    let p = unsafe { &*(p as *const Pool) };
+    let threshold = {
+        let mut st = lock(&p.state);
+        st.used = st.used.saturating_sub(len);
+        st.cached.push((ptr, len, key));
+        st.release_threshold
+    };
+    trim(p, threshold);
+    Ok(())
+}
+
+/// # Safety
+/// `dptr` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, s: CUstream) -> CUresult {
+    entry(|| {
+        let (_, dev) = stream_key(s)?;
+        let cur = lock(&devices()?.current)[dev];
+        let p = alloc_from(pool(cur as CUmemoryPool)?, size, s)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(dptr, p) }
+    })
+}
+
+/// # Safety
+/// `dptr` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    p: CUmemoryPool,
+    s: CUstream,
+) -> CUresult {
+    entry(|| {
+        let ptr = alloc_from(pool(p)?, size, s)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(dptr, ptr) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, s: CUstream) -> CUresult {
+    entry(|| free_async(ptr, s))
+}
+
+/// # Safety
+/// As the entry point without the suffix.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(d: *mut CUdeviceptr, n: usize, s: CUstream) -> CUresult {
+    // SAFETY: forwarded contract.
+    per_thread(|| unsafe { cuMemAllocAsync(d, n, s) })
+}
+
+/// # Safety
+/// As the entry point without the suffix.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    d: *mut CUdeviceptr,
+    n: usize,
+    p: CUmemoryPool,
+    s: CUstream,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    per_thread(|| unsafe { cuMemAllocFromPoolAsync(d, n, p, s) })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync_ptsz(ptr: CUdeviceptr, s: CUstream) -> CUresult {
+    per_thread(|| cuMemFreeAsync(ptr, s))
+}
+
+/// The fields of CUmemPoolProps that omps reads.
+#[repr(C)]
+pub struct PoolProps {
+    alloc_type: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+}
+
+const ALLOC_PINNED: c_uint = 1;
+const LOCATION_DEVICE: c_uint = 1;
+
+/// # Safety
+/// `out_pool` is null or writable; `props` is null or a CUmemPoolProps.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(out_pool: *mut CUmemoryPool, props: *const PoolProps) -> CUresult {
+    entry(|| {
+        if props.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null; the caller's CUmemPoolProps, which starts with these fields.
+        let pr = unsafe { &*props };
+        if pr.alloc_type != ALLOC_PINNED || pr.location_type != LOCATION_DEVICE {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if pr.handle_types != 0 {
+            // Exportable pools would hand the client's memory to other processes.
+            crate::unsupported::unsupported("cuMemPoolCreate with shareable handle types");
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        super::device::device(pr.location_id)?;
+        let p = new_pool(pr.location_id as usize, false);
+        // SAFETY: the caller's pointer.
+        unsafe { out(out_pool, p as *const Pool as CUmemoryPool) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemPoolDestroy(p: CUmemoryPool) -> CUresult {
+    entry(|| {
+        let pl = pool(p)?;
+        if pl.is_default {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        trim(pl, 0);
+        retire(&pl.magic, POOL_MAGIC)?;
+        // A destroyed current pool leaves its device with the default one.
+        let d = devices()?;
+        let mut cur = lock(&d.current);
+        if cur[pl.dev] == p as usize {
+            cur[pl.dev] = d.default[pl.dev] as *const Pool as usize;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemPoolTrimTo(p: CUmemoryPool, keep: usize) -> CUresult {
+    entry(|| {
+        trim(pool(p)?, keep as u64);
+        Ok(())
+    })
+}
+
+const ATTR_RELEASE_THRESHOLD: c_int = 4;
+const ATTR_RESERVED_CURRENT: c_int = 5;
+const ATTR_RESERVED_HIGH: c_int = 6;
+const ATTR_USED_CURRENT: c_int = 7;
+const ATTR_USED_HIGH: c_int = 8;
+
+/// # Safety
+/// `v` is null or points at an int (attributes 1-3) or a u64 (4-8).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(p: CUmemoryPool, attr: c_int, v: *const c_void) -> CUresult {
+    entry(|| {
+        let pl = pool(p)?;
+        if v.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut st = lock(&pl.state);
+        // SAFETY: non-null; the attribute says the value's type.
+        unsafe {
+            match attr {
+                1..=3 => st.reuse[attr as usize - 1] = *(v as *const c_int),
+                ATTR_RELEASE_THRESHOLD => st.release_threshold = *(v as *const u64),
+                // Only resetting a high watermark (to 0) is allowed, as with the driver.
+                ATTR_RESERVED_HIGH if *(v as *const u64) == 0 => st.reserved_high = st.reserved(),
+                ATTR_USED_HIGH if *(v as *const u64) == 0 => st.used_high = st.used,
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+        let threshold = st.release_threshold;
+        drop(st);
+        trim(pl, threshold);
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `v` is null or points at room for an int (attributes 1-3) or a u64 (4-8).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(p: CUmemoryPool, attr: c_int, v: *mut c_void) -> CUresult {
+    entry(|| {
+        let st = lock(&pool(p)?.state);
+        if v.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let value = match attr {
+            1..=3 => {
+                // SAFETY: non-null; an int attribute.
+                unsafe { *(v as *mut c_int) = st.reuse[attr as usize - 1] };
+                return Ok(());
+            }
+            ATTR_RELEASE_THRESHOLD => st.release_threshold,
+            ATTR_RESERVED_CURRENT => st.reserved(),
+            ATTR_RESERVED_HIGH => st.reserved_high,
+            ATTR_USED_CURRENT => st.used,
+            ATTR_USED_HIGH => st.used_high,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        // SAFETY: non-null; a u64 attribute.
+        unsafe { *(v as *mut u64) = value };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `out_pool` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(out_pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    entry(|| {
+        super::device::device(dev)?;
+        let p = devices()?.default[dev as usize];
+        // SAFETY: the caller's pointer.
+        unsafe { out(out_pool, p as *const Pool as CUmemoryPool) }
+    })
+}
+
+/// # Safety
+/// `out_pool` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetMemPool(out_pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    entry(|| {
+        super::device::device(dev)?;
+        let p = lock(&devices()?.current)[dev as usize];
+        // SAFETY: the caller's pointer.
+        unsafe { out(out_pool, p as CUmemoryPool) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, p: CUmemoryPool) -> CUresult {
+    entry(|| {
+        super::device::device(dev)?;
+        if pool(p)?.dev != dev as usize {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        lock(&devices()?.current)[dev as usize] = p as usize;
+        Ok(())
+    })
+}
+
+/// A pool's own device has read-write access; omps has no peer access yet.
+///
+/// # Safety
+/// `flags` is null or writable; `loc` is null or a CUmemLocation.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAccess(flags: *mut c_uint, p: CUmemoryPool, loc: *const [c_int; 2]) -> CUresult {
+    entry(|| {
+        let pl = pool(p)?;
+        if loc.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null; the caller's CUmemLocation {type, id}.
+        let [ty, id] = unsafe { *loc };
+        let own = ty == LOCATION_DEVICE as c_int && id as usize == pl.dev;
+        // SAFETY: the caller's pointer. CU_MEM_ACCESS_FLAGS_PROT_READWRITE is 3.
+        unsafe { out(flags, if own { 3 } else { 0 }) }
+    })
+}

@@ -1,0 +1,126 @@
+//! Entry points PyTorch's stack needs beyond a plain runtime program, against a server on
+//! the host-memory GPU: stream-ordered allocation and pools, per-client context limits,
+//! capture queries, stream attributes. One test: the shim holds one connection per process.
+
+mod common;
+use common::*;
+use omps_shim::api::ctx::*;
+use omps_shim::api::device::*;
+use omps_shim::api::exec::*;
+use omps_shim::api::pool::*;
+use omps_shim::api::query::*;
+use omps_shim::api::stream_info::*;
+use omps_shim::cuda::*;
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+fn ok(r: CUresult) {
+    assert_eq!(r, CUDA_SUCCESS, "CUDA call failed");
+}
+
+#[test]
+fn pools_limits_and_stream_queries() {
+    let srv = TestServer::start("surface");
+    // SAFETY: single-threaded here; the shim reads this at cuInit.
+    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
+    // SAFETY (whole test): every pointer passed below is a valid local.
+    unsafe {
+        ok(cuInit(0));
+        let mut ctx = null_mut();
+        ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        ok(cuCtxSetCurrent(ctx));
+        let (mut s1, mut s2) = (null_mut(), null_mut());
+        ok(cuStreamCreate(&mut s1, 1));
+        ok(cuStreamCreate(&mut s2, 1));
+        let base = srv.gpu.bytes_allocated();
+
+        // The default pool keeps nothing by default: a free returns the memory.
+        let mut p = 0;
+        ok(cuMemAllocAsync(&mut p, 1 << 20, s1));
+        assert_eq!(srv.gpu.bytes_allocated(), base + (1 << 20));
+        ok(cuMemFreeAsync(p, s1));
+        ok(cuStreamSynchronize(s1));
+        wait_for(|| srv.gpu.bytes_allocated() == base, "threshold 0 frees");
+
+        // With a threshold, a freed block comes back on the stream that freed it, and
+        // never on another stream.
+        let mut pool = null_mut();
+        ok(cuDeviceGetMemPool(&mut pool, 0));
+        let max = u64::MAX;
+        ok(cuMemPoolSetAttribute(pool, 4, &max as *const u64 as *const c_void));
+        let (mut a, mut b, mut c) = (0, 0, 0);
+        ok(cuMemAllocAsync(&mut a, 4096, s1));
+        ok(cuMemFreeAsync(a, s1));
+        ok(cuMemAllocAsync(&mut b, 4096, s2));
+        assert_ne!(a, b, "a block freed on s1 is not handed to s2");
+        ok(cuMemAllocAsync(&mut c, 4000, s1));
+        assert_eq!(a, c, "same stream, fitting size: reused");
+        let mut used = 0u64;
+        ok(cuMemPoolGetAttribute(pool, 7, &mut used as *mut u64 as *mut c_void));
+        assert_eq!(used, 8192);
+        ok(cuMemFreeAsync(b, s2));
+        ok(cuMemFreeAsync(c, s1));
+        let mut reserved = 0u64;
+        ok(cuMemPoolGetAttribute(pool, 5, &mut reserved as *mut u64 as *mut c_void));
+        assert_eq!(reserved, 8192, "both blocks kept");
+        ok(cuMemPoolTrimTo(pool, 0));
+        ok(cuStreamSynchronize(s1));
+        wait_for(|| srv.gpu.bytes_allocated() == base, "trim frees");
+
+        // A pool of one's own: made current, destroyed, and the default comes back.
+        #[repr(C)]
+        struct Props([u32; 4], [u8; 80]);
+        let props = Props([1, 0, 1, 0], [0; 80]);
+        let mut mine = null_mut();
+        ok(cuMemPoolCreate(&mut mine, &props as *const Props as *const _));
+        ok(cuDeviceSetMemPool(0, mine));
+        let mut d = 0;
+        ok(cuMemAllocFromPoolAsync(&mut d, 64, mine, s1));
+        ok(cuMemFreeAsync(d, s1));
+        let mut dflt = null_mut();
+        ok(cuDeviceGetDefaultMemPool(&mut dflt, 0));
+        assert_eq!(cuMemPoolDestroy(dflt), CUDA_ERROR_INVALID_VALUE);
+        ok(cuMemPoolDestroy(mine));
+        let mut cur = null_mut();
+        ok(cuDeviceGetMemPool(&mut cur, 0));
+        assert_eq!(cur, dflt);
+        assert_eq!(cuMemAllocFromPoolAsync(&mut d, 64, mine, s1), CUDA_ERROR_INVALID_HANDLE);
+        let bad = Props([1, 2, 1, 0], [0; 80]);
+        assert_eq!(
+            cuMemPoolCreate(&mut mine, &bad as *const Props as *const _),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "exportable pools are refused, not silently made private"
+        );
+
+        // Capture queries: no stream is capturing; the thread's mode is swapped.
+        let mut status = 7u32;
+        ok(cuStreamIsCapturing(s1, &mut status));
+        assert_eq!(status, 0);
+        let mut mode = 1u32;
+        ok(cuThreadExchangeStreamCaptureMode(&mut mode));
+        assert_eq!(mode, 0);
+        ok(cuThreadExchangeStreamCaptureMode(&mut mode));
+        assert_eq!(mode, 1);
+        mode = 9;
+        assert_eq!(cuThreadExchangeStreamCaptureMode(&mut mode), CUDA_ERROR_INVALID_VALUE);
+
+        // Stream attributes are read back per stream and copied.
+        let mut v = [0u8; 64];
+        v[..4].copy_from_slice(&2u32.to_le_bytes());
+        ok(cuStreamSetAttribute(s1, 3, &v));
+        let mut back = [0u8; 64];
+        ok(cuStreamGetAttribute(s2, 3, &mut back));
+        assert_eq!(back[0], 1, "s2 keeps the default policy");
+        ok(cuStreamCopyAttributes(s2, s1));
+        ok(cuStreamGetAttribute(s2, 3, &mut back));
+        assert_eq!(back[0], 2);
+    }
+}
+
+fn wait_for(cond: impl Fn() -> bool, what: &str) {
+    let t = std::time::Instant::now();
+    while !cond() {
+        assert!(t.elapsed().as_secs() < 5, "{what}: timed out");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

@@ -75,6 +75,8 @@ ops! {
     CopyDtoHPinned = 16 => PinnedCopy,
     /// Host to device of a few bytes carried in the record (see [`InlineCopy`]).
     CopyHtoDInline = 17 => InlineCopy,
+    /// Virtual memory management: reservations, physical handles, mappings (see [`vmm`]).
+    Vmm = 46 => Vmm,
 }
 
 /// Where an answer goes.
@@ -292,6 +294,37 @@ pub mod query {
     pub const CTX_SET_LIMIT: u32 = 6;
     /// (cache config) for a function.
     pub const FUNC_CACHE_CONFIG: u32 = 7;
+}
+
+/// A virtual memory call; the answer is a [`U64Reply`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Vmm {
+    pub call: CallHdr,
+    pub kind: u32,
+    /// A physical allocation handle id the server gave out, for CREATE's followers.
+    pub handle: u32,
+    pub args: [u64; 3],
+}
+
+/// [`Vmm::kind`] values and their `args`.
+pub mod vmm {
+    /// (size, alignment, address hint) -> address of a new reservation.
+    pub const RESERVE: u32 = 1;
+    /// (address, size) of a whole reservation with nothing mapped in it.
+    pub const ADDRESS_FREE: u32 = 2;
+    /// (size) -> handle id of new physical memory on this GPU.
+    pub const CREATE: u32 = 3;
+    /// handle.
+    pub const RELEASE: u32 = 4;
+    /// (address, size, offset into the handle's memory) for handle.
+    pub const MAP: u32 = 5;
+    /// (address, size) of a whole mapping.
+    pub const UNMAP: u32 = 6;
+    /// (address, size) inside mappings: read-write access from this GPU.
+    pub const SET_ACCESS: u32 = 7;
+    /// (recommended?) -> the allocation granularity in bytes.
+    pub const GRANULARITY: u32 = 8;
 }
 
 #[repr(C)]

@@ -93,6 +93,16 @@ pub trait Gpu: Send + Sync + 'static {
     fn mem_free(&self, ptr: u64) -> GpuResult<()>;
     fn mem_info(&self) -> GpuResult<(u64, u64)>;
 
+    /// Virtual memory (cuMemAddressReserve and friends), on this GPU only, read-write.
+    fn vmm_reserve(&self, size: u64, align: u64, hint: u64) -> GpuResult<u64>;
+    fn vmm_address_free(&self, ptr: u64, size: u64) -> GpuResult<()>;
+    fn vmm_create(&self, size: u64) -> GpuResult<u64>;
+    fn vmm_release(&self, handle: u64) -> GpuResult<()>;
+    fn vmm_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> GpuResult<()>;
+    fn vmm_unmap(&self, ptr: u64, size: u64) -> GpuResult<()>;
+    fn vmm_set_access(&self, ptr: u64, size: u64) -> GpuResult<()>;
+    fn vmm_granularity(&self, recommended: bool) -> GpuResult<u64>;
+
     /// # Safety
     /// `src..src+len` is readable host memory registered with [`Gpu::register_host`] that
     /// stays so until the copy is known complete.

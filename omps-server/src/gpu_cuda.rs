@@ -295,6 +295,72 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuMemFree_v2(ptr) })
     }
 
+    fn vmm_reserve(&self, size: u64, align: u64, hint: u64) -> GpuResult<u64> {
+        self.bind();
+        let mut p = 0;
+        // SAFETY: valid out-pointer; the driver checks sizes and alignment.
+        ck(unsafe { cu::cuMemAddressReserve(&mut p, size as usize, align as usize, hint, 0) })?;
+        Ok(p)
+    }
+
+    fn vmm_address_free(&self, ptr: u64, size: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: the session checked this is one whole reservation of the client.
+        ck(unsafe { cu::cuMemAddressFree(ptr, size as usize) })
+    }
+
+    fn vmm_create(&self, size: u64) -> GpuResult<u64> {
+        self.bind();
+        let prop = self.vmm_prop();
+        let mut h = 0;
+        // SAFETY: valid out-pointer and property block.
+        ck(unsafe { cu::cuMemCreate(&mut h, size as usize, &prop, 0) })?;
+        Ok(h)
+    }
+
+    fn vmm_release(&self, handle: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: a handle this server created, released once.
+        ck(unsafe { cu::cuMemRelease(handle) })
+    }
+
+    fn vmm_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: the session checked the range lies in the client's reservation and the
+        // handle is the client's; the driver checks sizes and offsets.
+        ck(unsafe { cu::cuMemMap(ptr, size as usize, offset as usize, handle, 0) })
+    }
+
+    fn vmm_unmap(&self, ptr: u64, size: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: the session checked this is one whole mapping of the client.
+        ck(unsafe { cu::cuMemUnmap(ptr, size as usize) })
+    }
+
+    fn vmm_set_access(&self, ptr: u64, size: u64) -> GpuResult<()> {
+        self.bind();
+        let desc = cu::CUmemAccessDesc {
+            location: self.vmm_prop().location,
+            flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the session checked the range lies in the client's mappings.
+        ck(unsafe { cu::cuMemSetAccess(ptr, size as usize, &desc, 1) })
+    }
+
+    fn vmm_granularity(&self, recommended: bool) -> GpuResult<u64> {
+        self.bind();
+        let prop = self.vmm_prop();
+        let option = if recommended {
+            cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+        } else {
+            cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM
+        };
+        let mut g = 0usize;
+        // SAFETY: valid out-pointer and property block.
+        ck(unsafe { cu::cuMemGetAllocationGranularity(&mut g, &prop, option) })?;
+        Ok(g as u64)
+    }
+
     fn mem_info(&self) -> GpuResult<(u64, u64)> {
         self.bind();
         let (mut f, mut t) = (0usize, 0usize);
@@ -662,6 +728,27 @@ impl Gpu for CudaGpu {
             cu::CUresult::CUDA_SUCCESS => Ok(true),
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             e => Err(CuError(e as i32)),
+        }
+    }
+}
+
+impl CudaGpu {
+    /// Pinned device memory of this GPU, not exportable: what omps' clients may create.
+    fn vmm_prop(&self) -> cu::CUmemAllocationProp {
+        cu::CUmemAllocationProp {
+            type_: cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: cu::CUmemLocation {
+                type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.dev,
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: cu::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
         }
     }
 }

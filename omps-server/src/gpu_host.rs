@@ -27,6 +27,10 @@ struct State {
     printf_buffer: Vec<u8>,
     /// Context limits that were set (CUlimit 0..=6 exist; each defaults to 1024).
     limits: BTreeMap<i64, i64>,
+    /// VMM: reservations (start -> size) and physical handles (handle -> size). A mapping
+    /// is backed by its own bytes in `mem` (handles are not shared between mappings here).
+    reservations: BTreeMap<u64, u64>,
+    vmm_handles: BTreeMap<u64, u64>,
 }
 
 pub struct HostGpu {
@@ -38,6 +42,8 @@ pub struct HostGpu {
 }
 
 const BASE: u64 = 0x7f00_0000_0000;
+/// The host GPU's VMM granularity (a real GPU's is 2 MiB).
+pub const VMM_GRANULE: u64 = 64 << 10;
 
 impl HostGpu {
     pub fn new(ordinal: usize, total: u64) -> Self {
@@ -210,6 +216,77 @@ impl Gpu for HostGpu {
             .remove(&ptr)
             .map(drop)
             .ok_or(CuError(code::INVALID_VALUE))
+    }
+
+    fn vmm_reserve(&self, size: u64, align: u64, _hint: u64) -> GpuResult<u64> {
+        let g = VMM_GRANULE;
+        if size == 0 || !size.is_multiple_of(g) || (align != 0 && !align.is_power_of_two()) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let mut st = self.state.lock().unwrap();
+        let a = st.next_addr.next_multiple_of(align.max(g));
+        st.next_addr = a + size + g;
+        st.reservations.insert(a, size);
+        Ok(a)
+    }
+
+    fn vmm_address_free(&self, ptr: u64, size: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        match st.reservations.get(&ptr) {
+            Some(&n) if n == size => {
+                st.reservations.remove(&ptr);
+                Ok(())
+            }
+            _ => Err(CuError(code::INVALID_VALUE)),
+        }
+    }
+
+    fn vmm_create(&self, size: u64) -> GpuResult<u64> {
+        if size == 0 || !size.is_multiple_of(VMM_GRANULE) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let mut st = self.state.lock().unwrap();
+        let h = st.next_handle;
+        st.next_handle += 1;
+        st.vmm_handles.insert(h, size);
+        Ok(h)
+    }
+
+    fn vmm_release(&self, handle: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.vmm_handles
+            .remove(&handle)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_HANDLE))
+    }
+
+    fn vmm_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        let hsize = *st
+            .vmm_handles
+            .get(&handle)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        if offset.checked_add(size).is_none_or(|e| e > hsize) || st.mem.contains_key(&ptr) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        st.mem.insert(ptr, vec![0; size as usize]);
+        Ok(())
+    }
+
+    fn vmm_unmap(&self, ptr: u64, _size: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.mem
+            .remove(&ptr)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_VALUE))
+    }
+
+    fn vmm_set_access(&self, _ptr: u64, _size: u64) -> GpuResult<()> {
+        Ok(())
+    }
+
+    fn vmm_granularity(&self, _recommended: bool) -> GpuResult<u64> {
+        Ok(VMM_GRANULE)
     }
 
     fn mem_info(&self) -> GpuResult<(u64, u64)> {

@@ -43,7 +43,12 @@ impl ContextLimits {
         self.default_of(gpu, limit)?;
         let now = context_value(gpu, limit)?;
         if value > now {
-            gpu.query(query::CTX_SET_LIMIT, 0, [limit as i64, value as i64, 0, 0, 0, 0, 0], &[])?;
+            gpu.query(
+                query::CTX_SET_LIMIT,
+                0,
+                [limit as i64, value as i64, 0, 0, 0, 0, 0],
+                &[],
+            )?;
         }
         client.insert(limit, value);
         Ok(())
@@ -51,9 +56,14 @@ impl ContextLimits {
 }
 
 fn context_value(gpu: &dyn Gpu, limit: i32) -> GpuResult<u64> {
-    gpu.query(query::CTX_GET_LIMIT, 0, [limit as i64, 0, 0, 0, 0, 0, 0], &[])
-        .map(|v| v as u64)
-        .map_err(|e| CuError(e.0))
+    gpu.query(
+        query::CTX_GET_LIMIT,
+        0,
+        [limit as i64, 0, 0, 0, 0, 0, 0],
+        &[],
+    )
+    .map(|v| v as u64)
+    .map_err(|e| CuError(e.0))
 }
 
 #[cfg(test)]
@@ -70,7 +80,11 @@ mod tests {
         let default = ctx.get(&gpu, &a, stack).unwrap();
         ctx.set(&gpu, &mut a, stack, default * 4).unwrap();
         assert_eq!(ctx.get(&gpu, &a, stack).unwrap(), default * 4);
-        assert_eq!(ctx.get(&gpu, &b, stack).unwrap(), default, "b still sees its own");
+        assert_eq!(
+            ctx.get(&gpu, &b, stack).unwrap(),
+            default,
+            "b still sees its own"
+        );
         ctx.set(&gpu, &mut b, stack, default / 2).unwrap();
         assert_eq!(ctx.get(&gpu, &b, stack).unwrap(), default / 2);
         assert_eq!(

@@ -18,6 +18,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+mod vmm;
+pub use vmm::VmmRelease;
+
 /// Why a client is cut off.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Malformed(pub String);
@@ -103,6 +106,7 @@ pub struct Release {
     pub pinned: Vec<(u64, u64)>,
     pub modules: Vec<u64>,
     pub events: Vec<u64>,
+    pub vmm: VmmRelease,
 }
 
 impl Release {
@@ -112,6 +116,9 @@ impl Release {
             && self.pinned.is_empty()
             && self.modules.is_empty()
             && self.events.is_empty()
+            && self.vmm.unmap.is_empty()
+            && self.vmm.handles.is_empty()
+            && self.vmm.reservations.is_empty()
     }
 }
 
@@ -139,6 +146,7 @@ pub struct Session {
     ctx_synced: Option<SyncMark>,
     /// Context limits it set (crate::limits).
     limits: HashMap<i32, u64>,
+    vmm: vmm::VmmState,
 }
 
 impl Session {
@@ -168,6 +176,7 @@ impl Session {
             submits: 0,
             ctx_synced: None,
             limits: HashMap::new(),
+            vmm: Default::default(),
         };
         s.streams
             .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));
@@ -205,7 +214,9 @@ impl Session {
         self.submits += 1;
         let pool = match st.pool {
             Some(p) => p,
-            None => *st.pool.insert(ctx.bind_work_stream(self.client.id, st.priority)),
+            None => *st
+                .pool
+                .insert(ctx.bind_work_stream(self.client.id, st.priority)),
         };
         self.used_streams |= 1 << pool;
         // Work on a blocking stream is ordered after legacy work only once there is some,
@@ -285,7 +296,7 @@ impl Session {
                 .next_back()
                 .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
         };
-        inside(&self.allocs) || inside(&self.globals)
+        inside(&self.allocs) || inside(&self.globals) || self.vmm.mapped(addr, len)
     }
 
     fn check_range(&mut self, addr: u64, len: u64) -> bool {
@@ -780,7 +791,10 @@ impl Session {
             }
             Op::StreamQuery => {
                 let h = rec!(wire::HandleCall);
-                let r = match self.stream_pool(h.id)?.map_or(Ok(true), |s| gpu.stream_query(s)) {
+                let r = match self
+                    .stream_pool(h.id)?
+                    .map_or(Ok(true), |s| gpu.stream_query(s))
+                {
                     Ok(true) => self.take_pending(),
                     Ok(false) => code::NOT_READY,
                     Err(e) => e.0,
@@ -829,6 +843,10 @@ impl Session {
                         Err(e) => self.complete(c, e.0, &[])?,
                     }
                 }
+            }
+            Op::Vmm => {
+                fixed_only("vmm")?;
+                self.handle_vmm(ctx, rec!(wire::Vmm))?;
             }
             Op::Ping => {
                 let c = rec!(CallHdr);
@@ -967,6 +985,7 @@ impl Session {
             allocs: std::mem::take(&mut self.allocs).into_iter().collect(),
             modules: self.modules.drain().map(|(_, m)| m.handle).collect(),
             events: self.events.drain().map(|(_, e)| e).collect(),
+            vmm: std::mem::take(&mut self.vmm).into_release(),
         };
         (self.client, self.used_streams, self.marker_stream, rel)
     }

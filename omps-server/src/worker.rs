@@ -295,6 +295,16 @@ impl WorkerCtx {
         for e in rel.events {
             let _ = self.gpu.event_destroy(e);
         }
+        for (p, n) in rel.vmm.unmap {
+            let _ = self.gpu.vmm_unmap(p, n);
+        }
+        for (h, size) in rel.vmm.handles {
+            let _ = self.gpu.vmm_release(h);
+            client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
+        }
+        for (p, n) in rel.vmm.reservations {
+            let _ = self.gpu.vmm_address_free(p, n);
+        }
         for (addr, len) in rel.pinned {
             client.release_pinned(addr, len);
         }

@@ -134,7 +134,10 @@ mod tests {
         // SAFETY: slot 1 is a stub taking no arguments.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(TOOLS_CONTEXT.0[1]) };
         assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED);
-        assert_ne!(TOOLS_CONTEXT.0[1], TOOLS_CONTEXT.0[2], "each slot names itself");
+        assert_ne!(
+            TOOLS_CONTEXT.0[1], TOOLS_CONTEXT.0[2],
+            "each slot names itself"
+        );
     }
 
     #[test]

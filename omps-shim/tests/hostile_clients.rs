@@ -339,3 +339,66 @@ fn bad_printf_requests_are_refused_or_disconnect() {
     other.ping(0).unwrap();
     assert!(srv.ctl("status").0);
 }
+
+/// One virtual-memory call through a raw connection: Ok(value) or the CUDA error.
+fn vmm_call(c: &Conn, kind: u32, handle: u32, args: [u64; 3]) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::Vmm, |call| {
+        bytemuck::bytes_of(&wire::Vmm {
+            call,
+            kind,
+            handle,
+            args,
+        })
+        .to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+#[test]
+fn a_client_cannot_reach_anothers_reservations_or_handles() {
+    use omps_ring::wire::vmm;
+    let srv = TestServer::start("vmmhostile");
+    let owner = Conn::connect_to(&srv.socket()).unwrap();
+    let thief = Conn::connect_to(&srv.socket()).unwrap();
+    let g = vmm_call(&owner, vmm::GRANULARITY, 0, [0; 3]).unwrap();
+    let va = vmm_call(&owner, vmm::RESERVE, 0, [4 * g, 0, 0]).unwrap();
+    let h = vmm_call(&owner, vmm::CREATE, 0, [g, 0, 0]).unwrap() as u32;
+    // The thief's own reservation, to map the owner's handle into.
+    let tva = vmm_call(&thief, vmm::RESERVE, 0, [g, 0, 0]).unwrap();
+    assert_eq!(
+        vmm_call(&thief, vmm::MAP, h, [tva, g, 0]),
+        Err(400),
+        "not its handle"
+    );
+    let th = vmm_call(&thief, vmm::CREATE, 0, [g, 0, 0]).unwrap() as u32;
+    assert_eq!(
+        vmm_call(&thief, vmm::MAP, th, [va, g, 0]),
+        Err(1),
+        "not its reservation"
+    );
+    vmm_call(&owner, vmm::MAP, h, [va, g, 0]).unwrap();
+    assert_eq!(vmm_call(&thief, vmm::UNMAP, 0, [va, g, 0]), Err(1));
+    assert_eq!(vmm_call(&thief, vmm::SET_ACCESS, 0, [va, g, 0]), Err(1));
+    assert_eq!(
+        vmm_call(&thief, vmm::ADDRESS_FREE, 0, [va, 4 * g, 0]),
+        Err(1)
+    );
+    // Handle ids are numbered per client: the thief's id `h`, if any, is its own.
+    assert_eq!(vmm_call(&thief, vmm::RELEASE, th + 1, [0; 3]), Err(400));
+    // The owner's mapping still works; a dead owner's memory is all given back.
+    vmm_call(&owner, vmm::SET_ACCESS, 0, [va, g, 0]).unwrap();
+    let before = srv.gpu.bytes_allocated();
+    assert!(before >= g);
+    drop(owner);
+    let t = Instant::now();
+    while srv.gpu.bytes_allocated() > before - g && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        srv.gpu.bytes_allocated(),
+        before - g,
+        "the dead owner's mapping is gone"
+    );
+    thief.ping(0).unwrap();
+}

@@ -7,9 +7,11 @@ use common::*;
 use omps_shim::api::ctx::*;
 use omps_shim::api::device::*;
 use omps_shim::api::exec::*;
+use omps_shim::api::mem::*;
 use omps_shim::api::pool::*;
 use omps_shim::api::query::*;
 use omps_shim::api::stream_info::*;
+use omps_shim::api::vmm::*;
 use omps_shim::cuda::*;
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -47,7 +49,11 @@ fn pools_limits_and_stream_queries() {
         let mut pool = null_mut();
         ok(cuDeviceGetMemPool(&mut pool, 0));
         let max = u64::MAX;
-        ok(cuMemPoolSetAttribute(pool, 4, &max as *const u64 as *const c_void));
+        ok(cuMemPoolSetAttribute(
+            pool,
+            4,
+            &max as *const u64 as *const c_void,
+        ));
         let (mut a, mut b, mut c) = (0, 0, 0);
         ok(cuMemAllocAsync(&mut a, 4096, s1));
         ok(cuMemFreeAsync(a, s1));
@@ -56,12 +62,20 @@ fn pools_limits_and_stream_queries() {
         ok(cuMemAllocAsync(&mut c, 4000, s1));
         assert_eq!(a, c, "same stream, fitting size: reused");
         let mut used = 0u64;
-        ok(cuMemPoolGetAttribute(pool, 7, &mut used as *mut u64 as *mut c_void));
+        ok(cuMemPoolGetAttribute(
+            pool,
+            7,
+            &mut used as *mut u64 as *mut c_void,
+        ));
         assert_eq!(used, 8192);
         ok(cuMemFreeAsync(b, s2));
         ok(cuMemFreeAsync(c, s1));
         let mut reserved = 0u64;
-        ok(cuMemPoolGetAttribute(pool, 5, &mut reserved as *mut u64 as *mut c_void));
+        ok(cuMemPoolGetAttribute(
+            pool,
+            5,
+            &mut reserved as *mut u64 as *mut c_void,
+        ));
         assert_eq!(reserved, 8192, "both blocks kept");
         ok(cuMemPoolTrimTo(pool, 0));
         ok(cuStreamSynchronize(s1));
@@ -72,7 +86,10 @@ fn pools_limits_and_stream_queries() {
         struct Props([u32; 4], [u8; 80]);
         let props = Props([1, 0, 1, 0], [0; 80]);
         let mut mine = null_mut();
-        ok(cuMemPoolCreate(&mut mine, &props as *const Props as *const _));
+        ok(cuMemPoolCreate(
+            &mut mine,
+            &props as *const Props as *const _,
+        ));
         ok(cuDeviceSetMemPool(0, mine));
         let mut d = 0;
         ok(cuMemAllocFromPoolAsync(&mut d, 64, mine, s1));
@@ -84,13 +101,87 @@ fn pools_limits_and_stream_queries() {
         let mut cur = null_mut();
         ok(cuDeviceGetMemPool(&mut cur, 0));
         assert_eq!(cur, dflt);
-        assert_eq!(cuMemAllocFromPoolAsync(&mut d, 64, mine, s1), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(
+            cuMemAllocFromPoolAsync(&mut d, 64, mine, s1),
+            CUDA_ERROR_INVALID_HANDLE
+        );
         let bad = Props([1, 2, 1, 0], [0; 80]);
         assert_eq!(
             cuMemPoolCreate(&mut mine, &bad as *const Props as *const _),
             CUDA_ERROR_NOT_SUPPORTED,
             "exportable pools are refused, not silently made private"
         );
+
+        // Virtual memory: reserve, back with a handle, map, copy through, unmap, free.
+        #[repr(C)]
+        struct VmmProp([u32; 4], u64, [u8; 8]);
+        let prop = VmmProp([1, 0, 1, 0], 0, [0; 8]);
+        let prop_ptr = &prop as *const VmmProp as *const _;
+        let mut g = 0usize;
+        ok(cuMemGetAllocationGranularity(&mut g, prop_ptr, 0));
+        assert!(g.is_power_of_two());
+        let mut va = 0;
+        ok(cuMemAddressReserve(&mut va, 4 * g, 0, 0, 0));
+        let mut h = 0u64;
+        ok(cuMemCreate(&mut h, 2 * g, prop_ptr, 0));
+        let before = srv.gpu.bytes_allocated();
+        ok(cuMemMap(va + g as u64, 2 * g, 0, h, 0));
+        assert_eq!(
+            cuMemMap(va + 2 * g as u64, g, 0, h, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "overlapping mapping refused"
+        );
+        let access = [1u32, 0, 3];
+        ok(cuMemSetAccess(
+            va + g as u64,
+            2 * g,
+            access.as_ptr() as *const _,
+            1,
+        ));
+        let data: Vec<u8> = (0..g).map(|i| i as u8).collect();
+        ok(cuMemcpyHtoD_v2(
+            va + g as u64 + 7,
+            data.as_ptr() as *const c_void,
+            g,
+        ));
+        let mut back = vec![0u8; g];
+        ok(cuMemcpyDtoH_v2(
+            back.as_mut_ptr() as *mut c_void,
+            va + g as u64 + 7,
+            g,
+        ));
+        assert_eq!(back, data);
+        assert_eq!(
+            cuMemcpyHtoD_v2(va, data.as_ptr() as *const c_void, 16),
+            CUDA_ERROR_INVALID_VALUE,
+            "the unmapped part of a reservation is no memory"
+        );
+        let mut h2 = 0u64;
+        ok(cuMemRetainAllocationHandle(
+            &mut h2,
+            (va + g as u64 + 1) as *mut c_void,
+        ));
+        assert_eq!(h2, h);
+        ok(cuMemRelease(h2));
+        ok(cuMemRelease(h));
+        assert_eq!(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cuMemAddressFree(va, 4 * g),
+            CUDA_ERROR_INVALID_VALUE,
+            "still mapped"
+        );
+        ok(cuMemUnmap(va + g as u64, 2 * g));
+        assert!(srv.gpu.bytes_allocated() < before);
+        ok(cuMemAddressFree(va, 4 * g));
+
+        // Context limits read back what this client set.
+        let mut stack = 0usize;
+        ok(cuCtxGetLimit(&mut stack, 0));
+        ok(cuCtxSetLimit(0, stack * 2));
+        let mut now = 0usize;
+        ok(cuCtxGetLimit(&mut now, 0));
+        assert_eq!(now, stack * 2);
+        assert_eq!(cuCtxSetLimit(42, 1), CUDA_ERROR_INVALID_VALUE);
 
         // Capture queries: no stream is capturing; the thread's mode is swapped.
         let mut status = 7u32;
@@ -102,7 +193,10 @@ fn pools_limits_and_stream_queries() {
         ok(cuThreadExchangeStreamCaptureMode(&mut mode));
         assert_eq!(mode, 1);
         mode = 9;
-        assert_eq!(cuThreadExchangeStreamCaptureMode(&mut mode), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cuThreadExchangeStreamCaptureMode(&mut mode),
+            CUDA_ERROR_INVALID_VALUE
+        );
 
         // Stream attributes are read back per stream and copied.
         let mut v = [0u8; 64];

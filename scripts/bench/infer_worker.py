@@ -29,16 +29,16 @@ PROMPT_LEN = 16
 GEN_TOKENS = 32
 
 
-def build_resnet50(torch):
+def build_resnet50(torch, dev):
     import torchvision
 
     model = torchvision.models.resnet50(weights=None)
-    model = model.to(device="cuda", memory_format=torch.channels_last).half().eval()
-    x = torch.randn(1, 3, 224, 224, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    model = model.to(device=dev, memory_format=torch.channels_last).half().eval()
+    x = torch.randn(1, 3, 224, 224, device=dev).half().contiguous(memory_format=torch.channels_last)
     return lambda: model(x)
 
 
-def build_decoder(torch):
+def build_decoder(torch, dev):
     import torch.nn as nn
     import torch.nn.functional as F
 
@@ -83,13 +83,13 @@ def build_decoder(torch):
                 x = block(x, kc, vc, pos)
             return F.linear(self.ln_f(x[:, -1]), self.wte.weight)  # logits of the last position, tied head
 
-    model = Decoder().to("cuda").half().eval()
-    positions = torch.arange(ctx, device="cuda")
-    prompt = torch.randint(0, vocab, (1, PROMPT_LEN), device="cuda")
+    model = Decoder().to(dev).half().eval()
+    positions = torch.arange(ctx, device=dev)
+    prompt = torch.randint(0, vocab, (1, PROMPT_LEN), device=dev)
     total = PROMPT_LEN + GEN_TOKENS
-    caches = [(torch.empty(1, heads, total, hd, device="cuda", dtype=torch.half),
-               torch.empty(1, heads, total, hd, device="cuda", dtype=torch.half)) for _ in range(layers)]
-    out = torch.empty(1, GEN_TOKENS, dtype=torch.long, device="cuda")
+    caches = [(torch.empty(1, heads, total, hd, device=dev, dtype=torch.half),
+               torch.empty(1, heads, total, hd, device=dev, dtype=torch.half)) for _ in range(layers)]
+    out = torch.empty(1, GEN_TOKENS, dtype=torch.long, device=dev)
 
     def request():
         logits = model(prompt, 0, positions, caches)
@@ -112,6 +112,7 @@ def main():
     ap.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for the start file")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu only to test the code")
     ap.add_argument("--fake-ms", type=float, default=5.0, help="--model fake: milliseconds per request")
     args = ap.parse_args()
 
@@ -123,10 +124,15 @@ def main():
         import torch
 
         torch.manual_seed(args.seed)
-        torch.inference_mode().__enter__()  # for the whole process
-        request = build_resnet50(torch) if args.model == "resnet50" else build_decoder(torch)
-        sync = torch.cuda.synchronize
-        info = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
+        guard = torch.inference_mode()  # kept referenced: inference mode for the rest of main()
+        guard.__enter__()
+        request = (build_resnet50 if args.model == "resnet50" else build_decoder)(torch, args.device)
+        if args.device == "cuda":
+            sync = torch.cuda.synchronize
+            info = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
+        else:  # only to check the models' code on a machine without a GPU
+            sync = lambda: None  # noqa: E731
+            info = {"torch": torch.__version__, "device": args.device}
 
     y = None
     for _ in range(args.warmup):

@@ -25,6 +25,13 @@ pub(crate) fn add_range(ptr: u64, len: u64, dev: usize, freeable: bool) {
         .insert(ptr, (len, dev, freeable));
 }
 
+pub(crate) fn remove_range(ptr: u64) {
+    RANGES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&ptr);
+}
+
 /// The allocation holding `addr`: (start, length, device).
 pub(crate) fn range_info(addr: u64) -> Option<(u64, u64, usize)> {
     let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());

@@ -6,12 +6,13 @@ pub mod device;
 pub mod exec;
 pub mod hostmem;
 pub mod mem;
-pub mod pool;
 pub mod module;
+pub mod pool;
 pub mod proc;
 pub mod ptds;
 pub mod query;
 pub mod stream_info;
+pub mod vmm;
 
 use crate::cuda::*;
 use std::sync::atomic::{AtomicBool, Ordering};

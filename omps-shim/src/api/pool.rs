@@ -56,7 +56,7 @@ pub type CUmemoryPool = *mut Pool;
 
 fn new_pool(dev: usize, is_default: bool) -> &'static Pool {
     let reuse = [1, 1, 1]; // the driver's defaults
-    // SAFETY: freshly leaked, never freed (handles stay readable, see handles.rs).
+                           // SAFETY: freshly leaked, never freed (handles stay readable, see handles.rs).
     unsafe {
         &*leak(Pool {
             magic: AtomicU32::new(POOL_MAGIC),
@@ -196,7 +196,11 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
 /// # Safety
 /// `dptr` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, s: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    s: CUstream,
+) -> CUresult {
     entry(|| {
         let (_, dev) = stream_key(s)?;
         let cur = lock(&devices()?.current)[dev];
@@ -230,7 +234,11 @@ pub extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, s: CUstream) -> CUresult {
 /// # Safety
 /// As the entry point without the suffix.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(d: *mut CUdeviceptr, n: usize, s: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    d: *mut CUdeviceptr,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
     // SAFETY: forwarded contract.
     per_thread(|| unsafe { cuMemAllocAsync(d, n, s) })
 }
@@ -268,7 +276,10 @@ const LOCATION_DEVICE: c_uint = 1;
 /// # Safety
 /// `out_pool` is null or writable; `props` is null or a CUmemPoolProps.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolCreate(out_pool: *mut CUmemoryPool, props: *const PoolProps) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolCreate(
+    out_pool: *mut CUmemoryPool,
+    props: *const PoolProps,
+) -> CUresult {
     entry(|| {
         if props.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -326,7 +337,11 @@ const ATTR_USED_HIGH: c_int = 8;
 /// # Safety
 /// `v` is null or points at an int (attributes 1-3) or a u64 (4-8).
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolSetAttribute(p: CUmemoryPool, attr: c_int, v: *const c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    p: CUmemoryPool,
+    attr: c_int,
+    v: *const c_void,
+) -> CUresult {
     entry(|| {
         let pl = pool(p)?;
         if v.is_null() {
@@ -354,7 +369,11 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(p: CUmemoryPool, attr: c_int, v: 
 /// # Safety
 /// `v` is null or points at room for an int (attributes 1-3) or a u64 (4-8).
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolGetAttribute(p: CUmemoryPool, attr: c_int, v: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    p: CUmemoryPool,
+    attr: c_int,
+    v: *mut c_void,
+) -> CUresult {
     entry(|| {
         let st = lock(&pool(p)?.state);
         if v.is_null() {
@@ -382,7 +401,10 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(p: CUmemoryPool, attr: c_int, v: 
 /// # Safety
 /// `out_pool` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(out_pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
+    out_pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
     entry(|| {
         super::device::device(dev)?;
         let p = devices()?.default[dev as usize];
@@ -394,7 +416,10 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(out_pool: *mut CUmemoryPool, 
 /// # Safety
 /// `out_pool` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetMemPool(out_pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetMemPool(
+    out_pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
     entry(|| {
         super::device::device(dev)?;
         let p = lock(&devices()?.current)[dev as usize];
@@ -420,7 +445,11 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, p: CUmemoryPool) -> CUresult
 /// # Safety
 /// `flags` is null or writable; `loc` is null or a CUmemLocation.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolGetAccess(flags: *mut c_uint, p: CUmemoryPool, loc: *const [c_int; 2]) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolGetAccess(
+    flags: *mut c_uint,
+    p: CUmemoryPool,
+    loc: *const [c_int; 2],
+) -> CUresult {
     entry(|| {
         let pl = pool(p)?;
         if loc.is_null() {

@@ -180,7 +180,8 @@ const VALUE_BYTES: usize = 64;
 /// Attribute values a program set, per (stream handle, attribute). They are hints about L2
 /// persistence, host-wait policy and memory-sync domains: kept and read back, not applied
 /// to the server's streams, which other clients' work shares (see docs/design.md).
-static ATTRS: Mutex<Option<HashMap<(usize, c_uint), [u8; VALUE_BYTES]>>> = Mutex::new(None);
+type AttrMap = HashMap<(usize, c_uint), [u8; VALUE_BYTES]>;
+static ATTRS: Mutex<Option<AttrMap>> = Mutex::new(None);
 
 fn known(attr: c_uint) -> bool {
     matches!(

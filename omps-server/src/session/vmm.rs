@@ -1,0 +1,140 @@
+//! Virtual memory management for one client: address reservations, physical handles and
+//! mappings (PyTorch's `expandable_segments:True` allocator), in the shared context.
+//!
+//! Reservations and handles are the client's own: every address and handle a record names
+//! is looked up in this client's tables, so no client can map, unmap or reach another's.
+//! Physical memory counts as the client's memory from creation to release. Mapped ranges
+//! join the ranges the client may copy to and from. What a client leaves behind is
+//! unmapped, released and freed once its work is done (worker `free`).
+
+use super::{bad, Malformed, Session};
+use crate::gpu::{code, CuError, GpuResult};
+use crate::worker::WorkerCtx;
+use omps_ring::wire::{self, vmm};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+
+/// Bounds a client's tables, so it cannot make the server's grow without end.
+const MAX_ENTRIES: usize = 1 << 16;
+
+#[derive(Default)]
+pub struct VmmState {
+    /// Reservation start -> size.
+    reservations: BTreeMap<u64, u64>,
+    /// Handle id -> (driver handle, size).
+    handles: HashMap<u32, (u64, u64)>,
+    /// Mapping start -> (size, handle id).
+    pub(super) mappings: BTreeMap<u64, (u64, u32)>,
+    next_handle: u32,
+}
+
+/// What a departed client's virtual memory leaves to release, in this order.
+#[derive(Default)]
+pub struct VmmRelease {
+    pub unmap: Vec<(u64, u64)>,
+    pub handles: Vec<(u64, u64)>,
+    pub reservations: Vec<(u64, u64)>,
+}
+
+impl VmmState {
+    fn reservation_holding(&self, addr: u64, len: u64) -> bool {
+        self.reservations
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|e| e <= s + n))
+    }
+
+    fn overlaps_mapping(&self, addr: u64, len: u64) -> bool {
+        let end = addr.saturating_add(len);
+        self.mappings
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, &(n, _))| s + n > addr)
+    }
+
+    /// Whether `[addr, addr+len)` lies inside mappings of this client.
+    pub fn mapped(&self, addr: u64, len: u64) -> bool {
+        let (mut at, end) = (addr, addr.saturating_add(len));
+        while at < end {
+            match self.mappings.range(..=at).next_back() {
+                Some((&s, &(n, _))) if s + n > at => at = s + n,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    pub fn into_release(self) -> VmmRelease {
+        VmmRelease {
+            unmap: self.mappings.iter().map(|(&s, &(n, _))| (s, n)).collect(),
+            handles: self.handles.values().copied().collect(),
+            reservations: self.reservations.into_iter().collect(),
+        }
+    }
+}
+
+impl Session {
+    pub(super) fn handle_vmm(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        v: wire::Vmm,
+    ) -> Result<(), Malformed> {
+        let gpu = ctx.gpu.clone();
+        let [a0, a1, a2] = v.args;
+        let st = &mut self.vmm;
+        if st.reservations.len() + st.handles.len() + st.mappings.len() >= MAX_ENTRIES
+            && matches!(v.kind, vmm::RESERVE | vmm::CREATE | vmm::MAP)
+        {
+            return self.complete(v.call, code::OUT_OF_MEMORY, &[]);
+        }
+        let r: GpuResult<u64> = match v.kind {
+            vmm::RESERVE => gpu.vmm_reserve(a0, a1, a2).inspect(|&p| {
+                st.reservations.insert(p, a0);
+            }),
+            vmm::ADDRESS_FREE => {
+                if st.reservations.get(&a0) != Some(&a1) || st.overlaps_mapping(a0, a1) {
+                    Err(CuError(code::INVALID_VALUE))
+                } else {
+                    st.reservations.remove(&a0);
+                    gpu.vmm_address_free(a0, a1).map(|()| 0)
+                }
+            }
+            vmm::CREATE => gpu.vmm_create(a0).map(|h| {
+                st.next_handle += 1;
+                st.handles.insert(st.next_handle, (h, a0));
+                self.client.mem_bytes[self.dev].fetch_add(a0, Ordering::Relaxed);
+                st.next_handle as u64
+            }),
+            vmm::RELEASE => match st.handles.remove(&v.handle) {
+                Some((h, size)) => {
+                    self.client.mem_bytes[self.dev].fetch_sub(size, Ordering::Relaxed);
+                    gpu.vmm_release(h).map(|()| 0)
+                }
+                None => Err(CuError(code::INVALID_HANDLE)),
+            },
+            vmm::MAP => match st.handles.get(&v.handle) {
+                None => Err(CuError(code::INVALID_HANDLE)),
+                Some(_) if !st.reservation_holding(a0, a1) || st.overlaps_mapping(a0, a1) => {
+                    Err(CuError(code::INVALID_VALUE))
+                }
+                Some(&(h, _)) => gpu.vmm_map(a0, a1, a2, h).map(|()| {
+                    st.mappings.insert(a0, (a1, v.handle));
+                    0
+                }),
+            },
+            vmm::UNMAP => match st.mappings.get(&a0) {
+                // The program promised nothing uses the range any more, as natively.
+                Some(&(n, _)) if n == a1 => gpu.vmm_unmap(a0, a1).map(|()| {
+                    st.mappings.remove(&a0);
+                    0
+                }),
+                _ => Err(CuError(code::INVALID_VALUE)),
+            },
+            vmm::SET_ACCESS if st.mapped(a0, a1) => gpu.vmm_set_access(a0, a1).map(|()| 0),
+            vmm::SET_ACCESS => Err(CuError(code::INVALID_VALUE)),
+            vmm::GRANULARITY => gpu.vmm_granularity(a0 != 0),
+            k => return bad(format!("unknown vmm call {k}")),
+        };
+        self.complete_pod(v.call, r.map(|value| wire::U64Reply { value }))
+    }
+}

@@ -999,8 +999,10 @@ static int my_export(const void **pp, const void *idp) {
 static int my_gpa2(const char *sym, void **pfn, int ver, uint64_t flags, int *st);
 int cuGetExportTable(const void **pp, const void *id);
 static int my_gpa1(const char *sym, void **pfn, int ver, uint64_t flags);
-static void hook_resolved(const char *sym, int ver, void **pfn, int r) {
+static void hook_resolved(const char *sym, int ver, uint64_t flags, void **pfn, int r) {
     if (r || !sym || !pfn || !*pfn) return;
+    struct hook *h = hook_find(sym);
+    if (h) { *pfn = hook_swap(h, sym, *pfn, "cuGetProcAddress", ver, flags); return; }
     if (!strcmp(sym, "cuGetExportTable")) {
         // the driver may hand back the exported symbol, which the preload makes ours
         if (*pfn != (void *)my_export && *pfn != (void *)cuGetExportTable) real_export = (get_export_t)*pfn;
@@ -1012,10 +1014,10 @@ static void hook_resolved(const char *sym, int ver, void **pfn, int r) {
     }
 }
 static int my_gpa2(const char *sym, void **pfn, int ver, uint64_t flags, int *st) {
-    int r = real_gpa2(sym, pfn, ver, flags, st); hook_resolved(sym, ver, pfn, r); return r;
+    int r = real_gpa2(sym, pfn, ver, flags, st); hook_resolved(sym, ver, flags, pfn, r); return r;
 }
 static int my_gpa1(const char *sym, void **pfn, int ver, uint64_t flags) {
-    int r = real_gpa1(sym, pfn, ver, flags); hook_resolved(sym, ver, pfn, r); return r;
+    int r = real_gpa1(sym, pfn, ver, flags); hook_resolved(sym, ver, flags, pfn, r); return r;
 }
 
 typedef void *(*dlsym_t)(void *, const char *);
@@ -1040,11 +1042,13 @@ void *dlsym(void *h, const char *name) {
     dlsym_t rd = real_dlsym();
     // Everything else goes to glibc as a tail call, so dlsym(RTLD_NEXT, ..) still sees its
     // real caller's return address (a plain call would make "next" relative to us).
+    struct hook *hk = 0;
     if (name[0] != 'c' || name[1] != 'u' || (strcmp(name, "cuGetExportTable") &&
-        strcmp(name, "cuGetProcAddress") && strcmp(name, "cuGetProcAddress_v2")))
+        strcmp(name, "cuGetProcAddress") && strcmp(name, "cuGetProcAddress_v2") && !(hk = hook_find(name))))
         return rd(h, name);
     void *p = rd(h, name);
     if (!p || p == (void *)cuGetExportTable) return p;  // RTLD_DEFAULT can find ours
+    if (hk) return hook_swap(hk, name, p, "dlsym", 0, 0);
     LOGF("dlsym %s -> %p\n", name, p);
     if (!strcmp(name, "cuGetExportTable")) { real_export = (get_export_t)p; return (void *)my_export; }
     if (!strcmp(name, "cuGetProcAddress_v2")) { real_gpa2 = (gpa2_t)p; return (void *)my_gpa2; }
@@ -1055,6 +1059,16 @@ __attribute__((constructor)) static void dt_init(void) {
     const char *f = getenv("DARKTRACE_FULL"); if (f && *f) full_limit = strtoull(f, 0, 10);
     skip_list = getenv("DARKTRACE_SKIP");
     const char *w = getenv("DARKTRACE_NOWRAP"); no_wrap = w && *w && *w != '0';
+    const char *c = getenv("DARKTRACE_CBSLOT");  // "6e163fbe:7:2"
+    if (c && *c) {
+        char t[16] = ""; int s = 7, a = 2;
+        if (sscanf(c, "%15[0-9a-fA-F]:%d:%d", t, &s, &a) >= 1 && *t) { snprintf(cb_tab, sizeof cb_tab, "%s", t); cb_slot = s; cb_arg = a < 0 || a > 5 ? 2 : a; }
+    }
+    if ((f = getenv("DARKTRACE_CBFULL")) && *f) cb_full = strtoull(f, 0, 10);
+    if ((f = getenv("DARKTRACE_DUMPFN")) && *f && *f != '0') { unsigned long v = strtoul(f, 0, 0); dumpfn = v >= 16 && v <= 0x10000 ? (unsigned)v : 0x500; }
+    if ((f = getenv("DARKTRACE_CALLER"))) caller_sub = f;
+    if ((f = getenv("DARKTRACE_FNLOG")) && *f) fn_limit = strtoull(f, 0, 10);
+    if ((f = getenv("DARKTRACE_MODLOG")) && *f) mod_limit = strtoull(f, 0, 10);
 }
 
 __attribute__((destructor)) static void dt_report(void) {
@@ -1073,4 +1087,15 @@ __attribute__((destructor)) static void dt_report(void) {
         }
         sbf(&b, "\n"); log_write(b.b, b.k);
     }
+    LOGF("=== callback enumerator %s[%d] (callback a%d): %d trampolines, %lu callback invocations ===\n", cb_tab, cb_slot, cb_arg, cb_ntr,
+         (unsigned long)cb_total);
+    for (int j = 0; j < cb_ntr; j++) { desc(d, sizeof d, cb_fn[j]); LOGF("trampoline %d -> 0x%lx%s\n", j, (unsigned long)cb_fn[j], d); }
+    LOGF("=== typed wrappers (name: instances, calls, calls by DARKTRACE_CALLER '%s' or on callback handles, logged) ===\n", caller_sub);
+    for (int i = 0; i < NHOOK; i++) {
+        int ni = 0; for (int j = 0; j < NI; j++) ni += hooks[i].real[j] != 0;
+        if (!ni) continue;
+        LOGF("typed %s: inst=%d calls=%lu matched=%lu logged=%lu\n", hooks[i].name, ni, (unsigned long)hooks[i].st->calls,
+             (unsigned long)hooks[i].st->match, (unsigned long)hooks[i].st->logged);
+    }
+    LOGF("registry: %d values\n", rg_n);
 }

@@ -82,7 +82,7 @@ OMPS_SHIM="$ROOT/target/release/libomps_shim.so"
 OMPS_VANDAL="$ROOT/target/release/examples/ring_vandal"
 
 PROG_TIMEOUT=${PROG_TIMEOUT:-180}      # seconds for one test program
-CORRECTNESS_PROGS="vector_add kernel_args memcpy_roundtrip streams_events module_globals dyn_shared"
+CORRECTNESS_PROGS="vector_add kernel_args memcpy_roundtrip streams_events module_globals dyn_shared tensor_maps vmm_and_pools"
 CONC_NS="1 4 8"
 START_LEAD_NS=3000000000               # copies start together 3 s after launch
 KILL_SURVIVORS=7
@@ -323,7 +323,7 @@ build_all() {
     done
     local p
     for p in vector_add kernel_args memcpy_roundtrip streams_events module_globals dyn_shared \
-             spin_concurrency hold_memory; do
+             spin_concurrency hold_memory tensor_maps vmm_and_pools; do
         rm -f "$BIN/$p"
         # shellcheck disable=SC2086
         ( "$NVCC" -cudart none -O2 -std=c++17 -Xcompiler -Wall -I"$SRC" -o "$BIN/$p" "$SRC/$p.cpp" $libs ) \

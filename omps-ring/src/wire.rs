@@ -77,6 +77,8 @@ ops! {
     CopyHtoDInline = 17 => InlineCopy,
     /// Virtual memory management: reservations, physical handles, mappings (see [`vmm`]).
     Vmm = 46 => Vmm,
+    /// Encodes a TMA descriptor with the driver; the answer is its 128 bytes.
+    TensorMap = 47 => TensorMap,
 }
 
 /// Where an answer goes.
@@ -325,6 +327,43 @@ pub mod vmm {
     pub const SET_ACCESS: u32 = 7;
     /// (recommended?) -> the allocation granularity in bytes.
     pub const GRANULARITY: u32 = 8;
+}
+
+/// cuTensorMapEncode{Tiled,Im2col,Im2colWide} and cuTensorMapReplaceAddress, their
+/// arguments flattened; ReplaceAddress is followed by the 128-byte descriptor it edits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct TensorMap {
+    pub call: CallHdr,
+    pub kind: u32,
+    pub dtype: u32,
+    pub rank: u32,
+    pub interleave: u32,
+    pub swizzle: u32,
+    pub l2_promotion: u32,
+    pub oob_fill: u32,
+    pub wide_mode: u32,
+    pub channels_per_pixel: u32,
+    pub pixels_per_column: u32,
+    pub lower_w: i32,
+    pub upper_w: i32,
+    pub global_address: u64,
+    pub global_dim: [u64; 5],
+    pub global_strides: [u64; 4],
+    pub box_dim: [u32; 5],
+    pub element_strides: [u32; 5],
+    pub lower: [i32; 3],
+    pub upper: [i32; 3],
+}
+
+/// [`TensorMap::kind`] values.
+pub mod tensor_map {
+    pub const TILED: u32 = 1;
+    pub const IM2COL: u32 = 2;
+    pub const IM2COL_WIDE: u32 = 3;
+    pub const REPLACE_ADDRESS: u32 = 4;
+    /// Bytes of a CUtensorMap.
+    pub const BYTES: usize = 128;
 }
 
 #[repr(C)]

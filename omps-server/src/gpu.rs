@@ -103,6 +103,13 @@ pub trait Gpu: Send + Sync + 'static {
     fn vmm_set_access(&self, ptr: u64, size: u64) -> GpuResult<()>;
     fn vmm_granularity(&self, recommended: bool) -> GpuResult<u64>;
 
+    /// A TMA descriptor, encoded by the driver (`old` is the one ReplaceAddress edits).
+    fn tensor_map(
+        &self,
+        t: &omps_ring::wire::TensorMap,
+        old: Option<&[u8; 128]>,
+    ) -> GpuResult<[u8; 128]>;
+
     /// # Safety
     /// `src..src+len` is readable host memory registered with [`Gpu::register_host`] that
     /// stays so until the copy is known complete.

@@ -47,6 +47,11 @@ type RawFuncSetAttrFn = unsafe extern "C" fn(cu::CUfunction, c_int, c_int) -> c_
 type RawGetLimitFn = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
 type RawSetLimitFn = unsafe extern "C" fn(c_int, usize) -> c_int;
 type RawCacheConfigFn = unsafe extern "C" fn(cu::CUfunction, c_int) -> c_int;
+type Desc = *mut [u8; 128];
+type RawTiledFn = unsafe extern "C" fn(Desc, u32, u32, u64, *const u64, *const u64, *const u32, *const u32, u32, u32, u32, u32) -> c_int;
+type RawIm2colFn = unsafe extern "C" fn(Desc, u32, u32, u64, *const u64, *const u64, *const i32, *const i32, u32, u32, *const u32, u32, u32, u32, u32) -> c_int;
+type RawIm2colWideFn = unsafe extern "C" fn(Desc, u32, u32, u64, *const u64, *const u64, i32, i32, u32, u32, *const u32, u32, u32, u32, u32, u32) -> c_int;
+type RawReplaceFn = unsafe extern "C" fn(Desc, u64) -> c_int;
 
 /// Attribute getters taking a plain int: cudarc's enums cannot hold values this build of
 /// the bindings does not know, and the snapshot asks for every attribute number.
@@ -359,6 +364,48 @@ impl Gpu for CudaGpu {
         // SAFETY: valid out-pointer and property block.
         ck(unsafe { cu::cuMemGetAllocationGranularity(&mut g, &prop, option) })?;
         Ok(g as u64)
+    }
+
+    fn tensor_map(
+        &self,
+        t: &omps_ring::wire::TensorMap,
+        old: Option<&[u8; 128]>,
+    ) -> GpuResult<[u8; 128]> {
+        use omps_ring::wire::tensor_map as k;
+        // The descriptor is the driver's own bytes; enums pass as plain integers (the
+        // driver checks them), arrays are the record's, of the sizes cuda.h gives.
+        let mut d = old.copied().unwrap_or([0; 128]);
+        // SAFETY: each symbol has the signature declared above (cuda.h, CUDA 13); every
+        // pointer argument is into `t` or `d`, with room for rank 5.
+        let r = unsafe {
+            match t.kind {
+                k::TILED => raw_fn::<RawTiledFn>(b"cuTensorMapEncodeTiled\0")?(
+                    &mut d, t.dtype, t.rank, t.global_address, t.global_dim.as_ptr(),
+                    t.global_strides.as_ptr(), t.box_dim.as_ptr(), t.element_strides.as_ptr(),
+                    t.interleave, t.swizzle, t.l2_promotion, t.oob_fill,
+                ),
+                k::IM2COL => raw_fn::<RawIm2colFn>(b"cuTensorMapEncodeIm2col\0")?(
+                    &mut d, t.dtype, t.rank, t.global_address, t.global_dim.as_ptr(),
+                    t.global_strides.as_ptr(), t.lower.as_ptr(), t.upper.as_ptr(),
+                    t.channels_per_pixel, t.pixels_per_column, t.element_strides.as_ptr(),
+                    t.interleave, t.swizzle, t.l2_promotion, t.oob_fill,
+                ),
+                k::IM2COL_WIDE => raw_fn::<RawIm2colWideFn>(b"cuTensorMapEncodeIm2colWide\0")?(
+                    &mut d, t.dtype, t.rank, t.global_address, t.global_dim.as_ptr(),
+                    t.global_strides.as_ptr(), t.lower_w, t.upper_w, t.channels_per_pixel,
+                    t.pixels_per_column, t.element_strides.as_ptr(), t.interleave, t.wide_mode,
+                    t.swizzle, t.l2_promotion, t.oob_fill,
+                ),
+                k::REPLACE_ADDRESS => {
+                    raw_fn::<RawReplaceFn>(b"cuTensorMapReplaceAddress\0")?(&mut d, t.global_address)
+                }
+                _ => return Err(CuError(code::INVALID_VALUE)),
+            }
+        };
+        if r != 0 {
+            return Err(CuError(r));
+        }
+        Ok(d)
     }
 
     fn mem_info(&self) -> GpuResult<(u64, u64)> {

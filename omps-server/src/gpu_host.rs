@@ -289,6 +289,26 @@ impl Gpu for HostGpu {
         Ok(VMM_GRANULE)
     }
 
+    /// Not the driver's encoding: the fields laid out in order, enough for tests to see
+    /// that a descriptor comes back and that ReplaceAddress edits only the address.
+    fn tensor_map(
+        &self,
+        t: &omps_ring::wire::TensorMap,
+        old: Option<&[u8; 128]>,
+    ) -> GpuResult<[u8; 128]> {
+        use omps_ring::wire::tensor_map as k;
+        if !(1..=5).contains(&t.rank) || !t.global_address.is_multiple_of(16) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let mut d = old.copied().unwrap_or([0; 128]);
+        if t.kind != k::REPLACE_ADDRESS {
+            let fields = bytemuck::bytes_of(t);
+            d[8..].copy_from_slice(&fields[fields.len() - 120..]);
+        }
+        d[..8].copy_from_slice(&t.global_address.to_le_bytes());
+        Ok(d)
+    }
+
     fn mem_info(&self) -> GpuResult<(u64, u64)> {
         Ok((self.total - self.bytes_allocated(), self.total))
     }

@@ -844,6 +844,24 @@ impl Session {
                     }
                 }
             }
+            Op::TensorMap => {
+                let t = rec!(wire::TensorMap);
+                let old: Option<&[u8; 128]> = match t.kind {
+                    wire::tensor_map::REPLACE_ADDRESS => Some(
+                        tail.try_into()
+                            .map_err(|_| Malformed("tensor map: descriptor length".into()))?,
+                    ),
+                    _ => {
+                        fixed_only("tensor map")?;
+                        None
+                    }
+                };
+                let r = gpu.tensor_map(&t, old);
+                match r {
+                    Ok(d) => self.complete(t.call, 0, &d)?,
+                    Err(e) => self.complete(t.call, e.0, &[])?,
+                }
+            }
             Op::Vmm => {
                 fixed_only("vmm")?;
                 self.handle_vmm(ctx, rec!(wire::Vmm))?;

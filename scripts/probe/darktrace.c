@@ -337,7 +337,9 @@ static uint64_t cb_call(int j, void *ra, const uint64_t *a) {
         unsigned char c; obj[i] = 0;
         if (a[i] == user || a[i] < 0x10000 || !safe_read(a[i], &c, 1)) continue;
         desc(d, sizeof d, a[i]); if (d[0]) continue;
-        obj[i] = 1; rg_add(a[i], RG_CB, "cb#%lu.a%d", (unsigned long)n, i);
+        obj[i] = 1;
+        int fl = 0;  // tag only its first sighting by a callback (the owner recurs in every one)
+        if (!rg_get(a[i], 0, 0, &fl, 0) || !(fl & RG_CB)) rg_add(a[i], RG_CB, "cb#%lu.a%d", (unsigned long)n, i);
     }
     char where[96];
     if (in) snprintf(where, sizeof where, "in enum #%lu, invocation %lu", (unsigned long)es, (unsigned long)idx);
@@ -974,8 +976,16 @@ typedef int (*gpa2_t)(const char *, void **, int, uint64_t, int *);
 typedef int (*gpa1_t)(const char *, void **, int, uint64_t);
 static get_export_t real_export; static gpa2_t real_gpa2; static gpa1_t real_gpa1;
 
+typedef void *(*dlsym_t)(void *, const char *);
+static dlsym_t real_dlsym(void);
+int cuGetExportTable(const void **pp, const void *id);
 static int my_export(const void **pp, const void *idp) {
-    if (!real_export) return 999;  // CUDA_ERROR_UNKNOWN: cannot happen once resolved
+    if (!real_export) {  // the resolver handed back our exported cuGetExportTable (the
+        // driver's symbol is interposed by the preload): take the next one, as it does
+        void *p = real_dlsym()(RTLD_NEXT, "cuGetExportTable");
+        if (!p || p == (void *)cuGetExportTable) return 999;  // CUDA_ERROR_UNKNOWN
+        real_export = (get_export_t)p;
+    }
     int r = real_export(pp, idp);
     const unsigned char *id = idp; char u[33];
     for (int i = 0; i < 16; i++) snprintf(u + 2 * i, 3, "%02x", id[i]);
@@ -997,7 +1007,6 @@ static int my_export(const void **pp, const void *idp) {
 // cuGetProcAddress(_v2) answers: substitute our export hook (and our resolvers, since
 // cudart may fetch cuGetProcAddress itself through cuGetProcAddress).
 static int my_gpa2(const char *sym, void **pfn, int ver, uint64_t flags, int *st);
-int cuGetExportTable(const void **pp, const void *id);
 static int my_gpa1(const char *sym, void **pfn, int ver, uint64_t flags);
 static void hook_resolved(const char *sym, int ver, uint64_t flags, void **pfn, int r) {
     if (r || !sym || !pfn || !*pfn) return;
@@ -1020,7 +1029,6 @@ static int my_gpa1(const char *sym, void **pfn, int ver, uint64_t flags) {
     int r = real_gpa1(sym, pfn, ver, flags); hook_resolved(sym, ver, flags, pfn, r); return r;
 }
 
-typedef void *(*dlsym_t)(void *, const char *);
 static dlsym_t real_dlsym(void) {
     static dlsym_t fn;
     if (!fn) fn = (dlsym_t)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");

@@ -12,6 +12,7 @@ pub mod proc;
 pub mod ptds;
 pub mod query;
 pub mod stream_info;
+pub mod tensor_map;
 pub mod vmm;
 
 use crate::cuda::*;

@@ -79,6 +79,11 @@ ops! {
     Vmm = 46 => Vmm,
     /// Encodes a TMA descriptor with the driver; the answer is its 128 bytes.
     TensorMap = 47 => TensorMap,
+    /// JIT-links the [`link`] container uploaded into this channel's blob; the answer is
+    /// a [`LinkReply`], the output stays in the server for BlobFetch.
+    Link = 48 => ModuleLoad,
+    /// Copies `len` bytes of this channel's link output from offset `dev` into a chunk.
+    BlobFetch = 18 => ChunkCopy,
 }
 
 /// Where an answer goes.
@@ -354,6 +359,54 @@ pub struct TensorMap {
     pub element_strides: [u32; 5],
     pub lower: [i32; 3],
     pub upper: [i32; 3],
+}
+
+/// The answer to [`Op::Link`]: the linked image, then the info log, then the error log,
+/// fetched with BlobFetch.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LinkReply {
+    pub image_len: u64,
+    pub info_len: u64,
+    pub error_len: u64,
+}
+
+/// The container a JIT link uploads: a [`link::Header`], `num_options` [`link::Opt`],
+/// then per input a [`link::Input`] followed by its name and data bytes.
+pub mod link {
+    use bytemuck::{Pod, Zeroable};
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+    pub struct Header {
+        pub num_options: u32,
+        pub num_inputs: u32,
+    }
+
+    /// A CUjit_option that carries a value (never a pointer) and its value.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+    pub struct Opt {
+        pub option: u32,
+        pub _pad: u32,
+        pub value: u64,
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+    pub struct Input {
+        /// CUjitInputType.
+        pub kind: u32,
+        pub name_len: u32,
+        pub data_len: u64,
+    }
+
+    /// Options that take a plain value: max registers, threads per block, optimization
+    /// level, target from context, target, fallback, debug info, verbose log, line info,
+    /// cache mode, position independent code, min CTAs, max threads, override directives.
+    pub fn value_option(o: u32) -> bool {
+        matches!(o, 0 | 1 | 7..=14 | 30..=33)
+    }
 }
 
 /// [`TensorMap::kind`] values.

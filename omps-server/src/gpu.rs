@@ -103,6 +103,14 @@ pub trait Gpu: Send + Sync + 'static {
     fn vmm_set_access(&self, ptr: u64, size: u64) -> GpuResult<()>;
     fn vmm_granularity(&self, recommended: bool) -> GpuResult<u64>;
 
+    /// JIT-links `inputs` (CUjitInputType, name, bytes) with value `options`; the image,
+    /// or the error, and the info and error logs.
+    fn link(
+        &self,
+        options: &[(u32, u64)],
+        inputs: &[(u32, &str, &[u8])],
+    ) -> (GpuResult<Vec<u8>>, String, String);
+
     /// A TMA descriptor, encoded by the driver (`old` is the one ReplaceAddress edits).
     fn tensor_map(
         &self,

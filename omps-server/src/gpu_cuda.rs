@@ -48,9 +48,55 @@ type RawGetLimitFn = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
 type RawSetLimitFn = unsafe extern "C" fn(c_int, usize) -> c_int;
 type RawCacheConfigFn = unsafe extern "C" fn(cu::CUfunction, c_int) -> c_int;
 type Desc = *mut [u8; 128];
-type RawTiledFn = unsafe extern "C" fn(Desc, u32, u32, u64, *const u64, *const u64, *const u32, *const u32, u32, u32, u32, u32) -> c_int;
-type RawIm2colFn = unsafe extern "C" fn(Desc, u32, u32, u64, *const u64, *const u64, *const i32, *const i32, u32, u32, *const u32, u32, u32, u32, u32) -> c_int;
-type RawIm2colWideFn = unsafe extern "C" fn(Desc, u32, u32, u64, *const u64, *const u64, i32, i32, u32, u32, *const u32, u32, u32, u32, u32, u32) -> c_int;
+type RawTiledFn = unsafe extern "C" fn(
+    Desc,
+    u32,
+    u32,
+    u64,
+    *const u64,
+    *const u64,
+    *const u32,
+    *const u32,
+    u32,
+    u32,
+    u32,
+    u32,
+) -> c_int;
+type RawIm2colFn = unsafe extern "C" fn(
+    Desc,
+    u32,
+    u32,
+    u64,
+    *const u64,
+    *const u64,
+    *const i32,
+    *const i32,
+    u32,
+    u32,
+    *const u32,
+    u32,
+    u32,
+    u32,
+    u32,
+) -> c_int;
+type RawIm2colWideFn = unsafe extern "C" fn(
+    Desc,
+    u32,
+    u32,
+    u64,
+    *const u64,
+    *const u64,
+    i32,
+    i32,
+    u32,
+    u32,
+    *const u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+) -> c_int;
 type RawReplaceFn = unsafe extern "C" fn(Desc, u64) -> c_int;
 
 /// Attribute getters taking a plain int: cudarc's enums cannot hold values this build of
@@ -366,6 +412,115 @@ impl Gpu for CudaGpu {
         Ok(g as u64)
     }
 
+    fn link(
+        &self,
+        options: &[(u32, u64)],
+        inputs: &[(u32, &str, &[u8])],
+    ) -> (GpuResult<Vec<u8>>, String, String) {
+        const LOG: usize = 64 << 10;
+        const INFO_BUF: u32 = 3;
+        const INFO_SIZE: u32 = 4;
+        const ERROR_BUF: u32 = 5;
+        const ERROR_SIZE: u32 = 6;
+        type Create =
+            unsafe extern "C" fn(u32, *mut u32, *mut *mut c_void, *mut *mut c_void) -> c_int;
+        type Add = unsafe extern "C" fn(
+            *mut c_void,
+            u32,
+            *const c_void,
+            usize,
+            *const c_char,
+            u32,
+            *mut u32,
+            *mut *mut c_void,
+        ) -> c_int;
+        type Complete = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> c_int;
+        type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
+        self.bind();
+        let (mut info, mut error) = (vec![0u8; LOG], vec![0u8; LOG]);
+        let mut opts: Vec<u32> = options.iter().map(|o| o.0).collect();
+        let mut vals: Vec<*mut c_void> = options.iter().map(|o| o.1 as *mut c_void).collect();
+        for (o, v) in [
+            (INFO_BUF, info.as_mut_ptr() as *mut c_void),
+            (INFO_SIZE, LOG as *mut c_void),
+            (ERROR_BUF, error.as_mut_ptr() as *mut c_void),
+            (ERROR_SIZE, LOG as *mut c_void),
+        ] {
+            opts.push(o);
+            vals.push(v);
+        }
+        let logs = |info: &[u8], error: &[u8]| {
+            let text = |b: &[u8]| {
+                let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+                String::from_utf8_lossy(&b[..end]).into_owned()
+            };
+            (text(info), text(error))
+        };
+        let fns = (|| -> GpuResult<(Create, Add, Complete, Destroy)> {
+            Ok((
+                raw_fn(b"cuLinkCreate_v2\0")?,
+                raw_fn(b"cuLinkAddData_v2\0")?,
+                raw_fn(b"cuLinkComplete\0")?,
+                raw_fn(b"cuLinkDestroy\0")?,
+            ))
+        })();
+        let (create, add, complete, destroy) = match fns {
+            Ok(f) => f,
+            Err(e) => return (Err(e), String::new(), String::new()),
+        };
+        let mut state = std::ptr::null_mut();
+        // SAFETY: options and values are parallel arrays of value options (checked by the
+        // session) and our own log buffers with their sizes; the state is destroyed below.
+        let r = unsafe {
+            create(
+                opts.len() as u32,
+                opts.as_mut_ptr(),
+                vals.as_mut_ptr(),
+                &mut state,
+            )
+        };
+        if r != 0 {
+            let (i, e) = logs(&info, &error);
+            return (Err(CuError(r)), i, e);
+        }
+        let mut result = Ok(Vec::new());
+        for (kind, name, data) in inputs {
+            let name = CString::new(*name).unwrap_or_default();
+            // SAFETY: data is a live slice of its length; the driver copies it.
+            let r = unsafe {
+                add(
+                    state,
+                    *kind,
+                    data.as_ptr() as *const c_void,
+                    data.len(),
+                    name.as_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if r != 0 {
+                result = Err(CuError(r));
+                break;
+            }
+        }
+        if result.is_ok() {
+            let (mut img, mut n) = (std::ptr::null_mut(), 0usize);
+            // SAFETY: valid out-pointers; the image lives until destroy, copied before.
+            let r = unsafe { complete(state, &mut img, &mut n) };
+            result = if r != 0 || img.is_null() {
+                Err(CuError(if r != 0 { r } else { code::UNKNOWN }))
+            } else {
+                // SAFETY: the driver's image of n bytes.
+                Ok(unsafe { std::slice::from_raw_parts(img as *const u8, n) }.to_vec())
+            };
+        }
+        // SAFETY: the state from create, destroyed once.
+        unsafe { destroy(state) };
+        let (i, e) = logs(&info, &error);
+        (result, i, e)
+    }
+
     fn tensor_map(
         &self,
         t: &omps_ring::wire::TensorMap,
@@ -380,25 +535,58 @@ impl Gpu for CudaGpu {
         let r = unsafe {
             match t.kind {
                 k::TILED => raw_fn::<RawTiledFn>(b"cuTensorMapEncodeTiled\0")?(
-                    &mut d, t.dtype, t.rank, t.global_address, t.global_dim.as_ptr(),
-                    t.global_strides.as_ptr(), t.box_dim.as_ptr(), t.element_strides.as_ptr(),
-                    t.interleave, t.swizzle, t.l2_promotion, t.oob_fill,
+                    &mut d,
+                    t.dtype,
+                    t.rank,
+                    t.global_address,
+                    t.global_dim.as_ptr(),
+                    t.global_strides.as_ptr(),
+                    t.box_dim.as_ptr(),
+                    t.element_strides.as_ptr(),
+                    t.interleave,
+                    t.swizzle,
+                    t.l2_promotion,
+                    t.oob_fill,
                 ),
                 k::IM2COL => raw_fn::<RawIm2colFn>(b"cuTensorMapEncodeIm2col\0")?(
-                    &mut d, t.dtype, t.rank, t.global_address, t.global_dim.as_ptr(),
-                    t.global_strides.as_ptr(), t.lower.as_ptr(), t.upper.as_ptr(),
-                    t.channels_per_pixel, t.pixels_per_column, t.element_strides.as_ptr(),
-                    t.interleave, t.swizzle, t.l2_promotion, t.oob_fill,
+                    &mut d,
+                    t.dtype,
+                    t.rank,
+                    t.global_address,
+                    t.global_dim.as_ptr(),
+                    t.global_strides.as_ptr(),
+                    t.lower.as_ptr(),
+                    t.upper.as_ptr(),
+                    t.channels_per_pixel,
+                    t.pixels_per_column,
+                    t.element_strides.as_ptr(),
+                    t.interleave,
+                    t.swizzle,
+                    t.l2_promotion,
+                    t.oob_fill,
                 ),
                 k::IM2COL_WIDE => raw_fn::<RawIm2colWideFn>(b"cuTensorMapEncodeIm2colWide\0")?(
-                    &mut d, t.dtype, t.rank, t.global_address, t.global_dim.as_ptr(),
-                    t.global_strides.as_ptr(), t.lower_w, t.upper_w, t.channels_per_pixel,
-                    t.pixels_per_column, t.element_strides.as_ptr(), t.interleave, t.wide_mode,
-                    t.swizzle, t.l2_promotion, t.oob_fill,
+                    &mut d,
+                    t.dtype,
+                    t.rank,
+                    t.global_address,
+                    t.global_dim.as_ptr(),
+                    t.global_strides.as_ptr(),
+                    t.lower_w,
+                    t.upper_w,
+                    t.channels_per_pixel,
+                    t.pixels_per_column,
+                    t.element_strides.as_ptr(),
+                    t.interleave,
+                    t.wide_mode,
+                    t.swizzle,
+                    t.l2_promotion,
+                    t.oob_fill,
                 ),
-                k::REPLACE_ADDRESS => {
-                    raw_fn::<RawReplaceFn>(b"cuTensorMapReplaceAddress\0")?(&mut d, t.global_address)
-                }
+                k::REPLACE_ADDRESS => raw_fn::<RawReplaceFn>(b"cuTensorMapReplaceAddress\0")?(
+                    &mut d,
+                    t.global_address,
+                ),
                 _ => return Err(CuError(code::INVALID_VALUE)),
             }
         };

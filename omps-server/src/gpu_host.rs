@@ -289,6 +289,23 @@ impl Gpu for HostGpu {
         Ok(VMM_GRANULE)
     }
 
+    /// Concatenates the inputs after a header; an input named "bad" fails the link.
+    fn link(
+        &self,
+        options: &[(u32, u64)],
+        inputs: &[(u32, &str, &[u8])],
+    ) -> (GpuResult<Vec<u8>>, String, String) {
+        let info = format!("{} options, {} inputs", options.len(), inputs.len());
+        if inputs.is_empty() || inputs.iter().any(|i| i.1 == "bad") {
+            return (Err(CuError(218)), info, "link failed".into());
+        }
+        let mut out = b"omps-host-linked\n".to_vec();
+        for (_, _, data) in inputs {
+            out.extend_from_slice(data);
+        }
+        (Ok(out), info, String::new())
+    }
+
     /// Not the driver's encoding: the fields laid out in order, enough for tests to see
     /// that a descriptor comes back and that ReplaceAddress edits only the address.
     fn tensor_map(

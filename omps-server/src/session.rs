@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+mod link;
 mod vmm;
 pub use vmm::VmmRelease;
 
@@ -134,6 +135,8 @@ pub struct Session {
     allocs: BTreeMap<u64, u64>,
     globals: BTreeMap<u64, u64>,
     blobs: Vec<Vec<u8>>,
+    /// Per channel: the last JIT link's image and logs, until the next link.
+    link_out: Vec<Vec<u8>>,
     /// Bit i set when work stream i has carried this client's work.
     pub used_streams: u128,
     pub marker_stream: usize,
@@ -169,6 +172,7 @@ impl Session {
             allocs: BTreeMap::new(),
             globals: BTreeMap::new(),
             blobs: vec![Vec::new(); channels],
+            link_out: vec![Vec::new(); channels],
             used_streams: 0,
             marker_stream: ctx.pick_marker_stream(),
             pending_error: 0,
@@ -861,6 +865,11 @@ impl Session {
                     Ok(d) => self.complete(t.call, 0, &d)?,
                     Err(e) => self.complete(t.call, e.0, &[])?,
                 }
+            }
+            Op::Link => self.handle_link(ctx, rec!(wire::ModuleLoad))?,
+            Op::BlobFetch => {
+                fixed_only("blob fetch")?;
+                self.handle_blob_fetch(rec!(wire::ChunkCopy))?;
             }
             Op::Vmm => {
                 fixed_only("vmm")?;

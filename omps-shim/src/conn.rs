@@ -416,6 +416,12 @@ impl<'a> ChanGuard<'a> {
     }
 
     /// Waits until staging chunk `k` is free again; reports the error of its last transfer.
+    /// Forgets the result of the last call, so a failed call whose answer still has bytes
+    /// to fetch (a JIT link's logs) does not fail the chunks that fetch them.
+    pub fn clear_result(&self) {
+        self.chan().result.store(0, Ordering::Relaxed);
+    }
+
     pub fn wait_chunk(&mut self, k: usize) -> Result<(), CUresult> {
         let seq = self.st.chunk_seq[k];
         if seq == 0 {

@@ -14,6 +14,15 @@ unsafe fn read<const N: usize>(p: *const u8, off: usize) -> [u8; N] {
     unsafe { std::ptr::read_unaligned(p.add(off) as *const [u8; N]) }
 }
 
+/// Whether an image is PTX text (none of the binary formats' magic numbers).
+pub fn is_ptx(image: &[u8]) -> bool {
+    let Some(m) = image.get(..4) else {
+        return false;
+    };
+    let magic = u32::from_le_bytes([m[0], m[1], m[2], m[3]]);
+    magic != FATBIN_MAGIC && magic != FATBIN_WRAPPER_MAGIC && m != ELF_MAGIC
+}
+
 /// The image at `p`, as a slice of its real length; None if the format is unknown.
 ///
 /// # Safety

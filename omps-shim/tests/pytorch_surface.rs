@@ -7,6 +7,7 @@ use common::*;
 use omps_shim::api::ctx::*;
 use omps_shim::api::device::*;
 use omps_shim::api::exec::*;
+use omps_shim::api::link::*;
 use omps_shim::api::mem::*;
 use omps_shim::api::pool::*;
 use omps_shim::api::query::*;
@@ -173,6 +174,96 @@ fn pools_limits_and_stream_queries() {
         ok(cuMemUnmap(va + g as u64, 2 * g));
         assert_eq!(srv.gpu.bytes_allocated(), mapped - 2 * g as u64);
         ok(cuMemAddressFree(va, 4 * g));
+
+        // JIT linking: inputs go to the server's linker, the image and logs come back.
+        let mut info = [0u8; 64];
+        let mut opts = [3u32, 4, 7];
+        let mut vals = [
+            info.as_mut_ptr() as *mut c_void,
+            64 as *mut c_void,
+            4 as *mut c_void,
+        ];
+        let mut st = null_mut();
+        ok(cuLinkCreate_v2(
+            3,
+            opts.as_mut_ptr(),
+            vals.as_mut_ptr(),
+            &mut st,
+        ));
+        let (a, b) = (b"first piece ".to_vec(), vec![7u8; 3 << 20]);
+        ok(cuLinkAddData_v2(
+            st,
+            0,
+            a.as_ptr() as *const c_void,
+            a.len(),
+            c"a".as_ptr(),
+            0,
+            null_mut(),
+            null_mut(),
+        ));
+        ok(cuLinkAddData_v2(
+            st,
+            3,
+            b.as_ptr() as *const c_void,
+            b.len(),
+            c"b".as_ptr(),
+            0,
+            null_mut(),
+            null_mut(),
+        ));
+        let (mut img, mut len) = (null_mut(), 0usize);
+        ok(cuLinkComplete(st, &mut img, &mut len));
+        let img = std::slice::from_raw_parts(img as *const u8, len);
+        assert!(
+            img.starts_with(b"omps-host-linked\nfirst piece "),
+            "image fetched in pieces"
+        );
+        assert_eq!(len, 17 + a.len() + b.len());
+        let log = std::ffi::CStr::from_ptr(info.as_ptr() as *const _)
+            .to_str()
+            .unwrap();
+        assert_eq!(
+            log, "1 options, 2 inputs",
+            "only the value option is forwarded"
+        );
+        assert_eq!(vals[1] as usize, log.len(), "the log size is written back");
+        ok(cuLinkDestroy(st));
+        assert_eq!(cuLinkDestroy(st), CUDA_ERROR_INVALID_HANDLE);
+        let mut err = [0u8; 32];
+        let mut eopts = [5u32, 6];
+        let mut evals = [err.as_mut_ptr() as *mut c_void, 32 as *mut c_void];
+        ok(cuLinkCreate_v2(
+            2,
+            eopts.as_mut_ptr(),
+            evals.as_mut_ptr(),
+            &mut st,
+        ));
+        ok(cuLinkAddData_v2(
+            st,
+            1,
+            a.as_ptr() as *const c_void,
+            a.len(),
+            c"bad".as_ptr(),
+            0,
+            null_mut(),
+            null_mut(),
+        ));
+        assert_ne!(
+            cuLinkComplete(st, &mut (null_mut()), &mut len),
+            CUDA_SUCCESS
+        );
+        assert_eq!(
+            &err[..11],
+            b"link failed",
+            "the error log arrives with the failure"
+        );
+        let mut pointer_opt = [17u32];
+        let mut pv = [null_mut()];
+        assert_eq!(
+            cuLinkCreate_v2(1, pointer_opt.as_mut_ptr(), pv.as_mut_ptr(), &mut st),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "a pointer-valued option is refused, not dropped"
+        );
 
         // Context limits read back what this client set.
         let mut stack = 0usize;

@@ -5,6 +5,7 @@ pub mod ctx;
 pub mod device;
 pub mod exec;
 pub mod hostmem;
+pub mod link;
 pub mod mem;
 pub mod module;
 pub mod pool;

@@ -24,8 +24,31 @@ fn load_on(dev: usize, image: &[u8]) -> Result<CUmodule, CUresult> {
     let c = live()?;
     crate::printf::note_image(c, dev, image);
     let mut ch = c.channel();
+    upload(c, &mut ch, dev, image)?;
+    // The answer lands in chunk 0: make sure no transfer still uses it.
+    ch.wait_chunk(0)?;
+    ch.call(dev, Op::ModuleLoad, |call| {
+        bytemuck::bytes_of(&ModuleLoad {
+            call,
+            blob_len: image.len() as u64,
+        })
+        .to_vec()
+    })?;
+    let (p, cap) = ch.chunk_ptr(0);
+    // SAFETY: the server wrote the reply into chunk 0 before completing the call.
+    let reply = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
+    parse_module(reply, dev).ok_or(CUDA_ERROR_INVALID_IMAGE)
+}
+
+/// Uploads `bytes` into the channel's blob in the server, through its staging chunks.
+pub(crate) fn upload(
+    c: &crate::conn::Conn,
+    ch: &mut crate::conn::ChanGuard<'_>,
+    dev: usize,
+    bytes: &[u8],
+) -> Result<(), CUresult> {
     let chunk = c.params().chunk_bytes as usize;
-    for (i, piece) in image.chunks(chunk).enumerate() {
+    for (i, piece) in bytes.chunks(chunk).enumerate() {
         let k = i % omps_ring::segment::CHUNKS_PER_CHANNEL;
         ch.wait_chunk(k)?;
         let (p, _) = ch.chunk_ptr(k);
@@ -43,19 +66,7 @@ fn load_on(dev: usize, image: &[u8]) -> Result<CUmodule, CUresult> {
         };
         c.push(dev, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])?;
     }
-    // The answer lands in chunk 0: make sure no transfer still uses it.
-    ch.wait_chunk(0)?;
-    ch.call(dev, Op::ModuleLoad, |call| {
-        bytemuck::bytes_of(&ModuleLoad {
-            call,
-            blob_len: image.len() as u64,
-        })
-        .to_vec()
-    })?;
-    let (p, cap) = ch.chunk_ptr(0);
-    // SAFETY: the server wrote the reply into chunk 0 before completing the call.
-    let reply = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
-    parse_module(reply, dev).ok_or(CUDA_ERROR_INVALID_IMAGE)
+    Ok(())
 }
 
 fn parse_module(r: &[u8], dev: usize) -> Option<CUmodule> {
@@ -128,9 +139,10 @@ pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void
     })
 }
 
-/// JIT input options are not forwarded yet (the server's driver JIT-compiles with its
-/// defaults). Output options are answered: the log buffers come back empty with size 0,
-/// and the wall time is the load's, as the client saw it.
+/// PTX with options is compiled by the server's driver with those options (a one-input
+/// JIT link), so the info and error logs, their sizes and the wall time are the
+/// compiler's own. Other images need no compiling; their output options are answered as
+/// the driver does when nothing was compiled: empty logs, size 0, the load's wall time.
 ///
 /// # Safety
 /// As cuModuleLoadData; `opts` and `vals` hold `n` entries as cuModuleLoadDataEx requires.
@@ -147,6 +159,20 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     const INFO_LOG_SIZE: c_int = 4;
     const ERROR_LOG_BUFFER: c_int = 5;
     const ERROR_LOG_SIZE: c_int = 6;
+    if n > 0 && !opts.is_null() && !vals.is_null() && !m.is_null() {
+        // SAFETY: the caller passes a module image.
+        if let Some(img) = unsafe { crate::image::image_slice(image as *const u8) } {
+            if crate::image::is_ptx(img) {
+                return entry(|| {
+                    // SAFETY: forwarded contract.
+                    let cubin = unsafe { super::link::jit_ptx(img, n, opts as *mut u32, vals)? };
+                    let h = load(&cubin)?;
+                    // SAFETY: checked non-null.
+                    unsafe { out(m, h) }
+                });
+            }
+        }
+    }
     let t = std::time::Instant::now();
     // SAFETY: forwarded contract.
     let r = unsafe { cuModuleLoadData(m, image) };

@@ -12,7 +12,10 @@ use std::ffi::{c_int, c_void};
 ///
 /// # Safety
 /// `p` is null or valid for `n` reads.
-unsafe fn array<T: Copy + Default, const N: usize>(p: *const T, n: usize) -> Result<[T; N], CUresult> {
+unsafe fn array<T: Copy + Default, const N: usize>(
+    p: *const T,
+    n: usize,
+) -> Result<[T; N], CUresult> {
     let mut a = [T::default(); N];
     if n > N || (n > 0 && p.is_null()) {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -195,7 +198,10 @@ pub unsafe extern "C" fn cuTensorMapEncodeIm2colWide(
 /// # Safety
 /// `map` is null or a CUtensorMap the driver (here, the server) encoded.
 #[no_mangle]
-pub unsafe extern "C" fn cuTensorMapReplaceAddress(map: *mut [u8; 128], addr: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuTensorMapReplaceAddress(
+    map: *mut [u8; 128],
+    addr: *mut c_void,
+) -> CUresult {
     entry(|| {
         if map.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);

@@ -1,0 +1,143 @@
+//! JIT linking (cuLinkCreate / AddData / Complete) for one client: the shim uploads its
+//! inputs and value options in one container ([`wire::link`]), the driver links them here,
+//! and the image and logs wait in the channel until the shim fetches them piece by piece.
+//! Everything in the container is hostile: counts, lengths and names are checked against
+//! what was uploaded before anything is used.
+
+use super::{bad, Malformed, Session};
+use crate::gpu::code;
+use crate::worker::WorkerCtx;
+use omps_ring::segment::Word;
+use omps_ring::wire::{self, link};
+
+/// A parsed container: value options and (kind, name, data) inputs borrowing the blob.
+type Parsed<'a> = (Vec<(u32, u64)>, Vec<(u32, &'a str, &'a [u8])>);
+
+fn parse(blob: &[u8]) -> Result<Parsed<'_>, String> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let end = at
+            .checked_add(n)
+            .filter(|&e| e <= blob.len())
+            .ok_or("container truncated")?;
+        let s = &blob[at..end];
+        at = end;
+        Ok(s)
+    };
+    let h: link::Header = bytemuck::pod_read_unaligned(take(std::mem::size_of::<link::Header>())?);
+    if h.num_options > 64 || h.num_inputs > 4096 {
+        return Err("too many link options or inputs".into());
+    }
+    let mut options = Vec::new();
+    for _ in 0..h.num_options {
+        let o: link::Opt = bytemuck::pod_read_unaligned(take(std::mem::size_of::<link::Opt>())?);
+        if !link::value_option(o.option) {
+            return Err(format!("link option {} is not a value", o.option));
+        }
+        options.push((o.option, o.value));
+    }
+    let mut inputs = Vec::new();
+    for _ in 0..h.num_inputs {
+        let i: link::Input =
+            bytemuck::pod_read_unaligned(take(std::mem::size_of::<link::Input>())?);
+        let name =
+            std::str::from_utf8(take(i.name_len as usize)?).map_err(|_| "input name not UTF-8")?;
+        let data = take(usize::try_from(i.data_len).map_err(|_| "input length")?)?;
+        inputs.push((i.kind, name, data));
+    }
+    Ok((options, inputs))
+}
+
+impl Session {
+    pub(super) fn handle_link(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        l: wire::ModuleLoad,
+    ) -> Result<(), Malformed> {
+        self.channel(l.call.channel)?;
+        let blob = std::mem::take(&mut self.blobs[l.call.channel as usize]);
+        if blob.len() as u64 != l.blob_len {
+            return self.complete(l.call, code::INVALID_VALUE, &[]);
+        }
+        let (options, inputs) = parse(&blob).map_err(Malformed)?;
+        let (image, info, error) = ctx.gpu.link(&options, &inputs);
+        let (r, image) = match image {
+            Ok(img) => (0, img),
+            Err(e) => (e.0, Vec::new()),
+        };
+        let reply = wire::LinkReply {
+            image_len: image.len() as u64,
+            info_len: info.len() as u64,
+            error_len: error.len() as u64,
+        };
+        let mut out = image;
+        out.extend_from_slice(info.as_bytes());
+        out.extend_from_slice(error.as_bytes());
+        self.link_out[l.call.channel as usize] = out;
+        // The logs come back even when the link failed, as the driver fills them then too.
+        self.complete(l.call, r, bytemuck::bytes_of(&reply))
+    }
+
+    pub(super) fn handle_blob_fetch(&mut self, c: wire::ChunkCopy) -> Result<(), Malformed> {
+        let (ptr, _) = self.chunk(&c)?;
+        let out = &self.link_out[c.channel as usize];
+        let from = usize::try_from(c.dev).unwrap_or(usize::MAX);
+        let Some(piece) = from
+            .checked_add(c.len as usize)
+            .and_then(|end| out.get(from..end))
+        else {
+            return bad("blob fetch outside the link output");
+        };
+        // SAFETY: chunk() checked the chunk lies in the segment and holds c.len bytes.
+        unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), ptr, piece.len()) };
+        self.signal_now(c.channel, Word::Chunk(c.chunk as u8), c.seq, 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(opts: &[(u32, u64)], inputs: &[(u32, &str, &[u8])]) -> Vec<u8> {
+        let mut v = bytemuck::bytes_of(&link::Header {
+            num_options: opts.len() as u32,
+            num_inputs: inputs.len() as u32,
+        })
+        .to_vec();
+        for &(option, value) in opts {
+            v.extend_from_slice(bytemuck::bytes_of(&link::Opt {
+                option,
+                _pad: 0,
+                value,
+            }));
+        }
+        for &(kind, name, data) in inputs {
+            let i = link::Input {
+                kind,
+                name_len: name.len() as u32,
+                data_len: data.len() as u64,
+            };
+            v.extend_from_slice(bytemuck::bytes_of(&i));
+            v.extend_from_slice(name.as_bytes());
+            v.extend_from_slice(data);
+        }
+        v
+    }
+
+    #[test]
+    fn a_container_parses_and_lies_are_refused() {
+        let c = container(&[(7, 3)], &[(1, "a.ptx", b"ptx\0"), (0, "b", b"cubin")]);
+        let (o, i) = parse(&c).unwrap();
+        assert_eq!(o, vec![(7, 3)]);
+        assert_eq!(i[1], (0, "b", &b"cubin"[..]));
+        assert!(parse(&c[..c.len() - 1]).is_err(), "truncated");
+        let ptr_opt = container(&[(3, 0xdead)], &[]);
+        assert!(
+            parse(&ptr_opt).is_err(),
+            "a log buffer pointer is not a value"
+        );
+        let mut huge = container(&[], &[(1, "x", b"y")]);
+        huge[8 + 8..8 + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(parse(&huge).is_err(), "length past the end");
+    }
+}

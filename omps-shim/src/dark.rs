@@ -422,7 +422,7 @@ pub static INTEGRITY: Table<3> = Table([
 
 // ---- the lookup
 
-const UUIDS: [([u8; 16], &str); 8] = [
+const UUIDS: [([u8; 16], &str); 9] = [
     (
         [
             0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,
@@ -479,6 +479,13 @@ const UUIDS: [([u8; 16], &str); 8] = [
         ],
         "cluster",
     ),
+    (
+        [
+            0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1,
+            0x99, 0x1e,
+        ],
+        "tools module",
+    ),
 ];
 
 fn table(uuid: &[u8; 16]) -> Option<*const c_void> {
@@ -491,6 +498,7 @@ fn table(uuid: &[u8; 16]) -> Option<*const c_void> {
         "checks" => &CONTEXT_CHECKS as *const _ as *const c_void,
         "tools context" => &crate::dark_tools::TOOLS_CONTEXT as *const _ as *const c_void,
         "cluster" => &crate::dark_tools::CLUSTER as *const _ as *const c_void,
+        "tools module" => &crate::dark_tools::TOOLS_MODULE as *const _ as *const c_void,
         _ => &INTEGRITY as *const _ as *const c_void,
     })
 }

@@ -1,5 +1,5 @@
 //! Export tables that cuBLAS, cuBLASLt and cuFFT ask for beyond cudart's: tools context
-//! (21318c60) and cluster support (1734dc26). What each called entry does was read off
+//! (21318c60), cluster support (1734dc26) and tools module (6e163fbe). What each called entry does was read off
 //! driver 580 with `scripts/probe/darktrace.c` (arguments and results under PyTorch) and
 //! matches the names public tool headers give them; the code is ours.
 //!
@@ -18,7 +18,11 @@ pub struct Table<const N: usize>(pub [*const c_void; N]);
 // SAFETY: immutable arrays of function addresses and sizes.
 unsafe impl<const N: usize> Sync for Table<N> {}
 
-const TABLE_NAMES: [&str; 2] = ["tools context 21318c60", "cluster 1734dc26"];
+const TABLE_NAMES: [&str; 3] = [
+    "tools context 21318c60",
+    "cluster 1734dc26",
+    "tools module 6e163fbe",
+];
 
 extern "C" fn unknown_slot<const T: usize, const S: usize>() -> CUresult {
     static SEEN: Mutex<Option<HashSet<(usize, usize)>>> = Mutex::new(None);
@@ -123,6 +127,51 @@ pub static CLUSTER: Table<17> = Table({
     t
 });
 
+// ---- 6e163fbe: tools module. cuFFT loads each of its kernel modules with
+// cuModuleLoadData, then asks [7] for the module's functions: (context, module, callback,
+// user, module again, its own data). The driver calls back once per function, on the
+// calling thread, with (user, function, its mangled name, 0, 0, module), and returns how
+// many it reported (1 for each of cuFFT's one-kernel modules, on driver 580).
+
+type FunctionCallback = unsafe extern "C" fn(
+    *mut c_void,
+    *mut crate::handles::Function,
+    *const std::ffi::c_char,
+    usize,
+    usize,
+    *mut crate::handles::Module,
+) -> usize;
+
+unsafe extern "C" fn module_functions(
+    _ctx: *mut c_void,
+    module: *mut crate::handles::Module,
+    cb: Option<FunctionCallback>,
+    user: *mut c_void,
+) -> usize {
+    // SAFETY: a module handle of this shim, as the caller got it from cuModuleLoadData.
+    let Ok(m) = (unsafe { crate::handles::resolve(module, crate::handles::MODULE_MAGIC) }) else {
+        return 0;
+    };
+    let Some(cb) = cb else {
+        return 0;
+    };
+    for f in &m.functions {
+        let fp = *f as *const crate::handles::Function as *mut crate::handles::Function;
+        // SAFETY: the caller's callback and user pointer; the name lives with the function.
+        unsafe { cb(user, fp, f.name.as_ptr(), 0, 0, module) };
+    }
+    m.functions.len()
+}
+
+pub static TOOLS_MODULE: Table<99> = Table({
+    let mut t = stub_table!(2; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24
+        25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53
+        54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82
+        83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98);
+    t[7] = module_functions as *const c_void;
+    t
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +180,7 @@ mod tests {
     fn tables_have_the_drivers_sizes_and_stubs_refuse() {
         assert_eq!(TOOLS_CONTEXT.0[0] as usize, 0x2e8);
         assert_eq!(CLUSTER.0[0] as usize, 0x88);
+        assert_eq!(TOOLS_MODULE.0[0] as usize, 0x318);
         // SAFETY: slot 1 is a stub taking no arguments.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(TOOLS_CONTEXT.0[1]) };
         assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED);

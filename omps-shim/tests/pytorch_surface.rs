@@ -265,6 +265,66 @@ fn pools_limits_and_stream_queries() {
             "a pointer-valued option is refused, not dropped"
         );
 
+        // cuFFT's module function enumeration (export table 6e163fbe, entry 7).
+        let mut m = null_mut();
+        ok(omps_shim::api::module::cuModuleLoadData(
+            &mut m,
+            HOST_MODULE.as_ptr() as *const c_void,
+        ));
+        let uuid = [
+            0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1,
+            0x99, 0x1e,
+        ];
+        let mut table: *const c_void = std::ptr::null();
+        ok(omps_shim::dark::cuGetExportTable(&mut table, &uuid));
+        type Cb = unsafe extern "C" fn(
+            *mut c_void,
+            *mut c_void,
+            *const std::ffi::c_char,
+            usize,
+            usize,
+            *mut c_void,
+        ) -> usize;
+        type Enumerate = unsafe extern "C" fn(*mut c_void, *mut c_void, Cb, *mut c_void) -> usize;
+        unsafe extern "C" fn collect(
+            user: *mut c_void,
+            f: *mut c_void,
+            name: *const std::ffi::c_char,
+            _: usize,
+            _: usize,
+            _: *mut c_void,
+        ) -> usize {
+            let v = &mut *(user as *mut Vec<(usize, String)>);
+            v.push((
+                f as usize,
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned(),
+            ));
+            0
+        }
+        let enumerate: Enumerate = std::mem::transmute(*(table as *const *const c_void).add(7));
+        let mut seen: Vec<(usize, String)> = Vec::new();
+        let n = enumerate(
+            ctx as *mut c_void,
+            m as *mut c_void,
+            collect,
+            &mut seen as *mut _ as *mut c_void,
+        );
+        assert_eq!(n, 2);
+        let names: Vec<&str> = seen.iter().map(|s| s.1.as_str()).collect();
+        assert_eq!(names, ["fill_u32", "trap"]);
+        let mut f = null_mut();
+        ok(omps_shim::api::module::cuModuleGetFunction(
+            &mut f,
+            m,
+            c"fill_u32".as_ptr(),
+        ));
+        assert_eq!(
+            seen[0].0, f as usize,
+            "the callback gets the module's own function handles"
+        );
+
         // Context limits read back what this client set.
         let mut stack = 0usize;
         ok(cuCtxGetLimit(&mut stack, 0));

@@ -10,7 +10,9 @@
 // Env: DARKTRACE_FULL=N   calls logged in full per (table,slot) before only counting (20)
 //      DARKTRACE_SKIP=21318c60:5,69a28e9f  slots (or whole tables, by 8-hex uuid prefix)
 //                          left unwrapped, to bisect if a wrapped entry breaks a program
-//      DARKTRACE_NOWRAP=1  only log table requests and slot contents, wrap nothing
+//      DARKTRACE_NOWRAP=1  only log table requests and slot contents, wrap nothing (neither
+//                          tables nor the typed functions below)
+//      DARKTRACE_NOTYPED=1 leave the typed functions (hooks[]) unwrapped, tables as usual
 //      DARKTRACE_CBSLOT=6e163fbe:7:2  the callback enumerator: table prefix, slot, index of
 //                          the callback arg (its user pointer is taken to be the next arg)
 //      DARKTRACE_CBFULL=N  callback invocations logged in full (200), then one line each
@@ -72,7 +74,7 @@ static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER, tab_mu = PTHREAD_MUTE
 static int log_fd = -1, log_pid;
 static uint64_t full_limit = 20, dt_seq;
 static const char *skip_list;
-static int no_wrap;
+static int no_wrap, no_typed;
 
 // ---- log file: opened at the first event (processes that never touch CUDA leave none),
 // reopened after fork so each pid has its own; whole records written under one mutex.
@@ -146,6 +148,7 @@ static void desc(char *o, size_t n, uint64_t v) {
 #define RG 16384       // power of two
 #define RG_CB 1        // flag: a callback got this value
 #define RG_DUMPED 2    // flag: its object was dumped at a launch already
+#define RG_CBDUMPED 4  // flag: its object was dumped at a callback already
 static struct rg { uint64_t v; int fl; char tag[200]; } rg_tab[RG];
 static pthread_mutex_t rg_mu = PTHREAD_MUTEX_INITIALIZER;
 static int rg_n;
@@ -166,8 +169,8 @@ __attribute__((format(printf, 3, 4))) static void rg_add(uint64_t v, int fl, con
     }
     pthread_mutex_unlock(&rg_mu);
 }
-// copies v's tag into t (if found) and returns 1; *fl gets its flags; mark_dump sets
-// RG_DUMPED and reports in *fl whether it was set before.
+// copies v's tag into t (if found) and returns 1; *fl gets its flags (as they were before
+// this call); mark_dump: flag bits to set.
 static int rg_get(uint64_t v, char *t, size_t n, int *fl, int mark_dump) {
     if (v < 0x10000) return 0;
     int found = 0;
@@ -178,7 +181,7 @@ static int rg_get(uint64_t v, char *t, size_t n, int *fl, int mark_dump) {
         if (e->v != v) continue;
         found = 1; if (t) snprintf(t, n, "%s", e->tag);
         if (fl) *fl = e->fl;
-        if (mark_dump) e->fl |= RG_DUMPED;
+        e->fl |= mark_dump;
         break;
     }
     pthread_mutex_unlock(&rg_mu);
@@ -196,12 +199,17 @@ static void sbstr(struct sb *b, uint64_t p) {
     sbf(b, "\"");
 }
 
-// Hex dump of n bytes (p, read from some address), 32 per line with offsets; then, if ann,
+// Hex dump of n bytes (p, read from some address), 32 per line with offsets (a run of
+// all-zero lines as one "+a..+b: zero" line); then, if ann,
 // one line per 8-byte-aligned qword that is a known handle, lies in a loaded object, or
 // points at readable memory (shown as a string if it looks like one, else its first
 // 16 bytes). Long dumps are flushed in pieces.
 static void sbdump(struct sb *b, const char *ind, const unsigned char *p, int n, int ann) {
+    static const unsigned char zero[32];
     for (int o = 0; o < n; o += 32) {
+        int z = o;
+        while (z + 32 <= n && !memcmp(p + z, zero, 32)) z += 32;
+        if (z - o >= 64) { sbf(b, "%s+%03x..+%03x: zero\n", ind, o, z - 1); o = z - 32; continue; }
         sbf(b, "%s+%03x:", ind, o);
         for (int i = o; i < o + 32 && i < n; i++) sbf(b, "%s%02x", i % 8 ? "" : " ", p[i]);
         sbf(b, "\n");
@@ -370,8 +378,9 @@ static uint64_t cb_call(int j, void *ra, const uint64_t *a) {
     }
     log_write(b.b, b.k);
     if (dumpfn)
-        for (int i = 0; i < 6; i++) {
-            if (!obj[i]) continue;
+        for (int i = 0; i < 6; i++) {  // each object once (the owner recurs in every invocation)
+            int fl = 0;
+            if (!obj[i] || !rg_get(a[i], 0, 0, &fl, RG_CBDUMPED) || (fl & RG_CBDUMPED)) continue;
             char w[48]; snprintf(w, sizeof w, "cb#%lu a%d", (unsigned long)n, i);
             dump_object(w, a[i]);
         }
@@ -394,7 +403,8 @@ static uint64_t cb_call(int j, void *ra, const uint64_t *a) {
 TR(0) TR(1) TR(2) TR(3) TR(4) TR(5) TR(6) TR(7)
 static const wfn cb_tramp[NTR] = {cbt0, cbt1, cbt2, cbt3, cbt4, cbt5, cbt6, cbt7};
 static int tramp_for(uint64_t fn) {  // the trampoline standing for fn (new if needed), or -1
-    if (fn < 0x10000) return -1;
+    Dl_info di;  // only code of a loaded object (a wrong DARKTRACE_CBSLOT must not replace data)
+    if (fn < 0x10000 || !dladdr((void *)(uintptr_t)fn, &di) || !di.dli_fname) return -1;
     int j = -1;
     pthread_mutex_lock(&cb_mu);
     for (int i = 0; i < cb_ntr; i++) if (cb_fn[i] == fn) j = i;
@@ -412,8 +422,14 @@ static uint64_t dt_enum(int k, int i, void *ra, const uint64_t *a) {
     uint64_t b6[6]; memcpy(b6, a, sizeof b6);
     int j = tramp_for(a[cb_arg]);
     if (j >= 0) b6[cb_arg] = (uint64_t)(uintptr_t)cb_tramp[j];
-    if (n >= 1000) return real(b6[0], b6[1], b6[2], b6[3], b6[4], b6[5]);  // count only
     uint64_t seq = __atomic_fetch_add(&dt_seq, 1, __ATOMIC_RELAXED);
+    if (n >= 1000) {  // count only (the callbacks still learn which call they are in)
+        int s_in = tl_in_enum; uint64_t s_seq = tl_enum_seq, s_user = tl_enum_user, s_cnt = tl_cb_count;
+        tl_in_enum = 1; tl_enum_seq = seq; tl_enum_user = cb_arg + 1 <= 5 ? a[cb_arg + 1] : 0; tl_cb_count = 0;
+        uint64_t r = real(b6[0], b6[1], b6[2], b6[3], b6[4], b6[5]);
+        tl_in_enum = s_in; tl_enum_seq = s_seq; tl_enum_user = s_user; tl_cb_count = s_cnt;
+        return r;
+    }
     int da[2] = {cb_arg - 1, cb_arg + 1}, dl[2] = {0, 0};
     unsigned char pre[6][DUMP], post[DUMP], big[2][ENUM_DUMP], bigpost[ENUM_DUMP]; int len[6]; char d[400];
     struct sb *b = malloc(sizeof *b);
@@ -422,7 +438,7 @@ static uint64_t dt_enum(int k, int i, void *ra, const uint64_t *a) {
     desc(d, sizeof d, (uint64_t)(uintptr_t)ra);
     sbf(b, "> #%lu tid=%ld %s[%d] call=%lu from %p%s  ENUMERATOR: a%d ", (unsigned long)seq, (long)syscall(SYS_gettid), dt_name[k], i, (unsigned long)n + 1, ra, d, cb_arg);
     if (j >= 0) sbf(b, "replaced by trampoline %d (0x%lx)\n", j, (unsigned long)b6[cb_arg]);
-    else sbf(b, "NOT replaced (null, or no trampoline left)\n");
+    else sbf(b, "NOT replaced (null, not code of a loaded object, or no trampoline left)\n");
     for (int q = 0; q < 6; q++) {
         desc(d, sizeof d, a[q]);
         len[q] = safe_read(a[q], pre[q], DUMP);
@@ -613,7 +629,7 @@ static void sbimage(struct sb *b, const void *img) {  // first 16 bytes of an im
 // after a call that launched or used a handle a callback got: dump its object once
 static void dump_at_launch(const char *name, uint64_t f) {
     int fl = 0;
-    if (!dumpfn || !rg_get(f, 0, 0, &fl, 1) || !(fl & RG_CB) || (fl & RG_DUMPED)) return;
+    if (!dumpfn || !rg_get(f, 0, 0, &fl, RG_DUMPED) || !(fl & RG_CB) || (fl & RG_DUMPED)) return;
     char w[64]; snprintf(w, sizeof w, "%s f at its first logged launch", name);
     dump_object(w, f);
 }
@@ -948,7 +964,7 @@ static struct hook { const char *name; void **real; void *w[NI]; struct hstat *s
 static pthread_mutex_t hk_mu = PTHREAD_MUTEX_INITIALIZER;
 // the hook for a symbol name: exact, or with a _ptsz/_ptds suffix (same signature)
 static struct hook *hook_find(const char *name) {
-    if (!name || name[0] != 'c' || name[1] != 'u') return 0;
+    if (no_typed || !name || name[0] != 'c' || name[1] != 'u') return 0;
     for (int i = 0; i < NHOOK; i++) {
         size_t l = strlen(hooks[i].name);
         if (!strncmp(name, hooks[i].name, l) && (!name[l] || !strcmp(name + l, "_ptsz") || !strcmp(name + l, "_ptds"))) return &hooks[i];
@@ -956,17 +972,18 @@ static struct hook *hook_find(const char *name) {
     return 0;
 }
 // the wrapper instance standing for real (allocated at its first sight), or real itself
-static void *hook_swap(struct hook *h, const char *sym, void *real, const char *via, int ver, uint64_t flags) {
-    int j = -1, fresh = 0;
+static void *hook_swap(struct hook *h, const char *sym, void *real, const char *via, int ver, uint64_t flags, void *by) {
+    int j = -1, fresh = 0;  // every resolution is logged (one per resolving library, few)
     pthread_mutex_lock(&hk_mu);
     for (int i = 0; i < NI; i++) if (h->w[i] == real) { pthread_mutex_unlock(&hk_mu); return real; }  // ours already
     for (int i = 0; i < NI && j < 0; i++) if (h->real[i] == real) j = i;
     for (int i = 0; i < NI && j < 0; i++) if (!h->real[i]) { __atomic_store_n(&h->real[i], real, __ATOMIC_RELEASE); j = i; fresh = 1; }
     pthread_mutex_unlock(&hk_mu);
-    if (fresh || j < 0) {
-        char d[400]; desc(d, sizeof d, (uint64_t)(uintptr_t)real);
-        if (j >= 0) LOGF("resolve %s via %s ver=%d flags=0x%lx -> %p%s, wrapped as %s instance %d\n", sym, via, ver, (unsigned long)flags, real, d, h->name, j);
-        else LOGF("resolve %s via %s ver=%d flags=0x%lx -> %p%s: no wrapper instance left, returned unwrapped\n", sym, via, ver, (unsigned long)flags, real, d);
+    {
+        char d[400], c[400]; desc(d, sizeof d, (uint64_t)(uintptr_t)real); desc(c, sizeof c, (uint64_t)(uintptr_t)by);
+        if (j >= 0) LOGF("resolve %s via %s ver=%d flags=0x%lx by %p%s -> %p%s, wrapped as %s instance %d%s\n", sym, via, ver, (unsigned long)flags, by, c, real, d,
+                         h->name, j, fresh ? " (new)" : "");
+        else LOGF("resolve %s via %s ver=%d flags=0x%lx by %p%s -> %p%s: no wrapper instance left, returned unwrapped\n", sym, via, ver, (unsigned long)flags, by, c, real, d);
     }
     return j < 0 ? real : h->w[j];
 }
@@ -974,16 +991,29 @@ static void *hook_swap(struct hook *h, const char *sym, void *real, const char *
 typedef int (*get_export_t)(const void **, const void *);
 typedef int (*gpa2_t)(const char *, void **, int, uint64_t, int *);
 typedef int (*gpa1_t)(const char *, void **, int, uint64_t);
-static get_export_t real_export; static gpa2_t real_gpa2; static gpa1_t real_gpa1;
+static get_export_t real_export;
 
 typedef void *(*dlsym_t)(void *, const char *);
 static dlsym_t real_dlsym(void);
 int cuGetExportTable(const void **pp, const void *id);
+static gpa2_t real_gpa2; static gpa1_t real_gpa1;
+// The resolver handed back our exported cuGetExportTable (the driver's own symbol is
+// interposed by the preload): find the real one, next in the global scope, or (libcuda
+// opened RTLD_LOCAL) in the object the resolver itself lies in.
+static void *find_real_export(void) {
+    void *p = real_dlsym()(RTLD_NEXT, "cuGetExportTable");
+    if (p && p != (void *)cuGetExportTable) return p;
+    Dl_info di; void *g = real_gpa2 ? (void *)real_gpa2 : (void *)real_gpa1;
+    if (!g || !dladdr(g, &di) || !di.dli_fname) return 0;
+    void *h = dlopen(di.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return 0;
+    p = real_dlsym()(h, "cuGetExportTable"); dlclose(h);
+    return p && p != (void *)cuGetExportTable ? p : 0;
+}
 static int my_export(const void **pp, const void *idp) {
-    if (!real_export) {  // the resolver handed back our exported cuGetExportTable (the
-        // driver's symbol is interposed by the preload): take the next one, as it does
-        void *p = real_dlsym()(RTLD_NEXT, "cuGetExportTable");
-        if (!p || p == (void *)cuGetExportTable) return 999;  // CUDA_ERROR_UNKNOWN
+    if (!real_export) {
+        void *p = find_real_export();
+        if (!p) return 999;  // CUDA_ERROR_UNKNOWN
         real_export = (get_export_t)p;
     }
     int r = real_export(pp, idp);
@@ -1008,10 +1038,10 @@ static int my_export(const void **pp, const void *idp) {
 // cudart may fetch cuGetProcAddress itself through cuGetProcAddress).
 static int my_gpa2(const char *sym, void **pfn, int ver, uint64_t flags, int *st);
 static int my_gpa1(const char *sym, void **pfn, int ver, uint64_t flags);
-static void hook_resolved(const char *sym, int ver, uint64_t flags, void **pfn, int r) {
+static void hook_resolved(const char *sym, int ver, uint64_t flags, void **pfn, int r, void *by) {
     if (r || !sym || !pfn || !*pfn) return;
     struct hook *h = hook_find(sym);
-    if (h) { *pfn = hook_swap(h, sym, *pfn, "cuGetProcAddress", ver, flags); return; }
+    if (h) { *pfn = hook_swap(h, sym, *pfn, "cuGetProcAddress", ver, flags, by); return; }
     if (!strcmp(sym, "cuGetExportTable")) {
         // the driver may hand back the exported symbol, which the preload makes ours
         if (*pfn != (void *)my_export && *pfn != (void *)cuGetExportTable) real_export = (get_export_t)*pfn;
@@ -1023,10 +1053,10 @@ static void hook_resolved(const char *sym, int ver, uint64_t flags, void **pfn, 
     }
 }
 static int my_gpa2(const char *sym, void **pfn, int ver, uint64_t flags, int *st) {
-    int r = real_gpa2(sym, pfn, ver, flags, st); hook_resolved(sym, ver, flags, pfn, r); return r;
+    int r = real_gpa2(sym, pfn, ver, flags, st); hook_resolved(sym, ver, flags, pfn, r, __builtin_return_address(0)); return r;
 }
 static int my_gpa1(const char *sym, void **pfn, int ver, uint64_t flags) {
-    int r = real_gpa1(sym, pfn, ver, flags); hook_resolved(sym, ver, flags, pfn, r); return r;
+    int r = real_gpa1(sym, pfn, ver, flags); hook_resolved(sym, ver, flags, pfn, r, __builtin_return_address(0)); return r;
 }
 
 static dlsym_t real_dlsym(void) {
@@ -1056,7 +1086,7 @@ void *dlsym(void *h, const char *name) {
         return rd(h, name);
     void *p = rd(h, name);
     if (!p || p == (void *)cuGetExportTable) return p;  // RTLD_DEFAULT can find ours
-    if (hk) return hook_swap(hk, name, p, "dlsym", 0, 0);
+    if (hk) return hook_swap(hk, name, p, "dlsym", 0, 0, __builtin_return_address(0));
     LOGF("dlsym %s -> %p\n", name, p);
     if (!strcmp(name, "cuGetExportTable")) { real_export = (get_export_t)p; return (void *)my_export; }
     if (!strcmp(name, "cuGetProcAddress_v2")) { real_gpa2 = (gpa2_t)p; return (void *)my_gpa2; }
@@ -1067,6 +1097,7 @@ __attribute__((constructor)) static void dt_init(void) {
     const char *f = getenv("DARKTRACE_FULL"); if (f && *f) full_limit = strtoull(f, 0, 10);
     skip_list = getenv("DARKTRACE_SKIP");
     const char *w = getenv("DARKTRACE_NOWRAP"); no_wrap = w && *w && *w != '0';
+    w = getenv("DARKTRACE_NOTYPED"); no_typed = no_wrap || (w && *w && *w != '0');
     const char *c = getenv("DARKTRACE_CBSLOT");  // "6e163fbe:7:2"
     if (c && *c) {
         char t[16] = ""; int s = 7, a = 2;

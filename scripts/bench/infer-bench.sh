@@ -16,11 +16,13 @@
 #   MODES="native mps omps"   MODELS="resnet50 decoder"   (MODELS may include "fake")
 #   NS="1 4 8"                N values for every model (default resnet50 1 4 8, decoder 1 8)
 #   REQUESTS, WARMUP          per worker, for every model (default 200/20 resnet50, 20/3 decoder)
-#   READY_TIMEOUT=180         seconds from launch until every worker must be READY
-#   RUN_TIMEOUT=180           seconds after that for the timed part
+#   READY_TIMEOUT=120         seconds from launch until every worker must be READY
+#   RUN_TIMEOUT=120           seconds after that for the timed part (a worker that
+#                             times out, in either part, ends the runs of its mode)
 #   OMPS_BIN=target/release   omps-server, omps-ctl, libomps_shim.so
 #   MPS_CONTROL               nvidia-cuda-mps-control (default: PATH, then /usr/local/nvidia/bin)
-#   PYTHON=python3            OUT=/tmp/infer-bench
+#   PYTHON=python3            the workers' python (the figures are computed with python3)
+#   OUT=/tmp/infer-bench
 # Output under $OUT: table.txt (the table), results.json (every run's figures and every
 # worker's raw JSON), bench.log (everything printed), work.tar.gz (worker logs, server logs).
 # Exit status: 0 if every run that was attempted succeeded, 1 otherwise (a mode whose
@@ -40,8 +42,8 @@ PYTHON=${PYTHON:-python3}
 WORKER="$ROOT/scripts/bench/infer_worker.py"
 MODES=${MODES:-native mps omps}
 MODELS=${MODELS:-resnet50 decoder}
-READY_TIMEOUT=${READY_TIMEOUT:-180}
-RUN_TIMEOUT=${RUN_TIMEOUT:-180}
+READY_TIMEOUT=${READY_TIMEOUT:-120}
+RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 MPS_CONTROL=${MPS_CONTROL:-$(command -v nvidia-cuda-mps-control 2>/dev/null || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)}
 
 mkdir -p "$OUT" || exit 2
@@ -157,10 +159,12 @@ run_one() { # mode model n
     for ((i = 0; i < n; i++)); do
         wait "${PIDS[$i]}"; rc=$?
         rcs+=("$rc")
+        case "$rc" in 124|137) MODE_ABANDONED=1 ;; esac  # a hung worker: give up this mode
     done
     PIDS=()
     local line
     line=$(summarize "$mode" "$model" "$n" "$dir" "$t_touch" "${rcs[@]}")
+    [ -n "$line" ] || line="FAIL the figures could not be computed"
     log "[$mode] $model N=$n: $line"
     case "$line" in
         OK*) record "$mode" "$model" "$n" OK "$dir" ;;
@@ -173,7 +177,7 @@ run_one() { # mode model n
 
 # Figures of one run: writes $dir/summary.json, prints "OK ..." or "FAIL reason".
 summarize() { # mode model n dir t_touch rc...
-    "$PYTHON" - "$@" <<'EOF'
+    python3 - "$@" <<'EOF'
 import json, math, sys
 mode, model, n, d, t_touch = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
 rcs = [int(x) for x in sys.argv[6:]]
@@ -397,7 +401,7 @@ trap 'log "interrupted"; exit 130' INT TERM
 # ---------------------------------------------------------------- table
 
 write_table() {
-    "$PYTHON" - "$RESULTS" "$OUT" "$MODES" <<'EOF' >"$OUT/table.txt"
+    python3 - "$RESULTS" "$OUT" "$MODES" <<'EOF' >"$OUT/table.txt"
 import json, sys
 results, out, modes_run = sys.argv[1], sys.argv[2], sys.argv[3].split()
 runs, cells, rows = [], {}, []
@@ -485,7 +489,7 @@ for mode in $MODES; do
     for model in $MODELS; do
         for n in $(model_ns "$model"); do
             if [ "$MODE_ABANDONED" -eq 1 ]; then
-                record "$mode" "$model" "$n" SKIP "not run: an earlier $mode run timed out waiting for READY"
+                record "$mode" "$model" "$n" SKIP "not run: an earlier $mode run timed out"
                 continue
             fi
             if [ "$mode" = omps ] && ! ensure_omps; then

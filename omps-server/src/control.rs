@@ -23,6 +23,8 @@ pub struct ServerConfig {
     pub pipe_dir: PathBuf,
     pub spin: Duration,
     pub pin_workers: bool,
+    /// Worker threads per GPU, each serving a share of the clients (OMPS_LANES).
+    pub lanes: usize,
     /// Point this process's fd 1 at the printf router (see [`crate::printf`]); only a
     /// server process does this, never a test that runs the server in its own process.
     pub capture_printf: bool,
@@ -38,10 +40,18 @@ impl ServerConfig {
             pipe_dir: sock::pipe_directory(),
             spin: Duration::from_micros(spin_us),
             pin_workers: std::env::var_os("OMPS_NO_PIN").is_none(),
+            lanes: std::env::var("OMPS_LANES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(DEFAULT_LANES),
             capture_printf: true,
         }
     }
 }
+
+/// Worker threads per GPU by default: the driver's launch rate from one context grows to
+/// about 4 submitting threads (shared/reference/measured-anchors.md) and no further.
+pub const DEFAULT_LANES: usize = 4;
 
 struct WorkerHandle {
     tx: rtrb::Producer<ToWorker>,
@@ -139,31 +149,37 @@ impl Server {
         let snapshots = gpus.iter().map(|g| g.snapshot()).collect();
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
+        let lanes = cfg.lanes.max(1);
         for (i, gpu) in gpus.iter().enumerate() {
-            let bell_fd = shm::create_segment("omps-doorbell", wire::DOORBELL_PAGE)?;
-            let bell_map = Arc::new(Mapping::map(bell_fd.as_fd(), wire::DOORBELL_PAGE)?);
-            let (tx, rx) = rtrb::RingBuffer::new(1024);
-            let wcfg = WorkerConfig {
-                spin: cfg.spin,
-                // Core 0 takes interrupts and the control thread; workers take the next ones.
-                cpu: (cfg.pin_workers && ncpu > 2).then_some(1 + i % (ncpu - 1)),
-            };
             let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let (g, m, f) = (gpu.clone(), bell_map.clone(), faulted.clone());
-            let thread = std::thread::Builder::new()
-                .name(format!("omps-gpu{i}"))
-                .spawn(move || {
-                    // SAFETY: the mapping is page aligned and lives as long as `m`.
-                    let bell = unsafe { &*(m.as_ptr() as *const Doorbell) };
-                    worker::run(g, rx, bell, wcfg, f)
-                })?;
-            workers.push(WorkerHandle {
-                tx,
-                faulted,
-                bell_fd,
-                bell_map,
-                thread: Some(thread),
-            });
+            let streams = 2 * gpu.pool_size() + gpu.priority_streams();
+            let shared = worker::GpuShared::new(streams, lanes, faulted.clone());
+            for lane in 0..lanes {
+                let bell_fd = shm::create_segment("omps-doorbell", wire::DOORBELL_PAGE)?;
+                let bell_map = Arc::new(Mapping::map(bell_fd.as_fd(), wire::DOORBELL_PAGE)?);
+                let (tx, rx) = rtrb::RingBuffer::new(1024);
+                let n = i * lanes + lane;
+                let wcfg = WorkerConfig {
+                    spin: cfg.spin,
+                    // Core 0 takes interrupts and the control thread; workers the next ones.
+                    cpu: (cfg.pin_workers && ncpu > 2).then_some(1 + n % (ncpu - 1)),
+                };
+                let (g, m, sh) = (gpu.clone(), bell_map.clone(), shared.clone());
+                let thread = std::thread::Builder::new()
+                    .name(format!("omps-gpu{i}.{lane}"))
+                    .spawn(move || {
+                        // SAFETY: the mapping is page aligned and lives as long as `m`.
+                        let bell = unsafe { &*(m.as_ptr() as *const Doorbell) };
+                        worker::run(g, rx, bell, wcfg, sh, lane)
+                    })?;
+                workers.push(WorkerHandle {
+                    tx,
+                    faulted: faulted.clone(),
+                    bell_fd,
+                    bell_map,
+                    thread: Some(thread),
+                });
+            }
         }
         tracing::info!(pipe_dir = %cfg.pipe_dir.display(), gpus = gpus.len(), "omps server listening");
         Ok(Server {
@@ -288,7 +304,8 @@ impl Server {
                 match removed {
                     Some(len) => {
                         // The registering GPU's worker frees it after the client's queued work.
-                        self.workers[0].send(ToWorker::Unpin(id, req.addr, len));
+                        let w = self.lane_of(0, id);
+                        self.workers[w].send(ToWorker::Unpin(id, req.addr, len));
                         0
                     }
                     None => code::INVALID_VALUE,
@@ -332,15 +349,23 @@ impl Server {
                 pid = c.pid,
                 "client gone; releasing its resources"
             );
-            for w in &mut self.workers {
-                w.send(ToWorker::Remove(id));
+            for g in 0..self.gpus.len() {
+                let w = self.lane_of(g, id);
+                self.workers[w].send(ToWorker::Remove(id));
             }
             self.exiting.push(c);
         }
     }
 
+    /// The worker (lane) of GPU `gpu` that serves client `id`.
+    fn lane_of(&self, gpu: usize, id: u32) -> usize {
+        let lanes = self.cfg.lanes.max(1);
+        gpu * lanes + id as usize % lanes
+    }
+
     fn reap_exiting(&mut self) {
-        let n = self.workers.len() as u32;
+        // One worker per GPU holds the client's session and says so when it is released.
+        let n = self.gpus.len() as u32;
         self.exiting
             .retain(|c| c.released.load(Ordering::SeqCst) < n);
     }
@@ -441,7 +466,9 @@ impl Server {
             segment_len: layout.total_len as u64,
         };
         let mut fds = vec![fd.as_raw_fd()];
-        fds.extend(self.workers.iter().map(|w| w.bell_fd.as_raw_fd()));
+        fds.extend(
+            (0..self.gpus.len()).map(|g| self.workers[self.lane_of(g, id)].bell_fd.as_raw_fd()),
+        );
         sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&welcome), &fds)?;
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|s| s.trim().to_string())
@@ -456,8 +483,9 @@ impl Server {
             OwnedFd::from(ours),
             registered_on,
         ));
-        for w in &mut self.workers {
-            w.send(ToWorker::Add(c.clone()));
+        for g in 0..self.gpus.len() {
+            let w = self.lane_of(g, id);
+            self.workers[w].send(ToWorker::Add(c.clone()));
         }
         tracing::info!(client = id, pid, "client connected");
         self.clients.insert(id, (c, stream));

@@ -766,14 +766,15 @@ impl Session {
                     }
                 };
                 let limit = q.args[0] as i32;
+                let mut limits = ctx.shared.limits.lock().unwrap_or_else(|e| e.into_inner());
                 let r = match q.kind {
-                    wire::query::CTX_GET_LIMIT => ctx.limits.get(&*gpu, &self.limits, limit),
-                    wire::query::CTX_SET_LIMIT => ctx
-                        .limits
+                    wire::query::CTX_GET_LIMIT => limits.get(&*gpu, &self.limits, limit),
+                    wire::query::CTX_SET_LIMIT => limits
                         .set(&*gpu, &mut self.limits, limit, q.args[1] as u64)
                         .map(|()| 0),
                     _ => gpu.query(q.kind, func, q.args, tail).map(|v| v as u64),
                 };
+                drop(limits);
                 self.complete_pod(q.call, r.map(|value| wire::U64Reply { value }))?;
             }
             Op::StreamSync => {

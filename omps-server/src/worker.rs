@@ -52,46 +52,100 @@ struct Deferred {
     release: Release,
 }
 
+/// What the lanes of one GPU share. A GPU is served by several worker threads (lanes),
+/// each owning a subset of its clients, so that launches from many clients are submitted
+/// in parallel (one thread caps near 300k launches/s); what must be decided for the whole
+/// GPU lives here.
+pub struct GpuShared {
+    /// Per work stream: the client whose streams are bound to it, and how many.
+    bindings: std::sync::Mutex<Vec<Binding>>,
+    pub limits: std::sync::Mutex<crate::limits::ContextLimits>,
+    /// Shared with the control thread, which refuses new clients while it is set.
+    pub faulted: Arc<std::sync::atomic::AtomicBool>,
+    /// The sticky error of a fault, 0 when none: every lane fails its clients with it.
+    fault_code: std::sync::atomic::AtomicI32,
+    /// Sessions on all lanes; the context is recreated after a fault once it is 0.
+    sessions: std::sync::atomic::AtomicUsize,
+    /// Bumped when the context is recreated: every lane then remakes its events.
+    generation: std::sync::atomic::AtomicU64,
+    pub lanes: usize,
+}
+
+impl GpuShared {
+    pub fn new(
+        streams: usize,
+        lanes: usize,
+        faulted: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Arc<Self> {
+        Arc::new(GpuShared {
+            bindings: std::sync::Mutex::new(vec![Binding::default(); streams]),
+            limits: Default::default(),
+            faulted,
+            fault_code: Default::default(),
+            sessions: Default::default(),
+            generation: Default::default(),
+            lanes: lanes.max(1),
+        })
+    }
+}
+
 pub struct WorkerCtx {
     pub gpu: Arc<dyn Gpu>,
+    pub shared: Arc<GpuShared>,
+    /// This lane's index among the GPU's lanes.
+    lane: usize,
     markers: Vec<Marker>,
     deferred: Vec<Deferred>,
-    /// One per work stream, to make a marker stream wait for it.
+    /// One per work stream, to make a marker stream wait for it (this lane's own).
     scratch_events: Vec<u64>,
-    /// Per work stream: the client whose streams are bound to it, and how many.
-    bindings: Vec<Binding>,
+    generation: u64,
     next_work: usize,
     next_marker: usize,
     last_fault_check: Instant,
     pub fault: Option<i32>,
-    pub limits: crate::limits::ContextLimits,
-    /// Shared with the control thread, which refuses new clients while it is set.
-    faulted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl WorkerCtx {
+    /// A lone worker for `gpu` (tests and fuzzing).
     pub fn new(gpu: Arc<dyn Gpu>) -> GpuResult<Self> {
-        Self::with_fault_flag(gpu, Default::default())
+        let streams = 2 * gpu.pool_size() + gpu.priority_streams();
+        Self::lane(gpu, GpuShared::new(streams, 1, Default::default()), 0)
     }
 
-    pub fn with_fault_flag(
-        gpu: Arc<dyn Gpu>,
-        faulted: Arc<std::sync::atomic::AtomicBool>,
-    ) -> GpuResult<Self> {
+    pub fn lane(gpu: Arc<dyn Gpu>, shared: Arc<GpuShared>, lane: usize) -> GpuResult<Self> {
         let scratch_events = Self::scratch_events(&*gpu)?;
         Ok(WorkerCtx {
             gpu,
+            generation: shared.generation.load(Ordering::SeqCst),
+            shared,
+            lane,
             markers: Vec::new(),
             deferred: Vec::new(),
-            bindings: vec![Binding::default(); scratch_events.len()],
             scratch_events,
             next_work: 0,
             next_marker: 0,
             last_fault_check: Instant::now(),
             fault: None,
-            limits: Default::default(),
-            faulted,
         })
+    }
+
+    /// Follows the other lanes: a fault one of them found, a context one of them recreated.
+    fn sync_with_lanes(&mut self) {
+        let code = self.shared.fault_code.load(Ordering::SeqCst);
+        if code != 0 && self.fault.is_none() {
+            self.enter_fault(code);
+        }
+        let g = self.shared.generation.load(Ordering::SeqCst);
+        if g != self.generation {
+            self.generation = g;
+            // The reset destroyed this lane's events and whatever its frees were waiting on.
+            match Self::scratch_events(&*self.gpu) {
+                Ok(ev) => self.scratch_events = ev,
+                Err(e) => tracing::error!("events after the reset: CUDA error {}", e.0),
+            }
+            self.deferred.clear();
+            self.fault = None;
+        }
     }
 
     fn scratch_events(gpu: &dyn Gpu) -> GpuResult<Vec<u64>> {
@@ -104,6 +158,10 @@ impl WorkerCtx {
     /// MPS does, and accept clients again.
     fn recover(&mut self) {
         let dev = self.gpu.ordinal();
+        // Only lane 0 resets, once no lane has a client left.
+        if self.lane != 0 || self.shared.sessions.load(Ordering::SeqCst) != 0 {
+            return;
+        }
         match self
             .gpu
             .reset()
@@ -112,7 +170,9 @@ impl WorkerCtx {
             Ok(events) => {
                 self.scratch_events = events;
                 self.fault = None;
-                self.faulted.store(false, Ordering::SeqCst);
+                self.generation = self.shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
+                self.shared.fault_code.store(0, Ordering::SeqCst);
+                self.shared.faulted.store(false, Ordering::SeqCst);
                 tracing::info!(
                     gpu = dev,
                     "context recreated after the fault; accepting clients again"
@@ -149,23 +209,28 @@ impl WorkerCtx {
         let n = class.len();
         self.next_work += 1;
         let rotated = (0..n).map(|i| class.start + (self.next_work + i) % n);
+        let mut bindings = self
+            .shared
+            .bindings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let free = rotated
             .clone()
-            .find(|&i| self.bindings[i].refs == 0 && self.gpu.stream_query(i).unwrap_or(true));
+            .find(|&i| bindings[i].refs == 0 && self.gpu.stream_query(i).unwrap_or(true));
         let own = || {
             class
                 .clone()
-                .filter(|&i| self.bindings[i].refs > 0 && self.bindings[i].client == client)
-                .min_by_key(|&i| self.bindings[i].refs)
+                .filter(|&i| bindings[i].refs > 0 && bindings[i].client == client)
+                .min_by_key(|&i| bindings[i].refs)
         };
         let pick = free.or_else(own).unwrap_or_else(|| {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 tracing::warn!("every work stream is held by other clients; sharing one")
             });
-            rotated.min_by_key(|&i| self.bindings[i].refs).unwrap_or(0)
+            rotated.min_by_key(|&i| bindings[i].refs).unwrap_or(0)
         });
-        let b = &mut self.bindings[pick];
+        let b = &mut bindings[pick];
         if b.refs == 0 {
             b.client = client;
         }
@@ -175,14 +240,23 @@ impl WorkerCtx {
 
     /// A client stream bound to work stream `i` is gone.
     pub fn unbind_work_stream(&mut self, i: usize) {
-        if let Some(b) = self.bindings.get_mut(i) {
+        let mut bindings = self
+            .shared
+            .bindings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = bindings.get_mut(i) {
             b.refs = b.refs.saturating_sub(1);
         }
     }
 
+    /// Marker streams are split between the lanes, so one lane's completions never queue
+    /// behind another's.
     pub fn pick_marker_stream(&mut self) -> usize {
         let n = self.gpu.pool_size();
-        let s = n + self.next_marker % n;
+        let lanes = self.shared.lanes.min(n);
+        let mine = (n - self.lane % lanes).div_ceil(lanes);
+        let s = n + self.lane % lanes + lanes * (self.next_marker % mine);
         self.next_marker += 1;
         s
     }
@@ -314,6 +388,10 @@ impl WorkerCtx {
     }
 
     pub fn retire(&mut self, s: Session) {
+        let _ = self
+            .shared
+            .sessions
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         for i in s.bound_work_streams() {
             self.unbind_work_stream(i);
         }
@@ -368,7 +446,11 @@ impl WorkerCtx {
 
     /// A sticky error poisoned the context: every waiting client gets it.
     pub fn enter_fault(&mut self, e: i32) {
-        self.faulted.store(true, Ordering::SeqCst);
+        self.shared.faulted.store(true, Ordering::SeqCst);
+        let _ = self
+            .shared
+            .fault_code
+            .compare_exchange(0, e, Ordering::SeqCst, Ordering::SeqCst);
         if self.fault.is_none() {
             tracing::error!(
                 gpu = self.gpu.ordinal(),
@@ -426,13 +508,14 @@ pub fn run(
     mut rx: rtrb::Consumer<ToWorker>,
     bell: &Doorbell,
     cfg: WorkerConfig,
-    faulted: Arc<std::sync::atomic::AtomicBool>,
+    shared: Arc<GpuShared>,
+    lane: usize,
 ) {
     if let Some(cpu) = cfg.cpu {
         pin_to(cpu);
     }
     let dev = gpu.ordinal();
-    let mut ctx = match WorkerCtx::with_fault_flag(gpu, faulted) {
+    let mut ctx = match WorkerCtx::lane(gpu, shared.clone(), lane) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(gpu = dev, "worker cannot start: {}", e.0);
@@ -446,8 +529,12 @@ pub fn run(
     loop {
         while let Ok(msg) = rx.pop() {
             match msg {
-                // SAFETY: every client segment holds a ring per GPU (layout from the GPU count).
-                ToWorker::Add(c) => sessions.push(unsafe { Session::new(c, dev, &mut ctx) }),
+                ToWorker::Add(c) => {
+                    shared.sessions.fetch_add(1, Ordering::SeqCst);
+                    // SAFETY: every client segment holds a ring per GPU (layout from the
+                    // GPU count).
+                    sessions.push(unsafe { Session::new(c, dev, &mut ctx) })
+                }
                 ToWorker::Remove(id) => {
                     if let Some(i) = sessions.iter().position(|s| s.client.id == id) {
                         let s = sessions.swap_remove(i);
@@ -512,6 +599,7 @@ pub fn run(
         }
         ctx.poll_markers();
         ctx.poll_deferred();
+        ctx.sync_with_lanes();
         if let Some(e) = ctx.fault {
             // Every client of the GPU learns of the fault (MPS's contract), and once they
             // are all gone the context is recreated.

@@ -195,6 +195,7 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
         spin: Duration::ZERO,
         pin_workers: false,
         capture_printf: false,
+        lanes: 1,
     };
     let err = omps_server::Server::new(cfg, vec![], 13000)
         .err()

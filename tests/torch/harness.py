@@ -1,10 +1,11 @@
 """Process plumbing for the suite: the modes a CUDA client can run in, the omps server and
-NVIDIA MPS daemons, running one workload in a subprocess, and comparing result dicts.
-No pytest here except pytest.fail in the fixtures (conftest.py) that use it.
+the NVIDIA MPS daemon, and running one workload in a subprocess. No pytest here: the
+fixtures in conftest.py turn its exceptions into test failures.
 """
 
 import enum
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,8 @@ class OmpsServer:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+        for d in (self.pipe, self.libdir):  # logs stay in workdir
+            shutil.rmtree(d, ignore_errors=True)
         return problem
 
     def client_env(self, mode):
@@ -214,6 +217,7 @@ def run_workload(name, mode, extra_env, mode_env, workdir, tag="", timeout=TIMEO
 
     prefix = str(Path(workdir) / f"{name}.{mode.value}{tag}")
     outfile = prefix + ".pt"
+    Path(outfile).unlink(missing_ok=True)  # never read a result an earlier session left
     env = dict(base_env(), **extra_env, **mode_env)
     t0 = time.time()
     p = start_client([str(WORKLOADS), name, outfile], env, prefix)

@@ -3,6 +3,7 @@ and a client killed with SIGKILL mid-inference must not disturb the others."""
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,18 +15,20 @@ from harness import HERE, TIMEOUT, Mode, base_env, kill_group, start_client, tai
 LOOP = HERE / "infer_loop.py"
 
 
-def _loop(tag, workdir, iters, env, barrier=None):
+def _loop(tag, workdir, iters, env, barrier=None, srv=None):
     prefix = str(workdir / f"loop-{tag}")
+    Path(prefix + ".pt").unlink(missing_ok=True)
     argv = [str(LOOP), "--iters", str(iters), "--out", prefix + ".pt"]
     if barrier:
         argv += ["--barrier", str(barrier)]
     p = start_client(argv, dict(base_env(), **env), prefix)
-    p.tag = tag
+    p.tag, p.srv = tag, srv
     return p
 
 
 def _why(p):
-    return f"client {p.tag} (pid {p.pid}) rc {p.poll()}; stderr tail:\n{tail(p.log_prefix + '.stderr')}"
+    why = f"client {p.tag} (pid {p.pid}) rc {p.poll()}; stderr tail:\n{tail(p.log_prefix + '.stderr')}"
+    return why + ("\n--- " + p.srv.diagnostics() if p.srv else "")
 
 
 def _wait_line(p, word, timeout=TIMEOUT):
@@ -43,7 +46,7 @@ def _wait_line(p, word, timeout=TIMEOUT):
 def _finish(p):
     try:
         rc = p.wait(timeout=TIMEOUT)
-    except Exception:  # noqa: BLE001 (timeout: end it, then report)
+    except subprocess.TimeoutExpired:
         kill_group(p)
         rc = "timeout"
     if rc != 0:
@@ -87,8 +90,8 @@ def test_two_clients_at_once(omps_server, workdir, loop_ref, clients):
     barrier = workdir / "go-two"
     barrier.unlink(missing_ok=True)
     # One client per way in, to show the two ways side by side on one server.
-    a = _loop("two-preload", workdir, 100, omps_server.client_env(Mode.OMPS_PRELOAD), barrier)
-    b = _loop("two-libpath", workdir, 100, omps_server.client_env(Mode.OMPS_LIBPATH), barrier)
+    a = _loop("two-preload", workdir, 100, omps_server.client_env(Mode.OMPS_PRELOAD), barrier, omps_server)
+    b = _loop("two-libpath", workdir, 100, omps_server.client_env(Mode.OMPS_LIBPATH), barrier, omps_server)
     clients += [a, b]
     for p in (a, b):
         _wait_line(p, "ready")
@@ -105,8 +108,8 @@ def test_killed_client_spares_the_other(omps_server, workdir, loop_ref, clients)
     barrier = workdir / "go-kill"
     barrier.unlink(missing_ok=True)
     env = omps_server.client_env(Mode.OMPS_PRELOAD)
-    victim = _loop("victim", workdir, 10**6, env, barrier)  # runs until killed
-    survivor = _loop("survivor", workdir, 300, env, barrier)
+    victim = _loop("victim", workdir, 10**6, env, barrier, omps_server)  # runs until killed
+    survivor = _loop("survivor", workdir, 300, env, barrier, omps_server)
     clients += [victim, survivor]
     for p in (victim, survivor):
         _wait_line(p, "ready")

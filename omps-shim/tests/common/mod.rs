@@ -33,6 +33,8 @@ impl TestServer {
             spin: Duration::from_micros(200),
             pin_workers: false,
             capture_printf: false,
+            // Two lanes, so consecutive clients land on different worker threads.
+            lanes: 2,
         };
         let server =
             Server::new(cfg, vec![gpu.clone() as Arc<dyn Gpu>], 13000).expect("server starts");

@@ -1,0 +1,168 @@
+"""Workloads: the other CUDA libraries (cuFFT, cuSOLVER, cuSPARSE, NVRTC), random
+numbers, torch.compile, allocator variants, memory queries, CUDA graphs."""
+
+import torch
+
+from models import SmallConvNet
+from registry import DEV, cpu, gen, randn, workload
+
+
+# ------------------------------------------------------------------ CUDA libraries
+
+@workload("fft", exact=True, known_broken="cuFFT failed under omps in scripts/probe/torch_smoke.py "
+          "(export table 6e163fbe, docs/design.md section 12)")
+def fft():
+    x = randn(4096, seed=70)
+    z = torch.complex(randn(64, 64, seed=71), randn(64, 64, seed=72))
+    return {"fft": cpu(torch.view_as_real(torch.fft.fft(x))),
+            "rfft": cpu(torch.view_as_real(torch.fft.rfft(x))),
+            "ifft2": cpu(torch.view_as_real(torch.fft.ifft2(z)))}
+
+
+@workload("rand", exact=True)  # Philox with a seeded CUDA generator: fixed sequence
+def rand():
+    g = torch.Generator(device=DEV).manual_seed(1234)
+    p = torch.full((4096,), 0.3, device=DEV)
+    return {"rand": cpu(torch.rand(10000, device=DEV, generator=g)),
+            "randn": cpu(torch.randn(10000, device=DEV, generator=g)),
+            "bernoulli": cpu(torch.bernoulli(p, generator=g)),
+            "randint": cpu(torch.randint(0, 1000, (4096,), device=DEV, generator=g)),
+            "normal_fp16": cpu(torch.empty(4096, device=DEV, dtype=torch.float16).normal_(generator=g))}
+
+
+def _sign_fix(vecs):
+    """Eigen/singular vectors are defined up to sign: make each column's largest entry positive."""
+    idx = vecs.abs().argmax(dim=-2, keepdim=True)
+    return vecs * torch.gather(vecs, -2, idx).sign()
+
+
+# Tolerance: PyTorch picks cuSOLVER or MAGMA by size, and MAGMA's hybrid routines run part
+# of the work in host LAPACK, whose threading need not give the same bits every run.
+@workload("linalg", exact=False)
+def linalg():
+    out = {}
+    for key, dtype in (("fp64", torch.float64), ("fp32", torch.float32)):
+        a = randn(64, 64, seed=80, dtype=dtype)
+        spd = a @ a.t() + 64 * torch.eye(64, device=DEV, dtype=dtype)
+        rhs = randn(64, 8, seed=81, dtype=dtype)
+        out[f"{key}_cholesky"] = cpu(torch.linalg.cholesky(spd))
+        out[f"{key}_inv"] = cpu(torch.linalg.inv(spd))
+        out[f"{key}_solve"] = cpu(torch.linalg.solve(a, rhs))
+        q, r = torch.linalg.qr(a)
+        out[f"{key}_qr_q"], out[f"{key}_qr_r"] = cpu(q), cpu(r)
+        w, v = torch.linalg.eigh(spd)
+        out[f"{key}_eigh_w"], out[f"{key}_eigh_v"] = cpu(w), cpu(_sign_fix(v))
+        u, s, vh = torch.linalg.svd(randn(48, 32, seed=82, dtype=dtype), full_matrices=False)
+        out[f"{key}_svd_s"] = cpu(s)
+        # Flip u and v together so the product stays the same matrix.
+        sign = torch.gather(u, 0, u.abs().argmax(dim=0, keepdim=True)).sign()
+        out[f"{key}_svd_u"], out[f"{key}_svd_vh"] = cpu(u * sign), cpu(vh * sign.t())
+    return out
+
+
+# Tolerance: cuSPARSE's default SpMM algorithms do not promise the same bits run to run.
+@workload("sparse", exact=False)
+def sparse():
+    d = randn(128, 96, seed=90)
+    d[d.abs() < 1.2] = 0
+    dense = randn(96, 16, seed=91)
+    idx = torch.randint(0, 64, (2, 500), generator=gen(92)).to(DEV)  # many duplicates
+    coo = torch.sparse_coo_tensor(idx, randn(500, seed=93), (64, 64)).coalesce()
+    return {"csr_mm": cpu(d.to_sparse_csr() @ dense),
+            "coo_indices": cpu(coo.indices()), "coo_values": cpu(coo.values()),
+            "coo_spmm": cpu(torch.sparse.mm(coo, randn(64, 16, seed=94)))}
+
+
+@workload("jiterator", exact=True)  # NVRTC compiles the kernel at run time
+def jiterator():
+    fma = torch.cuda.jiterator._create_jit_fn(
+        "template <typename T> T fma_like(T x, T y, T alpha) { return x * y + alpha; }", alpha=1.0)
+    wave = torch.cuda.jiterator._create_jit_fn(
+        "template <typename T> T wave(T x) { return sin(x) * exp(-x * x / T(8)); }")
+    x32, y32 = randn(4096, seed=100), randn(4096, seed=101)
+    return {"fma_fp32": cpu(fma(x32, y32, alpha=0.25)), "wave_fp32": cpu(wave(x32)),
+            "fma_fp16": cpu(fma(x32.half(), y32.half()))}
+
+
+# Exact because the harness gives every run of a session one inductor/Triton cache: the
+# omps runs reuse the kernels (and any autotuning choice) that the native run made.
+@workload("compile", exact=True, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+def compile_():
+    @torch.compile
+    def f(x, y):
+        return torch.sin(x) * y + (x * y).sum(dim=-1, keepdim=True).cos()
+
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32),
+                              torch.nn.LayerNorm(32)).to(DEV)
+    cmod = torch.compile(mod)
+    x = randn(16, 64, seed=110)
+    with torch.no_grad():
+        return {"fn": cpu(f(randn(32, 256, seed=111), randn(32, 256, seed=112))), "module": cpu(cmod(x))}
+
+
+# ------------------------------------------------------------------ allocator, memory
+
+def _alloc_churn():
+    """Inference of a small model plus allocations of odd sizes freed out of order, so the
+    allocator grows, splits and reuses segments. Returns results and the backend's name."""
+    torch.manual_seed(0)
+    net = SmallConvNet().to(DEV).eval()
+    out = {"backend": torch.cuda.get_allocator_backend() if DEV == "cuda" else "cpu"}
+    keep = []
+    for i in range(12):
+        keep.append(torch.full(((i * 7919) % 50000 + 1000,), float(i), device=DEV))
+        if i % 3 == 2:
+            keep.pop(0)
+        big = torch.ones(((i + 1) << 20,), device=DEV)  # 4..48 MiB, freed at once
+        keep[-1] += big[: keep[-1].numel()]
+    with torch.no_grad():
+        out["logits"] = cpu(net(randn(16, 3, 32, 32, seed=120)))
+    out["churn_sum"] = cpu(torch.stack([k.sum() for k in keep]))
+    return out
+
+
+# Expandable segments: PyTorch maps physical memory into a reservation (cuMemCreate, cuMemMap).
+@workload("alloc_expandable", exact=True, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+def alloc_expandable():
+    return _alloc_churn()
+
+
+# cudaMallocAsync: stream-ordered allocation from memory pools (cuMemAllocAsync, cuMemPool*).
+@workload("alloc_async", exact=True, env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+def alloc_async():
+    return _alloc_churn()
+
+
+@workload("meminfo", exact=True)
+def meminfo():
+    free, total = torch.cuda.mem_get_info()
+    if not 0 < free <= total:
+        raise AssertionError(f"mem_get_info: free {free} not in (0, total {total}]")
+    a = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
+    b = torch.empty((3 << 20) + 7, dtype=torch.uint8, device=DEV)
+    del a
+    st = torch.cuda.memory_stats()
+    # Free memory differs from run to run (other processes, the server): not returned.
+    return {"total": total, "allocated_peak": st["allocated_bytes.all.peak"],
+            "allocated_current": st["allocated_bytes.all.current"],
+            "reserved_current": st["reserved_bytes.all.current"], "b_numel": b.numel()}
+
+
+@workload("cuda_graph", exact=True, known_broken="CUDA graphs and stream capture are not implemented yet (docs/design.md)")
+def cuda_graph():
+    x, w = randn(64, 64, seed=130), randn(64, 64, seed=131)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = torch.relu(x @ w) * 3  # warm-up outside capture, as PyTorch asks
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = torch.relu(x @ w) * 3
+    outs = {}
+    for i in range(2):
+        x.add_(1.0)  # replay must see the new input
+        g.replay()
+        outs[f"replay{i}"] = cpu(y)
+    return outs

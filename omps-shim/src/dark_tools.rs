@@ -63,13 +63,59 @@ unsafe extern "C" fn stream_id(_ctx: *mut c_void, s: CUstream, id: *mut u64) -> 
     unsafe { cuStreamGetId(s, id) }
 }
 
+/// [51]: the tools handle of a stream (what [39] and [16] take): the shim's own handle,
+/// with the per-thread default stream resolved when the flag asks for it.
+unsafe extern "C" fn stream_tools_handle(
+    _ctx: *mut c_void,
+    s: CUstream,
+    out: *mut CUstream,
+    per_thread: u8,
+) -> CUresult {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let resolved = if per_thread != 0 && s.is_null() {
+        crate::api::exec::per_thread(|| crate::api::exec::resolve_stream(s))
+    } else {
+        crate::api::exec::resolve_stream(s)
+    };
+    match resolved {
+        Ok(st) => {
+            let h = st.map_or(s, |st| st as *const _ as CUstream);
+            // SAFETY: checked non-null; the caller's out-pointer.
+            unsafe { out.write(h) };
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// [16]: the public stream handle of a tools handle; they are the same here.
+unsafe extern "C" fn stream_public_handle(s: CUstream, out: *mut CUstream) -> CUresult {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller's out-pointer.
+    unsafe { out.write(s) };
+    CUDA_SUCCESS
+}
+
+/// [20]: the context of a stream (tools handle).
+unsafe extern "C" fn stream_context(s: CUstream, out: *mut *mut c_void) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { crate::api::exec::cuStreamGetCtx(s, out) }
+}
+
 pub static TOOLS_CONTEXT: Table<93> = Table({
     let mut t = stub_table!(0; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24
         25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53
         54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82
         83 84 85 86 87 88 89 90 91 92);
     t[4] = context_id as *const c_void;
+    t[16] = stream_public_handle as *const c_void;
+    t[20] = stream_context as *const c_void;
     t[39] = stream_id as *const c_void;
+    t[51] = stream_tools_handle as *const c_void;
     t
 });
 
@@ -155,6 +201,17 @@ unsafe extern "C" fn module_functions(
     let Some(cb) = cb else {
         return 0;
     };
+    if crate::trace_enabled() {
+        let names: Vec<_> = m
+            .functions
+            .iter()
+            .map(|f| f.name.to_string_lossy())
+            .collect();
+        eprintln!(
+            "omps trace: tools module [7]: {} function(s) {names:?}",
+            names.len()
+        );
+    }
     for f in &m.functions {
         let fp = *f as *const crate::handles::Function as *mut crate::handles::Function;
         // SAFETY: the caller's callback and user pointer; the name lives with the function.

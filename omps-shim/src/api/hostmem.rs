@@ -604,6 +604,16 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     const RANGE_START_ADDR: c_int = 11;
     const RANGE_SIZE: c_int = 12;
     const MAPPED: c_int = 13;
+    const SYNC_MEMOPS: c_int = 6;
+    const BUFFER_ID: c_int = 7;
+    const LEGACY_IPC: c_int = 10;
+    const HANDLE_TYPES: c_int = 14;
+    const RDMA_CAPABLE: c_int = 15;
+    const ACCESS_FLAGS: c_int = 16;
+    const MEMPOOL: c_int = 17;
+    const MAPPING_SIZE: c_int = 18;
+    const MAPPING_BASE: c_int = 19;
+    const BLOCK_ID: c_int = 20;
     entry(|| {
         if data.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -611,6 +621,9 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
         let dev = range_info(p);
         let host = host_range(p as usize);
         if dev.is_none() && host.is_none() {
+            if crate::trace_enabled() {
+                eprintln!("omps trace: cuPointerGetAttribute({attr}, {p:#x}): unknown pointer");
+            }
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: data is writable for the attribute's type, per the API.
@@ -636,7 +649,24 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 (MAPPED, None, Some((_, r))) => {
                     out(data as *mut c_uint, c_uint::from(r.kind == Kind::Shared))
                 }
-                _ => Err(CUDA_ERROR_INVALID_VALUE),
+                // Device memory's other facts: not synchronous memops, no IPC or RDMA
+                // export (omps offers neither), read-write, and ids that are unique while
+                // the allocation lives (its start).
+                (SYNC_MEMOPS | LEGACY_IPC | RDMA_CAPABLE, Some(_), _) => {
+                    out(data as *mut c_uint, 0)
+                }
+                (HANDLE_TYPES, Some(_), _) => out(data as *mut u64, 0),
+                (ACCESS_FLAGS, Some(_), _) => out(data as *mut c_uint, 3),
+                (BUFFER_ID | BLOCK_ID, Some((s, _, _)), _) => out(data as *mut u64, s),
+                (MAPPING_BASE, Some((s, _, _)), _) => out(data as *mut u64, s),
+                (MAPPING_SIZE, Some((_, n, _)), _) => out(data as *mut usize, n as usize),
+                (MEMPOOL, Some((s, _, _)), _) => out(data as *mut usize, super::pool::pool_of(s)),
+                _ => {
+                    if crate::trace_enabled() {
+                        eprintln!("omps trace: cuPointerGetAttribute({attr}, {p:#x}): no answer");
+                    }
+                    Err(CUDA_ERROR_INVALID_VALUE)
+                }
             }
         }
     })

@@ -26,12 +26,20 @@ pub(crate) fn mark_initialized() {
 }
 
 /// Runs an entry point's body: Ok becomes CUDA_SUCCESS, a panic CUDA_ERROR_UNKNOWN.
+/// Under OMPS_TRACE every error is named with the entry point's source line, which is how
+/// a library's vague "internal error" is traced back to the call that failed.
+#[track_caller]
 pub(crate) fn entry(f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => 999,
+    };
+    if r != CUDA_SUCCESS && crate::trace_enabled() {
+        let at = std::panic::Location::caller();
+        eprintln!("omps trace: {}:{} returned {r}", at.file(), at.line());
     }
+    r
 }
 
 /// The connection, once cuInit has run.

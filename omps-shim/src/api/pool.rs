@@ -160,6 +160,14 @@ fn trim(p: &Pool, keep: u64) {
     }
 }
 
+/// The pool handle an allocation starting at `ptr` came from, or 0.
+pub(crate) fn pool_of(ptr: u64) -> usize {
+    lock(&ALLOCS)
+        .as_ref()
+        .and_then(|m| m.get(&ptr))
+        .map_or(0, |&(p, _)| p)
+}
+
 /// A pool allocation freed with cuMemFree: it leaves its pool's books.
 pub(crate) fn forget(ptr: u64) {
     let Some((p, len)) = lock(&ALLOCS).as_mut().and_then(|m| m.remove(&ptr)) else {

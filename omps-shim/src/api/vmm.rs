@@ -41,8 +41,8 @@ const ACCESS_READWRITE: c_uint = 3;
 
 #[derive(Default)]
 struct Books {
-    /// Program handle -> (device, size, references).
-    handles: HashMap<u64, (usize, u64, u32)>,
+    /// Program handle -> (device, size, references, requested handle types).
+    handles: HashMap<u64, (usize, u64, u32, c_uint)>,
     /// Mapping start -> (size, program handle, read-write access set).
     mappings: BTreeMap<u64, (u64, u64, bool)>,
 }
@@ -84,11 +84,13 @@ unsafe fn prop_device(prop: *const AllocProp) -> Result<usize, CUresult> {
     if p.kind != PINNED || p.location_type != LOCATION_DEVICE {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if p.handle_types != 0 || p.compression != 0 {
-        // Exportable handles would hand the client's memory to other processes.
-        crate::unsupported::unsupported("cuMemCreate with shareable handles or compression");
+    if p.compression != 0 {
+        crate::unsupported::unsupported("cuMemCreate of compressible memory");
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
+    // Shareable handle types may be asked for (PyTorch asks for POSIX descriptors in case
+    // it shares memory with another process); exporting is what omps refuses
+    // (cuMemExportToShareableHandle), since it would hand the client's memory to others.
     super::device::device(p.location_id)?;
     Ok(p.location_id as usize)
 }
@@ -164,7 +166,9 @@ pub unsafe extern "C" fn cuMemCreate(
         let id = call(dev, vmm::CREATE, 0, [size as u64, 0, 0])?;
         // The device rides in the high half, so the handle names its worker.
         let h = ((dev as u64 + 1) << 32) | id;
-        books(|b| b.handles.insert(h, (dev, size as u64, 1)));
+        // SAFETY: checked by prop_device.
+        let types = unsafe { (*prop).handle_types };
+        books(|b| b.handles.insert(h, (dev, size as u64, 1, types)));
         // SAFETY: the caller's pointer, non-null.
         unsafe { out(handle, h) }
     })
@@ -338,9 +342,11 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
     h: u64,
 ) -> CUresult {
     entry(|| {
-        let (dev, _, _) = books(|b| b.handles.get(&h).copied()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (dev, _, _, types) =
+            books(|b| b.handles.get(&h).copied()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let p = AllocProp {
             kind: PINNED,
+            handle_types: types,
             location_type: LOCATION_DEVICE,
             location_id: dev as c_int,
             ..Default::default()

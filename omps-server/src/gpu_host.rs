@@ -27,9 +27,11 @@ struct State {
     printf_buffer: Vec<u8>,
     /// Context limits that were set (CUlimit 0..=6 exist; each defaults to 1024).
     limits: BTreeMap<i64, i64>,
-    /// VMM: reservations (start -> size) and physical handles (handle -> size). A mapping
-    /// is backed by its own bytes in `mem` (handles are not shared between mappings here).
-    reservations: BTreeMap<u64, u64>,
+    /// VMM: a reservation is one zeroed buffer (so copies may cross the seam of two
+    /// mappings, as on a GPU); mappings (start -> size) count as allocated memory.
+    /// Handles are not shared between mappings here.
+    reservations: BTreeMap<u64, Vec<u8>>,
+    mappings: BTreeMap<u64, u64>,
     vmm_handles: BTreeMap<u64, u64>,
 }
 
@@ -60,15 +62,11 @@ impl HostGpu {
         }
     }
 
-    /// Bytes currently allocated, for tests that check nothing leaked.
+    /// Bytes currently allocated (mapped VMM ranges included), for tests that check
+    /// nothing leaked.
     pub fn bytes_allocated(&self) -> u64 {
-        self.state
-            .lock()
-            .unwrap()
-            .mem
-            .values()
-            .map(|v| v.len() as u64)
-            .sum()
+        let st = self.state.lock().unwrap();
+        st.mem.values().map(|v| v.len() as u64).sum::<u64>() + st.mappings.values().sum::<u64>()
     }
 
     /// Completion words written in stream order so far ([`Gpu::write_u32`]).
@@ -94,10 +92,19 @@ impl State {
         self.sticky.map_or(Ok(()), |e| Err(CuError(e)))
     }
 
-    /// The byte range `[addr, addr+len)` inside one allocation.
+    /// The byte range `[addr, addr+len)` inside one allocation or reservation.
     fn range(&mut self, addr: u64, len: usize) -> GpuResult<&mut [u8]> {
-        let (&start, buf) = self
-            .mem
+        let in_reservation = self
+            .reservations
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&s, b)| addr < s + b.len() as u64);
+        let map = if in_reservation {
+            &mut self.reservations
+        } else {
+            &mut self.mem
+        };
+        let (&start, buf) = map
             .range_mut(..=addr)
             .next_back()
             .ok_or(CuError(code::INVALID_VALUE))?;
@@ -226,14 +233,14 @@ impl Gpu for HostGpu {
         let mut st = self.state.lock().unwrap();
         let a = st.next_addr.next_multiple_of(align.max(g));
         st.next_addr = a + size + g;
-        st.reservations.insert(a, size);
+        st.reservations.insert(a, vec![0; size as usize]);
         Ok(a)
     }
 
     fn vmm_address_free(&self, ptr: u64, size: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         match st.reservations.get(&ptr) {
-            Some(&n) if n == size => {
+            Some(b) if b.len() as u64 == size => {
                 st.reservations.remove(&ptr);
                 Ok(())
             }
@@ -266,16 +273,16 @@ impl Gpu for HostGpu {
             .vmm_handles
             .get(&handle)
             .ok_or(CuError(code::INVALID_HANDLE))?;
-        if offset.checked_add(size).is_none_or(|e| e > hsize) || st.mem.contains_key(&ptr) {
+        if offset.checked_add(size).is_none_or(|e| e > hsize) || st.mappings.contains_key(&ptr) {
             return Err(CuError(code::INVALID_VALUE));
         }
-        st.mem.insert(ptr, vec![0; size as usize]);
+        st.mappings.insert(ptr, size);
         Ok(())
     }
 
     fn vmm_unmap(&self, ptr: u64, _size: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
-        st.mem
+        st.mappings
             .remove(&ptr)
             .map(drop)
             .ok_or(CuError(code::INVALID_VALUE))

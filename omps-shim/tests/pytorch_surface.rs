@@ -157,6 +157,27 @@ fn pools_limits_and_stream_queries() {
             CUDA_ERROR_INVALID_VALUE,
             "the unmapped part of a reservation is no memory"
         );
+        // A tensor across the seam of two mappings (PyTorch's expandable segments).
+        let mut h3 = 0u64;
+        ok(cuMemCreate(&mut h3, g, prop_ptr, 0));
+        ok(cuMemMap(va + 3 * g as u64, g, 0, h3, 0));
+        ok(cuMemSetAccess(
+            va + 3 * g as u64,
+            g,
+            access.as_ptr() as *const _,
+            1,
+        ));
+        let seam = va + 3 * g as u64 - 8;
+        ok(cuMemcpyHtoD_v2(seam, data.as_ptr() as *const c_void, 16));
+        let mut across = [0u8; 16];
+        ok(cuMemcpyDtoH_v2(
+            across.as_mut_ptr() as *mut c_void,
+            seam,
+            16,
+        ));
+        assert_eq!(&across[..], &data[..16]);
+        ok(cuMemUnmap(va + 3 * g as u64, g));
+        ok(cuMemRelease(h3));
         let mut h2 = 0u64;
         ok(cuMemRetainAllocationHandle(
             &mut h2,

@@ -9,8 +9,7 @@ from registry import DEV, cpu, gen, randn, workload
 
 # ------------------------------------------------------------------ CUDA libraries
 
-@workload("fft", exact=True, known_broken="cuFFT failed under omps in scripts/probe/torch_smoke.py "
-          "(export table 6e163fbe, docs/design.md section 12)")
+@workload("fft", exact=True)
 def fft():
     x = randn(4096, seed=70)
     z = torch.complex(randn(64, 64, seed=71), randn(64, 64, seed=72))

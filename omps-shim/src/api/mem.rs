@@ -39,17 +39,27 @@ pub(crate) fn range_info(addr: u64) -> Option<(u64, u64, usize)> {
     (addr < start + n).then_some((start, n, dev))
 }
 
-/// The device of the allocation holding `[addr, addr+len)`, or INVALID_VALUE.
+/// The device of the memory holding `[addr, addr+len)`, or INVALID_VALUE. The range may
+/// run across adjacent ranges of one device: PyTorch's expandable segments map a
+/// reservation piece by piece and place tensors across the seams.
 pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
     let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+    let end = addr.checked_add(len).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let (&start, &(n, dev, _)) = r
         .range(..=addr)
         .next_back()
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    match addr.checked_add(len) {
-        Some(end) if end <= start + n => Ok(dev),
-        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    let mut covered = start + n;
+    if covered <= addr {
+        return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    while covered < end {
+        match r.get(&covered) {
+            Some(&(n, d, _)) if d == dev => covered += n,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    Ok(dev)
 }
 
 pub(crate) fn alloc(dev: usize, size: usize) -> Result<u64, CUresult> {

@@ -34,6 +34,7 @@
 #   4. vandal: ring_vandal scribbles on its ring while 4 vector_add run; the
 #      server must disconnect it and keep serving the others;
 #   5. stops the server and prints the end of its log.
+# The PyTorch suite and the inference benchmark are scripts/gpu-torch.sh.
 # --no-rt skips 6, 6b and 7 (and the runtime-API build); --rt-only runs only the
 # runtime-API build, 6, 6b and 7.
 # The omps binaries are expected prebuilt in target/release/ (omps-server,

@@ -12,6 +12,7 @@ use omps_shim::api::mem::*;
 use omps_shim::api::pool::*;
 use omps_shim::api::query::*;
 use omps_shim::api::stream_info::*;
+use omps_shim::api::tensor_map::*;
 use omps_shim::api::vmm::*;
 use omps_shim::cuda::*;
 use std::ffi::c_void;
@@ -344,6 +345,103 @@ fn pools_limits_and_stream_queries() {
         assert_eq!(
             seen[0].0, f as usize,
             "the callback gets the module's own function handles"
+        );
+
+        // TMA descriptors come from the server (the host GPU lays the fields out); each
+        // encoding carries its own arguments, ReplaceAddress changes only the address.
+        let addr = 0x7f00_0000_0000usize as *mut c_void;
+        let dims = [64u64, 32, 8, 2];
+        let strides = [128u64, 4096, 32768];
+        let es = [1u32; 4];
+        let (mut d1, mut d2) = ([0u8; 128], [0u8; 128]);
+        ok(cuTensorMapEncodeTiled(
+            &mut d1,
+            6,
+            2,
+            addr,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            [16u32, 16].as_ptr(),
+            es.as_ptr(),
+            0,
+            0,
+            0,
+            0,
+        ));
+        ok(cuTensorMapEncodeTiled(
+            &mut d2,
+            6,
+            2,
+            addr,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            [32u32, 16].as_ptr(),
+            es.as_ptr(),
+            0,
+            0,
+            0,
+            0,
+        ));
+        assert_ne!(d1, d2, "the box dimensions reach the encoder");
+        let (lo, hi) = ([-1i32, -1], [1i32, 1]);
+        ok(cuTensorMapEncodeIm2col(
+            &mut d1,
+            6,
+            4,
+            addr,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            lo.as_ptr(),
+            hi.as_ptr(),
+            8,
+            32,
+            es.as_ptr(),
+            0,
+            0,
+            0,
+            0,
+        ));
+        ok(cuTensorMapEncodeIm2col(
+            &mut d2,
+            6,
+            4,
+            addr,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            lo.as_ptr(),
+            lo.as_ptr(),
+            8,
+            32,
+            es.as_ptr(),
+            0,
+            0,
+            0,
+            0,
+        ));
+        assert_ne!(d1, d2, "the pixel box corners reach the encoder");
+        let before = d1;
+        ok(cuTensorMapReplaceAddress(
+            &mut d1,
+            0x7f00_0000_1000usize as *mut c_void,
+        ));
+        assert_ne!(d1[..8], before[..8]);
+        assert_eq!(d1[8..], before[8..]);
+        assert_eq!(
+            cuTensorMapEncodeTiled(
+                &mut d1,
+                6,
+                0,
+                addr,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                es.as_ptr(),
+                es.as_ptr(),
+                0,
+                0,
+                0,
+                0
+            ),
+            CUDA_ERROR_INVALID_VALUE
         );
 
         // Context limits read back what this client set.

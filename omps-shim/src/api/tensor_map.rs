@@ -47,11 +47,52 @@ fn encode(out: *mut [u8; 128], t: wire::TensorMap, old: Option<[u8; 128]>) -> Re
     Ok(())
 }
 
-fn rank_ok(rank: u32, min: u32) -> Result<usize, CUresult> {
-    if (min..=5).contains(&rank) {
-        Ok(rank as usize)
-    } else {
-        Err(CUDA_ERROR_INVALID_VALUE)
+/// The arguments every encoding shares: the tensor's type, shape and memory behaviour.
+struct Tensor {
+    dtype: u32,
+    rank: u32,
+    addr: *mut c_void,
+    dims: *const u64,
+    strides: *const u64,
+    element_strides: *const u32,
+    interleave: u32,
+    swizzle: u32,
+    l2: u32,
+    oob: u32,
+}
+
+impl Tensor {
+    /// The record with the shared fields filled; `min_rank` is the encoding's smallest.
+    ///
+    /// # Safety
+    /// The arrays hold `rank` (strides `rank - 1`) entries, as the API requires.
+    unsafe fn record(
+        &self,
+        kind: u32,
+        min_rank: u32,
+    ) -> Result<(wire::TensorMap, usize), CUresult> {
+        if !(min_rank..=5).contains(&self.rank) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let n = self.rank as usize;
+        // SAFETY: the caller's arrays, of the lengths the rank gives.
+        let t = unsafe {
+            wire::TensorMap {
+                kind,
+                dtype: self.dtype,
+                rank: self.rank,
+                interleave: self.interleave,
+                swizzle: self.swizzle,
+                l2_promotion: self.l2,
+                oob_fill: self.oob,
+                global_address: self.addr as u64,
+                global_dim: array(self.dims, n)?,
+                global_strides: array(self.strides, n - 1)?,
+                element_strides: array(self.element_strides, n)?,
+                ..Default::default()
+            }
+        };
+        Ok((t, n))
     }
 }
 
@@ -73,27 +114,24 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
     l2: u32,
     oob: u32,
 ) -> CUresult {
+    let tensor = Tensor {
+        dtype,
+        rank,
+        addr,
+        dims,
+        strides,
+        element_strides,
+        interleave,
+        swizzle,
+        l2,
+        oob,
+    };
     entry(|| {
-        let n = rank_ok(rank, 1)?;
         // SAFETY: the caller's arrays, of the lengths the rank gives.
-        let t = unsafe {
-            wire::TensorMap {
-                kind: k::TILED,
-                dtype,
-                rank,
-                interleave,
-                swizzle,
-                l2_promotion: l2,
-                oob_fill: oob,
-                global_address: addr as u64,
-                global_dim: array(dims, n)?,
-                global_strides: array(strides, n - 1)?,
-                box_dim: array(box_dim, n)?,
-                element_strides: array(element_strides, n)?,
-                ..Default::default()
-            }
-        };
-        encode(out, t, None)
+        let (t, n) = unsafe { tensor.record(k::TILED, 1)? };
+        // SAFETY: as above.
+        let box_dim = unsafe { array(box_dim, n)? };
+        encode(out, wire::TensorMap { box_dim, ..t }, None)
     })
 }
 
@@ -118,28 +156,29 @@ pub unsafe extern "C" fn cuTensorMapEncodeIm2col(
     l2: u32,
     oob: u32,
 ) -> CUresult {
+    let tensor = Tensor {
+        dtype,
+        rank,
+        addr,
+        dims,
+        strides,
+        element_strides,
+        interleave,
+        swizzle,
+        l2,
+        oob,
+    };
     entry(|| {
-        let n = rank_ok(rank, 3)?;
         // SAFETY: the caller's arrays, of the lengths the rank gives.
-        let t = unsafe {
-            wire::TensorMap {
-                kind: k::IM2COL,
-                dtype,
-                rank,
-                interleave,
-                swizzle,
-                l2_promotion: l2,
-                oob_fill: oob,
-                channels_per_pixel: channels,
-                pixels_per_column: pixels,
-                global_address: addr as u64,
-                global_dim: array(dims, n)?,
-                global_strides: array(strides, n - 1)?,
-                element_strides: array(element_strides, n)?,
-                lower: array(lower, n - 2)?,
-                upper: array(upper, n - 2)?,
-                ..Default::default()
-            }
+        let (t, n) = unsafe { tensor.record(k::IM2COL, 3)? };
+        // SAFETY: as above: the corners have rank - 2 entries.
+        let (lower, upper) = unsafe { (array(lower, n - 2)?, array(upper, n - 2)?) };
+        let t = wire::TensorMap {
+            channels_per_pixel: channels,
+            pixels_per_column: pixels,
+            lower,
+            upper,
+            ..t
         };
         encode(out, t, None)
     })
@@ -167,29 +206,28 @@ pub unsafe extern "C" fn cuTensorMapEncodeIm2colWide(
     l2: u32,
     oob: u32,
 ) -> CUresult {
+    let tensor = Tensor {
+        dtype,
+        rank,
+        addr,
+        dims,
+        strides,
+        element_strides,
+        interleave,
+        swizzle,
+        l2,
+        oob,
+    };
     entry(|| {
-        let n = rank_ok(rank, 3)?;
         // SAFETY: the caller's arrays, of the lengths the rank gives.
-        let t = unsafe {
-            wire::TensorMap {
-                kind: k::IM2COL_WIDE,
-                dtype,
-                rank,
-                interleave,
-                swizzle,
-                l2_promotion: l2,
-                oob_fill: oob,
-                wide_mode: mode,
-                channels_per_pixel: channels,
-                pixels_per_column: pixels,
-                lower_w,
-                upper_w,
-                global_address: addr as u64,
-                global_dim: array(dims, n)?,
-                global_strides: array(strides, n - 1)?,
-                element_strides: array(element_strides, n)?,
-                ..Default::default()
-            }
+        let (t, _) = unsafe { tensor.record(k::IM2COL_WIDE, 3)? };
+        let t = wire::TensorMap {
+            wide_mode: mode,
+            channels_per_pixel: channels,
+            pixels_per_column: pixels,
+            lower_w,
+            upper_w,
+            ..t
         };
         encode(out, t, None)
     })

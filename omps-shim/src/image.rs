@@ -92,14 +92,10 @@ unsafe fn elf_len(p: *const u8) -> Option<usize> {
 ///
 /// A cubin or PTX that calls printf names the driver's `vprintf`. In a fatbin only the
 /// entries the driver would pick count: cubins of the device's major version not newer
-/// than it, else PTX. Compressed entries (PyTorch's own kernels) are decompressed to look;
-/// one that cannot be read makes it a maybe. Device-side assertions print through the
-/// same buffer, so `__assertfail` counts as printing.
+/// than it, else PTX. Compressed entries are not looked into: they make it a maybe.
 pub fn printf_use(image: &[u8], cc: u32) -> u64 {
     use omps_ring::wire::printf_use::{MAYBE, NONE, YES};
-    let names_vprintf = |b: &[u8]| {
-        b.windows(7).any(|w| w == b"vprintf") || b.windows(12).any(|w| w == b"__assertfail")
-    };
+    let names_vprintf = |b: &[u8]| b.windows(7).any(|w| w == b"vprintf");
     let Some(entries) = fatbin_entries(image) else {
         return if names_vprintf(image) { YES } else { NONE };
     };
@@ -117,62 +113,24 @@ pub fn printf_use(image: &[u8], cc: u32) -> u64 {
     };
     chosen
         .iter()
-        .map(|e| match e.contents() {
-            None => MAYBE,
-            Some(b) if names_vprintf(&b) => YES,
-            Some(_) => NONE,
+        .map(|e| match (e.compressed, names_vprintf(e.payload)) {
+            (true, _) => MAYBE,
+            (false, true) => YES,
+            (false, false) => NONE,
         })
         .max()
         .unwrap_or(NONE)
 }
 
-/// The largest entry omps decompresses to look into (a cubin of PyTorch's is a few MiB).
-const MAX_DECOMPRESSED: usize = 256 << 20;
-
-impl FatEntry<'_> {
-    /// The entry's bytes, decompressed where they are; None where they cannot be read.
-    fn contents(&self) -> Option<std::borrow::Cow<'_, [u8]>> {
-        use std::borrow::Cow;
-        if self.flags & FATBIN_COMPRESSED == 0 {
-            return Some(Cow::Borrowed(self.payload));
-        }
-        let n = usize::try_from(self.uncompressed_len)
-            .ok()
-            .filter(|&n| n > 0 && n <= MAX_DECOMPRESSED)?;
-        let packed = self
-            .payload
-            .get(..self.packed_len.min(self.payload.len()))?;
-        if self.flags & FATBIN_LZ4 != 0 {
-            return lz4_flex::block::decompress(packed, n).ok().map(Cow::Owned);
-        }
-        use std::io::Read;
-        let mut out = Vec::with_capacity(n);
-        ruzstd::decoding::StreamingDecoder::new(packed)
-            .ok()?
-            .take(n as u64)
-            .read_to_end(&mut out)
-            .ok()?;
-        Some(Cow::Owned(out))
-    }
-}
-
 const FATBIN_PTX: u16 = 1;
 const FATBIN_ELF: u16 = 2;
-/// Entry flags that mark a compressed payload: LZ4 (nvcc's default) or zstd.
-const FATBIN_LZ4: u64 = 0x2000;
-const FATBIN_ZSTD: u64 = 0x8000;
-const FATBIN_COMPRESSED: u64 = FATBIN_LZ4 | FATBIN_ZSTD;
+/// Entry flags that mark a compressed payload (LZ4 in older toolchains, zstd in newer).
+const FATBIN_COMPRESSED: u64 = 0x2000 | 0x8000;
 
-/// One entry of a fatbin. Its header: kind (u16 at 0), header size (u32 at 4), padded
-/// payload size (u64 at 8), payload size (u32 at 16), architecture (u32 at 28), flags
-/// (u64 at 40), and for a compressed payload its size decompressed (u64 at 56).
 struct FatEntry<'a> {
     kind: u16,
     arch: u32,
-    flags: u64,
-    /// The payload's bytes before padding (the compressed stream, when compressed).
-    packed_len: usize,
-    uncompressed_len: u64,
+    compressed: bool,
     payload: &'a [u8],
 }
 
@@ -211,17 +169,10 @@ fn fatbin_entries(image: &[u8]) -> Option<Vec<FatEntry<'_>>> {
         if hsize == 0 {
             break;
         }
-        let packed_len = u32at(e, 16).map_or(payload.len(), |n| n as usize);
         out.push(FatEntry {
             kind,
             arch,
-            flags,
-            packed_len: if packed_len == 0 {
-                payload.len()
-            } else {
-                packed_len
-            },
-            uncompressed_len: u64at(e, 56).unwrap_or(0),
+            compressed: flags & FATBIN_COMPRESSED != 0,
             payload,
         });
         at += hsize + payload.len();
@@ -234,32 +185,19 @@ mod tests {
     use super::*;
     use omps_ring::wire::printf_use::{MAYBE, NONE, YES};
 
-    /// A fatbin of (kind, arch, compressed, payload) entries, laid out as nvcc does; a
-    /// compressed one's payload is garbage that does not decompress.
+    /// A fatbin of (kind, arch, compressed, payload) entries, laid out as nvcc does.
     fn fatbin(entries: &[(u16, u32, bool, &[u8])]) -> Vec<u8> {
-        let raw: Vec<_> = entries
-            .iter()
-            .map(|&(kind, arch, c, p)| (kind, arch, if c { 0x8011 } else { 0x11 }, p.to_vec(), 0))
-            .collect();
-        fatbin_raw(&raw)
-    }
-
-    /// Entries of (kind, arch, flags, payload, size decompressed), each padded to 8 bytes.
-    fn fatbin_raw(entries: &[(u16, u32, u64, Vec<u8>, u64)]) -> Vec<u8> {
         let mut body = Vec::new();
-        for (kind, arch, flags, payload, unpacked) in entries {
-            let padded = payload.len().next_multiple_of(8);
+        for &(kind, arch, compressed, payload) in entries {
             let mut h = [0u8; 64];
             h[0..2].copy_from_slice(&kind.to_le_bytes());
             h[4..8].copy_from_slice(&64u32.to_le_bytes());
-            h[8..16].copy_from_slice(&(padded as u64).to_le_bytes());
-            h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            h[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
             h[28..32].copy_from_slice(&arch.to_le_bytes());
+            let flags: u64 = if compressed { 0x8011 } else { 0x11 };
             h[40..48].copy_from_slice(&flags.to_le_bytes());
-            h[56..64].copy_from_slice(&unpacked.to_le_bytes());
             body.extend_from_slice(&h);
             body.extend_from_slice(payload);
-            body.resize(body.len() + padded - payload.len(), 0);
         }
         let mut img = FATBIN_MAGIC.to_le_bytes().to_vec();
         img.extend_from_slice(&1u16.to_le_bytes());
@@ -267,42 +205,6 @@ mod tests {
         img.extend_from_slice(&(body.len() as u64).to_le_bytes());
         img.extend(body);
         img
-    }
-
-    #[test]
-    fn compressed_entries_are_opened_to_look_for_printf_and_asserts() {
-        let cubin = |text: &[u8]| {
-            let mut v = vec![0x7fu8; 300];
-            v.extend_from_slice(text);
-            v.extend(std::iter::repeat_n(0u8, 300));
-            v
-        };
-        let lz4 = |b: &[u8]| (2, 90, 0x2011, lz4_flex::block::compress(b), b.len() as u64);
-        assert_eq!(printf_use(&fatbin_raw(&[lz4(&cubin(b"vprintf"))]), 90), YES);
-        assert_eq!(
-            printf_use(&fatbin_raw(&[lz4(&cubin(b"__assertfail"))]), 90),
-            YES
-        );
-        assert_eq!(
-            printf_use(&fatbin_raw(&[lz4(&cubin(b"nothing"))]), 90),
-            NONE
-        );
-        let z = cubin(b"vprintf");
-        let packed =
-            ruzstd::encoding::compress_to_vec(&z[..], ruzstd::encoding::CompressionLevel::Fastest);
-        let zstd = (2, 90, 0x8011, packed, z.len() as u64);
-        assert_eq!(printf_use(&fatbin_raw(&[zstd]), 90), YES);
-        // A size that lies, or a stream that does not decode, leaves it a maybe.
-        let (k, a, f, p, n) = lz4(&cubin(b"vprintf"));
-        assert_eq!(
-            printf_use(&fatbin_raw(&[(k, a, f, p.clone(), n - 1)]), 90),
-            MAYBE
-        );
-        assert_eq!(
-            printf_use(&fatbin_raw(&[(k, a, f, p[..p.len() / 2].to_vec(), n)]), 90),
-            MAYBE
-        );
-        assert_eq!(printf_use(&fatbin_raw(&[(k, a, f, p, 1 << 40)]), 90), MAYBE);
     }
 
     #[test]

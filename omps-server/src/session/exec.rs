@@ -1,0 +1,105 @@
+//! Launches and the driver's questions about functions (occupancy, limits, TMA descriptors).
+
+use super::*;
+
+impl Session {
+    pub(super) fn handle_exec(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        op: Op,
+        p: &[u8],
+        tail: &[u8],
+    ) -> Result<(), Malformed> {
+        let gpu = ctx.gpu.clone();
+        match op {
+            Op::Launch => {
+                let l = rec::<wire::Launch>(p);
+                if l.num_attrs > wire::MAX_LAUNCH_ATTRS {
+                    return bad("launch: too many attributes");
+                }
+                let attr_len = l.num_attrs as usize * wire::LAUNCH_ATTR_BYTES;
+                if tail.len() != attr_len + l.args_len as usize {
+                    return bad("launch: record length disagrees with attributes and args_len");
+                }
+                let (attrs, tail) = tail.split_at(attr_len);
+                for a in attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
+                    let id = u32::from_le_bytes(a[..4].try_into().expect("4 bytes"));
+                    if !wire::launch_attr_forwardable(id) {
+                        return bad(format!("launch: attribute {id} carries handles"));
+                    }
+                }
+                let f = self
+                    .functions
+                    .get(&l.func)
+                    .ok_or_else(|| Malformed(format!("unknown function {}", l.func)))?;
+                if f.args_size != tail.len() {
+                    return bad(format!(
+                        "launch: {} argument bytes, function takes {}",
+                        tail.len(),
+                        f.args_size
+                    ));
+                }
+                let h = f.handle;
+                let s = self.stream(ctx, l.stream)?;
+                if let Err(e) = gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
+                    self.note_error(e);
+                }
+            }
+            Op::Query => {
+                let q = rec::<wire::Query>(p);
+                if q.num_attrs > wire::MAX_LAUNCH_ATTRS
+                    || tail.len() != q.num_attrs as usize * wire::LAUNCH_ATTR_BYTES
+                {
+                    return bad("query: attribute bytes disagree with num_attrs");
+                }
+                for a in tail.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
+                    if !wire::launch_attr_forwardable(u32::from_le_bytes(
+                        a[..4].try_into().expect("4 bytes"),
+                    )) {
+                        return bad("query: attribute carries handles");
+                    }
+                }
+                let func = match q.kind {
+                    wire::query::CTX_GET_LIMIT | wire::query::CTX_SET_LIMIT => 0,
+                    _ => {
+                        self.functions
+                            .get(&q.func)
+                            .ok_or_else(|| Malformed(format!("unknown function {}", q.func)))?
+                            .handle
+                    }
+                };
+                let limit = q.args[0] as i32;
+                let mut limits = ctx.shared.limits.lock().unwrap_or_else(|e| e.into_inner());
+                let r = match q.kind {
+                    wire::query::CTX_GET_LIMIT => limits.get(&*gpu, &self.limits, limit),
+                    wire::query::CTX_SET_LIMIT => limits
+                        .set(&*gpu, &mut self.limits, limit, q.args[1] as u64)
+                        .map(|()| 0),
+                    _ => gpu.query(q.kind, func, q.args, tail).map(|v| v as u64),
+                };
+                drop(limits);
+                self.complete_pod(q.call, r.map(|value| wire::U64Reply { value }))?;
+            }
+            Op::TensorMap => {
+                let t = rec::<wire::TensorMap>(p);
+                let old: Option<&[u8; 128]> = match t.kind {
+                    wire::tensor_map::REPLACE_ADDRESS => Some(
+                        tail.try_into()
+                            .map_err(|_| Malformed("tensor map: descriptor length".into()))?,
+                    ),
+                    _ => {
+                        fixed_only(tail, "tensor map")?;
+                        None
+                    }
+                };
+                let r = gpu.tensor_map(&t, old);
+                match r {
+                    Ok(d) => self.complete(t.call, 0, &d)?,
+                    Err(e) => self.complete(t.call, e.0, &[])?,
+                }
+            }
+            _ => unreachable!("dispatched to the exec family: {op:?}"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,161 @@
+//! Allocation, frees, copies and memsets.
+
+use super::*;
+
+impl Session {
+    pub(super) fn handle_memory(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        op: Op,
+        p: &[u8],
+        tail: &[u8],
+    ) -> Result<(), Malformed> {
+        let gpu = ctx.gpu.clone();
+        match op {
+            Op::Memset => {
+                fixed_only(tail, "memset")?;
+                let m = rec::<wire::Memset>(p);
+                if !matches!(m.elem_size, 1 | 2 | 4) {
+                    return bad("memset: element size");
+                }
+                let s = self.stream(ctx, m.stream)?;
+                let Some(bytes) = m.count.checked_mul(m.elem_size as u64) else {
+                    return bad("memset: size overflows");
+                };
+                if self.check_range(m.dst, bytes) {
+                    if let Err(e) = gpu.memset(m.dst, m.value, m.elem_size, m.count as usize, s) {
+                        self.note_error(e);
+                    }
+                }
+            }
+            Op::CopyDtoD => {
+                fixed_only(tail, "copy")?;
+                let c = rec::<wire::CopyDtoD>(p);
+                let s = self.stream(ctx, c.stream)?;
+                if self.check_range(c.dst, c.len) && self.check_range(c.src, c.len) {
+                    if let Err(e) = gpu.copy_dtod(c.dst, c.src, c.len as usize, s) {
+                        self.note_error(e);
+                    }
+                }
+            }
+            Op::CopyHtoDChunk | Op::CopyDtoHChunk => {
+                fixed_only(tail, "chunk copy")?;
+                let c = rec::<wire::ChunkCopy>(p);
+                let (ptr, cap) = self.chunk(&c)?;
+                let s = self.stream(ctx, c.stream)?;
+                let word = Word::Chunk(c.chunk as u8);
+                if !self.check_range(c.dev, c.len as u64) {
+                    return self.signal_now(c.channel, word, c.seq, code::INVALID_VALUE);
+                }
+                debug_assert!(c.len as usize <= cap);
+                // SAFETY: ptr..ptr+len is inside this client's registered staging chunk
+                // (checked by chunk()); the marker keeps it registered until the copy is done.
+                let r = unsafe {
+                    if op == Op::CopyHtoDChunk {
+                        gpu.copy_htod(c.dev, ptr, c.len as usize, s)
+                    } else {
+                        gpu.copy_dtoh(ptr, c.dev, c.len as usize, s)
+                    }
+                };
+                match r {
+                    Ok(()) => {
+                        // The chunk's word lands after everything queued on the stream so
+                        // far: a synchronization that follows the client's wait for it (a
+                        // pageable device-to-host copy) need not ask the GPU again.
+                        if self.signal_on_gpu(ctx, c.channel, word, c.seq, s)? {
+                            let st = self.streams.get_mut(&c.stream).expect("stream() found it");
+                            st.synced = Some(SyncMark {
+                                channel: c.channel,
+                                word,
+                                seq: c.seq,
+                                submits: st.submits,
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        self.note_error(e);
+                        self.signal_now(c.channel, word, c.seq, e.0)?
+                    }
+                }
+            }
+            Op::CopyHtoDInline => {
+                let c = rec::<wire::InlineCopy>(p);
+                if c.len as usize != tail.len()
+                    || tail.len() > wire::INLINE_COPY_MAX
+                    || !c.len.is_multiple_of(4)
+                    || !c.dev.is_multiple_of(4)
+                {
+                    return bad("inline copy: length or alignment");
+                }
+                let s = self.stream(ctx, c.stream)?;
+                if self.check_range(c.dev, c.len as u64) {
+                    for (i, w) in tail.chunks_exact(4).enumerate() {
+                        let v = u32::from_le_bytes(w.try_into().expect("4 bytes"));
+                        if let Err(e) = gpu.write_device_u32(c.dev + 4 * i as u64, v, s) {
+                            self.note_error(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            Op::CopyHtoDPinned | Op::CopyDtoHPinned => {
+                fixed_only(tail, "pinned copy")?;
+                let c = rec::<wire::PinnedCopy>(p);
+                let s = self.stream(ctx, c.stream)?;
+                if !self.client.pinned_contains(c.host, c.len) || !self.check_range(c.dev, c.len) {
+                    self.note_error(CuError(code::INVALID_VALUE));
+                    return Ok(());
+                }
+                // SAFETY: the host range is pinned memory of this client, mapped and
+                // registered here until a fence after this copy has passed (unpin defers).
+                let r = unsafe {
+                    if op == Op::CopyHtoDPinned {
+                        gpu.copy_htod(c.dev, c.host as *const u8, c.len as usize, s)
+                    } else {
+                        gpu.copy_dtoh(c.host as *mut u8, c.dev, c.len as usize, s)
+                    }
+                };
+                if let Err(e) = r {
+                    self.note_error(e);
+                }
+            }
+            Op::MemFree => {
+                let f = rec::<wire::MemFree>(p);
+                match self.allocs.remove(&f.ptr) {
+                    Some(len) => ctx.release_later(
+                        self,
+                        Release {
+                            allocs: vec![(f.ptr, len)],
+                            ..Default::default()
+                        },
+                    ),
+                    None => self.note_error(CuError(code::INVALID_VALUE)),
+                }
+            }
+            Op::MemAlloc => {
+                let a = rec::<wire::MemAlloc>(p);
+                let r = if a.size == 0 {
+                    Err(CuError(code::INVALID_VALUE))
+                } else if let Some(p) = ctx.reuse_freed(&self.client, a.size) {
+                    Ok(p)
+                } else {
+                    gpu.mem_alloc(a.size)
+                };
+                if let Ok(p) = r {
+                    self.allocs.insert(p, a.size);
+                    self.client.mem_bytes[self.dev].fetch_add(a.size, Ordering::Relaxed);
+                }
+                self.complete_pod(a.call, r.map(|value| wire::U64Reply { value }))?;
+            }
+            Op::MemGetInfo => {
+                let c = rec::<CallHdr>(p);
+                let r = gpu
+                    .mem_info()
+                    .map(|(free, total)| wire::MemInfoReply { free, total });
+                self.complete_pod(c, r)?;
+            }
+            _ => unreachable!("dispatched to the memory family: {op:?}"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! Module images, their loading and unloading, globals and function attributes.
+
+use super::*;
+
+impl Session {
+    pub(super) fn handle_modules(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        op: Op,
+        p: &[u8],
+        tail: &[u8],
+    ) -> Result<(), Malformed> {
+        let gpu = ctx.gpu.clone();
+        match op {
+            Op::BlobAppend => {
+                fixed_only(tail, "blob append")?;
+                let c = rec::<wire::ChunkCopy>(p);
+                let (ptr, _) = self.chunk(&c)?;
+                let blob = &mut self.blobs[c.channel as usize];
+                if blob.len() + c.len as usize > MAX_BLOB {
+                    return bad("module image larger than 1 GiB");
+                }
+                // SAFETY: chunk() checked the range lies inside the segment; the client may
+                // scribble on it concurrently, which only corrupts its own image.
+                blob.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, c.len as usize) });
+                self.signal_now(c.channel, Word::Chunk(c.chunk as u8), c.seq, 0)?;
+            }
+            Op::ModuleUnload => {
+                let h = rec::<wire::Handle>(p);
+                let m = self
+                    .modules
+                    .remove(&h.id)
+                    .ok_or_else(|| Malformed(format!("unloading unknown module {}", h.id)))?;
+                for f in &m.functions {
+                    self.functions.remove(f);
+                }
+                ctx.release_later(
+                    self,
+                    Release {
+                        modules: vec![m.handle],
+                        ..Default::default()
+                    },
+                );
+            }
+            Op::ModuleLoad => {
+                let m = rec::<wire::ModuleLoad>(p);
+                self.channel(m.call.channel)?;
+                let blob = std::mem::take(&mut self.blobs[m.call.channel as usize]);
+                if blob.len() as u64 != m.blob_len {
+                    return self.complete(m.call, code::INVALID_IMAGE, &[]);
+                }
+                match gpu.module_load(&blob) {
+                    Ok(loaded) => self.finish_module_load(ctx, m.call, loaded)?,
+                    Err(e) => self.complete(m.call, e.0, &[])?,
+                }
+            }
+            Op::ModuleGetGlobal => {
+                let g = rec::<wire::ModuleGetGlobal>(p);
+                if tail.len() != g.name_len as usize {
+                    return bad("global name length");
+                }
+                let m = self
+                    .modules
+                    .get(&g.module)
+                    .ok_or_else(|| Malformed(format!("unknown module {}", g.module)))?;
+                let r = match std::str::from_utf8(tail) {
+                    Ok(name) => gpu.module_global(m.handle, name),
+                    Err(_) => Err(CuError(code::NOT_FOUND)),
+                };
+                if let Ok((p, n)) = r {
+                    self.globals.insert(p, n);
+                }
+                self.complete_pod(g.call, r.map(|(ptr, size)| wire::GlobalReply { ptr, size }))?;
+            }
+            Op::FuncGetAttribute => {
+                let a = rec::<wire::FuncGetAttribute>(p);
+                let f = self
+                    .functions
+                    .get(&a.func)
+                    .ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
+                let r = gpu.func_attribute(f.handle, a.attr);
+                self.complete_pod(
+                    a.call,
+                    r.map(|v| wire::U64Reply {
+                        value: v as u32 as u64,
+                    }),
+                )?;
+            }
+            Op::FuncSetAttribute => {
+                let a = rec::<wire::FuncSetAttribute>(p);
+                let f = self
+                    .functions
+                    .get(&a.func)
+                    .ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
+                let r = gpu.func_set_attribute(f.handle, a.attr, a.value);
+                self.complete(a.call, r.err().map_or(0, |e| e.0), &[])?;
+            }
+            _ => unreachable!("dispatched to the modules family: {op:?}"),
+        }
+        Ok(())
+    }
+
+    /// Registers the module's functions and writes the function table into chunk 0.
+    fn finish_module_load(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        call: CallHdr,
+        loaded: crate::gpu::LoadedModule,
+    ) -> Result<(), Malformed> {
+        let module_id = self.next_id;
+        self.next_id += 1;
+        let nf = loaded.functions.len();
+        let np: usize = loaded.functions.iter().map(|f| f.params.len()).sum();
+        let names_at = 16 + nf * 32 + np * 8;
+        let mut out = Vec::with_capacity(names_at + nf * 32);
+        let mut descs = Vec::with_capacity(nf);
+        let mut params = Vec::with_capacity(np * 8);
+        let mut names = Vec::new();
+        let mut fids = Vec::with_capacity(nf);
+        for f in &loaded.functions {
+            let id = self.next_id;
+            self.next_id += 1;
+            fids.push(id);
+            descs.push(wire::FunctionDesc {
+                func: id,
+                max_threads_per_block: f.max_threads_per_block,
+                static_shared: f.static_shared,
+                max_dynamic_shared: f.max_dynamic_shared,
+                name_offset: (names_at + names.len()) as u32,
+                name_len: f.name.len() as u32,
+                first_param: (params.len() / 8) as u32,
+                num_params: f.params.len() as u32,
+            });
+            for &(o, s) in &f.params {
+                wire::put(&mut params, &wire::ParamDesc { offset: o, size: s });
+            }
+            names.extend_from_slice(f.name.as_bytes());
+            self.functions.insert(
+                id,
+                Function {
+                    handle: f.handle,
+                    args_size: f.args_size(),
+                    module: module_id,
+                },
+            );
+        }
+        let total = names_at + names.len();
+        wire::put(
+            &mut out,
+            &wire::ModuleReply {
+                module: module_id,
+                num_functions: nf as u32,
+                total_len: total as u32,
+                _pad: 0,
+            },
+        );
+        for d in &descs {
+            wire::put(&mut out, d);
+        }
+        out.extend_from_slice(&params);
+        out.extend_from_slice(&names);
+        let (chunk, cap) = self
+            .client
+            .seg
+            .chunk(call.channel as usize, 0)
+            .expect("channel checked by caller");
+        if out.len() > cap {
+            for id in &fids {
+                self.functions.remove(id);
+            }
+            ctx.release_later(
+                self,
+                Release {
+                    modules: vec![loaded.handle],
+                    ..Default::default()
+                },
+            );
+            return self.complete(call, code::NOT_SUPPORTED, &[]);
+        }
+        // SAFETY: out fits in chunk 0 of a checked channel, inside the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), chunk, out.len()) };
+        self.modules.insert(
+            module_id,
+            Module {
+                handle: loaded.handle,
+                functions: fids,
+            },
+        );
+        debug_assert!(self
+            .functions
+            .values()
+            .all(|f| self.modules.contains_key(&f.module)));
+        let head = wire::ModuleReply {
+            module: module_id,
+            num_functions: nf as u32,
+            total_len: total as u32,
+            _pad: 0,
+        };
+        self.complete(call, 0, bytemuck::bytes_of(&head))
+    }
+}

@@ -1,0 +1,155 @@
+//! Streams and events: creation, ordering, and the synchronizing calls and queries.
+
+use super::*;
+
+impl Session {
+    pub(super) fn handle_sync(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        op: Op,
+        p: &[u8],
+        _tail: &[u8],
+    ) -> Result<(), Malformed> {
+        let gpu = ctx.gpu.clone();
+        match op {
+            Op::StreamCreate => {
+                let c = rec::<wire::StreamCreate>(p);
+                if c.id == wire::STREAM_DEFAULT || self.streams.contains_key(&c.id) {
+                    return bad(format!("stream id {} reused", c.id));
+                }
+                const NON_BLOCKING: u32 = 1;
+                self.streams.insert(
+                    c.id,
+                    ClientStream::new(c.priority, c.flags & NON_BLOCKING == 0),
+                );
+            }
+            Op::StreamDestroy => {
+                let h = rec::<wire::Handle>(p);
+                if h.id == wire::STREAM_DEFAULT {
+                    return bad("destroying the default stream");
+                }
+                match self.streams.remove(&h.id) {
+                    // Its queued work still runs; the pool stream is handed to another
+                    // client only once it is idle (WorkerCtx::bind_work_stream).
+                    Some(st) => st.pool.into_iter().for_each(|p| ctx.unbind_work_stream(p)),
+                    None => return bad(format!("destroying unknown stream {}", h.id)),
+                }
+            }
+            Op::EventCreate => {
+                let c = rec::<wire::EventCreate>(p);
+                if self.events.contains_key(&c.id) {
+                    return bad(format!("event id {} reused", c.id));
+                }
+                match gpu.event_create(c.flags) {
+                    Ok(e) => {
+                        self.events.insert(c.id, e);
+                    }
+                    Err(e) => self.note_error(e),
+                }
+            }
+            Op::EventDestroy => {
+                let h = rec::<wire::Handle>(p);
+                let e = self
+                    .events
+                    .remove(&h.id)
+                    .ok_or_else(|| Malformed(format!("destroying unknown event {}", h.id)))?;
+                // The driver defers the release of a recorded event until it completes.
+                let _ = gpu.event_destroy(e);
+            }
+            Op::EventRecord => {
+                let r = rec::<wire::EventRecord>(p);
+                let (e, s) = (self.event(r.event)?, self.stream(ctx, r.stream)?);
+                if let Err(err) = gpu.event_record(e, s) {
+                    self.note_error(err);
+                }
+            }
+            Op::StreamWaitEvent => {
+                let r = rec::<wire::EventRecord>(p);
+                let (e, s) = (self.event(r.event)?, self.stream(ctx, r.stream)?);
+                if let Err(err) = gpu.stream_wait_event(s, e) {
+                    self.note_error(err);
+                }
+            }
+            Op::StreamSync => {
+                let h = rec::<wire::HandleCall>(p);
+                let pool = self.stream_pool(h.id)?;
+                let (mark, submits) = (self.streams[&h.id].synced, self.streams[&h.id].submits);
+                let Some(s) = pool else {
+                    // Nothing was ever queued on it: only errors of other streams remain.
+                    let r = self.take_pending();
+                    self.complete(h.call, r, &[])?;
+                    return Ok(());
+                };
+                if self.already_synced(ctx, mark, submits) {
+                    self.complete(h.call, 0, &[])?;
+                } else if self.complete_on_gpu(ctx, h.call, s)? {
+                    let st = self.streams.get_mut(&h.id).expect("stream_pool() found it");
+                    st.synced = Some(SyncMark::done(h.call, submits));
+                }
+            }
+            Op::StreamQuery => {
+                let h = rec::<wire::HandleCall>(p);
+                let r = match self
+                    .stream_pool(h.id)?
+                    .map_or(Ok(true), |s| gpu.stream_query(s))
+                {
+                    Ok(true) => self.take_pending(),
+                    Ok(false) => code::NOT_READY,
+                    Err(e) => e.0,
+                };
+                self.complete(h.call, r, &[])?;
+            }
+            Op::EventSync => {
+                let h = rec::<wire::HandleCall>(p);
+                let e = self.event(h.id)?;
+                let m = self.marker_stream;
+                match gpu.stream_wait_event(m, e) {
+                    Ok(()) => _ = self.complete_on_gpu(ctx, h.call, m)?,
+                    Err(err) => self.complete(h.call, err.0, &[])?,
+                }
+            }
+            Op::EventQuery => {
+                let h = rec::<wire::HandleCall>(p);
+                let e = self.event(h.id)?;
+                let r = match gpu.event_query(e) {
+                    Ok(true) => 0,
+                    Ok(false) => code::NOT_READY,
+                    Err(err) => err.0,
+                };
+                self.complete(h.call, r, &[])?;
+            }
+            Op::EventElapsed => {
+                let el = rec::<wire::EventElapsed>(p);
+                let (a, b) = (self.event(el.start)?, self.event(el.end)?);
+                let r = gpu.event_elapsed(a, b).map(|ms| wire::U64Reply {
+                    value: ms.to_bits() as u64,
+                });
+                self.complete_pod(el.call, r)?;
+            }
+            Op::CtxSync => {
+                let c = rec::<CallHdr>(p);
+                let m = self.marker_stream;
+                if self.already_synced(ctx, self.ctx_synced, self.submits) {
+                    self.complete(c, 0, &[])?;
+                } else {
+                    match ctx.join_streams(self.used_streams, m) {
+                        Ok(()) => {
+                            if self.complete_on_gpu(ctx, c, m)? {
+                                self.ctx_synced = Some(SyncMark::done(c, self.submits));
+                            }
+                        }
+                        Err(e) => self.complete(c, e.0, &[])?,
+                    }
+                }
+            }
+            Op::Ping => {
+                let c = rec::<CallHdr>(p);
+                let r = self.take_pending();
+                self.complete(c, r, &[])?;
+            }
+
+            _ => unreachable!("dispatched to the sync family: {op:?}"),
+        }
+        Ok(())
+    }
+}

@@ -124,6 +124,58 @@ fn records_that_lie_disconnect_the_client() {
             })
             .to_vec(),
         ),
+        // Virtual memory: a call that does not exist, and bytes after the record.
+        (
+            Op::Vmm,
+            bytemuck::bytes_of(&wire::Vmm {
+                kind: 99,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (Op::Vmm, vec![0u8; std::mem::size_of::<wire::Vmm>() + 8]),
+        // A tensor map whose rank would make the driver read past the record's arrays,
+        // one of an unknown kind, and a ReplaceAddress without its 128-byte descriptor.
+        (
+            Op::TensorMap,
+            bytemuck::bytes_of(&wire::TensorMap {
+                kind: wire::tensor_map::TILED,
+                rank: 9,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::TensorMap,
+            bytemuck::bytes_of(&wire::TensorMap {
+                kind: 42,
+                rank: 2,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::TensorMap,
+            bytemuck::bytes_of(&wire::TensorMap {
+                kind: wire::tensor_map::REPLACE_ADDRESS,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        // A JIT link of an empty (truncated) container, and a fetch of link output that
+        // does not exist.
+        (
+            Op::Link,
+            bytemuck::bytes_of(&wire::ModuleLoad::default()).to_vec(),
+        ),
+        (
+            Op::BlobFetch,
+            bytemuck::bytes_of(&wire::ChunkCopy {
+                len: 16,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
     ];
     for (op, rec) in lies {
         let liar = Conn::connect_to(&srv.socket()).unwrap();

@@ -69,19 +69,31 @@ impl Session {
                     }
                 };
                 let limit = q.args[0] as i32;
-                let mut limits = ctx.shared.limits.lock().unwrap_or_else(|e| e.into_inner());
+                // The GPU-wide limits are locked only for the limit questions.
+                let limits = || ctx.shared.limits.lock().unwrap_or_else(|e| e.into_inner());
                 let r = match q.kind {
-                    wire::query::CTX_GET_LIMIT => limits.get(&*gpu, &self.limits, limit),
-                    wire::query::CTX_SET_LIMIT => limits
+                    wire::query::CTX_GET_LIMIT => limits().get(&*gpu, &self.limits, limit),
+                    wire::query::CTX_SET_LIMIT => limits()
                         .set(&*gpu, &mut self.limits, limit, q.args[1] as u64)
                         .map(|()| 0),
                     _ => gpu.query(q.kind, func, q.args, tail).map(|v| v as u64),
                 };
-                drop(limits);
                 self.complete_pod(q.call, r.map(|value| wire::U64Reply { value }))?;
             }
             Op::TensorMap => {
                 let t = rec::<wire::TensorMap>(p);
+                // The driver reads `rank` entries of each array: the record holds room for 5,
+                // and the shim refuses other ranks before sending.
+                use wire::tensor_map as k;
+                let ranks = match t.kind {
+                    k::TILED => 1..=5,
+                    k::IM2COL | k::IM2COL_WIDE => 3..=5,
+                    k::REPLACE_ADDRESS => 0..=u32::MAX,
+                    other => return bad(format!("tensor map: unknown kind {other}")),
+                };
+                if !ranks.contains(&t.rank) {
+                    return bad(format!("tensor map: rank {}", t.rank));
+                }
                 let old: Option<&[u8; 128]> = match t.kind {
                     wire::tensor_map::REPLACE_ADDRESS => Some(
                         tail.try_into()

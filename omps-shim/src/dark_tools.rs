@@ -9,14 +9,10 @@
 use crate::api::ctx::cuCtxGetId;
 use crate::api::exec::{cuStreamGetId, CUstream};
 use crate::cuda::*;
+use crate::dark::Table;
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::Mutex;
-
-#[repr(C)]
-pub struct Table<const N: usize>(pub [*const c_void; N]);
-// SAFETY: immutable arrays of function addresses and sizes.
-unsafe impl<const N: usize> Sync for Table<N> {}
 
 const TABLE_NAMES: [&str; 3] = [
     "tools context 21318c60",

@@ -45,6 +45,8 @@ struct Books {
     handles: HashMap<u64, (usize, u64, u32, c_uint)>,
     /// Mapping start -> (size, program handle, read-write access set).
     mappings: BTreeMap<u64, (u64, u64, bool)>,
+    /// Reservation start -> the device whose worker holds it.
+    reservations: BTreeMap<u64, usize>,
 }
 
 static BOOKS: Mutex<Option<Books>> = Mutex::new(None);
@@ -113,25 +115,14 @@ pub unsafe extern "C" fn cuMemAddressReserve(
         // the current device's worker.
         let dev = super::ctx::current_dev()?;
         let p = call(dev, vmm::RESERVE, 0, [size as u64, align as u64, hint])?;
-        RESERVED_ON
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(p, dev);
+        books(|b| b.reservations.insert(p, dev));
         // SAFETY: the caller's pointer.
         unsafe { out(ptr, p) }
     })
 }
 
-/// Which worker holds each reservation.
-static RESERVED_ON: Mutex<BTreeMap<u64, usize>> = Mutex::new(BTreeMap::new());
-
 fn reservation_dev(addr: u64) -> Result<usize, CUresult> {
-    RESERVED_ON
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .range(..=addr)
-        .next_back()
-        .map(|(_, &d)| d)
+    books(|b| b.reservations.range(..=addr).next_back().map(|(_, &d)| d))
         .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
@@ -140,10 +131,7 @@ pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
     entry(|| {
         let dev = reservation_dev(ptr)?;
         call(dev, vmm::ADDRESS_FREE, 0, [ptr, size as u64, 0])?;
-        RESERVED_ON
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&ptr);
+        books(|b| b.reservations.remove(&ptr));
         Ok(())
     })
 }

@@ -137,7 +137,7 @@ fn bind(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
 
 impl Server {
     pub fn new(
-        cfg: ServerConfig,
+        mut cfg: ServerConfig,
         gpus: Vec<Arc<dyn Gpu>>,
         driver_version: i32,
     ) -> io::Result<Server> {
@@ -149,11 +149,11 @@ impl Server {
         let snapshots = gpus.iter().map(|g| g.snapshot()).collect();
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
-        let lanes = cfg.lanes.max(1);
+        cfg.lanes = cfg.lanes.max(1);
+        let lanes = cfg.lanes;
         for (i, gpu) in gpus.iter().enumerate() {
             let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let streams = 2 * gpu.pool_size() + gpu.priority_streams();
-            let shared = worker::GpuShared::new(streams, lanes, faulted.clone());
+            let shared = worker::GpuShared::new(gpu.stream_count(), lanes, faulted.clone());
             for lane in 0..lanes {
                 let bell_fd = shm::create_segment("omps-doorbell", wire::DOORBELL_PAGE)?;
                 let bell_map = Arc::new(Mapping::map(bell_fd.as_fd(), wire::DOORBELL_PAGE)?);
@@ -359,8 +359,7 @@ impl Server {
 
     /// The worker (lane) of GPU `gpu` that serves client `id`.
     fn lane_of(&self, gpu: usize, id: u32) -> usize {
-        let lanes = self.cfg.lanes.max(1);
-        gpu * lanes + id as usize % lanes
+        gpu * self.cfg.lanes + id as usize % self.cfg.lanes
     }
 
     fn reap_exiting(&mut self) {

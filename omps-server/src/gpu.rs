@@ -87,6 +87,10 @@ pub trait Gpu: Send + Sync + 'static {
     fn priority_streams(&self) -> usize {
         0
     }
+    /// All streams: work, marker and high-priority work streams.
+    fn stream_count(&self) -> usize {
+        2 * self.pool_size() + self.priority_streams()
+    }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64>;
     /// Only called once the memory is idle (after a fence).

@@ -108,8 +108,8 @@ pub struct WorkerCtx {
 impl WorkerCtx {
     /// A lone worker for `gpu` (tests and fuzzing).
     pub fn new(gpu: Arc<dyn Gpu>) -> GpuResult<Self> {
-        let streams = 2 * gpu.pool_size() + gpu.priority_streams();
-        Self::lane(gpu, GpuShared::new(streams, 1, Default::default()), 0)
+        let shared = GpuShared::new(gpu.stream_count(), 1, Default::default());
+        Self::lane(gpu, shared, 0)
     }
 
     pub fn lane(gpu: Arc<dyn Gpu>, shared: Arc<GpuShared>, lane: usize) -> GpuResult<Self> {
@@ -143,13 +143,16 @@ impl WorkerCtx {
                 Ok(ev) => self.scratch_events = ev,
                 Err(e) => tracing::error!("events after the reset: CUDA error {}", e.0),
             }
-            self.deferred.clear();
+            // Nothing of theirs exists any more; only the books are left to settle.
+            for d in std::mem::take(&mut self.deferred) {
+                self.free(d.client, d.release, d.final_for_client, false);
+            }
             self.fault = None;
         }
     }
 
     fn scratch_events(gpu: &dyn Gpu) -> GpuResult<Vec<u64>> {
-        (0..2 * gpu.pool_size() + gpu.priority_streams())
+        (0..gpu.stream_count())
             .map(|_| gpu.event_create(0x2))
             .collect()
     }
@@ -331,7 +334,7 @@ impl WorkerCtx {
             Err(e) => {
                 // No fence means the context is broken: nothing can still be running.
                 tracing::warn!("fence failed ({}); releasing at once", e.0);
-                self.free(client, release, final_for_client);
+                self.free(client, release, final_for_client, true);
             }
         }
     }
@@ -355,29 +358,43 @@ impl WorkerCtx {
         Some(p)
     }
 
-    fn free(&self, client: Arc<ClientShared>, rel: Release, final_for_client: bool) {
+    /// Frees what a client released and settles its books. After a context reset the
+    /// handles are gone with the old context (`in_context` false): freeing them then could
+    /// hit the new context's, so only the books are settled.
+    fn free(
+        &self,
+        client: Arc<ClientShared>,
+        rel: Release,
+        final_for_client: bool,
+        in_context: bool,
+    ) {
         let dev = self.gpu.ordinal();
+        let gpu = in_context.then_some(&self.gpu);
         for (p, len) in rel.allocs {
-            if let Err(e) = self.gpu.mem_free(p) {
+            if let Some(Err(e)) = gpu.map(|g| g.mem_free(p)) {
                 tracing::warn!(client = client.id, "cuMemFree failed: {}", e.0);
             }
             client.mem_bytes[dev].fetch_sub(len, Ordering::Relaxed);
         }
-        for m in rel.modules {
-            let _ = self.gpu.module_unload(m);
+        if let Some(g) = gpu {
+            for m in rel.modules {
+                let _ = g.module_unload(m);
+            }
+            for e in rel.events {
+                let _ = g.event_destroy(e);
+            }
+            for (p, n) in rel.vmm.unmap {
+                let _ = g.vmm_unmap(p, n);
+            }
+            for &(h, _) in &rel.vmm.handles {
+                let _ = g.vmm_release(h);
+            }
+            for (p, n) in rel.vmm.reservations {
+                let _ = g.vmm_address_free(p, n);
+            }
         }
-        for e in rel.events {
-            let _ = self.gpu.event_destroy(e);
-        }
-        for (p, n) in rel.vmm.unmap {
-            let _ = self.gpu.vmm_unmap(p, n);
-        }
-        for (h, size) in rel.vmm.handles {
-            let _ = self.gpu.vmm_release(h);
+        for (_, size) in rel.vmm.handles {
             client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
-        }
-        for (p, n) in rel.vmm.reservations {
-            let _ = self.gpu.vmm_address_free(p, n);
         }
         for (addr, len) in rel.pinned {
             client.release_pinned(addr, len);
@@ -478,7 +495,7 @@ impl WorkerCtx {
             if done {
                 let d = self.deferred.swap_remove(i);
                 let _ = self.gpu.event_destroy(d.fence);
-                self.free(d.client, d.release, d.final_for_client);
+                self.free(d.client, d.release, d.final_for_client, true);
             } else {
                 i += 1;
             }

@@ -29,6 +29,8 @@ mod modules;
 mod sync;
 mod vmm;
 
+pub use vmm::VmmRelease;
+
 /// The fixed part of a record whose length `handle` checked.
 fn rec<T: bytemuck::Pod>(p: &[u8]) -> T {
     wire::get::<T>(p).expect("length checked above")
@@ -42,7 +44,6 @@ fn fixed_only(tail: &[u8], name: &str) -> Result<(), Malformed> {
         bad(format!("{name}: trailing bytes"))
     }
 }
-pub use vmm::VmmRelease;
 
 /// Why a client is cut off.
 #[derive(Debug, Clone, PartialEq, Eq)]

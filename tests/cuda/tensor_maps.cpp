@@ -13,12 +13,7 @@ static void print_map(const char *what, const CUtensorMap &m) {
 }
 
 int main() {
-    CHECK(cuInit(0));
-    CUdevice dev;
-    CHECK(cuDeviceGet(&dev, 0));
-    CUcontext ctx;
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
+    init_primary();
     void *addr = (void *)0x7f0000000000ull;
     void *addr2 = (void *)0x7f0000100000ull;
 

@@ -5,12 +5,8 @@
 #include "common.h"
 
 int main() {
-    CHECK(cuInit(0));
-    CUdevice dev;
-    CHECK(cuDeviceGet(&dev, 0));
-    CUcontext ctx;
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
+    PrimaryCtx primary = init_primary();
+    CUdevice dev = primary.dev;
     CUstream s;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 

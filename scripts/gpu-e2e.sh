@@ -88,14 +88,14 @@ CONC_NS="1 4 8"
 START_LEAD_NS=3000000000               # copies start together 3 s after launch
 KILL_SURVIVORS=7
 VANDAL_SURVIVORS=4
-# runtime-API programs (tests/cuda/rt/*.cu), in the order they run; kernel_fault
-# must stay last: its fault may break the omps server's context
+# runtime-API programs (tests/cuda/rt/*.cu), in the order they run; kernel_fault and
+# device_assert must stay last: each ends the omps server's context
 RT_PROGS="device_props error_names vector_add memset memcpy2d3d memcpy_default pointer_attrs
           streams events async_copy pinned mapped host_register atomics dyn_shared symbols
           coop_grid_sync callbacks templates threads no_free stream_priority per_thread_stream
           legacy_stream device_sync device_printf func_attrs occupancy launch_ex invalid_launch
-          kernel_fault"
-RT_FAULT_PROGS="kernel_fault"          # the omps server is restarted after each omps run of these
+          kernel_fault device_assert"
+RT_FAULT_PROGS="kernel_fault device_assert"          # the omps server is restarted after each omps run of these
 RT_ARCH=${RT_ARCH:-sm_90}
 BENCH_KEYS="launch_async launch_sync sync_idle h2d_4b_pageable d2h_4b_pageable d2h_4b_pinned malloc_free_1mib h2d_bw_pinned h2d_bw_pageable"
 

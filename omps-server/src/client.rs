@@ -19,6 +19,8 @@ pub struct ClientShared {
     pub mem_bytes: [AtomicU64; MAX_DEVICES],
     /// Records served, all GPUs.
     pub commands: AtomicU64,
+    /// Worker time spent handling its records, all GPUs.
+    pub server_ns: AtomicU64,
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -49,6 +51,7 @@ impl ClientShared {
             socket,
             mem_bytes: Default::default(),
             commands: AtomicU64::new(0),
+            server_ns: AtomicU64::new(0),
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,

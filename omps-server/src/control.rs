@@ -92,6 +92,9 @@ pub struct Server {
     snapshots: Vec<DeviceSnapshot>,
     driver_version: i32,
     workers: Vec<WorkerHandle>,
+    /// Per GPU, what its lanes share (their counters among it).
+    gpu_shared: Vec<Arc<worker::GpuShared>>,
+    started: std::time::Instant,
     clients: HashMap<u32, (Arc<ClientShared>, UnixStream)>,
     printf: PrintfRouter,
     exiting: Vec<Arc<ClientShared>>,
@@ -149,11 +152,13 @@ impl Server {
         let snapshots = gpus.iter().map(|g| g.snapshot()).collect();
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
+        let mut gpu_shared = Vec::new();
         cfg.lanes = cfg.lanes.max(1);
         let lanes = cfg.lanes;
         for (i, gpu) in gpus.iter().enumerate() {
             let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let shared = worker::GpuShared::new(gpu.stream_count(), lanes, faulted.clone());
+            gpu_shared.push(shared.clone());
             for lane in 0..lanes {
                 let bell_fd = shm::create_segment("omps-doorbell", wire::DOORBELL_PAGE)?;
                 let bell_map = Arc::new(Mapping::map(bell_fd.as_fd(), wire::DOORBELL_PAGE)?);
@@ -190,6 +195,8 @@ impl Server {
             snapshots,
             driver_version,
             workers,
+            gpu_shared,
+            started: std::time::Instant::now(),
             clients: HashMap::new(),
             printf,
             exiting: Vec::new(),
@@ -520,6 +527,7 @@ impl Server {
         match words.as_slice() {
             ["status"] => (true, self.status_text()),
             ["ps"] | ["ps", ..] => (true, self.ps_text()),
+            ["stats"] => (true, self.stats_text()),
             ["get_server_list"] => (true, format!("{}\n", std::process::id())),
             ["get_client_list", ..] | ["get_device_client_list", ..] => {
                 let mut pids: Vec<i32> = self.clients.values().map(|(c, _)| c.pid).collect();
@@ -531,7 +539,7 @@ impl Server {
                 (true, String::new())
             }
             [] => (true, String::new()),
-            [cmd, ..] => (false, format!("unknown command '{cmd}' (known: status, ps, quit, get_server_list, get_client_list)\n")),
+            [cmd, ..] => (false, format!("unknown command '{cmd}' (known: status, ps, stats, quit, get_server_list, get_client_list)\n")),
         }
     }
 
@@ -564,6 +572,30 @@ impl Server {
         if unattributed > 0 {
             s += &format!(
                 "device printf sent to the server log (no single client to give it to): {unattributed} bytes\n"
+            );
+        }
+        s
+    }
+
+    /// The workers' counters and each client's share of them, with a timestamp so that a
+    /// reader can take rates between two calls.
+    fn stats_text(&self) -> String {
+        let mut s = format!("now_ns {}\n", self.started.elapsed().as_nanos());
+        for (g, shared) in self.gpu_shared.iter().enumerate() {
+            for (l, lane) in shared.stats.iter().enumerate() {
+                s += &format!("lane {g}.{l} {}\n", lane.line_and_reset_max());
+            }
+        }
+        let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).collect();
+        rows.sort_by_key(|c| c.id);
+        for c in rows {
+            s += &format!(
+                "client {} pid {} commands {} server_ns {} name {}\n",
+                c.id,
+                c.pid,
+                c.commands.load(Ordering::Relaxed),
+                c.server_ns.load(Ordering::Relaxed),
+                c.name
             );
         }
         s

@@ -4,6 +4,7 @@
 //! * [`worker`]: one thread per GPU that runs every client's commands for that GPU.
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
 //! * [`limits`]: context limits, per client.
+//! * [`stats`]: the workers' counters of their own time (`omps-ctl stats`).
 //! * [`printf`]: device printf output, routed to the client that printed.
 //! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
 //!   memory, for tests without a GPU) implement it.
@@ -18,6 +19,7 @@ pub mod gpu_host;
 pub mod limits;
 pub mod printf;
 pub mod session;
+pub mod stats;
 pub mod testing;
 pub mod worker;
 

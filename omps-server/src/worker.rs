@@ -69,6 +69,8 @@ pub struct GpuShared {
     /// Bumped when the context is recreated: every lane then remakes its events.
     generation: std::sync::atomic::AtomicU64,
     pub lanes: usize,
+    /// One per lane, read by `omps-ctl stats`.
+    pub stats: Vec<crate::stats::LaneStats>,
 }
 
 impl GpuShared {
@@ -85,6 +87,7 @@ impl GpuShared {
             sessions: Default::default(),
             generation: Default::default(),
             lanes: lanes.max(1),
+            stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
         })
     }
 }
@@ -543,7 +546,9 @@ pub fn run(
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut last_work = Instant::now();
     let mut quitting = false;
+    let stats = &shared.stats[lane.min(shared.stats.len() - 1)];
     loop {
+        stats.passes.fetch_add(1, Ordering::Relaxed);
         while let Ok(msg) = rx.pop() {
             match msg {
                 ToWorker::Add(c) => {
@@ -593,7 +598,15 @@ pub fn run(
                 match sessions[i].pop(&mut buf) {
                     Ok(Some(tag)) => {
                         busy = true;
-                        if let Err(e) = sessions[i].handle(&mut ctx, tag, &buf) {
+                        let t0 = Instant::now();
+                        let r = sessions[i].handle(&mut ctx, tag, &buf);
+                        let ns = t0.elapsed().as_nanos() as u64;
+                        stats.record(tag, ns);
+                        sessions[i]
+                            .client
+                            .server_ns
+                            .fetch_add(ns, Ordering::Relaxed);
+                        if let Err(e) = r {
                             outcome = Err(e);
                             break;
                         }
@@ -640,6 +653,7 @@ pub fn run(
             } else {
                 Duration::from_millis(5)
             };
+            stats.naps.fetch_add(1, Ordering::Relaxed);
             bell.sleep_unless(
                 || !rx.is_empty() || sessions.iter_mut().any(|s| s.has_data()),
                 Some(timeout),

@@ -288,7 +288,12 @@ impl Conn {
         loop {
             let r = ring.try_push_with(op as u32, len, |b| (fill.take().expect("called once"))(b));
             match r {
-                Ok(()) => break,
+                Ok(()) => {
+                    if let Some(t) = since.filter(|_| crate::stats::enabled()) {
+                        crate::stats::RING_FULL.add(t);
+                    }
+                    break;
+                }
                 Err(PushError::Full) => {
                     self.bell(dev).ring();
                     let t = since.get_or_insert_with(Instant::now);
@@ -332,12 +337,22 @@ impl Conn {
 
     /// Spins briefly, then sleeps on the futex word until it holds `seq`.
     fn wait_word(&self, ch: &Channel, word: &AtomicU32, seq: u32) -> Result<(), CUresult> {
+        let timed = crate::stats::enabled().then(Instant::now);
+        let r = self.wait_word_untimed(ch, word, seq);
+        if let Some(t) = timed {
+            crate::stats::WAITS.add(t);
+        }
+        r
+    }
+
+    fn wait_word_untimed(&self, ch: &Channel, word: &AtomicU32, seq: u32) -> Result<(), CUresult> {
         for _ in 0..2000 {
             if word.load(Ordering::Acquire) == seq {
                 return Ok(());
             }
             std::hint::spin_loop();
         }
+        let slept = crate::stats::enabled().then(Instant::now);
         let r = loop {
             ch.waiting.store(1, Ordering::SeqCst);
             let cur = word.load(Ordering::SeqCst);
@@ -354,6 +369,9 @@ impl Conn {
             }
         };
         ch.waiting.store(0, Ordering::Relaxed);
+        if let Some(t) = slept {
+            crate::stats::SLEPT.add(t);
+        }
         r
     }
 }

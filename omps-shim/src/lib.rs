@@ -18,6 +18,7 @@ pub mod integrity;
 pub mod pcopy;
 pub mod preload;
 pub mod printf;
+pub mod stats;
 pub mod unsupported;
 
 /// OMPS_TRACE=1 makes the shim name the entry points and tables a program asks for.

@@ -155,6 +155,8 @@ run_one() { # mode model n
 
     local t_touch=${EPOCHREALTIME:-$(date +%s.%N)}
     : >"$start"
+    local sampler=""
+    if [ "${SAMPLE:-0}" = 1 ]; then sample_loop "$mode" "$dir/samples.txt" & sampler=$!; fi
     local rcs=() rc
     for ((i = 0; i < n; i++)); do
         wait "${PIDS[$i]}"; rc=$?
@@ -162,6 +164,7 @@ run_one() { # mode model n
         case "$rc" in 124|137) MODE_ABANDONED=1 ;; esac  # a hung worker: give up this mode
     done
     PIDS=()
+    if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; fi
     local line
     line=$(summarize "$mode" "$model" "$n" "$dir" "$t_touch" "${rcs[@]}")
     [ -n "$line" ] || line="FAIL the figures could not be computed"
@@ -173,6 +176,18 @@ run_one() { # mode model n
             for ((i = 0; i < n; i++)); do [ "${rcs[$i]}" -ne 0 ] && show_err "$dir" "$i"; done
             ;;
     esac
+}
+
+# SAMPLE=1: once a second while the timed part runs, what each thread burns (top) and,
+# under omps, the server's own counters (omps-ctl stats), to find where time goes.
+sample_loop() { # mode file
+    while :; do
+        { echo "=== sample $(date +%s.%N)"
+          [ "$1" = omps ] && ctl stats
+          top -b -H -n1 -w 160 2>/dev/null | head -40
+        } >>"$2" 2>&1
+        sleep 1
+    done
 }
 
 # Figures of one run: writes $dir/summary.json, prints "OK ..." or "FAIL reason".

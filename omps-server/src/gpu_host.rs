@@ -478,6 +478,7 @@ impl Gpu for HostGpu {
         match attr {
             0 => Ok(1024),
             1 => Ok(0),
+            4 => Ok(32), // registers
             _ => Err(CuError(code::INVALID_VALUE)),
         }
     }

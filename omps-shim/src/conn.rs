@@ -421,6 +421,9 @@ impl<'a> ChanGuard<'a> {
         build: impl FnOnce(CallHdr) -> Vec<u8>,
     ) -> Result<(), CUresult> {
         let call = self.next_call();
+        if crate::stats::enabled() {
+            crate::stats::count_call(op as u32);
+        }
         let rec = build(call);
         self.conn.push(dev, op, &[&rec])?;
         self.wait(call)

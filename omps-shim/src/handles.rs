@@ -52,6 +52,60 @@ pub struct Function {
     pub static_shared: i32,
     pub max_dynamic_shared: std::sync::atomic::AtomicI32,
     pub module: *const Module,
+    /// Attribute values the server answered, and the last value set of each attribute.
+    pub attrs: FuncAttrs,
+}
+
+/// Slots for CU_FUNC_ATTRIBUTE_* values (16 are defined in CUDA 13).
+const FUNC_ATTR_SLOTS: usize = 32;
+const UNKNOWN: i64 = i64::MIN;
+
+/// What the shim remembers of a function's attributes, so that the questions and settings
+/// libraries repeat before every launch (cuBLASLt and attention kernels set the dynamic
+/// shared memory size each time) cost no round trip after the first.
+pub struct FuncAttrs {
+    known: [std::sync::atomic::AtomicI64; FUNC_ATTR_SLOTS],
+    set: [std::sync::atomic::AtomicI64; FUNC_ATTR_SLOTS],
+}
+
+impl Default for FuncAttrs {
+    fn default() -> Self {
+        FuncAttrs {
+            known: std::array::from_fn(|_| UNKNOWN.into()),
+            set: std::array::from_fn(|_| UNKNOWN.into()),
+        }
+    }
+}
+
+impl FuncAttrs {
+    fn slot(attr: i32) -> Option<usize> {
+        usize::try_from(attr).ok().filter(|&a| a < FUNC_ATTR_SLOTS)
+    }
+
+    pub fn known(&self, attr: i32) -> Option<i32> {
+        let v = self.known[Self::slot(attr)?].load(Ordering::Relaxed);
+        (v != UNKNOWN).then_some(v as i32)
+    }
+
+    pub fn learn(&self, attr: i32, value: i32) {
+        if let Some(a) = Self::slot(attr) {
+            self.known[a].store(value as i64, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `value` is what the attribute was last successfully set to (setting it
+    /// again changes nothing, so the driver would only say yes).
+    pub fn already_set(&self, attr: i32, value: i32) -> bool {
+        Self::slot(attr).is_some_and(|a| self.set[a].load(Ordering::Relaxed) == value as i64)
+    }
+
+    /// A set succeeded: a later read asks the driver again, a repeat of it is free.
+    pub fn was_set(&self, attr: i32, value: i32) {
+        if let Some(a) = Self::slot(attr) {
+            self.known[a].store(UNKNOWN, Ordering::Relaxed);
+            self.set[a].store(value as i64, Ordering::Relaxed);
+        }
+    }
 }
 
 #[repr(C)]

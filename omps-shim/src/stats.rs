@@ -45,6 +45,28 @@ pub static WAITS: Counter = Counter::new();
 /// Those of the waits that went to sleep on the futex.
 pub static SLEPT: Counter = Counter::new();
 
+/// Round-trip calls by wire op tag (tags are below 64).
+pub static CALLS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+pub fn count_call(tag: u32) {
+    if let Some(c) = CALLS.get(tag as usize) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn calls_line() -> String {
+    let by_op: Vec<String> = CALLS
+        .iter()
+        .enumerate()
+        .filter_map(|(tag, c)| {
+            let n = c.load(Ordering::Relaxed);
+            let name = omps_ring::wire::Op::from_tag(tag as u32);
+            (n > 0).then(|| format!("{name:?}={n}"))
+        })
+        .collect();
+    format!("calls {}", by_op.join(" "))
+}
+
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -59,11 +81,12 @@ pub fn enabled() -> bool {
 
 extern "C" fn print_at_exit() {
     eprintln!(
-        "omps-stats pid {}: {}; {}; {}",
+        "omps-stats pid {}: {}; {}; {}; {}",
         std::process::id(),
         RING_FULL.line("ring_full"),
         WAITS.line("waits"),
-        SLEPT.line("slept")
+        SLEPT.line("slept"),
+        calls_line()
     );
 }
 

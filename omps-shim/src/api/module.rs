@@ -108,6 +108,7 @@ fn parse_module(r: &[u8], dev: usize) -> Option<CUmodule> {
             static_shared: d.static_shared,
             max_dynamic_shared: d.max_dynamic_shared.into(),
             module,
+            attrs: Default::default(),
         };
         // SAFETY: freshly leaked, never freed.
         functions.push(unsafe { &*leak(f) });
@@ -330,6 +331,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
             MAX_THREADS_PER_BLOCK => func.max_threads_per_block,
             SHARED_SIZE_BYTES => func.static_shared,
             MAX_DYNAMIC_SHARED_SIZE_BYTES => func.max_dynamic_shared.load(Ordering::Relaxed),
+            _ if func.attrs.known(attrib).is_some() => func.attrs.known(attrib).unwrap_or(0),
             _ => {
                 let c = live()?;
                 let mut ch = c.channel();
@@ -341,7 +343,9 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
                     })
                     .to_vec()
                 })?;
-                ch.reply::<wire::U64Reply>().value as u32 as i32
+                let v = ch.reply::<wire::U64Reply>().value as u32 as i32;
+                func.attrs.learn(attrib, v);
+                v
             }
         };
         // SAFETY: the caller's pointer.
@@ -360,6 +364,14 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
     const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
     entry(|| {
         let func = function(f)?;
+        let unchanged = if attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES {
+            func.max_dynamic_shared.load(Ordering::Relaxed) == value
+        } else {
+            func.attrs.already_set(attrib, value)
+        };
+        if unchanged {
+            return Ok(());
+        }
         let c = live()?;
         let mut ch = c.channel();
         ch.call(func.dev, Op::FuncSetAttribute, |call| {
@@ -375,6 +387,8 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
         if attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES {
             func.max_dynamic_shared.store(value, Ordering::Relaxed);
         }
+        func.attrs.was_set(attrib, value);
+        super::query::forget_occupancy();
         Ok(())
     })
 }

@@ -1,14 +1,69 @@
 //! Questions only the server's driver can answer: occupancy, context limits, a function's
-//! cache preference. Each is one round trip.
+//! cache preference. Each is one round trip, except an occupancy question asked before.
 
 use super::ctx::current_dev;
 use super::exec::{config_parts, function, CUfunction, LaunchConfig};
 use super::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::wire::{self, query, Op, Query};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
+use std::sync::Mutex;
+
+/// Occupancy answers by question. They depend only on the function, its attributes and
+/// the device, so each is asked once; libraries ask the same one before every launch
+/// (a round trip each, tens of microseconds while the server is busy). Any change to a
+/// function's attributes or cache preference clears it.
+type OccKey = (usize, u32, u32, [i64; 7], Vec<u8>);
+static OCCUPANCY: Mutex<Option<HashMap<OccKey, i64>>> = Mutex::new(None);
+/// Distinct questions kept before the cache starts over (a program asks a few per kernel).
+const OCCUPANCY_MAX: usize = 1 << 14;
+
+fn is_occupancy(kind: u32) -> bool {
+    matches!(
+        kind,
+        query::OCC_MAX_BLOCKS
+            | query::OCC_DYN_SMEM
+            | query::OCC_MAX_CLUSTERS
+            | query::OCC_MAX_CLUSTER_SIZE
+    )
+}
+
+/// Forgets every cached occupancy answer: a function's attributes changed.
+pub(crate) fn forget_occupancy() {
+    *OCCUPANCY.lock().unwrap_or_else(|e| e.into_inner()) = None;
+}
 
 fn ask(dev: usize, kind: u32, func: u32, args: [i64; 7], attrs: &[u8]) -> Result<i64, CUresult> {
+    if !is_occupancy(kind) {
+        return ask_server(dev, kind, func, args, attrs);
+    }
+    let key = (dev, kind, func, args, attrs.to_vec());
+    let cached = OCCUPANCY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&key).copied());
+    if let Some(v) = cached {
+        return Ok(v);
+    }
+    let v = ask_server(dev, kind, func, args, attrs)?;
+    let mut m = OCCUPANCY.lock().unwrap_or_else(|e| e.into_inner());
+    let m = m.get_or_insert_with(HashMap::new);
+    if m.len() >= OCCUPANCY_MAX {
+        m.clear();
+    }
+    m.insert(key, v);
+    Ok(v)
+}
+
+fn ask_server(
+    dev: usize,
+    kind: u32,
+    func: u32,
+    args: [i64; 7],
+    attrs: &[u8],
+) -> Result<i64, CUresult> {
     let c = live()?;
     let mut ch = c.channel();
     let q = |call| Query {
@@ -250,6 +305,7 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
 pub extern "C" fn cuFuncSetCacheConfig(f: CUfunction, config: c_int) -> CUresult {
     entry(|| {
         let func = function(f)?;
+        forget_occupancy();
         ask(
             func.dev,
             query::FUNC_CACHE_CONFIG,

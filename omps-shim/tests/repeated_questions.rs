@@ -1,0 +1,90 @@
+//! Questions and settings that libraries repeat before every launch (a function's
+//! attributes, occupancy) reach the server once; a change asks again. Counted with the
+//! COMMANDS column of `ps`, which counts every record the server handles for a client.
+
+mod common;
+use common::*;
+use omps_shim::api::ctx::*;
+use omps_shim::api::device::*;
+use omps_shim::api::module::*;
+use omps_shim::api::query::*;
+use omps_shim::cuda::*;
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+fn ok(r: CUresult) {
+    assert_eq!(r, CUDA_SUCCESS, "CUDA call failed");
+}
+
+fn commands(srv: &TestServer) -> u64 {
+    let (_, ps) = srv.ctl("ps");
+    let me = std::process::id().to_string();
+    ps.lines()
+        .skip(1)
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&me.as_str())).then(|| f[3].parse().unwrap())
+        })
+        .expect("this process in ps")
+}
+
+#[test]
+fn repeated_attribute_and_occupancy_questions_cost_one_round_trip() {
+    const NUM_REGS: i32 = 4;
+    const MAX_DYNAMIC_SHARED: i32 = 8;
+    let srv = TestServer::start("repeat");
+    // SAFETY: single-threaded here; the shim reads this at cuInit.
+    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
+    // SAFETY (whole test): every pointer passed below is a valid local.
+    unsafe {
+        ok(cuInit(0));
+        let mut ctx = null_mut();
+        ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        ok(cuCtxSetCurrent(ctx));
+        let mut m = null_mut();
+        ok(cuModuleLoadData(&mut m, HOST_MODULE.as_ptr() as *const c_void));
+        let mut f = null_mut();
+        ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr()));
+
+        let asked = |before: u64| commands(&srv) - before;
+        let c = commands(&srv);
+        for _ in 0..3 {
+            ok(cuFuncSetAttribute(f, MAX_DYNAMIC_SHARED, 1000));
+        }
+        assert_eq!(asked(c), 1, "a repeated set of the same value");
+        let mut v = 0;
+        let c = commands(&srv);
+        for _ in 0..3 {
+            ok(cuFuncGetAttribute(&mut v, NUM_REGS, f));
+            assert_eq!(v, 32);
+        }
+        ok(cuFuncGetAttribute(&mut v, MAX_DYNAMIC_SHARED, f));
+        assert_eq!(v, 1000);
+        assert_eq!(asked(c), 1, "a repeated read");
+        let c = commands(&srv);
+        for _ in 0..3 {
+            ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut v, f, 256, 0));
+            assert_eq!(v, 8);
+        }
+        ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut v, f, 512, 0));
+        assert_eq!(v, 4);
+        assert_eq!(asked(c), 2, "one question per distinct occupancy question");
+
+        // A new value is set, and the occupancy answers are asked again after it.
+        let c = commands(&srv);
+        ok(cuFuncSetAttribute(f, MAX_DYNAMIC_SHARED, 2000));
+        ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut v, f, 256, 0));
+        assert_eq!(asked(c), 2, "a change and the question after it");
+        // A refused value is not remembered as set: each try asks, and fails.
+        let c = commands(&srv);
+        for _ in 0..2 {
+            assert_eq!(
+                cuFuncSetAttribute(f, MAX_DYNAMIC_SHARED, 1 << 30),
+                CUDA_ERROR_INVALID_VALUE
+            );
+        }
+        ok(cuFuncGetAttribute(&mut v, MAX_DYNAMIC_SHARED, f));
+        assert_eq!(v, 2000);
+        assert_eq!(asked(c), 2, "refused sets");
+    }
+}

@@ -54,6 +54,15 @@ pub fn count_call(tag: u32) {
     }
 }
 
+/// Query calls by `wire::query` kind (kinds are below 16).
+pub static QUERIES: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
+
+pub fn count_query(kind: u32) {
+    if let Some(c) = QUERIES.get(kind as usize) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 fn calls_line() -> String {
     let by_op: Vec<String> = CALLS
         .iter()
@@ -61,10 +70,19 @@ fn calls_line() -> String {
         .filter_map(|(tag, c)| {
             let n = c.load(Ordering::Relaxed);
             let name = omps_ring::wire::Op::from_tag(tag as u32);
-            (n > 0).then(|| format!("{name:?}={n}"))
+            let name = name.map_or_else(|| format!("op{tag}"), |op| format!("{op:?}"));
+            (n > 0).then(|| format!("{name}={n}"))
         })
         .collect();
-    format!("calls {}", by_op.join(" "))
+    let by_kind: Vec<String> = QUERIES
+        .iter()
+        .enumerate()
+        .filter_map(|(k, c)| {
+            let n = c.load(Ordering::Relaxed);
+            (n > 0).then(|| format!("query{k}={n}"))
+        })
+        .collect();
+    format!("calls {} {}", by_op.join(" "), by_kind.join(" "))
 }
 
 pub fn enabled() -> bool {

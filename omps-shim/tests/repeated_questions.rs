@@ -1,5 +1,5 @@
 //! Questions and settings that libraries repeat before every launch (a function's
-//! attributes, occupancy) reach the server once; a change asks again. Counted with the
+//! attributes, occupancy, context limits) reach the server once; a change asks again. Counted with the
 //! COMMANDS column of `ps`, which counts every record the server handles for a client.
 
 mod common;
@@ -86,5 +86,22 @@ fn repeated_attribute_and_occupancy_questions_cost_one_round_trip() {
         ok(cuFuncGetAttribute(&mut v, MAX_DYNAMIC_SHARED, f));
         assert_eq!(v, 2000);
         assert_eq!(asked(c), 2, "refused sets");
+
+        // This client's own limits: read once, read again after a change.
+        const STACK_SIZE: i32 = 0;
+        let c = commands(&srv);
+        let mut lim = 0usize;
+        for _ in 0..3 {
+            ok(cuCtxGetLimit(&mut lim, STACK_SIZE));
+        }
+        assert_eq!(asked(c), 1, "a repeated limit read");
+        let c = commands(&srv);
+        ok(cuCtxSetLimit(STACK_SIZE, lim * 2));
+        ok(cuCtxGetLimit(&mut lim, STACK_SIZE));
+        ok(cuCtxGetLimit(&mut lim, STACK_SIZE));
+        assert_eq!(asked(c), 2, "a limit set and the read after it");
+        let mut again = 0usize;
+        ok(cuCtxGetLimit(&mut again, STACK_SIZE));
+        assert_eq!(again, lim);
     }
 }

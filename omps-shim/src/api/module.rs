@@ -388,7 +388,7 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
             func.max_dynamic_shared.store(value, Ordering::Relaxed);
         }
         func.attrs.was_set(attrib, value);
-        super::query::forget_occupancy();
+        super::query::forget_answers();
         Ok(())
     })
 }

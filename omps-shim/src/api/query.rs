@@ -1,5 +1,5 @@
 //! Questions only the server's driver can answer: occupancy, context limits, a function's
-//! cache preference. Each is one round trip, except an occupancy question asked before.
+//! cache preference. Each is one round trip, except a stable question asked before.
 
 use super::ctx::current_dev;
 use super::exec::{config_parts, function, CUfunction, LaunchConfig};
@@ -10,36 +10,45 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::sync::Mutex;
 
-/// Occupancy answers by question. They depend only on the function, its attributes and
-/// the device, so each is asked once; libraries ask the same one before every launch
-/// (a round trip each, tens of microseconds while the server is busy). Any change to a
-/// function's attributes or cache preference clears it.
-type OccKey = (usize, u32, u32, [i64; 7], Vec<u8>);
-static OCCUPANCY: Mutex<Option<HashMap<OccKey, i64>>> = Mutex::new(None);
+/// Answers by question, for the questions whose answer only this process can change:
+/// occupancy (the function, its attributes and the device decide it) and this client's
+/// own context limits (the server keeps them per client). Libraries ask the same ones
+/// before every launch: a round trip each, tens of microseconds while the server is busy.
+/// Any change to a function's attributes or cache preference, or to a limit, clears it.
+type AnswerKey = (usize, u32, u32, [i64; 7], Vec<u8>);
+static ANSWERS: Mutex<Option<HashMap<AnswerKey, i64>>> = Mutex::new(None);
 /// Distinct questions kept before the cache starts over (a program asks a few per kernel).
-const OCCUPANCY_MAX: usize = 1 << 14;
+const ANSWERS_MAX: usize = 1 << 14;
 
-fn is_occupancy(kind: u32) -> bool {
+fn answer_is_stable(kind: u32) -> bool {
     matches!(
         kind,
         query::OCC_MAX_BLOCKS
             | query::OCC_DYN_SMEM
             | query::OCC_MAX_CLUSTERS
             | query::OCC_MAX_CLUSTER_SIZE
+            | query::CTX_GET_LIMIT
     )
 }
 
-/// Forgets every cached occupancy answer: a function's attributes changed.
-pub(crate) fn forget_occupancy() {
-    *OCCUPANCY.lock().unwrap_or_else(|e| e.into_inner()) = None;
+/// Forgets every cached answer: a function's attributes or a limit changed.
+pub(crate) fn forget_answers() {
+    *ANSWERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
 }
 
 fn ask(dev: usize, kind: u32, func: u32, args: [i64; 7], attrs: &[u8]) -> Result<i64, CUresult> {
-    if !is_occupancy(kind) {
+    if kind == query::CTX_SET_LIMIT {
+        // Again after it: another thread may have cached the old value meanwhile.
+        forget_answers();
+        let r = ask_server(dev, kind, func, args, attrs);
+        forget_answers();
+        return r;
+    }
+    if !answer_is_stable(kind) {
         return ask_server(dev, kind, func, args, attrs);
     }
     let key = (dev, kind, func, args, attrs.to_vec());
-    let cached = OCCUPANCY
+    let cached = ANSWERS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
@@ -48,9 +57,9 @@ fn ask(dev: usize, kind: u32, func: u32, args: [i64; 7], attrs: &[u8]) -> Result
         return Ok(v);
     }
     let v = ask_server(dev, kind, func, args, attrs)?;
-    let mut m = OCCUPANCY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut m = ANSWERS.lock().unwrap_or_else(|e| e.into_inner());
     let m = m.get_or_insert_with(HashMap::new);
-    if m.len() >= OCCUPANCY_MAX {
+    if m.len() >= ANSWERS_MAX {
         m.clear();
     }
     m.insert(key, v);
@@ -64,6 +73,9 @@ fn ask_server(
     args: [i64; 7],
     attrs: &[u8],
 ) -> Result<i64, CUresult> {
+    if crate::stats::enabled() {
+        crate::stats::count_query(kind);
+    }
     let c = live()?;
     let mut ch = c.channel();
     let q = |call| Query {
@@ -305,7 +317,7 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
 pub extern "C" fn cuFuncSetCacheConfig(f: CUfunction, config: c_int) -> CUresult {
     entry(|| {
         let func = function(f)?;
-        forget_occupancy();
+        forget_answers();
         ask(
             func.dev,
             query::FUNC_CACHE_CONFIG,

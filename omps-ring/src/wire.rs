@@ -536,10 +536,12 @@ pub mod hostmem {
 /// How sure the shim is that a client's code calls device printf, weakest first.
 pub mod printf_use {
     pub const NONE: u64 = 0;
-    /// Its images hold compressed code the shim does not look into.
-    pub const MAYBE: u64 = 1;
+    /// The code references `__assertfail` only: text comes with a failed kernel.
+    pub const ASSERT: u64 = 1;
+    /// Its images hold code the shim cannot look into; treated as ASSERT.
+    pub const MAYBE: u64 = 2;
     /// The code the GPU runs references `vprintf`.
-    pub const YES: u64 = 2;
+    pub const YES: u64 = 3;
 }
 
 /// The answer: a CUresult, and how many bytes of text follow it on the socket.

@@ -6,7 +6,8 @@
 //! `global NAME SIZE` lines, and `extern NAME` for a function the code calls (`vprintf`).
 //! Known kernels: `fill_u32(ptr u64, value u32, count u32)`, `trap()`, which makes the
 //! context's error sticky as a device fault would, and `print(ptr u64, len u32)`, which
-//! puts `len` bytes of device memory into the printf buffer, as device printf would;
+//! puts `len` bytes of device memory into the printf buffer, as device printf would, and
+//! `assert_fail(ptr u64, len u32)`, which does that and fails as a device assert does;
 //! [`Gpu::flush_printf`] writes that buffer to the descriptor of `set_printf_output`.
 
 use crate::gpu::{code, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule};
@@ -541,13 +542,16 @@ impl Gpu for HostGpu {
                 }
             }
             "trap" => st.sticky = Some(code::LAUNCH_FAILED),
-            "print" if args.len() >= 12 => {
+            "print" | "assert_fail" if args.len() >= 12 => {
                 let ptr = u64::from_le_bytes(args[0..8].try_into().unwrap());
                 let n = u32::from_le_bytes(args[8..12].try_into().unwrap()) as usize;
                 match st.range(ptr, n) {
                     Ok(d) => {
                         let text = d.to_vec();
                         st.printf_buffer.extend_from_slice(&text);
+                        if name == "assert_fail" {
+                            st.sticky = Some(code::ASSERT);
+                        }
                     }
                     Err(_) => st.sticky = Some(code::ILLEGAL_ADDRESS),
                 }

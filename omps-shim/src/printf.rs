@@ -21,6 +21,9 @@ pub fn note_image(c: &Conn, dev: usize, image: &[u8]) {
     let Some(d) = c.snapshot.devices.get(dev) else {
         return;
     };
+    if LEVEL.load(Ordering::Acquire) == printf_use::YES {
+        return; // nothing can raise it: spare the decompression
+    }
     let cc = (d.attributes[CC_MAJOR] * 10 + d.attributes[CC_MINOR]) as u32;
     let level = crate::image::printf_use(image, cc);
     if level > LEVEL.fetch_max(level, Ordering::AcqRel) {
@@ -29,15 +32,21 @@ pub fn note_image(c: &Conn, dev: usize, image: &[u8]) {
     }
 }
 
-/// Whether this process loaded code known to print. A maybe does not count: delivery
-/// costs every synchronization a round trip.
-pub fn may_print() -> bool {
-    LEVEL.load(Ordering::Acquire) >= printf_use::YES
+/// Whether a synchronizing call that `failed` (or not) has device text to ask for.
+pub fn wanted(failed: bool) -> bool {
+    let level = LEVEL.load(Ordering::Acquire);
+    if failed {
+        level >= printf_use::ASSERT
+    } else {
+        level >= printf_use::YES
+    }
 }
 
-/// After a synchronizing call on `dev`: writes what this process's kernels printed.
-pub fn deliver(dev: usize) {
-    if !may_print() {
+/// After a synchronizing call on `dev` that returned `failed`: writes what this process's
+/// kernels printed. Code that only asserts is asked for its text only when the call
+/// failed, since a failed assert is what ends a kernel with text to show.
+pub fn deliver(dev: usize, failed: bool) {
+    if !wanted(failed) {
         return;
     }
     let Some(c) = crate::conn::connected() else {

@@ -42,7 +42,10 @@ fn repeated_attribute_and_occupancy_questions_cost_one_round_trip() {
         ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
         ok(cuCtxSetCurrent(ctx));
         let mut m = null_mut();
-        ok(cuModuleLoadData(&mut m, HOST_MODULE.as_ptr() as *const c_void));
+        ok(cuModuleLoadData(
+            &mut m,
+            HOST_MODULE.as_ptr() as *const c_void,
+        ));
         let mut f = null_mut();
         ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr()));
 
@@ -63,17 +66,23 @@ fn repeated_attribute_and_occupancy_questions_cost_one_round_trip() {
         assert_eq!(asked(c), 1, "a repeated read");
         let c = commands(&srv);
         for _ in 0..3 {
-            ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut v, f, 256, 0));
+            ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut v, f, 256, 0,
+            ));
             assert_eq!(v, 8);
         }
-        ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut v, f, 512, 0));
+        ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &mut v, f, 512, 0,
+        ));
         assert_eq!(v, 4);
         assert_eq!(asked(c), 2, "one question per distinct occupancy question");
 
         // A new value is set, and the occupancy answers are asked again after it.
         let c = commands(&srv);
         ok(cuFuncSetAttribute(f, MAX_DYNAMIC_SHARED, 2000));
-        ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut v, f, 256, 0));
+        ok(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &mut v, f, 256, 0,
+        ));
         assert_eq!(asked(c), 2, "a change and the question after it");
         // A refused value is not remembered as set: each try asks, and fails.
         let c = commands(&srv);

@@ -147,7 +147,7 @@ fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
     });
     drop(ch);
     if matches!(op, Op::StreamSync | Op::EventSync) {
-        crate::printf::deliver(dev);
+        crate::printf::deliver(dev, r.is_err());
     }
     r
 }

@@ -265,7 +265,7 @@ pub(crate) fn copy_htod(
 ) -> Result<(), CUresult> {
     let r = copy_htod_queued(dst, src, len, stream, sync);
     if sync {
-        deliver_printf(dst, len);
+        deliver_printf(dst, len, r.is_err());
     }
     r
 }
@@ -280,15 +280,15 @@ pub(crate) fn copy_dtoh(
 ) -> Result<(), CUresult> {
     let r = copy_dtoh_queued(dst, src, len, stream, sync);
     if sync {
-        deliver_printf(src, len);
+        deliver_printf(src, len, r.is_err());
     }
     r
 }
 
-fn deliver_printf(dptr: u64, len: usize) {
-    if crate::printf::may_print() {
+fn deliver_printf(dptr: u64, len: usize, failed: bool) {
+    if crate::printf::wanted(failed) {
         if let Ok(dev) = range_dev(dptr, len as u64) {
-            crate::printf::deliver(dev);
+            crate::printf::deliver(dev, failed);
         }
     }
 }

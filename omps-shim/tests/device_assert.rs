@@ -1,0 +1,58 @@
+//! The text of a failed device assert reaches the client when its synchronizing call
+//! fails, and code that only asserts costs successful synchronizations nothing. Its own
+//! test binary: it takes over this process's fd 1, and each process declares its code once.
+
+mod common;
+mod printing;
+use common::*;
+use omps_shim::api::ctx::*;
+use omps_shim::api::device::*;
+use omps_shim::cuda::*;
+use printing::*;
+use std::ptr::null_mut;
+
+fn ok(r: CUresult) {
+    assert_eq!(r, CUDA_SUCCESS, "CUDA call failed");
+}
+
+#[test]
+fn an_asserts_text_arrives_with_the_failed_sync() {
+    let srv = TestServer::start("assert");
+    // SAFETY: single-threaded so far; the shim reads this at cuInit.
+    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
+    let out = CapturedStdout::start();
+    // SAFETY (whole test): every pointer passed is a valid local.
+    unsafe {
+        ok(cuInit(0));
+        let mut ctx = null_mut();
+        ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        ok(cuCtxSetCurrent(ctx));
+        let image =
+            "omps-host-module\nextern __assertfail\nfn print 0:8 8:4\nfn assert_fail 0:8 8:4\n\0";
+        let print = kernel_with_text(image, c"print", "earlier text\n");
+        let fail = kernel_with_text(image, c"assert_fail", "Assertion `x != 200` failed.\n");
+
+        print(null_mut());
+        ok(cuCtxSynchronize());
+        assert_eq!(
+            out.text(0),
+            "",
+            "a successful sync of assert-only code asks for nothing"
+        );
+        let before = srv.ctl("status").1;
+
+        fail(null_mut());
+        assert_eq!(cuCtxSynchronize(), 710, "CUDA_ERROR_ASSERT");
+        assert_eq!(
+            out.text(42),
+            "earlier text\nAssertion `x != 200` failed.\n",
+            "the failed sync brings everything printed so far"
+        );
+        assert!(
+            !before.contains("device printf sent to the server log"),
+            "{before}"
+        );
+    }
+    drop(out);
+    drop(srv);
+}

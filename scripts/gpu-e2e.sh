@@ -679,6 +679,13 @@ rt_omps_run() { # prog mode
             diff "$WORK/rt.$p.native" "$o" | head -n 40 | sed 's/^/    /'
             [ "$v" = PASS ] && v="PASS, output differs"
         fi
+        # Assert messages go to stderr: the same lines as natively.
+        if [ -f "$WORK/rt.$p.native.err" ] && grep -q Assertion "$WORK/rt.$p.native.err" &&
+            ! cmp -s <(grep Assertion "$WORK/rt.$p.native.err") <(grep Assertion "$o.err"); then
+            log "--- rt/$p: assert messages on stderr differ (native, then omps-$mode)"
+            grep Assertion "$WORK/rt.$p.native.err" "$o.err" | head -n 10 | sed 's/^/    /'
+            [ "$v" = PASS ] && v="PASS, assert message differs"
+        fi
         in_list "$p" "$RT_FAULT_PROGS" && restart_omps
     fi
     if [ "$mode" = preload ]; then RT_PRE[$p]=$v; else RT_LIB[$p]=$v; fi

@@ -555,6 +555,23 @@ pub struct HostMemReply {
 /// Most text one `PRINTF_FLUSH` reply carries; the rest waits for the next flush.
 pub const PRINTF_REPLY_MAX: usize = 4 << 20;
 
+/// The text of a PRINTF_FLUSH answer: the length of the printf text (u32), the printf
+/// text (for the client's fd 1), then the assert messages (for its fd 2).
+pub fn printf_reply(out: &[u8], err: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + out.len() + err.len());
+    v.extend_from_slice(&(out.len() as u32).to_le_bytes());
+    v.extend_from_slice(out);
+    v.extend_from_slice(err);
+    v
+}
+
+/// Splits a PRINTF_FLUSH answer into (printf text, assert messages); None if malformed.
+pub fn split_printf_reply(text: &[u8]) -> Option<(&[u8], &[u8])> {
+    let n = u32::from_le_bytes(text.get(..4)?.try_into().ok()?) as usize;
+    let rest = &text[4..];
+    (n <= rest.len()).then(|| rest.split_at(n))
+}
+
 /// Size of the per-GPU doorbell page shared by all clients of that GPU.
 pub const DOORBELL_PAGE: usize = 4096;
 
@@ -573,6 +590,19 @@ pub fn get<T: Pod>(bytes: &[u8]) -> Option<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_printf_reply_splits_into_its_two_streams() {
+        let r = printf_reply(b"printed\n", b"assert\n");
+        assert_eq!(
+            split_printf_reply(&r),
+            Some((&b"printed\n"[..], &b"assert\n"[..]))
+        );
+        assert_eq!(split_printf_reply(&r[..3]), None);
+        let mut lie = r.clone();
+        lie[0] = 200;
+        assert_eq!(split_printf_reply(&lie), None);
+    }
 
     #[test]
     fn every_op_round_trips_through_its_tag() {

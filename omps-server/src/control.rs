@@ -147,7 +147,10 @@ impl Server {
         let (listener, socket_path) = bind(&cfg.pipe_dir)?;
         let printf = PrintfRouter::new(cfg.capture_printf)?;
         for g in &gpus {
-            g.set_printf_output(printf.write_fd());
+            g.set_printf_output(
+                printf.write_fd(crate::printf::Stream::Out),
+                printf.write_fd(crate::printf::Stream::Err),
+            );
         }
         let snapshots = gpus.iter().map(|g| g.snapshot()).collect();
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -326,8 +329,8 @@ impl Server {
                 let Some(gpu) = self.gpus.get(req.addr as usize) else {
                     return Self::reply(s, code::INVALID_DEVICE, &[]);
                 };
-                let text = self.printf.flush(&**gpu, id, wire::PRINTF_REPLY_MAX);
-                return Self::reply(s, 0, &text);
+                let got = self.printf.flush(&**gpu, id, wire::PRINTF_REPLY_MAX - 4);
+                return Self::reply(s, 0, &wire::printf_reply(&got.out, &got.err));
             }
             _ => {
                 c.disconnect(code::MPS_CLIENT_TERMINATED, "malformed socket request");

@@ -185,6 +185,7 @@ pub trait Gpu: Send + Sync + 'static {
     /// Makes the driver write out the context's device printf buffer (see [`crate::printf`])
     /// without waiting for any work; may be called from any thread.
     fn flush_printf(&self) -> GpuResult<()>;
-    /// Where printf output goes for a GPU that does not write to fd 1 itself.
-    fn set_printf_output(&self, _fd: std::os::fd::RawFd) {}
+    /// Where printf output (`out`) and assert messages (`err`) go, for a GPU that does not
+    /// write to fds 1 and 2 itself.
+    fn set_printf_output(&self, _out: std::os::fd::RawFd, _err: std::os::fd::RawFd) {}
 }

@@ -7,8 +7,9 @@
 //! Known kernels: `fill_u32(ptr u64, value u32, count u32)`, `trap()`, which makes the
 //! context's error sticky as a device fault would, and `print(ptr u64, len u32)`, which
 //! puts `len` bytes of device memory into the printf buffer, as device printf would, and
-//! `assert_fail(ptr u64, len u32)`, which does that and fails as a device assert does;
-//! [`Gpu::flush_printf`] writes that buffer to the descriptor of `set_printf_output`.
+//! `assert_fail(ptr u64, len u32)`, which puts them into the assert messages and fails as
+//! a device assert does; [`Gpu::flush_printf`] writes both to the descriptors of
+//! `set_printf_output`.
 
 use crate::gpu::{code, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule};
 use omps_ring::segment::DeviceSnapshot;
@@ -26,6 +27,8 @@ struct State {
     sticky: Option<i32>,
     events: BTreeMap<u64, ()>,
     printf_buffer: Vec<u8>,
+    /// Messages of failed asserts, written to the err descriptor.
+    assert_buffer: Vec<u8>,
     /// Context limits that were set (CUlimit 0..=6 exist; each defaults to 1024).
     limits: BTreeMap<i64, i64>,
     /// VMM: a reservation is one zeroed buffer (so copies may cross the seam of two
@@ -40,6 +43,8 @@ pub struct HostGpu {
     ordinal: usize,
     total: u64,
     printf_fd: std::sync::atomic::AtomicI32,
+    assert_fd: std::sync::atomic::AtomicI32,
+    flushes: std::sync::atomic::AtomicU64,
     completions: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
 }
@@ -49,11 +54,18 @@ const BASE: u64 = 0x7f00_0000_0000;
 pub const VMM_GRANULE: u64 = 64 << 10;
 
 impl HostGpu {
+    /// How many times the printf buffer was flushed (each client request for its text).
+    pub fn printf_flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
+    }
+
     pub fn new(ordinal: usize, total: u64) -> Self {
         HostGpu {
             ordinal,
             total,
             printf_fd: std::sync::atomic::AtomicI32::new(-1),
+            assert_fd: std::sync::atomic::AtomicI32::new(-1),
+            flushes: Default::default(),
             completions: std::sync::atomic::AtomicUsize::new(0),
             state: Mutex::new(State {
                 next_addr: BASE,
@@ -548,9 +560,11 @@ impl Gpu for HostGpu {
                 match st.range(ptr, n) {
                     Ok(d) => {
                         let text = d.to_vec();
-                        st.printf_buffer.extend_from_slice(&text);
                         if name == "assert_fail" {
+                            st.assert_buffer.extend_from_slice(&text);
                             st.sticky = Some(code::ASSERT);
+                        } else {
+                            st.printf_buffer.extend_from_slice(&text);
                         }
                     }
                     Err(_) => st.sticky = Some(code::ILLEGAL_ADDRESS),
@@ -609,20 +623,31 @@ impl Gpu for HostGpu {
     }
 
     fn flush_printf(&self) -> GpuResult<()> {
-        let text = std::mem::take(&mut self.state.lock().unwrap().printf_buffer);
-        let fd = self.printf_fd.load(Ordering::Relaxed);
-        if fd < 0 || text.is_empty() {
-            return Ok(());
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        let (out, err) = {
+            let mut st = self.state.lock().unwrap();
+            (
+                std::mem::take(&mut st.printf_buffer),
+                std::mem::take(&mut st.assert_buffer),
+            )
+        };
+        for (fd, text) in [(&self.printf_fd, out), (&self.assert_fd, err)] {
+            let fd = fd.load(Ordering::Relaxed);
+            if fd < 0 || text.is_empty() {
+                continue;
+            }
+            // SAFETY: the router's pipe, open for the life of the server; ManuallyDrop
+            // leaves it open.
+            let mut f = std::mem::ManuallyDrop::new(unsafe {
+                <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
+            });
+            std::io::Write::write_all(&mut *f, &text).map_err(|_| CuError(code::UNKNOWN))?;
         }
-        // SAFETY: the router's pipe, open for the life of the server; ManuallyDrop leaves
-        // it open.
-        let mut out = std::mem::ManuallyDrop::new(unsafe {
-            <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
-        });
-        std::io::Write::write_all(&mut *out, &text).map_err(|_| CuError(code::UNKNOWN))
+        Ok(())
     }
 
-    fn set_printf_output(&self, fd: std::os::fd::RawFd) {
-        self.printf_fd.store(fd, Ordering::Relaxed);
+    fn set_printf_output(&self, out: std::os::fd::RawFd, err: std::os::fd::RawFd) {
+        self.printf_fd.store(out, Ordering::Relaxed);
+        self.assert_fd.store(err, Ordering::Relaxed);
     }
 }

@@ -4,6 +4,7 @@
 //! * [`worker`]: one thread per GPU that runs every client's commands for that GPU.
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
 //! * [`limits`]: context limits, per client.
+//! * [`stdio`]: the server's own stderr, apart from the driver's fd 2.
 //! * [`stats`]: the workers' counters of their own time (`omps-ctl stats`).
 //! * [`printf`]: device printf output, routed to the client that printed.
 //! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
@@ -20,6 +21,7 @@ pub mod limits;
 pub mod printf;
 pub mod session;
 pub mod stats;
+pub mod stdio;
 pub mod testing;
 pub mod worker;
 

@@ -29,15 +29,15 @@ fn init_logging() {
             {
                 Ok(f) => builder.with_writer(std::sync::Mutex::new(f)).init(),
                 Err(e) => {
-                    eprintln!(
+                    omps_server::say!(
                         "omps-server: cannot open {}/server.log: {e}; logging to stderr",
                         dir.display()
                     );
-                    builder.with_writer(std::io::stderr).init()
+                    builder.with_writer(omps_server::stdio::stderr).init()
                 }
             }
         }
-        None => builder.with_writer(std::io::stderr).init(),
+        None => builder.with_writer(omps_server::stdio::stderr).init(),
     }
 }
 
@@ -48,11 +48,11 @@ fn main() -> ExitCode {
     }
     init_logging();
     if std::env::var_os("LD_PRELOAD").is_some_and(|v| v.to_string_lossy().contains("omps_shim")) {
-        eprintln!("omps-server: refusing to run with libomps_shim.so preloaded (the server needs the real driver)");
+        omps_server::say!("omps-server: refusing to run with libomps_shim.so preloaded (the server needs the real driver)");
         return ExitCode::FAILURE;
     }
     if !gpu_cuda::driver_present() {
-        eprintln!("omps-server: the CUDA driver library libcuda.so (libcuda.so.1) was not found; install the NVIDIA driver or add its directory to LD_LIBRARY_PATH");
+        omps_server::say!("omps-server: the CUDA driver library libcuda.so (libcuda.so.1) was not found; install the NVIDIA driver or add its directory to LD_LIBRARY_PATH");
         return ExitCode::FAILURE;
     }
     if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
@@ -62,12 +62,12 @@ fn main() -> ExitCode {
     let (driver_version, count) = match gpu_cuda::init() {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("omps-server: cuInit failed with CUDA error {}", e.0);
+            omps_server::say!("omps-server: cuInit failed with CUDA error {}", e.0);
             return ExitCode::FAILURE;
         }
     };
     if count == 0 {
-        eprintln!("omps-server: no CUDA device found");
+        omps_server::say!("omps-server: no CUDA device found");
         return ExitCode::FAILURE;
     }
     let count = count.min(omps_ring::segment::MAX_DEVICES);
@@ -76,7 +76,7 @@ fn main() -> ExitCode {
         match CudaGpu::open(i, POOL) {
             Ok(g) => gpus.push(Arc::new(g)),
             Err(e) => {
-                eprintln!(
+                omps_server::say!(
                     "omps-server: opening GPU {i} failed with CUDA error {}",
                     e.0
                 );
@@ -88,21 +88,21 @@ fn main() -> ExitCode {
     let server = match Server::new(cfg.clone(), gpus, driver_version) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!(
+            omps_server::say!(
                 "omps-server: cannot listen in {}: {e}",
                 cfg.pipe_dir.display()
             );
             return ExitCode::FAILURE;
         }
     };
-    eprintln!(
+    omps_server::say!(
         "omps-server: serving {count} GPU(s) on {}",
         cfg.pipe_dir.join(omps_ring::sock::SOCKET_NAME).display()
     );
     match server.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("omps-server: {e}");
+            omps_server::say!("omps-server: {e}");
             ExitCode::FAILURE
         }
     }

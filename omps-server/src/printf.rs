@@ -1,18 +1,22 @@
-//! Device printf, routed back to the client whose kernel printed.
+//! Device printf and assert messages, routed back to the client whose kernel wrote them.
 //!
 //! The driver keeps one printf buffer per context and writes its contents, formatted, to
 //! file descriptor 1 of the process that owns the context, whenever that process makes a
 //! synchronizing call (any stream's synchronize, an event's, the context's, and some
-//! queries) from any thread. The contexts are the server's, so the server points its fd 1
-//! at a pipe that a pump thread drains at all times, since a driver write that blocked
-//! would stall whichever thread made the call, a worker among them.
+//! queries) from any thread. The message of a failed device `assert()` goes to file
+//! descriptor 2 instead (H100, driver 580: `scripts/probe/assert_text.sh`). The contexts
+//! are the server's, so the server points its fds 1 and 2 at pipes that pump threads
+//! drain at all times, since a driver write that blocked would stall whichever thread
+//! made the call, a worker among them. The server's own diagnostics go to the stderr it
+//! started with ([`crate::stdio`]).
 //!
 //! Who printed is not in the text. The shim tells the server which clients run code
-//! that references `vprintf` (or might: compressed images). Text goes to the one such
-//! client; when there are several, or none, it goes to the server log, with a warning.
-//! A client's text waits in the server until the client asks for it after one of its own
-//! synchronizing calls: `flush` makes the driver write out its buffer, then puts a marker
-//! into the pipe and waits until the pump has routed everything before the marker.
+//! that references `vprintf` or `__assertfail` (or might: images it cannot read). Text
+//! goes to the one such client; when there are several, or none, it goes to the server
+//! log, with a warning. A client's text waits in the server until the client asks for it
+//! after one of its own synchronizing calls: `flush` makes the driver write out its
+//! buffer, then puts a marker into each pipe and waits until its pump has routed
+//! everything before the marker.
 
 use crate::gpu::Gpu;
 use omps_ring::wire::printf_use;
@@ -25,10 +29,22 @@ use std::time::Duration;
 /// Starts every marker; 8 more bytes (the marker's number) follow.
 const MARK_PREFIX: [u8; 8] = *b"\0\x1bomps\x1b\0";
 const MARK_LEN: usize = MARK_PREFIX.len() + 8;
-/// Text a client has not collected yet is capped at this; the rest is counted as lost.
+/// Text a client has not collected yet is capped at this per stream; the rest is counted
+/// as lost.
 const PENDING_MAX: usize = 16 << 20;
-/// How long `flush` waits for the pump to reach its marker.
+/// How long `flush` waits for the pumps to reach their markers.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The two descriptors the driver writes device text to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// fd 1: device printf.
+    Out = 0,
+    /// fd 2: assert messages.
+    Err = 1,
+}
+
+const STREAMS: [Stream; 2] = [Stream::Out, Stream::Err];
 
 #[derive(Default)]
 struct Pending {
@@ -36,14 +52,31 @@ struct Pending {
     dropped: usize,
 }
 
+impl Pending {
+    /// Up to `max` bytes of what is waiting, with a note of what was dropped.
+    fn take(&mut self, max: usize) -> Vec<u8> {
+        if self.dropped > 0 && self.text.len() < max {
+            let note = format!(
+                "[omps: {} bytes of device output were dropped]\n",
+                self.dropped
+            );
+            self.text.extend_from_slice(note.as_bytes());
+            self.dropped = 0;
+        }
+        let n = self.text.len().min(max);
+        self.text.drain(..n).collect()
+    }
+}
+
 #[derive(Default)]
 struct State {
-    /// Clients that run (or may run) printf code, with the level they declared.
+    /// Clients that run (or may run) printing code, with the level they declared.
     users: BTreeMap<u32, u64>,
-    pending: BTreeMap<u32, Pending>,
-    /// Number of the last marker the pump has passed.
-    marks_seen: u64,
-    marks_sent: u64,
+    /// Per client, what each stream holds for it.
+    pending: BTreeMap<u32, [Pending; 2]>,
+    /// Per stream, the number of the last marker its pump has passed, and of the last sent.
+    marks_seen: [u64; 2],
+    marks_sent: [u64; 2],
     /// Bytes routed to the log because no single client could be named.
     unattributed: u64,
 }
@@ -61,45 +94,62 @@ impl Shared {
 
 pub struct PrintfRouter {
     shared: Arc<Shared>,
-    /// The pipe's write end: the driver's fd 1 (when capturing), and where markers go.
-    write_end: OwnedFd,
+    /// The pipes' write ends, by [`Stream`]: the driver's fds 1 and 2 (when capturing),
+    /// and where markers go.
+    write_ends: [OwnedFd; 2],
+}
+
+/// Device text a client collects: what its kernels printed and what their asserts said.
+#[derive(Debug, Default, PartialEq)]
+pub struct Collected {
+    pub out: Vec<u8>,
+    pub err: Vec<u8>,
 }
 
 impl PrintfRouter {
-    /// A router reading a new pipe. With `capture_stdout`, the pipe becomes this process's
-    /// fd 1, where the driver writes printf output.
-    pub fn new(capture_stdout: bool) -> io::Result<PrintfRouter> {
-        let mut fds = [0; 2];
-        // SAFETY: fds has room for the two descriptors pipe2 returns.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: pipe2 just returned these descriptors, owned by nobody else.
-        let (read_end, write_end) =
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // A larger pipe absorbs bursts while the pump is descheduled (best effort).
-        // SAFETY: fcntl on a descriptor we own.
-        unsafe { libc::fcntl(read_end.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
-        if capture_stdout {
-            // SAFETY: dup2 onto fd 1; the previous fd 1 is closed by it, which is intended.
-            if unsafe { libc::dup2(write_end.as_raw_fd(), 1) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
+    /// A router reading two new pipes. With `capture`, they become this process's fds 1
+    /// and 2, where the driver writes device text.
+    pub fn new(capture: bool) -> io::Result<PrintfRouter> {
         let shared = Arc::new(Shared {
             state: Mutex::default(),
             marked: Condvar::new(),
         });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("omps-printf".into())
-            .spawn(move || pump(std::fs::File::from(read_end), &s))?;
-        Ok(PrintfRouter { shared, write_end })
+        let mut write_ends = Vec::new();
+        for stream in STREAMS {
+            let mut fds = [0; 2];
+            // SAFETY: fds has room for the two descriptors pipe2 returns.
+            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: pipe2 just returned these descriptors, owned by nobody else.
+            let (read_end, write_end) =
+                unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+            // A larger pipe absorbs bursts while the pump is descheduled (best effort).
+            // SAFETY: fcntl on a descriptor we own.
+            unsafe { libc::fcntl(read_end.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("omps-printf{}", stream as usize + 1))
+                .spawn(move || pump(std::fs::File::from(read_end), &s, stream))?;
+            write_ends.push(write_end);
+        }
+        let write_ends: [OwnedFd; 2] = write_ends.try_into().expect("two streams");
+        if capture {
+            crate::stdio::keep_stderr()?;
+            for (stream, w) in STREAMS.iter().zip(&write_ends) {
+                // SAFETY: dup2 onto fd 1 or 2; the previous one is closed by it, which is
+                // intended (fd 2's original was kept by keep_stderr).
+                if unsafe { libc::dup2(w.as_raw_fd(), *stream as i32 + 1) } < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(PrintfRouter { shared, write_ends })
     }
 
-    /// Where the driver's printf output goes, for GPUs that do not write to fd 1 themselves.
-    pub fn write_fd(&self) -> RawFd {
-        self.write_end.as_raw_fd()
+    /// Where device text goes, for GPUs that do not write to fds 1 and 2 themselves.
+    pub fn write_fd(&self, stream: Stream) -> RawFd {
+        self.write_ends[stream as usize].as_raw_fd()
     }
 
     /// Client `id` runs code at printf level `level` (raised, never lowered).
@@ -112,27 +162,22 @@ impl PrintfRouter {
         *l = (*l).max(level);
     }
 
-    /// Makes `gpu` write out its printf buffer, waits until the pump has routed it, and
-    /// returns up to `max` bytes of what client `id` printed so far.
-    pub fn flush(&self, gpu: &dyn Gpu, id: u32, max: usize) -> Vec<u8> {
+    /// Makes `gpu` write out its printf buffer, waits until the pumps have routed it, and
+    /// returns up to `max` bytes (both streams together) of what client `id` has waiting.
+    pub fn flush(&self, gpu: &dyn Gpu, id: u32, max: usize) -> Collected {
         if let Err(e) = gpu.flush_printf() {
             tracing::debug!(client = id, "printf flush: CUDA error {}", e.0);
         }
-        self.sync_pump();
-        let mut st = self.shared.lock();
-        let Some(p) = st.pending.get_mut(&id) else {
-            return Vec::new();
-        };
-        if p.dropped > 0 && p.text.len() < max {
-            let note = format!(
-                "[omps: {} bytes of device printf output were dropped]\n",
-                p.dropped
-            );
-            p.text.extend_from_slice(note.as_bytes());
-            p.dropped = 0;
+        for stream in STREAMS {
+            self.sync_pump(stream);
         }
-        let n = p.text.len().min(max);
-        p.text.drain(..n).collect()
+        let mut st = self.shared.lock();
+        let Some([out, err]) = st.pending.get_mut(&id) else {
+            return Collected::default();
+        };
+        let out = out.take(max);
+        let err = err.take(max - out.len());
+        Collected { out, err }
     }
 
     /// Client `id` is gone: what it did not collect goes to the log.
@@ -140,28 +185,31 @@ impl PrintfRouter {
         let mut st = self.shared.lock();
         st.users.remove(&id);
         if let Some(p) = st.pending.remove(&id) {
-            if !p.text.is_empty() {
-                tracing::warn!(
-                    client = id,
-                    "device printf output the client did not collect before it went:\n{}",
-                    String::from_utf8_lossy(&p.text)
-                );
+            for (stream, p) in STREAMS.iter().zip(p) {
+                if !p.text.is_empty() {
+                    tracing::warn!(
+                        client = id,
+                        "device output ({stream:?}) the client did not collect before it went:\n{}",
+                        String::from_utf8_lossy(&p.text)
+                    );
+                }
             }
         }
     }
 
-    /// Bytes of printf output that went to the log because no one client could be named.
+    /// Bytes of device text that went to the log because no one client could be named.
     pub fn unattributed(&self) -> u64 {
         self.shared.lock().unattributed
     }
 
-    /// Puts a marker into the pipe and waits until the pump has passed it, so everything
-    /// written before it has been routed.
-    fn sync_pump(&self) {
+    /// Puts a marker into `stream`'s pipe and waits until the pump has passed it, so
+    /// everything written there before it has been routed.
+    fn sync_pump(&self, stream: Stream) {
+        let k = stream as usize;
         let n = {
             let mut st = self.shared.lock();
-            st.marks_sent += 1;
-            st.marks_sent
+            st.marks_sent[k] += 1;
+            st.marks_sent[k]
         };
         let mut mark = [0u8; MARK_LEN];
         mark[..8].copy_from_slice(&MARK_PREFIX);
@@ -170,7 +218,7 @@ impl PrintfRouter {
         // PIPE_BUF, so the marker is never split by other writers.
         let w = unsafe {
             libc::write(
-                self.write_end.as_raw_fd(),
+                self.write_ends[k].as_raw_fd(),
                 mark.as_ptr() as *const _,
                 MARK_LEN,
             )
@@ -186,16 +234,16 @@ impl PrintfRouter {
         let (_st, timeout) = self
             .shared
             .marked
-            .wait_timeout_while(st, FLUSH_TIMEOUT, |s| s.marks_seen < n)
+            .wait_timeout_while(st, FLUSH_TIMEOUT, |s| s.marks_seen[k] < n)
             .unwrap_or_else(|e| e.into_inner());
         if timeout.timed_out() {
-            tracing::warn!("printf: the pump did not reach marker {n} in time");
+            tracing::warn!("printf: the {stream:?} pump did not reach marker {n} in time");
         }
     }
 }
 
 /// Reads the pipe until it closes, routing text and counting markers.
-fn pump(mut pipe: std::fs::File, shared: &Shared) {
+fn pump(mut pipe: std::fs::File, shared: &Shared, stream: Stream) {
     let mut acc: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
     loop {
@@ -209,9 +257,10 @@ fn pump(mut pipe: std::fs::File, shared: &Shared) {
         let mut st = shared.lock();
         let mut marked = false;
         let kept = split_marks(&acc, |piece| match piece {
-            Piece::Text(t) => route(&mut st, t),
+            Piece::Text(t) => route(&mut st, stream, t),
             Piece::Mark(m) => {
-                st.marks_seen = st.marks_seen.max(m);
+                let k = stream as usize;
+                st.marks_seen[k] = st.marks_seen[k].max(m);
                 marked = true;
             }
         });
@@ -268,12 +317,12 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Text goes to the one client that runs printf code; otherwise to the log.
-fn route(st: &mut State, text: &[u8]) {
+/// Text goes to the one client that runs printing code; otherwise to the log.
+fn route(st: &mut State, stream: Stream, text: &[u8]) {
     let mut users = st.users.keys();
     match (users.next(), users.next()) {
         (Some(&id), None) => {
-            let p = st.pending.entry(id).or_default();
+            let p = &mut st.pending.entry(id).or_default()[stream as usize];
             let room = PENDING_MAX.saturating_sub(p.text.len());
             let take = text.len().min(room);
             p.text.extend_from_slice(&text[..take]);
@@ -282,12 +331,12 @@ fn route(st: &mut State, text: &[u8]) {
         (first, _) => {
             st.unattributed += text.len() as u64;
             let why = if first.is_none() {
-                "no client declared printf code"
+                "no client declared printing code"
             } else {
-                "several clients run printf code"
+                "several clients run printing code"
             };
             tracing::warn!(
-                "device printf output ({why}, so it cannot be given to one client):\n{}",
+                "device output on {stream:?} ({why}, so it cannot be given to one client):\n{}",
                 String::from_utf8_lossy(text)
             );
         }
@@ -352,14 +401,16 @@ mod tests {
     #[test]
     fn text_goes_to_the_only_printf_client_else_to_the_log() {
         let mut st = State::default();
-        route(&mut st, b"nobody\n");
+        route(&mut st, Stream::Out, b"nobody\n");
         assert_eq!(st.unattributed, 7);
-        st.users.insert(4, printf_use::YES);
-        route(&mut st, b"hello\n");
-        assert_eq!(st.pending[&4].text, b"hello\n");
+        st.users.insert(4, printf_use::ASSERT);
+        route(&mut st, Stream::Out, b"hello\n");
+        route(&mut st, Stream::Err, b"assert\n");
+        assert_eq!(st.pending[&4][0].text, b"hello\n");
+        assert_eq!(st.pending[&4][1].text, b"assert\n");
         st.users.insert(5, printf_use::MAYBE);
-        route(&mut st, b"whose?\n");
-        assert_eq!(st.pending[&4].text, b"hello\n");
+        route(&mut st, Stream::Err, b"whose?\n");
+        assert_eq!(st.pending[&4][1].text, b"assert\n");
         assert_eq!(st.unattributed, 14);
     }
 
@@ -368,9 +419,11 @@ mod tests {
         let mut st = State::default();
         st.users.insert(1, printf_use::YES);
         let big = vec![b'x'; PENDING_MAX - 2];
-        route(&mut st, &big);
-        route(&mut st, b"12345");
-        assert_eq!(st.pending[&1].text.len(), PENDING_MAX);
-        assert_eq!(st.pending[&1].dropped, 3);
+        route(&mut st, Stream::Out, &big);
+        route(&mut st, Stream::Out, b"12345");
+        assert_eq!(st.pending[&1][0].text.len(), PENDING_MAX);
+        assert_eq!(st.pending[&1][0].dropped, 3);
+        let got = st.pending.get_mut(&1).unwrap()[0].take(PENDING_MAX + 100);
+        assert!(got.ends_with(b"[omps: 3 bytes of device output were dropped]\n"));
     }
 }

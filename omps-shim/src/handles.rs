@@ -114,6 +114,8 @@ pub struct Module {
     pub id: u32,
     pub dev: usize,
     pub functions: Vec<&'static Function>,
+    /// Its code calls device printf: a launch leaves text to collect at the next sync.
+    pub prints: bool,
 }
 
 /// Gives out a handle for `v`.

@@ -21,8 +21,9 @@ fn an_asserts_text_arrives_with_the_failed_sync() {
     // SAFETY: single-threaded so far; the shim reads this at cuInit.
     unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
     let out = CapturedStdout::start();
+    let err = CapturedStdout::fd(2);
     // SAFETY (whole test): every pointer passed is a valid local.
-    unsafe {
+    let (quiet_out, quiet_err, sync, out_text, err_text, before) = unsafe {
         ok(cuInit(0));
         let mut ctx = null_mut();
         ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
@@ -34,25 +35,36 @@ fn an_asserts_text_arrives_with_the_failed_sync() {
 
         print(null_mut());
         ok(cuCtxSynchronize());
-        assert_eq!(
-            out.text(0),
-            "",
-            "a successful sync of assert-only code asks for nothing"
-        );
+        let (quiet_out, quiet_err) = (out.text(0), err.text(0));
         let before = srv.ctl("status").1;
-
         fail(null_mut());
-        assert_eq!(cuCtxSynchronize(), 710, "CUDA_ERROR_ASSERT");
-        assert_eq!(
-            out.text(42),
-            "earlier text\nAssertion `x != 200` failed.\n",
-            "the failed sync brings everything printed so far"
-        );
-        assert!(
-            !before.contains("device printf sent to the server log"),
-            "{before}"
-        );
-    }
+        let sync = cuCtxSynchronize();
+        (
+            quiet_out,
+            quiet_err,
+            sync,
+            out.text(13),
+            err.text(29),
+            before,
+        )
+    };
+    // Checked once fd 2 is back, so that a failure can be read.
+    drop(err);
     drop(out);
+    assert_eq!(
+        (quiet_out.as_str(), quiet_err.as_str()),
+        ("", ""),
+        "a successful sync of assert-only code asks for nothing"
+    );
+    assert_eq!(sync, 710, "CUDA_ERROR_ASSERT");
+    assert_eq!(out_text, "earlier text\n", "printf text, on fd 1");
+    assert_eq!(
+        err_text, "Assertion `x != 200` failed.\n",
+        "the assert's message, on fd 2"
+    );
+    assert!(
+        !before.contains("device printf sent to the server log"),
+        "{before}"
+    );
     drop(srv);
 }

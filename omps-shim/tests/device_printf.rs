@@ -71,6 +71,34 @@ fn device_printf_reaches_the_client_before_its_sync_returns() {
         let mut word = [0u8; 4];
         ok(cuMemcpyDtoH_v2(word.as_mut_ptr() as *mut c_void, p, 4));
         assert_eq!(out.text(35), "first\nsecond\nsecond\nsecond\nsecond\n");
+
+        // A synchronization asks only while printing code was queued since one that
+        // covered it: its stream's or the context's.
+        ok(cuCtxSynchronize());
+        let flushes = srv.gpu.printf_flushes();
+        ok(cuCtxSynchronize());
+        ok(cuStreamSynchronize(s));
+        assert_eq!(srv.gpu.printf_flushes(), flushes, "nothing printed since");
+        loud(s);
+        ok(cuStreamSynchronize(null_mut()));
+        ok(cuStreamSynchronize(null_mut()));
+        assert_eq!(
+            srv.gpu.printf_flushes(),
+            flushes + 2,
+            "another stream's sync asks"
+        );
+        ok(cuStreamSynchronize(s));
+        ok(cuStreamSynchronize(s));
+        ok(cuCtxSynchronize());
+        assert_eq!(
+            srv.gpu.printf_flushes(),
+            flushes + 3,
+            "the printing stream's sync covers it"
+        );
+        assert_eq!(
+            out.text(42),
+            "first\nsecond\nsecond\nsecond\nsecond\nsecond\n"
+        );
     }
     drop(out);
     drop(srv);

@@ -293,7 +293,7 @@ pub(crate) fn sync_device(dev: usize) -> Result<(), CUresult> {
         bytemuck::bytes_of(&call).to_vec()
     });
     drop(ch);
-    crate::printf::deliver(dev, r.is_err());
+    crate::printf::deliver(dev, r.is_err(), crate::printf::Covers::All);
     r
 }
 

@@ -146,8 +146,12 @@ fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
         bytemuck::bytes_of(&HandleCall { call, id, _pad: 0 }).to_vec()
     });
     drop(ch);
-    if matches!(op, Op::StreamSync | Op::EventSync) {
-        crate::printf::deliver(dev, r.is_err());
+    match op {
+        Op::StreamSync => {
+            crate::printf::deliver(dev, r.is_err(), crate::printf::Covers::Stream(id))
+        }
+        Op::EventSync => crate::printf::deliver(dev, r.is_err(), crate::printf::Covers::Unknown),
+        _ => {}
     }
     r
 }
@@ -498,7 +502,12 @@ unsafe fn launch(
         // SAFETY: the caller's params/extra, per cuLaunchKernel's contract.
         unsafe { pack_args(func, params, extra, &mut a) }?;
         live()?.push(func.dev, Op::Launch, &[bytemuck::bytes_of(&hdr), attrs, &a])
-    })
+    })?;
+    // SAFETY: a live function's module is a leaked box, never freed.
+    if unsafe { (*func.module).prints } {
+        crate::printf::note_launch(stream);
+    }
+    Ok(())
 }
 
 /// # Safety

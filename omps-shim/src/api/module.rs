@@ -22,7 +22,7 @@ fn load(image: &[u8]) -> Result<CUmodule, CUresult> {
 
 fn load_on(dev: usize, image: &[u8]) -> Result<CUmodule, CUresult> {
     let c = live()?;
-    crate::printf::note_image(c, dev, image);
+    let prints = crate::printf::note_image(c, dev, image);
     let mut ch = c.channel();
     upload(c, &mut ch, dev, image)?;
     // The answer lands in chunk 0: make sure no transfer still uses it.
@@ -37,7 +37,7 @@ fn load_on(dev: usize, image: &[u8]) -> Result<CUmodule, CUresult> {
     let (p, cap) = ch.chunk_ptr(0);
     // SAFETY: the server wrote the reply into chunk 0 before completing the call.
     let reply = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
-    parse_module(reply, dev).ok_or(CUDA_ERROR_INVALID_IMAGE)
+    parse_module(reply, dev, prints).ok_or(CUDA_ERROR_INVALID_IMAGE)
 }
 
 /// Uploads `bytes` into the channel's blob in the server, through its staging chunks.
@@ -69,7 +69,7 @@ pub(crate) fn upload(
     Ok(())
 }
 
-fn parse_module(r: &[u8], dev: usize) -> Option<CUmodule> {
+fn parse_module(r: &[u8], dev: usize, prints: bool) -> Option<CUmodule> {
     let head: ModuleReply = wire::get(r)?;
     let total = (head.total_len as usize).min(r.len());
     let r = &r[..total];
@@ -81,6 +81,7 @@ fn parse_module(r: &[u8], dev: usize) -> Option<CUmodule> {
         id: head.module,
         dev,
         functions: Vec::new(),
+        prints,
     });
     let mut functions = Vec::new();
     for i in 0..head.num_functions as usize {

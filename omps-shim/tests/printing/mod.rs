@@ -16,8 +16,9 @@ fn ok(r: CUresult) {
     assert_eq!(r, CUDA_SUCCESS, "CUDA call failed");
 }
 
-/// This process's fd 1, pointed at a pipe that a thread drains, until dropped.
+/// This process's fd 1 (or 2), pointed at a pipe that a thread drains, until dropped.
 pub struct CapturedStdout {
+    fd: i32,
     saved: OwnedFd,
     seen: Arc<Mutex<Vec<u8>>>,
     reader: Option<std::thread::JoinHandle<()>>,
@@ -25,12 +26,17 @@ pub struct CapturedStdout {
 
 impl CapturedStdout {
     pub fn start() -> CapturedStdout {
+        Self::fd(1)
+    }
+
+    /// Takes over `fd` (1 or 2) instead.
+    pub fn fd(fd: i32) -> CapturedStdout {
         let mut fds = [0; 2];
         // SAFETY: fds has room for two descriptors; dup/dup2 on descriptors we own.
         let (saved, read_end) = unsafe {
             assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
-            let saved = OwnedFd::from_raw_fd(libc::dup(1));
-            assert!(libc::dup2(fds[1], 1) >= 0);
+            let saved = OwnedFd::from_raw_fd(libc::dup(fd));
+            assert!(libc::dup2(fds[1], fd) >= 0);
             libc::close(fds[1]);
             (saved, std::fs::File::from_raw_fd(fds[0]))
         };
@@ -44,6 +50,7 @@ impl CapturedStdout {
             }
         });
         CapturedStdout {
+            fd,
             saved,
             seen,
             reader: Some(reader),
@@ -64,7 +71,7 @@ impl Drop for CapturedStdout {
     fn drop(&mut self) {
         // SAFETY: puts the saved descriptor back as fd 1, which closes the pipe's last
         // write end, so the reader ends.
-        unsafe { libc::dup2(self.saved.as_raw_fd(), 1) };
+        unsafe { libc::dup2(self.saved.as_raw_fd(), self.fd) };
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }

@@ -184,7 +184,8 @@ impl Conn {
         len: u64,
         fd: Option<std::os::fd::RawFd>,
     ) -> Result<Vec<u8>, CUresult> {
-        self.check_alive()?;
+        // Device text is asked for during a fault too: an assert's message explains it.
+        self.check_state(kind == wire::hostmem::PRINTF_FLUSH)?;
         let _one_at_a_time = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         let req = wire::HostMemRequest {
             kind,
@@ -231,12 +232,18 @@ impl Conn {
 
     /// The server is gone, or cut us off: every call fails from now on.
     pub fn check_alive(&self) -> Result<(), CUresult> {
+        self.check_state(false)
+    }
+
+    /// As [`Conn::check_alive`]; with `fault_ok`, a GPU fault is not an error.
+    fn check_state(&self, fault_ok: bool) -> Result<(), CUresult> {
         if self.lost.load(Ordering::Relaxed) {
             return Err(CUDA_ERROR_MPS_RPC_FAILURE);
         }
         let h = self.seg.header();
         match h.server_state.load(Ordering::Acquire) {
             state::ACTIVE => {}
+            state::FAULT if fault_ok => {}
             _ => {
                 let code = h.state_code.load(Ordering::Relaxed);
                 return Err(if code != 0 {

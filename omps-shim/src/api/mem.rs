@@ -294,7 +294,8 @@ fn deliver_printf(dptr: u64, len: usize, failed: bool) {
 }
 
 /// Host to device through the staging chunks: copy a piece in while earlier pieces DMA.
-/// Returns once the source is consumed, as a pageable copy does.
+/// An asynchronous copy returns once the source is consumed, a blocking one once the
+/// data has landed.
 fn copy_htod_queued(
     dst: u64,
     src: *const u8,
@@ -323,7 +324,8 @@ fn copy_htod_queued(
         };
         // SAFETY: the caller's source holds len bytes.
         let bytes = unsafe { std::slice::from_raw_parts(src, len) };
-        return c.push(dev, Op::CopyHtoDInline, &[bytemuck::bytes_of(&rec), bytes]);
+        c.push(dev, Op::CopyHtoDInline, &[bytemuck::bytes_of(&rec), bytes])?;
+        return if sync { wait_stream(dev, s) } else { Ok(()) };
     }
     let mut ch = c.channel();
     let chunk = c.params().chunk_bytes as usize;
@@ -346,6 +348,12 @@ fn copy_htod_queued(
             _pad: 0,
         };
         c.push(dev, Op::CopyHtoDChunk, &[bytemuck::bytes_of(&rec)])?;
+    }
+    drop(ch);
+    // A blocking copy's data is on the GPU when it returns: a kernel the program queues
+    // next on a stream that does not wait for this one must find it there.
+    if sync {
+        wait_stream(dev, s)?;
     }
     Ok(())
 }
@@ -371,17 +379,23 @@ fn pinned_copy(
     };
     c.push(dev, op, &[bytemuck::bytes_of(&rec)])?;
     if sync {
-        let mut ch = c.channel();
-        ch.call(dev, Op::StreamSync, |call| {
-            bytemuck::bytes_of(&wire::HandleCall {
-                call,
-                id: stream,
-                _pad: 0,
-            })
-            .to_vec()
-        })?;
+        wait_stream(dev, stream)?;
     }
     Ok(())
+}
+
+/// Waits until everything queued on `stream` so far is done on the GPU.
+fn wait_stream(dev: usize, stream: u32) -> Result<(), CUresult> {
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::StreamSync, |call| {
+        bytemuck::bytes_of(&wire::HandleCall {
+            call,
+            id: stream,
+            _pad: 0,
+        })
+        .to_vec()
+    })
 }
 
 /// Device to host: keep up to CHUNKS_PER_CHANNEL pieces in flight, copy each out as it lands.

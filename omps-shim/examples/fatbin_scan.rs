@@ -40,21 +40,11 @@ fn main() {
     }
 }
 
-fn u16_at(b: &[u8], o: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(
-        b.get(o..o.checked_add(2)?)?.try_into().ok()?,
-    ))
-}
-fn u32_at(b: &[u8], o: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(
-        b.get(o..o.checked_add(4)?)?.try_into().ok()?,
-    ))
-}
+use image::{u16_at, u32_at};
+
+/// A u64 field that must also fit a usize (an offset or length in this file).
 fn u64_at(b: &[u8], o: usize) -> Option<usize> {
-    usize::try_from(u64::from_le_bytes(
-        b.get(o..o.checked_add(8)?)?.try_into().ok()?,
-    ))
-    .ok()
+    usize::try_from(image::u64_at(b, o)?).ok()
 }
 
 /// Where the fatbins of a file lie: an ELF's `.nv_fatbin` section, else the whole file.

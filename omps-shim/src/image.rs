@@ -250,17 +250,20 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
-fn u16_at(b: &[u8], o: usize) -> Option<u16> {
+#[doc(hidden)]
+pub fn u16_at(b: &[u8], o: usize) -> Option<u16> {
     Some(u16::from_le_bytes(
         b.get(o..o.checked_add(2)?)?.try_into().ok()?,
     ))
 }
-fn u32_at(b: &[u8], o: usize) -> Option<u32> {
+#[doc(hidden)]
+pub fn u32_at(b: &[u8], o: usize) -> Option<u32> {
     Some(u32::from_le_bytes(
         b.get(o..o.checked_add(4)?)?.try_into().ok()?,
     ))
 }
-fn u64_at(b: &[u8], o: usize) -> Option<u64> {
+#[doc(hidden)]
+pub fn u64_at(b: &[u8], o: usize) -> Option<u64> {
     Some(u64::from_le_bytes(
         b.get(o..o.checked_add(8)?)?.try_into().ok()?,
     ))

@@ -6,7 +6,6 @@ mod common;
 mod printing;
 use common::*;
 use omps_shim::api::ctx::*;
-use omps_shim::api::device::*;
 use omps_shim::cuda::*;
 use printing::*;
 use std::ptr::null_mut;
@@ -17,17 +16,11 @@ fn ok(r: CUresult) {
 
 #[test]
 fn an_asserts_text_arrives_with_the_failed_sync() {
-    let srv = TestServer::start("assert");
-    // SAFETY: single-threaded so far; the shim reads this at cuInit.
-    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
+    let srv = start_as_client("assert");
     let out = CapturedStdout::start();
     let err = CapturedStdout::fd(2);
     // SAFETY (whole test): every pointer passed is a valid local.
     let (quiet_out, quiet_err, sync, out_text, err_text, before) = unsafe {
-        ok(cuInit(0));
-        let mut ctx = null_mut();
-        ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
-        ok(cuCtxSetCurrent(ctx));
         let image =
             "omps-host-module\nextern __assertfail\nfn print 0:8 8:4\nfn assert_fail 0:8 8:4\n\0";
         let print = kernel_with_text(image, c"print", "earlier text\n");

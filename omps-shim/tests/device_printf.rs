@@ -6,7 +6,6 @@ mod common;
 mod printing;
 use common::*;
 use omps_shim::api::ctx::*;
-use omps_shim::api::device::*;
 use omps_shim::api::exec::*;
 use omps_shim::api::mem::*;
 use omps_shim::cuda::*;
@@ -20,17 +19,10 @@ fn ok(r: CUresult) {
 
 #[test]
 fn device_printf_reaches_the_client_before_its_sync_returns() {
-    let srv = TestServer::start("printf");
-    // SAFETY: single-threaded so far; the shim reads this at cuInit.
-    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
+    let srv = start_as_client("printf");
     let out = CapturedStdout::start();
     // SAFETY (whole test): every pointer passed is a valid local.
     unsafe {
-        ok(cuInit(0));
-        let mut ctx = null_mut();
-        ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
-        ok(cuCtxSetCurrent(ctx));
-
         // Code that does not name vprintf: the shim asks for nothing after a sync.
         let quiet = printer("omps-host-module\nfn print 0:8 8:4\n\0", "first\n");
         quiet(null_mut());

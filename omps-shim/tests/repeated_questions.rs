@@ -4,8 +4,6 @@
 
 mod common;
 use common::*;
-use omps_shim::api::ctx::*;
-use omps_shim::api::device::*;
 use omps_shim::api::module::*;
 use omps_shim::api::query::*;
 use omps_shim::cuda::*;
@@ -32,15 +30,9 @@ fn commands(srv: &TestServer) -> u64 {
 fn repeated_attribute_and_occupancy_questions_cost_one_round_trip() {
     const NUM_REGS: i32 = 4;
     const MAX_DYNAMIC_SHARED: i32 = 8;
-    let srv = TestServer::start("repeat");
-    // SAFETY: single-threaded here; the shim reads this at cuInit.
-    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
+    let srv = start_as_client("repeat");
     // SAFETY (whole test): every pointer passed below is a valid local.
     unsafe {
-        ok(cuInit(0));
-        let mut ctx = null_mut();
-        ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
-        ok(cuCtxSetCurrent(ctx));
         let mut m = null_mut();
         ok(cuModuleLoadData(
             &mut m,

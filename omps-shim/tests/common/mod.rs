@@ -78,6 +78,24 @@ impl Drop for TestServer {
     }
 }
 
+/// A server on the host GPU with this process as its client: the shim pointed at it and
+/// initialized, device 0's primary context current. The shim connects once per process,
+/// so each test binary that uses this has one test.
+pub fn start_as_client(tag: &str) -> TestServer {
+    use omps_shim::api::{ctx::*, device::*};
+    let srv = TestServer::start(tag);
+    // SAFETY: called before the test starts threads; the shim reads this at cuInit.
+    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    unsafe {
+        assert_eq!(cuInit(0), 0, "cuInit");
+        assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 0), 0, "primary context");
+        assert_eq!(cuCtxSetCurrent(ctx), 0, "cuCtxSetCurrent");
+    }
+    srv
+}
+
 pub fn ctl_at(path: &Path, cmd: &str) -> (bool, String) {
     let s = UnixStream::connect(path).expect("server socket");
     let hello = Hello {

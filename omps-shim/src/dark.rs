@@ -422,7 +422,7 @@ pub static INTEGRITY: Table<3> = Table([
 
 // ---- the lookup
 
-const UUIDS: [([u8; 16], &str); 9] = [
+const UUIDS: [([u8; 16], &str); 10] = [
     (
         [
             0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,
@@ -486,6 +486,13 @@ const UUIDS: [([u8; 16], &str); 9] = [
         ],
         "tools module",
     ),
+    (
+        [
+            0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c,
+            0x0d, 0xd9,
+        ],
+        "runtime first",
+    ),
 ];
 
 fn table(uuid: &[u8; 16]) -> Option<*const c_void> {
@@ -499,9 +506,18 @@ fn table(uuid: &[u8; 16]) -> Option<*const c_void> {
         "tools context" => &crate::dark_tools::TOOLS_CONTEXT as *const _ as *const c_void,
         "cluster" => &crate::dark_tools::CLUSTER as *const _ as *const c_void,
         "tools module" => &crate::dark_tools::TOOLS_MODULE as *const _ as *const c_void,
+        "runtime first" => &crate::dark_tools::RUNTIME_FIRST as *const _ as *const c_void,
         _ => &INTEGRITY as *const _ as *const c_void,
     })
 }
+
+/// Tables the driver has that omps refuses on purpose, because the caller does better
+/// without them; they are refused without a word (OMPS_TRACE names them).
+/// 69a28e9f: NVML's init asks for it; refused, NVML works as natively (init, devices,
+/// names, memory: `scripts/probe/nvml_under_omps.py` on the H100). da9151d3: NVRTC's
+/// attempt to compile through the driver; refused, NVRTC compiles itself, as it does when
+/// the driver's own attempt fails.
+const REFUSED: [[u8; 4]; 2] = [[0x69, 0xa2, 0x8e, 0x9f], [0xda, 0x91, 0x51, 0xd3]];
 
 /// Unknown tables get what the driver gives for them: INVALID_VALUE and a NULL table;
 /// each unknown UUID is logged once.
@@ -530,11 +546,13 @@ pub unsafe extern "C" fn cuGetExportTable(pp: *mut *const c_void, id: *const [u8
         }
         None => {
             static SEEN: Mutex<Option<HashSet<[u8; 16]>>> = Mutex::new(None);
-            if SEEN
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert_with(HashSet::new)
-                .insert(uuid)
+            let on_purpose = REFUSED.iter().any(|p| uuid.starts_with(p));
+            if !on_purpose
+                && SEEN
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(HashSet::new)
+                    .insert(uuid)
             {
                 let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
                 eprintln!("omps: export table {hex} is not provided");

@@ -1,5 +1,6 @@
 //! Export tables that cuBLAS, cuBLASLt and cuFFT ask for beyond cudart's: tools context
-//! (21318c60), cluster support (1734dc26) and tools module (6e163fbe). What each called entry does was read off
+//! (21318c60), cluster support (1734dc26) and tools module (6e163fbe); and f8cff951,
+//! which every CUDA 13 runtime asks for first. What each called entry does was read off
 //! driver 580 with `scripts/probe/darktrace.c` (arguments and results under PyTorch) and
 //! matches the names public tool headers give them; the code is ours.
 //!
@@ -14,10 +15,11 @@ use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-const TABLE_NAMES: [&str; 3] = [
+const TABLE_NAMES: [&str; 4] = [
     "tools context 21318c60",
     "cluster 1734dc26",
     "tools module 6e163fbe",
+    "f8cff951",
 ];
 
 extern "C" fn unknown_slot<const T: usize, const S: usize>() -> CUresult {
@@ -225,6 +227,12 @@ pub static TOOLS_MODULE: Table<99> = Table({
     t
 });
 
+// ---- f8cff951: every CUDA 13 runtime asks for it first. Driver 580 has it (24 bytes: the
+// size and two functions), and neither function was called by a runtime program or by
+// PyTorch's stack under darktrace: the table is given, its slots name themselves.
+
+pub static RUNTIME_FIRST: Table<3> = Table(stub_table!(3; 0 1 2));
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +242,7 @@ mod tests {
         assert_eq!(TOOLS_CONTEXT.0[0] as usize, 0x2e8);
         assert_eq!(CLUSTER.0[0] as usize, 0x88);
         assert_eq!(TOOLS_MODULE.0[0] as usize, 0x318);
+        assert_eq!(RUNTIME_FIRST.0[0] as usize, 0x18);
         // SAFETY: slot 1 is a stub taking no arguments.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(TOOLS_CONTEXT.0[1]) };
         assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED);

@@ -228,10 +228,44 @@ pub static TOOLS_MODULE: Table<99> = Table({
 });
 
 // ---- f8cff951: every CUDA 13 runtime asks for it first. Driver 580 has it (24 bytes: the
-// size and two functions), and neither function was called by a runtime program or by
-// PyTorch's stack under darktrace: the table is given, its slots name themselves.
+// size and two functions). [1] is a log: cuDNN calls it with a category ("CUDA"), 0, a
+// printf format ("Duplicate entry kernels named \"%s\" detected. ...") and a va_list;
+// the driver answers success and prints nothing (darktrace, PyTorch's AdamW step on
+// driver 580). [2] was never seen called: it names itself.
 
-pub static RUNTIME_FIRST: Table<3> = Table(stub_table!(3; 0 1 2));
+/// [1]: a library's log message. Printed only with OMPS_TRACE (its format string: the
+/// arguments are in a va_list, which Rust does not take apart), as the driver prints it
+/// only to its own log.
+unsafe extern "C" fn library_log(
+    category: *const std::ffi::c_char,
+    _level: i32,
+    format: *const std::ffi::c_char,
+) -> CUresult {
+    if crate::trace_enabled() {
+        let text = |p: *const std::ffi::c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: the caller passes NUL-terminated strings (or null).
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            }
+        };
+        eprintln!(
+            "omps trace: library log [{}] {}",
+            text(category),
+            text(format)
+        );
+    }
+    CUDA_SUCCESS
+}
+
+pub static RUNTIME_FIRST: Table<3> = Table({
+    let mut t = stub_table!(3; 0 1 2);
+    t[1] = library_log as *const c_void;
+    t
+});
 
 #[cfg(test)]
 mod tests {
@@ -243,6 +277,13 @@ mod tests {
         assert_eq!(CLUSTER.0[0] as usize, 0x88);
         assert_eq!(TOOLS_MODULE.0[0] as usize, 0x318);
         assert_eq!(RUNTIME_FIRST.0[0] as usize, 0x18);
+        type Log =
+            unsafe extern "C" fn(*const std::ffi::c_char, i32, *const std::ffi::c_char) -> CUresult;
+        // SAFETY: slot 1 is library_log, of this signature.
+        let log: Log = unsafe { std::mem::transmute(RUNTIME_FIRST.0[1]) };
+        // SAFETY: both strings are NUL-terminated.
+        let r = unsafe { log(c"CUDA".as_ptr(), 0, c"x %s".as_ptr()) };
+        assert_eq!(r, CUDA_SUCCESS);
         // SAFETY: slot 1 is a stub taking no arguments.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(TOOLS_CONTEXT.0[1]) };
         assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED);

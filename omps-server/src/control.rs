@@ -160,7 +160,7 @@ impl Server {
         let lanes = cfg.lanes;
         for (i, gpu) in gpus.iter().enumerate() {
             let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let shared = worker::GpuShared::new(gpu.stream_count(), lanes, faulted.clone());
+            let shared = worker::GpuShared::new(gpu, lanes, faulted.clone());
             gpu_shared.push(shared.clone());
             for lane in 0..lanes {
                 let bell_fd = shm::create_segment("omps-doorbell", wire::DOORBELL_PAGE)?;

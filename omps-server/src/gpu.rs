@@ -96,6 +96,11 @@ pub trait Gpu: Send + Sync + 'static {
     fn mem_alloc(&self, size: u64) -> GpuResult<u64>;
     /// Only called once the memory is idle (after a fence).
     fn mem_free(&self, ptr: u64) -> GpuResult<()>;
+    /// As `mem_free`, without waiting for the GPU or holding up other threads' work (the
+    /// driver's cuMemFree does both).
+    fn mem_free_async(&self, ptr: u64) -> GpuResult<()> {
+        self.mem_free(ptr)
+    }
     fn mem_info(&self) -> GpuResult<(u64, u64)>;
 
     /// Virtual memory (cuMemAddressReserve and friends), on this GPU only, read-write.

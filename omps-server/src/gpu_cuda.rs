@@ -141,6 +141,8 @@ pub struct CudaGpu {
     streams: Vec<AtomicPtr<cu::CUstream_st>>,
     /// Never given work: synchronizing it makes the driver write out printf output at once.
     printf_stream: AtomicPtr<cu::CUstream_st>,
+    /// Never given work either: frees are queued on it, so they wait for nothing.
+    release_stream: AtomicPtr<cu::CUstream_st>,
     attr_fn: RawAttrFn,
     func_attr_fn: RawFuncAttrFn,
     func_set_attr_fn: RawFuncSetAttrFn,
@@ -170,6 +172,7 @@ impl CudaGpu {
             ctx,
             streams: Vec::new(),
             printf_stream: AtomicPtr::new(std::ptr::null_mut()),
+            release_stream: AtomicPtr::new(std::ptr::null_mut()),
             attr_fn: raw_fn(b"cuDeviceGetAttribute\0")?,
             func_attr_fn: raw_fn(b"cuFuncGetAttribute\0")?,
             func_set_attr_fn: raw_fn(b"cuFuncSetAttribute\0")?,
@@ -201,6 +204,10 @@ impl CudaGpu {
         // SAFETY: context is current; valid out-pointer.
         ck(unsafe { cu::cuStreamCreate(&mut s, 1) })?;
         self.printf_stream.store(s, Ordering::Release);
+        let mut s = std::ptr::null_mut();
+        // SAFETY: context is current; valid out-pointer.
+        ck(unsafe { cu::cuStreamCreate(&mut s, 1) })?;
+        self.release_stream.store(s, Ordering::Release);
         Ok(())
     }
 
@@ -344,6 +351,15 @@ impl Gpu for CudaGpu {
         self.bind();
         // SAFETY: the caller frees only pointers it allocated, once, when idle.
         ck(unsafe { cu::cuMemFree_v2(ptr) })
+    }
+
+    fn mem_free_async(&self, ptr: u64) -> GpuResult<()> {
+        self.bind();
+        let st = self.release_stream.load(Ordering::Acquire);
+        // SAFETY: as mem_free; a stream of this context with no work, so the free happens
+        // as soon as the driver gets to it (cuMemFreeAsync takes cuMemAlloc's memory too:
+        // scripts/probe/blocking_calls.cu).
+        ck(unsafe { cu::cuMemFreeAsync(ptr, st) })
     }
 
     fn vmm_reserve(&self, size: u64, align: u64, hint: u64) -> GpuResult<u64> {

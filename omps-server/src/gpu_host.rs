@@ -45,6 +45,9 @@ pub struct HostGpu {
     printf_fd: std::sync::atomic::AtomicI32,
     assert_fd: std::sync::atomic::AtomicI32,
     flushes: std::sync::atomic::AtomicU64,
+    /// While set, frees and unloads wait, as the driver's do behind a long kernel.
+    stuck: std::sync::Mutex<bool>,
+    unstuck: std::sync::Condvar,
     completions: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
 }
@@ -54,6 +57,18 @@ const BASE: u64 = 0x7f00_0000_0000;
 pub const VMM_GRANULE: u64 = 64 << 10;
 
 impl HostGpu {
+    /// Makes frees and module unloads wait until called again with false, as the real
+    /// driver's wait for a kernel that runs long (tests of what waits for them).
+    pub fn stick_releases(&self, on: bool) {
+        *self.stuck.lock().unwrap() = on;
+        self.unstuck.notify_all();
+    }
+
+    fn wait_unless_stuck(&self) {
+        let st = self.stuck.lock().unwrap();
+        drop(self.unstuck.wait_while(st, |stuck| *stuck).unwrap());
+    }
+
     /// How many times the printf buffer was flushed (each client request for its text).
     pub fn printf_flushes(&self) -> u64 {
         self.flushes.load(Ordering::Relaxed)
@@ -66,6 +81,8 @@ impl HostGpu {
             printf_fd: std::sync::atomic::AtomicI32::new(-1),
             assert_fd: std::sync::atomic::AtomicI32::new(-1),
             flushes: Default::default(),
+            stuck: Default::default(),
+            unstuck: Default::default(),
             completions: std::sync::atomic::AtomicUsize::new(0),
             state: Mutex::new(State {
                 next_addr: BASE,
@@ -231,6 +248,7 @@ impl Gpu for HostGpu {
     }
 
     fn mem_free(&self, ptr: u64) -> GpuResult<()> {
+        self.wait_unless_stuck();
         let mut st = self.state.lock().unwrap();
         st.mem
             .remove(&ptr)
@@ -463,6 +481,7 @@ impl Gpu for HostGpu {
     }
 
     fn module_unload(&self, module: u64) -> GpuResult<()> {
+        self.wait_unless_stuck();
         let mut st = self.state.lock().unwrap();
         let (_, globals) = st
             .modules

@@ -6,6 +6,7 @@
 //! * [`limits`]: context limits, per client.
 //! * [`stdio`]: the server's own stderr, apart from the driver's fd 2.
 //! * [`stats`]: the workers' counters of their own time (`omps-ctl stats`).
+//! * [`releaser`]: one thread per GPU that gives back what clients released.
 //! * [`printf`]: device printf output, routed to the client that printed.
 //! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
 //!   memory, for tests without a GPU) implement it.
@@ -19,6 +20,7 @@ pub mod gpu_cuda;
 pub mod gpu_host;
 pub mod limits;
 pub mod printf;
+pub mod releaser;
 pub mod session;
 pub mod stats;
 pub mod stdio;

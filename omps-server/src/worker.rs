@@ -69,17 +69,21 @@ pub struct GpuShared {
     /// Bumped when the context is recreated: every lane then remakes its events.
     generation: std::sync::atomic::AtomicU64,
     pub lanes: usize,
+    /// Gives back what clients released, off the workers.
+    pub releaser: crate::releaser::Releaser,
     /// One per lane, read by `omps-ctl stats`.
     pub stats: Vec<crate::stats::LaneStats>,
 }
 
 impl GpuShared {
     pub fn new(
-        streams: usize,
+        gpu: &Arc<dyn Gpu>,
         lanes: usize,
         faulted: Arc<std::sync::atomic::AtomicBool>,
     ) -> Arc<Self> {
+        let streams = gpu.stream_count();
         Arc::new(GpuShared {
+            releaser: crate::releaser::Releaser::start(gpu.clone()),
             bindings: std::sync::Mutex::new(vec![Binding::default(); streams]),
             limits: Default::default(),
             faulted,
@@ -111,7 +115,7 @@ pub struct WorkerCtx {
 impl WorkerCtx {
     /// A lone worker for `gpu` (tests and fuzzing).
     pub fn new(gpu: Arc<dyn Gpu>) -> GpuResult<Self> {
-        let shared = GpuShared::new(gpu.stream_count(), 1, Default::default());
+        let shared = GpuShared::new(&gpu, 1, Default::default());
         Self::lane(gpu, shared, 0)
     }
 
@@ -164,8 +168,12 @@ impl WorkerCtx {
     /// MPS does, and accept clients again.
     fn recover(&mut self) {
         let dev = self.gpu.ordinal();
-        // Only lane 0 resets, once no lane has a client left.
-        if self.lane != 0 || self.shared.sessions.load(Ordering::SeqCst) != 0 {
+        // Only lane 0 resets, once no lane has a client left and nothing of theirs is
+        // still being released into the old context.
+        if self.lane != 0
+            || self.shared.sessions.load(Ordering::SeqCst) != 0
+            || !self.shared.releaser.idle()
+        {
             return;
         }
         match self
@@ -361,9 +369,9 @@ impl WorkerCtx {
         Some(p)
     }
 
-    /// Frees what a client released and settles its books. After a context reset the
-    /// handles are gone with the old context (`in_context` false): freeing them then could
-    /// hit the new context's, so only the books are settled.
+    /// Hands what a client released to the releaser thread (see [`crate::releaser`]).
+    /// After a context reset the handles are gone with the old context (`in_context`
+    /// false): only the books are settled.
     fn free(
         &self,
         client: Arc<ClientShared>,
@@ -371,40 +379,9 @@ impl WorkerCtx {
         final_for_client: bool,
         in_context: bool,
     ) {
-        let dev = self.gpu.ordinal();
-        let gpu = in_context.then_some(&self.gpu);
-        for (p, len) in rel.allocs {
-            if let Some(Err(e)) = gpu.map(|g| g.mem_free(p)) {
-                tracing::warn!(client = client.id, "cuMemFree failed: {}", e.0);
-            }
-            client.mem_bytes[dev].fetch_sub(len, Ordering::Relaxed);
-        }
-        if let Some(g) = gpu {
-            for m in rel.modules {
-                let _ = g.module_unload(m);
-            }
-            for e in rel.events {
-                let _ = g.event_destroy(e);
-            }
-            for (p, n) in rel.vmm.unmap {
-                let _ = g.vmm_unmap(p, n);
-            }
-            for &(h, _) in &rel.vmm.handles {
-                let _ = g.vmm_release(h);
-            }
-            for (p, n) in rel.vmm.reservations {
-                let _ = g.vmm_address_free(p, n);
-            }
-        }
-        for (_, size) in rel.vmm.handles {
-            client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
-        }
-        for (addr, len) in rel.pinned {
-            client.release_pinned(addr, len);
-        }
-        if final_for_client {
-            client.released.fetch_add(1, Ordering::SeqCst);
-        }
+        self.shared
+            .releaser
+            .send(&*self.gpu, client, rel, final_for_client, in_context);
     }
 
     pub fn retire(&mut self, s: Session) {
@@ -420,11 +397,13 @@ impl WorkerCtx {
         self.defer(client, mask, m, rel, true);
     }
 
-    /// Completes what the GPU finished and frees what is idle; one pass of the worker's
-    /// housekeeping (public for tests and the fuzz targets).
+    /// Completes what the GPU finished and frees what is idle, and waits until the
+    /// releaser has given it back: one pass of the worker's housekeeping, made
+    /// deterministic for tests and the fuzz targets (the worker itself never waits).
     pub fn poll(&mut self) {
         self.poll_markers();
         self.poll_deferred();
+        self.shared.releaser.wait_idle(Duration::from_secs(10));
     }
 
     pub fn has_pending(&self) -> bool {
@@ -588,6 +567,9 @@ pub fn run(
                 ctx.poll_deferred();
                 std::thread::sleep(Duration::from_millis(1));
             }
+            shared
+                .releaser
+                .wait_idle(deadline.saturating_duration_since(Instant::now()));
             return;
         }
         let mut busy = false;

@@ -1,0 +1,139 @@
+//! The releaser: one thread per GPU that makes the driver calls giving back what clients
+//! released, once the GPU is done with it, so that no worker waits for them.
+//!
+//! Measured on an H100 with another stream running a 300 ms kernel
+//! (`scripts/probe/blocking_calls.cu`): `cuMemFree` waited 250 ms for the GPU and held up
+//! every other thread's launches meanwhile, while `cuMemFreeAsync` of the same memory
+//! held up nobody; `cuModuleUnload` waited 250 ms but held up nobody either. On a worker
+//! either wait stalled every client of that lane (a 111 ms unload when a PyTorch process
+//! exited, docs/benchmarks.md). Here the frees are stream-ordered and the unloads wait on
+//! this thread only. What still holds up the whole context (host unregistration, for one)
+//! at least no longer runs on a worker.
+
+use crate::client::ClientShared;
+use crate::gpu::Gpu;
+use crate::session::Release;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Job {
+    client: Arc<ClientShared>,
+    release: Release,
+    /// Counts toward `client.released` once done (the client's whole session ended).
+    final_for_client: bool,
+    /// False after a context reset: the handles died with the old context, and freeing
+    /// them could hit the new one's, so only the books are settled.
+    in_context: bool,
+}
+
+pub struct Releaser {
+    tx: mpsc::Sender<Job>,
+    /// Jobs sent and not yet done.
+    pending: Arc<AtomicUsize>,
+}
+
+impl Releaser {
+    pub fn start(gpu: Arc<dyn Gpu>) -> Releaser {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let p = pending.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("omps-release{}", gpu.ordinal()))
+            .spawn(move || {
+                for job in rx {
+                    release(&*gpu, job);
+                    p.fetch_sub(1, Ordering::SeqCst);
+                }
+            });
+        if let Err(e) = spawned {
+            // The receiver is gone with the closure: `send` then releases inline.
+            tracing::error!("cannot start the releaser thread: {e}; releasing on the workers");
+        }
+        Releaser { tx, pending }
+    }
+
+    /// Releases `release` of `client` on the releaser thread. The GPU must be done with it.
+    pub fn send(
+        &self,
+        gpu: &dyn Gpu,
+        client: Arc<ClientShared>,
+        release: Release,
+        final_for_client: bool,
+        in_context: bool,
+    ) {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        let job = Job {
+            client,
+            release,
+            final_for_client,
+            in_context,
+        };
+        if let Err(mpsc::SendError(job)) = self.tx.send(job) {
+            crate::releaser::release(gpu, job);
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether every job sent so far is done.
+    pub fn idle(&self) -> bool {
+        self.pending.load(Ordering::SeqCst) == 0
+    }
+
+    /// Waits up to `timeout` for [`Releaser::idle`]; returns whether it is.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let t = Instant::now();
+        while !self.idle() {
+            if t.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+}
+
+/// Frees what a client released and settles its books.
+fn release(gpu: &dyn Gpu, job: Job) {
+    let Job {
+        client,
+        release: rel,
+        final_for_client,
+        in_context,
+    } = job;
+    let dev = gpu.ordinal();
+    let gpu = in_context.then_some(gpu);
+    for (p, len) in rel.allocs {
+        if let Some(Err(e)) = gpu.map(|g| g.mem_free_async(p)) {
+            tracing::warn!(client = client.id, "freeing device memory failed: {}", e.0);
+        }
+        client.mem_bytes[dev].fetch_sub(len, Ordering::Relaxed);
+    }
+    if let Some(g) = gpu {
+        for m in rel.modules {
+            let _ = g.module_unload(m);
+        }
+        for e in rel.events {
+            let _ = g.event_destroy(e);
+        }
+        for (p, n) in rel.vmm.unmap {
+            let _ = g.vmm_unmap(p, n);
+        }
+        for &(h, _) in &rel.vmm.handles {
+            let _ = g.vmm_release(h);
+        }
+        for (p, n) in rel.vmm.reservations {
+            let _ = g.vmm_address_free(p, n);
+        }
+    }
+    for (_, size) in rel.vmm.handles {
+        client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
+    }
+    for (addr, len) in rel.pinned {
+        client.release_pinned(addr, len);
+    }
+    if final_for_client {
+        client.released.fetch_add(1, Ordering::SeqCst);
+    }
+}

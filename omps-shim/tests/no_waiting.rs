@@ -1,0 +1,59 @@
+//! No worker waits for the GPU on a client's behalf: frees (and module unloads) that the
+//! driver holds up (behind a long kernel, on a real GPU) leave every client's calls
+//! answered. The host GPU's "stuck" switch plays the long kernel.
+
+mod common;
+use common::*;
+use omps_ring::wire::{self, Op};
+use omps_shim::conn::Conn;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Runs `f` on a thread; its result, or None if it has not returned within 5 s.
+fn within_5s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(5)).ok()
+}
+
+#[test]
+fn frees_the_gpu_holds_up_stall_no_client() {
+    let srv = TestServer::start("stuck");
+    // Three clients: with two lanes, the first and the third share one.
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&a, 1 << 20);
+    srv.gpu.stick_releases(true);
+    a.push(
+        0,
+        Op::MemFree,
+        &[bytemuck::bytes_of(&wire::MemFree { ptr: p })],
+    )
+    .unwrap();
+    // A client that exits leaves its memory to be freed too.
+    alloc(&c, 1 << 20);
+    drop(c);
+    let answered = within_5s(move || {
+        for _ in 0..50 {
+            a.ping(0).unwrap();
+            b.ping(0).unwrap();
+        }
+        let q = alloc(&a, 4096);
+        (a, b, q)
+    });
+    let held = srv.gpu.bytes_allocated();
+    // Unstuck before any assertion, so that a failure cannot hang the server's shutdown.
+    srv.gpu.stick_releases(false);
+    let (a, _b, q) = answered.expect("a client's calls waited for a stuck free");
+    assert!(q != 0);
+    assert_eq!(held, (2 << 20) + 4096, "the stuck frees had not happened");
+    let t = Instant::now();
+    while srv.gpu.bytes_allocated() != 4096 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(srv.gpu.bytes_allocated(), 4096, "released once unstuck");
+    a.ping(0).unwrap();
+}

@@ -91,6 +91,22 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     #[test]
+    fn waits_on_one_word_keep_one_marker() {
+        use omps_ring::segment::Word;
+        let host = Arc::new(HostGpu::new(0, 1 << 26));
+        let gpu: Arc<dyn Gpu> = host.clone();
+        let (a, _pa) = fake_client(&gpu, 1).unwrap();
+        let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
+        // A client whose words never land (it overwrites them, or the GPU is stuck) and
+        // that keeps synchronizing leaves one marker per word, not one per wait.
+        for seq in 1..=1000 {
+            ctx.add_marker(a.clone(), 0, Word::Done, seq, 0);
+            ctx.add_marker(a.clone(), 1, Word::Chunk(2), seq, 0);
+        }
+        assert_eq!(ctx.marker_count(), 2);
+    }
+
+    #[test]
     fn a_freed_block_goes_back_to_its_own_client_only() {
         let host = Arc::new(HostGpu::new(0, 1 << 26));
         let gpu: Arc<dyn Gpu> = host.clone();

@@ -101,8 +101,12 @@ pub struct WorkerCtx {
     pub shared: Arc<GpuShared>,
     /// This lane's index among the GPU's lanes.
     lane: usize,
+    /// At most one per (client, channel, word): a client waits on one sequence per word.
     markers: Vec<Marker>,
-    deferred: Vec<Deferred>,
+    /// Per marker stream, in the order their fences were recorded there, which is the
+    /// order they complete in: only each queue's first fence is ever asked about.
+    deferred: Vec<std::collections::VecDeque<Deferred>>,
+    deferred_len: usize,
     /// One per work stream, to make a marker stream wait for it (this lane's own).
     scratch_events: Vec<u64>,
     generation: u64,
@@ -128,6 +132,7 @@ impl WorkerCtx {
             lane,
             markers: Vec::new(),
             deferred: Vec::new(),
+            deferred_len: 0,
             scratch_events,
             next_work: 0,
             next_marker: 0,
@@ -151,9 +156,10 @@ impl WorkerCtx {
                 Err(e) => tracing::error!("events after the reset: CUDA error {}", e.0),
             }
             // Nothing of theirs exists any more; only the books are left to settle.
-            for d in std::mem::take(&mut self.deferred) {
+            for d in std::mem::take(&mut self.deferred).into_iter().flatten() {
                 self.free(d.client, d.release, d.final_for_client, false);
             }
+            self.deferred_len = 0;
             self.fault = None;
         }
     }
@@ -301,14 +307,25 @@ impl WorkerCtx {
         seq: u32,
         stream: usize,
     ) {
-        self.markers.push(Marker {
+        let marker = Marker {
             client,
             channel,
             word,
             seq,
             stream,
             since: Instant::now(),
-        });
+        };
+        // A new wait on the same word replaces the old one: the client no longer waits
+        // for it, and a client that forges its words cannot grow this list.
+        if let Some(old) = self
+            .markers
+            .iter_mut()
+            .find(|m| m.client.id == marker.client.id && m.channel == channel && m.word == word)
+        {
+            *old = marker;
+            return;
+        }
+        self.markers.push(marker);
     }
 
     /// Frees `release` once everything the session queued so far has finished.
@@ -336,12 +353,18 @@ impl WorkerCtx {
             Ok(ev)
         });
         match fence {
-            Ok(fence) => self.deferred.push(Deferred {
-                fence,
-                client,
-                final_for_client,
-                release,
-            }),
+            Ok(fence) => {
+                if self.deferred.len() <= m {
+                    self.deferred.resize_with(m + 1, Default::default);
+                }
+                self.deferred[m].push_back(Deferred {
+                    fence,
+                    client,
+                    final_for_client,
+                    release,
+                });
+                self.deferred_len += 1;
+            }
             Err(e) => {
                 // No fence means the context is broken: nothing can still be running.
                 tracing::warn!("fence failed ({}); releasing at once", e.0);
@@ -356,13 +379,21 @@ impl WorkerCtx {
     /// costs 0.3 us. Only the client's own memory: another client's data is never shown.
     pub fn reuse_freed(&mut self, client: &ClientShared, size: u64) -> Option<u64> {
         let gpu = &self.gpu;
-        let i = self.deferred.iter().position(|d| {
-            d.client.id == client.id
-                && !d.final_for_client
-                && d.release.is_one_alloc_of(size)
-                && gpu.event_query(d.fence).unwrap_or(false)
+        // Only fences that have passed qualify, and on one stream they pass in order: the
+        // search stops at the first that has not.
+        let (q, i) = self.deferred.iter().enumerate().find_map(|(q, queue)| {
+            queue
+                .iter()
+                .take_while(|d| gpu.event_query(d.fence).unwrap_or(false))
+                .position(|d| {
+                    d.client.id == client.id
+                        && !d.final_for_client
+                        && d.release.is_one_alloc_of(size)
+                })
+                .map(|i| (q, i))
         })?;
-        let d = self.deferred.swap_remove(i);
+        let d = self.deferred[q].remove(i).expect("found above");
+        self.deferred_len -= 1;
         let _ = self.gpu.event_destroy(d.fence);
         let (p, len) = d.release.allocs[0];
         client.mem_bytes[self.gpu.ordinal()].fetch_sub(len, Ordering::Relaxed);
@@ -406,8 +437,13 @@ impl WorkerCtx {
         self.shared.releaser.wait_idle(Duration::from_secs(10));
     }
 
+    /// Completions the lane watches for (tests).
+    pub fn marker_count(&self) -> usize {
+        self.markers.len()
+    }
+
     pub fn has_pending(&self) -> bool {
-        !self.markers.is_empty() || !self.deferred.is_empty()
+        !self.markers.is_empty() || self.deferred_len > 0
     }
 
     /// Wakes clients whose completions landed; detects a GPU fault behind a stuck marker.
@@ -470,16 +506,16 @@ impl WorkerCtx {
     }
 
     fn poll_deferred(&mut self) {
-        let mut i = 0;
-        while i < self.deferred.len() {
-            // A broken context runs nothing any more: treat its fences as passed.
-            let done = self.gpu.event_query(self.deferred[i].fence).unwrap_or(true);
-            if done {
-                let d = self.deferred.swap_remove(i);
+        for q in 0..self.deferred.len() {
+            while let Some(d) = self.deferred[q].front() {
+                // A broken context runs nothing any more: treat its fences as passed.
+                if !self.gpu.event_query(d.fence).unwrap_or(true) {
+                    break;
+                }
+                let d = self.deferred[q].pop_front().expect("front exists");
+                self.deferred_len -= 1;
                 let _ = self.gpu.event_destroy(d.fence);
                 self.free(d.client, d.release, d.final_for_client, true);
-            } else {
-                i += 1;
             }
         }
     }
@@ -563,7 +599,7 @@ pub fn run(
                 ctx.retire(s);
             }
             let deadline = Instant::now() + Duration::from_secs(5);
-            while !ctx.deferred.is_empty() && Instant::now() < deadline {
+            while ctx.deferred_len > 0 && Instant::now() < deadline {
                 ctx.poll_deferred();
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -620,7 +656,7 @@ pub fn run(
                     s.client.set_state(state::FAULT, e);
                 }
             }
-            if sessions.is_empty() && ctx.deferred.is_empty() {
+            if sessions.is_empty() && ctx.deferred_len == 0 {
                 ctx.recover();
             }
         }

@@ -113,6 +113,10 @@ fn pools_limits_and_stream_queries() {
             CUDA_ERROR_NOT_SUPPORTED,
             "exportable pools are refused, not silently made private"
         );
+        wait_for(
+            || srv.gpu.bytes_allocated() == base,
+            "a destroyed pool's blocks freed",
+        );
 
         // Virtual memory: reserve, back with a handle, map, copy through, unmap, free.
         #[repr(C)]

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -112,6 +113,17 @@ int main(int argc, char **argv) {
         CK(cuMemFreeAsync(q, s)); CK(cuStreamDestroy(s)); });
     CUmodule m2;
     run("cuModuleLoad (cubin)", [&] { CK(cuModuleLoad(&m2, argc > 1 ? argv[1] : "blocking_calls_kernels.cubin")); });
+    CK(cuModuleUnload(m2));
+    // Does a load wait because the code area must grow? Grow it first with many loads,
+    // give them back, then load again while the GPU is busy.
+    if (argc > 2) {
+        int n = atoi(argv[2]);
+        std::vector<CUmodule> many(n);
+        for (auto &m : many) CK(cuModuleLoad(&m, argv[1]));
+        for (auto m : many) CK(cuModuleUnload(m));
+        printf("(loaded and unloaded %d modules first)\n", n);
+    }
+    run("cuModuleLoad after growth", [&] { CK(cuModuleLoad(&m2, argc > 1 ? argv[1] : "blocking_calls_kernels.cubin")); });
     run("cuModuleUnload", [&] { CK(cuModuleUnload(m2)); });
     run("cuCtxSetLimit stack 4 KiB", [] { CK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 4096)); });
     run("cuCtxSetLimit malloc heap 16 MiB", [] { CK(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 16 << 20)); });

@@ -25,6 +25,8 @@ pub struct ServerConfig {
     pub pin_workers: bool,
     /// Worker threads per GPU, each serving a share of the clients (OMPS_LANES).
     pub lanes: usize,
+    /// Client segments kept ready ahead of connections (OMPS_SPARE_SEGMENTS).
+    pub spare_segments: usize,
     /// Point this process's fd 1 at the printf router (see [`crate::printf`]); only a
     /// server process does this, never a test that runs the server in its own process.
     pub capture_printf: bool,
@@ -44,6 +46,10 @@ impl ServerConfig {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(DEFAULT_LANES),
+            spare_segments: std::env::var("OMPS_SPARE_SEGMENTS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4),
             capture_printf: true,
         }
     }
@@ -95,6 +101,7 @@ pub struct Server {
     /// Per GPU, what its lanes share (their counters among it).
     gpu_shared: Vec<Arc<worker::GpuShared>>,
     started: std::time::Instant,
+    segments: crate::segpool::SegmentPool,
     clients: HashMap<u32, (Arc<ClientShared>, UnixStream)>,
     printf: PrintfRouter,
     exiting: Vec<Arc<ClientShared>>,
@@ -189,6 +196,13 @@ impl Server {
                 });
             }
         }
+        let segments = crate::segpool::SegmentPool::start(
+            LayoutParams::for_devices(gpus.len())
+                .validate()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            gpus.first().cloned(),
+            cfg.spare_segments,
+        );
         tracing::info!(pipe_dir = %cfg.pipe_dir.display(), gpus = gpus.len(), "omps server listening");
         Ok(Server {
             cfg,
@@ -200,6 +214,7 @@ impl Server {
             workers,
             gpu_shared,
             started: std::time::Instant::now(),
+            segments,
             clients: HashMap::new(),
             printf,
             exiting: Vec::new(),
@@ -431,8 +446,11 @@ impl Server {
         let layout = params
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let fd = shm::create_segment(&format!("omps-client-{pid}"), layout.total_len)?;
-        let map = Mapping::map(fd.as_fd(), layout.total_len)?;
+        let prepared = match self.segments.take() {
+            Some(p) => p,
+            None => crate::segpool::Prepared::make(&layout, self.gpus.first())?,
+        };
+        let (fd, map, registered_on) = prepared.hand_over();
         // SAFETY: the mapping is total_len bytes, page aligned, and moves into ClientShared
         // together with the view.
         let seg = unsafe { SegmentView::new(map.as_ptr(), layout) };
@@ -450,21 +468,6 @@ impl Server {
             h.params = params;
             h.client_id = id;
         }
-        let registered_on = match self.gpus.first() {
-            Some(g) => {
-                let (off, len) = layout.registered_range();
-                // SAFETY: the range is inside the mapping, which outlives the registration
-                // (ClientShared unregisters before unmapping).
-                unsafe { g.register_host(seg.base().add(off), len) }.map_err(|e| {
-                    io::Error::other(format!(
-                        "registering client memory failed: CUDA error {}",
-                        e.0
-                    ))
-                })?;
-                Some(g.clone())
-            }
-            None => None,
-        };
         let welcome = Welcome {
             magic: wire::HELLO_MAGIC,
             version: wire::PROTOCOL_VERSION,

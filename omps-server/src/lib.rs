@@ -2,6 +2,7 @@
 //!
 //! * [`control`]: the socket, the handshake, omps-ctl requests, client death.
 //! * [`worker`]: one thread per GPU that runs every client's commands for that GPU.
+//! * [`segpool`]: client segments made and registered ahead of connections.
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
 //! * [`limits`]: context limits, per client.
 //! * [`stdio`]: the server's own stderr, apart from the driver's fd 2.
@@ -21,6 +22,7 @@ pub mod gpu_host;
 pub mod limits;
 pub mod printf;
 pub mod releaser;
+pub mod segpool;
 pub mod session;
 pub mod stats;
 pub mod stdio;

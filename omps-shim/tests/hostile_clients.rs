@@ -196,7 +196,12 @@ fn a_dead_clients_memory_is_freed_and_others_go_on() {
         alloc(&victim, 1 << 20);
     }
     assert_eq!(srv.gpu.bytes_allocated(), 9 << 20);
-    let regs = srv.gpu.registered_ranges();
+    // Two clients' segments and the two spare ones the server makes ahead.
+    let regs = 4;
+    let t = Instant::now();
+    while srv.gpu.registered_ranges() != regs && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     drop(victim); // the socket closes, as when a process is killed
     let t = Instant::now();
     while srv.gpu.bytes_allocated() != 1 << 20 && t.elapsed() < Duration::from_secs(2) {
@@ -248,6 +253,7 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
         pin_workers: false,
         capture_printf: false,
         lanes: 1,
+        spare_segments: 0,
     };
     let err = omps_server::Server::new(cfg, vec![], 13000)
         .err()

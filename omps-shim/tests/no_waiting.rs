@@ -57,3 +57,31 @@ fn frees_the_gpu_holds_up_stall_no_client() {
     assert_eq!(srv.gpu.bytes_allocated(), 4096, "released once unstuck");
     a.ping(0).unwrap();
 }
+
+#[test]
+fn connecting_clients_take_segments_made_ahead() {
+    let srv = TestServer::start("spare");
+    let wait_ranges = |n: usize| {
+        let t = Instant::now();
+        while srv.gpu.registered_ranges() != n && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        srv.gpu.registered_ranges()
+    };
+    // The server keeps two segments registered before anyone connects.
+    assert_eq!(wait_ranges(2), 2, "spare segments ready");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    // One became a's; another was made to keep two spare.
+    assert_eq!(wait_ranges(3), 3);
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    assert_eq!(wait_ranges(5), 5, "three clients and two spares");
+    for x in [&a, &b, &c] {
+        assert!(
+            alloc(x, 4096) != 0,
+            "a client on a segment made ahead works"
+        );
+    }
+    drop((a, b, c));
+    assert_eq!(wait_ranges(2), 2, "the clients' segments unregistered");
+}

@@ -35,6 +35,8 @@ impl TestServer {
             capture_printf: false,
             // Two lanes, so consecutive clients land on different worker threads.
             lanes: 2,
+            // Two segments made ahead, so connections take them (and some make their own).
+            spare_segments: 2,
         };
         let server =
             Server::new(cfg, vec![gpu.clone() as Arc<dyn Gpu>], 13000).expect("server starts");

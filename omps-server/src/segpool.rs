@@ -1,0 +1,157 @@
+//! Client segments made ahead of the clients that will use them.
+//!
+//! A segment is a memfd, mapped here and registered with the driver so the GPU reaches
+//! its staging chunks and completion words. Registering 32 MiB takes 1-3.5 ms and holds up
+//! every launch into the context meanwhile (`scripts/probe/blocking_calls.cu`); made on
+//! the control thread at connect, it also made eight processes starting at once wait for
+//! each other's (18-109 ms to the first `cudaMalloc`). A thread keeps a few segments
+//! ready, so a connecting client takes one at once and the cost is paid ahead of it.
+
+use crate::gpu::Gpu;
+use omps_ring::segment::Layout;
+use omps_ring::shm::{self, Mapping};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// The descriptor, its mapping, and the GPU it is registered with.
+pub type Parts = (OwnedFd, Mapping, Option<Arc<dyn Gpu>>);
+
+/// A fresh segment: zeroed, mapped, registered (when there is a GPU).
+pub struct Prepared {
+    /// None once handed over.
+    parts: Option<Parts>,
+    registered_at: *mut u8,
+}
+
+// SAFETY: the raw pointer only names the registered range for unregistering; the mapping
+// it points into moves with the value.
+unsafe impl Send for Prepared {}
+
+impl Prepared {
+    /// Makes one segment for `layout` and registers its registered range with `gpu`.
+    pub fn make(layout: &Layout, gpu: Option<&Arc<dyn Gpu>>) -> std::io::Result<Prepared> {
+        let fd = shm::create_segment("omps-client", layout.total_len)?;
+        let map = Mapping::map(fd.as_fd(), layout.total_len)?;
+        let (off, len) = layout.registered_range();
+        // SAFETY: off + len lies inside the mapping (the layout says so).
+        let at = unsafe { map.as_ptr().add(off) };
+        if let Some(g) = gpu {
+            // SAFETY: the range is inside the mapping, which outlives the registration
+            // (Drop, or ClientShared, unregisters before unmapping).
+            unsafe { g.register_host(at, len) }.map_err(|e| {
+                std::io::Error::other(format!(
+                    "registering client memory failed: CUDA error {}",
+                    e.0
+                ))
+            })?;
+        }
+        Ok(Prepared {
+            parts: Some((fd, map, gpu.cloned())),
+            registered_at: at,
+        })
+    }
+
+    /// The segment's parts, for a client that now owns them (and unregisters at its end).
+    pub fn hand_over(mut self) -> Parts {
+        self.parts.take().expect("handed over once")
+    }
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if let Some((_, _, Some(g))) = &self.parts {
+            // SAFETY: registered by make() and not handed over; unmapped only after this.
+            if let Err(e) = unsafe { g.unregister_host(self.registered_at) } {
+                tracing::warn!("unregistering a spare segment failed: {}", e.0);
+            }
+        }
+    }
+}
+
+struct State {
+    ready: Vec<Prepared>,
+    quit: bool,
+}
+
+/// Up to `spare` segments kept ready by a thread of their own.
+pub struct SegmentPool {
+    state: Arc<(Mutex<State>, Condvar)>,
+    spare: usize,
+}
+
+impl SegmentPool {
+    pub fn start(layout: Layout, gpu: Option<Arc<dyn Gpu>>, spare: usize) -> SegmentPool {
+        let state = Arc::new((
+            Mutex::new(State {
+                ready: Vec::new(),
+                quit: false,
+            }),
+            Condvar::new(),
+        ));
+        let s = state.clone();
+        if spare > 0 {
+            let spawned = std::thread::Builder::new()
+                .name("omps-segments".into())
+                .spawn(move || refill(&s, &layout, gpu.as_ref(), spare));
+            if let Err(e) = spawned {
+                tracing::warn!("no segment pool ({e}): segments are made at connect");
+            }
+        }
+        SegmentPool { state, spare }
+    }
+
+    /// A ready segment, if one is; the pool then makes another.
+    pub fn take(&self) -> Option<Prepared> {
+        let (m, cv) = &*self.state;
+        let p = m.lock().unwrap_or_else(|e| e.into_inner()).ready.pop();
+        cv.notify_all();
+        p
+    }
+
+    pub fn spare(&self) -> usize {
+        self.spare
+    }
+}
+
+impl Drop for SegmentPool {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.state;
+        let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+        st.quit = true;
+        st.ready.clear();
+        cv.notify_all();
+    }
+}
+
+fn refill(
+    state: &(Mutex<State>, Condvar),
+    layout: &Layout,
+    gpu: Option<&Arc<dyn Gpu>>,
+    spare: usize,
+) {
+    let (m, cv) = state;
+    loop {
+        {
+            let st = m.lock().unwrap_or_else(|e| e.into_inner());
+            let st = cv
+                .wait_while(st, |s| !s.quit && s.ready.len() >= spare)
+                .unwrap_or_else(|e| e.into_inner());
+            if st.quit {
+                return;
+            }
+        }
+        match Prepared::make(layout, gpu) {
+            Ok(p) => {
+                let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+                if st.quit {
+                    return;
+                }
+                st.ready.push(p);
+            }
+            Err(e) => {
+                tracing::warn!("cannot make a spare segment: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //!
 //! Environment: OMPS_PIPE_DIRECTORY / CUDA_MPS_PIPE_DIRECTORY (socket), OMPS_LOG_DIRECTORY /
 //! CUDA_MPS_LOG_DIRECTORY (server.log), OMPS_SPIN_US (busy-poll window), OMPS_NO_PIN,
+//! OMPS_LANES (worker threads per GPU), OMPS_SPARE_SEGMENTS (segments made ahead),
 //! CUDA_VISIBLE_DEVICES (as for any CUDA program).
 
 use omps_server::gpu::Gpu;

@@ -534,6 +534,7 @@ impl Server {
             ["status"] => (true, self.status_text()),
             ["ps"] | ["ps", ..] => (true, self.ps_text()),
             ["stats"] => (true, self.stats_text()),
+            ["terminate_client", args @ ..] => self.terminate_client(args),
             ["get_server_list"] => (true, format!("{}\n", std::process::id())),
             ["get_client_list", ..] | ["get_device_client_list", ..] => {
                 let mut pids: Vec<i32> = self.clients.values().map(|(c, _)| c.pid).collect();
@@ -545,7 +546,7 @@ impl Server {
                 (true, String::new())
             }
             [] => (true, String::new()),
-            [cmd, ..] => (false, format!("unknown command '{cmd}' (known: status, ps, stats, quit, get_server_list, get_client_list)\n")),
+            [cmd, ..] => (false, format!("unknown command '{cmd}' (known: status, ps, stats, terminate_client, quit, get_server_list, get_client_list)\n")),
         }
     }
 
@@ -581,6 +582,44 @@ impl Server {
             );
         }
         s
+    }
+
+    /// `terminate_client [<server PID>] <client PID>`, as MPS's: the client is cut off
+    /// (its calls fail with CUDA_ERROR_MPS_CLIENT_TERMINATED) and its resources are
+    /// released once its queued work has finished. The answer comes at once; `ps` lists
+    /// the client as exiting until the release is done. One shared context cannot stop a
+    /// kernel that is running: a kernel that never ends keeps its client's resources,
+    /// and only a context reset (which fails every client) would reclaim them.
+    fn terminate_client(&mut self, args: &[&str]) -> (bool, String) {
+        let me = std::process::id().to_string();
+        let client = match args {
+            [server, client] if *server == me => client,
+            [server, _] => {
+                return (
+                    false,
+                    format!("server PID {server} is not this server's ({me})\n"),
+                )
+            }
+            [client] => client,
+            _ => {
+                return (
+                    false,
+                    "usage: terminate_client [<server PID>] <client PID>\n".into(),
+                )
+            }
+        };
+        let Ok(pid) = client.parse::<i32>() else {
+            return (false, format!("'{client}' is not a PID\n"));
+        };
+        let mut found = false;
+        for (c, _) in self.clients.values().filter(|(c, _)| c.pid == pid) {
+            c.disconnect(code::MPS_CLIENT_TERMINATED, "terminated by the operator");
+            found = true;
+        }
+        if !found {
+            return (false, format!("no client with PID {pid}\n"));
+        }
+        (true, String::new())
     }
 
     /// The workers' counters and each client's share of them, with a timestamp so that a

@@ -35,7 +35,13 @@ struct Marker {
     seq: u32,
     stream: usize,
     since: Instant,
+    /// Said in the log that it has waited for over LONG_WAIT.
+    warned: bool,
 }
+
+/// A completion outstanding this long is worth a line in the log: a kernel that never
+/// ends holds its client (and, in one shared context, nothing else) until someone acts.
+const LONG_WAIT: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Default)]
 struct Binding {
@@ -314,6 +320,7 @@ impl WorkerCtx {
             seq,
             stream,
             since: Instant::now(),
+            warned: false,
         };
         // A new wait on the same word replaces the old one: the client no longer waits
         // for it, and a client that forges its words cannot grow this list.
@@ -449,7 +456,7 @@ impl WorkerCtx {
     /// Wakes clients whose completions landed; detects a GPU fault behind a stuck marker.
     fn poll_markers(&mut self) {
         let mut stuck_stream = None;
-        self.markers.retain(|mk| {
+        self.markers.retain_mut(|mk| {
             let Some(ch) = mk.client.seg.channel(mk.channel as usize) else {
                 return false;
             };
@@ -462,8 +469,21 @@ impl WorkerCtx {
                 }
                 return false;
             }
-            if mk.since.elapsed() > Duration::from_millis(2) {
+            let waited = mk.since.elapsed();
+            if waited > Duration::from_millis(2) {
                 stuck_stream = Some(mk.stream);
+            }
+            if waited > LONG_WAIT && !mk.warned {
+                mk.warned = true;
+                tracing::warn!(
+                    client = mk.client.id,
+                    pid = mk.client.pid,
+                    "work the client waits for has run for over {} s; \
+                     `omps-ctl terminate_client {}` cuts it off (a kernel that never ends \
+                     keeps its resources until the context is reset)",
+                    LONG_WAIT.as_secs(),
+                    mk.client.pid
+                );
             }
             true
         });

@@ -461,3 +461,35 @@ fn a_client_cannot_reach_anothers_reservations_or_handles() {
     );
     thief.ping(0).unwrap();
 }
+
+#[test]
+fn an_operator_can_terminate_a_client() {
+    let srv = TestServer::start("terminate");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    alloc(&c, 1 << 20);
+    let me = std::process::id();
+    let (ok, text) = srv.ctl("terminate_client 999999999");
+    assert!(!ok && text.contains("no client with PID"), "{text}");
+    let (ok, text) = srv.ctl(&format!("terminate_client 1 {me}"));
+    assert!(!ok && text.contains("not this server's"), "{text}");
+    assert!(
+        c.check_alive().is_ok(),
+        "a refused command terminates nobody"
+    );
+    let (ok, text) = srv.ctl(&format!("terminate_client {me}"));
+    assert!(ok, "{text}");
+    assert!(wait_disconnected(&c), "the client was not cut off");
+    assert_eq!(
+        c.check_alive(),
+        Err(810),
+        "CUDA_ERROR_MPS_CLIENT_TERMINATED"
+    );
+    let t = Instant::now();
+    while srv.gpu.bytes_allocated() != 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(srv.gpu.bytes_allocated(), 0, "its memory released");
+    // The server goes on serving.
+    let d = Conn::connect_to(&srv.socket()).unwrap();
+    assert!(alloc(&d, 4096) != 0);
+}

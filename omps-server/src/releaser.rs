@@ -13,9 +13,9 @@
 use crate::client::ClientShared;
 use crate::gpu::Gpu;
 use crate::session::Release;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 struct Job {
@@ -23,27 +23,37 @@ struct Job {
     release: Release,
     /// Counts toward `client.released` once done (the client's whole session ended).
     final_for_client: bool,
-    /// False after a context reset: the handles died with the old context, and freeing
-    /// them could hit the new one's, so only the books are settled.
-    in_context: bool,
+    /// The context generation the handles belong to; None, or an older generation than
+    /// the current one, after a context reset: the handles died with the old context, and
+    /// freeing them could hit the new one's, so only the books are settled.
+    generation: Option<u64>,
 }
 
 pub struct Releaser {
     tx: mpsc::Sender<Job>,
+    /// The GPU's context generation, bumped by a reset (shared with the workers).
+    generation: Arc<AtomicU64>,
     /// Jobs sent and not yet done.
     pending: Arc<AtomicUsize>,
+    /// Held while a job runs, and by a context reset, so that none runs across one.
+    running: Arc<Mutex<()>>,
 }
 
 impl Releaser {
-    pub fn start(gpu: Arc<dyn Gpu>) -> Releaser {
+    pub fn start(gpu: Arc<dyn Gpu>, generation: Arc<AtomicU64>) -> Releaser {
         let (tx, rx) = mpsc::channel::<Job>();
         let pending = Arc::new(AtomicUsize::new(0));
         let p = pending.clone();
+        let current = generation.clone();
+        let running: Arc<Mutex<()>> = Default::default();
+        let lock = running.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("omps-release{}", gpu.ordinal()))
             .spawn(move || {
                 for job in rx {
-                    release(&*gpu, job);
+                    let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    let now = current.load(Ordering::SeqCst);
+                    release(&*gpu, job, now);
                     p.fetch_sub(1, Ordering::SeqCst);
                 }
             });
@@ -51,29 +61,41 @@ impl Releaser {
             // The receiver is gone with the closure: `send` then releases inline.
             tracing::error!("cannot start the releaser thread: {e}; releasing on the workers");
         }
-        Releaser { tx, pending }
+        Releaser {
+            tx,
+            generation,
+            pending,
+            running,
+        }
     }
 
-    /// Releases `release` of `client` on the releaser thread. The GPU must be done with it.
+    /// Releases `release` of `client` on the releaser thread. The GPU must be done with it;
+    /// `generation` is the context generation its handles belong to (None: none left).
     pub fn send(
         &self,
         gpu: &dyn Gpu,
         client: Arc<ClientShared>,
         release: Release,
         final_for_client: bool,
-        in_context: bool,
+        generation: Option<u64>,
     ) {
         self.pending.fetch_add(1, Ordering::SeqCst);
         let job = Job {
             client,
             release,
             final_for_client,
-            in_context,
+            generation,
         };
         if let Err(mpsc::SendError(job)) = self.tx.send(job) {
-            crate::releaser::release(gpu, job);
+            self::release(gpu, job, self.generation.load(Ordering::SeqCst));
             self.pending.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// Keeps jobs from running while the caller resets the context and bumps the
+    /// generation: a job then frees either before the reset or not at all.
+    pub fn exclusive(&self) -> MutexGuard<'_, ()> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether every job sent so far is done.
@@ -94,16 +116,17 @@ impl Releaser {
     }
 }
 
-/// Frees what a client released and settles its books.
-fn release(gpu: &dyn Gpu, job: Job) {
+/// Frees what a client released and settles its books; the handles only if they belong
+/// to the context of generation `now`.
+fn release(gpu: &dyn Gpu, job: Job, now: u64) {
     let Job {
         client,
         release: rel,
         final_for_client,
-        in_context,
+        generation,
     } = job;
     let dev = gpu.ordinal();
-    let gpu = in_context.then_some(gpu);
+    let gpu = (generation == Some(now)).then_some(gpu);
     for (p, len) in rel.allocs {
         if let Some(Err(e)) = gpu.map(|g| g.mem_free_async(p)) {
             tracing::warn!(client = client.id, "freeing device memory failed: {}", e.0);

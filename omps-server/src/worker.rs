@@ -73,7 +73,7 @@ pub struct GpuShared {
     /// Sessions on all lanes; the context is recreated after a fault once it is 0.
     sessions: std::sync::atomic::AtomicUsize,
     /// Bumped when the context is recreated: every lane then remakes its events.
-    generation: std::sync::atomic::AtomicU64,
+    generation: Arc<std::sync::atomic::AtomicU64>,
     pub lanes: usize,
     /// Gives back what clients released, off the workers.
     pub releaser: crate::releaser::Releaser,
@@ -88,14 +88,15 @@ impl GpuShared {
         faulted: Arc<std::sync::atomic::AtomicBool>,
     ) -> Arc<Self> {
         let streams = gpu.stream_count();
+        let generation: Arc<std::sync::atomic::AtomicU64> = Default::default();
         Arc::new(GpuShared {
-            releaser: crate::releaser::Releaser::start(gpu.clone()),
+            releaser: crate::releaser::Releaser::start(gpu.clone(), generation.clone()),
             bindings: std::sync::Mutex::new(vec![Binding::default(); streams]),
             limits: Default::default(),
             faulted,
             fault_code: Default::default(),
             sessions: Default::default(),
-            generation: Default::default(),
+            generation,
             lanes: lanes.max(1),
             stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
         })
@@ -188,15 +189,18 @@ impl WorkerCtx {
         {
             return;
         }
-        match self
-            .gpu
-            .reset()
-            .and_then(|_| Self::scratch_events(&*self.gpu))
-        {
+        // No release runs across the reset: one sent meanwhile by a lane that has not seen
+        // the reset yet carries the old generation and only settles the books.
+        let releases_held = self.shared.releaser.exclusive();
+        let reset = self.gpu.reset();
+        if reset.is_ok() {
+            self.generation = self.shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        }
+        drop(releases_held);
+        match reset.and_then(|_| Self::scratch_events(&*self.gpu)) {
             Ok(events) => {
                 self.scratch_events = events;
                 self.fault = None;
-                self.generation = self.shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
                 self.shared.fault_code.store(0, Ordering::SeqCst);
                 self.shared.faulted.store(false, Ordering::SeqCst);
                 tracing::info!(
@@ -417,9 +421,13 @@ impl WorkerCtx {
         final_for_client: bool,
         in_context: bool,
     ) {
-        self.shared
-            .releaser
-            .send(&*self.gpu, client, rel, final_for_client, in_context);
+        self.shared.releaser.send(
+            &*self.gpu,
+            client,
+            rel,
+            final_for_client,
+            in_context.then_some(self.generation),
+        );
     }
 
     pub fn retire(&mut self, s: Session) {

@@ -202,6 +202,16 @@ impl Server {
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
             gpus.first().cloned(),
             cfg.spare_segments,
+            crate::segpool::ContextState {
+                generation: gpu_shared
+                    .first()
+                    .map(|g| g.generation())
+                    .unwrap_or_default(),
+                faulted: workers
+                    .first()
+                    .map(|w| w.faulted.clone())
+                    .unwrap_or_default(),
+            },
         );
         tracing::info!(pipe_dir = %cfg.pipe_dir.display(), gpus = gpus.len(), "omps server listening");
         Ok(Server {

@@ -48,6 +48,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging();
+    // Panic messages to the server's own stderr: fd 2 becomes the assert pipe, whose text
+    // goes to clients.
+    std::panic::set_hook(Box::new(|info| omps_server::say!("omps-server: {info}")));
     if std::env::var_os("LD_PRELOAD").is_some_and(|v| v.to_string_lossy().contains("omps_shim")) {
         omps_server::say!("omps-server: refusing to run with libomps_shim.so preloaded (the server needs the real driver)");
         return ExitCode::FAILURE;

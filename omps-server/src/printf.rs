@@ -258,6 +258,9 @@ fn pump(mut pipe: std::fs::File, shared: &Shared, stream: Stream) {
         let mut marked = false;
         let kept = split_marks(&acc, |piece| match piece {
             Piece::Text(t) => route(&mut st, stream, t),
+            // A marker numbered past the last one sent is not ours: a kernel printed the
+            // bytes. Taking it would let later flushes return before their text is in.
+            Piece::Mark(m) if m > st.marks_sent[stream as usize] => {}
             Piece::Mark(m) => {
                 let k = stream as usize;
                 st.marks_seen[k] = st.marks_seen[k].max(m);
@@ -317,9 +320,18 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Text goes to the one client that runs printing code; otherwise to the log.
+/// Text goes to the one client whose code can write it (printf text: code that calls
+/// printf or may; assert messages: also code that only asserts); otherwise to the log.
 fn route(st: &mut State, stream: Stream, text: &[u8]) {
-    let mut users = st.users.keys();
+    let least = match stream {
+        Stream::Out => printf_use::MAYBE,
+        Stream::Err => printf_use::ASSERT,
+    };
+    let mut users = st
+        .users
+        .iter()
+        .filter(|&(_, &level)| level >= least)
+        .map(|(id, _)| id);
     match (users.next(), users.next()) {
         (Some(&id), None) => {
             let p = &mut st.pending.entry(id).or_default()[stream as usize];
@@ -403,15 +415,18 @@ mod tests {
         let mut st = State::default();
         route(&mut st, Stream::Out, b"nobody\n");
         assert_eq!(st.unattributed, 7);
-        st.users.insert(4, printf_use::ASSERT);
+        st.users.insert(4, printf_use::YES);
         route(&mut st, Stream::Out, b"hello\n");
         route(&mut st, Stream::Err, b"assert\n");
         assert_eq!(st.pending[&4][0].text, b"hello\n");
         assert_eq!(st.pending[&4][1].text, b"assert\n");
-        st.users.insert(5, printf_use::MAYBE);
+        st.users.insert(5, printf_use::ASSERT);
         route(&mut st, Stream::Err, b"whose?\n");
         assert_eq!(st.pending[&4][1].text, b"assert\n");
         assert_eq!(st.unattributed, 14);
+        // printf text cannot come from code that only asserts: it is still 4's.
+        route(&mut st, Stream::Out, b"printed\n");
+        assert_eq!(st.pending[&4][0].text, b"hello\nprinted\n");
     }
 
     #[test]

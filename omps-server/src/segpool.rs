@@ -11,6 +11,7 @@ use crate::gpu::Gpu;
 use omps_ring::segment::Layout;
 use omps_ring::shm::{self, Mapping};
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// The descriptor, its mapping, and the GPU it is registered with.
@@ -21,6 +22,8 @@ pub struct Prepared {
     /// None once handed over.
     parts: Option<Parts>,
     registered_at: *mut u8,
+    /// The context generation it was registered in: a reset drops registrations.
+    generation: u64,
 }
 
 // SAFETY: the raw pointer only names the registered range for unregistering; the mapping
@@ -48,6 +51,7 @@ impl Prepared {
         Ok(Prepared {
             parts: Some((fd, map, gpu.cloned())),
             registered_at: at,
+            generation: 0,
         })
     }
 
@@ -73,14 +77,28 @@ struct State {
     quit: bool,
 }
 
+/// The GPU's context state the pool follows: its generation, and whether it is faulted
+/// (registering then fails, and the reset to come would drop it anyway).
+#[derive(Clone, Default)]
+pub struct ContextState {
+    pub generation: Arc<AtomicU64>,
+    pub faulted: Arc<AtomicBool>,
+}
+
 /// Up to `spare` segments kept ready by a thread of their own.
 pub struct SegmentPool {
     state: Arc<(Mutex<State>, Condvar)>,
     spare: usize,
+    context: ContextState,
 }
 
 impl SegmentPool {
-    pub fn start(layout: Layout, gpu: Option<Arc<dyn Gpu>>, spare: usize) -> SegmentPool {
+    pub fn start(
+        layout: Layout,
+        gpu: Option<Arc<dyn Gpu>>,
+        spare: usize,
+        context: ContextState,
+    ) -> SegmentPool {
         let state = Arc::new((
             Mutex::new(State {
                 ready: Vec::new(),
@@ -89,21 +107,31 @@ impl SegmentPool {
             Condvar::new(),
         ));
         let s = state.clone();
+        let ctx = context.clone();
         if spare > 0 {
             let spawned = std::thread::Builder::new()
                 .name("omps-segments".into())
-                .spawn(move || refill(&s, &layout, gpu.as_ref(), spare));
+                .spawn(move || refill(&s, &layout, gpu.as_ref(), spare, &ctx));
             if let Err(e) = spawned {
                 tracing::warn!("no segment pool ({e}): segments are made at connect");
             }
         }
-        SegmentPool { state, spare }
+        SegmentPool {
+            state,
+            spare,
+            context,
+        }
     }
 
-    /// A ready segment, if one is; the pool then makes another.
+    /// A ready segment registered in the current context, if one is; the pool then makes
+    /// another. Segments from before a context reset are thrown away.
     pub fn take(&self) -> Option<Prepared> {
+        let now = self.context.generation.load(Ordering::SeqCst);
         let (m, cv) = &*self.state;
-        let p = m.lock().unwrap_or_else(|e| e.into_inner()).ready.pop();
+        let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+        st.ready.retain(|p| p.generation == now);
+        let p = st.ready.pop();
+        drop(st);
         cv.notify_all();
         p
     }
@@ -128,9 +156,16 @@ fn refill(
     layout: &Layout,
     gpu: Option<&Arc<dyn Gpu>>,
     spare: usize,
+    context: &ContextState,
 ) {
     let (m, cv) = state;
     loop {
+        if context.faulted.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            continue;
+        }
+        // Read before registering: a reset meanwhile makes the segment stale, not wrong.
+        let generation = context.generation.load(Ordering::SeqCst);
         {
             let st = m.lock().unwrap_or_else(|e| e.into_inner());
             let st = cv
@@ -141,7 +176,8 @@ fn refill(
             }
         }
         match Prepared::make(layout, gpu) {
-            Ok(p) => {
+            Ok(mut p) => {
+                p.generation = generation;
                 let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
                 if st.quit {
                     return;

@@ -77,11 +77,18 @@ pub struct GpuShared {
     pub lanes: usize,
     /// Gives back what clients released, off the workers.
     pub releaser: crate::releaser::Releaser,
+    /// Read-held by each lane for a pass; written by the context reset.
+    pass_lock: std::sync::RwLock<()>,
     /// One per lane, read by `omps-ctl stats`.
     pub stats: Vec<crate::stats::LaneStats>,
 }
 
 impl GpuShared {
+    /// The context generation, bumped by each reset (the segment pool's too).
+    pub fn generation(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.generation.clone()
+    }
+
     pub fn new(
         gpu: &Arc<dyn Gpu>,
         lanes: usize,
@@ -97,6 +104,7 @@ impl GpuShared {
             fault_code: Default::default(),
             sessions: Default::default(),
             generation,
+            pass_lock: Default::default(),
             lanes: lanes.max(1),
             stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
         })
@@ -191,12 +199,15 @@ impl WorkerCtx {
         }
         // No release runs across the reset: one sent meanwhile by a lane that has not seen
         // the reset yet carries the old generation and only settles the books.
-        let releases_held = self.shared.releaser.exclusive();
+        let shared = self.shared.clone();
+        let no_pass = shared.pass_lock.write().unwrap_or_else(|e| e.into_inner());
+        let releases_held = shared.releaser.exclusive();
         let reset = self.gpu.reset();
         if reset.is_ok() {
-            self.generation = self.shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
+            self.generation = shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
         }
         drop(releases_held);
+        drop(no_pass);
         match reset.and_then(|_| Self::scratch_events(&*self.gpu)) {
             Ok(events) => {
                 self.scratch_events = events;
@@ -636,6 +647,10 @@ pub fn run(
                 .wait_idle(deadline.saturating_duration_since(Instant::now()));
             return;
         }
+        // A pass runs against one context: lane 0 resets it only while no lane is in a
+        // pass (recover takes the write side), and a lane first catches up with a reset.
+        let pass = shared.pass_lock.read().unwrap_or_else(|e| e.into_inner());
+        ctx.sync_with_lanes();
         let mut busy = false;
         let mut i = 0;
         while i < sessions.len() {
@@ -676,6 +691,7 @@ pub fn run(
         ctx.poll_markers();
         ctx.poll_deferred();
         ctx.sync_with_lanes();
+        drop(pass);
         if let Some(e) = ctx.fault {
             // Every client of the GPU learns of the fault (MPS's contract), and once they
             // are all gone the context is recreated.

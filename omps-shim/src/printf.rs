@@ -5,6 +5,7 @@
 //! fds 1 and 2 before the call returns, as the driver does natively.
 
 use crate::conn::Conn;
+use omps_ring::segment::MAX_DEVICES;
 use omps_ring::wire::{self, printf_use};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -31,31 +32,43 @@ pub fn note_image(c: &Conn, dev: usize, image: &[u8]) -> bool {
     level == printf_use::YES
 }
 
-/// Launches of printing code that no synchronization has covered yet, and the stream
-/// they went to (None once they went to several).
+/// Per device, launches of printing code that no synchronization has covered yet, and the
+/// stream they went to (None once they went to several). Each GPU has its own printf
+/// buffer, so a synchronization covers only its own device's.
+#[derive(Clone, Copy)]
 struct Uncollected {
     launches: u64,
     stream: Option<u32>,
 }
 
-static UNCOLLECTED: Mutex<Uncollected> = Mutex::new(Uncollected {
+const NONE_YET: Uncollected = Uncollected {
     launches: 0,
     stream: None,
-});
+};
 
-fn uncollected() -> std::sync::MutexGuard<'static, Uncollected> {
+static UNCOLLECTED: Mutex<[Uncollected; MAX_DEVICES]> = Mutex::new([NONE_YET; MAX_DEVICES]);
+
+fn uncollected() -> std::sync::MutexGuard<'static, [Uncollected; MAX_DEVICES]> {
     UNCOLLECTED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A kernel whose code calls printf was queued on `stream`.
-pub fn note_launch(stream: u32) {
-    let mut u = uncollected();
+/// A kernel whose code calls printf was queued on `stream` of device `dev`.
+pub fn note_launch(dev: usize, stream: u32) {
+    let mut all = uncollected();
+    let Some(u) = all.get_mut(dev) else {
+        return;
+    };
     if u.launches == 0 {
         u.stream = Some(stream);
     } else if u.stream != Some(stream) {
         u.stream = None;
     }
     u.launches += 1;
+}
+
+/// Taken just before a synchronizing call on `dev` is sent: what it can cover.
+pub fn before_sync(dev: usize) -> u64 {
+    uncollected().get(dev).map_or(0, |u| u.launches)
 }
 
 /// Which queued work a synchronizing call waited for.
@@ -69,28 +82,27 @@ pub enum Covers {
     Unknown,
 }
 
-/// Whether a synchronizing call that `failed` (or not) has device text to ask for: a
-/// failure, if the code asserts; otherwise printing code queued since a synchronization
-/// that covered it. Asking costs the call a round trip, so code that prints but was not
-/// launched asks for nothing.
-pub(crate) fn wanted(failed: bool) -> bool {
+/// Whether a synchronizing call on `dev` that `failed` (or not) has device text to ask
+/// for: a failure, if the code asserts; otherwise printing code queued on that device
+/// since a synchronization that covered it. Asking costs the call a round trip, so code
+/// that prints but was not launched asks for nothing.
+pub(crate) fn wanted(dev: usize, failed: bool) -> bool {
     let level = LEVEL.load(Ordering::Acquire);
     if failed {
         level >= printf_use::ASSERT
     } else {
-        level >= printf_use::YES && uncollected().launches > 0
+        level >= printf_use::YES && before_sync(dev) > 0
     }
 }
 
-/// After a synchronizing call on `dev` that returned `failed` and waited for `covers`:
-/// writes what this process's kernels printed. Code that only asserts is asked for its
-/// text only when the call failed, since a failed assert is what ends a kernel with text
-/// to show.
-pub fn deliver(dev: usize, failed: bool, covers: Covers) {
-    if !wanted(failed) {
+/// After a synchronizing call on `dev` that returned `failed` and waited for `covers`
+/// (`before`: [`before_sync`] taken just before it was sent): writes what this process's
+/// kernels printed. Code that only asserts is asked for its text only when the call
+/// failed, since a failed assert is what ends a kernel with text to show.
+pub fn deliver(dev: usize, failed: bool, covers: Covers, before: u64) {
+    if !wanted(dev, failed) {
         return;
     }
-    let before = uncollected().launches;
     let Some(c) = crate::conn::connected() else {
         return;
     };
@@ -99,7 +111,10 @@ pub fn deliver(dev: usize, failed: bool, covers: Covers) {
     };
     {
         // The launches counted before the call are done if the call waited for them.
-        let mut u = uncollected();
+        let mut all = uncollected();
+        let Some(u) = all.get_mut(dev) else {
+            return;
+        };
         let covered = match covers {
             Covers::All => true,
             Covers::Stream(s) => u.stream == Some(s),

@@ -50,7 +50,17 @@ fn an_asserts_text_arrives_with_the_failed_sync() {
         "a successful sync of assert-only code asks for nothing"
     );
     assert_eq!(sync, 710, "CUDA_ERROR_ASSERT");
-    assert_eq!(out_text, "earlier text\n", "printf text, on fd 1");
+    assert_eq!(
+        out_text, "",
+        "printf text cannot come from code that only asserts: it goes to the log"
+    );
+    let after = srv.ctl("status").1;
+    assert!(
+        after.contains(
+            "device printf sent to the server log (no single client to give it to): 13 bytes"
+        ),
+        "{after}"
+    );
     assert_eq!(
         err_text, "Assertion `x != 200` failed.\n",
         "the assert's message, on fd 2"

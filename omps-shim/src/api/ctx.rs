@@ -288,12 +288,13 @@ pub unsafe extern "C" fn cuCtxGetDevice(d: *mut CUdevice) -> CUresult {
 /// Waits for everything this client queued on `dev`, and reports pending errors.
 pub(crate) fn sync_device(dev: usize) -> Result<(), CUresult> {
     let c = live()?;
+    let before = crate::printf::before_sync(dev);
     let mut ch = c.channel();
     let r = ch.call(dev, Op::CtxSync, |call: CallHdr| {
         bytemuck::bytes_of(&call).to_vec()
     });
     drop(ch);
-    crate::printf::deliver(dev, r.is_err(), crate::printf::Covers::All);
+    crate::printf::deliver(dev, r.is_err(), crate::printf::Covers::All, before);
     r
 }
 

@@ -140,17 +140,17 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
 /// A call about stream or event `id`. After a synchronization, device printf output is
 /// delivered, as the driver writes it at such calls.
 fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
+    use crate::printf::{before_sync, deliver, Covers};
     let c = live()?;
+    let before = before_sync(dev);
     let mut ch = c.channel();
     let r = ch.call(dev, op, |call| {
         bytemuck::bytes_of(&HandleCall { call, id, _pad: 0 }).to_vec()
     });
     drop(ch);
     match op {
-        Op::StreamSync => {
-            crate::printf::deliver(dev, r.is_err(), crate::printf::Covers::Stream(id))
-        }
-        Op::EventSync => crate::printf::deliver(dev, r.is_err(), crate::printf::Covers::Unknown),
+        Op::StreamSync => deliver(dev, r.is_err(), Covers::Stream(id), before),
+        Op::EventSync => deliver(dev, r.is_err(), Covers::Unknown, before),
         _ => {}
     }
     r
@@ -505,7 +505,7 @@ unsafe fn launch(
     })?;
     // SAFETY: a live function's module is a leaked box, never freed.
     if unsafe { (*func.module).prints } {
-        crate::printf::note_launch(stream);
+        crate::printf::note_launch(func.dev, stream);
     }
     Ok(())
 }

@@ -286,9 +286,9 @@ pub(crate) fn copy_dtoh(
 }
 
 fn deliver_printf(dptr: u64, len: usize, failed: bool) {
-    if crate::printf::wanted(failed) {
-        if let Ok(dev) = range_dev(dptr, len as u64) {
-            crate::printf::deliver(dev, failed, crate::printf::Covers::Unknown);
+    if let Ok(dev) = range_dev(dptr, len as u64) {
+        if crate::printf::wanted(dev, failed) {
+            crate::printf::deliver(dev, failed, crate::printf::Covers::Unknown, 0);
         }
     }
 }

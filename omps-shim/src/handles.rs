@@ -66,6 +66,11 @@ const UNKNOWN: i64 = i64::MIN;
 pub struct FuncAttrs {
     known: [std::sync::atomic::AtomicI64; FUNC_ATTR_SLOTS],
     set: [std::sync::atomic::AtomicI64; FUNC_ATTR_SLOTS],
+    /// Bumped by every change: an answer asked before a change is not kept after it.
+    changes: std::sync::atomic::AtomicU64,
+    /// Held across a set and its bookkeeping, so that the value remembered as set is the
+    /// one the driver has when two threads set the same attribute.
+    setting: std::sync::Mutex<()>,
 }
 
 impl Default for FuncAttrs {
@@ -73,6 +78,8 @@ impl Default for FuncAttrs {
         FuncAttrs {
             known: std::array::from_fn(|_| UNKNOWN.into()),
             set: std::array::from_fn(|_| UNKNOWN.into()),
+            changes: Default::default(),
+            setting: Default::default(),
         }
     }
 }
@@ -87,9 +94,30 @@ impl FuncAttrs {
         (v != UNKNOWN).then_some(v as i32)
     }
 
-    pub fn learn(&self, attr: i32, value: i32) {
+    /// The count of changes so far, read before asking the server.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
+    }
+
+    /// Keeps an answer asked after `changes` changes, unless one happened since.
+    pub fn learn(&self, attr: i32, value: i32, changes: u64) {
         if let Some(a) = Self::slot(attr) {
-            self.known[a].store(value as i64, Ordering::Relaxed);
+            if self.changes.load(Ordering::SeqCst) == changes {
+                self.known[a].store(value as i64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Serializes sets of this function's attributes (held across the round trip).
+    pub fn setting(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.setting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Something changed that attribute `attr` may depend on: read it again.
+    pub fn forget(&self, attr: i32) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        if let Some(a) = Self::slot(attr) {
+            self.known[a].store(UNKNOWN, Ordering::Relaxed);
         }
     }
 
@@ -101,8 +129,8 @@ impl FuncAttrs {
 
     /// A set succeeded: a later read asks the driver again, a repeat of it is free.
     pub fn was_set(&self, attr: i32, value: i32) {
+        self.forget(attr);
         if let Some(a) = Self::slot(attr) {
-            self.known[a].store(UNKNOWN, Ordering::Relaxed);
             self.set[a].store(value as i64, Ordering::Relaxed);
         }
     }

@@ -334,6 +334,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
             MAX_DYNAMIC_SHARED_SIZE_BYTES => func.max_dynamic_shared.load(Ordering::Relaxed),
             _ if func.attrs.known(attrib).is_some() => func.attrs.known(attrib).unwrap_or(0),
             _ => {
+                let changes = func.attrs.changes();
                 let c = live()?;
                 let mut ch = c.channel();
                 ch.call(func.dev, Op::FuncGetAttribute, |call| {
@@ -345,7 +346,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
                     .to_vec()
                 })?;
                 let v = ch.reply::<wire::U64Reply>().value as u32 as i32;
-                func.attrs.learn(attrib, v);
+                func.attrs.learn(attrib, v, changes);
                 v
             }
         };
@@ -365,6 +366,7 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
     const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
     entry(|| {
         let func = function(f)?;
+        let _one_set_at_a_time = func.attrs.setting();
         let unchanged = if attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES {
             func.max_dynamic_shared.load(Ordering::Relaxed) == value
         } else {

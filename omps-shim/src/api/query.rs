@@ -8,6 +8,7 @@ use crate::cuda::*;
 use omps_ring::wire::{self, query, Op, Query};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Answers by question, for the questions whose answer only this process can change:
@@ -17,6 +18,8 @@ use std::sync::Mutex;
 /// Any change to a function's attributes or cache preference, or to a limit, clears it.
 type AnswerKey = (usize, u32, u32, [i64; 7], Vec<u8>);
 static ANSWERS: Mutex<Option<HashMap<AnswerKey, i64>>> = Mutex::new(None);
+/// Bumped by every forget: an answer asked before one is not kept after it.
+static FORGETS: AtomicU64 = AtomicU64::new(0);
 /// Distinct questions kept before the cache starts over (a program asks a few per kernel).
 const ANSWERS_MAX: usize = 1 << 14;
 
@@ -33,12 +36,14 @@ fn answer_is_stable(kind: u32) -> bool {
 
 /// Forgets every cached answer: a function's attributes or a limit changed.
 pub(crate) fn forget_answers() {
-    *ANSWERS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    let mut m = ANSWERS.lock().unwrap_or_else(|e| e.into_inner());
+    FORGETS.fetch_add(1, Ordering::SeqCst);
+    *m = None;
 }
 
 fn ask(dev: usize, kind: u32, func: u32, args: [i64; 7], attrs: &[u8]) -> Result<i64, CUresult> {
     if kind == query::CTX_SET_LIMIT {
-        // Again after it: another thread may have cached the old value meanwhile.
+        // After it too: an answer asked before it and kept meanwhile is dropped.
         forget_answers();
         let r = ask_server(dev, kind, func, args, attrs);
         forget_answers();
@@ -56,8 +61,12 @@ fn ask(dev: usize, kind: u32, func: u32, args: [i64; 7], attrs: &[u8]) -> Result
     if let Some(v) = cached {
         return Ok(v);
     }
+    let forgets = FORGETS.load(Ordering::SeqCst);
     let v = ask_server(dev, kind, func, args, attrs)?;
     let mut m = ANSWERS.lock().unwrap_or_else(|e| e.into_inner());
+    if FORGETS.load(Ordering::SeqCst) != forgets {
+        return Ok(v);
+    }
     let m = m.get_or_insert_with(HashMap::new);
     if m.len() >= ANSWERS_MAX {
         m.clear();
@@ -318,6 +327,9 @@ pub extern "C" fn cuFuncSetCacheConfig(f: CUfunction, config: c_int) -> CUresult
     entry(|| {
         let func = function(f)?;
         forget_answers();
+        // The cache preference and the shared memory carveout are two views of one setting.
+        const PREFERRED_SHARED_MEMORY_CARVEOUT: c_int = 9;
+        func.attrs.forget(PREFERRED_SHARED_MEMORY_CARVEOUT);
         ask(
             func.dev,
             query::FUNC_CACHE_CONFIG,

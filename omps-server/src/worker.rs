@@ -463,6 +463,17 @@ impl WorkerCtx {
         self.shared.releaser.wait_idle(Duration::from_secs(10));
     }
 
+    /// Gives back now what the GPU is done with, and waits a little for the releaser: an
+    /// allocation that ran out of memory retries after it. Returns whether anything could
+    /// have come back. Only on that path does a worker wait (at most RECLAIM_WAIT).
+    pub fn reclaim(&mut self) -> bool {
+        const RECLAIM_WAIT: Duration = Duration::from_millis(200);
+        let had = self.deferred_len > 0 || !self.shared.releaser.idle();
+        self.poll_deferred();
+        self.shared.releaser.wait_idle(RECLAIM_WAIT);
+        had
+    }
+
     /// Completions the lane watches for (tests).
     pub fn marker_count(&self) -> usize {
         self.markers.len()

@@ -85,3 +85,24 @@ fn connecting_clients_take_segments_made_ahead() {
     drop((a, b, c));
     assert_eq!(wait_ranges(2), 2, "the clients' segments unregistered");
 }
+
+#[test]
+fn an_allocation_right_after_a_free_gets_the_freed_memory() {
+    // PyTorch's out-of-memory path frees its cached blocks and allocates again at once;
+    // the free is still on its way back (fence, releaser) when the allocation comes.
+    let srv = TestServer::start("reclaim");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let big = 1u64 << 30; // the whole host GPU
+    let p = alloc(&c, big);
+    assert!(p != 0);
+    c.push(
+        0,
+        Op::MemFree,
+        &[bytemuck::bytes_of(&wire::MemFree { ptr: p })],
+    )
+    .unwrap();
+    assert!(
+        alloc(&c, big - 4096) != 0,
+        "the allocation did not wait for the memory just freed"
+    );
+}

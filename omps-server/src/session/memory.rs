@@ -139,7 +139,12 @@ impl Session {
                 } else if let Some(p) = ctx.reuse_freed(&self.client, a.size) {
                     Ok(p)
                 } else {
-                    gpu.mem_alloc(a.size)
+                    match gpu.mem_alloc(a.size) {
+                        // Memory the client freed may still be on its way back (a fence,
+                        // the releaser): PyTorch frees its cache and retries at once.
+                        Err(CuError(code::OUT_OF_MEMORY)) if ctx.reclaim() => gpu.mem_alloc(a.size),
+                        r => r,
+                    }
                 };
                 if let Ok(p) = r {
                     self.allocs.insert(p, a.size);

@@ -101,6 +101,11 @@ pub trait Gpu: Send + Sync + 'static {
     fn mem_free_async(&self, ptr: u64) -> GpuResult<()> {
         self.mem_free(ptr)
     }
+    /// Waits until the frees `mem_free_async` queued so far have given their memory back
+    /// (they wait for nothing else).
+    fn settle_frees(&self) -> GpuResult<()> {
+        Ok(())
+    }
     fn mem_info(&self) -> GpuResult<(u64, u64)>;
 
     /// Virtual memory (cuMemAddressReserve and friends), on this GPU only, read-write.

@@ -362,6 +362,13 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuMemFreeAsync(ptr, st) })
     }
 
+    fn settle_frees(&self) -> GpuResult<()> {
+        self.bind();
+        let st = self.release_stream.load(Ordering::Acquire);
+        // SAFETY: a live stream of this context that holds only frees.
+        ck(unsafe { cu::cuStreamSynchronize(st) })
+    }
+
     fn vmm_reserve(&self, size: u64, align: u64, hint: u64) -> GpuResult<u64> {
         self.bind();
         let mut p = 0;

@@ -470,7 +470,9 @@ impl WorkerCtx {
         const RECLAIM_WAIT: Duration = Duration::from_millis(200);
         let had = self.deferred_len > 0 || !self.shared.releaser.idle();
         self.poll_deferred();
-        self.shared.releaser.wait_idle(RECLAIM_WAIT);
+        if self.shared.releaser.wait_idle(RECLAIM_WAIT) {
+            let _ = self.gpu.settle_frees();
+        }
         had
     }
 

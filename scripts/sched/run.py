@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The scheduling measures of issue 8, natively, under NVIDIA MPS and under omps in one
+run, with ratios. Each file in measures/ is one measure: it defines NAME, and
+run(clients) -> dict of figures for one mode, and report(by_mode) -> table lines. The
+harness grows by adding a file there.
+
+    python3 scripts/sched/run.py [--modes native,mps,omps] [--only rate,hog] [--out DIR]
+
+Needs nvcc and a GPU; the omps binaries in OMPS_BIN (default target/release).
+"""
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests" / "torch"))
+import harness  # noqa: E402  (the omps server and MPS daemon of the PyTorch suite)
+
+ROLES_SRC = REPO / "tests" / "cuda" / "sched" / "roles.cu"
+
+
+class Clients:
+    """Starts role processes of one mode: together, at a common start time."""
+
+    def __init__(self, roles, env, workdir, mode):
+        self.roles, self.env, self.workdir, self.mode = roles, env, workdir, mode
+        self.n = 0
+
+    def together(self, arg_lists, lead_s=2.0, timeout=120):
+        """Runs every argument list at once (their timed parts start together); returns
+        each one's last stdout line, split into words, or raises with its stderr."""
+        start_at = time.time_ns() + int(lead_s * 1e9)
+        procs = []
+        for args in arg_lists:
+            self.n += 1
+            log = Path(self.workdir) / f"{self.mode}.{self.n}"
+            out, err = open(f"{log}.out", "w"), open(f"{log}.err", "w")
+            p = subprocess.Popen([str(self.roles), *map(str, args), "--start-at", str(start_at)],
+                                 env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            procs.append((p, log))
+        results = []
+        for p, log in procs:
+            try:
+                rc = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = "timeout"
+            lines = Path(f"{log}.out").read_text().split()
+            if rc != 0 or not lines:
+                raise RuntimeError(f"{self.mode}: {' '.join(map(str, p.args))}: rc {rc}\n"
+                                   f"{Path(f'{log}.err').read_text()[-2000:]}")
+            results.append(Path(f"{log}.out").read_text().strip().splitlines()[-1].split())
+        return results
+
+
+def load_measures(only):
+    out = []
+    for f in sorted((HERE / "measures").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f.stem, f)
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+        if not only or m.NAME in only:
+            out.append(m)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="native,mps,omps")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--roles", default=None, help="a prebuilt roles binary (default: build it)")
+    args = ap.parse_args()
+    work = Path(args.out or tempfile.mkdtemp(prefix="omps-sched."))
+    work.mkdir(parents=True, exist_ok=True)
+    roles = Path(args.roles) if args.roles else work / "roles"
+    if not args.roles:
+        subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-o", str(roles), str(ROLES_SRC)], check=True)
+    measures = load_measures([x for x in args.only.split(",") if x])
+    by_measure = {m.NAME: {} for m in measures}
+    for mode in args.modes.split(","):
+        daemon, env = None, harness.base_env()
+        try:
+            if mode not in ("native", "mps", "omps"):
+                raise ValueError(f"unknown mode {mode}")
+            if mode == "mps":
+                daemon = harness.MpsDaemon(work)
+                daemon.start()
+                env.update(daemon.env())
+            elif mode == "omps":
+                daemon = harness.OmpsServer(harness.omps_bin(), work / "omps")
+                daemon.start()
+                env.update(daemon.client_env(harness.Mode.OMPS_PRELOAD))
+            clients = Clients(roles, env, work, mode)
+            for m in measures:
+                try:
+                    by_measure[m.NAME][mode] = m.run(clients)
+                except RuntimeError as e:
+                    print(f"[{m.NAME}] {mode}: FAILED: {e}", flush=True)
+                print(f"[{m.NAME}] {mode}: {by_measure[m.NAME].get(mode)}", flush=True)
+        except (FileNotFoundError, RuntimeError, OSError, subprocess.SubprocessError) as e:
+            print(f"{mode}: cannot run this mode: {e}", flush=True)
+        finally:
+            if daemon is not None:
+                problem = daemon.stop()
+                if problem:
+                    print(f"{mode}: {problem}")
+    print()
+    for m in measures:
+        for line in m.report(by_measure[m.NAME]):
+            print(line)
+        print()
+    print(f"logs: {work}")
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+if __name__ == "__main__":
+    main()

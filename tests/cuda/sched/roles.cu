@@ -1,0 +1,143 @@
+// The client roles of the scheduling measures (scripts/sched): one binary, a role per
+// invocation, each printing one line of figures. All roles wait for an optional start
+// time (ns since the epoch, --start-at) so that processes start their timed part together.
+//
+//   roles rate SECONDS                      empty kernels, async, on one stream:
+//                                           "RATE <launches> <seconds>"
+//   roles hog STREAMS KERNEL_MS SECONDS     single-block kernels of KERNEL_MS on STREAMS
+//                                           streams, back to back: "HOG <kernels done>"
+//   roles lc KERNELS SECONDS                requests of KERNELS small kernels + sync:
+//                                           "LC <requests> <p50 us> <p99 us> <max us>"
+//   roles be SECONDS                        kernels over every SM, back to back:
+//                                           "BE <kernels done>"
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "%s: %s\n", #x, cudaGetErrorName(e_)); exit(1); } } while (0)
+
+__global__ void spin(long long ns) {
+    long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+__global__ void empty() {}
+__global__ void small(float *x) { x[threadIdx.x] = x[threadIdx.x] * 0.5f + 1.0f; }
+
+using clk = std::chrono::steady_clock;
+static double secs_since(clk::time_point t) {
+    return std::chrono::duration<double>(clk::now() - t).count();
+}
+
+static void wait_start(long long at_ns) {
+    if (at_ns <= 0) return;
+    for (;;) {
+        timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        long long now = (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+        if (now >= at_ns) return;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+}
+
+int main(int argc, char **argv) {
+    long long start_at = 0;
+    std::vector<char *> a;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--start-at") && i + 1 < argc) start_at = atoll(argv[++i]);
+        else a.push_back(argv[i]);
+    }
+    if (a.empty()) { fprintf(stderr, "usage: roles rate|hog|lc|be ARGS [--start-at NS]\n"); return 2; }
+    CK(cudaFree(0));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    // First launches (module loading) before the timed part.
+    empty<<<1, 1, 0, s>>>();
+    spin<<<1, 1, 0, s>>>(1000);
+    CK(cudaStreamSynchronize(s));
+    const char *role = a[0];
+    if (!strcmp(role, "rate") && a.size() >= 2) {
+        double sec = atof(a[1]);
+        wait_start(start_at);
+        auto t = clk::now();
+        long long n = 0;
+        while (secs_since(t) < sec) {
+            for (int i = 0; i < 1000; i++) empty<<<1, 1, 0, s>>>();
+            n += 1000;
+        }
+        CK(cudaStreamSynchronize(s));
+        printf("RATE %lld %.6f\n", n, secs_since(t));
+    } else if (!strcmp(role, "hog") && a.size() >= 4) {
+        int streams = atoi(a[1]);
+        long long kernel_ns = (long long)(atof(a[2]) * 1e6);
+        double sec = atof(a[3]);
+        std::vector<cudaStream_t> ss(streams);
+        std::vector<cudaEvent_t> ev(streams);
+        for (int i = 0; i < streams; i++) {
+            CK(cudaStreamCreateWithFlags(&ss[i], cudaStreamNonBlocking));
+            CK(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming));
+        }
+        wait_start(start_at);
+        auto t = clk::now();
+        long long done = 0;
+        // One kernel in flight per stream; each is counted as it completes and replaced.
+        for (int i = 0; i < streams; i++) {
+            spin<<<1, 1, 0, ss[i]>>>(kernel_ns);
+            CK(cudaEventRecord(ev[i], ss[i]));
+        }
+        while (secs_since(t) < sec) {
+            for (int i = 0; i < streams; i++) {
+                if (cudaEventQuery(ev[i]) == cudaSuccess) {
+                    done++;
+                    spin<<<1, 1, 0, ss[i]>>>(kernel_ns);
+                    CK(cudaEventRecord(ev[i], ss[i]));
+                }
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(500));
+        }
+        printf("HOG %lld\n", done);
+        fflush(stdout);
+        _exit(0);  // leave the last kernels running: the next measure must not wait for them
+    } else if (!strcmp(role, "lc") && a.size() >= 3) {
+        int kernels = atoi(a[1]);
+        double sec = atof(a[2]);
+        float *x;
+        CK(cudaMalloc(&x, 256 * sizeof(float)));
+        CK(cudaMemset(x, 0, 256 * sizeof(float)));
+        wait_start(start_at);
+        std::vector<double> us;
+        auto t = clk::now();
+        while (secs_since(t) < sec) {
+            auto r = clk::now();
+            for (int k = 0; k < kernels; k++) small<<<1, 256, 0, s>>>(x);
+            CK(cudaStreamSynchronize(s));
+            us.push_back(std::chrono::duration<double, std::micro>(clk::now() - r).count());
+        }
+        std::sort(us.begin(), us.end());
+        printf("LC %zu %.1f %.1f %.1f\n", us.size(), us[us.size() / 2], us[us.size() * 99 / 100], us.back());
+    } else if (!strcmp(role, "be") && a.size() >= 2) {
+        double sec = atof(a[1]);
+        int sms = 0;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        wait_start(start_at);
+        auto t = clk::now();
+        long long done = 0;
+        while (secs_since(t) < sec) {
+            spin<<<sms * 4, 256, 0, s>>>(2000000);  // 2 ms over every SM
+            CK(cudaStreamSynchronize(s));
+            done++;
+        }
+        printf("BE %lld\n", done);
+    } else {
+        fprintf(stderr, "unknown role or missing arguments: %s\n", role);
+        return 2;
+    }
+    return 0;
+}

@@ -109,12 +109,8 @@ pub fn deliver(dev: usize, failed: bool, covers: Covers, before: u64) {
     let Ok(text) = c.socket_request(wire::hostmem::PRINTF_FLUSH, dev as u64, 0, None) else {
         return;
     };
-    {
-        // The launches counted before the call are done if the call waited for them.
-        let mut all = uncollected();
-        let Some(u) = all.get_mut(dev) else {
-            return;
-        };
+    // The launches counted before the call are done if the call waited for them.
+    if let Some(u) = uncollected().get_mut(dev) {
         let covered = match covers {
             Covers::All => true,
             Covers::Stream(s) => u.stream == Some(s),

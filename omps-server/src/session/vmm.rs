@@ -5,7 +5,7 @@
 //! is looked up in this client's tables, so no client can map, unmap or reach another's.
 //! Physical memory counts as the client's memory from creation to release. Mapped ranges
 //! join the ranges the client may copy to and from. What a client leaves behind is
-//! unmapped, released and freed once its work is done (worker `free`).
+//! unmapped, released and freed once its work is done (`crate::releaser`).
 
 use super::{bad, Malformed, Session};
 use crate::gpu::{code, CuError, GpuResult};

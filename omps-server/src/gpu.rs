@@ -2,9 +2,9 @@
 //!
 //! [`crate::gpu_cuda::CudaGpu`] implements it with the CUDA driver; [`crate::gpu_host::HostGpu`]
 //! implements it with host memory so the core (sessions, validation, bookkeeping, client
-//! death) is tested on machines without a GPU. Streams are indices into a fixed pool:
-//! `0..pool_size()` carry client work, `pool_size()..2*pool_size()` carry completion markers,
-//! and `2*pool_size()..` (`priority_streams()` of them) carry work of high-priority streams.
+//! death) is tested on machines without a GPU. Streams are indices into a fixed set laid
+//! out by [`crate::placement::Layout`]: normal work streams, completion-marker streams, and
+//! work streams at the device's greatest priority.
 //! No method blocks on the GPU.
 
 use omps_ring::segment::DeviceSnapshot;
@@ -80,17 +80,13 @@ pub struct LoadedModule {
 pub trait Gpu: Send + Sync + 'static {
     fn ordinal(&self) -> usize;
     fn snapshot(&self) -> DeviceSnapshot;
-    /// Number of work streams; as many marker streams follow them.
-    fn pool_size(&self) -> usize;
+    /// How its streams are laid out.
+    fn layout(&self) -> crate::placement::Layout;
     /// Recreates the context after a fault (no client is left): every handle is gone.
     fn reset(&self) -> GpuResult<()>;
-    /// Work streams at the device's greatest priority, after the marker streams.
-    fn priority_streams(&self) -> usize {
-        0
-    }
     /// All streams: work, marker and high-priority work streams.
     fn stream_count(&self) -> usize {
-        2 * self.pool_size() + self.priority_streams()
+        self.layout().total()
     }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64>;

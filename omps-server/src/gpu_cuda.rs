@@ -139,6 +139,7 @@ pub struct CudaGpu {
     /// Work streams, marker streams, high-priority work streams; atomics so that reset()
     /// can recreate them after a fault.
     streams: Vec<AtomicPtr<cu::CUstream_st>>,
+    layout: crate::placement::Layout,
     /// Never given work: synchronizing it makes the driver write out printf output at once.
     printf_stream: AtomicPtr<cu::CUstream_st>,
     /// Never given work either: frees are queued on it, so they wait for nothing.
@@ -158,7 +159,7 @@ unsafe impl Send for CudaGpu {}
 unsafe impl Sync for CudaGpu {}
 
 impl CudaGpu {
-    pub fn open(ordinal: usize, pool_size: usize) -> GpuResult<CudaGpu> {
+    pub fn open(ordinal: usize, layout: crate::placement::Layout) -> GpuResult<CudaGpu> {
         let mut dev = 0;
         let mut ctx = std::ptr::null_mut();
         // SAFETY: valid out-pointers; ordinal comes from cuDeviceGetCount.
@@ -171,6 +172,7 @@ impl CudaGpu {
             dev,
             ctx,
             streams: Vec::new(),
+            layout,
             printf_stream: AtomicPtr::new(std::ptr::null_mut()),
             release_stream: AtomicPtr::new(std::ptr::null_mut()),
             attr_fn: raw_fn(b"cuDeviceGetAttribute\0")?,
@@ -180,7 +182,7 @@ impl CudaGpu {
             set_limit_fn: raw_fn(b"cuCtxSetLimit\0")?,
             cache_config_fn: raw_fn(b"cuFuncSetCacheConfig\0")?,
         };
-        g.streams = (0..3 * pool_size)
+        g.streams = (0..layout.total())
             .map(|_| AtomicPtr::new(std::ptr::null_mut()))
             .collect();
         g.create_streams()?;
@@ -189,13 +191,13 @@ impl CudaGpu {
 
     fn create_streams(&self) -> GpuResult<()> {
         self.bind();
-        let pool_size = self.streams.len() / 3;
+        let high = self.layout.high();
         let (mut _least, mut greatest) = (0, 0);
         // SAFETY: valid out-pointers; the context is current.
         ck(unsafe { cu::cuCtxGetStreamPriorityRange(&mut _least, &mut greatest) })?;
         for (i, slot) in self.streams.iter().enumerate() {
             let mut s = std::ptr::null_mut();
-            let priority = if i < 2 * pool_size { 0 } else { greatest };
+            let priority = if high.contains(&i) { greatest } else { 0 };
             // SAFETY: context is current; non-blocking so the pool never syncs with stream 0.
             ck(unsafe { cu::cuStreamCreateWithPriority(&mut s, 1, priority) })?;
             slot.store(s, Ordering::Release);
@@ -315,8 +317,8 @@ impl Gpu for CudaGpu {
         s
     }
 
-    fn pool_size(&self) -> usize {
-        self.streams.len() / 3
+    fn layout(&self) -> crate::placement::Layout {
+        self.layout
     }
 
     fn reset(&self) -> GpuResult<()> {
@@ -333,10 +335,6 @@ impl Gpu for CudaGpu {
         // SAFETY: ctx is retained; make it current here again.
         ck(unsafe { cu::cuCtxSetCurrent(ctx) })?;
         self.create_streams()
-    }
-
-    fn priority_streams(&self) -> usize {
-        self.streams.len() / 3
     }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {

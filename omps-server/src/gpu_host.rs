@@ -234,8 +234,13 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
-    fn pool_size(&self) -> usize {
-        4
+    fn layout(&self) -> crate::placement::Layout {
+        crate::placement::Layout {
+            work: 8,
+            markers: 4,
+            priority: 0,
+            connections: 4,
+        }
     }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {

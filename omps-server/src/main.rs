@@ -11,8 +11,6 @@ use omps_server::{Server, ServerConfig};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-/// Work streams per GPU; the hardware gets as many queues (CUDA_DEVICE_MAX_CONNECTIONS).
-const POOL: usize = 32;
 
 fn init_logging() {
     let filter =
@@ -61,7 +59,7 @@ fn main() -> ExitCode {
     }
     if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         // SAFETY: still single-threaded; the driver reads this at cuInit.
-        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", POOL.to_string()) };
+        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", omps_server::placement::Layout::SERVER.connections.to_string()) };
     }
     let (driver_version, count) = match gpu_cuda::init() {
         Ok(v) => v,
@@ -77,7 +75,7 @@ fn main() -> ExitCode {
     let count = count.min(omps_ring::segment::MAX_DEVICES);
     let mut gpus: Vec<Arc<dyn Gpu>> = Vec::new();
     for i in 0..count {
-        match CudaGpu::open(i, POOL) {
+        match CudaGpu::open(i, omps_server::placement::Layout::SERVER) {
             Ok(g) => gpus.push(Arc::new(g)),
             Err(e) => {
                 omps_server::say!(

@@ -162,7 +162,7 @@ pub struct Session {
     /// Per channel: the last JIT link's image and logs, until the next link.
     link_out: Vec<Vec<u8>>,
     /// Bit i set when work stream i has carried this client's work.
-    pub used_streams: u128,
+    pub used_streams: crate::placement::StreamSet,
     pub marker_stream: usize,
     /// First asynchronous error since the last synchronizing call.
     pending_error: i32,
@@ -197,7 +197,7 @@ impl Session {
             globals: BTreeMap::new(),
             blobs: vec![Vec::new(); channels],
             link_out: vec![Vec::new(); channels],
-            used_streams: 0,
+            used_streams: Default::default(),
             marker_stream: ctx.pick_marker_stream(),
             pending_error: 0,
             next_id: 1,
@@ -246,7 +246,7 @@ impl Session {
                 .pool
                 .insert(ctx.bind_work_stream(self.client.id, st.priority)),
         };
-        self.used_streams |= 1 << pool;
+        self.used_streams.insert(pool);
         // Work on a blocking stream is ordered after legacy work only once there is some,
         // and then the legacy stream is bound.
         let legacy = self.streams[&wire::STREAM_DEFAULT].pool.unwrap_or(pool);
@@ -502,7 +502,7 @@ impl Session {
     }
 
     /// Everything the client still holds on this GPU, for release once its work is done.
-    pub fn into_release(mut self) -> (Arc<ClientShared>, u128, usize, Release) {
+    pub fn into_release(mut self) -> (Arc<ClientShared>, crate::placement::StreamSet, usize, Release) {
         // Pinned host memory stays with the client and goes when its last Arc does.
         let rel = Release {
             pinned: Vec::new(),
@@ -511,7 +511,7 @@ impl Session {
             events: self.events.drain().map(|(_, e)| e).collect(),
             vmm: std::mem::take(&mut self.vmm).into_release(),
         };
-        (self.client, self.used_streams, self.marker_stream, rel)
+        (self.client, std::mem::take(&mut self.used_streams), self.marker_stream, rel)
     }
 
     pub fn dev(&self) -> usize {

@@ -4,6 +4,7 @@
 
 use crate::client::ClientShared;
 use crate::gpu::{CuError, Gpu, GpuResult};
+use crate::placement::{Binding, StreamSet};
 use crate::session::{Release, Session};
 use omps_ring::futex::{self, Doorbell};
 use omps_ring::segment::{state, Word};
@@ -42,12 +43,6 @@ struct Marker {
 /// A completion outstanding this long is worth a line in the log: a kernel that never
 /// ends holds its client (and, in one shared context, nothing else) until someone acts.
 const LONG_WAIT: Duration = Duration::from_secs(60);
-
-#[derive(Clone, Copy, Default)]
-struct Binding {
-    client: u32,
-    refs: u32,
-}
 
 /// Resources freed once `fence` completes.
 struct Deferred {
@@ -231,46 +226,40 @@ impl WorkerCtx {
     /// omps has two levels, and streams created with a priority below 0 run on the
     /// device's greatest-priority streams.
     fn work_class(&self, priority: i32) -> std::ops::Range<usize> {
-        let (p, hi) = (self.gpu.pool_size(), self.gpu.priority_streams());
-        if priority < 0 && hi > 0 {
-            2 * p..2 * p + hi
+        let layout = self.gpu.layout();
+        if priority < 0 && layout.priority > 0 {
+            layout.high()
         } else {
-            0..p
+            layout.normal()
         }
     }
 
-    /// Binds a client stream, at its first work, to a work stream of its class. No
-    /// other client's unfinished work may share it: first a stream no client holds and
-    /// that is idle (a destroyed stream's work may still run there), spread round robin;
-    /// else the client's own least-bound stream; only when every stream of the class is
-    /// held by other clients (more active clients than hardware queues) the least-bound
-    /// one, said once in the log.
+    /// Binds a client stream, at its first work, to a work stream of its class
+    /// ([`crate::placement::pick`]: no other client's work on its CUDA stream, nor on its
+    /// hardware queue while the queues allow).
     pub fn bind_work_stream(&mut self, client: u32, priority: i32) -> usize {
         let class = self.work_class(priority);
-        let n = class.len();
         self.next_work += 1;
-        let rotated = (0..n).map(|i| class.start + (self.next_work + i) % n);
         let mut bindings = self
             .shared
             .bindings
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let free = rotated
-            .clone()
-            .find(|&i| bindings[i].refs == 0 && self.gpu.stream_query(i).unwrap_or(true));
-        let own = || {
-            class
-                .clone()
-                .filter(|&i| bindings[i].refs > 0 && bindings[i].client == client)
-                .min_by_key(|&i| bindings[i].refs)
-        };
-        let pick = free.or_else(own).unwrap_or_else(|| {
+        let gpu = self.gpu.clone();
+        let (pick, shared) = crate::placement::pick(
+            &gpu.layout(),
+            &bindings,
+            class,
+            client,
+            self.next_work,
+            &mut |i| gpu.stream_query(i).unwrap_or(true),
+        );
+        if shared {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 tracing::warn!("every work stream is held by other clients; sharing one")
             });
-            rotated.min_by_key(|&i| bindings[i].refs).unwrap_or(0)
-        });
+        }
         let b = &mut bindings[pick];
         if b.refs == 0 {
             b.client = client;
@@ -294,21 +283,23 @@ impl WorkerCtx {
     /// Marker streams are split between the lanes, so one lane's completions never queue
     /// behind another's.
     pub fn pick_marker_stream(&mut self) -> usize {
-        let n = self.gpu.pool_size();
+        let markers = self.gpu.layout().marker_range();
+        let n = markers.len();
         let lanes = self.shared.lanes.min(n);
         let mine = (n - self.lane % lanes).div_ceil(lanes);
-        let s = n + self.lane % lanes + lanes * (self.next_marker % mine);
+        let s = markers.start + self.lane % lanes + lanes * (self.next_marker % mine);
         self.next_marker += 1;
         s
     }
 
     /// Makes marker stream `m` wait for the work already queued on every stream in `mask`.
-    pub fn join_streams(&mut self, mask: u128, m: usize) -> GpuResult<()> {
-        for (i, &ev) in self.scratch_events.iter().enumerate() {
-            if mask & (1 << i) != 0 {
-                self.gpu.event_record(ev, i)?;
-                self.gpu.stream_wait_event(m, ev)?;
-            }
+    pub fn join_streams(&mut self, streams: &StreamSet, m: usize) -> GpuResult<()> {
+        for i in streams.iter() {
+            let Some(&ev) = self.scratch_events.get(i) else {
+                continue;
+            };
+            self.gpu.event_record(ev, i)?;
+            self.gpu.stream_wait_event(m, ev)?;
         }
         Ok(())
     }
@@ -354,7 +345,7 @@ impl WorkerCtx {
     pub fn release_later(&mut self, s: &Session, release: Release) {
         self.defer(
             s.client.clone(),
-            s.used_streams,
+            &s.used_streams,
             s.marker_stream,
             release,
             false,
@@ -364,13 +355,13 @@ impl WorkerCtx {
     fn defer(
         &mut self,
         client: Arc<ClientShared>,
-        mask: u128,
+        streams: &StreamSet,
         m: usize,
         release: Release,
         final_for_client: bool,
     ) {
         let fence = self.gpu.event_create(0x2).and_then(|ev| {
-            self.join_streams(mask, m)?;
+            self.join_streams(streams, m)?;
             self.gpu.event_record(ev, m)?;
             Ok(ev)
         });
@@ -449,9 +440,9 @@ impl WorkerCtx {
         for i in s.bound_work_streams() {
             self.unbind_work_stream(i);
         }
-        let (client, mask, m, rel) = s.into_release();
+        let (client, streams, m, rel) = s.into_release();
         self.markers.retain(|mk| mk.client.id != client.id);
-        self.defer(client, mask, m, rel, true);
+        self.defer(client, &streams, m, rel, true);
     }
 
     /// Completes what the GPU finished and frees what is idle, and waits until the

@@ -132,7 +132,7 @@ impl Session {
                 if self.already_synced(ctx, self.ctx_synced, self.submits) {
                     self.complete(c, 0, &[])?;
                 } else {
-                    match ctx.join_streams(self.used_streams, m) {
+                    match ctx.join_streams(&self.used_streams, m) {
                         Ok(()) => {
                             if self.complete_on_gpu(ctx, c, m)? {
                                 self.ctx_synced = Some(SyncMark::done(c, self.submits));

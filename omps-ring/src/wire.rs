@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -495,6 +495,47 @@ pub struct Hello {
     pub magic: u64,
     pub version: u32,
     pub kind: u32,
+}
+
+/// What a client's environment asks of the server, sent right after a client Hello.
+/// Each field is [`ClientSettings::UNSET`] when the client did not say.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct ClientSettings {
+    /// 0 normal, 1 below normal (CUDA_MPS_CLIENT_PRIORITY), 2 latency-critical
+    /// (OMPS_CLIENT_QOS).
+    pub qos: u32,
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, in thousandths of a percent (1..=100000).
+    pub thread_milli_pct: u32,
+    /// CUDA_MPS_SM_PARTITION, NUL-padded text.
+    pub partition: [u8; 64],
+}
+
+impl ClientSettings {
+    pub const UNSET: u32 = u32::MAX;
+
+    pub fn none() -> Self {
+        ClientSettings {
+            qos: Self::UNSET,
+            thread_milli_pct: Self::UNSET,
+            partition: [0; 64],
+        }
+    }
+
+    /// The partition text, if any and valid UTF-8.
+    pub fn partition_text(&self) -> Option<&str> {
+        let end = self.partition.iter().position(|&b| b == 0).unwrap_or(64);
+        std::str::from_utf8(&self.partition[..end])
+            .ok()
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// A thread percentage as MPS takes it ("25", "12.5"), in thousandths of a percent,
+/// within (0, 100].
+pub fn parse_percentage(v: &str) -> Option<u32> {
+    let p: f64 = v.trim().parse().ok()?;
+    (p > 0.0 && p <= 100.0 && p.is_finite()).then(|| ((p * 1000.0).round() as u32).max(1))
 }
 
 /// The server's answer to a client Hello; with status 0 it carries, as SCM_RIGHTS, the

@@ -6,7 +6,7 @@ use omps_ring::futex;
 use omps_ring::segment::{state, SegmentView, CHUNKS_PER_CHANNEL, MAX_DEVICES};
 use omps_ring::shm::Mapping;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 pub struct ClientShared {
@@ -30,6 +30,9 @@ pub struct ClientShared {
     /// The client's pinned host allocations: start -> length. Each is a memfd of the
     /// client's, mapped here at the same address and registered with `registered_on`.
     pub pinned: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// Its QoS ([`crate::placement::Qos`]); the control thread may change it at any time,
+    /// and its workers move its streams at its next work.
+    qos: AtomicU8,
     _mapping: Mapping,
 }
 
@@ -56,8 +59,17 @@ impl ClientShared {
             released: AtomicU32::new(0),
             registered_on,
             pinned: Default::default(),
+            qos: AtomicU8::new(0),
             _mapping: mapping,
         }
+    }
+
+    pub fn qos(&self) -> crate::placement::Qos {
+        crate::placement::Qos::from_u8(self.qos.load(Ordering::Relaxed)).unwrap_or_default()
+    }
+
+    pub fn set_qos(&self, q: crate::placement::Qos) {
+        self.qos.store(q as u8, Ordering::Relaxed);
     }
 
     pub fn total_mem(&self) -> u64 {

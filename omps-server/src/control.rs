@@ -105,6 +105,8 @@ pub struct Server {
     clients: HashMap<u32, (Arc<ClientShared>, UnixStream)>,
     printf: PrintfRouter,
     exiting: Vec<Arc<ClientShared>>,
+    /// Defaults for clients, and what operators set (QoS, compute limits).
+    policy: crate::policy::Policy,
     next_id: u32,
     uid: u32,
     quit: bool,
@@ -228,6 +230,7 @@ impl Server {
             clients: HashMap::new(),
             printf,
             exiting: Vec::new(),
+            policy: Default::default(),
             next_id: 1,
             // SAFETY: getuid has no preconditions.
             uid: unsafe { libc::getuid() },
@@ -431,7 +434,12 @@ impl Server {
             ));
         }
         match hello.kind {
-            wire::kind::CLIENT => self.accept_client(stream, cred.pid),
+            wire::kind::CLIENT => {
+                let mut sb = [0u8; std::mem::size_of::<wire::ClientSettings>()];
+                io::Read::read_exact(&mut &stream, &mut sb)?;
+                let settings: wire::ClientSettings = bytemuck::pod_read_unaligned(&sb);
+                self.accept_client(stream, cred.pid, &settings)
+            }
             wire::kind::CONTROL => self.serve_control(stream),
             k => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -440,7 +448,28 @@ impl Server {
         }
     }
 
-    fn accept_client(&mut self, stream: UnixStream, pid: i32) -> io::Result<()> {
+    fn accept_client(
+        &mut self,
+        stream: UnixStream,
+        pid: i32,
+        settings: &wire::ClientSettings,
+    ) -> io::Result<()> {
+        let refuse = |status: i32| {
+            let w = Welcome {
+                magic: wire::HELLO_MAGIC,
+                version: wire::PROTOCOL_VERSION,
+                status,
+                ..Default::default()
+            };
+            sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[])
+        };
+        let qos = match self.policy.client_qos(settings) {
+            Ok(q) => q,
+            Err(why) => {
+                tracing::warn!(pid, "refusing a client: {why}");
+                return refuse(code::INVALID_VALUE);
+            }
+        };
         if self.any_fault() {
             let w = Welcome {
                 magic: wire::HELLO_MAGIC,
@@ -509,7 +538,8 @@ impl Server {
             let w = self.lane_of(g, id);
             self.workers[w].send(ToWorker::Add(c.clone()));
         }
-        tracing::info!(client = id, pid, "client connected");
+        c.set_qos(qos);
+        tracing::info!(client = id, pid, qos = qos.name(), "client connected");
         self.clients.insert(id, (c, stream));
         Ok(())
     }
@@ -545,6 +575,11 @@ impl Server {
             ["ps"] | ["ps", ..] => (true, self.ps_text()),
             ["stats"] => (true, self.stats_text()),
             ["terminate_client", args @ ..] => self.terminate_client(args),
+            [cmd, args @ ..] if crate::policy::COMMANDS.contains(cmd) => {
+                let clients: Vec<Arc<ClientShared>> =
+                    self.clients.values().map(|(c, _)| c.clone()).collect();
+                self.policy.command(cmd, args, &clients)
+            }
             ["get_server_list"] => (true, format!("{}\n", std::process::id())),
             ["get_client_list", ..] | ["get_device_client_list", ..] => {
                 let mut pids: Vec<i32> = self.clients.values().map(|(c, _)| c.pid).collect();
@@ -556,7 +591,7 @@ impl Server {
                 (true, String::new())
             }
             [] => (true, String::new()),
-            [cmd, ..] => (false, format!("unknown command '{cmd}' (known: status, ps, stats, terminate_client, quit, get_server_list, get_client_list)\n")),
+            [cmd, ..] => (false, format!("unknown command '{cmd}' (known: status, ps, stats, terminate_client, quit, get_server_list, get_client_list, {})\n", crate::policy::COMMANDS.join(", "))),
         }
     }
 
@@ -644,12 +679,23 @@ impl Server {
         let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).collect();
         rows.sort_by_key(|c| c.id);
         for c in rows {
+            // Per GPU, its bound work streams per priority class, least urgent first.
+            let classes: Vec<String> = self
+                .gpu_shared
+                .iter()
+                .map(|g| {
+                    let n = g.bound_by_class(c.id);
+                    n.map(|k| k.to_string()).join("/")
+                })
+                .collect();
             s += &format!(
-                "client {} pid {} commands {} server_ns {} name {}\n",
+                "client {} pid {} commands {} server_ns {} qos {} streams {} name {}\n",
                 c.id,
                 c.pid,
                 c.commands.load(Ordering::Relaxed),
                 c.server_ns.load(Ordering::Relaxed),
+                c.qos().name(),
+                classes.join(","),
                 c.name
             );
         }

@@ -191,13 +191,15 @@ impl CudaGpu {
 
     fn create_streams(&self) -> GpuResult<()> {
         self.bind();
-        let high = self.layout.high();
-        let (mut _least, mut greatest) = (0, 0);
+        let (mut least, mut greatest) = (0, 0);
         // SAFETY: valid out-pointers; the context is current.
-        ck(unsafe { cu::cuCtxGetStreamPriorityRange(&mut _least, &mut greatest) })?;
+        ck(unsafe { cu::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) })?;
         for (i, slot) in self.streams.iter().enumerate() {
             let mut s = std::ptr::null_mut();
-            let priority = if high.contains(&i) { greatest } else { 0 };
+            let priority = match self.layout.class_at(i) {
+                Some(c) => crate::placement::class_priority(c, least, greatest),
+                None => least,
+            };
             // SAFETY: context is current; non-blocking so the pool never syncs with stream 0.
             ck(unsafe { cu::cuStreamCreateWithPriority(&mut s, 1, priority) })?;
             slot.store(s, Ordering::Release);

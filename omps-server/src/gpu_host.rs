@@ -236,9 +236,8 @@ impl Gpu for HostGpu {
 
     fn layout(&self) -> crate::placement::Layout {
         crate::placement::Layout {
-            work: 8,
             markers: 4,
-            priority: 0,
+            classes: [4, 8, 4, 4],
             connections: 4,
         }
     }

@@ -6,6 +6,7 @@
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
 //! * [`limits`]: context limits, per client.
 //! * [`placement`]: which work stream (and hardware queue) carries a client stream.
+//! * [`policy`]: each client's QoS and the defaults, as operators set them.
 //! * [`stdio`]: the server's own stderr, apart from the driver's fd 2.
 //! * [`stats`]: the workers' counters of their own time (`omps-ctl stats`).
 //! * [`releaser`]: one thread per GPU that gives back what clients released.
@@ -22,6 +23,7 @@ pub mod gpu_cuda;
 pub mod gpu_host;
 pub mod limits;
 pub mod placement;
+pub mod policy;
 pub mod printf;
 pub mod releaser;
 pub mod segpool;

@@ -8,44 +8,122 @@
 //! stream never shares a CUDA stream with another client's (that would order their work),
 //! and, while it can, never shares a hardware queue with another client's either.
 
-/// The layout of one GPU's streams: `work` normal-priority work streams, then `markers`
-/// marker streams, then `priority` work streams at the device's greatest priority. Each
-/// count is a multiple of `connections`, so stream `i` of every class uses hardware queue
-/// `i % connections` whether the driver counts queues per class or over all streams.
+/// What a client asked for, or an operator set: its share of the GPU's attention.
+/// `CUDA_MPS_CLIENT_PRIORITY` gives the first two; latency-critical is omps's own.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Qos {
+    #[default]
+    Normal = 0,
+    BelowNormal = 1,
+    LatencyCritical = 2,
+}
+
+impl Qos {
+    pub fn from_u8(v: u8) -> Option<Qos> {
+        match v {
+            0 => Some(Qos::Normal),
+            1 => Some(Qos::BelowNormal),
+            2 => Some(Qos::LatencyCritical),
+            _ => None,
+        }
+    }
+
+    /// As omps-ctl and the environment spell it: MPS's 0 and 1, and `latency-critical`
+    /// (or `lc`, or 2).
+    pub fn parse(s: &str) -> Option<Qos> {
+        match s {
+            "0" | "normal" => Some(Qos::Normal),
+            "1" | "below-normal" | "below_normal" => Some(Qos::BelowNormal),
+            "2" | "latency-critical" | "latency_critical" | "lc" => Some(Qos::LatencyCritical),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Qos::Normal => "normal",
+            Qos::BelowNormal => "below-normal",
+            Qos::LatencyCritical => "latency-critical",
+        }
+    }
+}
+
+/// The stream priority classes, least urgent first. Every client stream runs on a work
+/// stream of one class; the GPU's block scheduler starts a waiting block of a more urgent
+/// stream before any of a less urgent one, which, all clients sharing one context, holds
+/// across clients (under MPS it cannot: priorities order streams within one context).
+pub const CLASSES: usize = 4;
+/// A below-normal client's streams.
+pub const BACKGROUND: usize = 0;
+/// A normal client's streams.
+pub const NORMAL: usize = 1;
+/// A normal client's streams created with a priority above the lowest (PyTorch's
+/// high-priority streams, NCCL's).
+pub const RAISED: usize = 2;
+/// A latency-critical client's streams, all of them.
+pub const CRITICAL: usize = 3;
+
+/// The class a client stream's work runs in.
+pub fn class_of(qos: Qos, stream_priority: i32) -> usize {
+    match qos {
+        Qos::LatencyCritical => CRITICAL,
+        Qos::BelowNormal => BACKGROUND,
+        Qos::Normal if stream_priority < 0 => RAISED,
+        Qos::Normal => NORMAL,
+    }
+}
+
+/// The CUDA priority of class `c` on a device whose range is `least..=greatest`
+/// (greatest is the more negative): spread evenly, the classes keep their order where
+/// the device has enough levels (an H100 has 6).
+pub fn class_priority(c: usize, least: i32, greatest: i32) -> i32 {
+    let span = (least - greatest).max(0) as f64;
+    least - (span * c as f64 / (CLASSES - 1) as f64).round() as i32
+}
+
+/// The layout of one GPU's streams: `markers` marker streams, then each class's work
+/// streams in class order. Each count is a multiple of `connections`, so stream `i` uses
+/// hardware queue `i % connections` whether the driver counts queues per priority or
+/// over all streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
-    pub work: usize,
     pub markers: usize,
-    pub priority: usize,
+    pub classes: [usize; CLASSES],
     pub connections: usize,
 }
 
 impl Layout {
-    /// The server's layout: several work streams per hardware queue in each priority
-    /// class, so a client with many streams (PyTorch, a hog with 40) gets a CUDA stream
-    /// for each.
+    /// The server's layout: several work streams per hardware queue in the normal class,
+    /// so a client with many streams (PyTorch, a hog with 40) gets a CUDA stream for each.
     pub const SERVER: Layout = Layout {
-        work: 128,
         markers: 32,
-        priority: 64,
+        classes: [64, 128, 64, 64],
         connections: 32,
     };
 
     pub fn total(&self) -> usize {
-        self.work + self.markers + self.priority
-    }
-
-    pub fn normal(&self) -> std::ops::Range<usize> {
-        0..self.work
+        self.markers + self.classes.iter().sum::<usize>()
     }
 
     pub fn marker_range(&self) -> std::ops::Range<usize> {
-        self.work..self.work + self.markers
+        0..self.markers
     }
 
-    pub fn high(&self) -> std::ops::Range<usize> {
-        let s = self.work + self.markers;
-        s..s + self.priority
+    /// The work streams of class `c`; an empty class falls back to the normal one.
+    pub fn class(&self, c: usize) -> std::ops::Range<usize> {
+        let c = if self.classes.get(c).copied().unwrap_or(0) == 0 {
+            NORMAL
+        } else {
+            c
+        };
+        let start = self.markers + self.classes[..c].iter().sum::<usize>();
+        start..start + self.classes[c]
+    }
+
+    /// The class of stream `i`, None for a marker stream.
+    pub fn class_at(&self, i: usize) -> Option<usize> {
+        (0..CLASSES).find(|&c| self.class(c).contains(&i) && self.classes[c] > 0)
     }
 
     /// The hardware queue stream `i` uses.
@@ -152,14 +230,13 @@ mod tests {
     use super::*;
 
     const L: Layout = Layout {
-        work: 8,
         markers: 4,
-        priority: 4,
+        classes: [4, 8, 4, 4],
         connections: 4,
     };
 
     fn bind(b: &mut [Binding], client: u32, rotate: usize) -> (usize, bool) {
-        let r = pick(&L, b, L.normal(), client, rotate, &mut |_| true);
+        let r = pick(&L, b, L.class(NORMAL), client, rotate, &mut |_| true);
         let x = &mut b[r.0];
         if x.refs == 0 {
             x.client = client;
@@ -188,11 +265,11 @@ mod tests {
     #[test]
     fn many_streams_of_one_client_get_a_cuda_stream_each() {
         let mut b = vec![Binding::default(); L.total()];
-        let picks: Vec<usize> = (0..L.work).map(|r| bind(&mut b, 7, r).0).collect();
+        let picks: Vec<usize> = L.class(NORMAL).map(|r| bind(&mut b, 7, r).0).collect();
         let mut sorted = picks.clone();
         sorted.sort();
         sorted.dedup();
-        assert_eq!(sorted.len(), L.work, "one CUDA stream per client stream");
+        assert_eq!(sorted.len(), L.classes[NORMAL], "one CUDA stream per client stream");
         // Then it doubles up on its own streams, never reported as shared.
         let (_, shared) = bind(&mut b, 7, 0);
         assert!(!shared);
@@ -202,13 +279,31 @@ mod tests {
     fn a_busy_free_stream_is_passed_over_and_sharing_is_the_last_resort() {
         let mut b = vec![Binding::default(); L.total()];
         // Stream 0 is unbound but still runs a destroyed stream's work.
-        let (s, _) = pick(&L, &b, L.normal(), 1, 0, &mut |i| i != 0);
-        assert_ne!(s, 0);
-        for i in L.normal() {
+        let (s, _) = pick(&L, &b, L.class(NORMAL), 1, 0, &mut |i| i != L.class(NORMAL).start);
+        assert_ne!(s, L.class(NORMAL).start);
+        for i in L.class(NORMAL) {
             b[i] = Binding { client: 9, refs: 1 };
         }
-        let (s, shared) = pick(&L, &b, L.normal(), 1, 3, &mut |_| true);
-        assert!(shared && L.normal().contains(&s));
+        let (s, shared) = pick(&L, &b, L.class(NORMAL), 1, 3, &mut |_| true);
+        assert!(shared && L.class(NORMAL).contains(&s));
+    }
+
+    #[test]
+    fn classes_keep_their_order_in_cuda_priorities() {
+        // An H100: 0 (least) to -5 (greatest).
+        let p: Vec<i32> = (0..CLASSES).map(|c| class_priority(c, 0, -5)).collect();
+        assert_eq!(p, vec![0, -2, -3, -5]);
+        assert_eq!(class_priority(CRITICAL, 0, 0), 0, "no levels: all equal");
+        assert_eq!(class_of(Qos::LatencyCritical, 0), CRITICAL);
+        assert_eq!(class_of(Qos::BelowNormal, -5), BACKGROUND);
+        assert_eq!(class_of(Qos::Normal, -1), RAISED);
+        assert_eq!(class_of(Qos::Normal, 0), NORMAL);
+        let l = Layout::SERVER;
+        assert_eq!(l.class_at(l.class(CRITICAL).start), Some(CRITICAL));
+        assert_eq!(l.class_at(0), None, "a marker stream");
+        for c in 0..CLASSES {
+            assert_eq!(l.class(c).start % l.connections, 0);
+        }
     }
 
     #[test]

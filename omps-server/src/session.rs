@@ -13,6 +13,7 @@
 
 use crate::client::ClientShared;
 use crate::gpu::{code, CuError};
+use crate::placement;
 use crate::worker::WorkerCtx;
 use omps_ring::futex;
 use omps_ring::ring::Consumer;
@@ -164,6 +165,8 @@ pub struct Session {
     /// Bit i set when work stream i has carried this client's work.
     pub used_streams: crate::placement::StreamSet,
     pub marker_stream: usize,
+    /// The QoS its streams are bound under.
+    qos: placement::Qos,
     /// First asynchronous error since the last synchronizing call.
     pending_error: i32,
     next_id: u32,
@@ -199,6 +202,7 @@ impl Session {
             link_out: vec![Vec::new(); channels],
             used_streams: Default::default(),
             marker_stream: ctx.pick_marker_stream(),
+            qos: placement::Qos::Normal,
             pending_error: 0,
             next_id: 1,
             submits: 0,
@@ -240,11 +244,16 @@ impl Session {
         };
         st.submits += 1;
         self.submits += 1;
+        let qos = self.client.qos();
+        if qos != self.qos {
+            self.move_to(ctx, qos);
+        }
+        let st = self.streams.get_mut(&id).expect("looked up above");
         let pool = match st.pool {
             Some(p) => p,
-            None => *st
-                .pool
-                .insert(ctx.bind_work_stream(self.client.id, st.priority)),
+            None => *st.pool.insert(
+                ctx.bind_work_stream(self.client.id, placement::class_of(qos, st.priority)),
+            ),
         };
         self.used_streams.insert(pool);
         // Work on a blocking stream is ordered after legacy work only once there is some,
@@ -271,6 +280,24 @@ impl Session {
             self.note_error(e);
         }
         Ok(pool)
+    }
+
+    /// Moves every bound stream to the class of the client's new QoS: later work goes to
+    /// a work stream of that class, after what the old one still holds.
+    fn move_to(&mut self, ctx: &mut WorkerCtx, qos: placement::Qos) {
+        self.qos = qos;
+        let mut r = Ok(());
+        for st in self.streams.values_mut() {
+            let Some(old) = st.pool else { continue };
+            let new = ctx.bind_work_stream(self.client.id, placement::class_of(qos, st.priority));
+            r = r.and(ctx.order(old, new));
+            ctx.unbind_work_stream(old);
+            st.pool = Some(new);
+            self.used_streams.insert(new);
+        }
+        if let Err(e) = r {
+            self.note_error(e);
+        }
     }
 
     fn event(&self, id: u32) -> Result<u64, Malformed> {

@@ -76,6 +76,7 @@ pub struct GpuShared {
     pass_lock: std::sync::RwLock<()>,
     /// One per lane, read by `omps-ctl stats`.
     pub stats: Vec<crate::stats::LaneStats>,
+    layout: crate::placement::Layout,
 }
 
 impl GpuShared {
@@ -102,7 +103,22 @@ impl GpuShared {
             pass_lock: Default::default(),
             lanes: lanes.max(1),
             stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
+            layout: gpu.layout(),
         })
+    }
+
+    /// How many work streams of each class `client`'s streams are bound to.
+    pub fn bound_by_class(&self, client: u32) -> [u32; crate::placement::CLASSES] {
+        let mut n = [0; crate::placement::CLASSES];
+        let b = self.bindings.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, x) in b.iter().enumerate() {
+            if x.refs > 0 && x.client == client {
+                if let Some(c) = self.layout.class_at(i) {
+                    n[c] += 1;
+                }
+            }
+        }
+        n
     }
 }
 
@@ -222,23 +238,11 @@ impl WorkerCtx {
         }
     }
 
-    /// The work streams of one priority class: CUDA priorities are "lower is more urgent";
-    /// omps has two levels, and streams created with a priority below 0 run on the
-    /// device's greatest-priority streams.
-    fn work_class(&self, priority: i32) -> std::ops::Range<usize> {
-        let layout = self.gpu.layout();
-        if priority < 0 && layout.priority > 0 {
-            layout.high()
-        } else {
-            layout.normal()
-        }
-    }
-
     /// Binds a client stream, at its first work, to a work stream of its class
     /// ([`crate::placement::pick`]: no other client's work on its CUDA stream, nor on its
     /// hardware queue while the queues allow).
-    pub fn bind_work_stream(&mut self, client: u32, priority: i32) -> usize {
-        let class = self.work_class(priority);
+    pub fn bind_work_stream(&mut self, client: u32, class: usize) -> usize {
+        let class = self.gpu.layout().class(class);
         self.next_work += 1;
         let mut bindings = self
             .shared

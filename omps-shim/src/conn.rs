@@ -73,6 +73,15 @@ impl Conn {
     }
 
     pub fn connect_to(path: &std::path::Path) -> Result<Conn, ConnectError> {
+        let settings = settings_from_env().map_err(|e| (CUDA_ERROR_INVALID_VALUE, e))?;
+        Self::connect_with(path, &settings)
+    }
+
+    /// As [`Conn::connect_to`], asking for `settings` rather than what the environment says.
+    pub fn connect_with(
+        path: &std::path::Path,
+        settings: &wire::ClientSettings,
+    ) -> Result<Conn, ConnectError> {
         let fail = |what: String| (CUDA_ERROR_MPS_CONNECTION_FAILED, what);
         let s = UnixStream::connect(path).map_err(|e| {
             fail(format!("cannot reach the omps server at {} ({e}); start it with `omps-server` or run the program with `omps-ctl run -- PROGRAM`", path.display()))
@@ -82,7 +91,9 @@ impl Conn {
             version: wire::PROTOCOL_VERSION,
             kind: wire::kind::CLIENT,
         };
-        std::io::Write::write_all(&mut &s, bytemuck::bytes_of(&hello))
+        let mut first = bytemuck::bytes_of(&hello).to_vec();
+        first.extend_from_slice(bytemuck::bytes_of(settings));
+        std::io::Write::write_all(&mut &s, &first)
             .map_err(|e| fail(format!("handshake failed: {e}")))?;
         let mut buf = [0u8; std::mem::size_of::<Welcome>()];
         let (n, fds) = sock::recv_with_fds(s.as_raw_fd(), &mut buf)
@@ -220,6 +231,11 @@ impl Conn {
 
     /// Waits until the server has handled everything queued so far on `dev`; returns the
     /// first asynchronous error since the last synchronizing call.
+    /// The id the server gave this connection (`omps-ctl stats` lists it).
+    pub fn client_id(&self) -> u32 {
+        self.seg.header().client_id
+    }
+
     pub fn ping(&self, dev: usize) -> Result<(), CUresult> {
         let mut ch = self.channel();
         ch.call(dev, Op::Ping, |call| bytemuck::bytes_of(&call).to_vec())
@@ -490,4 +506,46 @@ impl<'a> ChanGuard<'a> {
         self.st.chunk_seq[k] = self.st.seq;
         self.st.seq
     }
+}
+
+/// What the environment asks of the server, as MPS's clients read it:
+/// `CUDA_MPS_CLIENT_PRIORITY` (0 normal, 1 below normal), omps's `OMPS_CLIENT_QOS`
+/// (`normal`, `below-normal`, `latency-critical`; it wins over the former),
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (a percentage, can only lower the server's default)
+/// and `CUDA_MPS_SM_PARTITION`. A value that makes no sense is an error naming it.
+pub fn settings_from_env() -> Result<wire::ClientSettings, String> {
+    settings_from(|k| std::env::var(k).ok())
+}
+
+pub fn settings_from(
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<wire::ClientSettings, String> {
+    let mut s = wire::ClientSettings::none();
+    if let Some(v) = var("CUDA_MPS_CLIENT_PRIORITY") {
+        s.qos = match v.trim() {
+            "0" => 0,
+            "1" => 1,
+            _ => return Err(format!("CUDA_MPS_CLIENT_PRIORITY={v}: must be 0 (normal) or 1 (below normal)")),
+        };
+    }
+    if let Some(v) = var("OMPS_CLIENT_QOS") {
+        s.qos = match v.trim() {
+            "normal" | "0" => 0,
+            "below-normal" | "1" => 1,
+            "latency-critical" | "2" => 2,
+            _ => return Err(format!("OMPS_CLIENT_QOS={v}: must be normal, below-normal or latency-critical")),
+        };
+    }
+    if let Some(v) = var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") {
+        s.thread_milli_pct = wire::parse_percentage(&v)
+            .ok_or_else(|| format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={v}: must be a percentage above 0 and at most 100"))?;
+    }
+    if let Some(v) = var("CUDA_MPS_SM_PARTITION") {
+        let v = v.trim();
+        if v.is_empty() || v.len() >= s.partition.len() {
+            return Err(format!("CUDA_MPS_SM_PARTITION={v}: must be a partition as lspart names it (UUID/ID)"));
+        }
+        s.partition[..v.len()].copy_from_slice(v.as_bytes());
+    }
+    Ok(s)
 }

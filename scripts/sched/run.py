@@ -34,15 +34,17 @@ class Clients:
 
     def together(self, arg_lists, lead_s=2.0, timeout=120):
         """Runs every argument list at once (their timed parts start together); returns
-        each one's last stdout line, split into words, or raises with its stderr."""
+        each one's last stdout line, split into words, or raises with its stderr. An entry
+        may be (args, env) to add environment variables to that process."""
         start_at = time.time_ns() + int(lead_s * 1e9)
         procs = []
-        for args in arg_lists:
+        for entry in arg_lists:
+            args, extra = entry if isinstance(entry, tuple) else (entry, {})
             self.n += 1
             log = Path(self.workdir) / f"{self.mode}.{self.n}"
             out, err = open(f"{log}.out", "w"), open(f"{log}.err", "w")
             p = subprocess.Popen([str(self.roles), *map(str, args), "--start-at", str(start_at)],
-                                 env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+                                 env={**self.env, **extra}, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
             procs.append((p, log))
         results = []
         for p, log in procs:

@@ -6,10 +6,13 @@
 //                                           "RATE <launches> <seconds>"
 //   roles hog STREAMS KERNEL_MS SECONDS     single-block kernels of KERNEL_MS on STREAMS
 //                                           streams, back to back: "HOG <kernels done>"
-//   roles lc KERNELS SECONDS                requests of KERNELS small kernels + sync:
+//   roles lc KERNELS SECONDS [BLOCKS US]    requests of KERNELS small kernels + sync (with
+//                                           BLOCKS and US: kernels of BLOCKS x 128 threads
+//                                           spinning US each):
 //                                           "LC <requests> <p50 us> <p99 us> <max us>"
-//   roles be SECONDS                        kernels over every SM, back to back:
-//                                           "BE <kernels done>"
+//   roles be SECONDS [BLOCKS_PER_SM US]     kernels of BLOCKS_PER_SM (16) x 128-thread
+//                                           blocks per SM spinning US (100) each, four
+//                                           queued at all times: "BE <kernels done>"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -108,6 +111,8 @@ int main(int argc, char **argv) {
     } else if (!strcmp(role, "lc") && a.size() >= 3) {
         int kernels = atoi(a[1]);
         double sec = atof(a[2]);
+        int blocks = a.size() >= 5 ? atoi(a[3]) : 0;
+        long long spin_ns = a.size() >= 5 ? (long long)(atof(a[4]) * 1e3) : 0;
         float *x;
         CK(cudaMalloc(&x, 256 * sizeof(float)));
         CK(cudaMemset(x, 0, 256 * sizeof(float)));
@@ -116,7 +121,10 @@ int main(int argc, char **argv) {
         auto t = clk::now();
         while (secs_since(t) < sec) {
             auto r = clk::now();
-            for (int k = 0; k < kernels; k++) small<<<1, 256, 0, s>>>(x);
+            for (int k = 0; k < kernels; k++) {
+                if (blocks > 0) spin<<<blocks, 128, 0, s>>>(spin_ns);
+                else small<<<1, 256, 0, s>>>(x);
+            }
             CK(cudaStreamSynchronize(s));
             us.push_back(std::chrono::duration<double, std::micro>(clk::now() - r).count());
         }
@@ -124,17 +132,29 @@ int main(int argc, char **argv) {
         printf("LC %zu %.1f %.1f %.1f\n", us.size(), us[us.size() / 2], us[us.size() * 99 / 100], us.back());
     } else if (!strcmp(role, "be") && a.size() >= 2) {
         double sec = atof(a[1]);
+        int per_sm = a.size() >= 3 ? atoi(a[2]) : 16;
+        long long spin_ns = (long long)((a.size() >= 4 ? atof(a[3]) : 100.0) * 1e3);
         int sms = 0;
         CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const int depth = 4;
+        cudaEvent_t ev[depth];
+        for (auto &e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         wait_start(start_at);
         auto t = clk::now();
-        long long done = 0;
+        long long done = 0, queued = 0;
+        // Keeps `depth` kernels queued: the GPU never runs dry between them.
         while (secs_since(t) < sec) {
-            spin<<<sms * 4, 256, 0, s>>>(2000000);  // 2 ms over every SM
-            CK(cudaStreamSynchronize(s));
-            done++;
+            if (queued - done == depth) {
+                CK(cudaEventSynchronize(ev[done % depth]));
+                done++;
+            }
+            spin<<<sms * per_sm, 128, 0, s>>>(spin_ns);
+            CK(cudaEventRecord(ev[queued % depth], s));
+            queued++;
         }
         printf("BE %lld\n", done);
+        fflush(stdout);
+        _exit(0);  // leave the queued kernels: they finish on their own
     } else {
         fprintf(stderr, "unknown role or missing arguments: %s\n", role);
         return 2;

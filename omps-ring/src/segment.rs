@@ -304,6 +304,23 @@ impl SegmentView {
         unsafe { &mut *(self.base.add(self.layout.snapshot_offset) as *mut SnapshotTable) }
     }
 
+    /// Changes attribute `attr` of device `dev` in the snapshot while the client runs (an
+    /// operator's compute limit changes its SM count): one aligned 4-byte store, which the
+    /// client reads whole. Out-of-range indices change nothing.
+    pub fn publish_attribute(&self, dev: usize, attr: usize, value: i32) {
+        if dev >= MAX_DEVICES || attr >= MAX_ATTRIBUTES {
+            return;
+        }
+        let snap = self.snapshot() as *const SnapshotTable as *mut SnapshotTable;
+        // SAFETY: in bounds (checked above) of the mapped, 4-byte aligned snapshot; the
+        // store goes through an atomic, so a concurrent reader sees the old or new value.
+        unsafe {
+            let p = std::ptr::addr_of_mut!((*snap).devices[dev].attributes[attr]);
+            std::sync::atomic::AtomicI32::from_ptr(p)
+                .store(value, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Header and data pointers of ring `i` (panics if `i` is out of range).
     pub fn ring_parts(&self, i: usize) -> (*const crate::ring::RingHeader, *mut u8, usize) {
         assert!(

@@ -33,6 +33,13 @@ pub struct ClientShared {
     /// Its QoS ([`crate::placement::Qos`]); the control thread may change it at any time,
     /// and its workers move its streams at its next work.
     qos: AtomicU8,
+    /// Its thread percentage, in thousandths (100000: no limit).
+    pub thread_milli_pct: AtomicU32,
+    /// The static partition it runs in: (GPU, partition id).
+    pub partition: std::sync::Mutex<Option<(usize, u32)>>,
+    /// Per GPU, where its work runs ([`crate::placement::Placement`], packed), as the
+    /// control thread decided; each worker moves the client's streams to match.
+    placement: [AtomicU32; MAX_DEVICES],
     _mapping: Mapping,
 }
 
@@ -60,6 +67,9 @@ impl ClientShared {
             registered_on,
             pinned: Default::default(),
             qos: AtomicU8::new(0),
+            thread_milli_pct: AtomicU32::new(100_000),
+            partition: Default::default(),
+            placement: Default::default(),
             _mapping: mapping,
         }
     }
@@ -70,6 +80,19 @@ impl ClientShared {
 
     pub fn set_qos(&self, q: crate::placement::Qos) {
         self.qos.store(q as u8, Ordering::Relaxed);
+    }
+
+    pub fn placement(&self, gpu: usize) -> crate::placement::Placement {
+        self.placement
+            .get(gpu)
+            .map(|p| crate::placement::Placement::unpack(p.load(Ordering::Relaxed)))
+            .unwrap_or_default()
+    }
+
+    pub fn set_placement(&self, gpu: usize, p: crate::placement::Placement) {
+        if let Some(x) = self.placement.get(gpu) {
+            x.store(p.pack(), Ordering::Relaxed);
+        }
     }
 
     pub fn total_mem(&self) -> u64 {

@@ -30,6 +30,12 @@ pub struct ServerConfig {
     /// Point this process's fd 1 at the printf router (see [`crate::printf`]); only a
     /// server process does this, never a test that runs the server in its own process.
     pub capture_printf: bool,
+    /// SMs kept for latency-critical clients while one is connected (OMPS_LC_RESERVE_SMS,
+    /// rounded up to whole chunks; 0 turns the reserve off).
+    pub lc_reserve_sms: u32,
+    /// The clients' default thread percentage (the server's
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), as given; checked at start.
+    pub default_thread_pct: Option<String>,
 }
 
 impl ServerConfig {
@@ -51,6 +57,11 @@ impl ServerConfig {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(4),
             capture_printf: true,
+            lc_reserve_sms: std::env::var("OMPS_LC_RESERVE_SMS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(16),
+            default_thread_pct: std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").ok(),
         }
     }
 }
@@ -161,7 +172,8 @@ impl Server {
                 printf.write_fd(crate::printf::Stream::Err),
             );
         }
-        let snapshots = gpus.iter().map(|g| g.snapshot()).collect();
+        let snapshots: Vec<DeviceSnapshot> = gpus.iter().map(|g| g.snapshot()).collect();
+        let policy = make_policy(&cfg, &gpus, &snapshots)?;
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
         let mut gpu_shared = Vec::new();
@@ -230,7 +242,7 @@ impl Server {
             clients: HashMap::new(),
             printf,
             exiting: Vec::new(),
-            policy: Default::default(),
+            policy,
             next_id: 1,
             // SAFETY: getuid has no preconditions.
             uid: unsafe { libc::getuid() },
@@ -392,7 +404,16 @@ impl Server {
                 self.workers[w].send(ToWorker::Remove(id));
             }
             self.exiting.push(c);
+            self.publish_placements();
         }
+    }
+
+    fn client_list(&self) -> Vec<Arc<ClientShared>> {
+        self.clients.values().map(|(c, _)| c.clone()).collect()
+    }
+
+    fn publish_placements(&self) {
+        self.policy.publish(&self.client_list());
     }
 
     /// The worker (lane) of GPU `gpu` that serves client `id`.
@@ -463,11 +484,11 @@ impl Server {
             };
             sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[])
         };
-        let qos = match self.policy.client_qos(settings) {
-            Ok(q) => q,
-            Err(why) => {
+        let settled = match self.policy.settle(settings) {
+            Ok(s) => s,
+            Err((status, why)) => {
                 tracing::warn!(pid, "refusing a client: {why}");
-                return refuse(code::INVALID_VALUE);
+                return refuse(status);
             }
         };
         if self.any_fault() {
@@ -498,8 +519,12 @@ impl Server {
             let snap: &mut SnapshotTable = unsafe { seg.snapshot_mut() };
             snap.driver_version = self.driver_version;
             snap.device_count = self.snapshots.len() as u32;
-            for (d, s) in snap.devices.iter_mut().zip(&self.snapshots) {
+            for (g, (d, s)) in snap.devices.iter_mut().zip(&self.snapshots).enumerate() {
                 *d = *s;
+                // Its compute limit's share, before it can ask (as under MPS).
+                if let Some(sms) = self.policy.visible_sms_settled(&settled, g) {
+                    d.attributes[crate::policy::MULTIPROCESSOR_COUNT] = sms as i32;
+                }
             }
             // SAFETY: as above; the header is plain fields and atomics at offset 0.
             let h = unsafe { &mut *(seg.base() as *mut omps_ring::segment::SegmentHeader) };
@@ -538,9 +563,17 @@ impl Server {
             let w = self.lane_of(g, id);
             self.workers[w].send(ToWorker::Add(c.clone()));
         }
-        c.set_qos(qos);
-        tracing::info!(client = id, pid, qos = qos.name(), "client connected");
-        self.clients.insert(id, (c, stream));
+        settled.apply(&c);
+        tracing::info!(
+            client = id,
+            pid,
+            qos = settled.qos.name(),
+            "client connected"
+        );
+        self.clients.insert(id, (c.clone(), stream));
+        // Before the client's first work can arrive: its placement, and everyone's if it
+        // is latency-critical.
+        self.publish_placements();
         Ok(())
     }
 
@@ -576,9 +609,10 @@ impl Server {
             ["stats"] => (true, self.stats_text()),
             ["terminate_client", args @ ..] => self.terminate_client(args),
             [cmd, args @ ..] if crate::policy::COMMANDS.contains(cmd) => {
-                let clients: Vec<Arc<ClientShared>> =
-                    self.clients.values().map(|(c, _)| c.clone()).collect();
-                self.policy.command(cmd, args, &clients)
+                let clients = self.client_list();
+                let r = self.policy.command(cmd, args, &clients, &self.gpus);
+                self.policy.publish(&clients);
+                r
             }
             ["get_server_list"] => (true, format!("{}\n", std::process::id())),
             ["get_client_list", ..] | ["get_device_client_list", ..] => {
@@ -679,13 +713,19 @@ impl Server {
         let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).collect();
         rows.sort_by_key(|c| c.id);
         for c in rows {
-            // Per GPU, its bound work streams per priority class, least urgent first.
+            // Per GPU, its bound work streams per priority class, least urgent first, and
+            // the SM confinement slot it runs in, if any.
             let classes: Vec<String> = self
                 .gpu_shared
                 .iter()
-                .map(|g| {
+                .enumerate()
+                .map(|(i, g)| {
                     let n = g.bound_by_class(c.id);
-                    n.map(|k| k.to_string()).join("/")
+                    let slot = c
+                        .placement(i)
+                        .slot
+                        .map_or(String::new(), |s| format!("@{s}"));
+                    n.map(|k| k.to_string()).join("/") + &slot
                 })
                 .collect();
             s += &format!(
@@ -738,6 +778,48 @@ impl Server {
         }
         s
     }
+}
+
+/// The scheduling policy, with every GPU's fixed confinements made (before any client
+/// runs, since making one waits for running work).
+fn make_policy(
+    cfg: &ServerConfig,
+    gpus: &[Arc<dyn Gpu>],
+    snapshots: &[DeviceSnapshot],
+) -> io::Result<crate::policy::Policy> {
+    let pct = match &cfg.default_thread_pct {
+        None => 100_000,
+        Some(v) => wire::parse_percentage(v).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={v}: must be a percentage in (0, 100]"),
+            )
+        })?,
+    };
+    let chunk0 = gpus.first().map_or(8, |g| g.sm_chunks().chunk.max(1));
+    let reserve = cfg.lc_reserve_sms.div_ceil(chunk0);
+    let mut per_gpu = Vec::new();
+    for (g, snap) in gpus.iter().zip(snapshots) {
+        let mut chunks = g.sm_chunks();
+        let sets = chunks.fixed_sets(reserve);
+        if chunks.chunks > 0 && sets.len() < g.layout().confined {
+            for (slot, set) in sets.iter().enumerate() {
+                if let Err(e) = g.confine(slot, set) {
+                    tracing::warn!(
+                        gpu = g.ordinal(),
+                        "SM confinement {slot}: CUDA error {}; no thread limits or QoS reserve on this GPU",
+                        e.0
+                    );
+                    chunks.chunks = 0;
+                    break;
+                }
+            }
+        } else {
+            chunks.chunks = 0;
+        }
+        per_gpu.push((chunks, uuid_text(&snap.uuid)));
+    }
+    Ok(crate::policy::Policy::new(per_gpu, reserve, pct))
 }
 
 pub fn uuid_text(u: &[u8; 16]) -> String {

@@ -88,6 +88,12 @@ pub trait Gpu: Send + Sync + 'static {
     fn stream_count(&self) -> usize {
         self.layout().total()
     }
+    /// How its SMs divide into chunks ([`crate::confine`]).
+    fn sm_chunks(&self) -> crate::confine::SmChunks;
+    /// Holds the streams of confinement `slot` (made at first use) to the SMs of `set`
+    /// from now on; the SMs it got. Waits for all running work (a green context's
+    /// creation does): call it before clients run, or accept the wait.
+    fn confine(&self, slot: usize, set: &crate::confine::SmSet) -> GpuResult<u32>;
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64>;
     /// Only called once the memory is idle (after a fence).

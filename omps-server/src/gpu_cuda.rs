@@ -140,6 +140,9 @@ pub struct CudaGpu {
     /// can recreate them after a fault.
     streams: Vec<AtomicPtr<cu::CUstream_st>>,
     layout: crate::placement::Layout,
+    /// The device's stream priority range (least, greatest).
+    priorities: (i32, i32),
+    green: crate::gpu_green::Green,
     /// Never given work: synchronizing it makes the driver write out printf output at once.
     printf_stream: AtomicPtr<cu::CUstream_st>,
     /// Never given work either: frees are queued on it, so they wait for nothing.
@@ -173,6 +176,8 @@ impl CudaGpu {
             ctx,
             streams: Vec::new(),
             layout,
+            priorities: (0, 0),
+            green: crate::gpu_green::Green::open(dev, layout.confined),
             printf_stream: AtomicPtr::new(std::ptr::null_mut()),
             release_stream: AtomicPtr::new(std::ptr::null_mut()),
             attr_fn: raw_fn(b"cuDeviceGetAttribute\0")?,
@@ -185,16 +190,20 @@ impl CudaGpu {
         g.streams = (0..layout.total())
             .map(|_| AtomicPtr::new(std::ptr::null_mut()))
             .collect();
+        g.bind();
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: valid out-pointers; the context is current.
+        ck(unsafe { cu::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) })?;
+        g.priorities = (least, greatest);
         g.create_streams()?;
         Ok(g)
     }
 
     fn create_streams(&self) -> GpuResult<()> {
         self.bind();
-        let (mut least, mut greatest) = (0, 0);
-        // SAFETY: valid out-pointers; the context is current.
-        ck(unsafe { cu::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) })?;
-        for (i, slot) in self.streams.iter().enumerate() {
+        let (least, greatest) = self.priorities;
+        // Confined streams belong to green contexts and are made at first use.
+        for (i, slot) in self.streams.iter().enumerate().take(self.layout.base()) {
             let mut s = std::ptr::null_mut();
             let priority = match self.layout.class_at(i) {
                 Some(c) => crate::placement::class_priority(c, least, greatest),
@@ -227,10 +236,36 @@ impl CudaGpu {
     }
 
     fn stream(&self, s: usize) -> GpuResult<cu::CUstream> {
-        self.streams
-            .get(s)
-            .map(|p| p.load(Ordering::Acquire))
-            .ok_or(CuError(code::INVALID_HANDLE))
+        let cell = self.streams.get(s).ok_or(CuError(code::INVALID_HANDLE))?;
+        let p = cell.load(Ordering::Acquire);
+        if !p.is_null() {
+            return Ok(p);
+        }
+        // A confined stream's first use: made in its slot's green context (3 us; it waits
+        // for nothing). The stream table never hands out a null (the legacy stream).
+        let slot = self
+            .layout
+            .slot_at(s)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        let c = self.layout.class_at(s).unwrap_or(crate::placement::NORMAL);
+        let (least, greatest) = self.priorities;
+        self.bind();
+        let new = self
+            .green
+            .stream(slot, crate::placement::class_priority(c, least, greatest))?;
+        match cell.compare_exchange(
+            std::ptr::null_mut(),
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Ok(new),
+            Err(theirs) => {
+                // SAFETY: our own stream, never used; another thread's won the slot.
+                unsafe { cu::cuStreamDestroy_v2(new) };
+                Ok(theirs)
+            }
+        }
     }
 
     fn func_attr(&self, f: cu::CUfunction, attr: i32) -> GpuResult<i32> {
@@ -323,6 +358,28 @@ impl Gpu for CudaGpu {
         self.layout
     }
 
+    fn sm_chunks(&self) -> crate::confine::SmChunks {
+        self.green.chunks
+    }
+
+    fn confine(&self, slot: usize, set: &crate::confine::SmSet) -> GpuResult<u32> {
+        self.bind();
+        // The slot's old streams belong to the old green context: new ones at next use.
+        let slots = self.layout.class_in(Some(slot), 0).start
+            ..self
+                .layout
+                .class_in(Some(slot), crate::placement::CLASSES - 1)
+                .end;
+        for cell in self.streams.get(slots).unwrap_or(&[]) {
+            let old = cell.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            if !old.is_null() {
+                // SAFETY: a stream of this slot; whatever it still runs completes first.
+                unsafe { cu::cuStreamDestroy_v2(old) };
+            }
+        }
+        self.green.create(slot, set)
+    }
+
     fn reset(&self) -> GpuResult<()> {
         // SAFETY: called by the worker once no client of this GPU is left; the reset
         // destroys everything the context held, and the primary context stays current.
@@ -336,6 +393,11 @@ impl Gpu for CudaGpu {
         }
         // SAFETY: ctx is retained; make it current here again.
         ck(unsafe { cu::cuCtxSetCurrent(ctx) })?;
+        // The confined streams went with their green contexts' work; made again at use.
+        for cell in &self.streams[self.layout.base()..] {
+            cell.store(std::ptr::null_mut(), Ordering::Release);
+        }
+        self.green.remake();
         self.create_streams()
     }
 

@@ -37,6 +37,8 @@ struct State {
     reservations: BTreeMap<u64, Vec<u8>>,
     mappings: BTreeMap<u64, u64>,
     vmm_handles: BTreeMap<u64, u64>,
+    /// Confinement slot -> the SM set its streams are held to.
+    confined: BTreeMap<usize, crate::confine::SmSet>,
 }
 
 pub struct HostGpu {
@@ -102,6 +104,11 @@ impl HostGpu {
     /// Completion words written in stream order so far ([`Gpu::write_u32`]).
     pub fn completions_written(&self) -> usize {
         self.completions.load(Ordering::Relaxed)
+    }
+
+    /// The SM set of confinement `slot`, if made.
+    pub fn confinement(&self, slot: usize) -> Option<crate::confine::SmSet> {
+        self.state.lock().unwrap().confined.get(&slot).cloned()
     }
 
     pub fn registered_ranges(&self) -> usize {
@@ -239,7 +246,30 @@ impl Gpu for HostGpu {
             markers: 4,
             classes: [4, 8, 4, 4],
             connections: 4,
+            confined: 8,
+            confined_per_class: 4,
         }
+    }
+
+    fn sm_chunks(&self) -> crate::confine::SmChunks {
+        // Its 4 SMs (attribute 16 above), one per chunk.
+        crate::confine::SmChunks {
+            total: 4,
+            chunk: 1,
+            chunks: 4,
+        }
+    }
+
+    fn confine(&self, slot: usize, set: &crate::confine::SmSet) -> GpuResult<u32> {
+        if slot >= self.layout().confined || set.chunks.iter().any(|&c| c >= 4) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        self.state
+            .lock()
+            .unwrap()
+            .confined
+            .insert(slot, set.clone());
+        Ok(self.sm_chunks().sms(set))
     }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {

@@ -5,6 +5,7 @@
 //! * [`segpool`]: client segments made and registered ahead of connections.
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
 //! * [`limits`]: context limits, per client.
+//! * [`confine`]: SM confinements (green contexts): thread limits, partitions, the QoS reserve.
 //! * [`placement`]: which work stream (and hardware queue) carries a client stream.
 //! * [`policy`]: each client's QoS and the defaults, as operators set them.
 //! * [`stdio`]: the server's own stderr, apart from the driver's fd 2.
@@ -12,14 +13,17 @@
 //! * [`releaser`]: one thread per GPU that gives back what clients released.
 //! * [`printf`]: device printf output, routed to the client that printed.
 //! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
-//!   memory, for tests without a GPU) implement it.
+//!   memory, for tests without a GPU) implement it; [`gpu_green`] holds the driver's green
+//!   contexts.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod client;
+pub mod confine;
 pub mod control;
 pub mod gpu;
 pub mod gpu_cuda;
+pub mod gpu_green;
 pub mod gpu_host;
 pub mod limits;
 pub mod placement;

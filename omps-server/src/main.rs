@@ -11,7 +11,6 @@ use omps_server::{Server, ServerConfig};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-
 fn init_logging() {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("OMPS_LOG").unwrap_or_else(|_| "info".into());
@@ -59,7 +58,14 @@ fn main() -> ExitCode {
     }
     if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         // SAFETY: still single-threaded; the driver reads this at cuInit.
-        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", omps_server::placement::Layout::SERVER.connections.to_string()) };
+        unsafe {
+            std::env::set_var(
+                "CUDA_DEVICE_MAX_CONNECTIONS",
+                omps_server::placement::Layout::SERVER
+                    .connections
+                    .to_string(),
+            )
+        };
     }
     let (driver_version, count) = match gpu_cuda::init() {
         Ok(v) => v,

@@ -83,14 +83,18 @@ pub fn class_priority(c: usize, least: i32, greatest: i32) -> i32 {
 }
 
 /// The layout of one GPU's streams: `markers` marker streams, then each class's work
-/// streams in class order. Each count is a multiple of `connections`, so stream `i` uses
-/// hardware queue `i % connections` whether the driver counts queues per priority or
+/// streams in class order (on the whole device), then, per confinement slot
+/// ([`crate::confine`]), `confined_per_class` streams of each class in that slot's green
+/// context, made at first use. Each count is a multiple of `connections`, so stream `i`
+/// uses hardware queue `i % connections` whether the driver counts queues per priority or
 /// over all streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub markers: usize,
     pub classes: [usize; CLASSES],
     pub connections: usize,
+    pub confined: usize,
+    pub confined_per_class: usize,
 }
 
 impl Layout {
@@ -100,17 +104,25 @@ impl Layout {
         markers: 32,
         classes: [64, 128, 64, 64],
         connections: 32,
+        confined: 32,
+        confined_per_class: 32,
     };
 
-    pub fn total(&self) -> usize {
+    /// Marker and whole-device work streams, made when the context is.
+    pub fn base(&self) -> usize {
         self.markers + self.classes.iter().sum::<usize>()
+    }
+
+    pub fn total(&self) -> usize {
+        self.base() + self.confined * CLASSES * self.confined_per_class
     }
 
     pub fn marker_range(&self) -> std::ops::Range<usize> {
         0..self.markers
     }
 
-    /// The work streams of class `c`; an empty class falls back to the normal one.
+    /// The whole-device work streams of class `c`; an empty class falls back to the
+    /// normal one.
     pub fn class(&self, c: usize) -> std::ops::Range<usize> {
         let c = if self.classes.get(c).copied().unwrap_or(0) == 0 {
             NORMAL
@@ -121,14 +133,59 @@ impl Layout {
         start..start + self.classes[c]
     }
 
+    /// The work streams of class `c` in confinement `slot`, or on the whole device.
+    pub fn class_in(&self, slot: Option<usize>, c: usize) -> std::ops::Range<usize> {
+        match slot {
+            Some(s) if s < self.confined && c < CLASSES => {
+                let start = self.base() + (s * CLASSES + c) * self.confined_per_class;
+                start..start + self.confined_per_class
+            }
+            _ => self.class(c),
+        }
+    }
+
     /// The class of stream `i`, None for a marker stream.
     pub fn class_at(&self, i: usize) -> Option<usize> {
+        if i >= self.base() {
+            return (i < self.total())
+                .then(|| (i - self.base()) / self.confined_per_class.max(1) % CLASSES);
+        }
         (0..CLASSES).find(|&c| self.class(c).contains(&i) && self.classes[c] > 0)
+    }
+
+    /// The confinement slot of stream `i`, None on the whole device.
+    pub fn slot_at(&self, i: usize) -> Option<usize> {
+        (i >= self.base() && i < self.total())
+            .then(|| (i - self.base()) / (CLASSES * self.confined_per_class.max(1)))
     }
 
     /// The hardware queue stream `i` uses.
     pub fn queue(&self, i: usize) -> usize {
         i % self.connections.max(1)
+    }
+}
+
+/// Where a client's work runs: its QoS and its confinement slot, if any. Packed into one
+/// word that the control thread publishes and the workers compare at each piece of work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Placement {
+    pub qos: Qos,
+    pub slot: Option<usize>,
+}
+
+impl Placement {
+    pub fn pack(self) -> u32 {
+        self.qos as u32 | (self.slot.map_or(0, |s| s as u32 + 1) << 8)
+    }
+
+    pub fn unpack(v: u32) -> Placement {
+        Placement {
+            qos: Qos::from_u8(v as u8).unwrap_or_default(),
+            slot: match v >> 8 {
+                0 => None,
+                s => Some(s as usize - 1),
+            },
+        }
     }
 }
 
@@ -233,6 +290,8 @@ mod tests {
         markers: 4,
         classes: [4, 8, 4, 4],
         connections: 4,
+        confined: 2,
+        confined_per_class: 4,
     };
 
     fn bind(b: &mut [Binding], client: u32, rotate: usize) -> (usize, bool) {
@@ -253,7 +312,11 @@ mod tests {
         for r in 0..3 {
             let (s, shared) = bind(&mut b, 2, r);
             assert!(!shared);
-            assert_ne!(L.queue(s), L.queue(a0), "client 2 placed on client 1's queue");
+            assert_ne!(
+                L.queue(s),
+                L.queue(a0),
+                "client 2 placed on client 1's queue"
+            );
         }
         // Client 2 now holds the other three queues: its fourth stream goes onto one of its
         // own queues, on a stream of its own, rather than onto client 1's queue.
@@ -269,7 +332,11 @@ mod tests {
         let mut sorted = picks.clone();
         sorted.sort();
         sorted.dedup();
-        assert_eq!(sorted.len(), L.classes[NORMAL], "one CUDA stream per client stream");
+        assert_eq!(
+            sorted.len(),
+            L.classes[NORMAL],
+            "one CUDA stream per client stream"
+        );
         // Then it doubles up on its own streams, never reported as shared.
         let (_, shared) = bind(&mut b, 7, 0);
         assert!(!shared);
@@ -279,7 +346,9 @@ mod tests {
     fn a_busy_free_stream_is_passed_over_and_sharing_is_the_last_resort() {
         let mut b = vec![Binding::default(); L.total()];
         // Stream 0 is unbound but still runs a destroyed stream's work.
-        let (s, _) = pick(&L, &b, L.class(NORMAL), 1, 0, &mut |i| i != L.class(NORMAL).start);
+        let (s, _) = pick(&L, &b, L.class(NORMAL), 1, 0, &mut |i| {
+            i != L.class(NORMAL).start
+        });
         assert_ne!(s, L.class(NORMAL).start);
         for i in L.class(NORMAL) {
             b[i] = Binding { client: 9, refs: 1 };
@@ -303,6 +372,31 @@ mod tests {
         assert_eq!(l.class_at(0), None, "a marker stream");
         for c in 0..CLASSES {
             assert_eq!(l.class(c).start % l.connections, 0);
+            let r = l.class_in(Some(3), c);
+            assert_eq!(r.start % l.connections, 0);
+            assert_eq!(
+                (l.class_at(r.start), l.slot_at(r.end - 1)),
+                (Some(c), Some(3))
+            );
+        }
+        assert_eq!(l.slot_at(l.class(NORMAL).start), None);
+        assert_eq!(
+            l.class_in(Some(l.confined), NORMAL),
+            l.class(NORMAL),
+            "no such slot"
+        );
+        for p in [
+            Placement::default(),
+            Placement {
+                qos: Qos::LatencyCritical,
+                slot: Some(0),
+            },
+            Placement {
+                qos: Qos::BelowNormal,
+                slot: Some(31),
+            },
+        ] {
+            assert_eq!(Placement::unpack(p.pack()), p);
         }
     }
 

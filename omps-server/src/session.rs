@@ -165,8 +165,8 @@ pub struct Session {
     /// Bit i set when work stream i has carried this client's work.
     pub used_streams: crate::placement::StreamSet,
     pub marker_stream: usize,
-    /// The QoS its streams are bound under.
-    qos: placement::Qos,
+    /// The placement its streams are bound under.
+    placement: placement::Placement,
     /// First asynchronous error since the last synchronizing call.
     pending_error: i32,
     next_id: u32,
@@ -202,7 +202,7 @@ impl Session {
             link_out: vec![Vec::new(); channels],
             used_streams: Default::default(),
             marker_stream: ctx.pick_marker_stream(),
-            qos: placement::Qos::Normal,
+            placement: Default::default(),
             pending_error: 0,
             next_id: 1,
             submits: 0,
@@ -244,16 +244,16 @@ impl Session {
         };
         st.submits += 1;
         self.submits += 1;
-        let qos = self.client.qos();
-        if qos != self.qos {
-            self.move_to(ctx, qos);
+        let place = self.client.placement(self.dev);
+        if place != self.placement {
+            self.move_to(ctx, place);
         }
         let st = self.streams.get_mut(&id).expect("looked up above");
         let pool = match st.pool {
             Some(p) => p,
-            None => *st.pool.insert(
-                ctx.bind_work_stream(self.client.id, placement::class_of(qos, st.priority)),
-            ),
+            None => *st
+                .pool
+                .insert(ctx.bind_work_stream(self.client.id, place, st.priority)),
         };
         self.used_streams.insert(pool);
         // Work on a blocking stream is ordered after legacy work only once there is some,
@@ -282,14 +282,14 @@ impl Session {
         Ok(pool)
     }
 
-    /// Moves every bound stream to the class of the client's new QoS: later work goes to
-    /// a work stream of that class, after what the old one still holds.
-    fn move_to(&mut self, ctx: &mut WorkerCtx, qos: placement::Qos) {
-        self.qos = qos;
+    /// Moves every bound stream to the client's new placement (QoS class, SM confinement):
+    /// later work goes to a work stream there, after what the old one still holds.
+    fn move_to(&mut self, ctx: &mut WorkerCtx, place: placement::Placement) {
+        self.placement = place;
         let mut r = Ok(());
         for st in self.streams.values_mut() {
             let Some(old) = st.pool else { continue };
-            let new = ctx.bind_work_stream(self.client.id, placement::class_of(qos, st.priority));
+            let new = ctx.bind_work_stream(self.client.id, place, st.priority);
             r = r.and(ctx.order(old, new));
             ctx.unbind_work_stream(old);
             st.pool = Some(new);
@@ -529,7 +529,14 @@ impl Session {
     }
 
     /// Everything the client still holds on this GPU, for release once its work is done.
-    pub fn into_release(mut self) -> (Arc<ClientShared>, crate::placement::StreamSet, usize, Release) {
+    pub fn into_release(
+        mut self,
+    ) -> (
+        Arc<ClientShared>,
+        crate::placement::StreamSet,
+        usize,
+        Release,
+    ) {
         // Pinned host memory stays with the client and goes when its last Arc does.
         let rel = Release {
             pinned: Vec::new(),
@@ -538,7 +545,12 @@ impl Session {
             events: self.events.drain().map(|(_, e)| e).collect(),
             vmm: std::mem::take(&mut self.vmm).into_release(),
         };
-        (self.client, std::mem::take(&mut self.used_streams), self.marker_stream, rel)
+        (
+            self.client,
+            std::mem::take(&mut self.used_streams),
+            self.marker_stream,
+            rel,
+        )
     }
 
     pub fn dev(&self) -> usize {

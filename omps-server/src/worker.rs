@@ -241,8 +241,14 @@ impl WorkerCtx {
     /// Binds a client stream, at its first work, to a work stream of its class
     /// ([`crate::placement::pick`]: no other client's work on its CUDA stream, nor on its
     /// hardware queue while the queues allow).
-    pub fn bind_work_stream(&mut self, client: u32, class: usize) -> usize {
-        let class = self.gpu.layout().class(class);
+    pub fn bind_work_stream(
+        &mut self,
+        client: u32,
+        place: crate::placement::Placement,
+        stream_priority: i32,
+    ) -> usize {
+        let c = crate::placement::class_of(place.qos, stream_priority);
+        let class = self.gpu.layout().class_in(place.slot, c);
         self.next_work += 1;
         let mut bindings = self
             .shared

@@ -517,15 +517,17 @@ pub fn settings_from_env() -> Result<wire::ClientSettings, String> {
     settings_from(|k| std::env::var(k).ok())
 }
 
-pub fn settings_from(
-    var: impl Fn(&str) -> Option<String>,
-) -> Result<wire::ClientSettings, String> {
+pub fn settings_from(var: impl Fn(&str) -> Option<String>) -> Result<wire::ClientSettings, String> {
     let mut s = wire::ClientSettings::none();
     if let Some(v) = var("CUDA_MPS_CLIENT_PRIORITY") {
         s.qos = match v.trim() {
             "0" => 0,
             "1" => 1,
-            _ => return Err(format!("CUDA_MPS_CLIENT_PRIORITY={v}: must be 0 (normal) or 1 (below normal)")),
+            _ => {
+                return Err(format!(
+                    "CUDA_MPS_CLIENT_PRIORITY={v}: must be 0 (normal) or 1 (below normal)"
+                ))
+            }
         };
     }
     if let Some(v) = var("OMPS_CLIENT_QOS") {
@@ -533,7 +535,11 @@ pub fn settings_from(
             "normal" | "0" => 0,
             "below-normal" | "1" => 1,
             "latency-critical" | "2" => 2,
-            _ => return Err(format!("OMPS_CLIENT_QOS={v}: must be normal, below-normal or latency-critical")),
+            _ => {
+                return Err(format!(
+                    "OMPS_CLIENT_QOS={v}: must be normal, below-normal or latency-critical"
+                ))
+            }
         };
     }
     if let Some(v) = var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") {
@@ -543,7 +549,9 @@ pub fn settings_from(
     if let Some(v) = var("CUDA_MPS_SM_PARTITION") {
         let v = v.trim();
         if v.is_empty() || v.len() >= s.partition.len() {
-            return Err(format!("CUDA_MPS_SM_PARTITION={v}: must be a partition as lspart names it (UUID/ID)"));
+            return Err(format!(
+                "CUDA_MPS_SM_PARTITION={v}: must be a partition as lspart names it (UUID/ID)"
+            ));
         }
         s.partition[..v.len()].copy_from_slice(v.as_bytes());
     }

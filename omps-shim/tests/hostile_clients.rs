@@ -254,6 +254,8 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
         capture_printf: false,
         lanes: 1,
         spare_segments: 0,
+        lc_reserve_sms: 0,
+        default_thread_pct: None,
     };
     let err = omps_server::Server::new(cfg, vec![], 13000)
         .err()

@@ -28,9 +28,15 @@ ROLES_SRC = REPO / "tests" / "cuda" / "sched" / "roles.cu"
 class Clients:
     """Starts role processes of one mode: together, at a common start time."""
 
-    def __init__(self, roles, env, workdir, mode):
+    def __init__(self, roles, env, workdir, mode, daemon=None):
         self.roles, self.env, self.workdir, self.mode = roles, env, workdir, mode
+        self.daemon = daemon
         self.n = 0
+
+    def ctl(self, *args):
+        """An omps-ctl command (omps mode only): (ok, output)."""
+        r = self.daemon.ctl_run(*args)
+        return r.returncode == 0, r.stdout + r.stderr
 
     def together(self, arg_lists, lead_s=2.0, timeout=120):
         """Runs every argument list at once (their timed parts start together); returns
@@ -99,7 +105,7 @@ def main():
                 daemon = harness.OmpsServer(harness.omps_bin(), work / "omps")
                 daemon.start()
                 env.update(daemon.client_env(harness.Mode.OMPS_PRELOAD))
-            clients = Clients(roles, env, work, mode)
+            clients = Clients(roles, env, work, mode, daemon)
             for m in measures:
                 try:
                     by_measure[m.NAME][mode] = m.run(clients)

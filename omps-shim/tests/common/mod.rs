@@ -26,9 +26,14 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 
 impl TestServer {
     pub fn start(tag: &str) -> TestServer {
+        Self::start_with(tag, |_| {})
+    }
+
+    /// As `start`, with `edit` changing the configuration first.
+    pub fn start_with(tag: &str, edit: impl FnOnce(&mut ServerConfig)) -> TestServer {
         let dir = temp_dir(tag);
         let gpu = Arc::new(HostGpu::new(0, 1 << 30));
-        let cfg = ServerConfig {
+        let mut cfg = ServerConfig {
             pipe_dir: dir.clone(),
             spin: Duration::from_micros(200),
             pin_workers: false,
@@ -37,7 +42,11 @@ impl TestServer {
             lanes: 2,
             // Two segments made ahead, so connections take them (and some make their own).
             spare_segments: 2,
+            // One of the host GPU's four one-SM chunks.
+            lc_reserve_sms: 1,
+            default_thread_pct: None,
         };
+        edit(&mut cfg);
         let server =
             Server::new(cfg, vec![gpu.clone() as Arc<dyn Gpu>], 13000).expect("server starts");
         let thread = std::thread::spawn(move || server.run().expect("server runs"));

@@ -13,6 +13,9 @@
 //   roles be SECONDS [BLOCKS_PER_SM US]     kernels of BLOCKS_PER_SM (16) x 128-thread
 //                                           blocks per SM spinning US (100) each, four
 //                                           queued at all times: "BE <kernels done>"
+//   roles limit                             a kernel of 264 blocks x 1024 threads spinning
+//                                           1 ms each (one wave on 132 SMs), timed:
+//                                           "LIMIT <SMs seen> <distinct SMs used> <ms>"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +35,16 @@ __global__ void spin(long long ns) {
     do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
 }
 __global__ void empty() {}
+__global__ void where(int *smid, long long ns) {
+    if (threadIdx.x == 0) {
+        int id;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+        smid[blockIdx.x] = id;
+    }
+    long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
 __global__ void small(float *x) { x[threadIdx.x] = x[threadIdx.x] * 0.5f + 1.0f; }
 
 using clk = std::chrono::steady_clock;
@@ -106,8 +119,9 @@ int main(int argc, char **argv) {
             std::this_thread::sleep_for(std::chrono::microseconds(500));
         }
         printf("HOG %lld\n", done);
-        fflush(stdout);
-        _exit(0);  // leave the last kernels running: the next measure must not wait for them
+        // Waits for the last kernels: under MPS, a client that exits with work running was
+        // seen to take the next client down with it (a "fatal GPU error" in its log).
+        CK(cudaDeviceSynchronize());
     } else if (!strcmp(role, "lc") && a.size() >= 3) {
         int kernels = atoi(a[1]);
         double sec = atof(a[2]);
@@ -153,8 +167,33 @@ int main(int argc, char **argv) {
             queued++;
         }
         printf("BE %lld\n", done);
-        fflush(stdout);
-        _exit(0);  // leave the queued kernels: they finish on their own
+        CK(cudaDeviceSynchronize());
+    } else if (!strcmp(role, "limit")) {
+        int sms = 0;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const int blocks = 264;
+        int *d;
+        CK(cudaMalloc(&d, blocks * sizeof(int)));
+        where<<<blocks, 1024, 0, s>>>(d, 1000);  // warm
+        CK(cudaStreamSynchronize(s));
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        float best = 1e9;
+        for (int r = 0; r < 5; r++) {
+            CK(cudaEventRecord(a, s));
+            where<<<blocks, 1024, 0, s>>>(d, 1000000);
+            CK(cudaEventRecord(b, s));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            best = std::min(best, ms);
+        }
+        std::vector<int> h(blocks);
+        CK(cudaMemcpy(h.data(), d, blocks * sizeof(int), cudaMemcpyDeviceToHost));
+        std::sort(h.begin(), h.end());
+        int distinct = (int)(std::unique(h.begin(), h.end()) - h.begin());
+        printf("LIMIT %d %d %.3f\n", sms, distinct, best);
     } else {
         fprintf(stderr, "unknown role or missing arguments: %s\n", role);
         return 2;

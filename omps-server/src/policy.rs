@@ -162,24 +162,34 @@ impl Policy {
     }
 
     /// The SM count `c` sees on GPU `gpu`: its limit's or partition's share, else all.
-    pub fn visible_sms(&self, c: &ClientShared, gpu: usize) -> Option<u32> {
+    pub fn visible_sms(&self, c: &ClientShared, gpu: usize, lc_present: bool) -> Option<u32> {
         let s = Settled {
             qos: c.qos(),
             milli_pct: c.thread_milli_pct.load(Ordering::Relaxed),
             partition: *c.partition.lock().unwrap_or_else(|e| e.into_inner()),
         };
-        self.visible_sms_settled(&s, gpu)
+        self.visible_sms_settled(&s, gpu, lc_present)
     }
 
-    /// As [`Policy::visible_sms`], for a client about to exist.
-    pub fn visible_sms_settled(&self, s: &Settled, gpu: usize) -> Option<u32> {
+    /// Whether any of `clients` is latency-critical.
+    pub fn lc_present(clients: &[Arc<ClientShared>]) -> bool {
+        clients.iter().any(|c| c.qos() == Qos::LatencyCritical)
+    }
+
+    /// As [`Policy::visible_sms`], for a client about to exist, given whether a
+    /// latency-critical client is connected: then the others see the SMs outside its
+    /// reserve, which is what they can use, so that a program that sizes its grids by the
+    /// SM count fills them in one wave (a grid sized for all 132 SMs on 116 takes two).
+    pub fn visible_sms_settled(&self, s: &Settled, gpu: usize, lc_present: bool) -> Option<u32> {
         let (chunks, _) = *self.gpus.get(gpu)?;
         if chunks.chunks == 0 {
             return None;
         }
-        let p = self.place_settled(s, gpu, false);
+        let p = self.place_settled(s, gpu, lc_present);
         match p.slot {
-            Some(s) if s == chunks.shared_slot() => None,
+            Some(s) if s == chunks.shared_slot() => {
+                Some(chunks.total - self.reserve.min(chunks.chunks) * chunks.chunk)
+            }
             Some(s) if s >= chunks.first_partition_slot() => self
                 .partitions
                 .iter()
@@ -192,11 +202,11 @@ impl Policy {
 
     /// Recomputes and publishes every client's placement, and the SM count it sees.
     pub fn publish(&self, clients: &[Arc<ClientShared>]) {
-        let lc = clients.iter().any(|c| c.qos() == Qos::LatencyCritical);
+        let lc = Self::lc_present(clients);
         for c in clients {
             for g in 0..self.gpus.len() {
                 c.set_placement(g, self.place(c, g, lc));
-                if let Some(sms) = self.visible_sms(c, g) {
+                if let Some(sms) = self.visible_sms(c, g, lc) {
                     c.seg.publish_attribute(g, MULTIPROCESSOR_COUNT, sms as i32);
                 }
             }

@@ -320,9 +320,15 @@ impl Conn {
                 Err(PushError::Full) => {
                     self.bell(dev).ring();
                     let t = since.get_or_insert_with(Instant::now);
-                    if t.elapsed() > Duration::from_millis(1) {
+                    // A full ring holds milliseconds of work: after a short spin, sleep,
+                    // leaving the CPU to the server's workers (32 clients spinning on 16
+                    // cores took it from them: 336k launches/s instead of 494k).
+                    let waited = t.elapsed();
+                    if waited > Duration::from_millis(1) {
                         self.check_alive()?;
-                        std::thread::sleep(Duration::from_micros(20));
+                    }
+                    if waited > Duration::from_micros(20) {
+                        std::thread::sleep(Duration::from_micros(50));
                     } else {
                         std::hint::spin_loop();
                     }

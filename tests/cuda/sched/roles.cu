@@ -12,7 +12,11 @@
 //                                           "LC <requests> <p50 us> <p99 us> <max us>"
 //   roles be SECONDS [BLOCKS_PER_SM US]     kernels of BLOCKS_PER_SM (16) x 128-thread
 //                                           blocks per SM spinning US (100) each, four
-//                                           queued at all times: "BE <kernels done>"
+//                                           queued at all times:
+//                                           "BE <kernels done> <blocks done>"
+//   roles startup T0                        a cudaMalloc first thing: "STARTUP <ms since T0>"
+//   roles tiny MS                           cudaMalloc, one kernel of MS ms, sync:
+//                                           "TINY ok <ms>"
 //   roles limit                             a kernel of 264 blocks x 1024 threads spinning
 //                                           1 ms each (one wave on 132 SMs), timed:
 //                                           "LIMIT <SMs seen> <distinct SMs used> <ms>"
@@ -70,7 +74,18 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--start-at") && i + 1 < argc) start_at = atoll(argv[++i]);
         else a.push_back(argv[i]);
     }
-    if (a.empty()) { fprintf(stderr, "usage: roles rate|hog|lc|be ARGS [--start-at NS]\n"); return 2; }
+    if (a.empty()) { fprintf(stderr, "usage: roles rate|hog|lc|be|limit|startup|tiny ARGS [--start-at NS]\n"); return 2; }
+    if (!strcmp(a[0], "startup") && a.size() >= 2) {
+        // First thing: a cudaMalloc, timed from T0 (ns since the epoch, taken by the
+        // harness just before it started this process).
+        void *p;
+        CK(cudaMalloc(&p, 1 << 20));
+        timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        long long now = (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+        printf("STARTUP %.3f\n", (now - atoll(a[1])) / 1e6);
+        return 0;
+    }
     CK(cudaFree(0));
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -148,12 +163,14 @@ int main(int argc, char **argv) {
         double sec = atof(a[1]);
         int per_sm = a.size() >= 3 ? atoi(a[2]) : 16;
         long long spin_ns = (long long)((a.size() >= 4 ? atof(a[3]) : 100.0) * 1e3);
-        int sms = 0;
-        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
         const int depth = 4;
         cudaEvent_t ev[depth];
         for (auto &e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         wait_start(start_at);
+        // Sized by the SMs it may use now, every other client connected (as a server that
+        // sizes its grids at each request would).
+        int sms = 0;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
         auto t = clk::now();
         long long done = 0, queued = 0;
         // Keeps `depth` kernels queued: the GPU never runs dry between them.
@@ -166,8 +183,17 @@ int main(int argc, char **argv) {
             CK(cudaEventRecord(ev[queued % depth], s));
             queued++;
         }
-        printf("BE %lld\n", done);
+        printf("BE %lld %lld\n", done, done * sms * per_sm);
         CK(cudaDeviceSynchronize());
+    } else if (!strcmp(role, "tiny") && a.size() >= 2) {
+        // Many clients at once: each allocates, runs one kernel of MS ms and synchronizes.
+        void *p;
+        CK(cudaMalloc(&p, 1 << 20));
+        wait_start(start_at);
+        auto t = clk::now();
+        spin<<<2, 32, 0, s>>>((long long)(atof(a[1]) * 1e6));
+        CK(cudaStreamSynchronize(s));
+        printf("TINY ok %.1f\n", secs_since(t) * 1e3);
     } else if (!strcmp(role, "limit")) {
         int sms = 0;
         CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

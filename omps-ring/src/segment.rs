@@ -337,6 +337,21 @@ impl SegmentView {
         }
     }
 
+    /// Attribute `attr` of device `dev` as the server last published it (see
+    /// [`SegmentView::publish_attribute`]).
+    pub fn read_attribute(&self, dev: usize, attr: usize) -> Option<i32> {
+        if dev >= MAX_DEVICES || attr >= MAX_ATTRIBUTES {
+            return None;
+        }
+        let snap = self.snapshot() as *const SnapshotTable as *mut SnapshotTable;
+        // SAFETY: in bounds of the mapped, aligned snapshot; read through an atomic, as the
+        // server writes it.
+        Some(unsafe {
+            let p = std::ptr::addr_of_mut!((*snap).devices[dev].attributes[attr]);
+            std::sync::atomic::AtomicI32::from_ptr(p).load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
     /// Header and data pointers of ring `i` (panics if `i` is out of range).
     pub fn ring_parts(&self, i: usize) -> (*const crate::ring::RingHeader, *mut u8, usize) {
         assert!(

@@ -115,12 +115,22 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attrib: c_int,
     dev: CUdevice,
 ) -> CUresult {
+    /// The one attribute the server changes while a client runs: its compute limit's
+    /// share of the SMs (CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).
+    const MULTIPROCESSOR_COUNT: c_int = 16;
     entry(|| {
         let d = device(dev)?;
         let v = usize::try_from(attrib)
             .ok()
             .and_then(|a| d.attribute(a))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let v = match attrib {
+            MULTIPROCESSOR_COUNT => live()?
+                .seg()
+                .read_attribute(dev as usize, attrib as usize)
+                .unwrap_or(v),
+            _ => v,
+        };
         // SAFETY: the caller's pointer.
         unsafe { out(pi, v) }
     })

@@ -51,6 +51,8 @@ pub struct HostGpu {
     stuck: std::sync::Mutex<bool>,
     unstuck: std::sync::Condvar,
     completions: std::sync::atomic::AtomicUsize,
+    /// Module loads asked of it.
+    loads: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -86,6 +88,7 @@ impl HostGpu {
             stuck: Default::default(),
             unstuck: Default::default(),
             completions: std::sync::atomic::AtomicUsize::new(0),
+            loads: Default::default(),
             state: Mutex::new(State {
                 next_addr: BASE,
                 next_handle: 1,
@@ -104,6 +107,14 @@ impl HostGpu {
     /// Completion words written in stream order so far ([`Gpu::write_u32`]).
     pub fn completions_written(&self) -> usize {
         self.completions.load(Ordering::Relaxed)
+    }
+
+    /// Module loads so far, and modules loaded now.
+    pub fn module_loads(&self) -> (usize, usize) {
+        (
+            self.loads.load(Ordering::Relaxed),
+            self.state.lock().unwrap().modules.len(),
+        )
     }
 
     /// The SM set of confinement `slot`, if made.
@@ -485,6 +496,19 @@ impl Gpu for HostGpu {
     }
 
     fn module_load(&self, image: &[u8]) -> GpuResult<LoadedModule> {
+        self.loads.fetch_add(1, Ordering::Relaxed);
+        if image.starts_with(&omps_ring::image::ELF_MAGIC) {
+            // A cubin: code this device cannot run, loaded as a module of no functions
+            // (tests of module sharing).
+            let mut st = self.state.lock().unwrap();
+            let handle = st.next_handle;
+            st.next_handle += 1;
+            st.modules.insert(handle, (Vec::new(), Vec::new()));
+            return Ok(LoadedModule {
+                handle,
+                functions: Vec::new(),
+            });
+        }
         let text = std::str::from_utf8(image).map_err(|_| CuError(code::INVALID_IMAGE))?;
         let (fns, globals) =
             parse_module(text.trim_end_matches('\0')).ok_or(CuError(code::INVALID_IMAGE))?;

@@ -5,6 +5,7 @@
 //! * [`segpool`]: client segments made and registered ahead of connections.
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
 //! * [`limits`]: context limits, per client.
+//! * [`module_cache`]: one loaded module for every client that loads the same image.
 //! * [`confine`]: SM confinements (green contexts): thread limits, partitions, the QoS reserve.
 //! * [`placement`]: which work stream (and hardware queue) carries a client stream.
 //! * [`policy`]: each client's QoS and the defaults, as operators set them.
@@ -26,6 +27,7 @@ pub mod gpu_cuda;
 pub mod gpu_green;
 pub mod gpu_host;
 pub mod limits;
+pub mod module_cache;
 pub mod placement;
 pub mod policy;
 pub mod printf;

@@ -122,6 +122,8 @@ impl SyncMark {
 struct Module {
     handle: u64,
     functions: Vec<u32>,
+    /// Loaded once for every client with the same image ([`crate::module_cache`]).
+    shared: bool,
 }
 
 /// Resources a client gave back or left behind, freed once the GPU is done with them.
@@ -531,6 +533,7 @@ impl Session {
     /// Everything the client still holds on this GPU, for release once its work is done.
     pub fn into_release(
         mut self,
+        cache: &crate::module_cache::ModuleCache,
     ) -> (
         Arc<ClientShared>,
         crate::placement::StreamSet,
@@ -541,7 +544,14 @@ impl Session {
         let rel = Release {
             pinned: Vec::new(),
             allocs: std::mem::take(&mut self.allocs).into_iter().collect(),
-            modules: self.modules.drain().map(|(_, m)| m.handle).collect(),
+            modules: self
+                .modules
+                .drain()
+                .flat_map(|(_, m)| match m.shared {
+                    true => cache.release(m.handle).unwrap_or_default(),
+                    false => vec![m.handle],
+                })
+                .collect(),
             events: self.events.drain().map(|(_, e)| e).collect(),
             vmm: std::mem::take(&mut self.vmm).into_release(),
         };

@@ -77,6 +77,8 @@ pub struct GpuShared {
     /// One per lane, read by `omps-ctl stats`.
     pub stats: Vec<crate::stats::LaneStats>,
     layout: crate::placement::Layout,
+    /// Modules shared by clients that load the same image.
+    pub modules: crate::module_cache::ModuleCache,
 }
 
 impl GpuShared {
@@ -104,6 +106,11 @@ impl GpuShared {
             lanes: lanes.max(1),
             stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
             layout: gpu.layout(),
+            modules: crate::module_cache::ModuleCache::new({
+                // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
+                let snap = gpu.snapshot();
+                (snap.attributes[75] * 10 + snap.attributes[76]) as u32
+            }),
         })
     }
 
@@ -190,10 +197,21 @@ impl WorkerCtx {
         }
     }
 
+    /// One slot per stream, each made at first use (most confined streams never are).
     fn scratch_events(gpu: &dyn Gpu) -> GpuResult<Vec<u64>> {
-        (0..gpu.stream_count())
-            .map(|_| gpu.event_create(0x2))
-            .collect()
+        Ok(vec![0; gpu.stream_count()])
+    }
+
+    /// The scratch event of stream `i`, made now if it never was.
+    fn scratch_event(&mut self, i: usize) -> GpuResult<u64> {
+        let slot = self
+            .scratch_events
+            .get_mut(i)
+            .ok_or(CuError(crate::gpu::code::INVALID_HANDLE))?;
+        if *slot == 0 {
+            *slot = self.gpu.event_create(0x2)?;
+        }
+        Ok(*slot)
     }
 
     /// Once every client of a faulted GPU is gone and released, recreate its context, as
@@ -214,6 +232,8 @@ impl WorkerCtx {
         let no_pass = shared.pass_lock.write().unwrap_or_else(|e| e.into_inner());
         let releases_held = shared.releaser.exclusive();
         let reset = self.gpu.reset();
+        // The reset unloaded every module, shared ones too.
+        shared.modules.clear();
         if reset.is_ok() {
             self.generation = shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
         }
@@ -305,9 +325,7 @@ impl WorkerCtx {
     /// Makes marker stream `m` wait for the work already queued on every stream in `mask`.
     pub fn join_streams(&mut self, streams: &StreamSet, m: usize) -> GpuResult<()> {
         for i in streams.iter() {
-            let Some(&ev) = self.scratch_events.get(i) else {
-                continue;
-            };
+            let ev = self.scratch_event(i)?;
             self.gpu.event_record(ev, i)?;
             self.gpu.stream_wait_event(m, ev)?;
         }
@@ -316,7 +334,7 @@ impl WorkerCtx {
 
     /// Makes work stream `after` wait for what is queued on work stream `before` now.
     pub fn order(&mut self, before: usize, after: usize) -> GpuResult<()> {
-        let ev = self.scratch_events[before];
+        let ev = self.scratch_event(before)?;
         self.gpu.event_record(ev, before)?;
         self.gpu.stream_wait_event(after, ev)
     }
@@ -450,7 +468,7 @@ impl WorkerCtx {
         for i in s.bound_work_streams() {
             self.unbind_work_stream(i);
         }
-        let (client, streams, m, rel) = s.into_release();
+        let (client, streams, m, rel) = s.into_release(&self.shared.modules);
         self.markers.retain(|mk| mk.client.id != client.id);
         self.defer(client, &streams, m, rel, true);
     }

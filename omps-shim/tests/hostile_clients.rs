@@ -263,56 +263,12 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
     assert!(err.to_string().contains("already listens"), "{err}");
 }
 
-/// Loads the host test module through a bare connection; returns (name, function id).
-fn load_host_module(c: &Conn) -> Vec<(String, u32)> {
-    use omps_ring::wire::{ChunkCopy, FunctionDesc, ModuleLoad, ModuleReply};
-    let img = HOST_MODULE.as_bytes();
-    let mut ch = c.channel();
-    ch.wait_chunk(0).unwrap();
-    let (p, _) = ch.chunk_ptr(0);
-    // SAFETY: the chunk is ours and larger than the image.
-    unsafe { std::ptr::copy_nonoverlapping(img.as_ptr(), p, img.len()) };
-    let seq = ch.claim_chunk(0);
-    let rec = ChunkCopy {
-        channel: ch.idx,
-        chunk: 0,
-        len: img.len() as u32,
-        seq,
-        ..Default::default()
-    };
-    c.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
-        .unwrap();
-    ch.wait_chunk(0).unwrap();
-    ch.call(0, Op::ModuleLoad, |call| {
-        bytemuck::bytes_of(&ModuleLoad {
-            call,
-            blob_len: img.len() as u64,
-        })
-        .to_vec()
-    })
-    .unwrap();
-    let (p, cap) = ch.chunk_ptr(0);
-    // SAFETY: the server wrote the function table into chunk 0 before answering.
-    let r = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
-    let head: ModuleReply = wire::get(r).unwrap();
-    (0..head.num_functions as usize)
-        .map(|i| {
-            let d: FunctionDesc = wire::get(&r[16 + i * 32..]).unwrap();
-            let name = String::from_utf8(
-                r[d.name_offset as usize..(d.name_offset + d.name_len) as usize].to_vec(),
-            )
-            .unwrap();
-            (name, d.func)
-        })
-        .collect()
-}
-
 #[test]
 fn a_fault_fails_every_client_refuses_new_ones_and_recovers_once_they_are_gone() {
     let srv = TestServer::start("fault");
     let bystander = Conn::connect_to(&srv.socket()).unwrap();
     let culprit = Conn::connect_to(&srv.socket()).unwrap();
-    let funcs = load_host_module(&culprit);
+    let funcs = load_image(&culprit, HOST_MODULE.as_bytes()).unwrap().1;
     let trap = funcs.iter().find(|f| f.0 == "trap").unwrap().1;
     let launch = wire::Launch {
         func: trap,

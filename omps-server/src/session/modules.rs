@@ -34,13 +34,7 @@ impl Session {
                 for f in &m.functions {
                     self.functions.remove(f);
                 }
-                ctx.release_later(
-                    self,
-                    Release {
-                        modules: vec![m.handle],
-                        ..Default::default()
-                    },
-                );
+                self.give_back_module(ctx, m.handle, m.shared);
             }
             Op::ModuleLoad => {
                 let m = rec::<wire::ModuleLoad>(p);
@@ -49,9 +43,21 @@ impl Session {
                 if blob.len() as u64 != m.blob_len {
                     return self.complete(m.call, code::INVALID_IMAGE, &[]);
                 }
-                match gpu.module_load(&blob) {
-                    Ok(loaded) => self.finish_module_load(ctx, m.call, loaded)?,
-                    Err(e) => self.complete(m.call, e.0, &[])?,
+                // An image loaded before (by any client) costs no load, which would wait for
+                // every running kernel and hold up every client's launches meanwhile.
+                let cache = &ctx.shared.modules;
+                let share = cache.shareable(&blob);
+                match share.then(|| cache.get(&blob)).flatten() {
+                    Some(loaded) => self.finish_module_load(ctx, m.call, loaded, true)?,
+                    None => match gpu.module_load(&blob) {
+                        Ok(loaded) => {
+                            if share {
+                                ctx.shared.modules.insert(blob, loaded.clone());
+                            }
+                            self.finish_module_load(ctx, m.call, loaded, share)?
+                        }
+                        Err(e) => self.complete(m.call, e.0, &[])?,
+                    },
                 }
             }
             Op::ModuleGetGlobal => {
@@ -63,9 +69,11 @@ impl Session {
                     .modules
                     .get(&g.module)
                     .ok_or_else(|| Malformed(format!("unknown module {}", g.module)))?;
+                // A shared module has no variables of the client's; the toolchain's own
+                // tables in it are not the client's to write.
                 let r = match std::str::from_utf8(tail) {
-                    Ok(name) => gpu.module_global(m.handle, name),
-                    Err(_) => Err(CuError(code::NOT_FOUND)),
+                    Ok(name) if !m.shared => gpu.module_global(m.handle, name),
+                    _ => Err(CuError(code::NOT_FOUND)),
                 };
                 if let Ok((p, n)) = r {
                     self.globals.insert(p, n);
@@ -92,12 +100,31 @@ impl Session {
                     .functions
                     .get(&a.func)
                     .ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
-                let r = gpu.func_set_attribute(f.handle, a.attr, a.value);
+                let shared = self.modules.get(&f.module).is_some_and(|m| m.shared);
+                let r = set_function_attribute(&*gpu, f.handle, a.attr, a.value, shared);
                 self.complete(a.call, r.err().map_or(0, |e| e.0), &[])?;
             }
             _ => unreachable!("dispatched to the modules family: {op:?}"),
         }
         Ok(())
+    }
+
+    /// A module this client is done with: its own is unloaded once its work is done; a
+    /// shared one loses a user (and the cache may give back idle ones).
+    fn give_back_module(&mut self, ctx: &mut WorkerCtx, handle: u64, shared: bool) {
+        let modules = match shared {
+            true => ctx.shared.modules.release(handle).unwrap_or_default(),
+            false => vec![handle],
+        };
+        if !modules.is_empty() {
+            ctx.release_later(
+                self,
+                Release {
+                    modules,
+                    ..Default::default()
+                },
+            );
+        }
     }
 
     /// Registers the module's functions and writes the function table into chunk 0.
@@ -106,6 +133,7 @@ impl Session {
         ctx: &mut WorkerCtx,
         call: CallHdr,
         loaded: crate::gpu::LoadedModule,
+        shared: bool,
     ) -> Result<(), Malformed> {
         let module_id = self.next_id;
         self.next_id += 1;
@@ -168,13 +196,7 @@ impl Session {
             for id in &fids {
                 self.functions.remove(id);
             }
-            ctx.release_later(
-                self,
-                Release {
-                    modules: vec![loaded.handle],
-                    ..Default::default()
-                },
-            );
+            self.give_back_module(ctx, loaded.handle, shared);
             return self.complete(call, code::NOT_SUPPORTED, &[]);
         }
         // SAFETY: out fits in chunk 0 of a checked channel, inside the mapping.
@@ -184,6 +206,7 @@ impl Session {
             Module {
                 handle: loaded.handle,
                 functions: fids,
+                shared,
             },
         );
         debug_assert!(self
@@ -198,4 +221,30 @@ impl Session {
         };
         self.complete(call, 0, bytemuck::bytes_of(&head))
     }
+}
+
+/// Sets a function attribute. On a shared module's function, the two attributes a launch
+/// can depend on (the dynamic shared memory allowed, non-portable cluster sizes) are only
+/// ever raised: one client lowering them would make another's launches fail. The others
+/// only tune performance.
+fn set_function_attribute(
+    gpu: &dyn crate::gpu::Gpu,
+    f: u64,
+    attr: i32,
+    value: i32,
+    shared: bool,
+) -> Result<(), CuError> {
+    const MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+    const NON_PORTABLE_CLUSTER_SIZE_ALLOWED: i32 = 14;
+    if shared
+        && matches!(
+            attr,
+            MAX_DYNAMIC_SHARED_SIZE_BYTES | NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        )
+    {
+        if gpu.func_attribute(f, attr)? >= value {
+            return Ok(());
+        }
+    }
+    gpu.func_set_attribute(f, attr, value)
 }

@@ -144,3 +144,49 @@ pub fn alloc(c: &omps_shim::conn::Conn, size: u64) -> u64 {
     .expect("alloc");
     ch.reply::<U64Reply>().value
 }
+
+/// Loads `img` (smaller than a staging chunk) through a bare connection: the module id
+/// and its functions (name, id), or the CUDA error.
+#[allow(dead_code)]
+pub fn load_image(c: &omps_shim::conn::Conn, img: &[u8]) -> Result<(u32, Vec<(String, u32)>), i32> {
+    use omps_ring::wire::{ChunkCopy, FunctionDesc, ModuleLoad, ModuleReply, Op};
+    let mut ch = c.channel();
+    ch.wait_chunk(0).unwrap();
+    let (p, cap) = ch.chunk_ptr(0);
+    assert!(img.len() <= cap);
+    // SAFETY: the chunk is ours and at least as large as the image.
+    unsafe { std::ptr::copy_nonoverlapping(img.as_ptr(), p, img.len()) };
+    let seq = ch.claim_chunk(0);
+    let rec = ChunkCopy {
+        channel: ch.idx,
+        chunk: 0,
+        len: img.len() as u32,
+        seq,
+        ..Default::default()
+    };
+    c.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    ch.wait_chunk(0).unwrap();
+    ch.call(0, Op::ModuleLoad, |call| {
+        bytemuck::bytes_of(&ModuleLoad {
+            call,
+            blob_len: img.len() as u64,
+        })
+        .to_vec()
+    })?;
+    let (p, cap) = ch.chunk_ptr(0);
+    // SAFETY: the server wrote the function table into chunk 0 before answering.
+    let r = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
+    let head: ModuleReply = wire::get(r).unwrap();
+    let funcs = (0..head.num_functions as usize)
+        .map(|i| {
+            let d: FunctionDesc = wire::get(&r[16 + i * 32..]).unwrap();
+            let name = String::from_utf8(
+                r[d.name_offset as usize..(d.name_offset + d.name_len) as usize].to_vec(),
+            )
+            .unwrap();
+            (name, d.func)
+        })
+        .collect();
+    Ok((head.module, funcs))
+}

@@ -97,7 +97,7 @@ unsafe fn elf_len(p: *const u8) -> Option<usize> {
 /// PTX. Compressed entries are decompressed; one that does not decompress into what its
 /// kind promises makes it a maybe.
 pub fn printf_use(image: &[u8], cc: u32) -> u64 {
-    use omps_ring::wire::printf_use::{MAYBE, NONE, YES};
+    use crate::wire::printf_use::{MAYBE, NONE, YES};
     let Some(entries) = fatbin_entries(image) else {
         return printing_level(image);
     };
@@ -118,7 +118,7 @@ pub fn printf_use(image: &[u8], cc: u32) -> u64 {
 /// How device code writes to the printf buffer: `vprintf` always may, `__assertfail`
 /// only on the way to failing the kernel.
 fn printing_level(code: &[u8]) -> u64 {
-    use omps_ring::wire::printf_use::{ASSERT, NONE, YES};
+    use crate::wire::printf_use::{ASSERT, NONE, YES};
     if contains(code, b"vprintf") {
         YES
     } else if contains(code, b"__assertfail") {
@@ -482,7 +482,7 @@ pub fn fatbin_entries(image: &[u8]) -> Option<Vec<FatEntry<'_>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use omps_ring::wire::printf_use::{ASSERT, MAYBE, NONE, YES};
+    use crate::wire::printf_use::{ASSERT, MAYBE, NONE, YES};
 
     /// How a test entry's payload is stored.
     #[derive(Clone, Copy)]

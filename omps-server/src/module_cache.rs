@@ -1,0 +1,354 @@
+//! Modules shared between clients that load the same image.
+//!
+//! Loading code waits for all running work of the context and holds up every thread's
+//! launches meanwhile (measured on an H100: 1.0 s beside a 1 s kernel, with a green context
+//! too), so in one shared context a client that loads a module stalls every other client.
+//! Most loads repeat: processes of one program, or of one PyTorch build, load the same
+//! images. Such an image is loaded once per GPU and shared, and stays loaded a while after
+//! its last user (within [`IDLE_BUDGET`]), so the next process that loads it waits for
+//! nothing and stalls no one.
+//!
+//! Only images without data of their own are shared: a module's `__device__` and
+//! `__constant__` variables would otherwise be one copy for several clients, each of which
+//! may write it. The server reads the image itself to decide ([`shareable`]); it never
+//! takes a client's word for it.
+
+use crate::gpu::LoadedModule;
+use omps_ring::image;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Image bytes kept loaded with no user, least recently used given back first.
+pub const IDLE_BUDGET: usize = 512 << 20;
+
+struct Entry {
+    image: Arc<[u8]>,
+    loaded: LoadedModule,
+    refs: u32,
+    last_used: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Keyed by a hash with this process's random keys (a client cannot aim collisions);
+    /// a hit is confirmed byte for byte.
+    by_hash: HashMap<u64, Vec<Entry>>,
+    idle_bytes: usize,
+}
+
+pub struct ModuleCache {
+    inner: Mutex<Inner>,
+    hasher: std::collections::hash_map::RandomState,
+    /// The GPU's compute capability (major * 10 + minor): which fatbin entries count.
+    cc: u32,
+}
+
+impl ModuleCache {
+    pub fn new(cc: u32) -> Self {
+        ModuleCache {
+            inner: Default::default(),
+            hasher: Default::default(),
+            cc,
+        }
+    }
+
+    fn hash(&self, image: &[u8]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(image);
+        h.finish()
+    }
+
+    /// Whether `image` may be shared on this GPU.
+    pub fn shareable(&self, image: &[u8]) -> bool {
+        shareable(image, self.cc)
+    }
+
+    /// The module already loaded from exactly `image`, now with one more user.
+    pub fn get(&self, image: &[u8]) -> Option<LoadedModule> {
+        let key = self.hash(image);
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Inner {
+            by_hash,
+            idle_bytes,
+        } = &mut *inner;
+        let e = by_hash
+            .get_mut(&key)?
+            .iter_mut()
+            .find(|e| &*e.image == image)?;
+        if e.refs == 0 {
+            *idle_bytes -= e.image.len();
+        }
+        e.refs += 1;
+        e.last_used = Instant::now();
+        Some(e.loaded.clone())
+    }
+
+    /// Records a module just loaded from `image` (a shareable one), with one user.
+    pub fn insert(&self, image: Vec<u8>, loaded: LoadedModule) {
+        let key = self.hash(&image);
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.by_hash.entry(key).or_default().push(Entry {
+            image: image.into(),
+            loaded,
+            refs: 1,
+            last_used: Instant::now(),
+        });
+    }
+
+    /// One user of module `handle` is done with it. Returns the modules to unload now:
+    /// idle ones beyond the budget, least recently used first. None for a module the
+    /// cache does not hold (the caller unloads its own).
+    pub fn release(&self, handle: u64) -> Option<Vec<u64>> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let e = inner
+            .by_hash
+            .values_mut()
+            .flatten()
+            .find(|e| e.loaded.handle == handle)?;
+        e.refs = e.refs.saturating_sub(1);
+        e.last_used = Instant::now();
+        if e.refs == 0 {
+            let n = e.image.len();
+            inner.idle_bytes += n;
+        }
+        Some(inner.evict(IDLE_BUDGET))
+    }
+
+    /// Forgets every module (the context was reset: none exists any more).
+    pub fn clear(&self) {
+        *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Inner::default();
+    }
+
+    /// (modules, users, idle image bytes), for the log and tests.
+    pub fn census(&self) -> (usize, u32, usize) {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let all = inner.by_hash.values().flatten();
+        let (n, users) = all.fold((0, 0), |(n, u), e| (n + 1, u + e.refs));
+        (n, users, inner.idle_bytes)
+    }
+}
+
+impl Inner {
+    fn evict(&mut self, budget: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        while self.idle_bytes > budget {
+            let oldest = self
+                .by_hash
+                .iter()
+                .flat_map(|(k, v)| v.iter().enumerate().map(move |(i, e)| (*k, i, e)))
+                .filter(|(_, _, e)| e.refs == 0)
+                .min_by_key(|(_, _, e)| e.last_used)
+                .map(|(k, i, _)| (k, i));
+            let Some((k, i)) = oldest else { break };
+            let bucket = self.by_hash.get_mut(&k).expect("found above");
+            let e = bucket.swap_remove(i);
+            if bucket.is_empty() {
+                self.by_hash.remove(&k);
+            }
+            self.idle_bytes -= e.image.len();
+            out.push(e.loaded.handle);
+        }
+        out
+    }
+}
+
+/// Whether a module loaded from `image` holds no data a client could write or set: the
+/// cubins the driver may pick from it (of a GPU of compute capability `cc`) have no
+/// `__device__` variables (`.nv.global`), no `__constant__` ones (constant banks other
+/// than kernel parameters and compiler literals), and no initialized data but the
+/// compiler's and cudart's own read-only tables and printf strings. PTX (compiled by the
+/// driver, its data unknown here) and anything unreadable are not shared.
+pub fn shareable(img: &[u8], cc: u32) -> bool {
+    if img.starts_with(&image::ELF_MAGIC) {
+        return elf_has_no_data(img);
+    }
+    let Some(entries) = image::fatbin_entries(img) else {
+        return false;
+    };
+    let chosen = image::chosen(&entries, cc);
+    !chosen.is_empty()
+        && chosen.iter().all(|e| {
+            e.kind == image::FATBIN_ELF && e.contents().is_ok_and(|code| elf_has_no_data(&code))
+        })
+}
+
+fn elf_has_no_data(elf: &[u8]) -> bool {
+    elf_sections(elf).is_some_and(|secs| {
+        let data_ok = secs.iter().all(|s| {
+            let global = s.name == ".nv.global"
+                || (s.name.starts_with(".nv.global.") && s.name != ".nv.global.init");
+            let constant = s.name.starts_with(".nv.constant")
+                && !s.name.starts_with(".nv.constant0")
+                && s.name != ".nv.constant4";
+            !(global || constant || s.name.starts_with(".nv.managed"))
+        });
+        data_ok && init_data_is_internal(elf, &secs)
+    })
+}
+
+struct Section<'a> {
+    name: &'a str,
+    kind: u32,
+    offset: usize,
+    size: usize,
+    link: u32,
+}
+
+/// The section headers of a 64-bit little-endian ELF, every field bounds-checked.
+fn elf_sections(elf: &[u8]) -> Option<Vec<Section<'_>>> {
+    use image::{u16_at, u32_at, u64_at};
+    if !elf.starts_with(&image::ELF_MAGIC) || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+        return None;
+    }
+    let shoff = usize::try_from(u64_at(elf, 0x28)?).ok()?;
+    let shentsize = u16_at(elf, 0x3a)? as usize;
+    let shnum = u16_at(elf, 0x3c)? as usize;
+    let shstrndx = u16_at(elf, 0x3e)? as usize;
+    if shentsize < 0x40 || shnum > 65_000 {
+        return None;
+    }
+    let header = |i: usize| -> Option<(u32, u32, usize, usize, u32)> {
+        let at = shoff.checked_add(i.checked_mul(shentsize)?)?;
+        Some((
+            u32_at(elf, at)?,
+            u32_at(elf, at + 4)?,
+            usize::try_from(u64_at(elf, at + 0x18)?).ok()?,
+            usize::try_from(u64_at(elf, at + 0x20)?).ok()?,
+            u32_at(elf, at + 0x28)?,
+        ))
+    };
+    let (_, _, stroff, strsize, _) = header(shstrndx)?;
+    let strtab = elf.get(stroff..stroff.checked_add(strsize)?)?;
+    (0..shnum)
+        .map(|i| {
+            let (name_at, kind, offset, size, link) = header(i)?;
+            let rest = strtab.get(name_at as usize..)?;
+            let end = rest.iter().position(|&b| b == 0)?;
+            Some(Section {
+                name: std::str::from_utf8(&rest[..end]).ok()?,
+                kind,
+                offset,
+                size,
+                link,
+            })
+        })
+        .collect()
+}
+
+/// Every symbol defined in `.nv.global.init` is the toolchain's own (cudart's math tables,
+/// `$str` printf strings), never a user's initialized `__device__` variable.
+fn init_data_is_internal(elf: &[u8], secs: &[Section<'_>]) -> bool {
+    const SHT_SYMTAB: u32 = 2;
+    let Some(init) = secs.iter().position(|s| s.name == ".nv.global.init") else {
+        return true;
+    };
+    let Some(symtab) = secs.iter().find(|s| s.kind == SHT_SYMTAB) else {
+        return false;
+    };
+    let Some(strs) = secs.get(symtab.link as usize) else {
+        return false;
+    };
+    let (Some(syms), Some(names)) = (
+        elf.get(symtab.offset..symtab.offset.saturating_add(symtab.size)),
+        elf.get(strs.offset..strs.offset.saturating_add(strs.size)),
+    ) else {
+        return false;
+    };
+    syms.chunks_exact(24).all(|sym| {
+        let shndx = u16::from_le_bytes([sym[6], sym[7]]) as usize;
+        if shndx != init {
+            return true;
+        }
+        let at = u32::from_le_bytes([sym[0], sym[1], sym[2], sym[3]]) as usize;
+        let name = names
+            .get(at..)
+            .and_then(|r| r.iter().position(|&b| b == 0).map(|e| &r[..e]))
+            .unwrap_or(b"?");
+        // The section symbol itself has an empty name.
+        name.is_empty() || name.starts_with(b"$str") || name.starts_with(b"__cudart_")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::elf_with as elf;
+
+    #[test]
+    fn code_and_toolchain_tables_are_shared_user_data_is_not() {
+        let code = [
+            ".text._Z1bPf",
+            ".nv.constant0._Z1bPf",
+            ".nv.constant4",
+            ".nv.info",
+        ];
+        assert!(shareable(&elf(&code, &[]), 90));
+        let with = |extra: &str| {
+            let mut v = code.to_vec();
+            v.push(extra);
+            shareable(&elf(&v, &[]), 90)
+        };
+        assert!(!with(".nv.global"), "__device__ variables");
+        assert!(!with(".nv.constant3"), "__constant__ variables");
+        assert!(!with(".nv.managed"), "managed variables");
+        // Initialized data: only the toolchain's own.
+        let init = [".text._Z1bPf", ".nv.global.init"];
+        assert!(shareable(
+            &elf(&init, &[("$str", 1), ("__cudart_i2opi_d", 1)]),
+            90
+        ));
+        assert!(!shareable(&elf(&init, &[("$str", 1), ("table", 1)]), 90));
+        assert!(shareable(&elf(&init, &[("elsewhere", 0)]), 90));
+    }
+
+    #[test]
+    fn unreadable_images_are_never_shared() {
+        assert!(
+            !shareable(b"//\n.version 8.0\n.target sm_90\n\0", 90),
+            "PTX"
+        );
+        let good = elf(&[".text.k"], &[]);
+        for cut in [0, 10, 0x40, good.len() - 0x40] {
+            assert!(!shareable(&good[..cut], 90), "cut at {cut}");
+        }
+        let mut bad = good.clone();
+        bad[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(!shareable(&bad, 90));
+    }
+
+    fn loaded(handle: u64) -> LoadedModule {
+        LoadedModule {
+            handle,
+            functions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_cache_counts_users_and_gives_back_idle_modules_beyond_its_budget() {
+        let c = ModuleCache::new(90);
+        let img = elf(&[".text.k"], &[]);
+        assert!(c.get(&img).is_none());
+        c.insert(img.clone(), loaded(7));
+        assert_eq!(c.get(&img).map(|m| m.handle), Some(7));
+        let mut other = img.clone();
+        *other.last_mut().unwrap() ^= 1;
+        assert!(c.get(&other).is_none(), "a different image is not a hit");
+        assert_eq!(c.release(7), Some(vec![]));
+        assert_eq!(c.release(7), Some(vec![]), "idle, within the budget: kept");
+        assert_eq!(c.census(), (1, 0, img.len()));
+        assert_eq!(c.release(99), None, "not the cache's");
+        // An idle module comes back to life at the next load.
+        assert_eq!(c.get(&img).map(|m| m.handle), Some(7));
+        assert_eq!(c.census().2, 0);
+        let mut inner = c.inner.lock().unwrap();
+        inner
+            .by_hash
+            .values_mut()
+            .flatten()
+            .for_each(|e| e.refs = 0);
+        inner.idle_bytes = img.len();
+        assert_eq!(inner.evict(0), vec![7], "beyond the budget: given back");
+    }
+}

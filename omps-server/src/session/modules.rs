@@ -236,15 +236,13 @@ fn set_function_attribute(
 ) -> Result<(), CuError> {
     const MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
     const NON_PORTABLE_CLUSTER_SIZE_ALLOWED: i32 = 14;
-    if shared
+    let raise_only = shared
         && matches!(
             attr,
             MAX_DYNAMIC_SHARED_SIZE_BYTES | NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        )
-    {
-        if gpu.func_attribute(f, attr)? >= value {
-            return Ok(());
-        }
+        );
+    if raise_only && gpu.func_attribute(f, attr)? >= value {
+        return Ok(());
     }
     gpu.func_set_attribute(f, attr, value)
 }

@@ -81,6 +81,68 @@ pub fn run_command_bytes(data: &[u8]) {
     );
 }
 
+/// A minimal ELF64 with the named sections, a symbol table of `syms` (OBJECT symbols:
+/// name, section index), as a cubin's layout goes: for tests of what the server reads in
+/// images.
+pub fn elf_with(sections: &[&str], syms: &[(&str, u16)]) -> Vec<u8> {
+    use omps_ring::image;
+    let mut shstr = vec![0u8];
+    let mut names = Vec::new();
+    let all: Vec<&str> = sections
+        .iter()
+        .copied()
+        .chain([".shstrtab", ".symtab", ".strtab"])
+        .collect();
+    for n in &all {
+        names.push(shstr.len() as u32);
+        shstr.extend_from_slice(n.as_bytes());
+        shstr.push(0);
+    }
+    let mut strtab = vec![0u8];
+    let mut symtab = vec![0u8; 24];
+    for (n, shndx) in syms {
+        let mut s = [0u8; 24];
+        s[0..4].copy_from_slice(&(strtab.len() as u32).to_le_bytes());
+        s[4] = 1; // OBJECT
+        s[6..8].copy_from_slice(&shndx.to_le_bytes());
+        symtab.extend_from_slice(&s);
+        strtab.extend_from_slice(n.as_bytes());
+        strtab.push(0);
+    }
+    let mut out = vec![0u8; 0x40];
+    out[..4].copy_from_slice(&image::ELF_MAGIC);
+    out[4] = 2;
+    out[5] = 1;
+    let blobs = [shstr, symtab, strtab];
+    let mut offs = Vec::new();
+    for b in &blobs {
+        offs.push(out.len());
+        out.extend_from_slice(b);
+    }
+    let shoff = out.len();
+    out[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+    out[0x3a..0x3c].copy_from_slice(&0x40u16.to_le_bytes());
+    out[0x3c..0x3e].copy_from_slice(&(all.len() as u16).to_le_bytes());
+    let n = sections.len();
+    out[0x3e..0x40].copy_from_slice(&(n as u16).to_le_bytes());
+    for (i, name) in names.iter().enumerate() {
+        let mut h = [0u8; 0x40];
+        h[0..4].copy_from_slice(&name.to_le_bytes());
+        let (kind, off, size, link) = match i.checked_sub(n) {
+            Some(0) => (3u32, offs[0], blobs[0].len(), 0u32),
+            Some(1) => (2, offs[1], blobs[1].len(), (n + 2) as u32),
+            Some(2) => (3, offs[2], blobs[2].len(), 0),
+            _ => (1, 0, 0, 0),
+        };
+        h[4..8].copy_from_slice(&kind.to_le_bytes());
+        h[0x18..0x20].copy_from_slice(&(off as u64).to_le_bytes());
+        h[0x20..0x28].copy_from_slice(&(size as u64).to_le_bytes());
+        h[0x28..0x2c].copy_from_slice(&link.to_le_bytes());
+        out.extend_from_slice(&h);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,66 +233,4 @@ mod tests {
             super::run_command_bytes(&data);
         }
     }
-}
-
-/// A minimal ELF64 with the named sections, a symbol table of `syms` (OBJECT symbols:
-/// name, section index), as a cubin's layout goes: for tests of what the server reads in
-/// images.
-pub fn elf_with(sections: &[&str], syms: &[(&str, u16)]) -> Vec<u8> {
-    use omps_ring::image;
-    let mut shstr = vec![0u8];
-    let mut names = Vec::new();
-    let all: Vec<&str> = sections
-        .iter()
-        .copied()
-        .chain([".shstrtab", ".symtab", ".strtab"])
-        .collect();
-    for n in &all {
-        names.push(shstr.len() as u32);
-        shstr.extend_from_slice(n.as_bytes());
-        shstr.push(0);
-    }
-    let mut strtab = vec![0u8];
-    let mut symtab = vec![0u8; 24];
-    for (n, shndx) in syms {
-        let mut s = [0u8; 24];
-        s[0..4].copy_from_slice(&(strtab.len() as u32).to_le_bytes());
-        s[4] = 1; // OBJECT
-        s[6..8].copy_from_slice(&shndx.to_le_bytes());
-        symtab.extend_from_slice(&s);
-        strtab.extend_from_slice(n.as_bytes());
-        strtab.push(0);
-    }
-    let mut out = vec![0u8; 0x40];
-    out[..4].copy_from_slice(&image::ELF_MAGIC);
-    out[4] = 2;
-    out[5] = 1;
-    let blobs = [shstr, symtab, strtab];
-    let mut offs = Vec::new();
-    for b in &blobs {
-        offs.push(out.len());
-        out.extend_from_slice(b);
-    }
-    let shoff = out.len();
-    out[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
-    out[0x3a..0x3c].copy_from_slice(&0x40u16.to_le_bytes());
-    out[0x3c..0x3e].copy_from_slice(&(all.len() as u16).to_le_bytes());
-    let n = sections.len();
-    out[0x3e..0x40].copy_from_slice(&(n as u16).to_le_bytes());
-    for (i, name) in names.iter().enumerate() {
-        let mut h = [0u8; 0x40];
-        h[0..4].copy_from_slice(&name.to_le_bytes());
-        let (kind, off, size, link) = match i.checked_sub(n) {
-            Some(0) => (3u32, offs[0], blobs[0].len(), 0u32),
-            Some(1) => (2, offs[1], blobs[1].len(), (n + 2) as u32),
-            Some(2) => (3, offs[2], blobs[2].len(), 0),
-            _ => (1, 0, 0, 0),
-        };
-        h[4..8].copy_from_slice(&kind.to_le_bytes());
-        h[0x18..0x20].copy_from_slice(&(off as u64).to_le_bytes());
-        h[0x20..0x28].copy_from_slice(&(size as u64).to_le_bytes());
-        h[0x28..0x2c].copy_from_slice(&link.to_le_bytes());
-        out.extend_from_slice(&h);
-    }
-    out
 }

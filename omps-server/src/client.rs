@@ -40,7 +40,8 @@ pub struct ClientShared {
     /// Per GPU, where its work runs ([`crate::placement::Placement`], packed), as the
     /// control thread decided; each worker moves the client's streams to match.
     placement: [AtomicU32; MAX_DEVICES],
-    _mapping: Mapping,
+    /// Taken by drop: it stays mapped until the segment is unregistered ([`crate::unpin`]).
+    mapping: Option<Mapping>,
 }
 
 impl ClientShared {
@@ -70,7 +71,7 @@ impl ClientShared {
             thread_milli_pct: AtomicU32::new(100_000),
             partition: Default::default(),
             placement: Default::default(),
-            _mapping: mapping,
+            mapping: Some(mapping),
         }
     }
 
@@ -207,18 +208,48 @@ impl ClientShared {
 
 impl Drop for ClientShared {
     fn drop(&mut self) {
+        // The client is gone: its pinned ranges and segment are unregistered once the GPU
+        // is quiet, since unregistering waits for every running kernel and holds up every
+        // client's launches meanwhile.
         let pinned = std::mem::take(&mut *self.pinned.lock().unwrap_or_else(|e| e.into_inner()));
-        for (addr, len) in pinned {
-            self.release_pinned(addr, len);
-        }
-        if let Some(gpu) = &self.registered_on {
-            let (off, _) = self.seg.layout.registered_range();
-            // SAFETY: the last reference is gone, so every worker has fenced this client's
-            // streams (deferred releases hold an Arc until their fence completes).
-            let r = unsafe { gpu.unregister_host(self.seg.base().add(off)) };
-            if let Err(e) = r {
-                tracing::warn!(client = self.id, "unregistering segment failed: {e:?}");
+        let mapping = self.mapping.take();
+        let Some(gpu) = self.registered_on.clone() else {
+            for (addr, len) in pinned {
+                drop(Unmap(addr, len));
             }
+            return;
+        };
+        for (addr, len) in pinned {
+            // SAFETY: registered by pin(); the last reference is gone, so every worker has
+            // fenced this client's streams; Unmap keeps the range mapped until then.
+            unsafe {
+                crate::unpin::unpinner().unregister_later(
+                    gpu.clone(),
+                    addr as *mut u8,
+                    len,
+                    Box::new(Unmap(addr, len)),
+                )
+            };
         }
+        let (off, len) = self.seg.layout.registered_range();
+        // SAFETY: as above, for the segment's registered range; the mapping travels along.
+        unsafe {
+            crate::unpin::unpinner().unregister_later(
+                gpu,
+                self.seg.base().add(off),
+                len as u64,
+                Box::new(mapping),
+            )
+        };
+    }
+}
+
+/// A pinned range mapped by [`ClientShared::pin`], unmapped when dropped.
+struct Unmap(u64, u64);
+
+impl Drop for Unmap {
+    fn drop(&mut self) {
+        // SAFETY: the range was mapped by pin() and nothing references it any more.
+        unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1 as usize) };
     }
 }

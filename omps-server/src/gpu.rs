@@ -161,6 +161,9 @@ pub trait Gpu: Send + Sync + 'static {
     /// # Safety
     /// No transfer to or from the range is still in flight.
     unsafe fn unregister_host(&self, ptr: *mut u8) -> GpuResult<()>;
+    /// Whether no stream has work queued or running (an unregistration would wait for
+    /// nothing); may be called from any thread.
+    fn quiet(&self) -> bool;
 
     fn module_load(&self, image: &[u8]) -> GpuResult<LoadedModule>;
     fn module_unload(&self, module: u64) -> GpuResult<()>;

@@ -224,6 +224,13 @@ impl CudaGpu {
         Ok(())
     }
 
+    /// Makes the primary context current on this thread again, whatever the thread's
+    /// cache says: green-context calls may leave another current.
+    fn rebind(&self) {
+        CURRENT.with(|c| c.set(0));
+        self.bind();
+    }
+
     fn bind(&self) {
         let want = self.ctx as usize;
         CURRENT.with(|c| {
@@ -252,7 +259,9 @@ impl CudaGpu {
         self.bind();
         let new = self
             .green
-            .stream(slot, crate::placement::class_priority(c, least, greatest))?;
+            .stream(slot, crate::placement::class_priority(c, least, greatest));
+        self.rebind();
+        let new = new?;
         match cell.compare_exchange(
             std::ptr::null_mut(),
             new,
@@ -358,6 +367,20 @@ impl Gpu for CudaGpu {
         self.layout
     }
 
+    fn quiet(&self) -> bool {
+        self.bind();
+        let busy = |s: cu::CUstream| {
+            // SAFETY: a stream of this context (or null: not made, skipped).
+            !s.is_null() && unsafe { cu::cuStreamQuery(s) } != cu::CUresult::CUDA_SUCCESS
+        };
+        !self
+            .streams
+            .iter()
+            .map(|c| c.load(Ordering::Acquire))
+            .chain([self.release_stream.load(Ordering::Acquire)])
+            .any(busy)
+    }
+
     fn sm_chunks(&self) -> crate::confine::SmChunks {
         self.green.chunks
     }
@@ -377,7 +400,9 @@ impl Gpu for CudaGpu {
                 unsafe { cu::cuStreamDestroy_v2(old) };
             }
         }
-        self.green.create(slot, set)
+        let r = self.green.create(slot, set);
+        self.rebind();
+        r
     }
 
     fn reset(&self) -> GpuResult<()> {
@@ -398,6 +423,7 @@ impl Gpu for CudaGpu {
             cell.store(std::ptr::null_mut(), Ordering::Release);
         }
         self.green.remake();
+        self.rebind();
         self.create_streams()
     }
 
@@ -612,6 +638,8 @@ impl Gpu for CudaGpu {
         old: Option<&[u8; 128]>,
     ) -> GpuResult<[u8; 128]> {
         use omps_ring::wire::tensor_map as k;
+        // A device address is checked against the current context.
+        self.bind();
         // The descriptor is the driver's own bytes; enums pass as plain integers (the
         // driver checks them), arrays are the record's, of the sizes cuda.h gives.
         let mut d = old.copied().unwrap_or([0; 128]);

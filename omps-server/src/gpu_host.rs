@@ -262,6 +262,11 @@ impl Gpu for HostGpu {
         }
     }
 
+    fn quiet(&self) -> bool {
+        // The stuck switch plays a kernel that runs long.
+        !*self.stuck.lock().unwrap()
+    }
+
     fn sm_chunks(&self) -> crate::confine::SmChunks {
         // Its 4 SMs (attribute 16 above), one per chunk.
         crate::confine::SmChunks {

@@ -12,6 +12,7 @@
 //! * [`stdio`]: the server's own stderr, apart from the driver's fd 2.
 //! * [`stats`]: the workers' counters of their own time (`omps-ctl stats`).
 //! * [`releaser`]: one thread per GPU that gives back what clients released.
+//! * [`unpin`]: dead clients' host memory, unregistered when the GPU is quiet.
 //! * [`printf`]: device printf output, routed to the client that printed.
 //! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
 //!   memory, for tests without a GPU) implement it; [`gpu_green`] holds the driver's green
@@ -37,6 +38,7 @@ pub mod session;
 pub mod stats;
 pub mod stdio;
 pub mod testing;
+pub mod unpin;
 pub mod worker;
 
 pub use control::{Server, ServerConfig};

@@ -23,9 +23,19 @@ use std::time::Instant;
 /// Image bytes kept loaded with no user, least recently used given back first.
 pub const IDLE_BUDGET: usize = 512 << 20;
 
+/// The function attributes a client may set (CUfunction_attribute): max dynamic shared
+/// memory, shared memory carveout, required cluster width / height / depth, non-portable
+/// cluster sizes, cluster scheduling policy. On a shared module each client sees its own.
+pub const SETTABLE: [i32; 7] = [8, 9, 11, 12, 13, 14, 15];
+
+/// Per function of a module, in order, its [`SETTABLE`] attributes as loaded (None where
+/// the driver has no value).
+pub type Defaults = Arc<Vec<[Option<i32>; 7]>>;
+
 struct Entry {
     image: Arc<[u8]>,
     loaded: LoadedModule,
+    defaults: Defaults,
     refs: u32,
     last_used: Instant,
 }
@@ -66,7 +76,7 @@ impl ModuleCache {
     }
 
     /// The module already loaded from exactly `image`, now with one more user.
-    pub fn get(&self, image: &[u8]) -> Option<LoadedModule> {
+    pub fn get(&self, image: &[u8]) -> Option<(LoadedModule, Defaults)> {
         let key = self.hash(image);
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Inner {
@@ -82,16 +92,17 @@ impl ModuleCache {
         }
         e.refs += 1;
         e.last_used = Instant::now();
-        Some(e.loaded.clone())
+        Some((e.loaded.clone(), e.defaults.clone()))
     }
 
     /// Records a module just loaded from `image` (a shareable one), with one user.
-    pub fn insert(&self, image: Vec<u8>, loaded: LoadedModule) {
+    pub fn insert(&self, image: Vec<u8>, loaded: LoadedModule, defaults: Defaults) {
         let key = self.hash(&image);
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.by_hash.entry(key).or_default().push(Entry {
             image: image.into(),
             loaded,
+            defaults,
             refs: 1,
             last_used: Instant::now(),
         });
@@ -330,8 +341,8 @@ mod tests {
         let c = ModuleCache::new(90);
         let img = elf(&[".text.k"], &[]);
         assert!(c.get(&img).is_none());
-        c.insert(img.clone(), loaded(7));
-        assert_eq!(c.get(&img).map(|m| m.handle), Some(7));
+        c.insert(img.clone(), loaded(7), Default::default());
+        assert_eq!(c.get(&img).map(|m| m.0.handle), Some(7));
         let mut other = img.clone();
         *other.last_mut().unwrap() ^= 1;
         assert!(c.get(&other).is_none(), "a different image is not a hit");
@@ -340,7 +351,7 @@ mod tests {
         assert_eq!(c.census(), (1, 0, img.len()));
         assert_eq!(c.release(99), None, "not the cache's");
         // An idle module comes back to life at the next load.
-        assert_eq!(c.get(&img).map(|m| m.handle), Some(7));
+        assert_eq!(c.get(&img).map(|m| m.0.handle), Some(7));
         assert_eq!(c.census().2, 0);
         let mut inner = c.inner.lock().unwrap();
         inner

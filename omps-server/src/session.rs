@@ -61,6 +61,8 @@ struct Function {
     handle: u64,
     args_size: usize,
     module: u32,
+    /// In a shared module: its settable attributes as loaded (each client sees its own).
+    shared: Option<[Option<i32>; 7]>,
 }
 
 /// A client stream: the pool stream it runs on (bound at its first work, so that idle
@@ -178,6 +180,8 @@ pub struct Session {
     ctx_synced: Option<SyncMark>,
     /// Context limits it set (crate::limits).
     limits: HashMap<i32, u64>,
+    /// Attributes it set on shared modules' functions: (function, attribute) -> value.
+    fn_attrs: HashMap<(u32, i32), i32>,
     vmm: vmm::VmmState,
 }
 
@@ -210,6 +214,7 @@ impl Session {
             submits: 0,
             ctx_synced: None,
             limits: HashMap::new(),
+            fn_attrs: HashMap::new(),
             vmm: Default::default(),
         };
         s.streams

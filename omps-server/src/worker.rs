@@ -489,9 +489,9 @@ impl WorkerCtx {
         const RECLAIM_WAIT: Duration = Duration::from_millis(200);
         let had = self.deferred_len > 0 || !self.shared.releaser.idle();
         self.poll_deferred();
-        if self.shared.releaser.wait_idle(RECLAIM_WAIT) {
-            let _ = self.gpu.settle_frees();
-        }
+        // Frees queued so far complete whether or not the releaser keeps getting more.
+        self.shared.releaser.wait_idle(RECLAIM_WAIT);
+        let _ = self.gpu.settle_frees();
         had
     }
 

@@ -149,3 +149,34 @@ fn a_thousand_and_twenty_four_clients_work_at_once() {
         "every client's memory released"
     );
 }
+
+/// Unregistering host memory waits for every running kernel and holds up every client's
+/// launches: a client that exits beside a long kernel leaves its segment registered until
+/// the GPU is quiet, and no one waits for it.
+#[test]
+fn an_exiting_clients_segment_waits_for_a_quiet_gpu() {
+    let srv = TestServer::start_with("quiet", |c| c.spare_segments = 0);
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    assert_eq!(srv.gpu.registered_ranges(), 2);
+    srv.gpu.stick_releases(true);
+    drop(b);
+    // a's calls go on while b's segment waits; it is still registered.
+    let answered = within_5s(move || {
+        for _ in 0..50 {
+            a.ping(0).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        a
+    });
+    let held = srv.gpu.registered_ranges();
+    srv.gpu.stick_releases(false);
+    let a = answered.expect("a client waited for another's unregistration");
+    assert_eq!(held, 2, "unregistered while the GPU was busy");
+    let t = Instant::now();
+    while srv.gpu.registered_ranges() != 1 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(srv.gpu.registered_ranges(), 1, "unregistered once quiet");
+    a.ping(0).unwrap();
+}

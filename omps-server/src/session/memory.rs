@@ -146,6 +146,16 @@ impl Session {
                         r => r,
                     }
                 };
+                if r == Err(CuError(code::OUT_OF_MEMORY)) {
+                    let (free, total) = gpu.mem_info().unwrap_or((0, 0));
+                    tracing::warn!(
+                        client = self.client.id,
+                        size = a.size,
+                        free,
+                        total,
+                        "allocation failed: out of memory"
+                    );
+                }
                 if let Ok(p) = r {
                     self.allocs.insert(p, a.size);
                     self.client.mem_bytes[self.dev].fetch_add(a.size, Ordering::Relaxed);

@@ -1,6 +1,7 @@
 //! Module images, their loading and unloading, globals and function attributes.
 
 use super::*;
+use crate::module_cache::{Defaults, SETTABLE};
 
 impl Session {
     pub(super) fn handle_modules(
@@ -48,13 +49,14 @@ impl Session {
                 let cache = &ctx.shared.modules;
                 let share = cache.shareable(&blob);
                 match share.then(|| cache.get(&blob)).flatten() {
-                    Some(loaded) => self.finish_module_load(ctx, m.call, loaded, true)?,
+                    Some((loaded, d)) => self.finish_module_load(ctx, m.call, loaded, Some(d))?,
                     None => match gpu.module_load(&blob) {
                         Ok(loaded) => {
-                            if share {
-                                ctx.shared.modules.insert(blob, loaded.clone());
+                            let d = share.then(|| settable_defaults(&*gpu, &loaded));
+                            if let Some(d) = &d {
+                                ctx.shared.modules.insert(blob, loaded.clone(), d.clone());
                             }
-                            self.finish_module_load(ctx, m.call, loaded, share)?
+                            self.finish_module_load(ctx, m.call, loaded, d)?
                         }
                         Err(e) => self.complete(m.call, e.0, &[])?,
                     },
@@ -86,7 +88,12 @@ impl Session {
                     .functions
                     .get(&a.func)
                     .ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
-                let r = gpu.func_attribute(f.handle, a.attr);
+                // A shared module's function reads as this client left it.
+                let own = f.shared.as_ref().and_then(|d| {
+                    let k = SETTABLE.iter().position(|&x| x == a.attr)?;
+                    self.fn_attrs.get(&(a.func, a.attr)).copied().or(d[k])
+                });
+                let r = own.map_or_else(|| gpu.func_attribute(f.handle, a.attr), Ok);
                 self.complete_pod(
                     a.call,
                     r.map(|v| wire::U64Reply {
@@ -100,8 +107,11 @@ impl Session {
                     .functions
                     .get(&a.func)
                     .ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
-                let shared = self.modules.get(&f.module).is_some_and(|m| m.shared);
+                let shared = f.shared.is_some();
                 let r = set_function_attribute(&*gpu, f.handle, a.attr, a.value, shared);
+                if shared && r.is_ok() {
+                    self.fn_attrs.insert((a.func, a.attr), a.value);
+                }
                 self.complete(a.call, r.err().map_or(0, |e| e.0), &[])?;
             }
             _ => unreachable!("dispatched to the modules family: {op:?}"),
@@ -133,8 +143,9 @@ impl Session {
         ctx: &mut WorkerCtx,
         call: CallHdr,
         loaded: crate::gpu::LoadedModule,
-        shared: bool,
+        defaults: Option<Defaults>,
     ) -> Result<(), Malformed> {
+        let shared = defaults.is_some();
         let module_id = self.next_id;
         self.next_id += 1;
         let nf = loaded.functions.len();
@@ -145,7 +156,7 @@ impl Session {
         let mut params = Vec::with_capacity(np * 8);
         let mut names = Vec::new();
         let mut fids = Vec::with_capacity(nf);
-        for f in &loaded.functions {
+        for (k, f) in loaded.functions.iter().enumerate() {
             let id = self.next_id;
             self.next_id += 1;
             fids.push(id);
@@ -169,6 +180,9 @@ impl Session {
                     handle: f.handle,
                     args_size: f.args_size(),
                     module: module_id,
+                    shared: defaults
+                        .as_ref()
+                        .map(|d| d.get(k).copied().unwrap_or_default()),
                 },
             );
         }
@@ -245,4 +259,14 @@ fn set_function_attribute(
         return Ok(());
     }
     gpu.func_set_attribute(f, attr, value)
+}
+
+/// The [`SETTABLE`] attributes of each function of a module just loaded.
+fn settable_defaults(gpu: &dyn crate::gpu::Gpu, m: &crate::gpu::LoadedModule) -> Defaults {
+    std::sync::Arc::new(
+        m.functions
+            .iter()
+            .map(|f| SETTABLE.map(|a| gpu.func_attribute(f.handle, a).ok()))
+            .collect(),
+    )
 }

@@ -179,6 +179,7 @@ impl Server {
         }
         let snapshots: Vec<DeviceSnapshot> = gpus.iter().map(|g| g.snapshot()).collect();
         let policy = make_policy(&cfg, &gpus, &snapshots)?;
+        presize_stacks(&gpus)?;
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
         let mut gpu_shared = Vec::new();
@@ -832,6 +833,35 @@ fn make_policy(
         per_gpu.push((chunks, uuid_text(&snap.uuid)));
     }
     Ok(crate::policy::Policy::new(per_gpu, reserve, pct))
+}
+
+/// Raising a context limit waits for every running kernel and holds up every client's
+/// launches meanwhile; the context's stack only grows (crate::limits), so each new largest
+/// stack a client asks for costs one such stall. OMPS_STACK_SIZE (bytes per thread) sets
+/// it at start, before any client runs, for operators who know what their clients need
+/// (it costs that much device memory per resident thread).
+fn presize_stacks(gpus: &[Arc<dyn Gpu>]) -> io::Result<()> {
+    let Ok(v) = std::env::var("OMPS_STACK_SIZE") else {
+        return Ok(());
+    };
+    let bytes: i64 = v.trim().parse().ok().filter(|&b| b > 0).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("OMPS_STACK_SIZE={v}: must be a stack size in bytes"),
+        )
+    })?;
+    const STACK_SIZE: i64 = 0;
+    for g in gpus {
+        g.query(wire::query::CTX_SET_LIMIT, 0, [STACK_SIZE, bytes, 0, 0, 0, 0, 0], &[])
+            .map_err(|e| {
+                io::Error::other(format!(
+                    "OMPS_STACK_SIZE={v} on GPU {}: CUDA error {}",
+                    g.ordinal(),
+                    e.0
+                ))
+            })?;
+    }
+    Ok(())
 }
 
 pub fn uuid_text(u: &[u8; 16]) -> String {

@@ -26,6 +26,7 @@ VARIANTS = {
 
 
 def run(clients):
+    clients.together([["lc", 20, 1, 8, 20]])  # warm-up: a fresh server's first client
     (alone,) = clients.together([LC])
     out = {"lc_alone_p99": float(alone[3]), "variants": {}}
     for name, (lc_env, be_env) in VARIANTS.get(clients.mode, {}).items():

@@ -852,14 +852,19 @@ fn presize_stacks(gpus: &[Arc<dyn Gpu>]) -> io::Result<()> {
     })?;
     const STACK_SIZE: i64 = 0;
     for g in gpus {
-        g.query(wire::query::CTX_SET_LIMIT, 0, [STACK_SIZE, bytes, 0, 0, 0, 0, 0], &[])
-            .map_err(|e| {
-                io::Error::other(format!(
-                    "OMPS_STACK_SIZE={v} on GPU {}: CUDA error {}",
-                    g.ordinal(),
-                    e.0
-                ))
-            })?;
+        g.query(
+            wire::query::CTX_SET_LIMIT,
+            0,
+            [STACK_SIZE, bytes, 0, 0, 0, 0, 0],
+            &[],
+        )
+        .map_err(|e| {
+            io::Error::other(format!(
+                "OMPS_STACK_SIZE={v} on GPU {}: CUDA error {}",
+                g.ordinal(),
+                e.0
+            ))
+        })?;
     }
     Ok(())
 }

@@ -4,20 +4,13 @@
 
 mod common;
 use common::*;
-use omps_ring::wire::{self, ClientSettings, Memset, Op};
+use omps_ring::wire::{self, ClientSettings, Op};
 use omps_shim::conn::Conn;
 use std::time::{Duration, Instant};
 
-fn memset(c: &Conn, dst: u64) {
-    let m = Memset {
-        dst,
-        count: 16,
-        value: 7,
-        elem_size: 4,
-        stream: 0,
-        _pad: 0,
-    };
-    c.push(0, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
+/// A memset on the default stream, handled before this returns.
+fn memset_now(c: &Conn, dst: u64) {
+    memset(c, dst);
     c.ping(0).unwrap();
 }
 
@@ -58,8 +51,8 @@ fn qos_places_streams_and_follows_the_operator() {
     let a = Conn::connect_with(&srv.socket(), &lc).unwrap();
     let b = Conn::connect_to(&srv.socket()).unwrap();
     let (pa, pb) = (alloc(&a, 4096), alloc(&b, 4096));
-    memset(&a, pa);
-    memset(&b, pb);
+    memset_now(&a, pa);
+    memset_now(&b, pb);
     // Classes: background / normal / raised / critical.
     assert_eq!(
         streams_of(&srv, a.client_id()),
@@ -77,8 +70,8 @@ fn qos_places_streams_and_follows_the_operator() {
     assert!(ok, "{why}");
     assert_eq!(srv.ctl(&format!("get_client_qos {me}")).1, "below-normal\n");
     // The move happens at the next work, and the old work streams are given up.
-    memset(&a, pa);
-    memset(&b, pb);
+    memset_now(&a, pa);
+    memset_now(&b, pb);
     assert_eq!(wait_streams(&srv, a.client_id(), "1/0/0/0"), "1/0/0/0");
     assert_eq!(wait_streams(&srv, b.client_id(), "1/0/0/0"), "1/0/0/0");
     // And the work itself still runs and completes in order.
@@ -171,7 +164,7 @@ fn thread_limits_confine_and_a_client_only_lowers_the_default() {
         "the default, lowered, not raised"
     );
     let pb = alloc(&b, 4096);
-    memset(&b, pb);
+    memset_now(&b, pb);
     assert_eq!(
         streams_of(&srv, b.client_id()),
         "0/1/0/0@0",
@@ -186,7 +179,7 @@ fn thread_limits_confine_and_a_client_only_lowers_the_default() {
         "75.0\n"
     );
     assert_eq!(sms(&b), 3);
-    memset(&b, pb);
+    memset_now(&b, pb);
     assert_eq!(wait_streams(&srv, b.client_id(), "0/1/0/0@2"), "0/1/0/0@2");
     let (ok, why) = srv.ctl(&format!("set_active_thread_percentage {me} 0"));
     assert!(!ok && why.contains("'0'"), "{why}");
@@ -199,7 +192,7 @@ fn a_latency_critical_client_gets_a_reserve_while_it_is_connected() {
     let srv = TestServer::start("reserve");
     let be = Conn::connect_to(&srv.socket()).unwrap();
     let p = alloc(&be, 4096);
-    memset(&be, p);
+    memset_now(&be, p);
     assert_eq!(
         streams_of(&srv, be.client_id()),
         "0/1/0/0",
@@ -213,14 +206,14 @@ fn a_latency_critical_client_gets_a_reserve_while_it_is_connected() {
         },
     )
     .unwrap();
-    memset(&be, p);
+    memset_now(&be, p);
     assert_eq!(wait_streams(&srv, be.client_id(), "0/1/0/0@4"), "0/1/0/0@4");
     assert_eq!(srv.gpu.confinement(4).unwrap().chunks, vec![1, 2, 3]);
     assert_eq!(sms(&be), 3, "it sees the SMs it can use");
     drop(lc);
     let t = Instant::now();
     loop {
-        memset(&be, p);
+        memset_now(&be, p);
         let got = streams_of(&srv, be.client_id());
         if got == "0/1/0/0" || t.elapsed() > Duration::from_secs(5) {
             assert_eq!(got, "0/1/0/0", "back on the whole device once it left");
@@ -250,7 +243,7 @@ fn static_partitions_as_mps_has_them() {
     let c = Conn::connect_with(&srv.socket(), &settings(None, Some(&id))).unwrap();
     assert_eq!(sms(&c), 2);
     let p = alloc(&c, 4096);
-    memset(&c, p);
+    memset_now(&c, p);
     assert_eq!(streams_of(&srv, c.client_id()), "0/1/0/0@5");
     assert_eq!(srv.gpu.confinement(5).unwrap().chunks, vec![0, 1]);
     let ls = srv.ctl("lspart").1;

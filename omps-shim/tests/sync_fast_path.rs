@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use omps_ring::wire::{CallHdr, HandleCall, Memset, Op};
+use omps_ring::wire::{CallHdr, HandleCall, Op};
 use omps_shim::conn::Conn;
 
 fn stream_sync(c: &Conn) -> Result<(), i32> {
@@ -21,18 +21,6 @@ fn ctx_sync(c: &Conn) -> Result<(), i32> {
     c.channel().call(0, Op::CtxSync, |call: CallHdr| {
         bytemuck::bytes_of(&call).to_vec()
     })
-}
-
-fn memset(c: &Conn, dst: u64) {
-    let m = Memset {
-        dst,
-        count: 16,
-        value: 7,
-        elem_size: 4,
-        stream: 0,
-        _pad: 0,
-    };
-    c.push(0, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
 }
 
 #[test]

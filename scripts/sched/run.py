@@ -38,32 +38,44 @@ class Clients:
         r = self.daemon.ctl_run(*args)
         return r.returncode == 0, r.stdout + r.stderr
 
-    def together(self, arg_lists, lead_s=2.0, timeout=120):
-        """Runs every argument list at once (their timed parts start together); returns
-        each one's last stdout line, split into words, or raises with its stderr. An entry
-        may be (args, env) to add environment variables to that process."""
+    def together(self, arg_lists, lead_s=2.0, timeout=120, program=None, tag=""):
+        """Runs every argument list at once (their timed parts start together, lead_s
+        from now); returns each one's last stdout line, split into words, or raises
+        RuntimeError with its stderr (killing the others). An entry may be (args, env) to
+        add environment variables to that process; `program` (a list) runs instead of
+        the roles binary."""
         start_at = time.time_ns() + int(lead_s * 1e9)
+        argv0 = [str(a) for a in (program or [self.roles])]
         procs = []
         for entry in arg_lists:
             args, extra = entry if isinstance(entry, tuple) else (entry, {})
             self.n += 1
-            log = Path(self.workdir) / f"{self.mode}.{self.n}"
-            out, err = open(f"{log}.out", "w"), open(f"{log}.err", "w")
-            p = subprocess.Popen([str(self.roles), *map(str, args), "--start-at", str(start_at)],
-                                 env={**self.env, **extra}, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            log = Path(self.workdir) / f"{self.mode}.{tag}{self.n}"
+            with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
+                p = subprocess.Popen([*argv0, *map(str, args), "--start-at", str(start_at)],
+                                     env={**self.env, **extra}, stdout=out, stderr=err,
+                                     stdin=subprocess.DEVNULL)
             procs.append((p, log))
+        deadline = time.monotonic() + timeout
         results = []
-        for p, log in procs:
-            try:
-                rc = p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                rc = "timeout"
-            lines = Path(f"{log}.out").read_text().split()
-            if rc != 0 or not lines:
-                raise RuntimeError(f"{self.mode}: {' '.join(map(str, p.args))}: rc {rc}\n"
-                                   f"{Path(f'{log}.err').read_text()[-2000:]}")
-            results.append(Path(f"{log}.out").read_text().strip().splitlines()[-1].split())
+        try:
+            for p, log in procs:
+                try:
+                    rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                    rc = "timeout"
+                lines = Path(f"{log}.out").read_text().strip().splitlines()
+                if rc != 0 or not lines:
+                    raise RuntimeError(f"{self.mode}: {' '.join(map(str, p.args))}: rc {rc}\n"
+                                       f"{Path(f'{log}.err').read_text()[-2000:]}")
+                results.append(lines[-1].split())
+        finally:
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         return results
 
 

@@ -190,3 +190,18 @@ pub fn load_image(c: &omps_shim::conn::Conn, img: &[u8]) -> Result<(u32, Vec<(St
         .collect();
     Ok((head.module, funcs))
 }
+
+/// Queues a memset of 16 words of `dst` to 7 on the default stream of GPU 0.
+#[allow(dead_code)]
+pub fn memset(c: &omps_shim::conn::Conn, dst: u64) {
+    let m = omps_ring::wire::Memset {
+        dst,
+        count: 16,
+        value: 7,
+        elem_size: 4,
+        stream: 0,
+        _pad: 0,
+    };
+    c.push(0, omps_ring::wire::Op::Memset, &[bytemuck::bytes_of(&m)])
+        .unwrap();
+}

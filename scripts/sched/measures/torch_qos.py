@@ -4,11 +4,8 @@ best-effort client (BE) that keeps the GPU queue full of bf16 8192^3 matmuls (a 
 4). LC p99 must be at most 1.1x LC alone, while BE keeps at least 0.8x the TFLOP/s it gets
 beside LC under MPS with no cap. Variants: omps with LC marked latency-critical
 (OMPS_CLIENT_QOS); MPS with BE capped at 30% of the threads. The roles are
-scripts/sched/torch_roles.py (needs torch and torchvision), run here rather than through
-Clients.together, which runs the CUDA roles binary."""
-import subprocess
+scripts/sched/torch_roles.py (needs torch and torchvision)."""
 import sys
-import time
 from pathlib import Path
 
 NAME = "torch_qos"
@@ -33,40 +30,8 @@ VARIANTS = {
 
 
 def together(clients, entries):
-    """Clients.together for torch_roles.py: runs every entry ((args, extra_env) or args) at
-    once with a common --start-at; returns each one's last stdout line split, or raises
-    RuntimeError with the stderr tail (killing the others)."""
-    start_at = time.time_ns() + int(LEAD_S * 1e9)
-    procs = []
-    for entry in entries:
-        args, extra = entry if isinstance(entry, tuple) else (entry, {})
-        clients.n += 1
-        log = Path(clients.workdir) / f"{clients.mode}.torch.{clients.n}"
-        with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
-            p = subprocess.Popen([sys.executable, str(ROLES), *map(str, args), "--start-at", str(start_at)],
-                                 env={**clients.env, **extra}, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        procs.append((p, log))
-    deadline = time.monotonic() + TIMEOUT_S
-    results = []
-    try:
-        for p, log in procs:
-            try:
-                rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                rc = "timeout"
-            lines = Path(f"{log}.out").read_text().strip().splitlines()
-            if rc != 0 or not lines:
-                raise RuntimeError(f"{clients.mode}: {' '.join(map(str, p.args))}: rc {rc}\n"
-                                   f"{Path(f'{log}.err').read_text()[-2000:]}")
-            results.append(lines[-1].split())
-    finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
+    return clients.together(entries, lead_s=LEAD_S, timeout=TIMEOUT_S,
+                            program=[sys.executable, ROLES], tag="torch.")
 
 
 def run(clients):

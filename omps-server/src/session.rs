@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+mod depth;
 mod exec;
 mod link;
 mod memory;
@@ -82,6 +83,8 @@ struct ClientStream {
     submits: u64,
     /// Its last synchronization that went to the GPU.
     synced: Option<SyncMark>,
+    /// How far the GPU is behind it (depth.rs).
+    depth: depth::Depth,
 }
 
 impl ClientStream {
@@ -94,6 +97,7 @@ impl ClientStream {
             stale: false,
             submits: 0,
             synced: None,
+            depth: Default::default(),
         }
     }
 }
@@ -182,6 +186,9 @@ pub struct Session {
     limits: HashMap<i32, u64>,
     /// Attributes it set on shared modules' functions: (function, attribute) -> value.
     fn_attrs: HashMap<(u32, i32), i32>,
+    /// Its streams queued too deep (depth.rs), and since when it is held back.
+    deep: Vec<u32>,
+    held_since: Option<std::time::Instant>,
     vmm: vmm::VmmState,
 }
 
@@ -215,6 +222,8 @@ impl Session {
             ctx_synced: None,
             limits: HashMap::new(),
             fn_attrs: HashMap::new(),
+            deep: Vec::new(),
+            held_since: None,
             vmm: Default::default(),
         };
         s.streams
@@ -286,6 +295,7 @@ impl Session {
         if let Err(e) = r {
             self.note_error(e);
         }
+        self.note_depth(ctx, id, pool);
         Ok(pool)
     }
 
@@ -557,7 +567,16 @@ impl Session {
                     false => vec![m.handle],
                 })
                 .collect(),
-            events: self.events.drain().map(|(_, e)| e).collect(),
+            events: self
+                .events
+                .drain()
+                .map(|(_, e)| e)
+                .chain(
+                    self.streams
+                        .values_mut()
+                        .flat_map(|st| st.depth.take_events()),
+                )
+                .collect(),
             vmm: std::mem::take(&mut self.vmm).into_release(),
         };
         (

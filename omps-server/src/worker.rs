@@ -686,6 +686,12 @@ pub fn run(
         let mut busy = false;
         let mut i = 0;
         while i < sessions.len() {
+            // A client whose stream is queued too deep waits on its own full ring, not
+            // the worker in the driver (session/depth.rs).
+            if sessions[i].held_back(&ctx) {
+                i += 1;
+                continue;
+            }
             let mut outcome = Ok(());
             for _ in 0..BATCH {
                 match sessions[i].pop(&mut buf) {

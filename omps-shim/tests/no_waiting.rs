@@ -180,3 +180,56 @@ fn an_exiting_clients_segment_waits_for_a_quiet_gpu() {
     assert_eq!(srv.gpu.registered_ranges(), 1, "unregistered once quiet");
     a.ping(0).unwrap();
 }
+
+/// A stream queued about a thousand operations deep makes the driver's next launch wait
+/// for the GPU: the worker stops taking that client's records instead, and other clients
+/// go on. The host GPU's stuck switch keeps every recorded event from completing.
+#[test]
+fn a_client_queued_too_deep_waits_on_its_own_ring() {
+    let srv = TestServer::start("deep");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let (_, funcs) = load_image(&a, HOST_MODULE.as_bytes()).unwrap();
+    let fill = funcs.iter().find(|f| f.0 == "fill_u32").unwrap().1;
+    let p = alloc(&a, 4096);
+    let mut args = p.to_le_bytes().to_vec();
+    args.extend_from_slice(&7u32.to_le_bytes());
+    args.extend_from_slice(&16u32.to_le_bytes());
+    let launch = wire::Launch {
+        func: fill,
+        grid: [1; 3],
+        block: [1; 3],
+        args_len: args.len() as u32,
+        ..Default::default()
+    };
+    let before = srv.gpu.launches();
+    srv.gpu.stick_releases(true);
+    for _ in 0..2000 {
+        a.push(0, Op::Launch, &[bytemuck::bytes_of(&launch), &args])
+            .unwrap();
+    }
+    let b = within_5s(move || {
+        for _ in 0..50 {
+            b.ping(0).unwrap();
+        }
+        b
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let held = srv.gpu.launches() - before;
+    srv.gpu.stick_releases(false);
+    assert!(b.is_some(), "another client waited");
+    assert!(
+        (512..=800).contains(&held),
+        "{held} launches went to a stream the GPU had not caught up with"
+    );
+    let t = Instant::now();
+    while srv.gpu.launches() - before < 2000 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        srv.gpu.launches() - before,
+        2000,
+        "all of them, once it caught up"
+    );
+    a.ping(0).unwrap();
+}

@@ -31,7 +31,12 @@ impl Session {
                 match self.streams.remove(&h.id) {
                     // Its queued work still runs; the pool stream is handed to another
                     // client only once it is idle (WorkerCtx::bind_work_stream).
-                    Some(st) => st.pool.into_iter().for_each(|p| ctx.unbind_work_stream(p)),
+                    Some(mut st) => {
+                        for ev in st.depth.take_events() {
+                            let _ = ctx.gpu.event_destroy(ev);
+                        }
+                        st.pool.into_iter().for_each(|p| ctx.unbind_work_stream(p))
+                    }
                     None => return bad(format!("destroying unknown stream {}", h.id)),
                 }
             }

@@ -1,0 +1,95 @@
+//! Streams queued too deep: a client whose stream holds about a thousand operations the
+//! GPU has not reached waits on its own full ring, rather than the worker waiting in the
+//! driver. A CUDA stream takes about 1,000 pending operations; the next launch blocks the
+//! calling thread until one completes (measured: a launch behind 1,022 queued operations
+//! took 3 s), which on a worker stalls every client of that lane.
+//!
+//! Every [`MARK_EVERY`] pieces of work on a client stream the worker records an event
+//! there. A stream with [`HOLD_AT`] marks outstanding has at least
+//! `(HOLD_AT - 1) * MARK_EVERY` operations the GPU has not finished: the worker leaves the
+//! client's ring alone until its oldest mark completes, asking only about that one event
+//! per pass. A client is held back [`MAX_HOLD`] at most at a time, so a stream that waits
+//! for something a later record of the same client provides (a stream memory wait) is
+//! not held forever: it gets one batch through.
+
+use super::*;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+pub(super) const MARK_EVERY: u32 = 256;
+pub(super) const HOLD_AT: usize = 3;
+const MAX_HOLD: Duration = Duration::from_secs(1);
+
+/// The depth marks of one client stream.
+#[derive(Default)]
+pub(super) struct Depth {
+    marks: VecDeque<u64>,
+    since_mark: u32,
+}
+
+impl Depth {
+    /// Events of the marks, for the release of a stream or session.
+    pub(super) fn take_events(&mut self) -> impl Iterator<Item = u64> + '_ {
+        self.marks.drain(..)
+    }
+}
+
+impl Session {
+    /// Counts one piece of work queued on client stream `id` (bound to `pool`), and every
+    /// [`MARK_EVERY`] records a mark.
+    pub(super) fn note_depth(&mut self, ctx: &mut WorkerCtx, id: u32, pool: usize) {
+        let Some(st) = self.streams.get_mut(&id) else {
+            return;
+        };
+        st.depth.since_mark += 1;
+        if st.depth.since_mark < MARK_EVERY {
+            return;
+        }
+        st.depth.since_mark = 0;
+        let Ok(ev) = ctx.gpu.event_create(0x2) else {
+            return;
+        };
+        if ctx.gpu.event_record(ev, pool).is_err() {
+            let _ = ctx.gpu.event_destroy(ev);
+            return;
+        }
+        st.depth.marks.push_back(ev);
+        if st.depth.marks.len() >= HOLD_AT && !self.deep.contains(&id) {
+            self.deep.push(id);
+        }
+    }
+
+    /// Whether the worker should take none of this client's records this pass: one of
+    /// its streams is too deep and the GPU has not caught up.
+    pub fn held_back(&mut self, ctx: &WorkerCtx) -> bool {
+        if self.deep.is_empty() {
+            return false;
+        }
+        let gpu = &ctx.gpu;
+        let streams = &mut self.streams;
+        self.deep.retain(|id| {
+            let Some(st) = streams.get_mut(id) else {
+                return false;
+            };
+            // Completed marks go; a broken context completes nothing (treat as done).
+            while let Some(&ev) = st.depth.marks.front() {
+                if !gpu.event_query(ev).unwrap_or(true) {
+                    break;
+                }
+                st.depth.marks.pop_front();
+                let _ = gpu.event_destroy(ev);
+            }
+            st.depth.marks.len() >= HOLD_AT
+        });
+        if self.deep.is_empty() {
+            self.held_since = None;
+            return false;
+        }
+        let since = *self.held_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > MAX_HOLD {
+            self.held_since = None;
+            return false;
+        }
+        true
+    }
+}

@@ -17,6 +17,8 @@
 //   roles startup T0                        a cudaMalloc first thing: "STARTUP <ms since T0>"
 //   roles tiny MS                           cudaMalloc, one kernel of MS ms, sync:
 //                                           "TINY ok <ms>"
+//   roles deep MS N                         a kernel of MS ms, N empty launches behind it
+//                                           on its stream, sync: "DEEP <ms>"
 //   roles limit                             a kernel of 264 blocks x 1024 threads spinning
 //                                           1 ms each (one wave on 132 SMs), timed:
 //                                           "LIMIT <SMs seen> <distinct SMs used> <ms>"
@@ -194,6 +196,17 @@ int main(int argc, char **argv) {
         spin<<<2, 32, 0, s>>>((long long)(atof(a[1]) * 1e6));
         CK(cudaStreamSynchronize(s));
         printf("TINY ok %.1f\n", secs_since(t) * 1e3);
+    } else if (!strcmp(role, "deep") && a.size() >= 3) {
+        // A kernel of MS ms, then N empty launches behind it on the same stream (more
+        // than a CUDA stream holds), then a sync: "DEEP <ms>".
+        double ms = atof(a[1]);
+        int n = atoi(a[2]);
+        wait_start(start_at);
+        auto t = clk::now();
+        spin<<<1, 1, 0, s>>>((long long)(ms * 1e6));
+        for (int i = 0; i < n; i++) empty<<<1, 1, 0, s>>>();
+        CK(cudaStreamSynchronize(s));
+        printf("DEEP %.1f\n", secs_since(t) * 1e3);
     } else if (!strcmp(role, "limit")) {
         int sms = 0;
         CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

@@ -84,6 +84,19 @@ ops! {
     Link = 48 => ModuleLoad,
     /// Copies `len` bytes of this channel's link output from offset `dev` into a chunk.
     BlobFetch = 18 => ChunkCopy,
+    /// Graphs (see [`graph`]): launches and releases are fire-and-forget, like kernels.
+    GraphLaunch = 19 => GraphLaunch,
+    GraphUpload = 20 => GraphLaunch,
+    GraphDestroy = 21 => Handle,
+    GraphExecDestroy = 22 => Handle,
+    /// Stream capture begins, or ends with the graph's id as a [`U64Reply`].
+    CaptureBegin = 49 => CaptureCall,
+    CaptureEnd = 50 => CaptureCall,
+    /// A stream's capture status, as a [`CaptureInfo`].
+    CaptureStatus = 51 => HandleCall,
+    /// Instantiates graph `id` (`flags`: CUgraphInstantiate_flags); the executable
+    /// graph's id as a [`U64Reply`].
+    GraphInstantiate = 52 => GraphInstantiate,
 }
 
 /// Where an answer goes.
@@ -433,6 +446,51 @@ pub struct EventElapsed {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct U64Reply {
     pub value: u64,
+}
+
+/// CUDA graphs. A graph a client captures holds only that client's work: capture runs in
+/// the server on the client stream's own work stream. Graph and executable-graph ids are
+/// the server's, per client.
+pub mod graph {
+    /// CUstreamCaptureStatus.
+    pub const STATUS_NONE: u32 = 0;
+    pub const STATUS_ACTIVE: u32 = 1;
+    pub const STATUS_INVALIDATED: u32 = 2;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CaptureCall {
+    pub call: CallHdr,
+    pub stream: u32,
+    /// CUstreamCaptureMode the client asked for (the shim enforces it for its threads).
+    pub mode: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CaptureInfo {
+    /// A [`graph`] status.
+    pub status: u32,
+    pub _pad: u32,
+    /// The capture's unique id, while one is active.
+    pub id: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphInstantiate {
+    pub call: CallHdr,
+    pub graph: u32,
+    pub _pad: u32,
+    pub flags: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphLaunch {
+    pub exec: u32,
+    pub stream: u32,
 }
 
 #[repr(C)]

@@ -34,6 +34,9 @@ pub mod code {
     pub const MPS_RPC_FAILURE: i32 = 806;
     pub const MPS_SERVER_NOT_READY: i32 = 807;
     pub const MPS_CLIENT_TERMINATED: i32 = 810;
+    pub const ILLEGAL_STATE: i32 = 401;
+    pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
+    pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
     pub const UNKNOWN: i32 = 999;
 }
 
@@ -196,6 +199,21 @@ pub trait Gpu: Send + Sync + 'static {
     fn event_elapsed(&self, start: u64, end: u64) -> GpuResult<f32>;
     /// Ok(true) when idle, Ok(false) when work is pending; an error is sticky.
     fn stream_query(&self, s: usize) -> GpuResult<bool>;
+
+    /// Begins capturing stream `s` (in the driver's relaxed mode: the server's other
+    /// threads are never restricted; the client's mode is the shim's to enforce).
+    fn capture_begin(&self, s: usize) -> GpuResult<()>;
+    /// Ends the capture of stream `s`: the graph.
+    fn capture_end(&self, s: usize) -> GpuResult<u64>;
+    /// Stream `s`'s capture status (wire::graph) and capture id.
+    fn capture_status(&self, s: usize) -> GpuResult<(u32, u64)>;
+    /// Invalidates stream `s`'s capture, as an operation illegal during capture does.
+    fn capture_invalidate(&self, s: usize);
+    fn graph_instantiate(&self, graph: u64, flags: u64) -> GpuResult<u64>;
+    fn graph_launch(&self, exec: u64, s: usize) -> GpuResult<()>;
+    fn graph_upload(&self, exec: u64, s: usize) -> GpuResult<()>;
+    fn graph_destroy(&self, graph: u64) -> GpuResult<()>;
+    fn graph_exec_destroy(&self, exec: u64) -> GpuResult<()>;
 
     /// Makes the driver write out the context's device printf buffer (see [`crate::printf`])
     /// without waiting for any work; may be called from any thread.

@@ -1043,6 +1043,87 @@ impl Gpu for CudaGpu {
         }
     }
 
+    fn capture_begin(&self, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: a work stream of this context.
+        ck(unsafe {
+            cu::cuStreamBeginCapture_v2(st, cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        })
+    }
+
+    fn capture_end(&self, s: usize) -> GpuResult<u64> {
+        self.bind();
+        let st = self.stream(s)?;
+        let mut g = std::ptr::null_mut();
+        // SAFETY: a work stream of this context; valid out-pointer.
+        ck(unsafe { cu::cuStreamEndCapture(st, &mut g) })?;
+        Ok(g as u64)
+    }
+
+    fn capture_status(&self, s: usize) -> GpuResult<(u32, u64)> {
+        self.bind();
+        let st = self.stream(s)?;
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: u64 = 0;
+        // SAFETY: a work stream of this context; valid out-pointers, the rest null.
+        ck(unsafe {
+            cu::cuStreamGetCaptureInfo_v3(
+                st,
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        })?;
+        Ok((status as u32, id))
+    }
+
+    fn capture_invalidate(&self, s: usize) {
+        self.bind();
+        if let Ok(st) = self.stream(s) {
+            // SAFETY: a work stream of this context. Querying a capturing stream is illegal
+            // during capture: the driver answers with an error and invalidates it.
+            let _ = unsafe { cu::cuStreamQuery(st) };
+        }
+    }
+
+    fn graph_instantiate(&self, graph: u64, flags: u64) -> GpuResult<u64> {
+        self.bind();
+        let mut e = std::ptr::null_mut();
+        // SAFETY: the session checked `graph` is one of this client's graphs.
+        ck(unsafe { cu::cuGraphInstantiateWithFlags(&mut e, graph as cu::CUgraph, flags) })?;
+        Ok(e as u64)
+    }
+
+    fn graph_launch(&self, exec: u64, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: the session checked `exec` is one of this client's executable graphs.
+        ck(unsafe { cu::cuGraphLaunch(exec as cu::CUgraphExec, st) })
+    }
+
+    fn graph_upload(&self, exec: u64, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: as graph_launch.
+        ck(unsafe { cu::cuGraphUpload(exec as cu::CUgraphExec, st) })
+    }
+
+    fn graph_destroy(&self, graph: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: one of a client's graphs, given up by it.
+        ck(unsafe { cu::cuGraphDestroy(graph as cu::CUgraph) })
+    }
+
+    fn graph_exec_destroy(&self, exec: u64) -> GpuResult<()> {
+        self.bind();
+        // SAFETY: one of a client's executable graphs, given up by it.
+        ck(unsafe { cu::cuGraphExecDestroy(exec as cu::CUgraphExec) })
+    }
+
     fn event_elapsed(&self, start: u64, end: u64) -> GpuResult<f32> {
         self.bind();
         let mut ms = 0f32;

@@ -39,6 +39,44 @@ struct State {
     vmm_handles: BTreeMap<u64, u64>,
     /// Confinement slot -> the SM set its streams are held to.
     confined: BTreeMap<usize, crate::confine::SmSet>,
+    /// Streams being captured: capture id, whether invalidated, the work recorded.
+    capturing: BTreeMap<usize, (u64, bool, Vec<HostOp>)>,
+    /// Graphs and executable graphs: the work they replay.
+    graphs: BTreeMap<u64, Vec<HostOp>>,
+    execs: BTreeMap<u64, Vec<HostOp>>,
+}
+
+/// Work a captured stream records instead of running (the host GPU's graphs).
+#[derive(Clone, Debug)]
+enum HostOp {
+    Launch {
+        func: u64,
+        args: Vec<u8>,
+    },
+    Memset {
+        dst: u64,
+        value: u32,
+        elem: u32,
+        count: usize,
+    },
+    Dtod {
+        dst: u64,
+        src: u64,
+        len: usize,
+    },
+}
+
+impl State {
+    /// Records `op` if stream `s` is being captured; false when it is not.
+    fn captured(&mut self, s: usize, op: HostOp) -> bool {
+        match self.capturing.get_mut(&s) {
+            Some(c) => {
+                c.2.push(op);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 pub struct HostGpu {
@@ -115,6 +153,12 @@ impl HostGpu {
     /// Launches so far.
     pub fn launches(&self) -> usize {
         self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Graphs and executable graphs that exist now.
+    pub fn graph_count(&self) -> (usize, usize) {
+        let st = self.state.lock().unwrap();
+        (st.graphs.len(), st.execs.len())
     }
 
     /// Module loads so far, and modules loaded now.
@@ -450,9 +494,12 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
-    fn copy_dtod(&self, dst: u64, src: u64, len: usize, _s: usize) -> GpuResult<()> {
+    fn copy_dtod(&self, dst: u64, src: u64, len: usize, s: usize) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         st.check()?;
+        if st.captured(s, HostOp::Dtod { dst, src, len }) {
+            return Ok(());
+        }
         let tmp = st.range(src, len)?.to_vec();
         st.range(dst, len)?.copy_from_slice(&tmp);
         Ok(())
@@ -464,10 +511,19 @@ impl Gpu for HostGpu {
         value: u32,
         elem_size: u32,
         count: usize,
-        _s: usize,
+        s: usize,
     ) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         st.check()?;
+        let op = HostOp::Memset {
+            dst,
+            value,
+            elem: elem_size,
+            count,
+        };
+        if st.captured(s, op) {
+            return Ok(());
+        }
         let n = elem_size as usize;
         let bytes = &value.to_le_bytes()[..n];
         let d = st.range(dst, count * n)?;
@@ -619,13 +675,20 @@ impl Gpu for HostGpu {
         _grid: [u32; 3],
         _block: [u32; 3],
         _shared: u32,
-        _s: usize,
+        s: usize,
         _attrs: &[u8],
         args: &[u8],
     ) -> GpuResult<()> {
-        self.launches.fetch_add(1, Ordering::Relaxed);
         let mut st = self.state.lock().unwrap();
         st.check()?;
+        let op = HostOp::Launch {
+            func,
+            args: args.to_vec(),
+        };
+        if st.captured(s, op) {
+            return Ok(());
+        }
+        self.launches.fetch_add(1, Ordering::Relaxed);
         let name = st
             .modules
             .get(&(func >> 16))
@@ -696,6 +759,112 @@ impl Gpu for HostGpu {
         // The stuck switch plays a kernel that runs long: nothing recorded completes.
         self.event_record(ev, 0)
             .map(|_| !*self.stuck.lock().unwrap())
+    }
+
+    fn capture_begin(&self, s: usize) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        if st.capturing.contains_key(&s) {
+            return Err(CuError(code::ILLEGAL_STATE));
+        }
+        let id = st.next_handle;
+        st.next_handle += 1;
+        st.capturing.insert(s, (id, false, Vec::new()));
+        Ok(())
+    }
+
+    fn capture_end(&self, s: usize) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        let (_, invalid, ops) = st
+            .capturing
+            .remove(&s)
+            .ok_or(CuError(code::ILLEGAL_STATE))?;
+        if invalid {
+            return Err(CuError(code::STREAM_CAPTURE_INVALIDATED));
+        }
+        let g = st.next_handle;
+        st.next_handle += 1;
+        st.graphs.insert(g, ops);
+        Ok(g)
+    }
+
+    fn capture_status(&self, s: usize) -> GpuResult<(u32, u64)> {
+        use omps_ring::wire::graph;
+        let st = self.state.lock().unwrap();
+        Ok(match st.capturing.get(&s) {
+            None => (graph::STATUS_NONE, 0),
+            Some(&(_, true, _)) => (graph::STATUS_INVALIDATED, 0),
+            Some(&(id, false, _)) => (graph::STATUS_ACTIVE, id),
+        })
+    }
+
+    fn capture_invalidate(&self, s: usize) {
+        if let Some(c) = self.state.lock().unwrap().capturing.get_mut(&s) {
+            c.1 = true;
+        }
+    }
+
+    fn graph_instantiate(&self, graph: u64, _flags: u64) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        let ops = st
+            .graphs
+            .get(&graph)
+            .cloned()
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        let e = st.next_handle;
+        st.next_handle += 1;
+        st.execs.insert(e, ops);
+        Ok(e)
+    }
+
+    fn graph_launch(&self, exec: u64, s: usize) -> GpuResult<()> {
+        let ops = self
+            .state
+            .lock()
+            .unwrap()
+            .execs
+            .get(&exec)
+            .cloned()
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        for op in ops {
+            match op {
+                HostOp::Launch { func, args } => {
+                    self.launch(func, [1; 3], [1; 3], 0, s, &[], &args)?
+                }
+                HostOp::Memset {
+                    dst,
+                    value,
+                    elem,
+                    count,
+                } => self.memset(dst, value, elem, count, s)?,
+                HostOp::Dtod { dst, src, len } => self.copy_dtod(dst, src, len, s)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_upload(&self, exec: u64, _s: usize) -> GpuResult<()> {
+        let st = self.state.lock().unwrap();
+        st.execs
+            .get(&exec)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_HANDLE))
+    }
+
+    fn graph_destroy(&self, graph: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.graphs
+            .remove(&graph)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_HANDLE))
+    }
+
+    fn graph_exec_destroy(&self, exec: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.execs
+            .remove(&exec)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_HANDLE))
     }
 
     fn event_elapsed(&self, start: u64, end: u64) -> GpuResult<f32> {

@@ -140,6 +140,12 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) {
         for e in rel.events {
             let _ = g.event_destroy(e);
         }
+        for e in rel.execs {
+            let _ = g.graph_exec_destroy(e);
+        }
+        for gr in rel.graphs {
+            let _ = g.graph_destroy(gr);
+        }
         for (p, n) in rel.vmm.unmap {
             let _ = g.vmm_unmap(p, n);
         }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 mod depth;
 mod exec;
+mod graphs;
 mod link;
 mod memory;
 mod modules;
@@ -85,6 +86,8 @@ struct ClientStream {
     synced: Option<SyncMark>,
     /// How far the GPU is behind it (depth.rs).
     depth: depth::Depth,
+    /// Its work stream is being captured (graphs.rs).
+    capturing: bool,
 }
 
 impl ClientStream {
@@ -98,6 +101,7 @@ impl ClientStream {
             submits: 0,
             synced: None,
             depth: Default::default(),
+            capturing: false,
         }
     }
 }
@@ -140,6 +144,8 @@ pub struct Release {
     pub pinned: Vec<(u64, u64)>,
     pub modules: Vec<u64>,
     pub events: Vec<u64>,
+    pub graphs: Vec<u64>,
+    pub execs: Vec<u64>,
     pub vmm: VmmRelease,
 }
 
@@ -150,6 +156,8 @@ impl Release {
             && self.pinned.is_empty()
             && self.modules.is_empty()
             && self.events.is_empty()
+            && self.graphs.is_empty()
+            && self.execs.is_empty()
             && self.vmm.unmap.is_empty()
             && self.vmm.handles.is_empty()
             && self.vmm.reservations.is_empty()
@@ -186,6 +194,11 @@ pub struct Session {
     limits: HashMap<i32, u64>,
     /// Attributes it set on shared modules' functions: (function, attribute) -> value.
     fn_attrs: HashMap<(u32, i32), i32>,
+    /// Its graphs and executable graphs: id -> the driver's handle.
+    graphs: HashMap<u32, u64>,
+    execs: HashMap<u32, u64>,
+    /// How many of its streams are being captured.
+    capturing: usize,
     /// Its streams queued too deep (depth.rs), and since when it is held back.
     deep: Vec<u32>,
     held_since: Option<std::time::Instant>,
@@ -222,6 +235,9 @@ impl Session {
             ctx_synced: None,
             limits: HashMap::new(),
             fn_attrs: HashMap::new(),
+            graphs: HashMap::new(),
+            execs: HashMap::new(),
+            capturing: 0,
             deep: Vec::new(),
             held_since: None,
             vmm: Default::default(),
@@ -480,6 +496,9 @@ impl Session {
         }
         let tail = &p[op.fixed_len()..];
         self.client.commands.fetch_add(1, Ordering::Relaxed);
+        if self.capturing > 0 && self.capture_guard(ctx, op, p)?.is_some() {
+            return Ok(());
+        }
         match op {
             Op::Launch | Op::Query | Op::TensorMap => self.handle_exec(ctx, op, p, tail)?,
             Op::Memset
@@ -520,6 +539,14 @@ impl Session {
                 fixed_only(tail, "vmm")?;
                 self.handle_vmm(ctx, rec::<wire::Vmm>(p))?;
             }
+            Op::CaptureBegin
+            | Op::CaptureEnd
+            | Op::CaptureStatus
+            | Op::GraphInstantiate
+            | Op::GraphLaunch
+            | Op::GraphUpload
+            | Op::GraphDestroy
+            | Op::GraphExecDestroy => self.handle_graphs(ctx, op, p, tail)?,
         }
         Ok(())
     }
@@ -577,6 +604,8 @@ impl Session {
                         .flat_map(|st| st.depth.take_events()),
                 )
                 .collect(),
+            graphs: self.graphs.drain().map(|(_, g)| g).collect(),
+            execs: self.execs.drain().map(|(_, e)| e).collect(),
             vmm: std::mem::take(&mut self.vmm).into_release(),
         };
         (

@@ -298,6 +298,33 @@ impl WorkerCtx {
         pick
     }
 
+    /// A work stream that only this client stream will use (for a capture): `old` if it
+    /// is bound to it alone, else a free idle one of its class, bound now; None when the
+    /// class has none free.
+    pub fn bind_alone(
+        &mut self,
+        client: u32,
+        place: crate::placement::Placement,
+        stream_priority: i32,
+        old: Option<usize>,
+    ) -> Option<usize> {
+        let c = crate::placement::class_of(place.qos, stream_priority);
+        let class = self.gpu.layout().class_in(place.slot, c);
+        let mut bindings = self
+            .shared
+            .bindings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(o) = old.filter(|&o| bindings.get(o).is_some_and(|b| b.refs == 1)) {
+            return Some(o);
+        }
+        let free = class
+            .clone()
+            .find(|&i| bindings[i].refs == 0 && self.gpu.stream_query(i).unwrap_or(false))?;
+        bindings[free] = Binding { client, refs: 1 };
+        Some(free)
+    }
+
     /// A client stream bound to work stream `i` is gone.
     pub fn unbind_work_stream(&mut self, i: usize) {
         let mut bindings = self

@@ -41,6 +41,10 @@ impl Session {
         let Some(st) = self.streams.get_mut(&id) else {
             return;
         };
+        if st.capturing {
+            // A mark recorded now would be a node of the client's graph.
+            return;
+        }
         st.depth.since_mark += 1;
         if st.depth.since_mark < MARK_EVERY {
             return;

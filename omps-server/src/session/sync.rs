@@ -74,6 +74,10 @@ impl Session {
                 if let Err(err) = gpu.stream_wait_event(s, e) {
                     self.note_error(err);
                 }
+                if self.capturing > 0 {
+                    // Waiting on a capturing stream's event forks the capture into this one.
+                    self.refresh_capture_flags(ctx);
+                }
             }
             Op::StreamSync => {
                 let h = rec::<wire::HandleCall>(p);

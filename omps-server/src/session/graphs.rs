@@ -1,0 +1,240 @@
+//! Stream capture and graphs.
+//!
+//! A client's capture runs in the server, on the work stream its client stream is bound
+//! to, in the driver's relaxed mode: the server's threads serve other clients meanwhile,
+//! and the client's own capture mode is the shim's to enforce on the client's threads.
+//! A capturing client stream has a work stream of its own (it is moved to a free one at
+//! the start if it shared one), so no other work, of this client or another, enters the
+//! graph. Graph and executable-graph ids are per client, and the graphs are freed with
+//! the client.
+//!
+//! What the server does itself on a client's stream must not be captured: depth marks
+//! are skipped while capturing, and operations that are illegal during capture natively
+//! (synchronizing or querying the stream, synchronizing the context, pageable copies
+//! through the staging chunks) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+//! invalidate the capture, as the driver does.
+
+use super::*;
+use omps_ring::wire::graph;
+
+impl Session {
+    pub(super) fn handle_graphs(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        op: Op,
+        p: &[u8],
+        tail: &[u8],
+    ) -> Result<(), Malformed> {
+        fixed_only(tail, "graph op")?;
+        let gpu = ctx.gpu.clone();
+        match op {
+            Op::CaptureBegin => {
+                let c = rec::<wire::CaptureCall>(p);
+                let r = self.begin_capture(ctx, c.stream)?;
+                self.complete(c.call, r, &[])?;
+            }
+            Op::CaptureEnd => {
+                let c = rec::<wire::CaptureCall>(p);
+                let st = self
+                    .streams
+                    .get(&c.stream)
+                    .ok_or_else(|| Malformed(format!("unknown stream {}", c.stream)))?;
+                let r = match (st.capturing, st.pool) {
+                    (true, Some(s)) => gpu.capture_end(s),
+                    _ => Err(CuError(code::ILLEGAL_STATE)),
+                };
+                // Ending the origin's capture ends that of every stream it forked into.
+                self.refresh_capture_flags(ctx);
+                let r = r.map(|g| {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.graphs.insert(id, g);
+                    wire::U64Reply { value: id as u64 }
+                });
+                self.complete_pod(c.call, r)?;
+            }
+            Op::CaptureStatus => {
+                let h = rec::<wire::HandleCall>(p);
+                let r = match self.stream_pool(h.id)? {
+                    Some(s) => gpu.capture_status(s),
+                    None => Ok((graph::STATUS_NONE, 0)),
+                };
+                self.complete_pod(
+                    h.call,
+                    r.map(|(status, id)| wire::CaptureInfo {
+                        status,
+                        _pad: 0,
+                        id,
+                    }),
+                )?;
+            }
+            Op::GraphInstantiate => {
+                let g = rec::<wire::GraphInstantiate>(p);
+                let r = match self.graphs.get(&g.graph) {
+                    Some(&h) => gpu.graph_instantiate(h, g.flags),
+                    None => Err(CuError(code::INVALID_HANDLE)),
+                };
+                let r = r.map(|e| {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.execs.insert(id, e);
+                    wire::U64Reply { value: id as u64 }
+                });
+                self.complete_pod(g.call, r)?;
+            }
+            Op::GraphLaunch | Op::GraphUpload => {
+                let l = rec::<wire::GraphLaunch>(p);
+                let Some(&e) = self.execs.get(&l.exec) else {
+                    self.note_error(CuError(code::INVALID_HANDLE));
+                    return Ok(());
+                };
+                let s = self.stream(ctx, l.stream)?;
+                let r = if op == Op::GraphLaunch {
+                    gpu.graph_launch(e, s)
+                } else {
+                    gpu.graph_upload(e, s)
+                };
+                if let Err(err) = r {
+                    self.note_error(err);
+                }
+            }
+            Op::GraphDestroy | Op::GraphExecDestroy => {
+                let h = rec::<wire::Handle>(p);
+                let (map, what) = if op == Op::GraphDestroy {
+                    (&mut self.graphs, "graph")
+                } else {
+                    (&mut self.execs, "executable graph")
+                };
+                let Some(handle) = map.remove(&h.id) else {
+                    return bad(format!("destroying unknown {what} {}", h.id));
+                };
+                let mut rel = Release::default();
+                if op == Op::GraphDestroy {
+                    rel.graphs.push(handle);
+                } else {
+                    rel.execs.push(handle);
+                }
+                // An executable graph may still run: freed once the client's work is done.
+                ctx.release_later(self, rel);
+            }
+            _ => unreachable!("dispatched to the graphs family: {op:?}"),
+        }
+        Ok(())
+    }
+
+    /// Starts capturing client stream `id` on a work stream of its own: the CUresult.
+    fn begin_capture(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<i32, Malformed> {
+        let Some(st) = self.streams.get(&id) else {
+            return bad(format!("unknown stream {id}"));
+        };
+        if id == wire::STREAM_DEFAULT {
+            // The legacy stream cannot be captured (cudaStreamLegacy, natively too).
+            return Ok(code::STREAM_CAPTURE_UNSUPPORTED);
+        }
+        if st.capturing {
+            return Ok(code::ILLEGAL_STATE);
+        }
+        let (old, priority) = (st.pool, st.priority);
+        let place = self.client.placement(self.dev);
+        let Some(new) = ctx.bind_alone(self.client.id, place, priority, old) else {
+            tracing::warn!(
+                client = self.client.id,
+                "no free work stream for a capture: the client holds them all"
+            );
+            return Ok(code::STREAM_CAPTURE_UNSUPPORTED);
+        };
+        if let Some(o) = old.filter(|&o| o != new) {
+            if let Err(e) = ctx.order(o, new) {
+                self.note_error(e);
+            }
+            ctx.unbind_work_stream(o);
+        }
+        let st = self.streams.get_mut(&id).expect("looked up above");
+        st.pool = Some(new);
+        self.used_streams.insert(new);
+        Ok(match ctx.gpu.capture_begin(new) {
+            Ok(()) => {
+                let st = self.streams.get_mut(&id).expect("looked up above");
+                st.capturing = true;
+                self.capturing += 1;
+                code::SUCCESS
+            }
+            Err(e) => e.0,
+        })
+    }
+
+    /// Re-reads which client streams capture (a wait on an event of a capturing stream
+    /// forks the capture into the waiting one; ending the origin's ends them all).
+    pub(super) fn refresh_capture_flags(&mut self, ctx: &WorkerCtx) {
+        let mut n = 0;
+        for st in self.streams.values_mut() {
+            st.capturing = st.pool.is_some_and(|s| {
+                ctx.gpu
+                    .capture_status(s)
+                    .is_ok_and(|(status, _)| status != graph::STATUS_NONE)
+            });
+            n += st.capturing as usize;
+        }
+        self.capturing = n;
+    }
+
+    fn stream_capturing(&self, id: u32) -> bool {
+        self.streams.get(&id).is_some_and(|s| s.capturing)
+    }
+
+    /// While a stream of this client captures, answers the operations that are illegal
+    /// during capture as the driver does (and invalidates the capture); None for the
+    /// others, which run as usual.
+    pub(super) fn capture_guard(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        op: Op,
+        p: &[u8],
+    ) -> Result<Option<()>, Malformed> {
+        const UNSUPPORTED: i32 = code::STREAM_CAPTURE_UNSUPPORTED;
+        let invalidate = |this: &Session, id: u32| {
+            if let Some(s) = this.streams.get(&id).and_then(|s| s.pool) {
+                ctx.gpu.capture_invalidate(s);
+            }
+        };
+        match op {
+            Op::StreamSync | Op::StreamQuery => {
+                let h = rec::<wire::HandleCall>(p);
+                if !self.stream_capturing(h.id) {
+                    return Ok(None);
+                }
+                invalidate(self, h.id);
+                self.complete(h.call, UNSUPPORTED, &[])?;
+            }
+            Op::CtxSync => {
+                let c = rec::<CallHdr>(p);
+                let ids: Vec<u32> = self
+                    .streams
+                    .iter()
+                    .filter(|(_, s)| s.capturing)
+                    .map(|(&id, _)| id)
+                    .collect();
+                ids.iter().for_each(|&id| invalidate(self, id));
+                self.complete(c, UNSUPPORTED, &[])?;
+            }
+            Op::CopyHtoDChunk | Op::CopyDtoHChunk => {
+                let c = rec::<wire::ChunkCopy>(p);
+                if !self.stream_capturing(c.stream) {
+                    return Ok(None);
+                }
+                invalidate(self, c.stream);
+                self.signal_now(c.channel, Word::Chunk(c.chunk as u8), c.seq, UNSUPPORTED)?;
+            }
+            Op::CopyHtoDInline => {
+                let c = rec::<wire::InlineCopy>(p);
+                if !self.stream_capturing(c.stream) {
+                    return Ok(None);
+                }
+                invalidate(self, c.stream);
+                self.note_error(CuError(UNSUPPORTED));
+            }
+            _ => return Ok(None),
+        }
+        Ok(Some(()))
+    }
+}

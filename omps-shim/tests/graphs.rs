@@ -1,0 +1,186 @@
+//! Stream capture and graphs in the server: a capture holds only the capturing client's
+//! stream's work, replays on launch, and operations illegal during capture fail and
+//! invalidate it, as natively. The host GPU records a captured stream's work and replays
+//! it.
+
+mod common;
+use common::*;
+use omps_ring::wire::{self, graph, Op};
+use omps_shim::conn::Conn;
+use std::time::{Duration, Instant};
+
+const S: u32 = 5;
+
+fn stream_create(c: &Conn, id: u32) {
+    let sc = wire::StreamCreate {
+        id,
+        flags: 1,
+        ..Default::default()
+    };
+    c.push(0, Op::StreamCreate, &[bytemuck::bytes_of(&sc)])
+        .unwrap();
+}
+
+fn capture(c: &Conn, op: Op, stream: u32) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, op, |call| {
+        bytemuck::bytes_of(&wire::CaptureCall {
+            call,
+            stream,
+            mode: 0,
+        })
+        .to_vec()
+    })?;
+    Ok(if op == Op::CaptureEnd {
+        ch.reply::<wire::U64Reply>().value
+    } else {
+        0
+    })
+}
+
+fn status(c: &Conn, stream: u32) -> wire::CaptureInfo {
+    let mut ch = c.channel();
+    ch.call(0, Op::CaptureStatus, |call| {
+        bytemuck::bytes_of(&wire::HandleCall {
+            call,
+            id: stream,
+            _pad: 0,
+        })
+        .to_vec()
+    })
+    .unwrap();
+    ch.reply()
+}
+
+fn instantiate(c: &Conn, graph: u32) -> Result<u32, i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::GraphInstantiate, |call| {
+        bytemuck::bytes_of(&wire::GraphInstantiate {
+            call,
+            graph,
+            _pad: 0,
+            flags: 0,
+        })
+        .to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value as u32)
+}
+
+fn sync(c: &Conn, op: Op, stream: u32) -> Result<(), i32> {
+    c.channel().call(0, op, |call| {
+        if op == Op::CtxSync {
+            return bytemuck::bytes_of(&call).to_vec();
+        }
+        bytemuck::bytes_of(&wire::HandleCall {
+            call,
+            id: stream,
+            _pad: 0,
+        })
+        .to_vec()
+    })
+}
+
+fn launch_fill(c: &Conn, func: u32, stream: u32, p: u64) {
+    let mut args = p.to_le_bytes().to_vec();
+    args.extend_from_slice(&7u32.to_le_bytes());
+    args.extend_from_slice(&16u32.to_le_bytes());
+    let l = wire::Launch {
+        func,
+        stream,
+        grid: [1; 3],
+        block: [1; 3],
+        args_len: args.len() as u32,
+        ..Default::default()
+    };
+    c.push(0, Op::Launch, &[bytemuck::bytes_of(&l), &args])
+        .unwrap();
+}
+
+#[test]
+fn a_captured_stream_replays_its_own_work_only() {
+    let srv = TestServer::start("graphs");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let (_, funcs) = load_image(&a, HOST_MODULE.as_bytes()).unwrap();
+    let fill = funcs.iter().find(|f| f.0 == "fill_u32").unwrap().1;
+    let (pa, pb) = (alloc(&a, 4096), alloc(&b, 4096));
+    stream_create(&a, S);
+    assert_eq!(
+        capture(&a, Op::CaptureBegin, 0),
+        Err(900),
+        "the legacy stream"
+    );
+    capture(&a, Op::CaptureBegin, S).unwrap();
+    assert_eq!(
+        capture(&a, Op::CaptureBegin, S),
+        Err(401),
+        "already capturing"
+    );
+    let st = status(&a, S);
+    assert_eq!(st.status, graph::STATUS_ACTIVE);
+    assert_ne!(st.id, 0);
+    let before = srv.gpu.launches();
+    launch_fill(&a, fill, S, pa);
+    launch_fill(&a, fill, S, pa);
+    // Another client's work, and this client's on another stream, run now.
+    memset(&b, pb);
+    launch_fill(&a, fill, 0, pa);
+    b.ping(0).unwrap();
+    a.ping(0).unwrap();
+    assert_eq!(
+        srv.gpu.launches() - before,
+        1,
+        "captured launches do not run"
+    );
+    let g = capture(&a, Op::CaptureEnd, S).unwrap() as u32;
+    assert_eq!(status(&a, S).status, graph::STATUS_NONE);
+    let e = instantiate(&a, g).unwrap();
+    for _ in 0..3 {
+        let l = wire::GraphLaunch { exec: e, stream: S };
+        a.push(0, Op::GraphLaunch, &[bytemuck::bytes_of(&l)])
+            .unwrap();
+    }
+    sync(&a, Op::StreamSync, S).unwrap();
+    assert_eq!(
+        srv.gpu.launches() - before,
+        1 + 3 * 2,
+        "each launch replays the two"
+    );
+    assert_eq!(instantiate(&a, 999), Err(400), "not a graph of this client");
+    assert_eq!(instantiate(&b, g), Err(400), "nor another client's");
+    for (op, id) in [(Op::GraphExecDestroy, e), (Op::GraphDestroy, g)] {
+        a.push(0, op, &[bytemuck::bytes_of(&wire::Handle { id, _pad: 0 })])
+            .unwrap();
+    }
+    a.ping(0).unwrap();
+    let t = Instant::now();
+    while srv.gpu.graph_count() != (0, 0) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(srv.gpu.graph_count(), (0, 0), "destroyed");
+}
+
+#[test]
+fn illegal_operations_invalidate_the_capture() {
+    let srv = TestServer::start("graphbad");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    stream_create(&a, S);
+    for op in [Op::StreamSync, Op::StreamQuery, Op::CtxSync] {
+        capture(&a, Op::CaptureBegin, S).unwrap();
+        assert_eq!(sync(&a, op, S), Err(900), "{op:?} during capture");
+        assert_eq!(status(&a, S).status, graph::STATUS_INVALIDATED);
+        assert_eq!(capture(&a, Op::CaptureEnd, S), Err(901), "after {op:?}");
+        assert_eq!(status(&a, S).status, graph::STATUS_NONE);
+    }
+    // A client that dies with graphs leaves none behind.
+    capture(&a, Op::CaptureBegin, S).unwrap();
+    let g = capture(&a, Op::CaptureEnd, S).unwrap() as u32;
+    instantiate(&a, g).unwrap();
+    assert_eq!(srv.gpu.graph_count(), (1, 1));
+    drop(a);
+    let t = Instant::now();
+    while srv.gpu.graph_count() != (0, 0) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(srv.gpu.graph_count(), (0, 0));
+}

@@ -15,6 +15,16 @@ pub const EVENT_MAGIC: u32 = 0x6576_7421;
 pub const MODULE_MAGIC: u32 = 0x6d6f_6421;
 pub const FUNC_MAGIC: u32 = 0x6675_6e21;
 pub const POOL_MAGIC: u32 = 0x706f_6f21;
+pub const GRAPH_MAGIC: u32 = 0x6772_6121;
+pub const EXEC_MAGIC: u32 = 0x6578_6521;
+
+/// A graph or an executable graph: the server's id for it, on one device.
+#[repr(C)]
+pub struct GraphHandle {
+    pub magic: AtomicU32,
+    pub id: u32,
+    pub dev: usize,
+}
 
 #[repr(C)]
 pub struct Ctx {

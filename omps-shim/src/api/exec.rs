@@ -81,7 +81,7 @@ fn per_thread_stream() -> Result<&'static Stream, CUresult> {
 }
 
 /// Device a stream belongs to: its own, or the current context's for the default stream.
-fn stream_dev(s: CUstream) -> Result<(u32, usize), CUresult> {
+pub(crate) fn stream_dev(s: CUstream) -> Result<(u32, usize), CUresult> {
     match resolve_stream(s)? {
         Some(st) => Ok((st.id, st.dev)),
         None => Ok((wire::STREAM_DEFAULT, current_dev()?)),

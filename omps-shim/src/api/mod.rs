@@ -4,6 +4,7 @@
 pub mod ctx;
 pub mod device;
 pub mod exec;
+pub mod graph;
 pub mod hostmem;
 pub mod link;
 pub mod mem;

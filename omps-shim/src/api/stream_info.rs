@@ -1,26 +1,29 @@
 //! What a program may ask of a stream besides work: its capture state and its attributes.
 //!
-//! omps does not capture graphs yet (cuStreamBeginCapture is refused), so no stream is ever
-//! capturing: the capture queries answer "none" for every valid stream, as the driver does
-//! for a stream that is not capturing. PyTorch asks this before nearly every copy.
+//! A stream's capture state is the server's (api/graph.rs); while this process has no
+//! capture going, the queries answer "none" here without asking, as the driver does for a
+//! stream that is not capturing. PyTorch asks before nearly every copy.
 
 use super::exec::{per_thread, resolve_stream, CUstream};
 use super::{entry, out};
 use crate::cuda::*;
+use omps_ring::wire;
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::sync::Mutex;
 
-const CAPTURE_STATUS_NONE: c_uint = 0;
-
-/// Validates the stream and reports that it is not capturing.
+/// Writes stream `s`'s capture status, and its id where asked.
 ///
 /// # Safety
-/// `status` is null or writable.
-unsafe fn not_capturing(s: CUstream, status: *mut c_uint) -> Result<(), CUresult> {
-    resolve_stream(s)?;
+/// `status` and `id` are null or writable.
+unsafe fn capture_state(s: CUstream, status: *mut c_uint, id: *mut u64) -> Result<(), CUresult> {
+    let (st, cid) = super::graph::capture_info(s)?;
+    if !id.is_null() && st != wire::graph::STATUS_NONE {
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { id.write(cid) };
+    }
     // SAFETY: the caller's pointer.
-    unsafe { out(status, CAPTURE_STATUS_NONE) }
+    unsafe { out(status, st) }
 }
 
 /// # Safety
@@ -28,7 +31,7 @@ unsafe fn not_capturing(s: CUstream, status: *mut c_uint) -> Result<(), CUresult
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamIsCapturing(s: CUstream, status: *mut c_uint) -> CUresult {
     // SAFETY: forwarded contract.
-    entry(|| unsafe { not_capturing(s, status) })
+    entry(|| unsafe { capture_state(s, status, std::ptr::null_mut()) })
 }
 
 /// # Safety
@@ -47,10 +50,10 @@ pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut c_ui
 pub unsafe extern "C" fn cuStreamGetCaptureInfo(
     s: CUstream,
     status: *mut c_uint,
-    _id: *mut u64,
+    id: *mut u64,
 ) -> CUresult {
     // SAFETY: forwarded contract.
-    entry(|| unsafe { not_capturing(s, status) })
+    entry(|| unsafe { capture_state(s, status, id) })
 }
 
 /// # Safety
@@ -74,15 +77,23 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
 pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     s: CUstream,
     status: *mut c_uint,
-    _id: *mut u64,
-    _graph: *mut *mut c_void,
-    _deps: *mut *const c_void,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
     num_deps: *mut usize,
 ) -> CUresult {
+    // The graph being built and its open dependencies live in the server: a program
+    // gets none (a null graph, no dependencies) and cannot add nodes by hand mid-capture.
     entry(|| {
         // SAFETY: the caller's pointers.
         unsafe {
-            not_capturing(s, status)?;
+            capture_state(s, status, id)?;
+            if !graph.is_null() {
+                graph.write(std::ptr::null_mut());
+            }
+            if !deps.is_null() {
+                deps.write(std::ptr::null());
+            }
             if !num_deps.is_null() {
                 num_deps.write(0);
             }

@@ -1,0 +1,101 @@
+//! Stream capture and graphs through the shim's entry points, against a server on the
+//! host GPU: captured work runs only when the graph is launched, as often as it is, and
+//! the capture queries say what the server's stream is doing.
+
+mod common;
+use common::*;
+use omps_shim::api::exec::*;
+use omps_shim::api::graph::*;
+use omps_shim::api::mem::*;
+use omps_shim::api::module::*;
+use omps_shim::api::stream_info::*;
+use omps_shim::cuda::*;
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+fn ok(r: CUresult) {
+    assert_eq!(r, CUDA_SUCCESS, "CUDA call failed");
+}
+
+#[test]
+fn capture_instantiate_launch() {
+    let _srv = start_as_client("graphapi");
+    // SAFETY: valid pointers throughout; the server runs in this process.
+    unsafe {
+        let mut m = null_mut();
+        ok(cuModuleLoadData(
+            &mut m,
+            HOST_MODULE.as_ptr() as *const c_void,
+        ));
+        let mut f = null_mut();
+        ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr()));
+        let mut p = 0u64;
+        ok(cuMemAlloc_v2(&mut p, 64));
+        let fill = |s: CUstream, v: u32| {
+            let (mut ptr, mut val, mut n) = (p, v, 16u32);
+            let mut args = [
+                &mut ptr as *mut _ as *mut c_void,
+                &mut val as *mut _ as *mut c_void,
+                &mut n as *mut _ as *mut c_void,
+            ];
+            ok(cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                s,
+                args.as_mut_ptr(),
+                null_mut(),
+            ));
+        };
+        let read = || {
+            let mut b = [0u32; 16];
+            ok(cuMemcpyDtoH_v2(b.as_mut_ptr() as *mut c_void, p, 64));
+            b[0]
+        };
+        let mut s = null_mut();
+        ok(cuStreamCreate(&mut s, 1));
+        fill(s, 1);
+        ok(cuStreamSynchronize(s));
+
+        let mut status = 9;
+        ok(cuStreamIsCapturing(s, &mut status));
+        assert_eq!(status, 0, "not capturing");
+        ok(cuStreamBeginCapture_v2(s, 2));
+        ok(cuStreamIsCapturing(s, &mut status));
+        assert_eq!(status, 1, "capturing");
+        let mut id = 0u64;
+        ok(cuStreamGetCaptureInfo(s, &mut status, &mut id));
+        assert!(id != 0);
+        fill(s, 2);
+        // Illegal during capture, natively too; the capture is then invalidated.
+        assert_eq!(
+            cuStreamSynchronize(s),
+            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        );
+        let mut g = null_mut();
+        assert_eq!(cuStreamEndCapture(s, &mut g), 901, "invalidated");
+
+        ok(cuStreamBeginCapture_v2(s, 2));
+        fill(s, 2);
+        ok(cuStreamEndCapture(s, &mut g));
+        assert_eq!(read(), 1, "captured work has not run");
+        let mut e = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(), 2, "it runs at launch");
+        fill(s, 3);
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(), 2, "and again, in stream order");
+        ok(cuGraphExecDestroy(e));
+        ok(cuGraphDestroy(g));
+        assert_eq!(cuGraphLaunch(e, s), CUDA_ERROR_INVALID_HANDLE, "destroyed");
+        ok(cuStreamDestroy_v2(s));
+    }
+}

@@ -97,6 +97,9 @@ ops! {
     /// Instantiates graph `id` (`flags`: CUgraphInstantiate_flags); the executable
     /// graph's id as a [`U64Reply`].
     GraphInstantiate = 52 => GraphInstantiate,
+    /// A question about a graph ([`graph::NODE_COUNT`], [`graph::NODE_TYPE`]): a
+    /// [`U64Reply`].
+    GraphQuery = 53 => GraphQuery,
 }
 
 /// Where an answer goes.
@@ -456,6 +459,19 @@ pub mod graph {
     pub const STATUS_NONE: u32 = 0;
     pub const STATUS_ACTIVE: u32 = 1;
     pub const STATUS_INVALIDATED: u32 = 2;
+    /// GraphQuery kinds: how many nodes; the CUgraphNodeType of node `index`.
+    pub const NODE_COUNT: u32 = 0;
+    pub const NODE_TYPE: u32 = 1;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphQuery {
+    pub call: CallHdr,
+    pub graph: u32,
+    pub kind: u32,
+    pub index: u32,
+    pub _pad: u32,
 }
 
 #[repr(C)]

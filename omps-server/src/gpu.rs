@@ -214,6 +214,10 @@ pub trait Gpu: Send + Sync + 'static {
     fn graph_upload(&self, exec: u64, s: usize) -> GpuResult<()>;
     fn graph_destroy(&self, graph: u64) -> GpuResult<()>;
     fn graph_exec_destroy(&self, exec: u64) -> GpuResult<()>;
+    /// The nodes of `graph`, in the driver's order.
+    fn graph_nodes(&self, graph: u64) -> GpuResult<Vec<u64>>;
+    /// A node's CUgraphNodeType.
+    fn graph_node_type(&self, node: u64) -> GpuResult<u32>;
 
     /// Makes the driver write out the context's device printf buffer (see [`crate::printf`])
     /// without waiting for any work; may be called from any thread.

@@ -1118,6 +1118,27 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuGraphDestroy(graph as cu::CUgraph) })
     }
 
+    fn graph_nodes(&self, graph: u64) -> GpuResult<Vec<u64>> {
+        self.bind();
+        let g = graph as cu::CUgraph;
+        let mut n = 0usize;
+        // SAFETY: one of the client's graphs; a null array asks for the count.
+        ck(unsafe { cu::cuGraphGetNodes(g, std::ptr::null_mut(), &mut n) })?;
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        // SAFETY: room for n nodes.
+        ck(unsafe { cu::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut n) })?;
+        nodes.truncate(n);
+        Ok(nodes.into_iter().map(|p| p as u64).collect())
+    }
+
+    fn graph_node_type(&self, node: u64) -> GpuResult<u32> {
+        self.bind();
+        let mut t = cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: a node of one of the client's graphs (graph_nodes gave it).
+        ck(unsafe { cu::cuGraphNodeGetType(node as cu::CUgraphNode, &mut t) })?;
+        Ok(t as u32)
+    }
+
     fn graph_exec_destroy(&self, exec: u64) -> GpuResult<()> {
         self.bind();
         // SAFETY: one of a client's executable graphs, given up by it.

@@ -859,6 +859,28 @@ impl Gpu for HostGpu {
             .ok_or(CuError(code::INVALID_HANDLE))
     }
 
+    fn graph_nodes(&self, graph: u64) -> GpuResult<Vec<u64>> {
+        let st = self.state.lock().unwrap();
+        let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;
+        // A node names its graph and its place in it.
+        Ok((0..ops.len() as u64).map(|i| graph << 16 | i).collect())
+    }
+
+    fn graph_node_type(&self, node: u64) -> GpuResult<u32> {
+        let st = self.state.lock().unwrap();
+        let op = st
+            .graphs
+            .get(&(node >> 16))
+            .and_then(|ops| ops.get((node & 0xffff) as usize))
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        // CUgraphNodeType: kernel 0, memcpy 1, memset 2.
+        Ok(match op {
+            HostOp::Launch { .. } => 0,
+            HostOp::Dtod { .. } => 1,
+            HostOp::Memset { .. } => 2,
+        })
+    }
+
     fn graph_exec_destroy(&self, exec: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         st.execs

@@ -546,7 +546,8 @@ impl Session {
             | Op::GraphLaunch
             | Op::GraphUpload
             | Op::GraphDestroy
-            | Op::GraphExecDestroy => self.handle_graphs(ctx, op, p, tail)?,
+            | Op::GraphExecDestroy
+            | Op::GraphQuery => self.handle_graphs(ctx, op, p, tail)?,
         }
         Ok(())
     }

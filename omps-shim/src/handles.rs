@@ -17,6 +17,16 @@ pub const FUNC_MAGIC: u32 = 0x6675_6e21;
 pub const POOL_MAGIC: u32 = 0x706f_6f21;
 pub const GRAPH_MAGIC: u32 = 0x6772_6121;
 pub const EXEC_MAGIC: u32 = 0x6578_6521;
+pub const NODE_MAGIC: u32 = 0x6e6f_6421;
+
+/// Node `index` of graph `graph` (the server's ids), as cuGraphGetNodes hands them out.
+#[repr(C)]
+pub struct GraphNode {
+    pub magic: AtomicU32,
+    pub graph: u32,
+    pub index: u32,
+    pub dev: usize,
+}
 
 /// A graph or an executable graph: the server's id for it, on one device.
 #[repr(C)]

@@ -84,6 +84,17 @@ fn capture_instantiate_launch() {
         fill(s, 2);
         ok(cuStreamEndCapture(s, &mut g));
         assert_eq!(read(), 1, "captured work has not run");
+        let mut n = 0usize;
+        ok(cuGraphGetNodes(g, null_mut(), &mut n));
+        assert_eq!(n, 1, "one kernel node");
+        let mut nodes = [null_mut(); 3];
+        n = 3;
+        ok(cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut n));
+        assert_eq!(n, 1);
+        assert!(!nodes[0].is_null() && nodes[1].is_null());
+        let mut ty = 9;
+        ok(cuGraphNodeGetType(nodes[0], &mut ty));
+        assert_eq!(ty, 0, "CU_GRAPH_NODE_TYPE_KERNEL");
         let mut e = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
         ok(cuGraphLaunch(e, s));

@@ -117,6 +117,21 @@ impl Session {
                 // An executable graph may still run: freed once the client's work is done.
                 ctx.release_later(self, rel);
             }
+            Op::GraphQuery => {
+                let q = rec::<wire::GraphQuery>(p);
+                let r = match self.graphs.get(&q.graph) {
+                    None => Err(CuError(code::INVALID_HANDLE)),
+                    Some(&g) => gpu.graph_nodes(g).and_then(|nodes| match q.kind {
+                        graph::NODE_COUNT => Ok(nodes.len() as u64),
+                        graph::NODE_TYPE => match nodes.get(q.index as usize) {
+                            Some(&n) => gpu.graph_node_type(n).map(u64::from),
+                            None => Err(CuError(code::INVALID_VALUE)),
+                        },
+                        _ => Err(CuError(code::INVALID_VALUE)),
+                    }),
+                };
+                self.complete_pod(q.call, r.map(|value| wire::U64Reply { value }))?;
+            }
             _ => unreachable!("dispatched to the graphs family: {op:?}"),
         }
         Ok(())

@@ -733,11 +733,17 @@ pub unsafe extern "C" fn cuStreamAddCallback(
 
 #[no_mangle]
 pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint) -> CUresult {
-    // CU_EVENT_RECORD_EXTERNAL only matters inside graph capture, which omps does not do.
-    if flags != 0 {
-        return CUDA_ERROR_NOT_SUPPORTED;
+    const EXTERNAL: c_uint = 1;
+    // CU_EVENT_RECORD_EXTERNAL makes a difference only inside a capture (an event record
+    // node, which omps's captures do not make yet); elsewhere it is a plain record.
+    match flags {
+        0 => cuEventRecord(e, s),
+        EXTERNAL if !super::graph::any_capture() => cuEventRecord(e, s),
+        EXTERNAL => crate::unsupported::unsupported(
+            "cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL) during capture",
+        ),
+        _ => CUDA_ERROR_INVALID_VALUE,
     }
-    cuEventRecord(e, s)
 }
 
 /// # Safety

@@ -6,7 +6,9 @@
 use super::exec::{per_thread, stream_dev, CUstream};
 use super::{entry, live, out};
 use crate::cuda::*;
-use crate::handles::{leak, resolve, retire, GraphHandle, EXEC_MAGIC, GRAPH_MAGIC};
+use crate::handles::{
+    leak, resolve, retire, GraphHandle, GraphNode, EXEC_MAGIC, GRAPH_MAGIC, NODE_MAGIC,
+};
 use omps_ring::wire::{self, CaptureCall, GraphInstantiate, Op};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -297,4 +299,95 @@ pub extern "C" fn cuGraphDestroy(g: CUgraph) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
     entry(|| destroy(exec(e)?, EXEC_MAGIC, Op::GraphExecDestroy))
+}
+
+fn graph_query(g: &GraphHandle, kind: u32, index: u32) -> Result<u64, CUresult> {
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(g.dev, Op::GraphQuery, |call| {
+        bytemuck::bytes_of(&wire::GraphQuery {
+            call,
+            graph: g.id,
+            kind,
+            index,
+            _pad: 0,
+        })
+        .to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+/// One handle per (graph, index), so a node compares equal to itself across calls.
+fn node_handle(g: &GraphHandle, index: u32) -> *mut GraphNode {
+    type Nodes = std::collections::HashMap<(u32, u32), usize>;
+    static NODES: std::sync::Mutex<Option<Nodes>> = std::sync::Mutex::new(None);
+    let mut m = NODES.lock().unwrap_or_else(|e| e.into_inner());
+    let p = *m
+        .get_or_insert_with(Default::default)
+        .entry((g.id, index))
+        .or_insert_with(|| {
+            leak(GraphNode {
+                magic: AtomicU32::new(NODE_MAGIC),
+                graph: g.id,
+                index,
+                dev: g.dev,
+            }) as usize
+        });
+    p as *mut GraphNode
+}
+
+/// The nodes of a graph (PyTorch counts a captured graph's nodes to warn of an empty
+/// capture). A null array asks for the count.
+///
+/// # Safety
+/// `num` is null or readable and writable; `nodes` null or room for `*num` handles.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetNodes(
+    g: CUgraph,
+    nodes: *mut *mut GraphNode,
+    num: *mut usize,
+) -> CUresult {
+    entry(|| {
+        let gr = graph(g)?;
+        if num.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let count = graph_query(gr, wire::graph::NODE_COUNT, 0)? as usize;
+        if nodes.is_null() {
+            // SAFETY: checked non-null; the caller's pointer.
+            return unsafe { out(num, count) };
+        }
+        // SAFETY: the caller's pointers: `*num` slots.
+        unsafe {
+            let room = num.read();
+            for i in 0..room {
+                let h = if i < count {
+                    node_handle(gr, i as u32)
+                } else {
+                    std::ptr::null_mut()
+                };
+                nodes.add(i).write(h);
+            }
+            num.write(room.min(count));
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `ty` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetType(node: *mut GraphNode, ty: *mut c_uint) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller passed a node handle, as the API requires.
+        let n = unsafe { resolve(node as *const GraphNode, NODE_MAGIC) }?;
+        let g = GraphHandle {
+            magic: AtomicU32::new(GRAPH_MAGIC),
+            id: n.graph,
+            dev: n.dev,
+        };
+        let t = graph_query(&g, wire::graph::NODE_TYPE, n.index)? as c_uint;
+        // SAFETY: the caller's pointer.
+        unsafe { out(ty, t) }
+    })
 }

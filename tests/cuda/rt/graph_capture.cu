@@ -61,6 +61,9 @@ int main() {
         CHECK(cudaStreamEndCapture(s1, &g));
         CHECK(cudaStreamIsCapturing(s1, &st));
         printf("after capture: %d\n", (int)st);
+        size_t nodes = 0;
+        CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+        printf("nodes: %zu\n", nodes);
         cudaGraphExec_t e;
         CHECK(cudaGraphInstantiate(&e, g, 0));
         CHECK(cudaMemset(x, 0, bytes));

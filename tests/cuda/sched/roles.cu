@@ -19,6 +19,9 @@
 //                                           "TINY ok <ms>"
 //   roles deep MS N                         a kernel of MS ms, N empty launches behind it
 //                                           on its stream, sync: "DEEP <ms>"
+//   roles graph KERNELS REPS               a captured graph of KERNELS small kernels,
+//                                           launched + synchronized REPS times:
+//                                           "GRAPH <p50 us> <p99 us>"
 //   roles limit                             a kernel of 264 blocks x 1024 threads spinning
 //                                           1 ms each (one wave on 132 SMs), timed:
 //                                           "LIMIT <SMs seen> <distinct SMs used> <ms>"
@@ -207,6 +210,30 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) empty<<<1, 1, 0, s>>>();
         CK(cudaStreamSynchronize(s));
         printf("DEEP %.1f\n", secs_since(t) * 1e3);
+    } else if (!strcmp(role, "graph") && a.size() >= 3) {
+        // A graph of KERNELS small kernels captured once, then launched + synchronized
+        // REPS times: "GRAPH <p50 us> <p99 us>".
+        int kernels = atoi(a[1]), reps = atoi(a[2]);
+        float *x;
+        CK(cudaMalloc(&x, 256 * sizeof(float)));
+        cudaGraph_t g;
+        cudaGraphExec_t e;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        for (int k = 0; k < kernels; k++) small<<<1, 256, 0, s>>>(x);
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&e, g, 0));
+        CK(cudaGraphLaunch(e, s));
+        CK(cudaStreamSynchronize(s));
+        wait_start(start_at);
+        std::vector<double> us;
+        for (int r = 0; r < reps; r++) {
+            auto t = clk::now();
+            CK(cudaGraphLaunch(e, s));
+            CK(cudaStreamSynchronize(s));
+            us.push_back(std::chrono::duration<double, std::micro>(clk::now() - t).count());
+        }
+        std::sort(us.begin(), us.end());
+        printf("GRAPH %.1f %.1f\n", us[us.size() / 2], us[us.size() * 99 / 100]);
     } else if (!strcmp(role, "limit")) {
         int sms = 0;
         CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

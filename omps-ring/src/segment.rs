@@ -100,9 +100,23 @@ pub struct Layout {
     pub rings_offset: usize,
     pub ring_stride: usize,
     pub channels_offset: usize,
+    /// One page of [`HostFnSlot`]s: host functions in stream order (see [`HostFnSlot`]).
+    pub hostfn_offset: usize,
     pub staging_offset: usize,
     pub total_len: usize,
 }
+
+/// A host function queued on a stream: the GPU writes `done = seq` when the stream
+/// reaches it, the client runs the function and writes `ack = seq`, and the stream waits
+/// for that before going on. A client that never acknowledges holds up its own stream.
+#[repr(C)]
+pub struct HostFnSlot {
+    pub done: AtomicU32,
+    pub ack: AtomicU32,
+}
+
+/// Host functions that can be queued at once, per client.
+pub const HOSTFN_SLOTS: usize = PAGE / core::mem::size_of::<HostFnSlot>();
 
 const fn page_up(n: usize) -> usize {
     (n + PAGE - 1) & !(PAGE - 1)
@@ -114,7 +128,8 @@ impl Layout {
         let rings_offset = page_up(snapshot_offset + core::mem::size_of::<SnapshotTable>());
         let ring_stride = page_up(RING_HEADER_BYTES + p.ring_capacity as usize);
         let channels_offset = rings_offset + ring_stride * p.num_rings as usize;
-        let staging_offset = channels_offset + PAGE * p.num_channels as usize;
+        let hostfn_offset = channels_offset + PAGE * p.num_channels as usize;
+        let staging_offset = hostfn_offset + PAGE;
         let staging_len = p.num_channels as usize * CHUNKS_PER_CHANNEL * p.chunk_bytes as usize;
         Layout {
             params: p,
@@ -122,6 +137,7 @@ impl Layout {
             rings_offset,
             ring_stride,
             channels_offset,
+            hostfn_offset,
             staging_offset,
             total_len: staging_offset + staging_len,
         }
@@ -318,6 +334,20 @@ impl SegmentView {
     pub unsafe fn snapshot_mut(&self) -> &mut SnapshotTable {
         // SAFETY: as snapshot(); exclusivity is the caller's promise.
         unsafe { &mut *(self.base.add(self.layout.snapshot_offset) as *mut SnapshotTable) }
+    }
+
+    /// Host-function slot `i`, if in range.
+    pub fn hostfn(&self, i: usize) -> Option<&HostFnSlot> {
+        (i < HOSTFN_SLOTS).then(|| {
+            // SAFETY: the slots page lies inside the mapping (Layout::new), is 4-byte
+            // aligned, and holds HOSTFN_SLOTS slots of atomics.
+            unsafe {
+                &*(self
+                    .base
+                    .add(self.layout.hostfn_offset + i * core::mem::size_of::<HostFnSlot>())
+                    as *const HostFnSlot)
+            }
+        })
     }
 
     /// Changes attribute `attr` of device `dev` in the snapshot while the client runs (an

@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -89,6 +89,9 @@ ops! {
     GraphUpload = 20 => GraphLaunch,
     GraphDestroy = 21 => Handle,
     GraphExecDestroy = 22 => Handle,
+    /// A host function in stream order, through host-function slot `slot` (see
+    /// [`crate::segment::HostFnSlot`]).
+    HostFunc = 23 => HostFunc,
     /// Stream capture begins, or ends with the graph's id as a [`U64Reply`].
     CaptureBegin = 49 => CaptureCall,
     CaptureEnd = 50 => CaptureCall,
@@ -500,6 +503,15 @@ pub struct GraphInstantiate {
     pub graph: u32,
     pub _pad: u32,
     pub flags: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HostFunc {
+    pub stream: u32,
+    pub slot: u32,
+    pub seq: u32,
+    pub _pad: u32,
 }
 
 #[repr(C)]

@@ -153,6 +153,11 @@ pub trait Gpu: Send + Sync + 'static {
     /// # Safety
     /// `addr` lies in registered host memory that stays registered until it is written.
     unsafe fn write_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()>;
+    /// Makes stream `s` wait until the host word at `addr` equals `value`.
+    ///
+    /// # Safety
+    /// `addr` lies in registered host memory that stays registered while the wait may run.
+    unsafe fn wait_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()>;
     /// Stores `value` into device memory at `dptr` (4-byte aligned) in stream order.
     fn write_device_u32(&self, dptr: u64, value: u32, s: usize) -> GpuResult<()>;
 

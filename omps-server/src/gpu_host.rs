@@ -533,6 +533,13 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
+    unsafe fn wait_u32(&self, _addr: *mut u32, _value: u32, _s: usize) -> GpuResult<()> {
+        // Work on the host GPU runs as it is queued: there is no later to wait until.
+        // Tests of host functions see the callback run and the caller not block, not the
+        // stream order, which only a GPU keeps.
+        self.state.lock().unwrap().check()
+    }
+
     unsafe fn write_u32(&self, addr: *mut u32, value: u32, _s: usize) -> GpuResult<()> {
         let st = self.state.lock().unwrap();
         st.check()?;

@@ -529,6 +529,7 @@ impl Session {
             | Op::EventQuery
             | Op::EventElapsed
             | Op::CtxSync
+            | Op::HostFunc
             | Op::Ping => self.handle_sync(ctx, op, p, tail)?,
             Op::Link => self.handle_link(ctx, rec::<wire::ModuleLoad>(p))?,
             Op::BlobFetch => {

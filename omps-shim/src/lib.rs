@@ -13,6 +13,7 @@ pub mod cuda;
 pub mod dark;
 pub mod dark_tools;
 pub mod handles;
+pub mod hostfn;
 pub use omps_ring::image;
 pub mod integrity;
 pub mod pcopy;

@@ -248,6 +248,15 @@ impl Session {
                 invalidate(self, c.stream);
                 self.note_error(CuError(UNSUPPORTED));
             }
+            Op::HostFunc => {
+                // A host node would run in the server: not yet (issue 9).
+                let h = rec::<wire::HostFunc>(p);
+                if !self.stream_capturing(h.stream) {
+                    return Ok(None);
+                }
+                invalidate(self, h.stream);
+                self.note_error(CuError(code::NOT_SUPPORTED));
+            }
             _ => return Ok(None),
         }
         Ok(Some(()))

@@ -79,6 +79,23 @@ impl Session {
                     self.refresh_capture_flags(ctx);
                 }
             }
+            Op::HostFunc => {
+                let h = rec::<wire::HostFunc>(p);
+                let client = self.client.clone();
+                let Some(slot) = client.seg.hostfn(h.slot as usize) else {
+                    return bad(format!("host function slot {} out of range", h.slot));
+                };
+                let s = self.stream(ctx, h.stream)?;
+                // SAFETY: the slot lies in the client's segment, which stays registered
+                // until every fence of this client has passed (ClientShared's drop).
+                let r = unsafe {
+                    gpu.write_u32(slot.done.as_ptr(), h.seq, s)
+                        .and_then(|_| gpu.wait_u32(slot.ack.as_ptr(), h.seq, s))
+                };
+                if let Err(e) = r {
+                    self.note_error(e);
+                }
+            }
             Op::StreamSync => {
                 let h = rec::<wire::HandleCall>(p);
                 let pool = self.stream_pool(h.id)?;

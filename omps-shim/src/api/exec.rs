@@ -694,12 +694,25 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 ) -> CUresult {
     entry(|| {
         let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let (id, dev) = stream_dev(s)?;
-        handle_call(dev, Op::StreamSync, id)?;
-        // SAFETY: the caller's function and argument.
-        unsafe { f(data) };
-        Ok(())
+        let (id, dev) = host_fn_stream(s)?;
+        let data = data as usize;
+        // SAFETY: the driver too calls host functions on a thread of its own.
+        let call = unsafe { crate::hostfn::Call::new(move || f(data as *mut c_void)) };
+        crate::hostfn::enqueue(dev, id, call)
     })
+}
+
+/// The stream a host function goes on; refused during a capture (a host node would run
+/// in the server: not yet).
+fn host_fn_stream(s: CUstream) -> Result<(u32, usize), CUresult> {
+    if super::graph::any_capture()
+        && super::graph::capture_info(s)?.0 != omps_ring::wire::graph::STATUS_NONE
+    {
+        return Err(crate::unsupported::unsupported(
+            "a host function in a stream capture",
+        ));
+    }
+    stream_dev(s)
 }
 
 type StreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
@@ -720,14 +733,14 @@ pub unsafe extern "C" fn cuStreamAddCallback(
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let (id, dev) = stream_dev(s)?;
-        let status = match handle_call(dev, Op::StreamSync, id) {
-            Ok(()) => CUDA_SUCCESS,
-            Err(e) => e,
+        let (id, dev) = host_fn_stream(s)?;
+        let (s, data) = (s as usize, data as usize);
+        // SAFETY: as cuLaunchHostFunc. The status is the stream's at the callback:
+        // an error of its work shows at the next synchronizing call instead.
+        let call = unsafe {
+            crate::hostfn::Call::new(move || cb(s as CUstream, CUDA_SUCCESS, data as *mut c_void))
         };
-        // SAFETY: the caller's callback and argument.
-        unsafe { cb(s, status, data) };
-        Ok(())
+        crate::hostfn::enqueue(dev, id, call)
     })
 }
 

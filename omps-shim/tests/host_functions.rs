@@ -33,7 +33,7 @@ fn host_functions_run_without_blocking_the_caller() {
         assert_eq!(cuStreamCreate(&mut s, 1), CUDA_SUCCESS);
         let t = Instant::now();
         assert_eq!(
-            cuLaunchHostFunc(s, Some(slow), 1 as *mut c_void),
+            cuLaunchHostFunc(s, Some(slow), std::ptr::without_provenance_mut(1)),
             CUDA_SUCCESS
         );
         assert_eq!(

@@ -103,6 +103,11 @@ ops! {
     /// A question about a graph ([`graph::NODE_COUNT`], [`graph::NODE_TYPE`]): a
     /// [`U64Reply`].
     GraphQuery = 53 => GraphQuery,
+    /// IPC (see [`ipc`]): an [`IpcHandle`] for an allocation of the caller's.
+    IpcGetMemHandle = 54 => IpcCall,
+    /// Opens an [`IpcHandle`] another client exported: the pointer as a [`U64Reply`].
+    IpcOpenMemHandle = 55 => IpcOpen,
+    IpcCloseMemHandle = 56 => IpcCall,
 }
 
 /// Where an answer goes.
@@ -503,6 +508,32 @@ pub struct GraphInstantiate {
     pub graph: u32,
     pub _pad: u32,
     pub flags: u64,
+}
+
+/// CUipcMemHandle's 64 bytes as omps fills them: a magic, an unguessable token naming
+/// the allocation in the server, its size, and the server's PID.
+pub mod ipc {
+    pub const MAGIC: [u8; 8] = *b"omps-ipc";
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct IpcHandle {
+    pub bytes: [u8; 64],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct IpcCall {
+    pub call: CallHdr,
+    pub ptr: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct IpcOpen {
+    pub call: CallHdr,
+    pub handle: IpcHandle,
 }
 
 #[repr(C)]

@@ -4,6 +4,7 @@
 //! * [`worker`]: one thread per GPU that runs every client's commands for that GPU.
 //! * [`segpool`]: client segments made and registered ahead of connections.
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
+//! * [`ipc`]: memory one client exports and others open.
 //! * [`limits`]: context limits, per client.
 //! * [`module_cache`]: one loaded module for every client that loads the same image.
 //! * [`confine`]: SM confinements (green contexts): thread limits, partitions, the QoS reserve.
@@ -27,6 +28,7 @@ pub mod gpu;
 pub mod gpu_cuda;
 pub mod gpu_green;
 pub mod gpu_host;
+pub mod ipc;
 pub mod limits;
 pub mod module_cache;
 pub mod placement;

@@ -26,6 +26,7 @@ use std::sync::Arc;
 mod depth;
 mod exec;
 mod graphs;
+mod ipc;
 mod link;
 mod memory;
 mod modules;
@@ -146,6 +147,8 @@ pub struct Release {
     pub events: Vec<u64>,
     pub graphs: Vec<u64>,
     pub execs: Vec<u64>,
+    /// Allocations the client exported for IPC and is done with (crate::ipc).
+    pub ipc: Vec<(u64, u64)>,
     pub vmm: VmmRelease,
 }
 
@@ -158,6 +161,7 @@ impl Release {
             && self.events.is_empty()
             && self.graphs.is_empty()
             && self.execs.is_empty()
+            && self.ipc.is_empty()
             && self.vmm.unmap.is_empty()
             && self.vmm.handles.is_empty()
             && self.vmm.reservations.is_empty()
@@ -199,6 +203,8 @@ pub struct Session {
     execs: HashMap<u32, u64>,
     /// How many of its streams are being captured.
     capturing: usize,
+    /// Other clients' allocations it opened through IPC: pointer -> (size, openings).
+    imported: BTreeMap<u64, (u64, u32)>,
     /// Its streams queued too deep (depth.rs), and since when it is held back.
     deep: Vec<u32>,
     held_since: Option<std::time::Instant>,
@@ -238,6 +244,7 @@ impl Session {
             graphs: HashMap::new(),
             execs: HashMap::new(),
             capturing: 0,
+            imported: BTreeMap::new(),
             deep: Vec::new(),
             held_since: None,
             vmm: Default::default(),
@@ -384,7 +391,12 @@ impl Session {
                 .next_back()
                 .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
         };
-        inside(&self.allocs) || inside(&self.globals) || self.vmm.mapped(addr, len)
+        let imported = self
+            .imported
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&s, &(n, _))| addr.checked_add(len).is_some_and(|end| end <= s + n));
+        inside(&self.allocs) || inside(&self.globals) || imported || self.vmm.mapped(addr, len)
     }
 
     fn check_range(&mut self, addr: u64, len: u64) -> bool {
@@ -549,6 +561,9 @@ impl Session {
             | Op::GraphDestroy
             | Op::GraphExecDestroy
             | Op::GraphQuery => self.handle_graphs(ctx, op, p, tail)?,
+            Op::IpcGetMemHandle | Op::IpcOpenMemHandle | Op::IpcCloseMemHandle => {
+                self.handle_ipc(ctx, op, p, tail)?
+            }
         }
         Ok(())
     }
@@ -577,17 +592,34 @@ impl Session {
     /// Everything the client still holds on this GPU, for release once its work is done.
     pub fn into_release(
         mut self,
-        cache: &crate::module_cache::ModuleCache,
+        shared: &crate::worker::GpuShared,
     ) -> (
         Arc<ClientShared>,
         crate::placement::StreamSet,
         usize,
         Release,
     ) {
+        let cache = &shared.modules;
+        // What it exported goes through the IPC books; what it opened is closed, and an
+        // allocation whose owner left before is freed with it (counted as this client's
+        // until then, since the releaser takes it off the count).
+        let (ipc, mut allocs) = {
+            let mut reg = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+            let (ipc, own): (Vec<(u64, u64)>, Vec<(u64, u64)>) = std::mem::take(&mut self.allocs)
+                .into_iter()
+                .partition(|&(p, _)| reg.exported(p, self.client.id));
+            let orphans = reg.forget_importer(self.client.id);
+            for &(_, n) in &orphans {
+                self.client.mem_bytes[self.dev].fetch_add(n, Ordering::Relaxed);
+            }
+            (ipc, own.into_iter().chain(orphans).collect::<Vec<_>>())
+        };
+        allocs.sort_unstable();
         // Pinned host memory stays with the client and goes when its last Arc does.
         let rel = Release {
             pinned: Vec::new(),
-            allocs: std::mem::take(&mut self.allocs).into_iter().collect(),
+            allocs,
+            ipc,
             modules: self
                 .modules
                 .drain()

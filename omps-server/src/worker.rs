@@ -79,6 +79,8 @@ pub struct GpuShared {
     layout: crate::placement::Layout,
     /// Modules shared by clients that load the same image.
     pub modules: crate::module_cache::ModuleCache,
+    /// Allocations exported for IPC.
+    pub ipc: std::sync::Mutex<crate::ipc::Registry>,
 }
 
 impl GpuShared {
@@ -106,6 +108,7 @@ impl GpuShared {
             lanes: lanes.max(1),
             stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
             layout: gpu.layout(),
+            ipc: Default::default(),
             modules: crate::module_cache::ModuleCache::new({
                 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
                 let snap = gpu.snapshot();
@@ -474,10 +477,22 @@ impl WorkerCtx {
     fn free(
         &self,
         client: Arc<ClientShared>,
-        rel: Release,
+        mut rel: Release,
         final_for_client: bool,
         in_context: bool,
     ) {
+        // Exported allocations the owner is done with: freed now unless an importer
+        // holds one open (then the last importer to close frees it).
+        if !rel.ipc.is_empty() {
+            let mut ipc = self.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+            for (p, n) in std::mem::take(&mut rel.ipc) {
+                if ipc.owner_frees(p, client.id) {
+                    rel.allocs.push((p, n));
+                } else {
+                    client.mem_bytes[self.gpu.ordinal()].fetch_sub(n, Ordering::Relaxed);
+                }
+            }
+        }
         self.shared.releaser.send(
             &*self.gpu,
             client,
@@ -495,7 +510,7 @@ impl WorkerCtx {
         for i in s.bound_work_streams() {
             self.unbind_work_stream(i);
         }
-        let (client, streams, m, rel) = s.into_release(&self.shared.modules);
+        let (client, streams, m, rel) = s.into_release(&self.shared);
         self.markers.retain(|mk| mk.client.id != client.id);
         self.defer(client, &streams, m, rel, true);
     }

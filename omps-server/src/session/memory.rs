@@ -122,13 +122,21 @@ impl Session {
             Op::MemFree => {
                 let f = rec::<wire::MemFree>(p);
                 match self.allocs.remove(&f.ptr) {
-                    Some(len) => ctx.release_later(
-                        self,
-                        Release {
-                            allocs: vec![(f.ptr, len)],
-                            ..Default::default()
-                        },
-                    ),
+                    Some(len) => {
+                        let exported = ctx
+                            .shared
+                            .ipc
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .exported(f.ptr, self.client.id);
+                        let mut rel = Release::default();
+                        if exported {
+                            rel.ipc.push((f.ptr, len));
+                        } else {
+                            rel.allocs.push((f.ptr, len));
+                        }
+                        ctx.release_later(self, rel)
+                    }
                     None => self.note_error(CuError(code::INVALID_VALUE)),
                 }
             }

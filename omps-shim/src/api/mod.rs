@@ -6,6 +6,7 @@ pub mod device;
 pub mod exec;
 pub mod graph;
 pub mod hostmem;
+pub mod ipc;
 pub mod link;
 pub mod mem;
 pub mod module;

@@ -1,0 +1,219 @@
+//! IPC between clients of one server (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`).
+//!
+//! Every client's memory lives in the one shared context, so an opened handle is the same
+//! device pointer: nothing is mapped. What IPC needs here is bookkeeping: a handle names an
+//! allocation by an unguessable token; only a client that was given the handle can open
+//! it, and the memory lives until its owner freed it and every importer closed it (a
+//! killed exporter frees nothing an importer still holds open).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+pub type Token = [u8; 16];
+
+struct Entry {
+    ptr: u64,
+    size: u64,
+    owner: u32,
+    /// Importing client -> how many times it opened the handle and has not closed it.
+    importers: HashMap<u32, u32>,
+    /// The owner freed it (or died) while it was open elsewhere.
+    owner_gone: bool,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    by_token: HashMap<Token, Entry>,
+    by_ptr: HashMap<u64, Token>,
+    keys: std::collections::hash_map::RandomState,
+    counter: u64,
+}
+
+/// What an importer learns from opening a handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    pub ptr: u64,
+    pub size: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum OpenError {
+    /// No allocation behind the token (never exported, or freed and closed by all).
+    Unknown,
+    /// The owner opening its own handle (CUDA refuses a process its own handle).
+    Own,
+}
+
+impl Registry {
+    fn new_token(&mut self) -> Token {
+        self.counter += 1;
+        let mut t = [0u8; 16];
+        for (i, half) in t.chunks_exact_mut(8).enumerate() {
+            let mut h = self.keys.build_hasher();
+            h.write_u64(self.counter);
+            h.write_usize(i);
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+        t
+    }
+
+    /// The token for `owner`'s allocation at `ptr` (`size` bytes): the same one each time.
+    pub fn export(&mut self, owner: u32, ptr: u64, size: u64) -> Token {
+        if let Some(t) = self.by_ptr.get(&ptr) {
+            if self
+                .by_token
+                .get(t)
+                .is_some_and(|e| e.owner == owner && !e.owner_gone)
+            {
+                return *t;
+            }
+        }
+        let t = self.new_token();
+        self.by_ptr.insert(ptr, t);
+        self.by_token.insert(
+            t,
+            Entry {
+                ptr,
+                size,
+                owner,
+                importers: HashMap::new(),
+                owner_gone: false,
+            },
+        );
+        t
+    }
+
+    /// Whether `owner` exported its allocation at `ptr`.
+    pub fn exported(&self, ptr: u64, owner: u32) -> bool {
+        self.by_ptr
+            .get(&ptr)
+            .and_then(|t| self.by_token.get(t))
+            .is_some_and(|e| e.owner == owner && !e.owner_gone)
+    }
+
+    pub fn open(&mut self, token: &Token, client: u32) -> Result<Opened, OpenError> {
+        let e = self.by_token.get_mut(token).ok_or(OpenError::Unknown)?;
+        if e.owner_gone {
+            return Err(OpenError::Unknown);
+        }
+        if e.owner == client {
+            return Err(OpenError::Own);
+        }
+        *e.importers.entry(client).or_default() += 1;
+        Ok(Opened {
+            ptr: e.ptr,
+            size: e.size,
+        })
+    }
+
+    /// `client` closes one opening of the allocation at `ptr`: None if it had none open;
+    /// else the allocation to free now, if this was the last user.
+    pub fn close(&mut self, ptr: u64, client: u32) -> Option<Option<(u64, u64)>> {
+        let t = *self.by_ptr.get(&ptr)?;
+        let e = self.by_token.get_mut(&t)?;
+        let n = e.importers.get_mut(&client)?;
+        *n -= 1;
+        if *n == 0 {
+            e.importers.remove(&client);
+        }
+        Some(self.settle(t))
+    }
+
+    /// The owner frees `ptr`: true when nothing holds it open (free it now), false when
+    /// an importer does (it is freed when the last one closes). Not exported: true.
+    pub fn owner_frees(&mut self, ptr: u64, owner: u32) -> bool {
+        let Some(&t) = self.by_ptr.get(&ptr) else {
+            return true;
+        };
+        match self.by_token.get_mut(&t) {
+            Some(e) if e.owner == owner => {
+                e.owner_gone = true;
+                self.settle(t).is_some()
+            }
+            _ => true,
+        }
+    }
+
+    /// A client is gone: it closes all it opened. Returns the allocations (of other,
+    /// freed owners) that must be freed now.
+    pub fn forget_importer(&mut self, client: u32) -> Vec<(u64, u64)> {
+        let tokens: Vec<Token> = self
+            .by_token
+            .iter()
+            .filter(|(_, e)| e.importers.contains_key(&client))
+            .map(|(t, _)| *t)
+            .collect();
+        let mut free = Vec::new();
+        for t in tokens {
+            if let Some(e) = self.by_token.get_mut(&t) {
+                e.importers.remove(&client);
+            }
+            free.extend(self.settle(t));
+        }
+        free
+    }
+
+    /// Forgets an entry whose owner is gone and that no one holds open: the allocation to
+    /// free.
+    fn settle(&mut self, t: Token) -> Option<(u64, u64)> {
+        let e = self.by_token.get(&t)?;
+        if !e.owner_gone || !e.importers.is_empty() {
+            return None;
+        }
+        let e = self.by_token.remove(&t)?;
+        if self.by_ptr.get(&e.ptr) == Some(&t) {
+            self.by_ptr.remove(&e.ptr);
+        }
+        Some((e.ptr, e.size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_lives_until_its_owner_and_every_importer_are_done() {
+        let mut r = Registry::default();
+        let t = r.export(1, 0x1000, 64);
+        assert_eq!(r.export(1, 0x1000, 64), t, "one token per allocation");
+        assert_eq!(r.open(&t, 1), Err(OpenError::Own));
+        assert_eq!(
+            r.open(&[0; 16], 2),
+            Err(OpenError::Unknown),
+            "a guessed token"
+        );
+        assert_eq!(r.open(&t, 2).unwrap().ptr, 0x1000);
+        r.open(&t, 2).unwrap();
+        r.open(&t, 3).unwrap();
+        assert!(!r.owner_frees(0x1000, 1), "still open: not freed");
+        assert_eq!(
+            r.open(&t, 4),
+            Err(OpenError::Unknown),
+            "no new openings once freed"
+        );
+        assert_eq!(r.close(0x1000, 2), Some(None));
+        assert_eq!(r.close(0x1000, 2), Some(None));
+        assert_eq!(
+            r.close(0x1000, 2),
+            None,
+            "client 2 has nothing open any more"
+        );
+        assert_eq!(
+            r.forget_importer(3),
+            vec![(0x1000, 64)],
+            "the last user frees it"
+        );
+        assert!(r.owner_frees(0x2000, 1), "never exported: free at once");
+    }
+
+    #[test]
+    fn an_owner_that_frees_what_no_one_opened_frees_it() {
+        let mut r = Registry::default();
+        let t = r.export(1, 0x1000, 64);
+        assert!(r.owner_frees(0x1000, 1));
+        assert_eq!(r.open(&t, 2), Err(OpenError::Unknown));
+        let t2 = r.export(5, 0x1000, 64);
+        assert_ne!(t, t2, "a reused address gets a new token");
+    }
+}

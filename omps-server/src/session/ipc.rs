@@ -1,0 +1,100 @@
+//! IPC handles (crate::ipc): exporting an allocation, opening another client's, closing.
+
+use super::*;
+use crate::ipc::{OpenError, Token};
+use omps_ring::wire::ipc::MAGIC;
+
+/// CUDA_ERROR_INVALID_CONTEXT: a process opening its own handle, as CUDA answers.
+const INVALID_CONTEXT: i32 = 201;
+
+impl Session {
+    pub(super) fn handle_ipc(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        op: Op,
+        p: &[u8],
+        tail: &[u8],
+    ) -> Result<(), Malformed> {
+        fixed_only(tail, "ipc")?;
+        let me = self.client.id;
+        match op {
+            Op::IpcGetMemHandle => {
+                let c = rec::<wire::IpcCall>(p);
+                let Some(&size) = self.allocs.get(&c.ptr) else {
+                    // Only the base of an allocation of its own, as natively.
+                    return self.complete(c.call, code::INVALID_VALUE, &[]);
+                };
+                let token = ctx
+                    .shared
+                    .ipc
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .export(me, c.ptr, size);
+                let mut h = wire::IpcHandle { bytes: [0; 64] };
+                h.bytes[..8].copy_from_slice(&MAGIC);
+                h.bytes[8..24].copy_from_slice(&token);
+                h.bytes[24..32].copy_from_slice(&size.to_le_bytes());
+                h.bytes[32..36].copy_from_slice(&std::process::id().to_le_bytes());
+                self.complete_pod(c.call, Ok(h))?;
+            }
+            Op::IpcOpenMemHandle => {
+                let o = rec::<wire::IpcOpen>(p);
+                let b = &o.handle.bytes;
+                let ours = b[..8] == MAGIC && b[32..36] == std::process::id().to_le_bytes();
+                let token: Token = b[8..24].try_into().expect("16 bytes");
+                let r = if !ours {
+                    Err(CuError(code::INVALID_VALUE))
+                } else {
+                    let opened = ctx
+                        .shared
+                        .ipc
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .open(&token, me);
+                    match opened {
+                        Ok(x) => {
+                            self.imported.entry(x.ptr).or_insert((x.size, 0)).1 += 1;
+                            Ok(wire::U64Reply { value: x.ptr })
+                        }
+                        Err(OpenError::Own) => Err(CuError(INVALID_CONTEXT)),
+                        Err(OpenError::Unknown) => Err(CuError(code::INVALID_VALUE)),
+                    }
+                };
+                self.complete_pod(o.call, r)?;
+            }
+            Op::IpcCloseMemHandle => {
+                let c = rec::<wire::IpcCall>(p);
+                let closed = ctx
+                    .shared
+                    .ipc
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .close(c.ptr, me);
+                let Some(free) = closed else {
+                    return self.complete(c.call, code::INVALID_VALUE, &[]);
+                };
+                if let Some(e) = self.imported.get_mut(&c.ptr) {
+                    e.1 -= 1;
+                    if e.1 == 0 {
+                        self.imported.remove(&c.ptr);
+                    }
+                }
+                if let Some((ptr, size)) = free {
+                    // Its owner freed it before: it goes once this client's work is done,
+                    // counted as this client's until then (the releaser takes it off).
+                    self.client.mem_bytes[self.dev].fetch_add(size, Ordering::Relaxed);
+                    ctx.release_later(
+                        self,
+                        Release {
+                            allocs: vec![(ptr, size)],
+                            ..Default::default()
+                        },
+                    );
+                }
+                self.complete(c.call, 0, &[])?;
+            }
+            _ => unreachable!("dispatched to the IPC family: {op:?}"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! IPC between clients of one server (omps-server/src/ipc.rs): every client's memory is in
+//! the server's one context, so an opened handle is the exporter's own device pointer;
+//! the server keeps the allocation alive until its owner and every importer are done.
+
+use super::ctx::current_dev;
+use super::{entry, live, out};
+use crate::cuda::*;
+use omps_ring::wire::{self, IpcCall, IpcHandle, IpcOpen, Op};
+use std::ffi::c_uint;
+
+/// CUipcMemHandle: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+
+fn ipc_call(op: Op, ptr: u64) -> Result<Option<IpcHandle>, CUresult> {
+    let dev = current_dev()?;
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, op, |call| {
+        bytemuck::bytes_of(&IpcCall { call, ptr }).to_vec()
+    })?;
+    Ok((op == Op::IpcGetMemHandle).then(|| ch.reply()))
+}
+
+/// # Safety
+/// `handle` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: u64) -> CUresult {
+    entry(|| {
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = ipc_call(Op::IpcGetMemHandle, dptr)?.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(handle, CUipcMemHandle { reserved: h.bytes }) }
+    })
+}
+
+/// # Safety
+/// `dptr` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
+    dptr: *mut u64,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> CUresult {
+    // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS is the one flag; peers do not arise in one context.
+    const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+    entry(|| {
+        if dptr.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = current_dev()?;
+        let c = live()?;
+        let mut ch = c.channel();
+        ch.call(dev, Op::IpcOpenMemHandle, |call| {
+            bytemuck::bytes_of(&IpcOpen {
+                call,
+                handle: IpcHandle {
+                    bytes: handle.reserved,
+                },
+            })
+            .to_vec()
+        })?;
+        let p = ch.reply::<wire::U64Reply>().value;
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(dptr, p) }
+    })
+}
+
+/// # Safety
+/// As [`cuIpcOpenMemHandle_v2`].
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle(
+    dptr: *mut u64,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuIpcOpenMemHandle_v2(dptr, handle, flags) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuIpcCloseMemHandle(dptr: u64) -> CUresult {
+    entry(|| ipc_call(Op::IpcCloseMemHandle, dptr).map(drop))
+}

@@ -1,0 +1,102 @@
+//! IPC between clients of one server: a handle opens only the allocation it names, only
+//! in another client; the memory lives until its owner and every importer are done, a
+//! dead exporter included.
+
+mod common;
+use common::*;
+use omps_ring::wire::{self, IpcCall, IpcHandle, IpcOpen, Op};
+use omps_shim::conn::Conn;
+use std::time::{Duration, Instant};
+
+fn get(c: &Conn, ptr: u64) -> Result<IpcHandle, i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::IpcGetMemHandle, |call| {
+        bytemuck::bytes_of(&IpcCall { call, ptr }).to_vec()
+    })?;
+    Ok(ch.reply())
+}
+
+fn open(c: &Conn, handle: IpcHandle) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::IpcOpenMemHandle, |call| {
+        bytemuck::bytes_of(&IpcOpen { call, handle }).to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+fn close(c: &Conn, ptr: u64) -> Result<(), i32> {
+    c.channel().call(0, Op::IpcCloseMemHandle, |call| {
+        bytemuck::bytes_of(&IpcCall { call, ptr }).to_vec()
+    })
+}
+
+fn free(c: &Conn, ptr: u64) {
+    c.push(
+        0,
+        Op::MemFree,
+        &[bytemuck::bytes_of(&wire::MemFree { ptr })],
+    )
+    .unwrap();
+    c.ping(0).unwrap();
+}
+
+fn settles(srv: &TestServer, bytes: u64) -> u64 {
+    let t = Instant::now();
+    while srv.gpu.bytes_allocated() != bytes && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    srv.gpu.bytes_allocated()
+}
+
+#[test]
+fn exported_memory_lives_until_everyone_is_done() {
+    let srv = TestServer::start("ipc");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&a, 1 << 20);
+    assert_eq!(get(&a, p + 64).err(), Some(1), "only an allocation's base");
+    assert_eq!(get(&b, p).err(), Some(1), "only the caller's own");
+    let h = get(&a, p).unwrap();
+    assert_eq!(open(&a, h), Err(201), "not in the exporting client");
+    let mut forged = h;
+    forged.bytes[9] ^= 1;
+    assert_eq!(open(&b, forged), Err(1), "a guessed handle opens nothing");
+    assert_eq!(open(&b, h), Ok(p), "the exporter's own pointer");
+    assert_eq!(open(&c, h), Ok(p));
+    // The importer may copy into it (the server checks copies against what a client holds).
+    memset(&b, p);
+    b.ping(0).unwrap();
+    free(&a, p);
+    assert_eq!(
+        settles(&srv, 1 << 20),
+        1 << 20,
+        "freed by its owner, still open twice"
+    );
+    assert_eq!(close(&b, p), Ok(()));
+    assert_eq!(close(&b, p), Err(1), "b had it open once");
+    drop(c);
+    assert_eq!(settles(&srv, 0), 0, "the last importer gone: freed");
+}
+
+#[test]
+fn a_killed_exporter_frees_nothing_still_open() {
+    let srv = TestServer::start("ipcdead");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&a, 1 << 20);
+    let q = alloc(&a, 4096);
+    let h = get(&a, p).unwrap();
+    assert_eq!(open(&b, h), Ok(p));
+    drop(a);
+    assert_eq!(
+        settles(&srv, 1 << 20),
+        1 << 20,
+        "the unexported block went, the open one stays"
+    );
+    let _ = q;
+    memset(&b, p);
+    b.ping(0).unwrap();
+    close(&b, p).unwrap();
+    assert_eq!(settles(&srv, 0), 0);
+}

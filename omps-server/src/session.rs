@@ -137,6 +137,9 @@ struct Module {
     shared: bool,
 }
 
+/// A device range: start and length.
+type Range = (u64, u64);
+
 /// Resources a client gave back or left behind, freed once the GPU is done with them.
 #[derive(Default)]
 pub struct Release {
@@ -605,7 +608,7 @@ impl Session {
         // until then, since the releaser takes it off the count).
         let (ipc, mut allocs) = {
             let mut reg = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
-            let (ipc, own): (Vec<(u64, u64)>, Vec<(u64, u64)>) = std::mem::take(&mut self.allocs)
+            let (ipc, own): (Vec<Range>, Vec<Range>) = std::mem::take(&mut self.allocs)
                 .into_iter()
                 .partition(|&(p, _)| reg.exported(p, self.client.id));
             let orphans = reg.forget_importer(self.client.id);

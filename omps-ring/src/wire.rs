@@ -108,6 +108,10 @@ ops! {
     /// Opens an [`IpcHandle`] another client exported: the pointer as a [`U64Reply`].
     IpcOpenMemHandle = 55 => IpcOpen,
     IpcCloseMemHandle = 56 => IpcCall,
+    /// An [`IpcHandle`] for event `id` of the caller's (made interprocess).
+    IpcGetEventHandle = 57 => HandleCall,
+    /// Opens another client's exported event as this client's event `id`.
+    IpcOpenEventHandle = 58 => IpcOpenEvent,
 }
 
 /// Where an answer goes.
@@ -533,6 +537,15 @@ pub struct IpcCall {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct IpcOpen {
     pub call: CallHdr,
+    pub handle: IpcHandle,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct IpcOpenEvent {
+    pub call: CallHdr,
+    pub id: u32,
+    pub _pad: u32,
     pub handle: IpcHandle,
 }
 

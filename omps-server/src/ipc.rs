@@ -21,10 +21,20 @@ struct Entry {
     owner_gone: bool,
 }
 
+/// An exported event: the driver's handle, shared by its owner and its importers.
+struct EventEntry {
+    handle: u64,
+    owner: u32,
+    /// Clients holding it (the owner, then each opening), each destroy or death one less.
+    users: u32,
+}
+
 #[derive(Default)]
 pub struct Registry {
     by_token: HashMap<Token, Entry>,
     by_ptr: HashMap<u64, Token>,
+    events: HashMap<Token, EventEntry>,
+    event_tokens: HashMap<u64, Token>,
     keys: std::collections::hash_map::RandomState,
     counter: u64,
 }
@@ -153,6 +163,52 @@ impl Registry {
         free
     }
 
+    /// The token for `owner`'s event `handle`: the same one each time.
+    pub fn export_event(&mut self, owner: u32, handle: u64) -> Token {
+        if let Some(t) = self.event_tokens.get(&handle) {
+            return *t;
+        }
+        let t = self.new_token();
+        self.event_tokens.insert(handle, t);
+        self.events.insert(
+            t,
+            EventEntry {
+                handle,
+                owner,
+                users: 1,
+            },
+        );
+        t
+    }
+
+    /// Another client opens an exported event: the driver's handle, now shared with it.
+    pub fn open_event(&mut self, token: &Token, client: u32) -> Result<u64, OpenError> {
+        let e = self.events.get_mut(token).ok_or(OpenError::Unknown)?;
+        if e.owner == client {
+            return Err(OpenError::Own);
+        }
+        e.users += 1;
+        Ok(e.handle)
+    }
+
+    /// A client is done with event `handle` (destroyed it, or died): whether to destroy
+    /// it now (true for an event never exported).
+    pub fn release_event(&mut self, handle: u64) -> bool {
+        let Some(t) = self.event_tokens.get(&handle).copied() else {
+            return true;
+        };
+        let Some(e) = self.events.get_mut(&t) else {
+            return true;
+        };
+        e.users -= 1;
+        if e.users > 0 {
+            return false;
+        }
+        self.events.remove(&t);
+        self.event_tokens.remove(&handle);
+        true
+    }
+
     /// Forgets an entry whose owner is gone and that no one holds open: the allocation to
     /// free.
     fn settle(&mut self, t: Token) -> Option<(u64, u64)> {
@@ -205,6 +261,22 @@ mod tests {
             "the last user frees it"
         );
         assert!(r.owner_frees(0x2000, 1), "never exported: free at once");
+    }
+
+    #[test]
+    fn a_shared_event_is_destroyed_by_its_last_user() {
+        let mut r = Registry::default();
+        assert!(r.release_event(7), "never exported: destroyed at once");
+        let t = r.export_event(1, 7);
+        assert_eq!(r.export_event(1, 7), t);
+        assert_eq!(r.open_event(&t, 1), Err(OpenError::Own));
+        assert_eq!(r.open_event(&t, 2), Ok(7));
+        assert!(
+            !r.release_event(7),
+            "the owner destroys it: still open in client 2"
+        );
+        assert!(r.release_event(7), "client 2 too: gone");
+        assert_eq!(r.open_event(&t, 3), Err(OpenError::Unknown));
     }
 
     #[test]

@@ -206,6 +206,8 @@ pub struct Session {
     execs: HashMap<u32, u64>,
     /// How many of its streams are being captured.
     capturing: usize,
+    /// Its events to destroy as it goes (set by into_release: shared ones stay).
+    events_to_destroy: Vec<u64>,
     /// Other clients' allocations it opened through IPC: pointer -> (size, openings).
     imported: BTreeMap<u64, (u64, u32)>,
     /// Its streams queued too deep (depth.rs), and since when it is held back.
@@ -248,6 +250,7 @@ impl Session {
             execs: HashMap::new(),
             capturing: 0,
             imported: BTreeMap::new(),
+            events_to_destroy: Vec::new(),
             deep: Vec::new(),
             held_since: None,
             vmm: Default::default(),
@@ -564,9 +567,11 @@ impl Session {
             | Op::GraphDestroy
             | Op::GraphExecDestroy
             | Op::GraphQuery => self.handle_graphs(ctx, op, p, tail)?,
-            Op::IpcGetMemHandle | Op::IpcOpenMemHandle | Op::IpcCloseMemHandle => {
-                self.handle_ipc(ctx, op, p, tail)?
-            }
+            Op::IpcGetMemHandle
+            | Op::IpcOpenMemHandle
+            | Op::IpcCloseMemHandle
+            | Op::IpcGetEventHandle
+            | Op::IpcOpenEventHandle => self.handle_ipc(ctx, op, p, tail)?,
         }
         Ok(())
     }
@@ -612,6 +617,12 @@ impl Session {
                 .into_iter()
                 .partition(|&(p, _)| reg.exported(p, self.client.id));
             let orphans = reg.forget_importer(self.client.id);
+            // Shared events go with their last user.
+            let events: Vec<u64> = self.events.drain().map(|(_, e)| e).collect();
+            self.events_to_destroy = events
+                .into_iter()
+                .filter(|&e| reg.release_event(e))
+                .collect();
             for &(_, n) in &orphans {
                 self.client.mem_bytes[self.dev].fetch_add(n, Ordering::Relaxed);
             }
@@ -631,10 +642,8 @@ impl Session {
                     false => vec![m.handle],
                 })
                 .collect(),
-            events: self
-                .events
-                .drain()
-                .map(|(_, e)| e)
+            events: std::mem::take(&mut self.events_to_destroy)
+                .into_iter()
                 .chain(
                     self.streams
                         .values_mut()

@@ -100,3 +100,70 @@ fn a_killed_exporter_frees_nothing_still_open() {
     close(&b, p).unwrap();
     assert_eq!(settles(&srv, 0), 0);
 }
+
+fn event_create(c: &Conn, id: u32, flags: u32) {
+    c.push(
+        0,
+        Op::EventCreate,
+        &[bytemuck::bytes_of(&wire::EventCreate { id, flags })],
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_shared_event_lives_while_any_client_holds_it() {
+    let srv = TestServer::start("ipcev");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    event_create(&a, 7, 6);
+    let h = {
+        let mut ch = a.channel();
+        ch.call(0, Op::IpcGetEventHandle, |call| {
+            bytemuck::bytes_of(&wire::HandleCall {
+                call,
+                id: 7,
+                _pad: 0,
+            })
+            .to_vec()
+        })
+        .unwrap();
+        ch.reply::<IpcHandle>()
+    };
+    let open_ev = |c: &Conn, id: u32, handle: IpcHandle| {
+        c.channel().call(0, Op::IpcOpenEventHandle, |call| {
+            bytemuck::bytes_of(&wire::IpcOpenEvent {
+                call,
+                id,
+                _pad: 0,
+                handle,
+            })
+            .to_vec()
+        })
+    };
+    assert_eq!(open_ev(&a, 8, h), Err(201), "not its own");
+    open_ev(&b, 3, h).unwrap();
+    // The owner destroys it; b still records and waits on it.
+    a.push(
+        0,
+        Op::EventDestroy,
+        &[bytemuck::bytes_of(&wire::Handle { id: 7, _pad: 0 })],
+    )
+    .unwrap();
+    a.ping(0).unwrap();
+    let rec = wire::EventRecord {
+        event: 3,
+        stream: 0,
+    };
+    b.push(0, Op::EventRecord, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    b.channel()
+        .call(0, Op::EventSync, |call| {
+            bytemuck::bytes_of(&wire::HandleCall {
+                call,
+                id: 3,
+                _pad: 0,
+            })
+            .to_vec()
+        })
+        .unwrap();
+}

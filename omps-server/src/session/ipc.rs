@@ -30,21 +30,11 @@ impl Session {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .export(me, c.ptr, size);
-                let mut h = wire::IpcHandle { bytes: [0; 64] };
-                h.bytes[..8].copy_from_slice(&MAGIC);
-                h.bytes[8..24].copy_from_slice(&token);
-                h.bytes[24..32].copy_from_slice(&size.to_le_bytes());
-                h.bytes[32..36].copy_from_slice(&std::process::id().to_le_bytes());
-                self.complete_pod(c.call, Ok(h))?;
+                self.complete_pod(c.call, Ok(handle_bytes(&token, size)))?;
             }
             Op::IpcOpenMemHandle => {
                 let o = rec::<wire::IpcOpen>(p);
-                let b = &o.handle.bytes;
-                let ours = b[..8] == MAGIC && b[32..36] == std::process::id().to_le_bytes();
-                let token: Token = b[8..24].try_into().expect("16 bytes");
-                let r = if !ours {
-                    Err(CuError(code::INVALID_VALUE))
-                } else {
+                let r = if let Some(token) = ours(&o.handle) {
                     let opened = ctx
                         .shared
                         .ipc
@@ -59,6 +49,8 @@ impl Session {
                         Err(OpenError::Own) => Err(CuError(INVALID_CONTEXT)),
                         Err(OpenError::Unknown) => Err(CuError(code::INVALID_VALUE)),
                     }
+                } else {
+                    Err(CuError(code::INVALID_VALUE))
                 };
                 self.complete_pod(o.call, r)?;
             }
@@ -93,8 +85,62 @@ impl Session {
                 }
                 self.complete(c.call, 0, &[])?;
             }
+            Op::IpcGetEventHandle => {
+                let c = rec::<wire::HandleCall>(p);
+                let Some(&e) = self.events.get(&c.id) else {
+                    return bad(format!("unknown event {}", c.id));
+                };
+                let token = ctx
+                    .shared
+                    .ipc
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .export_event(me, e);
+                self.complete_pod(c.call, Ok(handle_bytes(&token, 0)))?;
+            }
+            Op::IpcOpenEventHandle => {
+                let o = rec::<wire::IpcOpenEvent>(p);
+                if self.events.contains_key(&o.id) {
+                    return bad(format!("event id {} reused", o.id));
+                }
+                let r = match ours(&o.handle) {
+                    None => Err(CuError(code::INVALID_VALUE)),
+                    Some(token) => match ctx
+                        .shared
+                        .ipc
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .open_event(&token, me)
+                    {
+                        Ok(h) => {
+                            self.events.insert(o.id, h);
+                            Ok(())
+                        }
+                        Err(OpenError::Own) => Err(CuError(INVALID_CONTEXT)),
+                        Err(OpenError::Unknown) => Err(CuError(code::INVALID_VALUE)),
+                    },
+                };
+                self.complete(o.call, r.err().map_or(0, |e| e.0), &[])?;
+            }
             _ => unreachable!("dispatched to the IPC family: {op:?}"),
         }
         Ok(())
     }
+}
+
+/// A handle's 64 bytes: magic, token, size (0 for an event), this server's PID.
+fn handle_bytes(token: &Token, size: u64) -> wire::IpcHandle {
+    let mut h = wire::IpcHandle { bytes: [0; 64] };
+    h.bytes[..8].copy_from_slice(&MAGIC);
+    h.bytes[8..24].copy_from_slice(token);
+    h.bytes[24..32].copy_from_slice(&size.to_le_bytes());
+    h.bytes[32..36].copy_from_slice(&std::process::id().to_le_bytes());
+    h
+}
+
+/// The token of a handle this server made, None for anything else.
+fn ours(h: &wire::IpcHandle) -> Option<Token> {
+    let b = &h.bytes;
+    (b[..8] == MAGIC && b[32..36] == std::process::id().to_le_bytes())
+        .then(|| b[8..24].try_into().expect("16 bytes"))
 }

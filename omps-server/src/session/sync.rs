@@ -58,8 +58,17 @@ impl Session {
                     .events
                     .remove(&h.id)
                     .ok_or_else(|| Malformed(format!("destroying unknown event {}", h.id)))?;
-                // The driver defers the release of a recorded event until it completes.
-                let _ = gpu.event_destroy(e);
+                // The driver defers the release of a recorded event until it completes. An
+                // event shared through IPC goes with its last user.
+                let last = ctx
+                    .shared
+                    .ipc
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .release_event(e);
+                if last {
+                    let _ = gpu.event_destroy(e);
+                }
             }
             Op::EventRecord => {
                 let r = rec::<wire::EventRecord>(p);

@@ -172,7 +172,7 @@ pub extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
     })
 }
 
-fn event(e: CUevent) -> Result<&'static Event, CUresult> {
+pub(crate) fn event(e: CUevent) -> Result<&'static Event, CUresult> {
     // SAFETY: the caller passed an event handle, as the API requires.
     unsafe { resolve(e as *const Event, EVENT_MAGIC) }
 }

@@ -87,3 +87,81 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle(
 pub extern "C" fn cuIpcCloseMemHandle(dptr: u64) -> CUresult {
     entry(|| ipc_call(Op::IpcCloseMemHandle, dptr).map(drop))
 }
+
+/// CUipcEventHandle: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcEventHandle {
+    pub reserved: [u8; 64],
+}
+
+/// CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS: what an exportable event must be.
+const INTERPROCESS_FLAGS: c_uint = 0x2 | 0x4;
+
+/// # Safety
+/// `handle` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcGetEventHandle(
+    handle: *mut CUipcEventHandle,
+    e: super::exec::CUevent,
+) -> CUresult {
+    entry(|| {
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ev = super::exec::event(e)?;
+        if ev.flags & INTERPROCESS_FLAGS != INTERPROCESS_FLAGS {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let c = live()?;
+        let mut ch = c.channel();
+        ch.call(ev.dev, Op::IpcGetEventHandle, |call| {
+            bytemuck::bytes_of(&wire::HandleCall {
+                call,
+                id: ev.id,
+                _pad: 0,
+            })
+            .to_vec()
+        })?;
+        let h: IpcHandle = ch.reply();
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(handle, CUipcEventHandle { reserved: h.bytes }) }
+    })
+}
+
+/// # Safety
+/// `ph` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenEventHandle(
+    ph: *mut super::exec::CUevent,
+    handle: CUipcEventHandle,
+) -> CUresult {
+    use crate::handles::{leak, next_id, Event, EVENT_MAGIC};
+    entry(|| {
+        if ph.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = current_dev()?;
+        let id = next_id();
+        let c = live()?;
+        c.channel().call(dev, Op::IpcOpenEventHandle, |call| {
+            bytemuck::bytes_of(&wire::IpcOpenEvent {
+                call,
+                id,
+                _pad: 0,
+                handle: IpcHandle {
+                    bytes: handle.reserved,
+                },
+            })
+            .to_vec()
+        })?;
+        let h = leak(Event {
+            magic: std::sync::atomic::AtomicU32::new(EVENT_MAGIC),
+            id,
+            dev,
+            flags: INTERPROCESS_FLAGS,
+        });
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(ph, h) }
+    })
+}

@@ -572,10 +572,8 @@ impl Server {
             OwnedFd::from(ours),
             registered_on,
         ));
-        for g in 0..self.gpus.len() {
-            let w = self.lane_of(g, id);
-            self.workers[w].send(ToWorker::Add(c.clone()));
-        }
+        // Its placement (and everyone's, if it is latency-critical) before any worker
+        // sees it, so its first work already runs where it belongs.
         settled.apply(&c);
         tracing::info!(
             client = id,
@@ -584,9 +582,11 @@ impl Server {
             "client connected"
         );
         self.clients.insert(id, (c.clone(), stream));
-        // Before the client's first work can arrive: its placement, and everyone's if it
-        // is latency-critical.
         self.publish_placements();
+        for g in 0..self.gpus.len() {
+            let w = self.lane_of(g, id);
+            self.workers[w].send(ToWorker::Add(c.clone()));
+        }
         Ok(())
     }
 

@@ -153,7 +153,8 @@ pub trait Gpu: Send + Sync + 'static {
     /// # Safety
     /// `addr` lies in registered host memory that stays registered until it is written.
     unsafe fn write_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()>;
-    /// Makes stream `s` wait until the host word at `addr` equals `value`.
+    /// Makes stream `s` wait until the host word at `addr` reaches `value` (a wrapping
+    /// greater-or-equal).
     ///
     /// # Safety
     /// `addr` lies in registered host memory that stays registered while the wait may run.

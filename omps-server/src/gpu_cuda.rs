@@ -370,8 +370,32 @@ impl Gpu for CudaGpu {
     fn quiet(&self) -> bool {
         self.bind();
         let busy = |s: cu::CUstream| {
-            // SAFETY: a stream of this context (or null: not made, skipped).
-            !s.is_null() && unsafe { cu::cuStreamQuery(s) } != cu::CUresult::CUDA_SUCCESS
+            if s.is_null() {
+                return false;
+            }
+            // A capturing stream is never queried (a query would invalidate a client's
+            // capture): it counts as busy.
+            let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            // SAFETY: a stream of this context; valid out-pointer, the rest null. Asking
+            // for capture info is legal during a capture.
+            let r = unsafe {
+                cu::cuStreamGetCaptureInfo_v3(
+                    s,
+                    &mut status,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if r != cu::CUresult::CUDA_SUCCESS
+                || status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+            {
+                return true;
+            }
+            // SAFETY: a stream of this context, not capturing.
+            unsafe { cu::cuStreamQuery(s) != cu::CUresult::CUDA_SUCCESS }
         };
         !self
             .streams
@@ -770,9 +794,12 @@ impl Gpu for CudaGpu {
     unsafe fn wait_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
         self.bind();
         let st = self.stream(s)?;
-        const WAIT_VALUE_EQ: u32 = 1;
+        // CU_STREAM_WAIT_VALUE_GEQ compares with wrap-around: a slot's sequence only grows,
+        // so a later function's acknowledgement through the same slot also releases this
+        // wait (EQ could miss the moment and wait forever).
+        const WAIT_VALUE_GEQ: u32 = 0;
         // SAFETY: as write_u32: registered with DEVICEMAP, host address = device address.
-        ck(unsafe { cu::cuStreamWaitValue32_v2(st, addr as u64, value, WAIT_VALUE_EQ) })
+        ck(unsafe { cu::cuStreamWaitValue32_v2(st, addr as u64, value, WAIT_VALUE_GEQ) })
     }
 
     unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> GpuResult<()> {

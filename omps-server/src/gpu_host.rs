@@ -155,6 +155,11 @@ impl HostGpu {
         self.launches.load(Ordering::Relaxed)
     }
 
+    /// Streams being captured now.
+    pub fn captures(&self) -> usize {
+        self.state.lock().unwrap().capturing.len()
+    }
+
     /// Graphs and executable graphs that exist now.
     pub fn graph_count(&self) -> (usize, usize) {
         let st = self.state.lock().unwrap();

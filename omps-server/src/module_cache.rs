@@ -50,6 +50,8 @@ struct Inner {
 
 pub struct ModuleCache {
     inner: Mutex<Inner>,
+    /// Held across a read and a set of a shared function's attribute.
+    attrs: Mutex<()>,
     hasher: std::collections::hash_map::RandomState,
     /// The GPU's compute capability (major * 10 + minor): which fatbin entries count.
     cc: u32,
@@ -59,6 +61,7 @@ impl ModuleCache {
     pub fn new(cc: u32) -> Self {
         ModuleCache {
             inner: Default::default(),
+            attrs: Default::default(),
             hasher: Default::default(),
             cc,
         }
@@ -68,6 +71,11 @@ impl ModuleCache {
         let mut h = self.hasher.build_hasher();
         h.write(image);
         h.finish()
+    }
+
+    /// Serializes changes to shared functions' attributes.
+    pub fn attr_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.attrs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether `image` may be shared on this GPU.

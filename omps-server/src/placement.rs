@@ -194,6 +194,8 @@ impl Placement {
 pub struct Binding {
     pub client: u32,
     pub refs: u32,
+    /// Held by one client stream alone (a capture): never shared, by anyone.
+    pub exclusive: bool,
 }
 
 /// Picks the work stream in `class` for a new stream of `client`, in this order:
@@ -246,11 +248,13 @@ pub fn pick(
     let mine = class
         .clone()
         .filter(|&i| bindings[i].refs > 0 && bindings[i].client == client)
+        .filter(|&i| !bindings[i].exclusive)
         .min_by_key(|&i| bindings[i].refs);
     if let Some(i) = mine {
         return (i, false);
     }
     let least = rotated
+        .filter(|&i| !bindings[i].exclusive)
         .min_by_key(|&i| bindings[i].refs)
         .unwrap_or(class.start);
     (least, true)
@@ -267,6 +271,14 @@ impl StreamSet {
             self.0.resize(w + 1, 0);
         }
         self.0[w] |= 1 << (i % 64);
+    }
+
+    pub fn remove_all(&mut self, ids: &[usize]) {
+        for &i in ids {
+            if let Some(w) = self.0.get_mut(i / 64) {
+                *w &= !(1 << (i % 64));
+            }
+        }
     }
 
     pub fn contains(&self, i: usize) -> bool {
@@ -351,10 +363,22 @@ mod tests {
         });
         assert_ne!(s, L.class(NORMAL).start);
         for i in L.class(NORMAL) {
-            b[i] = Binding { client: 9, refs: 1 };
+            b[i] = Binding {
+                client: 9,
+                refs: 1,
+                exclusive: false,
+            };
         }
         let (s, shared) = pick(&L, &b, L.class(NORMAL), 1, 3, &mut |_| true);
         assert!(shared && L.class(NORMAL).contains(&s));
+        // A stream held for a capture is never handed to anyone else.
+        for i in L.class(NORMAL) {
+            b[i].exclusive = i != L.class(NORMAL).start;
+        }
+        for r in 0..8 {
+            let (s, _) = pick(&L, &b, L.class(NORMAL), 1, r, &mut |_| true);
+            assert_eq!(s, L.class(NORMAL).start);
+        }
     }
 
     #[test]

@@ -206,6 +206,10 @@ pub struct Session {
     execs: HashMap<u32, u64>,
     /// How many of its streams are being captured.
     capturing: usize,
+    /// Its events last recorded in a capturing stream: not to be waited for or queried.
+    captured_events: std::collections::HashSet<u32>,
+    /// The last sequence queued through each host-function slot it used.
+    hostfn_last: HashMap<u32, u32>,
     /// Its events to destroy as it goes (set by into_release: shared ones stay).
     events_to_destroy: Vec<u64>,
     /// Other clients' allocations it opened through IPC: pointer -> (size, openings).
@@ -249,8 +253,10 @@ impl Session {
             graphs: HashMap::new(),
             execs: HashMap::new(),
             capturing: 0,
+            captured_events: Default::default(),
             imported: BTreeMap::new(),
             events_to_destroy: Vec::new(),
+            hostfn_last: HashMap::new(),
             deep: Vec::new(),
             held_since: None,
             vmm: Default::default(),
@@ -308,14 +314,18 @@ impl Session {
         if id == wire::STREAM_DEFAULT {
             for b in self.streams.values_mut().filter(|b| b.blocking) {
                 match b.pool {
-                    Some(bp) if b.dirty && bp != legacy => r = r.and(ctx.order(bp, legacy)),
+                    // A capturing stream joins no implicit ordering: it would pull the
+                    // legacy stream into its graph.
+                    Some(bp) if b.dirty && bp != legacy && !b.capturing => {
+                        r = r.and(ctx.order(bp, legacy))
+                    }
                     _ => {}
                 }
                 b.dirty = false;
                 b.stale = true;
             }
         } else if let Some(b) = self.streams.get_mut(&id).filter(|b| b.blocking) {
-            if b.stale && pool != legacy {
+            if b.stale && pool != legacy && !b.capturing {
                 r = ctx.order(legacy, pool);
             }
             b.stale = false;
@@ -334,7 +344,10 @@ impl Session {
         self.placement = place;
         let mut r = Ok(());
         for st in self.streams.values_mut() {
-            let Some(old) = st.pool else { continue };
+            // A capturing stream stays where its capture is.
+            let Some(old) = st.pool.filter(|_| !st.capturing) else {
+                continue;
+            };
             let new = ctx.bind_work_stream(self.client.id, place, st.priority);
             r = r.and(ctx.order(old, new));
             ctx.unbind_work_stream(old);
@@ -514,7 +527,9 @@ impl Session {
         }
         let tail = &p[op.fixed_len()..];
         self.client.commands.fetch_add(1, Ordering::Relaxed);
-        if self.capturing > 0 && self.capture_guard(ctx, op, p)?.is_some() {
+        if (self.capturing > 0 || !self.captured_events.is_empty())
+            && self.capture_guard(ctx, op, p)?.is_some()
+        {
             return Ok(());
         }
         match op {
@@ -660,6 +675,33 @@ impl Session {
             self.marker_stream,
             rel,
         )
+    }
+
+    /// The client is gone: acknowledges every host function it queued, so its streams (and
+    /// the fence after them) do not wait for a function that will never run.
+    pub fn release_host_functions(&mut self) {
+        for (&slot, &seq) in &self.hostfn_last {
+            if let Some(w) = self.client.seg.hostfn(slot as usize) {
+                w.ack.store(seq, Ordering::Release);
+            }
+        }
+    }
+
+    /// The work streams a fence of this client waits for: those it used, but none being
+    /// captured (waiting on one would pull the marker stream into the client's graph).
+    pub fn fence_streams(&self) -> crate::placement::StreamSet {
+        if self.capturing == 0 {
+            return self.used_streams.clone();
+        }
+        let mut set = self.used_streams.clone();
+        let capturing: Vec<usize> = self
+            .streams
+            .values()
+            .filter(|s| s.capturing)
+            .filter_map(|s| s.pool)
+            .collect();
+        set.remove_all(&capturing);
+        set
     }
 
     pub fn dev(&self) -> usize {

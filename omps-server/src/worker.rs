@@ -285,7 +285,8 @@ impl WorkerCtx {
             class,
             client,
             self.next_work,
-            &mut |i| gpu.stream_query(i).unwrap_or(true),
+            // A stream whose query fails (a capture left on it) is not idle.
+            &mut |i| gpu.stream_query(i).unwrap_or(false),
         );
         if shared {
             static SAID: std::sync::Once = std::sync::Once::new();
@@ -319,12 +320,17 @@ impl WorkerCtx {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if let Some(o) = old.filter(|&o| bindings.get(o).is_some_and(|b| b.refs == 1)) {
+            bindings[o].exclusive = true;
             return Some(o);
         }
         let free = class
             .clone()
             .find(|&i| bindings[i].refs == 0 && self.gpu.stream_query(i).unwrap_or(false))?;
-        bindings[free] = Binding { client, refs: 1 };
+        bindings[free] = Binding {
+            client,
+            refs: 1,
+            exclusive: true,
+        };
         Some(free)
     }
 
@@ -337,6 +343,21 @@ impl WorkerCtx {
             .unwrap_or_else(|e| e.into_inner());
         if let Some(b) = bindings.get_mut(i) {
             b.refs = b.refs.saturating_sub(1);
+            if b.refs == 0 {
+                b.exclusive = false;
+            }
+        }
+    }
+
+    /// A capture on work stream `i` ended: it may be shared again.
+    pub fn share_again(&mut self, i: usize) {
+        let mut bindings = self
+            .shared
+            .bindings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = bindings.get_mut(i) {
+            b.exclusive = false;
         }
     }
 
@@ -403,7 +424,7 @@ impl WorkerCtx {
     pub fn release_later(&mut self, s: &Session, release: Release) {
         self.defer(
             s.client.clone(),
-            &s.used_streams,
+            &s.fence_streams(),
             s.marker_stream,
             release,
             false,
@@ -502,7 +523,11 @@ impl WorkerCtx {
         );
     }
 
-    pub fn retire(&mut self, s: Session) {
+    pub fn retire(&mut self, mut s: Session) {
+        // Captures it left going end here: their streams go back clean; host functions it
+        // never ran are acknowledged.
+        s.end_captures(self);
+        s.release_host_functions();
         let _ = self
             .shared
             .sessions
@@ -585,8 +610,11 @@ impl WorkerCtx {
         if let Some(s) = stuck_stream {
             if self.last_fault_check.elapsed() > Duration::from_millis(1) {
                 self.last_fault_check = Instant::now();
+                // Only a sticky error poisons the context; a capture error is one client's.
                 if let Err(CuError(e)) = self.gpu.stream_query(s) {
-                    self.enter_fault(e);
+                    if crate::gpu::is_sticky(e) {
+                        self.enter_fault(e);
+                    }
                 }
             }
         }

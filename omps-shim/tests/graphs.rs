@@ -184,3 +184,64 @@ fn illegal_operations_invalidate_the_capture() {
     }
     assert_eq!(srv.gpu.graph_count(), (0, 0));
 }
+
+#[test]
+fn captured_events_frees_and_a_death_mid_capture() {
+    let srv = TestServer::start("graphedge");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    stream_create(&a, S);
+    let p = alloc(&a, 4096);
+    a.push(
+        0,
+        Op::EventCreate,
+        &[bytemuck::bytes_of(&wire::EventCreate { id: 9, flags: 2 })],
+    )
+    .unwrap();
+    capture(&a, Op::CaptureBegin, S).unwrap();
+    let rec = wire::EventRecord {
+        event: 9,
+        stream: S,
+    };
+    a.push(0, Op::EventRecord, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    assert_eq!(
+        sync(&a, Op::EventSync, 9),
+        Err(907),
+        "an event a capture recorded"
+    );
+    assert_eq!(sync(&a, Op::EventQuery, 9), Err(907));
+    // A free during the capture does not touch it (its fence waits for other streams).
+    a.push(
+        0,
+        Op::MemFree,
+        &[bytemuck::bytes_of(&wire::MemFree { ptr: p })],
+    )
+    .unwrap();
+    assert_eq!(
+        status(&a, S).status,
+        graph::STATUS_ACTIVE,
+        "still capturing"
+    );
+    let g = capture(&a, Op::CaptureEnd, S).unwrap();
+    assert!(g != 0);
+    // Recorded again outside a capture, it can be waited for.
+    a.push(
+        0,
+        Op::EventRecord,
+        &[bytemuck::bytes_of(&wire::EventRecord {
+            event: 9,
+            stream: 0,
+        })],
+    )
+    .unwrap();
+    sync(&a, Op::EventSync, 9).unwrap();
+    // A client that dies in the middle of a capture leaves none behind.
+    capture(&a, Op::CaptureBegin, S).unwrap();
+    assert_eq!(srv.gpu.captures(), 1);
+    drop(a);
+    let t = Instant::now();
+    while srv.gpu.captures() != 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(srv.gpu.captures(), 0, "its capture ended with it");
+}

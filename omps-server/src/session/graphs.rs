@@ -40,7 +40,10 @@ impl Session {
                     .get(&c.stream)
                     .ok_or_else(|| Malformed(format!("unknown stream {}", c.stream)))?;
                 let r = match (st.capturing, st.pool) {
-                    (true, Some(s)) => gpu.capture_end(s),
+                    (true, Some(s)) => {
+                        ctx.share_again(s);
+                        gpu.capture_end(s)
+                    }
                     _ => Err(CuError(code::ILLEGAL_STATE)),
                 };
                 // Ending the origin's capture ends that of every stream it forked into.
@@ -150,7 +153,8 @@ impl Session {
             return Ok(code::ILLEGAL_STATE);
         }
         let (old, priority) = (st.pool, st.priority);
-        let place = self.client.placement(self.dev);
+        // Where its other streams are now (a newer placement moves them, not this one).
+        let place = self.placement;
         let Some(new) = ctx.bind_alone(self.client.id, place, priority, old) else {
             tracing::warn!(
                 client = self.client.id,
@@ -176,6 +180,27 @@ impl Session {
             }
             Err(e) => e.0,
         })
+    }
+
+    /// Ends every capture still going (the client destroys the stream or goes), so its
+    /// work streams go back to the pool clean; the graphs are thrown away.
+    pub fn end_captures(&mut self, ctx: &mut WorkerCtx) {
+        if self.capturing == 0 {
+            return;
+        }
+        let pools: Vec<usize> = self
+            .streams
+            .values()
+            .filter(|s| s.capturing)
+            .filter_map(|s| s.pool)
+            .collect();
+        for s in pools {
+            ctx.share_again(s);
+            if let Ok(g) = ctx.gpu.capture_end(s) {
+                let _ = ctx.gpu.graph_destroy(g);
+            }
+        }
+        self.refresh_capture_flags(ctx);
     }
 
     /// Re-reads which client streams capture (a wait on an event of a capturing stream
@@ -213,6 +238,16 @@ impl Session {
             }
         };
         match op {
+            Op::EventRecord => {
+                // Remember which events a capture recorded; run the record as usual.
+                let r = rec::<wire::EventRecord>(p);
+                if self.stream_capturing(r.stream) {
+                    self.captured_events.insert(r.event);
+                } else {
+                    self.captured_events.remove(&r.event);
+                }
+                return Ok(None);
+            }
             Op::StreamSync | Op::StreamQuery => {
                 let h = rec::<wire::HandleCall>(p);
                 if !self.stream_capturing(h.id) {
@@ -221,7 +256,16 @@ impl Session {
                 invalidate(self, h.id);
                 self.complete(h.call, UNSUPPORTED, &[])?;
             }
-            Op::CtxSync => {
+            Op::EventSync | Op::EventQuery => {
+                // CUDA_ERROR_CAPTURED_EVENT, as natively.
+                const CAPTURED_EVENT: i32 = 907;
+                let h = rec::<wire::HandleCall>(p);
+                if !self.captured_events.contains(&h.id) {
+                    return Ok(None);
+                }
+                self.complete(h.call, CAPTURED_EVENT, &[])?;
+            }
+            Op::CtxSync if self.capturing > 0 => {
                 let c = rec::<CallHdr>(p);
                 let ids: Vec<u32> = self
                     .streams

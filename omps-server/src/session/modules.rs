@@ -108,7 +108,8 @@ impl Session {
                     .get(&a.func)
                     .ok_or_else(|| Malformed(format!("unknown function {}", a.func)))?;
                 let shared = f.shared.is_some();
-                let r = set_function_attribute(&*gpu, f.handle, a.attr, a.value, shared);
+                let cache = &ctx.shared.modules;
+                let r = set_function_attribute(&*gpu, cache, f.handle, a.attr, a.value, shared);
                 if shared && r.is_ok() {
                     self.fn_attrs.insert((a.func, a.attr), a.value);
                 }
@@ -239,22 +240,31 @@ impl Session {
 
 /// Sets a function attribute. On a shared module's function, the two attributes a launch
 /// can depend on (the dynamic shared memory allowed, non-portable cluster sizes) are only
-/// ever raised: one client lowering them would make another's launches fail. The others
-/// only tune performance.
+/// ever raised, under the cache's lock (two lanes may serve clients of one module): one
+/// client lowering them would make another's launches fail. A required cluster shape
+/// would be forced on every client's launches: refused. The others only tune performance.
 fn set_function_attribute(
     gpu: &dyn crate::gpu::Gpu,
+    cache: &crate::module_cache::ModuleCache,
     f: u64,
     attr: i32,
     value: i32,
     shared: bool,
 ) -> Result<(), CuError> {
     const MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+    const REQUIRED_CLUSTER_SHAPE: std::ops::RangeInclusive<i32> = 11..=13;
     const NON_PORTABLE_CLUSTER_SIZE_ALLOWED: i32 = 14;
-    let raise_only = shared
-        && matches!(
-            attr,
-            MAX_DYNAMIC_SHARED_SIZE_BYTES | NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        );
+    if !shared {
+        return gpu.func_set_attribute(f, attr, value);
+    }
+    if REQUIRED_CLUSTER_SHAPE.contains(&attr) {
+        return Err(CuError(code::NOT_SUPPORTED));
+    }
+    let _one_at_a_time = cache.attr_lock();
+    let raise_only = matches!(
+        attr,
+        MAX_DYNAMIC_SHARED_SIZE_BYTES | NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    );
     if raise_only && gpu.func_attribute(f, attr)? >= value {
         return Ok(());
     }

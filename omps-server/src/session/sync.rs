@@ -28,6 +28,14 @@ impl Session {
                 if h.id == wire::STREAM_DEFAULT {
                     return bad("destroying the default stream");
                 }
+                if self.streams.get(&h.id).is_some_and(|s| s.capturing) {
+                    if let Some(pool) = self.streams[&h.id].pool {
+                        if let Ok(g) = gpu.capture_end(pool) {
+                            let _ = gpu.graph_destroy(g);
+                        }
+                    }
+                    self.refresh_capture_flags(ctx);
+                }
                 match self.streams.remove(&h.id) {
                     // Its queued work still runs; the pool stream is handed to another
                     // client only once it is idle (WorkerCtx::bind_work_stream).
@@ -104,6 +112,7 @@ impl Session {
                 if let Err(e) = r {
                     self.note_error(e);
                 }
+                self.hostfn_last.insert(h.slot, h.seq);
             }
             Op::StreamSync => {
                 let h = rec::<wire::HandleCall>(p);

@@ -86,8 +86,10 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let r = capture_call(Op::CaptureEnd, s, 0);
-        // A capture the stream was not in leaves the count alone; any other ends one.
-        if r != Err(CUDA_ERROR_ILLEGAL_STATE) && r != Err(CUDA_ERROR_INVALID_HANDLE) {
+        // A capture ended (or ended invalidated): one fewer. Any other error (not
+        // capturing, not the capture's origin) leaves the count alone.
+        const INVALIDATED: CUresult = 901;
+        if r.is_ok() || r == Err(INVALIDATED) {
             let _ =
                 CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         }
@@ -235,8 +237,10 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
         }
         // SAFETY: checked non-null; the caller's struct.
         let p = unsafe { &mut *params };
+        // CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD belongs to this call, not to the driver's
+        // cuGraphInstantiateWithFlags: the upload is queued here.
         const UPLOAD: u64 = 2;
-        let r = instantiate(pexec, g, p.flags);
+        let r = instantiate(pexec, g, p.flags & !UPLOAD);
         p.err_node_out = std::ptr::null_mut();
         // CUgraphInstantiateResult: success, or a generic error.
         p.result_out = if r.is_ok() { 0 } else { 1 };
@@ -319,12 +323,12 @@ fn graph_query(g: &GraphHandle, kind: u32, index: u32) -> Result<u64, CUresult> 
 
 /// One handle per (graph, index), so a node compares equal to itself across calls.
 fn node_handle(g: &GraphHandle, index: u32) -> *mut GraphNode {
-    type Nodes = std::collections::HashMap<(u32, u32), usize>;
+    type Nodes = std::collections::HashMap<(usize, u32, u32), usize>;
     static NODES: std::sync::Mutex<Option<Nodes>> = std::sync::Mutex::new(None);
     let mut m = NODES.lock().unwrap_or_else(|e| e.into_inner());
     let p = *m
         .get_or_insert_with(Default::default)
-        .entry((g.id, index))
+        .entry((g.dev, g.id, index))
         .or_insert_with(|| {
             leak(GraphNode {
                 magic: AtomicU32::new(NODE_MAGIC),

@@ -101,7 +101,9 @@ impl Layout {
     /// The server's layout: several work streams per hardware queue in the normal class,
     /// so a client with many streams (PyTorch, a hog with 40) gets a CUDA stream for each.
     pub const SERVER: Layout = Layout {
-        markers: 32,
+        // Synchronizations and fences wait on each client's own sync stream, a work
+        // stream (Session::sync_stream): no shared marker streams.
+        markers: 0,
         classes: [64, 128, 64, 64],
         connections: 32,
         confined: 32,
@@ -393,7 +395,11 @@ mod tests {
         assert_eq!(class_of(Qos::Normal, 0), NORMAL);
         let l = Layout::SERVER;
         assert_eq!(l.class_at(l.class(CRITICAL).start), Some(CRITICAL));
-        assert_eq!(l.class_at(0), None, "a marker stream");
+        assert_eq!(
+            l.class_at(0),
+            Some(BACKGROUND),
+            "no marker streams: class 0 first"
+        );
         for c in 0..CLASSES {
             assert_eq!(l.class(c).start % l.connections, 0);
             let r = l.class_in(Some(3), c);

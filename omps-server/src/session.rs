@@ -187,7 +187,9 @@ pub struct Session {
     link_out: Vec<Vec<u8>>,
     /// Bit i set when work stream i has carried this client's work.
     pub used_streams: crate::placement::StreamSet,
-    pub marker_stream: usize,
+    /// Its own stream for synchronizations and fences (made at its first), so that what
+    /// it waits for never queues behind another client's waits (see `sync_stream`).
+    sync: Option<usize>,
     /// The placement its streams are bound under.
     placement: placement::Placement,
     /// First asynchronous error since the last synchronizing call.
@@ -224,7 +226,7 @@ impl Session {
     /// # Safety
     /// The client's segment holds ring `dev` and stays mapped while the session lives (the
     /// session holds an Arc of the client, which owns the mapping).
-    pub unsafe fn new(client: Arc<ClientShared>, dev: usize, ctx: &mut WorkerCtx) -> Self {
+    pub unsafe fn new(client: Arc<ClientShared>, dev: usize) -> Self {
         let (hdr, data, cap) = client.seg.ring_parts(dev);
         // SAFETY: the caller's promise; the server is this ring's only consumer.
         let consumer = unsafe { Consumer::new(hdr, data, cap) };
@@ -242,7 +244,7 @@ impl Session {
             blobs: vec![Vec::new(); channels],
             link_out: vec![Vec::new(); channels],
             used_streams: Default::default(),
-            marker_stream: ctx.pick_marker_stream(),
+            sync: None,
             placement: Default::default(),
             pending_error: 0,
             next_id: 1,
@@ -672,9 +674,23 @@ impl Session {
         (
             self.client,
             std::mem::take(&mut self.used_streams),
-            self.marker_stream,
+            self.sync.unwrap_or(0),
             rel,
         )
+    }
+
+    /// The stream its synchronizations and fences wait on: a work stream of its own,
+    /// bound at the first. Event and context synchronizations make it wait for the client's
+    /// work, then write the done word; a shared marker stream would make one client's
+    /// synchronization wait behind another's long kernel (the stream runs its waits in
+    /// order), so each client has its own, placed like its work streams.
+    pub fn sync_stream(&mut self, ctx: &mut WorkerCtx) -> usize {
+        if let Some(s) = self.sync {
+            return s;
+        }
+        let s = ctx.bind_work_stream(self.client.id, self.placement, 0);
+        self.sync = Some(s);
+        s
     }
 
     /// The client is gone: acknowledges every host function it queued, so its streams (and

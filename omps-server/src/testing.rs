@@ -53,7 +53,7 @@ pub fn run_command_bytes(data: &[u8]) {
     // The worker's own events (one per stream it orders others against).
     let worker_events = host.events_live();
     // SAFETY: the fake client's segment has ring 0 and lives as long as the session.
-    let mut s = unsafe { Session::new(client, 0, &mut ctx) };
+    let mut s = unsafe { Session::new(client, 0) };
     let mut rest = data;
     while rest.len() >= 3 {
         let tag = (rest[0] % 48) as u32;
@@ -176,19 +176,14 @@ mod tests {
         let (b, _pb) = fake_client(&gpu, 2).unwrap();
         let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
         // SAFETY: the fake clients' segments have ring 0 and outlive the sessions.
-        let (sa, sb) = unsafe {
-            (
-                Session::new(a.clone(), 0, &mut ctx),
-                Session::new(b.clone(), 0, &mut ctx),
-            )
-        };
+        let (mut sa, sb) = unsafe { (Session::new(a.clone(), 0), Session::new(b.clone(), 0)) };
         let p = gpu.mem_alloc(4096).unwrap();
         a.mem_bytes[0].fetch_add(4096, Ordering::Relaxed);
         let free = |ptr| Release {
             allocs: vec![(ptr, 4096)],
             ..Default::default()
         };
-        ctx.release_later(&sa, free(p));
+        ctx.release_later(&mut sa, free(p));
         assert_eq!(
             ctx.reuse_freed(&b, 4096),
             None,
@@ -205,7 +200,7 @@ mod tests {
         // What is not reused is freed once its fence has passed.
         let q = gpu.mem_alloc(4096).unwrap();
         a.mem_bytes[0].fetch_add(4096, Ordering::Relaxed);
-        ctx.release_later(&sa, free(q));
+        ctx.release_later(&mut sa, free(q));
         ctx.poll();
         assert_eq!(ctx.reuse_freed(&a, 4096), None);
         assert_eq!(

@@ -147,7 +147,6 @@ pub struct WorkerCtx {
     scratch_events: Vec<u64>,
     generation: u64,
     next_work: usize,
-    next_marker: usize,
     last_fault_check: Instant,
     pub fault: Option<i32>,
 }
@@ -171,7 +170,6 @@ impl WorkerCtx {
             deferred_len: 0,
             scratch_events,
             next_work: 0,
-            next_marker: 0,
             last_fault_check: Instant::now(),
             fault: None,
         })
@@ -361,19 +359,8 @@ impl WorkerCtx {
         }
     }
 
-    /// Marker streams are split between the lanes, so one lane's completions never queue
-    /// behind another's.
-    pub fn pick_marker_stream(&mut self) -> usize {
-        let markers = self.gpu.layout().marker_range();
-        let n = markers.len();
-        let lanes = self.shared.lanes.min(n);
-        let mine = (n - self.lane % lanes).div_ceil(lanes);
-        let s = markers.start + self.lane % lanes + lanes * (self.next_marker % mine);
-        self.next_marker += 1;
-        s
-    }
-
-    /// Makes marker stream `m` wait for the work already queued on every stream in `mask`.
+    /// Makes stream `m` (a client's sync stream) wait for the work already queued on every
+    /// stream in `streams`.
     pub fn join_streams(&mut self, streams: &StreamSet, m: usize) -> GpuResult<()> {
         for i in streams.iter() {
             let ev = self.scratch_event(i)?;
@@ -421,14 +408,9 @@ impl WorkerCtx {
     }
 
     /// Frees `release` once everything the session queued so far has finished.
-    pub fn release_later(&mut self, s: &Session, release: Release) {
-        self.defer(
-            s.client.clone(),
-            &s.fence_streams(),
-            s.marker_stream,
-            release,
-            false,
-        );
+    pub fn release_later(&mut self, s: &mut Session, release: Release) {
+        let m = s.sync_stream(self);
+        self.defer(s.client.clone(), &s.fence_streams(), m, release, false);
     }
 
     fn defer(
@@ -532,12 +514,16 @@ impl WorkerCtx {
             .shared
             .sessions
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        let m = s.sync_stream(self);
         for i in s.bound_work_streams() {
             self.unbind_work_stream(i);
         }
-        let (client, streams, m, rel) = s.into_release(&self.shared);
+        let fence_streams = s.fence_streams();
+        let (client, _, _, rel) = s.into_release(&self.shared);
         self.markers.retain(|mk| mk.client.id != client.id);
-        self.defer(client, &streams, m, rel, true);
+        self.defer(client, &fence_streams, m, rel, true);
+        // Its fence is queued there: the stream is handed out again only once idle.
+        self.unbind_work_stream(m);
     }
 
     /// Completes what the GPU finished and frees what is idle, and waits until the
@@ -711,7 +697,7 @@ pub fn run(
                     shared.sessions.fetch_add(1, Ordering::SeqCst);
                     // SAFETY: every client segment holds a ring per GPU (layout from the
                     // GPU count).
-                    sessions.push(unsafe { Session::new(c, dev, &mut ctx) })
+                    sessions.push(unsafe { Session::new(c, dev) })
                 }
                 ToWorker::Remove(id) => {
                     if let Some(i) = sessions.iter().position(|s| s.client.id == id) {
@@ -719,7 +705,9 @@ pub fn run(
                         ctx.retire(s);
                     }
                 }
-                ToWorker::Unpin(id, addr, len) => match sessions.iter().find(|s| s.client.id == id)
+                ToWorker::Unpin(id, addr, len) => match sessions
+                    .iter_mut()
+                    .find(|s| s.client.id == id)
                 {
                     Some(s) => ctx.release_later(
                         s,

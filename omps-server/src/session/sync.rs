@@ -146,7 +146,7 @@ impl Session {
             Op::EventSync => {
                 let h = rec::<wire::HandleCall>(p);
                 let e = self.event(h.id)?;
-                let m = self.marker_stream;
+                let m = self.sync_stream(ctx);
                 match gpu.stream_wait_event(m, e) {
                     Ok(()) => _ = self.complete_on_gpu(ctx, h.call, m)?,
                     Err(err) => self.complete(h.call, err.0, &[])?,
@@ -172,7 +172,7 @@ impl Session {
             }
             Op::CtxSync => {
                 let c = rec::<CallHdr>(p);
-                let m = self.marker_stream;
+                let m = self.sync_stream(ctx);
                 if self.already_synced(ctx, self.ctx_synced, self.submits) {
                     self.complete(c, 0, &[])?;
                 } else {

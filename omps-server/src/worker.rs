@@ -117,10 +117,15 @@ impl GpuShared {
         })
     }
 
+    /// The work-stream bindings, locked.
+    fn bindings(&self) -> std::sync::MutexGuard<'_, Vec<Binding>> {
+        self.bindings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// How many work streams of each class `client`'s streams are bound to.
     pub fn bound_by_class(&self, client: u32) -> [u32; crate::placement::CLASSES] {
         let mut n = [0; crate::placement::CLASSES];
-        let b = self.bindings.lock().unwrap_or_else(|e| e.into_inner());
+        let b = self.bindings();
         for (i, x) in b.iter().enumerate() {
             if x.refs > 0 && x.client == client {
                 if let Some(c) = self.layout.class_at(i) {
@@ -271,11 +276,7 @@ impl WorkerCtx {
         let c = crate::placement::class_of(place.qos, stream_priority);
         let class = self.gpu.layout().class_in(place.slot, c);
         self.next_work += 1;
-        let mut bindings = self
-            .shared
-            .bindings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut bindings = self.shared.bindings();
         let gpu = self.gpu.clone();
         let (pick, shared) = crate::placement::pick(
             &gpu.layout(),
@@ -312,11 +313,7 @@ impl WorkerCtx {
     ) -> Option<usize> {
         let c = crate::placement::class_of(place.qos, stream_priority);
         let class = self.gpu.layout().class_in(place.slot, c);
-        let mut bindings = self
-            .shared
-            .bindings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut bindings = self.shared.bindings();
         if let Some(o) = old.filter(|&o| bindings.get(o).is_some_and(|b| b.refs == 1)) {
             bindings[o].exclusive = true;
             return Some(o);
@@ -334,11 +331,7 @@ impl WorkerCtx {
 
     /// A client stream bound to work stream `i` is gone.
     pub fn unbind_work_stream(&mut self, i: usize) {
-        let mut bindings = self
-            .shared
-            .bindings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut bindings = self.shared.bindings();
         if let Some(b) = bindings.get_mut(i) {
             b.refs = b.refs.saturating_sub(1);
             if b.refs == 0 {
@@ -349,11 +342,7 @@ impl WorkerCtx {
 
     /// A capture on work stream `i` ended: it may be shared again.
     pub fn share_again(&mut self, i: usize) {
-        let mut bindings = self
-            .shared
-            .bindings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut bindings = self.shared.bindings();
         if let Some(b) = bindings.get_mut(i) {
             b.exclusive = false;
         }

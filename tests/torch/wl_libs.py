@@ -165,3 +165,35 @@ def cuda_graph():
         g.replay()
         outs[f"replay{i}"] = cpu(y)
     return outs
+
+
+# ------------------------------------------------------------------ sharing across processes
+
+def _ipc_child(q_in, q_out):
+    t, ev = q_in.get()  # a CUDA tensor and an interprocess event from the parent
+    torch.cuda.current_stream().wait_event(ev)
+    t.mul_(3).add_(1)
+    done = torch.cuda.Event(interprocess=True)
+    done.record()
+    q_out.put((done, cpu(t[:8])))
+    q_in.get()  # keep the tensor alive until the parent has read it
+
+
+@workload("ipc_share", exact=True, known_broken="IPC handles are new and not yet run on a GPU (docs/design.md)")
+def ipc_share():
+    """torch.multiprocessing shares a CUDA tensor and events with a spawned process
+    (cudaIpcGetMemHandle / OpenMemHandle and their event counterparts)."""
+    mp = torch.multiprocessing.get_context("spawn")
+    q_in, q_out = mp.Queue(), mp.Queue()
+    p = mp.Process(target=_ipc_child, args=(q_in, q_out))
+    p.start()
+    t = torch.arange(4096, device=DEV, dtype=torch.float32)
+    ev = torch.cuda.Event(interprocess=True)
+    ev.record()
+    q_in.put((t, ev))
+    done, child_saw = q_out.get(timeout=60)
+    torch.cuda.current_stream().wait_event(done)
+    out = {"parent_sees": cpu(t[:8]), "child_saw": child_saw, "sum": cpu(t.sum())}
+    q_in.put(None)
+    p.join(timeout=60)
+    return out

@@ -152,6 +152,8 @@ pub struct Release {
     pub execs: Vec<u64>,
     /// Allocations the client exported for IPC and is done with (crate::ipc).
     pub ipc: Vec<(u64, u64)>,
+    /// Other clients' allocations it opened and closed (or left open when it went).
+    pub ipc_close: Vec<u64>,
     pub vmm: VmmRelease,
 }
 
@@ -165,6 +167,7 @@ impl Release {
             && self.graphs.is_empty()
             && self.execs.is_empty()
             && self.ipc.is_empty()
+            && self.ipc_close.is_empty()
             && self.vmm.unmap.is_empty()
             && self.vmm.handles.is_empty()
             && self.vmm.reservations.is_empty()
@@ -186,7 +189,6 @@ pub struct Session {
     /// Per channel: the last JIT link's image and logs, until the next link.
     link_out: Vec<Vec<u8>>,
     /// Bit i set when work stream i has carried this client's work.
-    pub used_streams: crate::placement::StreamSet,
     /// Its own stream for synchronizations and fences (made at its first), so that what
     /// it waits for never queues behind another client's waits (see `sync_stream`).
     sync: Option<usize>,
@@ -212,6 +214,8 @@ pub struct Session {
     captured_events: std::collections::HashSet<u32>,
     /// The last sequence queued through each host-function slot it used.
     hostfn_last: HashMap<u32, u32>,
+    /// The last work of streams it gave up (see `left_events`).
+    left: Vec<u64>,
     /// Its events to destroy as it goes (set by into_release: shared ones stay).
     events_to_destroy: Vec<u64>,
     /// Other clients' allocations it opened through IPC: pointer -> (size, openings).
@@ -243,7 +247,6 @@ impl Session {
             globals: BTreeMap::new(),
             blobs: vec![Vec::new(); channels],
             link_out: vec![Vec::new(); channels],
-            used_streams: Default::default(),
             sync: None,
             placement: Default::default(),
             pending_error: 0,
@@ -258,6 +261,7 @@ impl Session {
             captured_events: Default::default(),
             imported: BTreeMap::new(),
             events_to_destroy: Vec::new(),
+            left: Vec::new(),
             hostfn_last: HashMap::new(),
             deep: Vec::new(),
             held_since: None,
@@ -308,7 +312,6 @@ impl Session {
                 .pool
                 .insert(ctx.bind_work_stream(self.client.id, place, st.priority)),
         };
-        self.used_streams.insert(pool);
         // Work on a blocking stream is ordered after legacy work only once there is some,
         // and then the legacy stream is bound.
         let legacy = self.streams[&wire::STREAM_DEFAULT].pool.unwrap_or(pool);
@@ -354,7 +357,6 @@ impl Session {
             r = r.and(ctx.order(old, new));
             ctx.unbind_work_stream(old);
             st.pool = Some(new);
-            self.used_streams.insert(new);
         }
         if let Err(e) = r {
             self.note_error(e);
@@ -618,12 +620,7 @@ impl Session {
     pub fn into_release(
         mut self,
         shared: &crate::worker::GpuShared,
-    ) -> (
-        Arc<ClientShared>,
-        crate::placement::StreamSet,
-        usize,
-        Release,
-    ) {
+    ) -> (Arc<ClientShared>, Release) {
         let cache = &shared.modules;
         // What it exported goes through the IPC books; what it opened is closed, and an
         // allocation whose owner left before is freed with it (counted as this client's
@@ -633,24 +630,26 @@ impl Session {
             let (ipc, own): (Vec<Range>, Vec<Range>) = std::mem::take(&mut self.allocs)
                 .into_iter()
                 .partition(|&(p, _)| reg.exported(p, self.client.id));
-            let orphans = reg.forget_importer(self.client.id);
             // Shared events go with their last user.
             let events: Vec<u64> = self.events.drain().map(|(_, e)| e).collect();
             self.events_to_destroy = events
                 .into_iter()
                 .filter(|&e| reg.release_event(e))
                 .collect();
-            for &(_, n) in &orphans {
-                self.client.mem_bytes[self.dev].fetch_add(n, Ordering::Relaxed);
-            }
-            (ipc, own.into_iter().chain(orphans).collect::<Vec<_>>())
+            (ipc, own)
         };
         allocs.sort_unstable();
         // Pinned host memory stays with the client and goes when its last Arc does.
+        // What it opened is closed once its own work is done (crate::worker's free).
+        let ipc_close = std::mem::take(&mut self.imported)
+            .into_iter()
+            .flat_map(|(p, (_, n))| std::iter::repeat_n(p, n as usize))
+            .collect();
         let rel = Release {
             pinned: Vec::new(),
             allocs,
             ipc,
+            ipc_close,
             modules: self
                 .modules
                 .drain()
@@ -661,6 +660,7 @@ impl Session {
                 .collect(),
             events: std::mem::take(&mut self.events_to_destroy)
                 .into_iter()
+                .chain(std::mem::take(&mut self.left))
                 .chain(
                     self.streams
                         .values_mut()
@@ -671,12 +671,7 @@ impl Session {
             execs: self.execs.drain().map(|(_, e)| e).collect(),
             vmm: std::mem::take(&mut self.vmm).into_release(),
         };
-        (
-            self.client,
-            std::mem::take(&mut self.used_streams),
-            self.sync.unwrap_or(0),
-            rel,
-        )
+        (self.client, rel)
     }
 
     /// The stream its synchronizations and fences wait on: a work stream of its own,
@@ -703,21 +698,42 @@ impl Session {
         }
     }
 
-    /// The work streams a fence of this client waits for: those it used, but none being
-    /// captured (waiting on one would pull the marker stream into the client's graph).
+    /// The work streams a fence or a context synchronization of this client waits for:
+    /// those it holds now, but none being captured (waiting on one would pull the sync
+    /// stream into the client's graph). Work of streams it gave up is covered by `left`.
     pub fn fence_streams(&self) -> crate::placement::StreamSet {
-        if self.capturing == 0 {
-            return self.used_streams.clone();
+        let mut set = crate::placement::StreamSet::default();
+        for st in self.streams.values().filter(|s| !s.capturing) {
+            if let Some(p) = st.pool {
+                set.insert(p);
+            }
         }
-        let mut set = self.used_streams.clone();
-        let capturing: Vec<usize> = self
-            .streams
-            .values()
-            .filter(|s| s.capturing)
-            .filter_map(|s| s.pool)
-            .collect();
-        set.remove_all(&capturing);
         set
+    }
+
+    /// Events marking the last work of streams the client gave up, still unfinished: a
+    /// fence waits for them without touching the streams, which may be someone else's now.
+    pub fn left_events(&mut self, ctx: &WorkerCtx) -> Vec<u64> {
+        self.left.retain(|&e| {
+            let done = ctx.gpu.event_query(e).unwrap_or(true);
+            if done {
+                let _ = ctx.gpu.event_destroy(e);
+            }
+            !done
+        });
+        self.left.clone()
+    }
+
+    /// Gives up work stream `pool` of a client stream, remembering its last work.
+    pub(crate) fn leave_pool(&mut self, ctx: &mut WorkerCtx, pool: usize) {
+        match ctx.gpu.event_create(0x2) {
+            Ok(ev) if ctx.gpu.event_record(ev, pool).is_ok() => self.left.push(ev),
+            Ok(ev) => {
+                let _ = ctx.gpu.event_destroy(ev);
+            }
+            Err(_) => {}
+        }
+        ctx.unbind_work_stream(pool);
     }
 
     pub fn dev(&self) -> usize {

@@ -349,11 +349,14 @@ impl WorkerCtx {
     }
 
     /// Makes stream `m` (a client's sync stream) wait for the work already queued on every
-    /// stream in `streams`.
-    pub fn join_streams(&mut self, streams: &StreamSet, m: usize) -> GpuResult<()> {
+    /// stream in `streams`, and for the events `left` (work of streams the client gave up).
+    pub fn join_streams(&mut self, streams: &StreamSet, left: &[u64], m: usize) -> GpuResult<()> {
         for i in streams.iter() {
             let ev = self.scratch_event(i)?;
             self.gpu.event_record(ev, i)?;
+            self.gpu.stream_wait_event(m, ev)?;
+        }
+        for &ev in left {
             self.gpu.stream_wait_event(m, ev)?;
         }
         Ok(())
@@ -399,19 +402,28 @@ impl WorkerCtx {
     /// Frees `release` once everything the session queued so far has finished.
     pub fn release_later(&mut self, s: &mut Session, release: Release) {
         let m = s.sync_stream(self);
-        self.defer(s.client.clone(), &s.fence_streams(), m, release, false);
+        let left = s.left_events(self);
+        self.defer(
+            s.client.clone(),
+            &s.fence_streams(),
+            &left,
+            m,
+            release,
+            false,
+        );
     }
 
     fn defer(
         &mut self,
         client: Arc<ClientShared>,
         streams: &StreamSet,
+        left: &[u64],
         m: usize,
         release: Release,
         final_for_client: bool,
     ) {
         let fence = self.gpu.event_create(0x2).and_then(|ev| {
-            self.join_streams(streams, m)?;
+            self.join_streams(streams, left, m)?;
             self.gpu.event_record(ev, m)?;
             Ok(ev)
         });
@@ -474,9 +486,17 @@ impl WorkerCtx {
         in_context: bool,
     ) {
         // Exported allocations the owner is done with: freed now unless an importer
-        // holds one open (then the last importer to close frees it).
-        if !rel.ipc.is_empty() {
+        // holds one open (then the last importer to close frees it). Openings an importer
+        // closed, now that its work is done: the last user of a freed one frees it
+        // (counted as its own, since the releaser takes it off the count).
+        if !rel.ipc.is_empty() || !rel.ipc_close.is_empty() {
             let mut ipc = self.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+            for p in std::mem::take(&mut rel.ipc_close) {
+                if let Some(Some((ptr, n))) = ipc.close(p, client.id) {
+                    client.mem_bytes[self.gpu.ordinal()].fetch_add(n, Ordering::Relaxed);
+                    rel.allocs.push((ptr, n));
+                }
+            }
             for (p, n) in std::mem::take(&mut rel.ipc) {
                 if ipc.owner_frees(p, client.id) {
                     rel.allocs.push((p, n));
@@ -504,14 +524,17 @@ impl WorkerCtx {
             .sessions
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         let m = s.sync_stream(self);
-        for i in s.bound_work_streams() {
+        let (fence_streams, left) = (s.fence_streams(), s.left_events(self));
+        let bound = s.bound_work_streams();
+        let (client, rel) = s.into_release(&self.shared);
+        self.markers.retain(|mk| mk.client.id != client.id);
+        self.defer(client, &fence_streams, &left, m, rel, true);
+        // Only now, its fence queued: a stream given back earlier could be bound (and
+        // captured) by another client before the fence joins it. Handed out again only
+        // once idle.
+        for i in bound {
             self.unbind_work_stream(i);
         }
-        let fence_streams = s.fence_streams();
-        let (client, _, _, rel) = s.into_release(&self.shared);
-        self.markers.retain(|mk| mk.client.id != client.id);
-        self.defer(client, &fence_streams, m, rel, true);
-        // Its fence is queued there: the stream is handed out again only once idle.
         self.unbind_work_stream(m);
     }
 

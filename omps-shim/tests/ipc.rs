@@ -167,3 +167,24 @@ fn a_shared_event_lives_while_any_client_holds_it() {
         })
         .unwrap();
 }
+
+/// An importer's close waits for its own work: the owner's free cannot release memory a
+/// kernel of the importer may still use. The stuck host GPU holds every fence.
+#[test]
+fn a_close_waits_for_the_importers_work() {
+    let srv = TestServer::start("ipcclose");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&a, 1 << 20);
+    let h = get(&a, p).unwrap();
+    assert_eq!(open(&b, h), Ok(p));
+    memset(&b, p);
+    srv.gpu.stick_releases(true);
+    assert_eq!(close(&b, p), Ok(()));
+    free(&a, p);
+    std::thread::sleep(Duration::from_millis(100));
+    let held = srv.gpu.bytes_allocated();
+    srv.gpu.stick_releases(false);
+    assert_eq!(held, 1 << 20, "freed before the importer's work was done");
+    assert_eq!(settles(&srv, 0), 0, "freed once it was");
+}

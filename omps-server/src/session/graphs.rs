@@ -170,7 +170,6 @@ impl Session {
         }
         let st = self.streams.get_mut(&id).expect("looked up above");
         st.pool = Some(new);
-        self.used_streams.insert(new);
         Ok(match ctx.gpu.capture_begin(new) {
             Ok(()) => {
                 let st = self.streams.get_mut(&id).expect("looked up above");

@@ -56,33 +56,22 @@ impl Session {
             }
             Op::IpcCloseMemHandle => {
                 let c = rec::<wire::IpcCall>(p);
-                let closed = ctx
-                    .shared
-                    .ipc
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .close(c.ptr, me);
-                let Some(free) = closed else {
+                let Some(e) = self.imported.get_mut(&c.ptr) else {
                     return self.complete(c.call, code::INVALID_VALUE, &[]);
                 };
-                if let Some(e) = self.imported.get_mut(&c.ptr) {
-                    e.1 -= 1;
-                    if e.1 == 0 {
-                        self.imported.remove(&c.ptr);
-                    }
+                e.1 -= 1;
+                if e.1 == 0 {
+                    self.imported.remove(&c.ptr);
                 }
-                if let Some((ptr, size)) = free {
-                    // Its owner freed it before: it goes once this client's work is done,
-                    // counted as this client's until then (the releaser takes it off).
-                    self.client.mem_bytes[self.dev].fetch_add(size, Ordering::Relaxed);
-                    ctx.release_later(
-                        self,
-                        Release {
-                            allocs: vec![(ptr, size)],
-                            ..Default::default()
-                        },
-                    );
-                }
+                // The opening is given back once this client's work on it is done: until
+                // then the owner's free cannot release the memory under it.
+                ctx.release_later(
+                    self,
+                    Release {
+                        ipc_close: vec![c.ptr],
+                        ..Default::default()
+                    },
+                );
                 self.complete(c.call, 0, &[])?;
             }
             Op::IpcGetEventHandle => {

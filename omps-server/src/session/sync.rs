@@ -38,12 +38,15 @@ impl Session {
                 }
                 match self.streams.remove(&h.id) {
                     // Its queued work still runs; the pool stream is handed to another
-                    // client only once it is idle (WorkerCtx::bind_work_stream).
+                    // client only once it is idle (WorkerCtx::bind_work_stream), and this
+                    // client's fences wait for that work through an event (leave_pool).
                     Some(mut st) => {
                         for ev in st.depth.take_events() {
                             let _ = ctx.gpu.event_destroy(ev);
                         }
-                        st.pool.into_iter().for_each(|p| ctx.unbind_work_stream(p))
+                        if let Some(p) = st.pool {
+                            self.leave_pool(ctx, p);
+                        }
                     }
                     None => return bad(format!("destroying unknown stream {}", h.id)),
                 }
@@ -176,7 +179,8 @@ impl Session {
                 if self.already_synced(ctx, self.ctx_synced, self.submits) {
                     self.complete(c, 0, &[])?;
                 } else {
-                    match ctx.join_streams(&self.used_streams, m) {
+                    let (streams, left) = (self.fence_streams(), self.left_events(ctx));
+                    match ctx.join_streams(&streams, &left, m) {
                         Ok(()) => {
                             if self.complete_on_gpu(ctx, c, m)? {
                                 self.ctx_synced = Some(SyncMark::done(c, self.submits));

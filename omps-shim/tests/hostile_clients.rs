@@ -176,6 +176,60 @@ fn records_that_lie_disconnect_the_client() {
             })
             .to_vec(),
         ),
+        // Graphs, capture, host functions and IPC: ids that were never handed out, a slot
+        // beyond the page, an event id reused.
+        (
+            Op::GraphLaunch,
+            bytemuck::bytes_of(&wire::GraphLaunch {
+                exec: 77,
+                stream: 0,
+            })
+            .to_vec(),
+        ),
+        (
+            Op::GraphDestroy,
+            bytemuck::bytes_of(&wire::Handle { id: 77, _pad: 0 }).to_vec(),
+        ),
+        (
+            Op::GraphExecDestroy,
+            bytemuck::bytes_of(&wire::Handle { id: 77, _pad: 0 }).to_vec(),
+        ),
+        (
+            Op::CaptureBegin,
+            bytemuck::bytes_of(&wire::CaptureCall {
+                stream: 55,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::CaptureStatus,
+            bytemuck::bytes_of(&wire::HandleCall {
+                id: 55,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::HostFunc,
+            bytemuck::bytes_of(&wire::HostFunc {
+                slot: 1 << 20,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::IpcGetEventHandle,
+            bytemuck::bytes_of(&wire::HandleCall {
+                id: 55,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::GraphQuery,
+            vec![0u8; std::mem::size_of::<wire::GraphQuery>() + 4],
+        ),
     ];
     for (op, rec) in lies {
         let liar = Conn::connect_to(&srv.socket()).unwrap();

@@ -88,8 +88,8 @@ impl Session {
             Op::GraphLaunch | Op::GraphUpload => {
                 let l = rec::<wire::GraphLaunch>(p);
                 let Some(&e) = self.execs.get(&l.exec) else {
-                    self.note_error(CuError(code::INVALID_HANDLE));
-                    return Ok(());
+                    // The shim checks its handles: an unknown id is a lie.
+                    return bad(format!("launching unknown executable graph {}", l.exec));
                 };
                 let s = self.stream(ctx, l.stream)?;
                 let r = if op == Op::GraphLaunch {

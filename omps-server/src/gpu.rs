@@ -3,8 +3,8 @@
 //! [`crate::gpu_cuda::CudaGpu`] implements it with the CUDA driver; [`crate::gpu_host::HostGpu`]
 //! implements it with host memory so the core (sessions, validation, bookkeeping, client
 //! death) is tested on machines without a GPU. Streams are indices into a fixed set laid
-//! out by [`crate::placement::Layout`]: normal work streams, completion-marker streams, and
-//! work streams at the device's greatest priority.
+//! out by [`crate::placement::Layout`]: work streams in priority classes, on the whole
+//! device and in SM confinements.
 //! No method blocks on the GPU.
 
 use omps_ring::segment::DeviceSnapshot;

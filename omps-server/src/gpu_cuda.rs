@@ -136,8 +136,8 @@ pub struct CudaGpu {
     ordinal: usize,
     dev: cu::CUdevice,
     ctx: cu::CUcontext,
-    /// Work streams, marker streams, high-priority work streams; atomics so that reset()
-    /// can recreate them after a fault.
+    /// Work streams, as placement::Layout lays them out; atomics so that reset() can
+    /// recreate them after a fault, and confined ones be made at first use.
     streams: Vec<AtomicPtr<cu::CUstream_st>>,
     layout: crate::placement::Layout,
     /// The device's stream priority range (least, greatest).

@@ -311,7 +311,6 @@ impl Gpu for HostGpu {
 
     fn layout(&self) -> crate::placement::Layout {
         crate::placement::Layout {
-            markers: 4,
             classes: [4, 8, 4, 4],
             connections: 4,
             confined: 8,

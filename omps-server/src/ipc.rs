@@ -144,25 +144,6 @@ impl Registry {
         }
     }
 
-    /// A client is gone: it closes all it opened. Returns the allocations (of other,
-    /// freed owners) that must be freed now.
-    pub fn forget_importer(&mut self, client: u32) -> Vec<(u64, u64)> {
-        let tokens: Vec<Token> = self
-            .by_token
-            .iter()
-            .filter(|(_, e)| e.importers.contains_key(&client))
-            .map(|(t, _)| *t)
-            .collect();
-        let mut free = Vec::new();
-        for t in tokens {
-            if let Some(e) = self.by_token.get_mut(&t) {
-                e.importers.remove(&client);
-            }
-            free.extend(self.settle(t));
-        }
-        free
-    }
-
     /// The token for `owner`'s event `handle`: the same one each time.
     pub fn export_event(&mut self, owner: u32, handle: u64) -> Token {
         if let Some(t) = self.event_tokens.get(&handle) {
@@ -256,8 +237,8 @@ mod tests {
             "client 2 has nothing open any more"
         );
         assert_eq!(
-            r.forget_importer(3),
-            vec![(0x1000, 64)],
+            r.close(0x1000, 3),
+            Some(Some((0x1000, 64))),
             "the last user frees it"
         );
         assert!(r.owner_frees(0x2000, 1), "never exported: free at once");

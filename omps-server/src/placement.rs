@@ -82,15 +82,13 @@ pub fn class_priority(c: usize, least: i32, greatest: i32) -> i32 {
     least - (span * c as f64 / (CLASSES - 1) as f64).round() as i32
 }
 
-/// The layout of one GPU's streams: `markers` marker streams, then each class's work
-/// streams in class order (on the whole device), then, per confinement slot
+/// The layout of one GPU's streams: each class's work streams in class order (on the whole device), then, per confinement slot
 /// ([`crate::confine`]), `confined_per_class` streams of each class in that slot's green
 /// context, made at first use. Each count is a multiple of `connections`, so stream `i`
 /// uses hardware queue `i % connections` whether the driver counts queues per priority or
 /// over all streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
-    pub markers: usize,
     pub classes: [usize; CLASSES],
     pub connections: usize,
     pub confined: usize,
@@ -101,26 +99,19 @@ impl Layout {
     /// The server's layout: several work streams per hardware queue in the normal class,
     /// so a client with many streams (PyTorch, a hog with 40) gets a CUDA stream for each.
     pub const SERVER: Layout = Layout {
-        // Synchronizations and fences wait on each client's own sync stream, a work
-        // stream (Session::sync_stream): no shared marker streams.
-        markers: 0,
         classes: [64, 128, 64, 64],
         connections: 32,
         confined: 32,
         confined_per_class: 32,
     };
 
-    /// Marker and whole-device work streams, made when the context is.
+    /// Whole-device work streams, made when the context is.
     pub fn base(&self) -> usize {
-        self.markers + self.classes.iter().sum::<usize>()
+        self.classes.iter().sum::<usize>()
     }
 
     pub fn total(&self) -> usize {
         self.base() + self.confined * CLASSES * self.confined_per_class
-    }
-
-    pub fn marker_range(&self) -> std::ops::Range<usize> {
-        0..self.markers
     }
 
     /// The whole-device work streams of class `c`; an empty class falls back to the
@@ -131,7 +122,7 @@ impl Layout {
         } else {
             c
         };
-        let start = self.markers + self.classes[..c].iter().sum::<usize>();
+        let start = self.classes[..c].iter().sum::<usize>();
         start..start + self.classes[c]
     }
 
@@ -146,7 +137,7 @@ impl Layout {
         }
     }
 
-    /// The class of stream `i`, None for a marker stream.
+    /// The class of stream `i`, None beyond the last.
     pub fn class_at(&self, i: usize) -> Option<usize> {
         if i >= self.base() {
             return (i < self.total())
@@ -301,7 +292,6 @@ mod tests {
     use super::*;
 
     const L: Layout = Layout {
-        markers: 4,
         classes: [4, 8, 4, 4],
         connections: 4,
         confined: 2,
@@ -395,11 +385,8 @@ mod tests {
         assert_eq!(class_of(Qos::Normal, 0), NORMAL);
         let l = Layout::SERVER;
         assert_eq!(l.class_at(l.class(CRITICAL).start), Some(CRITICAL));
-        assert_eq!(
-            l.class_at(0),
-            Some(BACKGROUND),
-            "no marker streams: class 0 first"
-        );
+        assert_eq!(l.class_at(0), Some(BACKGROUND));
+        assert_eq!(l.class_at(l.total()), None);
         for c in 0..CLASSES {
             assert_eq!(l.class(c).start % l.connections, 0);
             let r = l.class_in(Some(3), c);

@@ -42,6 +42,15 @@ pub struct Settled {
 }
 
 impl Settled {
+    /// What a client has now.
+    fn of(c: &ClientShared) -> Settled {
+        Settled {
+            qos: c.qos(),
+            milli_pct: c.thread_milli_pct.load(Ordering::Relaxed),
+            partition: *c.partition.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
     pub fn apply(&self, c: &ClientShared) {
         c.set_qos(self.qos);
         c.thread_milli_pct.store(self.milli_pct, Ordering::Relaxed);
@@ -128,12 +137,7 @@ impl Policy {
     /// Where `c`'s work runs on GPU `gpu`, given whether a latency-critical client is
     /// connected.
     pub fn place(&self, c: &ClientShared, gpu: usize, lc_present: bool) -> Placement {
-        let s = Settled {
-            qos: c.qos(),
-            milli_pct: c.thread_milli_pct.load(Ordering::Relaxed),
-            partition: *c.partition.lock().unwrap_or_else(|e| e.into_inner()),
-        };
-        self.place_settled(&s, gpu, lc_present)
+        self.place_settled(&Settled::of(c), gpu, lc_present)
     }
 
     fn place_settled(&self, s: &Settled, gpu: usize, lc_present: bool) -> Placement {
@@ -163,12 +167,7 @@ impl Policy {
 
     /// The SM count `c` sees on GPU `gpu`: its limit's or partition's share, else all.
     pub fn visible_sms(&self, c: &ClientShared, gpu: usize, lc_present: bool) -> Option<u32> {
-        let s = Settled {
-            qos: c.qos(),
-            milli_pct: c.thread_milli_pct.load(Ordering::Relaxed),
-            partition: *c.partition.lock().unwrap_or_else(|e| e.into_inner()),
-        };
-        self.visible_sms_settled(&s, gpu, lc_present)
+        self.visible_sms_settled(&Settled::of(c), gpu, lc_present)
     }
 
     /// Whether any of `clients` is latency-critical.

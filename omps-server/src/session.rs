@@ -296,22 +296,26 @@ impl Session {
     /// The pool stream for work on client stream `id`, after the implicit ordering of
     /// the legacy default stream has been queued.
     fn stream(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<usize, Malformed> {
-        let Some(st) = self.streams.get_mut(&id) else {
-            return bad(format!("unknown stream {id}"));
-        };
-        st.submits += 1;
-        self.submits += 1;
         let place = self.client.placement(self.dev);
         if place != self.placement {
             self.move_to(ctx, place);
         }
-        let st = self.streams.get_mut(&id).expect("looked up above");
+        let client = self.client.id;
+        let Some(st) = self.streams.get_mut(&id) else {
+            return bad(format!("unknown stream {id}"));
+        };
+        st.submits += 1;
         let pool = match st.pool {
             Some(p) => p,
             None => *st
                 .pool
-                .insert(ctx.bind_work_stream(self.client.id, place, st.priority)),
+                .insert(ctx.bind_work_stream(client, place, st.priority)),
         };
+        let deep = st.depth.count(&*ctx.gpu, pool, st.capturing);
+        self.submits += 1;
+        if deep && !self.deep.contains(&id) {
+            self.deep.push(id);
+        }
         // Work on a blocking stream is ordered after legacy work only once there is some,
         // and then the legacy stream is bound.
         let legacy = self.streams[&wire::STREAM_DEFAULT].pool.unwrap_or(pool);
@@ -339,7 +343,6 @@ impl Session {
         if let Err(e) = r {
             self.note_error(e);
         }
-        self.note_depth(ctx, id, pool);
         Ok(pool)
     }
 

@@ -144,11 +144,11 @@ pub struct WorkerCtx {
     lane: usize,
     /// At most one per (client, channel, word): a client waits on one sequence per word.
     markers: Vec<Marker>,
-    /// Per marker stream, in the order their fences were recorded there, which is the
+    /// Per sync stream, in the order their fences were recorded there, which is the
     /// order they complete in: only each queue's first fence is ever asked about.
     deferred: Vec<std::collections::VecDeque<Deferred>>,
     deferred_len: usize,
-    /// One per work stream, to make a marker stream wait for it (this lane's own).
+    /// One per work stream, to make a sync stream wait for it (this lane's own).
     scratch_events: Vec<u64>,
     generation: u64,
     next_work: usize,

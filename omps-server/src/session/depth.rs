@@ -28,6 +28,34 @@ pub(super) struct Depth {
 }
 
 impl Depth {
+    /// Counts one piece of work queued on the stream (bound to `pool`), and every
+    /// [`MARK_EVERY`] records a mark; true once [`HOLD_AT`] marks are outstanding.
+    pub(super) fn count(
+        &mut self,
+        gpu: &dyn crate::gpu::Gpu,
+        pool: usize,
+        capturing: bool,
+    ) -> bool {
+        if capturing {
+            // A mark recorded now would be a node of the client's graph.
+            return false;
+        }
+        self.since_mark += 1;
+        if self.since_mark < MARK_EVERY {
+            return false;
+        }
+        self.since_mark = 0;
+        let Ok(ev) = gpu.event_create(0x2) else {
+            return false;
+        };
+        if gpu.event_record(ev, pool).is_err() {
+            let _ = gpu.event_destroy(ev);
+            return false;
+        }
+        self.marks.push_back(ev);
+        self.marks.len() >= HOLD_AT
+    }
+
     /// Events of the marks, for the release of a stream or session.
     pub(super) fn take_events(&mut self) -> impl Iterator<Item = u64> + '_ {
         self.marks.drain(..)
@@ -35,34 +63,6 @@ impl Depth {
 }
 
 impl Session {
-    /// Counts one piece of work queued on client stream `id` (bound to `pool`), and every
-    /// [`MARK_EVERY`] records a mark.
-    pub(super) fn note_depth(&mut self, ctx: &mut WorkerCtx, id: u32, pool: usize) {
-        let Some(st) = self.streams.get_mut(&id) else {
-            return;
-        };
-        if st.capturing {
-            // A mark recorded now would be a node of the client's graph.
-            return;
-        }
-        st.depth.since_mark += 1;
-        if st.depth.since_mark < MARK_EVERY {
-            return;
-        }
-        st.depth.since_mark = 0;
-        let Ok(ev) = ctx.gpu.event_create(0x2) else {
-            return;
-        };
-        if ctx.gpu.event_record(ev, pool).is_err() {
-            let _ = ctx.gpu.event_destroy(ev);
-            return;
-        }
-        st.depth.marks.push_back(ev);
-        if st.depth.marks.len() >= HOLD_AT && !self.deep.contains(&id) {
-            self.deep.push(id);
-        }
-    }
-
     /// Whether the worker should take none of this client's records this pass: one of
     /// its streams is too deep and the GPU has not caught up.
     pub fn held_back(&mut self, ctx: &WorkerCtx) -> bool {

@@ -7,28 +7,17 @@ use common::*;
 use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
 use omps_shim::api::mem::*;
-use omps_shim::api::module::*;
 use omps_shim::api::stream_info::*;
 use omps_shim::cuda::*;
 use std::ffi::c_void;
 use std::ptr::null_mut;
-
-fn ok(r: CUresult) {
-    assert_eq!(r, CUDA_SUCCESS, "CUDA call failed");
-}
 
 #[test]
 fn capture_instantiate_launch() {
     let _srv = start_as_client("graphapi");
     // SAFETY: valid pointers throughout; the server runs in this process.
     unsafe {
-        let mut m = null_mut();
-        ok(cuModuleLoadData(
-            &mut m,
-            HOST_MODULE.as_ptr() as *const c_void,
-        ));
-        let mut f = null_mut();
-        ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr()));
+        let f = host_function(c"fill_u32");
         let mut p = 0u64;
         ok(cuMemAlloc_v2(&mut p, 64));
         let fill = |s: CUstream, v: u32| {

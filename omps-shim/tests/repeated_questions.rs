@@ -7,12 +7,6 @@ use common::*;
 use omps_shim::api::module::*;
 use omps_shim::api::query::*;
 use omps_shim::cuda::*;
-use std::ffi::c_void;
-use std::ptr::null_mut;
-
-fn ok(r: CUresult) {
-    assert_eq!(r, CUDA_SUCCESS, "CUDA call failed");
-}
 
 fn commands(srv: &TestServer) -> u64 {
     let (_, ps) = srv.ctl("ps");
@@ -33,13 +27,7 @@ fn repeated_attribute_and_occupancy_questions_cost_one_round_trip() {
     let srv = start_as_client("repeat");
     // SAFETY (whole test): every pointer passed below is a valid local.
     unsafe {
-        let mut m = null_mut();
-        ok(cuModuleLoadData(
-            &mut m,
-            HOST_MODULE.as_ptr() as *const c_void,
-        ));
-        let mut f = null_mut();
-        ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr()));
+        let f = host_function(c"fill_u32");
 
         let asked = |before: u64| commands(&srv) - before;
         let c = commands(&srv);

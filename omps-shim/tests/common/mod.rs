@@ -205,3 +205,26 @@ pub fn memset(c: &omps_shim::conn::Conn, dst: u64) {
     c.push(0, omps_ring::wire::Op::Memset, &[bytemuck::bytes_of(&m)])
         .unwrap();
 }
+
+/// Asserts a CUDA call through the shim's entry points succeeded.
+#[allow(dead_code)]
+pub fn ok(r: omps_shim::cuda::CUresult) {
+    assert_eq!(r, omps_shim::cuda::CUDA_SUCCESS, "CUDA call failed");
+}
+
+/// Function `name` of the host test module, loaded through the shim's entry points (the
+/// process's own connection: `start_as_client` first).
+#[allow(dead_code)]
+pub fn host_function(name: &std::ffi::CStr) -> omps_shim::api::exec::CUfunction {
+    use omps_shim::api::module::{cuModuleGetFunction, cuModuleLoadData};
+    let (mut m, mut f) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid out-pointers; the image is NUL-terminated text.
+    unsafe {
+        ok(cuModuleLoadData(
+            &mut m,
+            HOST_MODULE.as_ptr() as *const std::ffi::c_void,
+        ));
+        ok(cuModuleGetFunction(&mut f, m, name.as_ptr()));
+    }
+    f
+}

@@ -6,7 +6,19 @@ use super::ctx::current_dev;
 use super::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::wire::{self, IpcCall, IpcHandle, IpcOpen, Op};
+use std::collections::HashMap;
 use std::ffi::c_uint;
+use std::sync::Mutex;
+
+/// Opened handles: pointer -> times opened. The range is known to this process (so copies
+/// and kernels may use it) from the first open until the last close, as natively.
+static OPENED: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
+
+/// The allocation's size as the server wrote it into the handle (bytes 24..32). Only this
+/// process's own range checks use it: the server checks every use against the real size.
+fn handle_size(h: &CUipcMemHandle) -> u64 {
+    u64::from_le_bytes(h.reserved[24..32].try_into().expect("8 bytes"))
+}
 
 /// CUipcMemHandle: 64 opaque bytes, passed by value.
 #[repr(C)]
@@ -66,6 +78,16 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             .to_vec()
         })?;
         let p = ch.reply::<wire::U64Reply>().value;
+        let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+        let n = opened
+            .get_or_insert_with(HashMap::new)
+            .entry(p)
+            .or_insert(0);
+        if *n == 0 {
+            super::mem::add_range(p, handle_size(&handle), dev, false);
+        }
+        *n += 1;
+        drop(opened);
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(dptr, p) }
     })
@@ -85,7 +107,18 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle(
 
 #[no_mangle]
 pub extern "C" fn cuIpcCloseMemHandle(dptr: u64) -> CUresult {
-    entry(|| ipc_call(Op::IpcCloseMemHandle, dptr).map(drop))
+    entry(|| {
+        ipc_call(Op::IpcCloseMemHandle, dptr)?;
+        let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = opened.as_mut().and_then(|m| m.get_mut(&dptr)) {
+            *n -= 1;
+            if *n == 0 {
+                opened.as_mut().expect("present").remove(&dptr);
+                super::mem::remove_range(dptr);
+            }
+        }
+        Ok(())
+    })
 }
 
 /// CUipcEventHandle: 64 opaque bytes, passed by value.

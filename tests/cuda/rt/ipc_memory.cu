@@ -36,7 +36,14 @@ int main() {
     int down[2], up[2];
     if (pipe(down) || pipe(up)) return 2;
     pid_t pid = fork();
-    if (pid == 0) _exit(child(down[0], up[1]));
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        _exit(child(down[0], up[1]));
+    }
+    // Only the child holds the write end of `up`: a child that dies unanswered is seen.
+    close(down[0]);
+    close(up[1]);
     int *p;
     CHECK(cudaMalloc(&p, N * sizeof(int)));
     std::vector<int> v(N);

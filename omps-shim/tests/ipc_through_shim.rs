@@ -1,0 +1,64 @@
+//! IPC through the shim's entry points, as cudart calls them: memory another client
+//! exported is usable by this process (copies, pointer queries) from the first open until
+//! the last close, and not after; it is never this process's to free.
+
+mod common;
+use common::*;
+use omps_shim::api::hostmem::cuMemGetAddressRange_v2;
+use omps_shim::api::ipc::*;
+use omps_shim::api::mem::*;
+use omps_shim::conn::Conn;
+use omps_shim::cuda::*;
+
+#[test]
+fn an_opened_handle_is_usable_memory_until_closed() {
+    let srv = start_as_client("ipc-shim");
+    let exporter = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&exporter, 4096);
+    memset(&exporter, p);
+    exporter.ping(0).unwrap();
+    let mut ch = exporter.channel();
+    ch.call(0, omps_ring::wire::Op::IpcGetMemHandle, |call| {
+        bytemuck::bytes_of(&omps_ring::wire::IpcCall { call, ptr: p }).to_vec()
+    })
+    .unwrap();
+    let h: omps_ring::wire::IpcHandle = ch.reply();
+    drop(ch);
+    let handle = CUipcMemHandle { reserved: h.bytes };
+
+    let mut words = [0u32; 16];
+    // SAFETY (whole test): every pointer passed is a valid local of the right size.
+    unsafe {
+        assert_eq!(
+            cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), p, 64),
+            CUDA_ERROR_INVALID_VALUE,
+            "not this process's memory before it opens the handle"
+        );
+        let mut q = 0u64;
+        ok(cuIpcOpenMemHandle_v2(&mut q, handle, 1));
+        assert_eq!(q, p, "one context: the exporter's own pointer");
+        let mut again = 0u64;
+        ok(cuIpcOpenMemHandle_v2(&mut again, handle, 1));
+        assert_eq!(again, p);
+        ok(cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q, 64));
+        assert_eq!(words, [7; 16], "the exporter's data");
+        let mut base = 0u64;
+        let mut size = 0usize;
+        ok(cuMemGetAddressRange_v2(&mut base, &mut size, q + 100));
+        assert_eq!((base, size), (p, 4096));
+        assert_eq!(
+            cuMemFree_v2(q),
+            CUDA_ERROR_INVALID_VALUE,
+            "not ours to free"
+        );
+        ok(cuIpcCloseMemHandle(q));
+        ok(cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q, 64));
+        ok(cuIpcCloseMemHandle(q));
+        assert_eq!(
+            cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q, 64),
+            CUDA_ERROR_INVALID_VALUE,
+            "closed as often as opened: gone"
+        );
+        assert_eq!(cuIpcCloseMemHandle(q), CUDA_ERROR_INVALID_VALUE);
+    }
+}

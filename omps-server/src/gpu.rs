@@ -41,8 +41,10 @@ pub mod code {
 }
 
 /// Errors that poison a context: after one, nothing more runs in it until it is reset.
+/// ECC (214), illegal address (700), launch timeout (702), device assert (710), and the
+/// kernel exceptions 714..=719 (stack, instruction, alignment, address space, pc, launch).
 pub fn is_sticky(e: i32) -> bool {
-    matches!(e, 214 | 700 | 702 | 714..=719)
+    matches!(e, 214 | 700 | 702 | 710 | 714..=719)
 }
 
 /// CUfunction_attribute values the server asks for at module load.

@@ -406,8 +406,13 @@ impl Session {
         }
     }
 
-    fn take_pending(&mut self) -> i32 {
-        std::mem::take(&mut self.pending_error)
+    /// The first asynchronous error since the last synchronization, for the client. One
+    /// that poisons the context (a launch the host GPU ran at once) faults the GPU here, as
+    /// a stuck completion does on a real one.
+    fn take_pending(&mut self, ctx: &mut WorkerCtx) -> i32 {
+        let e = std::mem::take(&mut self.pending_error);
+        ctx.fault_if_sticky(e);
+        e
     }
 
     /// Whether `[addr, addr+len)` lies inside one allocation or global of this client.
@@ -464,7 +469,7 @@ impl Session {
         call: CallHdr,
         s: usize,
     ) -> Result<bool, Malformed> {
-        let pending = self.take_pending();
+        let pending = self.take_pending(ctx);
         if pending != 0 {
             return self.complete(call, pending, &[]).map(|_| false);
         }
@@ -496,9 +501,7 @@ impl Session {
                 Ok(true)
             }
             Err(e) => {
-                if crate::gpu::is_sticky(e.0) {
-                    ctx.enter_fault(e.0);
-                }
+                ctx.fault_if_sticky(e.0);
                 self.note_error(e);
                 self.signal_now(channel, word, seq, e.0).map(|_| false)
             }

@@ -610,11 +610,17 @@ impl WorkerCtx {
                 self.last_fault_check = Instant::now();
                 // Only a sticky error poisons the context; a capture error is one client's.
                 if let Err(CuError(e)) = self.gpu.stream_query(s) {
-                    if crate::gpu::is_sticky(e) {
-                        self.enter_fault(e);
-                    }
+                    self.fault_if_sticky(e);
                 }
             }
+        }
+    }
+
+    /// Faults the GPU when `e` is an error that poisons the context; any other error is
+    /// one client's.
+    pub fn fault_if_sticky(&mut self, e: i32) {
+        if crate::gpu::is_sticky(e) {
+            self.enter_fault(e);
         }
     }
 

@@ -56,6 +56,10 @@ fn an_asserts_text_arrives_with_the_failed_sync() {
     );
     let after = srv.ctl("status").1;
     assert!(
+        after.contains("FAULT"),
+        "an assert poisons the context as an illegal address does: {after}"
+    );
+    assert!(
         after.contains(
             "device printf sent to the server log (no single client to give it to): 13 bytes"
         ),

@@ -123,7 +123,7 @@ impl Session {
                 let (mark, submits) = (self.streams[&h.id].synced, self.streams[&h.id].submits);
                 let Some(s) = pool else {
                     // Nothing was ever queued on it: only errors of other streams remain.
-                    let r = self.take_pending();
+                    let r = self.take_pending(ctx);
                     self.complete(h.call, r, &[])?;
                     return Ok(());
                 };
@@ -140,7 +140,7 @@ impl Session {
                     .stream_pool(h.id)?
                     .map_or(Ok(true), |s| gpu.stream_query(s))
                 {
-                    Ok(true) => self.take_pending(),
+                    Ok(true) => self.take_pending(ctx),
                     Ok(false) => code::NOT_READY,
                     Err(e) => e.0,
                 };
@@ -152,7 +152,10 @@ impl Session {
                 let m = self.sync_stream(ctx);
                 match gpu.stream_wait_event(m, e) {
                     Ok(()) => _ = self.complete_on_gpu(ctx, h.call, m)?,
-                    Err(err) => self.complete(h.call, err.0, &[])?,
+                    Err(err) => {
+                        ctx.fault_if_sticky(err.0);
+                        self.complete(h.call, err.0, &[])?
+                    }
                 }
             }
             Op::EventQuery => {
@@ -186,13 +189,16 @@ impl Session {
                                 self.ctx_synced = Some(SyncMark::done(c, self.submits));
                             }
                         }
-                        Err(e) => self.complete(c, e.0, &[])?,
+                        Err(e) => {
+                            ctx.fault_if_sticky(e.0);
+                            self.complete(c, e.0, &[])?
+                        }
                     }
                 }
             }
             Op::Ping => {
                 let c = rec::<CallHdr>(p);
-                let r = self.take_pending();
+                let r = self.take_pending(ctx);
                 self.complete(c, r, &[])?;
             }
 

@@ -432,11 +432,13 @@ impl<'a> ChanGuard<'a> {
         }
     }
 
-    /// Waits for the answer to `call` and returns its CUresult.
+    /// Waits for the answer to `call` and returns its CUresult. The result is taken: the
+    /// channel's staging chunks report through the same word, and a failed call must not
+    /// fail the next transfer on this channel.
     pub fn wait(&self, call: CallHdr) -> Result<(), CUresult> {
         let ch = self.chan();
         self.conn.wait_word(ch, &ch.done, call.seq)?;
-        match ch.result.load(Ordering::Relaxed) {
+        match ch.result.swap(0, Ordering::Relaxed) {
             0 => Ok(()),
             e => Err(e),
         }
@@ -466,12 +468,6 @@ impl<'a> ChanGuard<'a> {
     }
 
     /// Waits until staging chunk `k` is free again; reports the error of its last transfer.
-    /// Forgets the result of the last call, so a failed call whose answer still has bytes
-    /// to fetch (a JIT link's logs) does not fail the chunks that fetch them.
-    pub fn clear_result(&self) {
-        self.chan().result.store(0, Ordering::Relaxed);
-    }
-
     pub fn wait_chunk(&mut self, k: usize) -> Result<(), CUresult> {
         let seq = self.st.chunk_seq[k];
         if seq == 0 {

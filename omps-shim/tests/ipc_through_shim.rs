@@ -60,5 +60,25 @@ fn an_opened_handle_is_usable_memory_until_closed() {
             "closed as often as opened: gone"
         );
         assert_eq!(cuIpcCloseMemHandle(q), CUDA_ERROR_INVALID_VALUE);
+
+        // A process's own handle does not open (CUDA_ERROR_INVALID_CONTEXT), and that
+        // failure is the call's alone: the next copy works.
+        // Large enough to go through the channel's staging chunks, as cudart's copies do.
+        const WORDS: usize = 1 << 18;
+        let mut own = 0u64;
+        ok(cuMemAlloc_v2(&mut own, 4 * WORDS));
+        let fives = vec![5u32; WORDS];
+        ok(cuMemcpyHtoD_v2(own, fives.as_ptr().cast(), 4 * WORDS));
+        let mut h = CUipcMemHandle { reserved: [0; 64] };
+        ok(cuIpcGetMemHandle(&mut h, own));
+        let mut q = 0u64;
+        assert_eq!(
+            cuIpcOpenMemHandle_v2(&mut q, h, 1),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        let mut back = vec![0u32; WORDS];
+        ok(cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), own, 4 * WORDS));
+        assert!(back.iter().all(|&w| w == 5));
+        ok(cuMemFree_v2(own));
     }
 }

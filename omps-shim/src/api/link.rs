@@ -235,7 +235,6 @@ fn link_remote(dev: usize, blob: &[u8]) -> Result<(CUresult, wire::LinkReply, Ve
         Err(e) => e,
     };
     let reply = ch.reply::<wire::LinkReply>();
-    ch.clear_result();
     let total = (reply.image_len + reply.info_len + reply.error_len) as usize;
     let mut bytes = vec![0u8; total];
     let chunk = c.params().chunk_bytes as usize;

@@ -20,6 +20,9 @@ use std::sync::Mutex;
 #[derive(Default)]
 struct State {
     mem: BTreeMap<u64, Vec<u8>>,
+    /// Bytes freed with `mem_free_async` and still held, as the driver's memory pool holds
+    /// them until the next synchronization ([`Gpu::settle_frees`]).
+    held_by_frees: u64,
     next_addr: u64,
     modules: BTreeMap<u64, (Vec<FunctionInfo>, Vec<Global>)>,
     next_handle: u64,
@@ -142,7 +145,9 @@ impl HostGpu {
     /// nothing leaked.
     pub fn bytes_allocated(&self) -> u64 {
         let st = self.state.lock().unwrap();
-        st.mem.values().map(|v| v.len() as u64).sum::<u64>() + st.mappings.values().sum::<u64>()
+        st.mem.values().map(|v| v.len() as u64).sum::<u64>()
+            + st.mappings.values().sum::<u64>()
+            + st.held_by_frees
     }
 
     /// Completion words written in stream order so far ([`Gpu::write_u32`]).
@@ -346,7 +351,7 @@ impl Gpu for HostGpu {
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {
         let mut st = self.state.lock().unwrap();
-        let used: u64 = st.mem.values().map(|v| v.len() as u64).sum();
+        let used: u64 = st.mem.values().map(|v| v.len() as u64).sum::<u64>() + st.held_by_frees;
         if used.checked_add(size).is_none_or(|t| t > self.total) {
             return Err(CuError(code::OUT_OF_MEMORY));
         }
@@ -360,6 +365,18 @@ impl Gpu for HostGpu {
             .remove(&ptr)
             .map(drop)
             .ok_or(CuError(code::INVALID_VALUE))
+    }
+
+    fn mem_free_async(&self, ptr: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        let v = st.mem.remove(&ptr).ok_or(CuError(code::INVALID_VALUE))?;
+        st.held_by_frees += v.len() as u64;
+        Ok(())
+    }
+
+    fn settle_frees(&self) -> GpuResult<()> {
+        self.state.lock().unwrap().held_by_frees = 0;
+        Ok(())
     }
 
     fn vmm_reserve(&self, size: u64, align: u64, _hint: u64) -> GpuResult<u64> {

@@ -50,10 +50,39 @@ impl Releaser {
         let spawned = std::thread::Builder::new()
             .name(format!("omps-release{}", gpu.ordinal()))
             .spawn(move || {
-                for job in rx {
+                // Frees queued on the release stream and not yet synchronized: the driver's
+                // memory pool keeps what cuMemFreeAsync gave back until a synchronization,
+                // and a server that never synchronizes never gets it back. Measured on an
+                // H100 (scripts/probe/memgrow.sh): 7 clients each allocating and freeing
+                // 12 MiB per loop held under 100 MiB, yet the GPU's used memory rose
+                // 1 GB/s to 80 GB and their cuMemAlloc failed. Settled once the queue is
+                // empty, so a burst of frees costs one synchronization.
+                let mut unsettled = false;
+                loop {
+                    let job = match rx.try_recv() {
+                        Ok(job) => job,
+                        Err(mpsc::TryRecvError::Empty) if unsettled => {
+                            let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
+                            if let Err(e) = gpu.settle_frees() {
+                                tracing::warn!("settling freed memory failed: {}", e.0);
+                            }
+                            unsettled = false;
+                            p.fetch_sub(1, Ordering::SeqCst);
+                            continue;
+                        }
+                        Err(mpsc::TryRecvError::Empty) => match rx.recv() {
+                            Ok(job) => job,
+                            Err(_) => break,
+                        },
+                        Err(mpsc::TryRecvError::Disconnected) => break,
+                    };
                     let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
                     let now = current.load(Ordering::SeqCst);
-                    release(&*gpu, job, now);
+                    if release(&*gpu, job, now) && !unsettled {
+                        // The settling counts as pending work: idle means the memory is back.
+                        unsettled = true;
+                        p.fetch_add(1, Ordering::SeqCst);
+                    }
                     p.fetch_sub(1, Ordering::SeqCst);
                 }
             });
@@ -87,7 +116,9 @@ impl Releaser {
             generation,
         };
         if let Err(mpsc::SendError(job)) = self.tx.send(job) {
-            self::release(gpu, job, self.generation.load(Ordering::SeqCst));
+            if self::release(gpu, job, self.generation.load(Ordering::SeqCst)) {
+                let _ = gpu.settle_frees();
+            }
             self.pending.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -117,8 +148,9 @@ impl Releaser {
 }
 
 /// Frees what a client released and settles its books; the handles only if they belong
-/// to the context of generation `now`.
-fn release(gpu: &dyn Gpu, job: Job, now: u64) {
+/// to the context of generation `now`. Returns whether device memory was freed (and is
+/// still to be settled).
+fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
     let Job {
         client,
         release: rel,
@@ -127,6 +159,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) {
     } = job;
     let dev = gpu.ordinal();
     let gpu = (generation == Some(now)).then_some(gpu);
+    let freed = gpu.is_some() && !rel.allocs.is_empty();
     for (p, len) in rel.allocs {
         if let Some(Err(e)) = gpu.map(|g| g.mem_free_async(p)) {
             tracing::warn!(client = client.id, "freeing device memory failed: {}", e.0);
@@ -165,4 +198,5 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) {
     if final_for_client {
         client.released.fetch_add(1, Ordering::SeqCst);
     }
+    freed
 }

@@ -223,6 +223,8 @@ pub struct Session {
     /// Its streams queued too deep (depth.rs), and since when it is held back.
     deep: Vec<u32>,
     held_since: Option<std::time::Instant>,
+    /// When its oldest depth mark was last asked about (depth.rs).
+    depth_checked: Option<std::time::Instant>,
     vmm: vmm::VmmState,
 }
 
@@ -265,6 +267,7 @@ impl Session {
             hostfn_last: HashMap::new(),
             deep: Vec::new(),
             held_since: None,
+            depth_checked: None,
             vmm: Default::default(),
         };
         s.streams

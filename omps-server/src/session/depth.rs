@@ -30,9 +30,6 @@ const CHECK_EVERY: Duration = Duration::from_micros(50);
 #[derive(Default)]
 pub(super) struct Depth {
     marks: VecDeque<u64>,
-    /// Events of completed marks, recorded again for the next ones: creating and
-    /// destroying an event per mark takes driver locks every lane's launches need.
-    spare: Vec<u64>,
     since_mark: u32,
 }
 
@@ -54,11 +51,11 @@ impl Depth {
             return false;
         }
         self.since_mark = 0;
-        let Some(ev) = self.spare.pop().or_else(|| gpu.event_create(0x2).ok()) else {
+        let Ok(ev) = gpu.event_create(0x2) else {
             return false;
         };
         if gpu.event_record(ev, pool).is_err() {
-            self.spare.push(ev);
+            let _ = gpu.event_destroy(ev);
             return false;
         }
         self.marks.push_back(ev);
@@ -67,7 +64,7 @@ impl Depth {
 
     /// Events of the marks, for the release of a stream or session.
     pub(super) fn take_events(&mut self) -> impl Iterator<Item = u64> + '_ {
-        self.marks.drain(..).chain(self.spare.drain(..))
+        self.marks.drain(..)
     }
 }
 
@@ -96,7 +93,7 @@ impl Session {
                     break;
                 }
                 st.depth.marks.pop_front();
-                st.depth.spare.push(ev);
+                let _ = gpu.event_destroy(ev);
             }
             st.depth.marks.len() >= HOLD_AT
         });

@@ -44,6 +44,10 @@ struct State {
     confined: BTreeMap<usize, crate::confine::SmSet>,
     /// Streams being captured: capture id, whether invalidated, the work recorded.
     capturing: BTreeMap<usize, (u64, bool, Vec<HostOp>)>,
+    /// Streams a capture forked into (they waited on an event it recorded) -> its origin.
+    joined: BTreeMap<usize, usize>,
+    /// Events last recorded in a capture -> that capture's origin stream.
+    event_capture: BTreeMap<u64, usize>,
     /// Graphs and executable graphs: the work they replay.
     graphs: BTreeMap<u64, Vec<HostOp>>,
     execs: BTreeMap<u64, Vec<HostOp>>,
@@ -70,9 +74,18 @@ enum HostOp {
 }
 
 impl State {
+    /// The capture stream `s` records into: its own, or the one it forked from.
+    fn origin(&self, s: usize) -> usize {
+        match self.joined.get(&s) {
+            Some(&o) if self.capturing.contains_key(&o) => o,
+            _ => s,
+        }
+    }
+
     /// Records `op` if stream `s` is being captured; false when it is not.
     fn captured(&mut self, s: usize, op: HostOp) -> bool {
-        match self.capturing.get_mut(&s) {
+        let origin = self.origin(s);
+        match self.capturing.get_mut(&origin) {
             Some(c) => {
                 c.2.push(op);
                 true
@@ -770,23 +783,40 @@ impl Gpu for HostGpu {
         st.events.remove(&ev).ok_or(CuError(code::INVALID_HANDLE))
     }
 
-    fn event_record(&self, ev: u64, _s: usize) -> GpuResult<()> {
-        let st = self.state.lock().unwrap();
+    fn event_record(&self, ev: u64, s: usize) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
         st.check()?;
-        st.events
-            .get(&ev)
-            .ok_or(CuError(code::INVALID_HANDLE))
-            .map(drop)
+        st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE))?;
+        // Recorded in a capture, the event forks it into whichever stream waits on it.
+        let origin = st.origin(s);
+        if st.capturing.contains_key(&origin) {
+            st.event_capture.insert(ev, origin);
+        } else {
+            st.event_capture.remove(&ev);
+        }
+        Ok(())
     }
 
     fn stream_wait_event(&self, s: usize, ev: u64) -> GpuResult<()> {
-        self.event_record(ev, s)
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE))?;
+        if let Some(&o) = st.event_capture.get(&ev) {
+            if o != s && st.capturing.contains_key(&o) && !st.capturing.contains_key(&s) {
+                st.joined.insert(s, o);
+            }
+        }
+        Ok(())
     }
 
     fn event_query(&self, ev: u64) -> GpuResult<bool> {
+        {
+            let st = self.state.lock().unwrap();
+            st.check()?;
+            st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE))?;
+        }
         // The stuck switch plays a kernel that runs long: nothing recorded completes.
-        self.event_record(ev, 0)
-            .map(|_| !*self.stuck.lock().unwrap())
+        Ok(!*self.stuck.lock().unwrap())
     }
 
     fn capture_begin(&self, s: usize) -> GpuResult<()> {
@@ -807,6 +837,8 @@ impl Gpu for HostGpu {
             .capturing
             .remove(&s)
             .ok_or(CuError(code::ILLEGAL_STATE))?;
+        // The streams it forked into end with it.
+        st.joined.retain(|_, o| *o != s);
         if invalid {
             return Err(CuError(code::STREAM_CAPTURE_INVALIDATED));
         }
@@ -819,7 +851,7 @@ impl Gpu for HostGpu {
     fn capture_status(&self, s: usize) -> GpuResult<(u32, u64)> {
         use omps_ring::wire::graph;
         let st = self.state.lock().unwrap();
-        Ok(match st.capturing.get(&s) {
+        Ok(match st.capturing.get(&st.origin(s)) {
             None => (graph::STATUS_NONE, 0),
             Some(&(_, true, _)) => (graph::STATUS_INVALIDATED, 0),
             Some(&(id, false, _)) => (graph::STATUS_ACTIVE, id),
@@ -827,7 +859,9 @@ impl Gpu for HostGpu {
     }
 
     fn capture_invalidate(&self, s: usize) {
-        if let Some(c) = self.state.lock().unwrap().capturing.get_mut(&s) {
+        let mut st = self.state.lock().unwrap();
+        let o = st.origin(s);
+        if let Some(c) = st.capturing.get_mut(&o) {
             c.1 = true;
         }
     }

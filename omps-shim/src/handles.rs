@@ -28,12 +28,28 @@ pub struct GraphNode {
     pub dev: usize,
 }
 
-/// A graph or an executable graph: the server's id for it, on one device.
+/// A graph or an executable graph: the server's id for it, on one device. A graph built
+/// by hand lives in the shim (api/graph_build.rs) and has no server id; an executable
+/// graph's id changes when an update instantiates it again.
 #[repr(C)]
 pub struct GraphHandle {
     pub magic: AtomicU32,
-    pub id: u32,
+    pub id: AtomicU32,
     pub dev: usize,
+}
+
+impl GraphHandle {
+    pub fn new(magic: u32, id: u32, dev: usize) -> GraphHandle {
+        GraphHandle {
+            magic: AtomicU32::new(magic),
+            id: AtomicU32::new(id),
+            dev,
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id.load(Ordering::Acquire)
+    }
 }
 
 #[repr(C)]

@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use omps_shim::api::capture::*;
 use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
 use omps_shim::api::mem::*;

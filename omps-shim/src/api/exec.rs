@@ -324,7 +324,7 @@ const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 ///
 /// # Safety
 /// `params` and `extra` follow cuLaunchKernel's contract for function `f`.
-unsafe fn pack_args(
+pub(crate) unsafe fn pack_args(
     f: &Function,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
@@ -705,8 +705,8 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 /// The stream a host function goes on; refused during a capture (a host node would run
 /// in the server: not yet).
 fn host_fn_stream(s: CUstream) -> Result<(u32, usize), CUresult> {
-    if super::graph::any_capture()
-        && super::graph::capture_info(s)?.0 != omps_ring::wire::graph::STATUS_NONE
+    if super::capture::any_capture()
+        && super::capture::capture_info(s)?.0 != omps_ring::wire::graph::STATUS_NONE
     {
         return Err(crate::unsupported::unsupported(
             "a host function in a stream capture",
@@ -751,7 +751,7 @@ pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint)
     // node, which omps's captures do not make yet); elsewhere it is a plain record.
     match flags {
         0 => cuEventRecord(e, s),
-        EXTERNAL if !super::graph::any_capture() => cuEventRecord(e, s),
+        EXTERNAL if !super::capture::any_capture() => cuEventRecord(e, s),
         EXTERNAL => crate::unsupported::unsupported(
             "cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL) during capture",
         ),

@@ -1,131 +1,21 @@
-//! Stream capture and graphs: the capture runs in the server, on the client stream's own
-//! work stream (see omps-server/src/session/graphs.rs); graphs and executable graphs are
-//! the server's, named here by handles. A graph launch is a record in the ring, like a
-//! kernel launch: no round trip.
+//! Graphs and executable graphs: a captured graph and every executable graph are the
+//! server's, named here by handles; a graph built by hand lives in the shim until it is
+//! instantiated (graph_build.rs). A graph launch is a record in the ring, like a kernel
+//! launch: no round trip.
 
 use super::exec::{per_thread, stream_dev, CUstream};
+use super::graph_build::{self as build, GraphNodeRef};
 use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{
     leak, resolve, retire, GraphHandle, GraphNode, EXEC_MAGIC, GRAPH_MAGIC, NODE_MAGIC,
 };
-use omps_ring::wire::{self, CaptureCall, GraphInstantiate, Op};
+use omps_ring::wire::{self, GraphInstantiate, Op};
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
-pub type CUgraph = *mut GraphHandle;
+pub use super::capture::CUgraph;
 pub type CUgraphExec = *mut GraphHandle;
-
-/// Captures this process began and has not ended: while there are none, the capture
-/// queries PyTorch makes before nearly every copy are answered here.
-static CAPTURES: AtomicUsize = AtomicUsize::new(0);
-
-pub(crate) fn any_capture() -> bool {
-    CAPTURES.load(Ordering::Acquire) > 0
-}
-
-/// CUstreamCaptureMode: global, thread-local, relaxed.
-const MODE_RELAXED: c_uint = 2;
-
-fn capture_call(op: Op, s: CUstream, mode: c_uint) -> Result<(usize, u64), CUresult> {
-    let (id, dev) = stream_dev(s)?;
-    let c = live()?;
-    let mut ch = c.channel();
-    ch.call(dev, op, |call| {
-        bytemuck::bytes_of(&CaptureCall {
-            call,
-            stream: id,
-            mode,
-        })
-        .to_vec()
-    })?;
-    let v = if op == Op::CaptureEnd {
-        ch.reply::<wire::U64Reply>().value
-    } else {
-        0
-    };
-    Ok((dev, v))
-}
-
-fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
-    if mode > MODE_RELAXED {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    capture_call(Op::CaptureBegin, s, mode)?;
-    CAPTURES.fetch_add(1, Ordering::AcqRel);
-    Ok(())
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture_v2(s: CUstream, mode: c_uint) -> CUresult {
-    entry(|| begin(s, mode))
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint) -> CUresult {
-    per_thread(|| cuStreamBeginCapture_v2(s, mode))
-}
-
-/// CUDA 10.0's form, before capture modes: global.
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture(s: CUstream) -> CUresult {
-    cuStreamBeginCapture_v2(s, 0)
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture_ptsz(s: CUstream) -> CUresult {
-    per_thread(|| cuStreamBeginCapture(s))
-}
-
-/// # Safety
-/// `graph` is null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) -> CUresult {
-    entry(|| {
-        if graph.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let r = capture_call(Op::CaptureEnd, s, 0);
-        // A capture ended (or ended invalidated): one fewer. Any other error (not
-        // capturing, not the capture's origin) leaves the count alone.
-        const INVALIDATED: CUresult = 901;
-        if r.is_ok() || r == Err(INVALIDATED) {
-            let _ =
-                CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        }
-        let (dev, id) = r?;
-        let h = leak(GraphHandle {
-            magic: AtomicU32::new(GRAPH_MAGIC),
-            id: id as u32,
-            dev,
-        });
-        // SAFETY: checked non-null; the caller's pointer.
-        unsafe { out(graph, h) }
-    })
-}
-
-/// # Safety
-/// As [`cuStreamEndCapture`].
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) -> CUresult {
-    // SAFETY: forwarded contract.
-    per_thread(|| unsafe { cuStreamEndCapture(s, graph) })
-}
-
-/// The capture status and id of stream `s`, from the server while this process captures.
-pub(crate) fn capture_info(s: CUstream) -> Result<(c_uint, u64), CUresult> {
-    let (id, dev) = stream_dev(s)?;
-    if !any_capture() {
-        return Ok((wire::graph::STATUS_NONE, 0));
-    }
-    let c = live()?;
-    let mut ch = c.channel();
-    ch.call(dev, Op::CaptureStatus, |call| {
-        bytemuck::bytes_of(&wire::HandleCall { call, id, _pad: 0 }).to_vec()
-    })?;
-    let i: wire::CaptureInfo = ch.reply();
-    Ok((i.status, i.id))
-}
 
 fn graph(g: CUgraph) -> Result<&'static GraphHandle, CUresult> {
     // SAFETY: the caller passed a graph handle, as the API requires.
@@ -137,28 +27,54 @@ fn exec(e: CUgraphExec) -> Result<&'static GraphHandle, CUresult> {
     unsafe { resolve(e as *const GraphHandle, EXEC_MAGIC) }
 }
 
-fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CUresult> {
-    if pexec.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let gr = graph(g)?;
+/// Instantiates the server's graph `graph`: the executable graph's id.
+fn instantiate_id(dev: usize, graph: u32, flags: u64) -> Result<u32, CUresult> {
     let c = live()?;
     let mut ch = c.channel();
-    ch.call(gr.dev, Op::GraphInstantiate, |call| {
+    ch.call(dev, Op::GraphInstantiate, |call| {
         bytemuck::bytes_of(&GraphInstantiate {
             call,
-            graph: gr.id,
+            graph,
             _pad: 0,
             flags,
         })
         .to_vec()
     })?;
-    let id = ch.reply::<wire::U64Reply>().value as u32;
-    let h = leak(GraphHandle {
-        magic: AtomicU32::new(EXEC_MAGIC),
-        id,
-        dev: gr.dev,
-    });
+    Ok(ch.reply::<wire::U64Reply>().value as u32)
+}
+
+/// Lets the server's graph `id` go (pushed after whatever used it).
+fn release(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
+    live()?.push(
+        dev,
+        op,
+        &[bytemuck::bytes_of(&wire::Handle { id, _pad: 0 })],
+    )
+}
+
+/// An executable graph of built graph `b`: captured on the server, instantiated, and the
+/// captured graph let go.
+fn instantiate_built(dev: usize, b: &build::Built, flags: u64) -> Result<u32, CUresult> {
+    let g = build::capture(b)?;
+    let r = instantiate_id(dev, g, flags);
+    release(dev, Op::GraphDestroy, g)?;
+    r
+}
+
+fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CUresult> {
+    if pexec.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let gr = graph(g)?;
+    let source = build::built(g);
+    let id = match &source {
+        Some(b) => instantiate_built(gr.dev, b, flags)?,
+        None => instantiate_id(gr.dev, gr.id(), flags)?,
+    };
+    let h = leak(GraphHandle::new(EXEC_MAGIC, id, gr.dev));
+    if let Some(b) = source {
+        build::note_source(h as usize, b, flags);
+    }
     // SAFETY: checked non-null; the caller's pointer.
     unsafe { out(pexec, h) }
 }
@@ -260,7 +176,7 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     let l = wire::GraphLaunch {
-        exec: ex.id,
+        exec: ex.id(),
         stream,
     };
     live()?.push(dev, op, &[bytemuck::bytes_of(&l)])
@@ -291,18 +207,208 @@ fn destroy(h: &GraphHandle, magic: u32, op: Op) -> Result<(), CUresult> {
     live()?.push(
         h.dev,
         op,
-        &[bytemuck::bytes_of(&wire::Handle { id: h.id, _pad: 0 })],
+        &[bytemuck::bytes_of(&wire::Handle {
+            id: h.id(),
+            _pad: 0,
+        })],
     )
 }
 
 #[no_mangle]
 pub extern "C" fn cuGraphDestroy(g: CUgraph) -> CUresult {
-    entry(|| destroy(graph(g)?, GRAPH_MAGIC, Op::GraphDestroy))
+    entry(|| {
+        let gr = graph(g)?;
+        if build::is_built(g) {
+            retire(&gr.magic, GRAPH_MAGIC)?;
+            build::forget(g);
+            return Ok(());
+        }
+        destroy(gr, GRAPH_MAGIC, Op::GraphDestroy)
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
-    entry(|| destroy(exec(e)?, EXEC_MAGIC, Op::GraphExecDestroy))
+    entry(|| {
+        destroy(exec(e)?, EXEC_MAGIC, Op::GraphExecDestroy)?;
+        build::forget_exec(e as usize);
+        Ok(())
+    })
+}
+
+/// Points executable graph `ex` at a new server executable; the old one is let go after
+/// the launches already queued (the server frees it once they are done).
+fn rebind(ex: &GraphHandle, id: u32) -> Result<(), CUresult> {
+    let old = ex.id.swap(id, Ordering::AcqRel);
+    release(ex.dev, Op::GraphExecDestroy, old)
+}
+
+/// # Safety
+/// `p` is null or valid, as cuGraphExecKernelNodeSetParams.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    p: *const build::KernelNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: as above.
+        unsafe { set_exec_kernel(e, node, p, std::ptr::null_mut()) }
+    })
+}
+
+/// # Safety
+/// As cuGraphExecKernelNodeSetParams_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams_v2(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    p: *const build::KernelNodeParamsV2,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: as above.
+        unsafe { set_exec_kernel(e, node, &p.v1, p.kern) }
+    })
+}
+
+/// An executable graph's kernel node takes new parameters: the executable graph is made
+/// again from its source with them (same results as the driver's in-place update; it
+/// costs an instantiation).
+///
+/// # Safety
+/// `p`'s argument pointers follow cuLaunchKernel's contract.
+unsafe fn set_exec_kernel(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    p: &build::KernelNodeParams,
+    kern: super::exec::CUfunction,
+) -> Result<(), CUresult> {
+    let ex = exec(e)?;
+    // SAFETY: forwarded contract.
+    let k = unsafe { build::kernel_from(p, kern) }?;
+    let Some((b, flags)) = build::set_exec_kernel(e as usize, node, k)? else {
+        return Err(crate::unsupported::unsupported(
+            "cuGraphExecKernelNodeSetParams on a captured graph",
+        ));
+    };
+    let id = instantiate_built(ex.dev, &b, flags)?;
+    rebind(ex, id)
+}
+
+/// CUgraphExecUpdateResultInfo.
+#[repr(C)]
+pub struct ExecUpdateResultInfo {
+    pub result: c_uint,
+    pub error_node: GraphNodeRef,
+    pub error_from_node: GraphNodeRef,
+}
+
+/// CUgraphExecUpdateResult: success, or the topology changed.
+const UPDATE_SUCCESS: c_uint = 0;
+const UPDATE_TOPOLOGY_CHANGED: c_uint = 2;
+/// CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE.
+const GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+
+/// Updates executable graph `e` to the parameters of graph `g`, which must have its
+/// topology: for a built graph, the same node kinds and edges; for a captured one, the
+/// same node kinds in order. The executable graph is made again from `g`.
+fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<c_uint, CUresult> {
+    let ex = exec(e)?;
+    let gr = graph(g)?;
+    if gr.dev != ex.dev {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let id = match (build::source_of(e as usize), build::built(g)) {
+        (Some((from, flags)), Some(to)) => {
+            if !build::same_topology(&from, &to) {
+                return Ok(UPDATE_TOPOLOGY_CHANGED);
+            }
+            let id = instantiate_built(ex.dev, &to, flags)?;
+            build::note_source(e as usize, to, flags);
+            id
+        }
+        (None, None) => {
+            let types = |id: u32| -> Result<Vec<u64>, CUresult> {
+                let h = GraphHandle::new(GRAPH_MAGIC, id, gr.dev);
+                let n = graph_query(&h, wire::graph::NODE_COUNT, 0)?;
+                (0..n as u32)
+                    .map(|i| graph_query(&h, wire::graph::NODE_TYPE, i))
+                    .collect()
+            };
+            let now = types(gr.id())?;
+            if build::captured_source(e as usize).is_some_and(|before| before != now) {
+                return Ok(UPDATE_TOPOLOGY_CHANGED);
+            }
+            let id = instantiate_id(ex.dev, gr.id(), 0)?;
+            build::note_captured_source(e as usize, now);
+            id
+        }
+        _ => return Ok(UPDATE_TOPOLOGY_CHANGED),
+    };
+    rebind(ex, id)?;
+    Ok(UPDATE_SUCCESS)
+}
+
+/// # Safety
+/// `info` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecUpdate_v2(
+    e: CUgraphExec,
+    g: CUgraph,
+    info: *mut ExecUpdateResultInfo,
+) -> CUresult {
+    entry(|| {
+        if info.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = exec_update(e, g)?;
+        let v = ExecUpdateResultInfo {
+            result: r,
+            error_node: std::ptr::null_mut(),
+            error_from_node: std::ptr::null_mut(),
+        };
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(info, v) }?;
+        if r == UPDATE_SUCCESS {
+            Ok(())
+        } else {
+            Err(GRAPH_EXEC_UPDATE_FAILURE)
+        }
+    })
+}
+
+/// CUDA 11's form: the failing node and the result through two pointers.
+///
+/// # Safety
+/// `error_node` and `result` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecUpdate(
+    e: CUgraphExec,
+    g: CUgraph,
+    error_node: *mut GraphNodeRef,
+    result: *mut c_uint,
+) -> CUresult {
+    entry(|| {
+        let r = exec_update(e, g)?;
+        // SAFETY: the caller's pointers, each written only when given.
+        unsafe {
+            if !error_node.is_null() {
+                error_node.write(std::ptr::null_mut());
+            }
+            if !result.is_null() {
+                result.write(r);
+            }
+        }
+        if r == UPDATE_SUCCESS {
+            Ok(())
+        } else {
+            Err(GRAPH_EXEC_UPDATE_FAILURE)
+        }
+    })
 }
 
 fn graph_query(g: &GraphHandle, kind: u32, index: u32) -> Result<u64, CUresult> {
@@ -311,7 +417,7 @@ fn graph_query(g: &GraphHandle, kind: u32, index: u32) -> Result<u64, CUresult> 
     ch.call(g.dev, Op::GraphQuery, |call| {
         bytemuck::bytes_of(&wire::GraphQuery {
             call,
-            graph: g.id,
+            graph: g.id(),
             kind,
             index,
             _pad: 0,
@@ -328,11 +434,11 @@ fn node_handle(g: &GraphHandle, index: u32) -> *mut GraphNode {
     let mut m = NODES.lock().unwrap_or_else(|e| e.into_inner());
     let p = *m
         .get_or_insert_with(Default::default)
-        .entry((g.dev, g.id, index))
+        .entry((g.dev, g.id(), index))
         .or_insert_with(|| {
             leak(GraphNode {
                 magic: AtomicU32::new(NODE_MAGIC),
-                graph: g.id,
+                graph: g.id(),
                 index,
                 dev: g.dev,
             }) as usize
@@ -353,6 +459,10 @@ pub unsafe extern "C" fn cuGraphGetNodes(
 ) -> CUresult {
     entry(|| {
         let gr = graph(g)?;
+        if let Some(v) = build::node_handles(g) {
+            // SAFETY: forwarded contract.
+            return unsafe { build::write_nodes(nodes, num, &v) };
+        }
         if num.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -385,11 +495,11 @@ pub unsafe extern "C" fn cuGraphNodeGetType(node: *mut GraphNode, ty: *mut c_uin
     entry(|| {
         // SAFETY: the caller passed a node handle, as the API requires.
         let n = unsafe { resolve(node as *const GraphNode, NODE_MAGIC) }?;
-        let g = GraphHandle {
-            magic: AtomicU32::new(GRAPH_MAGIC),
-            id: n.graph,
-            dev: n.dev,
-        };
+        if let Some(t) = build::built_node_type(node) {
+            // SAFETY: the caller's pointer.
+            return unsafe { out(ty, t?) };
+        }
+        let g = GraphHandle::new(GRAPH_MAGIC, n.graph, n.dev);
         let t = graph_query(&g, wire::graph::NODE_TYPE, n.index)? as c_uint;
         // SAFETY: the caller's pointer.
         unsafe { out(ty, t) }

@@ -218,7 +218,7 @@ memsets! {
 }
 
 /// A pitched memset as one memset per row.
-fn memset_2d(
+pub(crate) fn memset_2d(
     dst: u64,
     pitch: usize,
     value: u32,

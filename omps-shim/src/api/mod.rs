@@ -1,10 +1,12 @@
 //! The exported driver entry points. Each is a thin `extern "C"` wrapper that turns a
 //! `Result` into a CUresult and keeps panics from unwinding into C.
 
+pub mod capture;
 pub mod ctx;
 pub mod device;
 pub mod exec;
 pub mod graph;
+pub mod graph_build;
 pub mod hostmem;
 pub mod ipc;
 pub mod link;

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 /// # Safety
 /// `status` and `id` are null or writable.
 unsafe fn capture_state(s: CUstream, status: *mut c_uint, id: *mut u64) -> Result<(), CUresult> {
-    let (st, cid) = super::graph::capture_info(s)?;
+    let (st, cid) = super::capture::capture_info(s)?;
     if !id.is_null() && st != wire::graph::STATUS_NONE {
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { id.write(cid) };

@@ -1,0 +1,120 @@
+//! Stream capture: the capture runs in the server, on the client stream's own work
+//! stream (see omps-server/src/session/graphs.rs); what it ends in is a graph of the
+//! server's, named here by a handle.
+
+use super::exec::{per_thread, stream_dev, CUstream};
+use super::{entry, live, out};
+use crate::cuda::*;
+use crate::handles::{leak, GraphHandle, GRAPH_MAGIC};
+use omps_ring::wire::{self, CaptureCall, Op};
+use std::ffi::c_uint;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub type CUgraph = *mut GraphHandle;
+
+/// Captures this process began and has not ended: while there are none, the capture
+/// queries PyTorch makes before nearly every copy are answered here.
+static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) fn any_capture() -> bool {
+    CAPTURES.load(Ordering::Acquire) > 0
+}
+
+/// CUstreamCaptureMode: global, thread-local, relaxed.
+pub(crate) const MODE_RELAXED: c_uint = 2;
+
+fn capture_call(op: Op, s: CUstream, mode: c_uint) -> Result<(usize, u64), CUresult> {
+    let (id, dev) = stream_dev(s)?;
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, op, |call| {
+        bytemuck::bytes_of(&CaptureCall {
+            call,
+            stream: id,
+            mode,
+        })
+        .to_vec()
+    })?;
+    let v = if op == Op::CaptureEnd {
+        ch.reply::<wire::U64Reply>().value
+    } else {
+        0
+    };
+    Ok((dev, v))
+}
+
+fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
+    if mode > MODE_RELAXED {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    capture_call(Op::CaptureBegin, s, mode)?;
+    CAPTURES.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamBeginCapture_v2(s: CUstream, mode: c_uint) -> CUresult {
+    entry(|| begin(s, mode))
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint) -> CUresult {
+    per_thread(|| cuStreamBeginCapture_v2(s, mode))
+}
+
+/// CUDA 10.0's form, before capture modes: global.
+#[no_mangle]
+pub extern "C" fn cuStreamBeginCapture(s: CUstream) -> CUresult {
+    cuStreamBeginCapture_v2(s, 0)
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamBeginCapture_ptsz(s: CUstream) -> CUresult {
+    per_thread(|| cuStreamBeginCapture(s))
+}
+
+/// # Safety
+/// `graph` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) -> CUresult {
+    entry(|| {
+        if graph.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = capture_call(Op::CaptureEnd, s, 0);
+        // A capture ended (or ended invalidated): one fewer. Any other error (not
+        // capturing, not the capture's origin) leaves the count alone.
+        const INVALIDATED: CUresult = 901;
+        if r.is_ok() || r == Err(INVALIDATED) {
+            let _ =
+                CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
+        let (dev, id) = r?;
+        let h = leak(GraphHandle::new(GRAPH_MAGIC, id as u32, dev));
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(graph, h) }
+    })
+}
+
+/// # Safety
+/// As [`cuStreamEndCapture`].
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) -> CUresult {
+    // SAFETY: forwarded contract.
+    per_thread(|| unsafe { cuStreamEndCapture(s, graph) })
+}
+
+/// The capture status and id of stream `s`, from the server while this process captures.
+pub(crate) fn capture_info(s: CUstream) -> Result<(c_uint, u64), CUresult> {
+    let (id, dev) = stream_dev(s)?;
+    if !any_capture() {
+        return Ok((wire::graph::STATUS_NONE, 0));
+    }
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::CaptureStatus, |call| {
+        bytemuck::bytes_of(&wire::HandleCall { call, id, _pad: 0 }).to_vec()
+    })?;
+    let i: wire::CaptureInfo = ch.reply();
+    Ok((i.status, i.id))
+}

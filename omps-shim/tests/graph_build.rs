@@ -1,0 +1,236 @@
+//! Graphs built by hand, through the shim's entry points: nodes of each supported kind,
+//! edges, a child graph, queries, a cycle refused, an executable graph's kernel node given
+//! new parameters, and an update from a graph of the same and of another topology.
+
+mod common;
+use common::*;
+use omps_shim::api::exec::*;
+use omps_shim::api::graph::*;
+use omps_shim::api::graph_build::*;
+use omps_shim::api::hostmem::Memcpy3D;
+use omps_shim::api::mem::*;
+use omps_shim::cuda::*;
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+
+const WORDS: usize = 16;
+
+/// fill_u32(ptr, value, WORDS) as kernel node parameters; the arguments live in `a`.
+fn fill_params(f: CUfunction, a: &mut [*mut c_void; 3]) -> KernelNodeParams {
+    KernelNodeParams {
+        func: f,
+        grid: [1; 3],
+        block: [1; 3],
+        shared: 0,
+        kernel_params: a.as_mut_ptr(),
+        extra: null_mut(),
+    }
+}
+
+fn read(p: u64) -> Vec<u32> {
+    let mut v = vec![0u32; WORDS];
+    // SAFETY: v holds WORDS words.
+    ok(unsafe { cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut c_void, p, 4 * WORDS) });
+    v
+}
+
+fn nodes_of(g: CUgraph) -> Vec<GraphNodeRef> {
+    let mut n = 0usize;
+    // SAFETY: valid pointers; a null array asks for the count.
+    unsafe {
+        ok(cuGraphGetNodes(g, null_mut(), &mut n));
+        let mut v = vec![null_mut(); n];
+        ok(cuGraphGetNodes(g, v.as_mut_ptr(), &mut n));
+        v
+    }
+}
+
+#[test]
+fn hand_built_graphs_run_as_built() {
+    let _srv = start_as_client("graph-build");
+    let f = host_function(c"fill_u32");
+    // SAFETY (whole test): every pointer passed is a valid local or a handle made here.
+    unsafe {
+        let (mut p, mut q) = (0u64, 0u64);
+        ok(cuMemAlloc_v2(&mut p, 4 * WORDS));
+        ok(cuMemAlloc_v2(&mut q, 4 * WORDS));
+        let mut g = null_mut();
+        assert_eq!(
+            cuGraphCreate(&mut g, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "flags must be 0"
+        );
+        ok(cuGraphCreate(&mut g, 0));
+
+        // A: p = 5.  B: q = 9 (independent of A).  C: q[..8] = p[..8], after A and B.
+        let mut a = null_mut();
+        let ms = MemsetNodeParams {
+            dst: p,
+            pitch: 0,
+            value: 5,
+            elem: 4,
+            width: WORDS,
+            height: 1,
+        };
+        ok(cuGraphAddMemsetNode(&mut a, g, null(), 0, &ms, null_mut()));
+        let (mut qp, mut nine, mut n) = (q, 9u32, WORDS as u32);
+        let mut args = [
+            &mut qp as *mut _ as *mut c_void,
+            &mut nine as *mut _ as *mut c_void,
+            &mut n as *mut _ as *mut c_void,
+        ];
+        let mut b = null_mut();
+        ok(cuGraphAddKernelNode(
+            &mut b,
+            g,
+            null(),
+            0,
+            &fill_params(f, &mut args),
+        ));
+        // The arguments were copied when the node was made.
+        nine = 1;
+        let mut copy: Memcpy3D = std::mem::zeroed();
+        copy.src_type = 2;
+        copy.src_device = p;
+        copy.dst_type = 2;
+        copy.dst_device = q;
+        copy.width = 4 * WORDS / 2;
+        copy.height = 1;
+        copy.depth = 1;
+        let mut c = null_mut();
+        ok(cuGraphAddMemcpyNode(
+            &mut c,
+            g,
+            [a, b].as_ptr(),
+            2,
+            &copy,
+            null_mut(),
+        ));
+        let mut d = null_mut();
+        ok(cuGraphAddEmptyNode(&mut d, g, &c, 1));
+        // E: a child graph that sets p[..4] = 3, after D.
+        let mut child = null_mut();
+        ok(cuGraphCreate(&mut child, 0));
+        let (mut pp, mut three, mut four) = (p, 3u32, 4u32);
+        let mut cargs = [
+            &mut pp as *mut _ as *mut c_void,
+            &mut three as *mut _ as *mut c_void,
+            &mut four as *mut _ as *mut c_void,
+        ];
+        let mut k = null_mut();
+        ok(cuGraphAddKernelNode(
+            &mut k,
+            child,
+            null(),
+            0,
+            &fill_params(f, &mut cargs),
+        ));
+        let mut e = null_mut();
+        ok(cuGraphAddChildGraphNode(&mut e, g, &d, 1, child));
+        ok(cuGraphDestroy(child));
+        assert_eq!(
+            cuGraphAddEmptyNode(&mut e, g, &k, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "a node of another graph is no dependency"
+        );
+
+        // Queries.
+        let all = nodes_of(g);
+        assert_eq!(all, vec![a, b, c, d, e]);
+        let types: Vec<u32> = all
+            .iter()
+            .map(|&x| {
+                let mut t = 99;
+                ok(cuGraphNodeGetType(x, &mut t));
+                t
+            })
+            .collect();
+        assert_eq!(
+            types,
+            vec![2, 0, 1, 5, 4],
+            "memset, kernel, memcpy, empty, graph"
+        );
+        let (mut deps, mut num) = ([null_mut(); 4], 4usize);
+        ok(cuGraphNodeGetDependencies(c, deps.as_mut_ptr(), &mut num));
+        assert_eq!(&deps[..num], &[a, b]);
+        num = 4;
+        ok(cuGraphNodeGetDependentNodes(a, deps.as_mut_ptr(), &mut num));
+        assert_eq!(&deps[..num], &[c]);
+
+        // A cycle does not instantiate; without it the graph runs as built.
+        let mut x = null_mut();
+        ok(cuGraphAddDependencies(g, &e, &a, 1));
+        assert_eq!(
+            cuGraphInstantiateWithFlags(&mut x, g, 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ok(cuGraphRemoveDependencies(g, &e, &a, 1));
+        ok(cuGraphInstantiateWithFlags(&mut x, g, 0));
+        let mut s = null_mut();
+        ok(cuStreamCreate(&mut s, 1));
+        let run = |x: CUgraphExec| {
+            ok(cuMemsetD32_v2(p, 0, WORDS));
+            ok(cuMemsetD32_v2(q, 0, WORDS));
+            ok(cuGraphLaunch(x, s));
+            ok(cuStreamSynchronize(s));
+            (read(p), read(q))
+        };
+        let want_p: Vec<u32> = (0..WORDS).map(|i| if i < 4 { 3 } else { 5 }).collect();
+        let want_q =
+            |hi: u32| -> Vec<u32> { (0..WORDS).map(|i| if i < 8 { 5 } else { hi }).collect() };
+        assert_eq!(run(x), (want_p.clone(), want_q(9)));
+        assert_eq!(
+            run(x),
+            (want_p.clone(), want_q(9)),
+            "a second launch, the same"
+        );
+
+        // The executable graph's kernel node takes new arguments; the graph keeps its own.
+        nine = 7;
+        ok(cuGraphExecKernelNodeSetParams(
+            x,
+            b,
+            &fill_params(f, &mut args),
+        ));
+        assert_eq!(run(x), (want_p.clone(), want_q(7)));
+        let mut y = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut y, g, 0));
+        assert_eq!(run(y).1, want_q(9), "the graph itself still says 9");
+
+        // An update from a clone with other arguments; then from another topology.
+        let mut g2 = null_mut();
+        ok(cuGraphClone(&mut g2, g));
+        let b2 = nodes_of(g2)[1];
+        nine = 8;
+        ok(cuGraphKernelNodeSetParams(b2, &fill_params(f, &mut args)));
+        let mut info: ExecUpdateResultInfo = std::mem::zeroed();
+        ok(cuGraphExecUpdate_v2(y, g2, &mut info));
+        assert_eq!(info.result, 0);
+        assert_eq!(run(y).1, want_q(8));
+        let mut extra = null_mut();
+        ok(cuGraphAddEmptyNode(&mut extra, g2, null(), 0));
+        assert_eq!(cuGraphExecUpdate_v2(y, g2, &mut info), 910);
+        assert_eq!(
+            info.result, 2,
+            "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED"
+        );
+        assert_eq!(run(y).1, want_q(8), "a failed update changes nothing");
+
+        // Destroying a node takes its edges; destroyed handles are refused.
+        ok(cuGraphDestroyNode(d));
+        num = 4;
+        ok(cuGraphNodeGetDependencies(e, deps.as_mut_ptr(), &mut num));
+        assert_eq!(num, 0);
+        assert_eq!(nodes_of(g).len(), 4);
+        for h in [x, y] {
+            ok(cuGraphExecDestroy(h));
+        }
+        ok(cuGraphDestroy(g));
+        ok(cuGraphDestroy(g2));
+        assert_eq!(
+            cuGraphAddEmptyNode(&mut extra, g, null(), 0),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert_eq!(cuGraphLaunch(x, s), CUDA_ERROR_INVALID_HANDLE);
+    }
+}

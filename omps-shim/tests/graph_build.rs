@@ -88,7 +88,7 @@ fn hand_built_graphs_run_as_built() {
             &fill_params(f, &mut args),
         ));
         // The arguments were copied when the node was made.
-        nine = 1;
+        *(args[1] as *mut u32) = 1;
         let mut copy: Memcpy3D = std::mem::zeroed();
         copy.src_type = 2;
         copy.src_device = p;
@@ -186,7 +186,7 @@ fn hand_built_graphs_run_as_built() {
         );
 
         // The executable graph's kernel node takes new arguments; the graph keeps its own.
-        nine = 7;
+        *(args[1] as *mut u32) = 7;
         ok(cuGraphExecKernelNodeSetParams(
             x,
             b,
@@ -201,7 +201,7 @@ fn hand_built_graphs_run_as_built() {
         let mut g2 = null_mut();
         ok(cuGraphClone(&mut g2, g));
         let b2 = nodes_of(g2)[1];
-        nine = 8;
+        *(args[1] as *mut u32) = 8;
         ok(cuGraphKernelNodeSetParams(b2, &fill_params(f, &mut args)));
         let mut info: ExecUpdateResultInfo = std::mem::zeroed();
         ok(cuGraphExecUpdate_v2(y, g2, &mut info));

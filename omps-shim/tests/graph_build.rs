@@ -216,6 +216,41 @@ fn hand_built_graphs_run_as_built() {
         );
         assert_eq!(run(y).1, want_q(8), "a failed update changes nothing");
 
+        // The generic form (cuGraphAddNode), as newer runtimes use: p = 6, then p[..4] = 3.
+        let mut h = null_mut();
+        ok(cuGraphCreate(&mut h, 0));
+        let mut np: NodeParams = std::mem::zeroed();
+        np.ty = 2;
+        let ms6 = MemsetNodeParams { value: 6, ..ms };
+        std::ptr::copy_nonoverlapping(&ms6, np.params.as_mut_ptr() as *mut MemsetNodeParams, 1);
+        let mut m6 = null_mut();
+        ok(cuGraphAddNode_v2(&mut m6, h, null(), null(), 0, &np));
+        np.params = [0; 29];
+        np.ty = 0;
+        let kp = KernelNodeParamsV2 {
+            v1: fill_params(null_mut(), &mut cargs),
+            kern: f,
+            ctx: null_mut(),
+        };
+        std::ptr::copy_nonoverlapping(&kp, np.params.as_mut_ptr() as *mut KernelNodeParamsV2, 1);
+        let mut k3 = null_mut();
+        ok(cuGraphAddNode(&mut k3, h, &m6, 1, &np));
+        np.ty = 3;
+        assert_eq!(
+            cuGraphAddNode(&mut k3, h, null(), 0, &np),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "host nodes are not supported yet"
+        );
+        let mut z = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        ok(cuMemsetD32_v2(p, 0, WORDS));
+        ok(cuGraphLaunch(z, s));
+        ok(cuStreamSynchronize(s));
+        let want: Vec<u32> = (0..WORDS).map(|i| if i < 4 { 3 } else { 6 }).collect();
+        assert_eq!(read(p), want);
+        ok(cuGraphExecDestroy(z));
+        ok(cuGraphDestroy(h));
+
         // Destroying a node takes its edges; destroyed handles are refused.
         ok(cuGraphDestroyNode(d));
         num = 4;

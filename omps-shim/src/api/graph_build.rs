@@ -456,6 +456,7 @@ pub unsafe extern "C" fn cuGraphKernelNodeSetParams_v2(
 
 /// CUDA_MEMSET_NODE_PARAMS.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemsetNodeParams {
     pub dst: u64,
     pub pitch: usize,
@@ -463,6 +464,20 @@ pub struct MemsetNodeParams {
     pub elem: c_uint,
     pub width: usize,
     pub height: usize,
+}
+
+fn memset_kind(p: &MemsetNodeParams) -> Result<Kind, CUresult> {
+    if !matches!(p.elem, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(Kind::Memset {
+        dst: p.dst,
+        pitch: p.pitch,
+        value: p.value,
+        elem: p.elem,
+        width: p.width,
+        height: p.height,
+    })
 }
 
 /// # Safety
@@ -478,18 +493,7 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's parameters.
-        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if !matches!(p.elem, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let kind = Kind::Memset {
-            dst: p.dst,
-            pitch: p.pitch,
-            value: p.value,
-            elem: p.elem,
-            width: p.width,
-            height: p.height,
-        };
+        let kind = memset_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
         // SAFETY: forwarded contract.
         unsafe { add(ph, g, deps, n, kind) }
     })
@@ -584,6 +588,106 @@ unsafe fn edges(
             }
         }
         Ok(())
+    })
+}
+
+/// CUgraphNodeParams: the node type, then (at byte 16) the union of every kind's
+/// parameters, 232 bytes, then 8 reserved.
+#[repr(C)]
+pub struct NodeParams {
+    pub ty: c_uint,
+    pub reserved0: [i32; 3],
+    pub params: [u64; 29],
+    pub reserved2: i64,
+}
+
+// The layouts cuda.h gives these structures.
+const _: () = assert!(std::mem::size_of::<NodeParams>() == 256);
+const _: () = assert!(std::mem::size_of::<KernelNodeParamsV2>() == 72);
+const _: () = assert!(std::mem::size_of::<MemsetNodeParams>() == 40);
+const _: () = assert!(std::mem::size_of::<Memcpy3D>() == 200);
+
+/// CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the copy's context, the copy.
+#[repr(C)]
+struct MemcpyNodeParams {
+    flags: i32,
+    reserved: i32,
+    ctx: *mut c_void,
+    copy: Memcpy3D,
+}
+
+/// The node a generic CUgraphNodeParams describes, for the kinds built graphs hold.
+///
+/// # Safety
+/// `p` is a valid CUgraphNodeParams whose union member matches its type.
+unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
+    let u = p.params.as_ptr() as *const u8;
+    // SAFETY: each arm reads the union member its type names, at the union's start.
+    unsafe {
+        match p.ty {
+            node_type::KERNEL => {
+                let k = &*(u as *const KernelNodeParamsV2);
+                Ok(Kind::Kernel(kernel_node(&k.v1, k.kern)?))
+            }
+            node_type::MEMSET => {
+                let m = &*(u as *const MemsetNodeParams);
+                memset_kind(m)
+            }
+            node_type::MEMCPY => {
+                let m = &*(u as *const MemcpyNodeParams);
+                Ok(Kind::Memcpy(CopyNode(m.copy)))
+            }
+            node_type::EMPTY => Ok(Kind::Empty),
+            node_type::GRAPH => {
+                let child = *(u as *const CUgraph);
+                graph_ref(child)?;
+                built(child).map(Kind::Child).ok_or_else(|| {
+                    crate::unsupported::unsupported("a captured graph as a child node")
+                })
+            }
+            _ => Err(crate::unsupported::unsupported(
+                "cuGraphAddNode of this node type (host, event, memory, conditional)",
+            )),
+        }
+    }
+}
+
+/// # Safety
+/// As cuGraphAddNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    p: *const NodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters, per the contract.
+        let kind = unsafe { kind_from(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// # Safety
+/// As cuGraphAddNode_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    data: *const u64,
+    n: usize,
+    p: *const NodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: forwarded contract.
+        unsafe { default_edges(data, n) }?;
+        // SAFETY: the caller's parameters, per the contract.
+        let kind = unsafe { kind_from(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
     })
 }
 
@@ -744,6 +848,114 @@ pub unsafe extern "C" fn cuGraphNodeGetDependentNodes(
 ) -> CUresult {
     // SAFETY: forwarded contract.
     entry(|| unsafe { write_nodes(deps, num, &neighbours(node, true)?) })
+}
+
+/// Writes default (all-zero) edge data for `n` edges where the caller asked for it.
+///
+/// # Safety
+/// `data` is null or has room for `n` CUgraphEdgeData (8 bytes each).
+unsafe fn zero_edges(data: *mut u64, n: usize) {
+    if !data.is_null() {
+        // SAFETY: per the contract.
+        unsafe { std::ptr::write_bytes(data, 0, n) };
+    }
+}
+
+/// As [`neighbours`] into the caller's list, with default edge data.
+///
+/// # Safety
+/// As cuGraphNodeGetDependencies_v2.
+unsafe fn neighbours_v2(
+    node: *mut GraphNode,
+    dependents: bool,
+    list: *mut *mut GraphNode,
+    data: *mut u64,
+    num: *mut usize,
+) -> Result<(), CUresult> {
+    let v = neighbours(node, dependents)?;
+    // SAFETY: forwarded contract.
+    unsafe {
+        write_nodes(list, num, &v)?;
+        if !list.is_null() {
+            zero_edges(data, num.read());
+        }
+    }
+    Ok(())
+}
+
+/// # Safety
+/// As cuGraphNodeGetDependencies_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependencies_v2(
+    node: *mut GraphNode,
+    deps: *mut *mut GraphNode,
+    data: *mut u64,
+    num: *mut usize,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    entry(|| unsafe { neighbours_v2(node, false, deps, data, num) })
+}
+
+/// # Safety
+/// As cuGraphNodeGetDependentNodes_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependentNodes_v2(
+    node: *mut GraphNode,
+    deps: *mut *mut GraphNode,
+    data: *mut u64,
+    num: *mut usize,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    entry(|| unsafe { neighbours_v2(node, true, deps, data, num) })
+}
+
+/// # Safety
+/// As cuGraphRemoveDependencies_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphRemoveDependencies_v2(
+    g: CUgraph,
+    from: *const *mut GraphNode,
+    to: *const *mut GraphNode,
+    data: *const u64,
+    n: usize,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    entry(|| unsafe {
+        default_edges(data, n)?;
+        edges(g, from, to, n, false)
+    })
+}
+
+/// A node's counterpart in a clone: the clone keeps every node's index.
+///
+/// # Safety
+/// `ph` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeFindInClone(
+    ph: *mut *mut GraphNode,
+    original: *mut GraphNode,
+    clone: CUgraph,
+) -> CUresult {
+    entry(|| {
+        if ph.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (_, i) = locate(original).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let h = with(|r| {
+            let b = r
+                .graphs
+                .get(&(clone as usize))
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let dev = b.dev;
+            b.nodes
+                .get(i)
+                .and_then(|n| n.as_ref())
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            Ok::<_, CUresult>(node_handle(r, clone as usize, i, dev))
+        })?;
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(ph, h) }
+    })
 }
 
 #[no_mangle]

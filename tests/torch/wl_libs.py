@@ -148,7 +148,7 @@ def meminfo():
             "reserved_current": st["reserved_bytes.all.current"], "b_numel": b.numel()}
 
 
-@workload("cuda_graph", exact=True, known_broken="stream capture is new and not yet run on a GPU; hand-built graphs and capture-time graph queries are not implemented (docs/design.md)")
+@workload("cuda_graph", exact=True)
 def cuda_graph():
     x, w = randn(64, 64, seed=130), randn(64, 64, seed=131)
     s = torch.cuda.Stream()
@@ -167,6 +167,82 @@ def cuda_graph():
     return outs
 
 
+NOT_YET_RUN = "new; not yet run on a GPU"
+
+
+def _capture(fn, warmups=3):
+    """torch.cuda.CUDAGraph of fn(), after warm-up runs on a side stream as PyTorch asks.
+    Returns the graph and fn's output tensor inside the graph's memory."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fn()
+    return g, y
+
+
+@workload("cuda_graph_resnet50", exact=True, known_broken=NOT_YET_RUN)
+def cuda_graph_resnet50():
+    """ResNet-50 fp16 batch 1 captured once and replayed on new inputs, as a serving loop does."""
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().eval().to(DEV, torch.float16)
+    x = torch.randn(1, 3, 224, 224, generator=gen(1)).to(DEV, torch.float16)
+    static = x.clone()
+    out = {}
+    with torch.no_grad():
+        g, y = _capture(lambda: model(static))
+        for i in range(3):
+            static.copy_(x * (i + 1))
+            g.replay()
+            out[f"replay{i}"] = cpu(y)
+        out["eager"] = cpu(model(static))
+    return out
+
+
+@workload("cuda_graph_decode", exact=True, known_broken=NOT_YET_RUN)
+def cuda_graph_decode():
+    """The decoder's decode step (one token, key/value cache at a fixed position) captured
+    once and replayed for several tokens, as LLM servers replay their decode steps."""
+    from models import GPTDecoder
+    torch.manual_seed(0)
+    model = GPTDecoder().to(DEV, torch.float16).eval()
+    prompt = torch.randint(0, 50257, (1, 8), generator=gen(2)).to(DEV)
+    tok = torch.zeros(1, 1, dtype=torch.long, device=DEV)
+    out = {}
+    with torch.no_grad():
+        cache = model.new_cache(1, 16, DEV, torch.float16)
+        model(prompt, cache, 0)
+        g, logits = _capture(lambda: model(tok, cache, 8)[:, -1])
+        for i, t in enumerate((11, 2024, 50000)):
+            tok.fill_(t)
+            g.replay()
+            out[f"logits{i}"] = cpu(logits)
+        out["eager"] = cpu(model(tok, cache, 8)[:, -1])
+    return out
+
+
+# Exact for the reason `compile` is: one inductor/Triton cache per session.
+@workload("compile_reduce_overhead", exact=True, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"},
+          known_broken=NOT_YET_RUN)
+def compile_reduce_overhead():
+    """torch.compile(mode="reduce-overhead"): inductor's kernels replayed through CUDA graphs
+    (cudagraph trees record after the first calls)."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                              torch.nn.Linear(512, 256)).to(DEV)
+    f = torch.compile(mlp, mode="reduce-overhead")
+    out = {}
+    with torch.no_grad():
+        for i in range(6):
+            out[f"call{i}"] = cpu(f(randn(32, 256, seed=140 + i)))
+    return out
+
+
 # ------------------------------------------------------------------ sharing across processes
 
 def _ipc_child(q_in, q_out):
@@ -179,7 +255,7 @@ def _ipc_child(q_in, q_out):
     q_in.get()  # keep the tensor alive until the parent has read it
 
 
-@workload("ipc_share", exact=True, known_broken="IPC handles are new and not yet run on a GPU (docs/design.md)")
+@workload("ipc_share", exact=True)
 def ipc_share():
     """torch.multiprocessing shares a CUDA tensor and events with a spawned process
     (cudaIpcGetMemHandle / OpenMemHandle and their event counterparts)."""

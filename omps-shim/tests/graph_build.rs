@@ -156,6 +156,9 @@ fn hand_built_graphs_run_as_built() {
         num = 4;
         ok(cuGraphNodeGetDependentNodes(a, deps.as_mut_ptr(), &mut num));
         assert_eq!(&deps[..num], &[c]);
+        num = 4;
+        ok(cuGraphGetRootNodes(g, deps.as_mut_ptr(), &mut num));
+        assert_eq!(&deps[..num], &[a, b]);
 
         // A cycle does not instantiate; without it the graph runs as built.
         let mut x = null_mut();

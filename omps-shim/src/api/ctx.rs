@@ -413,3 +413,41 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, v: *mut c_uint) -> C
         unsafe { out(v, 3020) }
     })
 }
+
+/// The CUDA 3.x names of the context calls, from before `_v2`; the same contract.
+///
+/// # Safety
+/// As [`cuCtxCreate_v2`].
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
+}
+
+/// # Safety
+/// As [`cuCtxDestroy_v2`].
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuCtxDestroy_v2(ctx) }
+}
+
+/// # Safety
+/// As [`cuCtxPushCurrent_v2`].
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuCtxPushCurrent_v2(ctx) }
+}
+
+/// # Safety
+/// As [`cuCtxPopCurrent_v2`].
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuCtxPopCurrent_v2(pctx) }
+}

@@ -786,3 +786,62 @@ pub unsafe extern "C" fn cuStreamGetDevice(s: CUstream, dev: *mut c_int) -> CUre
         unsafe { out(dev, d as c_int) }
     })
 }
+
+/// The pre-`_v2` names; the same contract.
+///
+/// # Safety
+/// As [`cuStreamDestroy_v2`].
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy(s: CUstream) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuStreamDestroy_v2(s) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventDestroy(e: CUevent) -> CUresult {
+    cuEventDestroy_v2(e)
+}
+
+/// The stream's context and green context; omps's clients have no green contexts.
+///
+/// # Safety
+/// `pctx` and `pgreen` are null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx_v2(
+    s: CUstream,
+    pctx: *mut *mut c_void,
+    pgreen: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    let r = unsafe { cuStreamGetCtx(s, pctx) };
+    if r == CUDA_SUCCESS && !pgreen.is_null() {
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { pgreen.write(std::ptr::null_mut()) };
+    }
+    r
+}
+
+/// # Safety
+/// As [`cuStreamGetCtx_v2`].
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx_v2_ptsz(
+    s: CUstream,
+    pctx: *mut *mut c_void,
+    pgreen: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    per_thread(|| unsafe { cuStreamGetCtx_v2(s, pctx, pgreen) })
+}
+
+/// # Safety
+/// As [`cuStreamAddCallback`].
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
+    s: CUstream,
+    cb: Option<StreamCallback>,
+    data: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    per_thread(|| unsafe { cuStreamAddCallback(s, cb, data, flags) })
+}

@@ -958,6 +958,43 @@ pub unsafe extern "C" fn cuGraphNodeFindInClone(
     })
 }
 
+/// The nodes of built graph `g` that wait for none.
+///
+/// # Safety
+/// As cuGraphGetRootNodes.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetRootNodes(
+    g: CUgraph,
+    roots: *mut *mut GraphNode,
+    num: *mut usize,
+) -> CUresult {
+    entry(|| {
+        graph_ref(g)?;
+        let v = with(|r| {
+            let b = r.graphs.get(&(g as usize))?;
+            let (dev, idx): (usize, Vec<usize>) = (
+                b.dev,
+                b.live()
+                    .filter(|(_, n)| n.deps.is_empty())
+                    .map(|(i, _)| i)
+                    .collect(),
+            );
+            Some(
+                idx.into_iter()
+                    .map(|i| node_handle(r, g as usize, i, dev))
+                    .collect::<Vec<_>>(),
+            )
+        });
+        let Some(v) = v else {
+            return Err(crate::unsupported::unsupported(
+                "cuGraphGetRootNodes of a captured graph",
+            ));
+        };
+        // SAFETY: forwarded contract.
+        unsafe { write_nodes(roots, num, &v) }
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn cuGraphDestroyNode(node: *mut GraphNode) -> CUresult {
     entry(|| {

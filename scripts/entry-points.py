@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Writes docs/entry-points.md: every driver entry point the shim exports as
+CUDA_ERROR_NOT_SUPPORTED, by family, each family with its reason.
+
+    cargo build -p omps-shim && python3 scripts/entry-points.py
+
+The list comes from the stubs omps-shim's build script generates (data/driver_entry_points.txt
+less what src/ implements); `cargo test` checks that the document lists exactly those.
+"""
+import glob
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (title, reason, pattern): the first family whose pattern matches a name takes it.
+FAMILIES = [
+    ("The API of CUDA 3.x (32-bit sizes and pointers)",
+     "Their unversioned names take `unsigned int` sizes and 32-bit device pointers; every "
+     "program built with CUDA 4.0 headers or later calls the `_v2` forms instead. NVIDIA's "
+     "MPS refuses such programs too (its clients must use CUDA 4.0 headers or later). The "
+     "execution calls of that era (`cuLaunch`, `cuParamSet*`, `cuFuncSetBlockShape`) were "
+     "replaced by `cuLaunchKernel`, which omps implements.",
+     r"^(cuMemAlloc|cuMemFree|cuMemGetInfo|cuMemAllocHost|cuMemAllocPitch|cuMemGetAddressRange|"
+     r"cuMemHostGetDevicePointer|cuMemHostRegister|cuDeviceTotalMem|cuModuleGetGlobal|"
+     r"cuMemcpy(HtoD|DtoH|DtoD|HtoDAsync|DtoHAsync|DtoDAsync|2D|2DAsync|2DUnaligned|3D|3DAsync|"
+     r"AtoD|DtoA|AtoH|HtoA|AtoA|AtoHAsync|HtoAAsync)|cuMemsetD(8|16|32|2D8|2D16|2D32)|"
+     r"cuArrayCreate|cuArray3DCreate|cuArrayGetDescriptor|cuArray3DGetDescriptor|cuTexRefSetAddress|"
+     r"cuTexRefSetAddress2D|cuTexRefGetAddress|cuGraphicsResourceGetMappedPointer|"
+     r"cuGraphicsResourceSetMapFlags|cuGLCtxCreate|cuGLGetDevices|cuGLMapBufferObject|"
+     r"cuGLMapBufferObjectAsync|cuVDPAUCtxCreate|cuEventDestroy|cuStreamDestroy|cuCtxAttach|"
+     r"cuCtxDetach|cuLaunch|cuLaunchGrid|cuLaunchGridAsync|cuFuncSetBlockShape|cuFuncSetSharedSize|"
+     r"cuParamSet\w*)$"),
+    ("Arrays, textures and surfaces",
+     "Not built yet (issue 9, item 5): CUDA arrays live in the server's context and need "
+     "handles and copies of their own; texture and surface objects and references follow them.",
+     r"^(cuArray|cuMipmappedArray|cuTex|cuSurf|cuMemcpy(AtoA|AtoD|AtoH|DtoA|HtoA)|"
+     r"cuModuleGet(Tex|Surf)Ref|cuDeviceGetTexture1DLinearMaxWidth|cuMemMapArrayAsync|"
+     r"cuExternalMemoryGetMappedMipmappedArray|cuGraphicsResourceGetMappedMipmappedArray|"
+     r"cuGraphicsSubResourceGetMappedArray)"),
+    ("Graphics interoperability (OpenGL, EGL, VDPAU)",
+     "A client's OpenGL, EGL and VDPAU objects belong to its own process and display "
+     "connection; the server, another process, cannot register them.",
+     r"^(cuGL|cuEGL|cuVDPAU|cuGraphics)"),
+    ("Managed memory",
+     "Not built yet (issue 9, item 4): the driver's managed memory in the server would be "
+     "valid in the server's address space only; the plan (design section 7) maps shared "
+     "memory at one address in both.",
+     r"^(cuMemAllocManaged|cuMemAdvise|cuMemPrefetch|cuMemRangeGetAttribute|cuStreamAttachMemAsync|"
+     r"cuMemDiscard|cuLibraryGetManaged|cuPointerSetAttribute)"),
+    ("Graph nodes and graph calls not built yet",
+     "Not built yet (issue 9, items 1 and 2): host, event, memory, conditional, batch "
+     "memory-operation and external-semaphore nodes; node parameters read back or set on a "
+     "graph after creation (except kernel nodes); user objects; capture into an existing "
+     "graph and capture-dependency updates; graph-memory attributes.",
+     r"^(cuGraph|cuUserObject|cuStreamBeginCaptureToGraph|cuStreamUpdateCaptureDependencies|"
+     r"cuDevice(Get|Set)GraphMemAttribute|cuDeviceGraphMemTrim)"),
+    ("External memory and semaphores (Vulkan, Direct3D, NvSci)",
+     "The handles are the client's file descriptors or objects; passing them to the server "
+     "is possible (over the socket) but not built.",
+     r"^(cuImportExternal|cuDestroyExternal|cuExternalMemory|cuSignalExternalSemaphores|"
+     r"cuWaitExternalSemaphores|cuDeviceGetNvSciSyncAttributes)"),
+    ("Shareable memory handles",
+     "Not built yet (issue 9, item 6): VMM and pool handles exported to other processes "
+     "(IPC memory and event handles work).",
+     r"^(cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuMemPoolExport|"
+     r"cuMemPoolImport|cuMemGetHandleForAddressRange|cuMemPoolSetAccess)"),
+    ("Peer access and multicast",
+     "Not built yet: the server holds one context per GPU; peer copies between them and "
+     "NVLink multicast objects need both GPUs' contexts and a two-GPU test.",
+     r"^(cuCtx(Enable|Disable)PeerAccess|cuDeviceCanAccessPeer|cuDeviceGetP2P|cuMemcpy(3D)?Peer|"
+     r"cuMulticast|cuLaunchCooperativeKernelMultiDevice)"),
+    ("Green contexts and device resources",
+     "The server owns the GPU's SM partitioning (client QoS, thread percentages, SM "
+     "partitions, its own green contexts); a client that carved its own would bypass it.",
+     r"^(cuGreenCtx|cuCtxFromGreenCtx|cuStreamGetGreenCtx|cuDevResource|cuDevSmResource|"
+     r"cuDeviceGetDevResource|cuCtxGetDevResource)"),
+    ("Stream memory operations",
+     "Not built yet: every address must be checked against the client's own memory "
+     "(device and registered host); the server uses these operations itself.",
+     r"^(cuStreamWaitValue|cuStreamWriteValue|cuStreamBatchMemOp)"),
+    ("Settings of the one shared context",
+     "Every client's work runs in one context per GPU: a cache or shared-memory "
+     "configuration, context flags or a persisting-L2 reset set by one client would change "
+     "every client's.",
+     r"^(cuCtx(Get|Set)CacheConfig|cuCtx(Get|Set)SharedMemConfig|cuFuncSetSharedMemConfig|"
+     r"cuCtxSetFlags|cuCtxResetPersistingL2Cache|cuCtxGetExecAffinity|cuDeviceGetExecAffinitySupport)"),
+    ("Facilities of the driver's own process",
+     "Checkpoints, core dumps, the debugger's and profiler's hooks and the driver's log "
+     "callbacks act on the process that holds the context, which is the server: a client "
+     "asking would act on the server and every other client.",
+     r"^(cuCheckpointProcess|cuCoredump|cudbg|cuProfilerInitialize|cuLogs|cuFlushGPUDirectRDMAWrites|"
+     r"cuDevice(Register|Unregister)AsyncNotification)"),
+    ("Batch copies (CUDA 12.8 and later)",
+     "Not built yet: no program of the suites asks; each copy of a batch would be checked "
+     "as a single copy is.",
+     r"^(cuMemcpyBatchAsync|cuMemcpy3DBatchAsync|cuMemBatchDecompressAsync)"),
+    ("Other calls not built yet",
+     "No program of the GPU suites or PyTorch asks for these; each is a small addition when "
+     "one does.",
+     r"."),
+]
+
+
+def stub_names():
+    files = glob.glob(os.path.join(ROOT, "target", "*", "build", "omps-shim-*", "out", "unsupported.rs"))
+    if not files:
+        sys.exit("no generated stubs: run `cargo build -p omps-shim` first")
+    newest = max(files, key=os.path.getmtime)
+    return sorted(set(re.findall(r'unsupported\("(\w+)"\)', open(newest).read())))
+
+
+def main():
+    names = stub_names()
+    groups = {t: [] for t, _, _ in FAMILIES}
+    for n in names:
+        for title, _, pat in FAMILIES:
+            if re.search(pat, n):
+                groups[title].append(n)
+                break
+    out = ["# Driver entry points omps does not implement",
+           "",
+           "Each returns `CUDA_ERROR_NOT_SUPPORTED` and names itself once on standard error.",
+           f"{len(names)} of them, by family, each with its reason. Generated by",
+           "`scripts/entry-points.py`; `cargo test` checks that this list is the shim's.",
+           ""]
+    for title, reason, _ in FAMILIES:
+        if not groups[title]:
+            continue
+        out += [f"## {title} ({len(groups[title])})", "", reason, "",
+                "- " + ", ".join(f"`{n}`" for n in groups[title]), ""]
+    with open(os.path.join(ROOT, "docs", "entry-points.md"), "w") as f:
+        f.write("\n".join(out))
+    print(f"docs/entry-points.md: {len(names)} entry points")
+
+
+if __name__ == "__main__":
+    main()

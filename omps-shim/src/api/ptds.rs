@@ -76,3 +76,9 @@ per_thread_variants! {
     cuMemsetD2D16Async_ptsz => cuMemsetD2D16Async(dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream);
     cuMemsetD2D32Async_ptsz => cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream);
 }
+
+use super::graph::{cuGraphInstantiateWithParams, CUgraph, CUgraphExec, InstantiateParams};
+
+per_thread_variants! {
+    cuGraphInstantiateWithParams_ptsz => cuGraphInstantiateWithParams(pexec: *mut CUgraphExec, g: CUgraph, params: *mut InstantiateParams);
+}

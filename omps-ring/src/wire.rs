@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -92,6 +92,10 @@ ops! {
     /// A host function in stream order, through host-function slot `slot` (see
     /// [`crate::segment::HostFnSlot`]).
     HostFunc = 23 => HostFunc,
+    /// CU_EVENT_RECORD_EXTERNAL and CU_EVENT_WAIT_EXTERNAL: inside a capture, an event
+    /// record or wait node rather than an edge.
+    EventRecordExternal = 24 => EventRecord,
+    StreamWaitEventExternal = 25 => EventRecord,
     /// Stream capture begins, or ends with the graph's id as a [`U64Reply`].
     CaptureBegin = 49 => CaptureCall,
     CaptureEnd = 50 => CaptureCall,

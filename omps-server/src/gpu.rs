@@ -202,6 +202,14 @@ pub trait Gpu: Send + Sync + 'static {
     fn event_destroy(&self, ev: u64) -> GpuResult<()>;
     fn event_record(&self, ev: u64, s: usize) -> GpuResult<()>;
     fn stream_wait_event(&self, s: usize, ev: u64) -> GpuResult<()>;
+    /// With CU_EVENT_RECORD_EXTERNAL / CU_EVENT_WAIT_EXTERNAL: inside a capture, a node
+    /// of the graph rather than an edge; elsewhere as the plain forms.
+    fn event_record_external(&self, ev: u64, s: usize) -> GpuResult<()> {
+        self.event_record(ev, s)
+    }
+    fn stream_wait_event_external(&self, s: usize, ev: u64) -> GpuResult<()> {
+        self.stream_wait_event(s, ev)
+    }
     /// Ok(true) when complete, Ok(false) when not yet.
     fn event_query(&self, ev: u64) -> GpuResult<bool>;
     fn event_elapsed(&self, start: u64, end: u64) -> GpuResult<f32>;

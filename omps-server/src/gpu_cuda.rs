@@ -1068,6 +1068,22 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuStreamWaitEvent(st, ev as cu::CUevent, 0) })
     }
 
+    fn event_record_external(&self, ev: u64, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        const RECORD_EXTERNAL: u32 = 1;
+        // SAFETY: live event and stream.
+        ck(unsafe { cu::cuEventRecordWithFlags(ev as cu::CUevent, st, RECORD_EXTERNAL) })
+    }
+
+    fn stream_wait_event_external(&self, s: usize, ev: u64) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        const WAIT_EXTERNAL: u32 = 1;
+        // SAFETY: live event and stream.
+        ck(unsafe { cu::cuStreamWaitEvent(st, ev as cu::CUevent, WAIT_EXTERNAL) })
+    }
+
     fn event_query(&self, ev: u64) -> GpuResult<bool> {
         self.bind();
         // SAFETY: live event.

@@ -569,6 +569,8 @@ impl Session {
             | Op::EventDestroy
             | Op::EventRecord
             | Op::StreamWaitEvent
+            | Op::EventRecordExternal
+            | Op::StreamWaitEventExternal
             | Op::StreamSync
             | Op::StreamQuery
             | Op::EventSync

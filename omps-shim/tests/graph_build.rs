@@ -254,6 +254,46 @@ fn hand_built_graphs_run_as_built() {
         ok(cuGraphExecDestroy(z));
         ok(cuGraphDestroy(h));
 
+        // Event record and wait nodes: external records and waits in the capture.
+        let (mut ev, mut ev2) = (null_mut(), null_mut());
+        ok(cuEventCreate(&mut ev, 2));
+        ok(cuEventCreate(&mut ev2, 2));
+        let mut h = null_mut();
+        ok(cuGraphCreate(&mut h, 0));
+        let (mut rec, mut wait, mut last) = (null_mut(), null_mut(), null_mut());
+        ok(cuGraphAddEventRecordNode(&mut rec, h, null(), 0, ev));
+        ok(cuGraphAddEventWaitNode(&mut wait, h, &rec, 1, ev));
+        ok(cuGraphAddMemsetNode(
+            &mut last,
+            h,
+            &wait,
+            1,
+            &MemsetNodeParams { value: 4, ..ms },
+            null_mut(),
+        ));
+        let mut t = 0;
+        ok(cuGraphNodeGetType(rec, &mut t));
+        assert_eq!(t, 7, "CU_GRAPH_NODE_TYPE_EVENT_RECORD");
+        ok(cuGraphNodeGetType(wait, &mut t));
+        assert_eq!(t, 6, "CU_GRAPH_NODE_TYPE_WAIT_EVENT");
+        let mut got = null_mut();
+        ok(cuGraphEventWaitNodeSetEvent(wait, ev2));
+        ok(cuGraphEventWaitNodeGetEvent(wait, &mut got));
+        assert_eq!(got, ev2);
+        assert_eq!(
+            cuGraphEventRecordNodeGetEvent(wait, &mut got),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ok(cuGraphEventWaitNodeSetEvent(wait, ev));
+        let mut z = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        ok(cuMemsetD32_v2(p, 0, WORDS));
+        ok(cuGraphLaunch(z, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(p), vec![4; WORDS]);
+        ok(cuGraphExecDestroy(z));
+        ok(cuGraphDestroy(h));
+
         // Destroying a node takes its edges; destroyed handles are refused.
         ok(cuGraphDestroyNode(d));
         num = 4;

@@ -237,7 +237,7 @@ impl Session {
             }
         };
         match op {
-            Op::EventRecord => {
+            Op::EventRecord | Op::EventRecordExternal => {
                 // Remember which events a capture recorded; run the record as usual.
                 let r = rec::<wire::EventRecord>(p);
                 if self.stream_capturing(r.stream) {

@@ -81,17 +81,27 @@ impl Session {
                     let _ = gpu.event_destroy(e);
                 }
             }
-            Op::EventRecord => {
+            Op::EventRecord | Op::EventRecordExternal => {
                 let r = rec::<wire::EventRecord>(p);
                 let (e, s) = (self.event(r.event)?, self.stream(ctx, r.stream)?);
-                if let Err(err) = gpu.event_record(e, s) {
+                let done = if op == Op::EventRecord {
+                    gpu.event_record(e, s)
+                } else {
+                    gpu.event_record_external(e, s)
+                };
+                if let Err(err) = done {
                     self.note_error(err);
                 }
             }
-            Op::StreamWaitEvent => {
+            Op::StreamWaitEvent | Op::StreamWaitEventExternal => {
                 let r = rec::<wire::EventRecord>(p);
                 let (e, s) = (self.event(r.event)?, self.stream(ctx, r.stream)?);
-                if let Err(err) = gpu.stream_wait_event(s, e) {
+                let done = if op == Op::StreamWaitEvent {
+                    gpu.stream_wait_event(s, e)
+                } else {
+                    gpu.stream_wait_event_external(s, e)
+                };
+                if let Err(err) = done {
                     self.note_error(err);
                 }
                 if self.capturing > 0 {

@@ -178,8 +178,16 @@ pub(crate) fn event(e: CUevent) -> Result<&'static Event, CUresult> {
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, _flags: c_uint) -> CUresult {
+pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> CUresult {
+    // CU_EVENT_WAIT_EXTERNAL makes a difference only inside a capture: an event wait node.
+    const EXTERNAL: c_uint = 1;
     entry(|| {
+        let op = match flags {
+            0 => Op::StreamWaitEvent,
+            EXTERNAL if super::capture::any_capture() => Op::StreamWaitEventExternal,
+            EXTERNAL => Op::StreamWaitEvent,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
         let ev = event(e)?;
         let (id, dev) = stream_dev(s)?;
         if dev != ev.dev {
@@ -187,7 +195,7 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, _flags: c_uint) -> 
         }
         live()?.push(
             dev,
-            Op::StreamWaitEvent,
+            op,
             &[bytemuck::bytes_of(&EventRecord {
                 event: ev.id,
                 stream: id,
@@ -237,21 +245,23 @@ pub extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
-    entry(|| {
-        let ev = event(e)?;
-        let (id, dev) = stream_dev(s)?;
-        if dev != ev.dev {
-            return Err(CUDA_ERROR_INVALID_HANDLE);
-        }
-        live()?.push(
-            dev,
-            Op::EventRecord,
-            &[bytemuck::bytes_of(&EventRecord {
-                event: ev.id,
-                stream: id,
-            })],
-        )
-    })
+    entry(|| record(e, s, Op::EventRecord))
+}
+
+fn record(e: CUevent, s: CUstream, op: Op) -> Result<(), CUresult> {
+    let ev = event(e)?;
+    let (id, dev) = stream_dev(s)?;
+    if dev != ev.dev {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    live()?.push(
+        dev,
+        op,
+        &[bytemuck::bytes_of(&EventRecord {
+            event: ev.id,
+            stream: id,
+        })],
+    )
 }
 
 #[no_mangle]
@@ -748,13 +758,11 @@ pub unsafe extern "C" fn cuStreamAddCallback(
 pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint) -> CUresult {
     const EXTERNAL: c_uint = 1;
     // CU_EVENT_RECORD_EXTERNAL makes a difference only inside a capture (an event record
-    // node, which omps's captures do not make yet); elsewhere it is a plain record.
+    // node); elsewhere it is a plain record.
     match flags {
         0 => cuEventRecord(e, s),
         EXTERNAL if !super::capture::any_capture() => cuEventRecord(e, s),
-        EXTERNAL => crate::unsupported::unsupported(
-            "cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL) during capture",
-        ),
+        EXTERNAL => entry(|| record(e, s, Op::EventRecordExternal)),
         _ => CUDA_ERROR_INVALID_VALUE,
     }
 }

@@ -5,13 +5,13 @@
 //! instantiates what it captured. So the server sees only stream work it already checks
 //! (launches, memsets, copies), and no new wire operation exists for graphs built by hand.
 //!
-//! Node kinds: kernel, memset, memcpy, empty, and child graphs built by hand (inlined).
-//! Host, event, memory and conditional nodes are not supported yet.
+//! Node kinds: kernel, memset, memcpy, empty, event record and wait, and child graphs
+//! built by hand (inlined). Host, memory and conditional nodes are not supported yet.
 
 use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture, CUgraph, MODE_RELAXED};
 use super::exec::{
-    cuEventCreate, cuEventDestroy_v2, cuEventRecord, cuLaunchKernel, cuStreamDestroy_v2,
-    cuStreamWaitEvent, function, CUevent, CUfunction, CUstream,
+    cuEventCreate, cuEventDestroy_v2, cuEventRecord, cuEventRecordWithFlags, cuLaunchKernel,
+    cuStreamDestroy_v2, cuStreamWaitEvent, event, function, CUevent, CUfunction, CUstream,
 };
 use super::hostmem::{cuMemcpy3DAsync_v2, Memcpy3D};
 use super::{entry, out};
@@ -28,6 +28,8 @@ pub(crate) mod node_type {
     pub const MEMSET: u32 = 2;
     pub const GRAPH: u32 = 4;
     pub const EMPTY: u32 = 5;
+    pub const WAIT_EVENT: u32 = 6;
+    pub const EVENT_RECORD: u32 = 7;
 }
 
 #[derive(Clone)]
@@ -62,6 +64,9 @@ pub(crate) enum Kind {
     },
     Memcpy(CopyNode),
     Child(Built),
+    /// An event record or wait node: the event's handle.
+    EventRecord(usize),
+    EventWait(usize),
 }
 
 impl Kind {
@@ -72,6 +77,8 @@ impl Kind {
             Kind::Memset { .. } => node_type::MEMSET,
             Kind::Memcpy(_) => node_type::MEMCPY,
             Kind::Child(_) => node_type::GRAPH,
+            Kind::EventRecord(_) => node_type::EVENT_RECORD,
+            Kind::EventWait(_) => node_type::WAIT_EVENT,
         }
     }
 }
@@ -531,6 +538,114 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     entry(|| unsafe { add(ph, g, deps, n, Kind::Empty) })
 }
 
+/// An event record or wait node of event `e`.
+fn event_kind(ty: u32, e: CUevent) -> Result<Kind, CUresult> {
+    event(e)?;
+    Ok(if ty == node_type::EVENT_RECORD {
+        Kind::EventRecord(e as usize)
+    } else {
+        Kind::EventWait(e as usize)
+    })
+}
+
+/// # Safety
+/// As cuGraphAddEventRecordNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEventRecordNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    e: CUevent,
+) -> CUresult {
+    entry(|| {
+        let kind = event_kind(node_type::EVENT_RECORD, e)?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// # Safety
+/// As cuGraphAddEventWaitNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEventWaitNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    e: CUevent,
+) -> CUresult {
+    entry(|| {
+        let kind = event_kind(node_type::WAIT_EVENT, e)?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// Reads (`set` None) or replaces the event of an event node of type `ty`.
+fn node_event(node: *mut GraphNode, ty: u32, set: Option<CUevent>) -> Result<CUevent, CUresult> {
+    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if let Some(e) = set {
+        event(e)?;
+    }
+    with(|r| {
+        let n = r
+            .graphs
+            .get_mut(&g)
+            .and_then(|b| b.nodes.get_mut(i))
+            .and_then(|n| n.as_mut())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if n.kind.type_code() != ty {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if let Some(e) = set {
+            n.kind = event_kind(ty, e)?;
+        }
+        match n.kind {
+            Kind::EventRecord(e) | Kind::EventWait(e) => Ok(e as CUevent),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    })
+}
+
+/// # Safety
+/// `pe` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphEventRecordNodeGetEvent(
+    node: *mut GraphNode,
+    pe: *mut CUevent,
+) -> CUresult {
+    entry(|| {
+        let e = node_event(node, node_type::EVENT_RECORD, None)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(pe, e) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphEventRecordNodeSetEvent(node: *mut GraphNode, e: CUevent) -> CUresult {
+    entry(|| node_event(node, node_type::EVENT_RECORD, Some(e)).map(drop))
+}
+
+/// # Safety
+/// `pe` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphEventWaitNodeGetEvent(
+    node: *mut GraphNode,
+    pe: *mut CUevent,
+) -> CUresult {
+    entry(|| {
+        let e = node_event(node, node_type::WAIT_EVENT, None)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(pe, e) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphEventWaitNodeSetEvent(node: *mut GraphNode, e: CUevent) -> CUresult {
+    entry(|| node_event(node, node_type::WAIT_EVENT, Some(e)).map(drop))
+}
+
 /// # Safety
 /// As cuGraphAddChildGraphNode.
 #[no_mangle]
@@ -638,6 +753,10 @@ unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
                 Ok(Kind::Memcpy(CopyNode(m.copy)))
             }
             node_type::EMPTY => Ok(Kind::Empty),
+            node_type::EVENT_RECORD | node_type::WAIT_EVENT => {
+                let e = *(u as *const CUevent);
+                event_kind(p.ty, e)
+            }
             node_type::GRAPH => {
                 let child = *(u as *const CUgraph);
                 graph_ref(child)?;
@@ -646,7 +765,7 @@ unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
                 })
             }
             _ => Err(crate::unsupported::unsupported(
-                "cuGraphAddNode of this node type (host, event, memory, conditional)",
+                "cuGraphAddNode of this node type (host, memory, conditional)",
             )),
         }
     }
@@ -1228,6 +1347,9 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
             // SAFETY: the description the caller gave; its host pointers are the caller's.
             ok(unsafe { cuMemcpy3DAsync_v2(&c.0, s) })
         }
+        // The external forms: in a capture, nodes of the graph rather than edges.
+        &Kind::EventRecord(e) => ok(cuEventRecordWithFlags(e as CUevent, s, 1)),
+        &Kind::EventWait(e) => ok(cuStreamWaitEvent(s, e as CUevent, 1)),
     }
 }
 

@@ -1,5 +1,6 @@
 // A graph built by hand: a memset node and a kernel node side by side, a memcpy node
-// after both, an empty node, and a child graph of one kernel. Launched twice; then the
+// after both, an event record and an event wait node, an empty node, and a child graph
+// of one kernel. Launched twice; then the
 // executable graph's kernel node gets new arguments; then an update from a clone with
 // other arguments succeeds and one from a graph of another shape is refused.
 #include "rt_common.h"
@@ -65,7 +66,12 @@ int main() {
     cp.kind = cudaMemcpyDeviceToDevice;
     cudaGraphNode_t ab[] = {a, b};
     CHECK(cudaGraphAddMemcpyNode(&c, g, ab, 2, &cp));
-    CHECK(cudaGraphAddEmptyNode(&d, g, &c, 1));
+    cudaEvent_t ev;
+    CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaGraphNode_t r, w;
+    CHECK(cudaGraphAddEventRecordNode(&r, g, &c, 1, ev));
+    CHECK(cudaGraphAddEventWaitNode(&w, g, &r, 1, ev));
+    CHECK(cudaGraphAddEmptyNode(&d, g, &w, 1));
 
     cudaGraph_t child;
     CHECK(cudaGraphCreate(&child, 0));
@@ -125,6 +131,7 @@ int main() {
     CHECK(cudaGraphExecDestroy(x));
     CHECK(cudaGraphDestroy(g2));
     CHECK(cudaGraphDestroy(g));
+    CHECK(cudaEventDestroy(ev));
     CHECK(cudaFree(p));
     CHECK(cudaFree(q));
     pass();

@@ -68,9 +68,9 @@ int main() {
     CHECK(cudaGraphAddMemcpyNode(&c, g, ab, 2, &cp));
     cudaEvent_t ev;
     CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    cudaGraphNode_t r, w;
-    CHECK(cudaGraphAddEventRecordNode(&r, g, &c, 1, ev));
-    CHECK(cudaGraphAddEventWaitNode(&w, g, &r, 1, ev));
+    cudaGraphNode_t rec, w;
+    CHECK(cudaGraphAddEventRecordNode(&rec, g, &c, 1, ev));
+    CHECK(cudaGraphAddEventWaitNode(&w, g, &rec, 1, ev));
     CHECK(cudaGraphAddEmptyNode(&d, g, &w, 1));
 
     cudaGraph_t child;

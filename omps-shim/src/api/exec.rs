@@ -188,19 +188,8 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> C
             EXTERNAL => Op::StreamWaitEvent,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
-        let ev = event(e)?;
-        let (id, dev) = stream_dev(s)?;
-        if dev != ev.dev {
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
-        live()?.push(
-            dev,
-            op,
-            &[bytemuck::bytes_of(&EventRecord {
-                event: ev.id,
-                stream: id,
-            })],
-        )
+        // A wait across devices would be a peer dependency: not supported.
+        event_on_stream(e, s, op, CUDA_ERROR_NOT_SUPPORTED)
     })
 }
 
@@ -245,14 +234,16 @@ pub extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
-    entry(|| record(e, s, Op::EventRecord))
+    entry(|| event_on_stream(e, s, Op::EventRecord, CUDA_ERROR_INVALID_HANDLE))
 }
 
-fn record(e: CUevent, s: CUstream, op: Op) -> Result<(), CUresult> {
+/// Queues `op` (a record of, or a wait for, event `e`) on stream `s`; `other_dev` is the
+/// answer when they belong to different devices.
+fn event_on_stream(e: CUevent, s: CUstream, op: Op, other_dev: CUresult) -> Result<(), CUresult> {
     let ev = event(e)?;
     let (id, dev) = stream_dev(s)?;
     if dev != ev.dev {
-        return Err(CUDA_ERROR_INVALID_HANDLE);
+        return Err(other_dev);
     }
     live()?.push(
         dev,
@@ -762,7 +753,9 @@ pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint)
     match flags {
         0 => cuEventRecord(e, s),
         EXTERNAL if !super::capture::any_capture() => cuEventRecord(e, s),
-        EXTERNAL => entry(|| record(e, s, Op::EventRecordExternal)),
+        EXTERNAL => {
+            entry(|| event_on_stream(e, s, Op::EventRecordExternal, CUDA_ERROR_INVALID_HANDLE))
+        }
         _ => CUDA_ERROR_INVALID_VALUE,
     }
 }

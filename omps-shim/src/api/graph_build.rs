@@ -608,42 +608,30 @@ fn node_event(node: *mut GraphNode, ty: u32, set: Option<CUevent>) -> Result<CUe
     })
 }
 
-/// # Safety
-/// `pe` is null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphEventRecordNodeGetEvent(
-    node: *mut GraphNode,
-    pe: *mut CUevent,
-) -> CUresult {
-    entry(|| {
-        let e = node_event(node, node_type::EVENT_RECORD, None)?;
-        // SAFETY: the caller's pointer.
-        unsafe { out(pe, e) }
-    })
+/// The get and set calls of one kind of event node.
+macro_rules! event_node_calls {
+    ($($get:ident, $set:ident, $ty:expr;)*) => {$(
+        /// # Safety
+        /// `pe` is null or writable.
+        #[no_mangle]
+        pub unsafe extern "C" fn $get(node: *mut GraphNode, pe: *mut CUevent) -> CUresult {
+            entry(|| {
+                let e = node_event(node, $ty, None)?;
+                // SAFETY: the caller's pointer.
+                unsafe { out(pe, e) }
+            })
+        }
+
+        #[no_mangle]
+        pub extern "C" fn $set(node: *mut GraphNode, e: CUevent) -> CUresult {
+            entry(|| node_event(node, $ty, Some(e)).map(drop))
+        }
+    )*};
 }
 
-#[no_mangle]
-pub extern "C" fn cuGraphEventRecordNodeSetEvent(node: *mut GraphNode, e: CUevent) -> CUresult {
-    entry(|| node_event(node, node_type::EVENT_RECORD, Some(e)).map(drop))
-}
-
-/// # Safety
-/// `pe` is null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphEventWaitNodeGetEvent(
-    node: *mut GraphNode,
-    pe: *mut CUevent,
-) -> CUresult {
-    entry(|| {
-        let e = node_event(node, node_type::WAIT_EVENT, None)?;
-        // SAFETY: the caller's pointer.
-        unsafe { out(pe, e) }
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuGraphEventWaitNodeSetEvent(node: *mut GraphNode, e: CUevent) -> CUresult {
-    entry(|| node_event(node, node_type::WAIT_EVENT, Some(e)).map(drop))
+event_node_calls! {
+    cuGraphEventRecordNodeGetEvent, cuGraphEventRecordNodeSetEvent, node_type::EVENT_RECORD;
+    cuGraphEventWaitNodeGetEvent, cuGraphEventWaitNodeSetEvent, node_type::WAIT_EVENT;
 }
 
 /// # Safety

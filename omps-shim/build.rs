@@ -38,11 +38,16 @@ fn implemented(src: &str, out: &mut BTreeSet<String>) {
 fn main() {
     println!("cargo:rerun-if-changed=data/driver_entry_points.txt");
     let mut done = BTreeSet::new();
-    for dir in ["src", "src/api"] {
-        println!("cargo:rerun-if-changed={dir}");
-        for entry in std::fs::read_dir(dir).unwrap() {
+    let mut dirs = vec![std::path::PathBuf::from("src")];
+    while let Some(dir) = dirs.pop() {
+        println!("cargo:rerun-if-changed={}", dir.display());
+        for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("unsupported.rs") {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !path.ends_with("unsupported.rs")
+            {
                 println!("cargo:rerun-if-changed={}", path.display());
                 implemented(&std::fs::read_to_string(&path).unwrap(), &mut done);
             }

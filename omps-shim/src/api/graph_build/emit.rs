@@ -1,0 +1,273 @@
+//! Instantiating a graph built by hand: its nodes issued in dependency order onto
+//! private streams inside a capture on the server (see the parent module).
+
+use super::*;
+
+/// A node of the flat graph that is issued: a child graph's nodes are inlined.
+struct Flat {
+    kind: Kind,
+    deps: Vec<usize>,
+}
+
+/// Inlines child graphs: a child's roots wait for what the child node waited for, and
+/// whatever waited for the child node waits for all the child's nodes.
+fn flatten(b: &Built, out: &mut Vec<Flat>, outer_deps: &[usize]) -> Vec<Option<Vec<usize>>> {
+    // For each node of `b`, the flat indices that stand for its completion.
+    let mut done: Vec<Option<Vec<usize>>> = vec![None; b.nodes.len()];
+    let order = topo(b).unwrap_or_default();
+    for i in order {
+        let n = b.nodes[i].as_ref().expect("topo lists live nodes");
+        let mut deps: Vec<usize> = n
+            .deps
+            .iter()
+            .flat_map(|&d| done[d].clone().unwrap_or_default())
+            .collect();
+        if n.deps.is_empty() {
+            deps.extend_from_slice(outer_deps);
+        }
+        match &n.kind {
+            Kind::Child(c) => {
+                let inner = flatten(c, out, &deps);
+                let mut ends: Vec<usize> = inner.into_iter().flatten().flatten().collect();
+                if ends.is_empty() {
+                    ends = deps;
+                }
+                ends.sort_unstable();
+                ends.dedup();
+                done[i] = Some(ends);
+            }
+            k => {
+                out.push(Flat {
+                    kind: k.clone(),
+                    deps,
+                });
+                done[i] = Some(vec![out.len() - 1]);
+            }
+        }
+    }
+    done
+}
+
+/// The live nodes in an order where every node follows its dependencies; None if the
+/// edges form a cycle.
+fn topo(b: &Built) -> Option<Vec<usize>> {
+    let mut pending: HashMap<usize, usize> = b.live().map(|(i, n)| (i, n.deps.len())).collect();
+    let mut ready: Vec<usize> = {
+        let mut v: Vec<usize> = pending
+            .iter()
+            .filter(|(_, &k)| k == 0)
+            .map(|(&i, _)| i)
+            .collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v
+    };
+    let mut order = Vec::with_capacity(pending.len());
+    while let Some(i) = ready.pop() {
+        order.push(i);
+        let mut next: Vec<usize> = b
+            .live()
+            .filter(|(_, n)| n.deps.contains(&i))
+            .filter_map(|(k, _)| {
+                let left = pending.get_mut(&k)?;
+                *left -= 1;
+                (*left == 0).then_some(k)
+            })
+            .collect();
+        next.sort_unstable_by(|a, b| b.cmp(a));
+        ready.extend(next);
+    }
+    (order.len() == pending.len()).then_some(order)
+}
+
+/// Which private stream each flat node goes on: a node continues the stream of one of
+/// its dependencies when that dependency is the stream's last node, and otherwise opens
+/// a new stream. Returns the stream of each node and how many streams there are.
+fn lanes(flat: &[Flat]) -> (Vec<usize>, usize) {
+    let mut lane_of: Vec<usize> = Vec::with_capacity(flat.len());
+    let mut tails: Vec<Option<usize>> = vec![None];
+    for (i, n) in flat.iter().enumerate() {
+        let lane = n
+            .deps
+            .iter()
+            .map(|&d| lane_of[d])
+            .find(|&l| tails[l].is_some_and(|t| n.deps.contains(&t)))
+            .or_else(|| tails.iter().position(|t| t.is_none()))
+            .unwrap_or_else(|| {
+                tails.push(None);
+                tails.len() - 1
+            });
+        tails[lane] = Some(i);
+        lane_of.push(lane);
+    }
+    (lane_of, tails.len())
+}
+
+/// Streams and events made for one instantiation, destroyed with it.
+struct Scratch {
+    streams: Vec<CUstream>,
+    events: Vec<CUevent>,
+}
+
+impl Scratch {
+    fn stream(&mut self) -> Result<CUstream, CUresult> {
+        let mut s = std::ptr::null_mut();
+        const NON_BLOCKING: c_uint = 1;
+        // SAFETY: a valid out-pointer.
+        ok(unsafe { crate::api::exec::cuStreamCreate(&mut s, NON_BLOCKING) })?;
+        self.streams.push(s);
+        Ok(s)
+    }
+
+    fn event_on(&mut self, s: CUstream) -> Result<CUevent, CUresult> {
+        let mut e = std::ptr::null_mut();
+        const DISABLE_TIMING: c_uint = 2;
+        // SAFETY: a valid out-pointer.
+        ok(unsafe { cuEventCreate(&mut e, DISABLE_TIMING) })?;
+        self.events.push(e);
+        ok(cuEventRecord(e, s))?;
+        Ok(e)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for &e in &self.events {
+            cuEventDestroy_v2(e);
+        }
+        for &s in &self.streams {
+            // SAFETY: a stream this instantiation made and nothing else holds.
+            unsafe { cuStreamDestroy_v2(s) };
+        }
+    }
+}
+
+fn ok(r: CUresult) -> Result<(), CUresult> {
+    if r == CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(r)
+    }
+}
+
+/// Issues one node on stream `s`.
+fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
+    match kind {
+        Kind::Empty | Kind::Child(_) => Ok(()),
+        Kind::Kernel(k) => {
+            const BUFFER_POINTER: usize = 1;
+            const BUFFER_SIZE: usize = 2;
+            let mut size = k.args.len();
+            let mut extra: [*mut c_void; 5] = [
+                BUFFER_POINTER as *mut c_void,
+                k.args.as_ptr() as *mut c_void,
+                BUFFER_SIZE as *mut c_void,
+                &mut size as *mut usize as *mut c_void,
+                std::ptr::null_mut(),
+            ];
+            let [gx, gy, gz] = k.grid;
+            let [bx, by, bz] = k.block;
+            // SAFETY: `extra` lays out the packed arguments of this very function.
+            ok(unsafe {
+                cuLaunchKernel(
+                    k.func as CUfunction,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    k.shared,
+                    s,
+                    std::ptr::null_mut(),
+                    extra.as_mut_ptr(),
+                )
+            })
+        }
+        &Kind::Memset {
+            dst,
+            pitch,
+            value,
+            elem,
+            width,
+            height,
+        } => crate::api::mem::memset_2d(dst, pitch, value, elem, width, height, s),
+        Kind::Memcpy(c) => {
+            // SAFETY: the description the caller gave; its host pointers are the caller's.
+            ok(unsafe { cuMemcpy3DAsync_v2(&c.0, s) })
+        }
+        // The external forms: in a capture, nodes of the graph rather than edges.
+        &Kind::EventRecord(e) => ok(cuEventRecordWithFlags(e as CUevent, s, 1)),
+        &Kind::EventWait(e) => ok(cuStreamWaitEvent(s, e as CUevent, 1)),
+    }
+}
+
+/// Captures built graph `b` on the server and returns the server's graph id: the
+/// caller instantiates it and then lets it go.
+pub(crate) fn capture(b: &Built) -> Result<u32, CUresult> {
+    topo(b).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let mut flat = Vec::new();
+    flatten(b, &mut flat, &[]);
+    let (lane_of, n_lanes) = lanes(&flat);
+    // Which nodes another stream waits for: those get an event after them.
+    let mut needed = vec![false; flat.len()];
+    for (i, n) in flat.iter().enumerate() {
+        for &d in &n.deps {
+            if lane_of[d] != lane_of[i] {
+                needed[d] = true;
+            }
+        }
+    }
+    let mut sc = Scratch {
+        streams: Vec::new(),
+        events: Vec::new(),
+    };
+    let streams: Vec<CUstream> = (0..n_lanes)
+        .map(|_| sc.stream())
+        .collect::<Result<_, _>>()?;
+    ok(cuStreamBeginCapture_v2(streams[0], MODE_RELAXED))?;
+    let issued = (|| {
+        let fork = sc.event_on(streams[0])?;
+        let mut started = vec![false; n_lanes];
+        started[0] = true;
+        let mut after: Vec<Option<CUevent>> = vec![None; flat.len()];
+        for (i, n) in flat.iter().enumerate() {
+            let s = streams[lane_of[i]];
+            let mut joined = started[lane_of[i]];
+            for &d in &n.deps {
+                if lane_of[d] != lane_of[i] {
+                    ok(cuStreamWaitEvent(
+                        s,
+                        after[d].expect("recorded after it"),
+                        0,
+                    ))?;
+                    joined = true;
+                }
+            }
+            if !joined {
+                // A root on a stream of its own joins the capture at its start.
+                ok(cuStreamWaitEvent(s, fork, 0))?;
+            }
+            started[lane_of[i]] = true;
+            issue(&n.kind, s)?;
+            if needed[i] {
+                after[i] = Some(sc.event_on(s)?);
+            }
+        }
+        for (l, &s) in streams.iter().enumerate().skip(1) {
+            if started[l] {
+                let e = sc.event_on(s)?;
+                ok(cuStreamWaitEvent(streams[0], e, 0))?;
+            }
+        }
+        Ok(())
+    })();
+    let mut g: CUgraph = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    let ended = ok(unsafe { cuStreamEndCapture(streams[0], &mut g) });
+    issued.and(ended)?;
+    let h = graph_ref(g)?;
+    let id = h.id();
+    // The handle was only the vehicle; the server's graph is the caller's to release.
+    let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
+    Ok(id)
+}

@@ -1,0 +1,383 @@
+//! Graphs built by hand: `cuGraphCreate`, `cuGraphAdd*Node`, edges, clones. Such a graph
+//! lives here, in the client, as nodes and edges. `cuGraphInstantiate` turns it into a
+//! capture on the server: the nodes are issued in dependency order onto private streams
+//! of this client, an edge between two streams becomes an event, and the server
+//! instantiates what it captured. So the server sees only stream work it already checks
+//! (launches, memsets, copies), and no new wire operation exists for graphs built by hand.
+//!
+//! Node kinds: kernel, memset, memcpy, empty, event record and wait, and child graphs
+//! built by hand (inlined). Host, memory and conditional nodes are not supported yet.
+
+use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture, CUgraph, MODE_RELAXED};
+use super::hostmem::{cuMemcpy3DAsync_v2, Memcpy3D};
+use super::{entry, out};
+use crate::api::exec::{
+    cuEventCreate, cuEventDestroy_v2, cuEventRecord, cuEventRecordWithFlags, cuLaunchKernel,
+    cuStreamDestroy_v2, cuStreamWaitEvent, event, function, CUevent, CUfunction, CUstream,
+};
+use crate::cuda::*;
+use crate::handles::{leak, resolve, GraphHandle, GraphNode, GRAPH_MAGIC, NODE_MAGIC};
+use std::collections::HashMap;
+use std::ffi::{c_uint, c_void};
+use std::sync::Mutex;
+
+mod edges;
+mod emit;
+mod nodes;
+pub use edges::*;
+pub(crate) use emit::capture;
+pub use nodes::*;
+
+/// CUgraphNodeType values.
+pub(crate) mod node_type {
+    pub const KERNEL: u32 = 0;
+    pub const MEMCPY: u32 = 1;
+    pub const MEMSET: u32 = 2;
+    pub const GRAPH: u32 = 4;
+    pub const EMPTY: u32 = 5;
+    pub const WAIT_EVENT: u32 = 6;
+    pub const EVENT_RECORD: u32 = 7;
+}
+
+#[derive(Clone)]
+pub(crate) struct KernelNode {
+    func: usize,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    /// The packed arguments, copied when the node was made or set, as the driver does.
+    args: Vec<u8>,
+}
+
+/// A copy's description; the host pointers in it are the caller's, used only to issue
+/// the copy, as the driver keeps them.
+#[derive(Clone, Copy)]
+pub(crate) struct CopyNode(Memcpy3D);
+// SAFETY: the raw pointers are addresses the caller owns; nothing here dereferences them
+// except the copy issued on the caller's behalf, from whichever thread instantiates.
+unsafe impl Send for CopyNode {}
+
+#[derive(Clone)]
+pub(crate) enum Kind {
+    Empty,
+    Kernel(KernelNode),
+    Memset {
+        dst: u64,
+        pitch: usize,
+        value: u32,
+        elem: u32,
+        width: usize,
+        height: usize,
+    },
+    Memcpy(CopyNode),
+    Child(Built),
+    /// An event record or wait node: the event's handle.
+    EventRecord(usize),
+    EventWait(usize),
+}
+
+impl Kind {
+    fn type_code(&self) -> u32 {
+        match self {
+            Kind::Empty => node_type::EMPTY,
+            Kind::Kernel(_) => node_type::KERNEL,
+            Kind::Memset { .. } => node_type::MEMSET,
+            Kind::Memcpy(_) => node_type::MEMCPY,
+            Kind::Child(_) => node_type::GRAPH,
+            Kind::EventRecord(_) => node_type::EVENT_RECORD,
+            Kind::EventWait(_) => node_type::WAIT_EVENT,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Node {
+    kind: Kind,
+    /// Indices of the nodes this one waits for.
+    deps: Vec<usize>,
+}
+
+/// A graph built by hand. A destroyed node leaves a hole, so indices stay stable.
+#[derive(Clone)]
+pub(crate) struct Built {
+    dev: usize,
+    nodes: Vec<Option<Node>>,
+}
+
+impl Built {
+    fn live(&self) -> impl Iterator<Item = (usize, &Node)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
+    }
+
+    /// Node kinds and edges, in index order: what an executable graph's update must keep.
+    fn topology(&self) -> Vec<(u32, Vec<usize>)> {
+        self.live()
+            .map(|(_, n)| (n.kind.type_code(), n.deps.clone()))
+            .collect()
+    }
+}
+
+struct Registry {
+    /// Graph handle address -> the graph.
+    graphs: HashMap<usize, Built>,
+    /// Node handle address -> (graph handle address, index).
+    nodes: HashMap<usize, (usize, usize)>,
+    /// (graph handle address, index) -> node handle address.
+    handles: HashMap<(usize, usize), usize>,
+    /// Executable graph handle address -> the built graph it was made from and its
+    /// instantiation flags, for updates.
+    sources: HashMap<usize, (Built, u64)>,
+    /// Executable graph handle address -> the node types of the captured graph an update
+    /// made it from (for the next update's topology check).
+    captured: HashMap<usize, Vec<u64>>,
+}
+
+static REG: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    let mut g = REG.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(|| Registry {
+        graphs: HashMap::new(),
+        nodes: HashMap::new(),
+        handles: HashMap::new(),
+        sources: HashMap::new(),
+        captured: HashMap::new(),
+    }))
+}
+
+/// Whether `g` is a graph built here (and not one the server captured).
+pub(crate) fn is_built(g: CUgraph) -> bool {
+    with(|r| r.graphs.contains_key(&(g as usize)))
+}
+
+/// A copy of built graph `g`.
+pub(crate) fn built(g: CUgraph) -> Option<Built> {
+    with(|r| r.graphs.get(&(g as usize)).cloned())
+}
+
+/// Forgets built graph `g` and its node handles (cuGraphDestroy).
+pub(crate) fn forget(g: CUgraph) {
+    with(|r| {
+        r.graphs.remove(&(g as usize));
+        r.nodes.retain(|_, &mut (gr, _)| gr != g as usize);
+        r.handles.retain(|&(gr, _), _| gr != g as usize);
+    })
+}
+
+/// Remembers what executable graph `e` was made from, for updates of its parameters.
+pub(crate) fn note_source(e: usize, b: Built, flags: u64) {
+    with(|r| r.sources.insert(e, (b, flags)));
+}
+
+pub(crate) fn note_captured_source(e: usize, types: Vec<u64>) {
+    with(|r| r.captured.insert(e, types));
+}
+
+pub(crate) fn captured_source(e: usize) -> Option<Vec<u64>> {
+    with(|r| r.captured.get(&e).cloned())
+}
+
+pub(crate) fn forget_exec(e: usize) {
+    with(|r| {
+        r.sources.remove(&e);
+        r.captured.remove(&e);
+    });
+}
+
+/// A node handle as the API passes it.
+pub type GraphNodeRef = *mut GraphNode;
+
+/// The handle of node `index` of built graph `g`, made once.
+fn node_handle(r: &mut Registry, g: usize, index: usize, dev: usize) -> *mut GraphNode {
+    let h = *r.handles.entry((g, index)).or_insert_with(|| {
+        leak(GraphNode {
+            magic: std::sync::atomic::AtomicU32::new(NODE_MAGIC),
+            graph: 0,
+            index: index as u32,
+            dev,
+        }) as usize
+    });
+    r.nodes.insert(h, (g, index));
+    h as *mut GraphNode
+}
+
+/// The handles of built graph `g`'s live nodes, in order.
+pub(crate) fn node_handles(g: CUgraph) -> Option<Vec<*mut GraphNode>> {
+    with(|r| {
+        let b = r.graphs.get(&(g as usize))?;
+        let (dev, idx): (usize, Vec<usize>) = (b.dev, b.live().map(|(i, _)| i).collect());
+        Some(
+            idx.into_iter()
+                .map(|i| node_handle(r, g as usize, i, dev))
+                .collect(),
+        )
+    })
+}
+
+/// The (graph, index) of a node handle of a built graph.
+fn locate(node: *mut GraphNode) -> Option<(usize, usize)> {
+    with(|r| r.nodes.get(&(node as usize)).copied())
+}
+
+/// The type of a node of a built graph; None for other handles.
+pub(crate) fn built_node_type(node: *mut GraphNode) -> Option<Result<u32, CUresult>> {
+    let (g, i) = locate(node)?;
+    Some(with(|r| {
+        r.graphs
+            .get(&g)
+            .and_then(|b| b.nodes.get(i).and_then(|n| n.as_ref()))
+            .map(|n| n.kind.type_code())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }))
+}
+
+fn graph_ref(g: CUgraph) -> Result<&'static GraphHandle, CUresult> {
+    // SAFETY: the caller passed a graph handle, as the API requires.
+    unsafe { resolve(g as *const GraphHandle, GRAPH_MAGIC) }
+}
+
+/// Resolves a dependency list of nodes of graph `g` into indices.
+///
+/// # Safety
+/// `deps` is null or holds `n` node handles.
+unsafe fn dep_indices(
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+) -> Result<Vec<usize>, CUresult> {
+    if n > 0 && deps.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut out = Vec::with_capacity(n);
+    for k in 0..n {
+        // SAFETY: per the contract, n readable handles.
+        let d = unsafe { *deps.add(k) };
+        match locate(d) {
+            Some((gr, i)) if gr == g as usize => {
+                if out.contains(&i) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                out.push(i);
+            }
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    Ok(out)
+}
+
+/// Adds a node to built graph `g` and writes its handle.
+///
+/// # Safety
+/// `ph` is null or writable; `deps` is null or holds `n` node handles.
+unsafe fn add(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    kind: Kind,
+) -> Result<(), CUresult> {
+    if ph.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    graph_ref(g)?;
+    if !is_built(g) {
+        // Adding to a graph the server captured: not yet.
+        return Err(crate::unsupported::unsupported(
+            "adding nodes to a captured graph",
+        ));
+    }
+    // SAFETY: forwarded contract.
+    let deps = unsafe { dep_indices(g, deps, n) }?;
+    let h = with(|r| {
+        let b = r
+            .graphs
+            .get_mut(&(g as usize))
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        b.nodes.push(Some(Node { kind, deps }));
+        let (i, dev) = (b.nodes.len() - 1, b.dev);
+        Ok::<_, CUresult>(node_handle(r, g as usize, i, dev))
+    })?;
+    // SAFETY: checked non-null; the caller's pointer.
+    unsafe { out(ph, h) }
+}
+
+/// # Safety
+/// `ph` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphCreate(ph: *mut CUgraph, flags: c_uint) -> CUresult {
+    entry(|| {
+        if ph.is_null() || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = super::ctx::current_dev()?;
+        let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, dev));
+        with(|r| {
+            r.graphs.insert(
+                h as usize,
+                Built {
+                    dev,
+                    nodes: Vec::new(),
+                },
+            )
+        });
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(ph, h) }
+    })
+}
+
+/// Whether executable graph `e` (made from `from`) can take the parameters of `to`.
+pub(crate) fn same_topology(from: &Built, to: &Built) -> bool {
+    from.topology() == to.topology()
+}
+
+/// The graph an executable graph was made from, and its flags, if it was built here.
+pub(crate) fn source_of(e: usize) -> Option<(Built, u64)> {
+    with(|r| r.sources.get(&e).cloned())
+}
+
+/// Sets kernel node `node`'s parameters in the graph executable graph `e` was made from
+/// (the node belongs to the original graph; its index is the same in the copy). Ok(None)
+/// when `e` was not made from a built graph.
+pub(crate) fn set_exec_kernel(
+    e: usize,
+    node: *mut GraphNode,
+    k: KernelNode,
+) -> Result<Option<(Built, u64)>, CUresult> {
+    let Some((_, i)) = locate(node) else {
+        return if source_of(e).is_some() {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        } else {
+            Ok(None)
+        };
+    };
+    with(|r| {
+        let Some((b, flags)) = r.sources.get_mut(&e) else {
+            return Ok(None);
+        };
+        match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {
+            Some(Node {
+                kind: Kind::Kernel(old),
+                ..
+            }) => {
+                *old = k;
+                Ok(Some((b.clone(), *flags)))
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    })
+}
+
+/// A kernel node from v1 or v2 parameters, for an executable graph's update.
+///
+/// # Safety
+/// As [`kernel_node`].
+pub(crate) unsafe fn kernel_from(
+    p: &KernelNodeParams,
+    kern: CUfunction,
+) -> Result<KernelNode, CUresult> {
+    // SAFETY: forwarded contract.
+    unsafe { kernel_node(p, kern) }
+}

@@ -1,0 +1,448 @@
+//! Nodes of graphs built by hand: each kind's parameters as cuda.h lays them out, the
+//! add calls (one per kind and the generic `cuGraphAddNode`), and parameter reads and
+//! writes.
+
+use super::*;
+
+/// CUDA_KERNEL_NODE_PARAMS (v1); v2 appends a CUkernel and a context.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KernelNodeParams {
+    pub func: CUfunction,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KernelNodeParamsV2 {
+    pub v1: KernelNodeParams,
+    pub kern: CUfunction,
+    pub ctx: *mut c_void,
+}
+
+/// The node a kernel's parameters describe: arguments packed now, as the driver copies them.
+///
+/// # Safety
+/// `p`'s argument pointers follow cuLaunchKernel's contract for its function.
+pub(super) unsafe fn kernel_node(
+    p: &KernelNodeParams,
+    kern: CUfunction,
+) -> Result<KernelNode, CUresult> {
+    let f = if p.func.is_null() { kern } else { p.func };
+    let func = function(f)?;
+    let mut args = vec![0u8; func.args_size];
+    // SAFETY: forwarded contract.
+    unsafe { crate::api::exec::pack_args(func, p.kernel_params, p.extra, &mut args) }?;
+    Ok(KernelNode {
+        func: f as usize,
+        grid: p.grid,
+        block: p.block,
+        shared: p.shared,
+        args,
+    })
+}
+
+/// # Safety
+/// As cuGraphAddKernelNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    p: *const KernelNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters, per the contract.
+        let k = unsafe {
+            kernel_node(
+                p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?,
+                std::ptr::null_mut(),
+            )
+        }?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, Kind::Kernel(k)) }
+    })
+}
+
+/// # Safety
+/// As cuGraphAddKernelNode_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    p: *const KernelNodeParamsV2,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters, per the contract.
+        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: as above.
+        let k = unsafe { kernel_node(&p.v1, p.kern) }?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, Kind::Kernel(k)) }
+    })
+}
+
+/// The kernel node behind `node`, for reading or replacing its parameters.
+fn kernel_of(node: *mut GraphNode, f: impl FnOnce(&mut KernelNode)) -> Result<(), CUresult> {
+    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    with(|r| {
+        match r
+            .graphs
+            .get_mut(&g)
+            .and_then(|b| b.nodes.get_mut(i))
+            .and_then(|n| n.as_mut())
+        {
+            Some(Node {
+                kind: Kind::Kernel(k),
+                ..
+            }) => {
+                f(k);
+                Ok(())
+            }
+            Some(_) => Err(CUDA_ERROR_INVALID_VALUE),
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    })
+}
+
+/// # Safety
+/// `p` is null or valid, as cuGraphKernelNodeSetParams.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetParams(
+    node: *mut GraphNode,
+    p: *const KernelNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let k = unsafe {
+            kernel_node(
+                p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?,
+                std::ptr::null_mut(),
+            )
+        }?;
+        kernel_of(node, |old| *old = k)
+    })
+}
+
+/// # Safety
+/// As cuGraphKernelNodeSetParams_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetParams_v2(
+    node: *mut GraphNode,
+    p: *const KernelNodeParamsV2,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: as above.
+        let k = unsafe { kernel_node(&p.v1, p.kern) }?;
+        kernel_of(node, |old| *old = k)
+    })
+}
+
+/// CUDA_MEMSET_NODE_PARAMS.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemsetNodeParams {
+    pub dst: u64,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub elem: c_uint,
+    pub width: usize,
+    pub height: usize,
+}
+
+fn memset_kind(p: &MemsetNodeParams) -> Result<Kind, CUresult> {
+    if !matches!(p.elem, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(Kind::Memset {
+        dst: p.dst,
+        pitch: p.pitch,
+        value: p.value,
+        elem: p.elem,
+        width: p.width,
+        height: p.height,
+    })
+}
+
+/// # Safety
+/// As cuGraphAddMemsetNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemsetNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    p: *const MemsetNodeParams,
+    _ctx: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let kind = memset_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// # Safety
+/// As cuGraphAddMemcpyNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemcpyNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    p: *const Memcpy3D,
+    _ctx: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, Kind::Memcpy(CopyNode(*p))) }
+    })
+}
+
+/// # Safety
+/// As cuGraphAddEmptyNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEmptyNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    entry(|| unsafe { add(ph, g, deps, n, Kind::Empty) })
+}
+
+/// An event record or wait node of event `e`.
+fn event_kind(ty: u32, e: CUevent) -> Result<Kind, CUresult> {
+    event(e)?;
+    Ok(if ty == node_type::EVENT_RECORD {
+        Kind::EventRecord(e as usize)
+    } else {
+        Kind::EventWait(e as usize)
+    })
+}
+
+/// # Safety
+/// As cuGraphAddEventRecordNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEventRecordNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    e: CUevent,
+) -> CUresult {
+    entry(|| {
+        let kind = event_kind(node_type::EVENT_RECORD, e)?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// # Safety
+/// As cuGraphAddEventWaitNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEventWaitNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    e: CUevent,
+) -> CUresult {
+    entry(|| {
+        let kind = event_kind(node_type::WAIT_EVENT, e)?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// Reads (`set` None) or replaces the event of an event node of type `ty`.
+fn node_event(node: *mut GraphNode, ty: u32, set: Option<CUevent>) -> Result<CUevent, CUresult> {
+    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if let Some(e) = set {
+        event(e)?;
+    }
+    with(|r| {
+        let n = r
+            .graphs
+            .get_mut(&g)
+            .and_then(|b| b.nodes.get_mut(i))
+            .and_then(|n| n.as_mut())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if n.kind.type_code() != ty {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if let Some(e) = set {
+            n.kind = event_kind(ty, e)?;
+        }
+        match n.kind {
+            Kind::EventRecord(e) | Kind::EventWait(e) => Ok(e as CUevent),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    })
+}
+
+/// The get and set calls of one kind of event node.
+macro_rules! event_node_calls {
+    ($($get:ident, $set:ident, $ty:expr;)*) => {$(
+        /// # Safety
+        /// `pe` is null or writable.
+        #[no_mangle]
+        pub unsafe extern "C" fn $get(node: *mut GraphNode, pe: *mut CUevent) -> CUresult {
+            entry(|| {
+                let e = node_event(node, $ty, None)?;
+                // SAFETY: the caller's pointer.
+                unsafe { out(pe, e) }
+            })
+        }
+
+        #[no_mangle]
+        pub extern "C" fn $set(node: *mut GraphNode, e: CUevent) -> CUresult {
+            entry(|| node_event(node, $ty, Some(e)).map(drop))
+        }
+    )*};
+}
+
+event_node_calls! {
+    cuGraphEventRecordNodeGetEvent, cuGraphEventRecordNodeSetEvent, node_type::EVENT_RECORD;
+    cuGraphEventWaitNodeGetEvent, cuGraphEventWaitNodeSetEvent, node_type::WAIT_EVENT;
+}
+
+/// # Safety
+/// As cuGraphAddChildGraphNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddChildGraphNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    child: CUgraph,
+) -> CUresult {
+    entry(|| {
+        graph_ref(child)?;
+        // The child is copied, as natively; a captured child is not supported yet.
+        let Some(c) = built(child) else {
+            return Err(crate::unsupported::unsupported(
+                "a captured graph as a child node",
+            ));
+        };
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, Kind::Child(c)) }
+    })
+}
+
+/// CUgraphNodeParams: the node type, then (at byte 16) the union of every kind's
+/// parameters, 232 bytes, then 8 reserved.
+#[repr(C)]
+pub struct NodeParams {
+    pub ty: c_uint,
+    pub reserved0: [i32; 3],
+    pub params: [u64; 29],
+    pub reserved2: i64,
+}
+
+// The layouts cuda.h gives these structures.
+const _: () = assert!(std::mem::size_of::<NodeParams>() == 256);
+const _: () = assert!(std::mem::size_of::<KernelNodeParamsV2>() == 72);
+const _: () = assert!(std::mem::size_of::<MemsetNodeParams>() == 40);
+const _: () = assert!(std::mem::size_of::<Memcpy3D>() == 200);
+
+/// CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the copy's context, the copy.
+#[repr(C)]
+struct MemcpyNodeParams {
+    flags: i32,
+    reserved: i32,
+    ctx: *mut c_void,
+    copy: Memcpy3D,
+}
+
+/// The node a generic CUgraphNodeParams describes, for the kinds built graphs hold.
+///
+/// # Safety
+/// `p` is a valid CUgraphNodeParams whose union member matches its type.
+unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
+    let u = p.params.as_ptr() as *const u8;
+    // SAFETY: each arm reads the union member its type names, at the union's start.
+    unsafe {
+        match p.ty {
+            node_type::KERNEL => {
+                let k = &*(u as *const KernelNodeParamsV2);
+                Ok(Kind::Kernel(kernel_node(&k.v1, k.kern)?))
+            }
+            node_type::MEMSET => {
+                let m = &*(u as *const MemsetNodeParams);
+                memset_kind(m)
+            }
+            node_type::MEMCPY => {
+                let m = &*(u as *const MemcpyNodeParams);
+                Ok(Kind::Memcpy(CopyNode(m.copy)))
+            }
+            node_type::EMPTY => Ok(Kind::Empty),
+            node_type::EVENT_RECORD | node_type::WAIT_EVENT => {
+                let e = *(u as *const CUevent);
+                event_kind(p.ty, e)
+            }
+            node_type::GRAPH => {
+                let child = *(u as *const CUgraph);
+                graph_ref(child)?;
+                built(child).map(Kind::Child).ok_or_else(|| {
+                    crate::unsupported::unsupported("a captured graph as a child node")
+                })
+            }
+            _ => Err(crate::unsupported::unsupported(
+                "cuGraphAddNode of this node type (host, memory, conditional)",
+            )),
+        }
+    }
+}
+
+/// # Safety
+/// As cuGraphAddNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    p: *const NodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters, per the contract.
+        let kind = unsafe { kind_from(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// # Safety
+/// As cuGraphAddNode_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    data: *const u64,
+    n: usize,
+    p: *const NodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: forwarded contract.
+        unsafe { default_edges(data, n) }?;
+        // SAFETY: the caller's parameters, per the contract.
+        let kind = unsafe { kind_from(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}

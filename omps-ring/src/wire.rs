@@ -96,6 +96,10 @@ ops! {
     /// record or wait node rather than an edge.
     EventRecordExternal = 24 => EventRecord,
     StreamWaitEventExternal = 25 => EventRecord,
+    /// A host node of the graph being captured on `stream`, through host-function slot
+    /// `slot`, which the graph keeps for the client's life (`seq` unused): on every replay
+    /// the GPU writes `done = 1`, waits for `ack == 1`, then writes `ack = 0`.
+    HostNode = 26 => HostFunc,
     /// Stream capture begins, or ends with the graph's id as a [`U64Reply`].
     CaptureBegin = 49 => CaptureCall,
     CaptureEnd = 50 => CaptureCall,

@@ -161,6 +161,12 @@ pub trait Gpu: Send + Sync + 'static {
     /// # Safety
     /// `addr` lies in registered host memory that stays registered while the wait may run.
     unsafe fn wait_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()>;
+    /// As `wait_u32`, until the word equals `value` (a graph's host node, whose words go
+    /// back and forth rather than grow).
+    ///
+    /// # Safety
+    /// As `wait_u32`.
+    unsafe fn wait_u32_eq(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()>;
     /// Stores `value` into device memory at `dptr` (4-byte aligned) in stream order.
     fn write_device_u32(&self, dptr: u64, value: u32, s: usize) -> GpuResult<()>;
 

@@ -802,6 +802,14 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuStreamWaitValue32_v2(st, addr as u64, value, WAIT_VALUE_GEQ) })
     }
 
+    unsafe fn wait_u32_eq(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        const WAIT_VALUE_EQ: u32 = 1;
+        // SAFETY: as write_u32: registered with DEVICEMAP, host address = device address.
+        ck(unsafe { cu::cuStreamWaitValue32_v2(st, addr as u64, value, WAIT_VALUE_EQ) })
+    }
+
     unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> GpuResult<()> {
         self.bind();
         const PORTABLE: u32 = 1;

@@ -71,6 +71,11 @@ enum HostOp {
         src: u64,
         len: usize,
     },
+    /// A store into a registered host word (a graph's host node).
+    Word {
+        addr: usize,
+        value: u32,
+    },
 }
 
 impl State {
@@ -574,11 +579,23 @@ impl Gpu for HostGpu {
         self.state.lock().unwrap().check()
     }
 
-    unsafe fn write_u32(&self, addr: *mut u32, value: u32, _s: usize) -> GpuResult<()> {
-        let st = self.state.lock().unwrap();
+    unsafe fn wait_u32_eq(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.wait_u32(addr, value, s) }
+    }
+
+    unsafe fn write_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
         st.check()?;
         if !st.is_registered(addr as usize, 4) {
             return Err(CuError(code::INVALID_VALUE));
+        }
+        let word = HostOp::Word {
+            addr: addr as usize,
+            value,
+        };
+        if st.captured(s, word) {
+            return Ok(());
         }
         // SAFETY: registered memory is mapped and the address is 4-aligned (a segment word).
         unsafe { (*(addr as *const AtomicU32)).store(value, Ordering::Release) };
@@ -900,6 +917,10 @@ impl Gpu for HostGpu {
                     count,
                 } => self.memset(dst, value, elem, count, s)?,
                 HostOp::Dtod { dst, src, len } => self.copy_dtod(dst, src, len, s)?,
+                // SAFETY: a word of registered memory, as when it was captured.
+                HostOp::Word { addr, value } => unsafe {
+                    self.write_u32(addr as *mut u32, value, s)?
+                },
             }
         }
         Ok(())
@@ -935,11 +956,12 @@ impl Gpu for HostGpu {
             .get(&(node >> 16))
             .and_then(|ops| ops.get((node & 0xffff) as usize))
             .ok_or(CuError(code::INVALID_HANDLE))?;
-        // CUgraphNodeType: kernel 0, memcpy 1, memset 2.
+        // CUgraphNodeType: kernel 0, memcpy 1, memset 2, batch memory operation 12.
         Ok(match op {
             HostOp::Launch { .. } => 0,
             HostOp::Dtod { .. } => 1,
             HostOp::Memset { .. } => 2,
+            HostOp::Word { .. } => 12,
         })
     }
 

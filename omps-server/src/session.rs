@@ -214,6 +214,8 @@ pub struct Session {
     captured_events: std::collections::HashSet<u32>,
     /// The last sequence queued through each host-function slot it used.
     hostfn_last: HashMap<u32, u32>,
+    /// Host-function slots its graphs' host nodes hold.
+    host_nodes: std::collections::BTreeSet<u32>,
     /// The last work of streams it gave up (see `left_events`).
     left: Vec<u64>,
     /// Its events to destroy as it goes (set by into_release: shared ones stay).
@@ -265,6 +267,7 @@ impl Session {
             events_to_destroy: Vec::new(),
             left: Vec::new(),
             hostfn_last: HashMap::new(),
+            host_nodes: Default::default(),
             deep: Vec::new(),
             held_since: None,
             depth_checked: None,
@@ -571,6 +574,7 @@ impl Session {
             | Op::StreamWaitEvent
             | Op::EventRecordExternal
             | Op::StreamWaitEventExternal
+            | Op::HostNode
             | Op::StreamSync
             | Op::StreamQuery
             | Op::EventSync
@@ -701,6 +705,11 @@ impl Session {
 
     /// The client is gone: acknowledges every host function it queued, so its streams (and
     /// the fence after them) do not wait for a function that will never run.
+    /// The host-node slots its graphs hold (for acknowledging them once it is dead).
+    pub fn take_host_nodes(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.host_nodes).into_iter().collect()
+    }
+
     pub fn release_host_functions(&mut self) {
         for (&slot, &seq) in &self.hostfn_last {
             if let Some(w) = self.client.seg.hostfn(slot as usize) {

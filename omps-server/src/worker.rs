@@ -154,6 +154,9 @@ pub struct WorkerCtx {
     next_work: usize,
     last_fault_check: Instant,
     pub fault: Option<i32>,
+    /// Dead clients and the host-node slots of their graphs: acknowledged on every pass
+    /// until the client's last fence has passed, so replays it queued run through.
+    dead_host_nodes: Vec<(Arc<ClientShared>, Vec<u32>)>,
 }
 
 impl WorkerCtx {
@@ -177,6 +180,7 @@ impl WorkerCtx {
             next_work: 0,
             last_fault_check: Instant::now(),
             fault: None,
+            dead_host_nodes: Vec::new(),
         })
     }
 
@@ -519,6 +523,10 @@ impl WorkerCtx {
         // never ran are acknowledged.
         s.end_captures(self);
         s.release_host_functions();
+        let host_nodes = s.take_host_nodes();
+        if !host_nodes.is_empty() {
+            self.dead_host_nodes.push((s.client.clone(), host_nodes));
+        }
         let _ = self
             .shared
             .sessions
@@ -650,7 +658,25 @@ impl WorkerCtx {
         }
     }
 
+    /// A dead client's graph may still be replayed by launches it queued: each replay
+    /// waits for `ack == 1` and then clears it, so the slots are set again on every pass
+    /// until the client is released (its last fence passed: nothing of it runs any more).
+    fn ack_dead_host_nodes(&mut self) {
+        self.dead_host_nodes.retain(|(client, slots)| {
+            if client.released.load(Ordering::SeqCst) > 0 {
+                return false;
+            }
+            for &i in slots {
+                if let Some(w) = client.seg.hostfn(i as usize) {
+                    w.ack.store(1, Ordering::Release);
+                }
+            }
+            true
+        });
+    }
+
     fn poll_deferred(&mut self) {
+        self.ack_dead_host_nodes();
         for q in 0..self.deferred.len() {
             while let Some(d) = self.deferred[q].front() {
                 // A broken context runs nothing any more: treat its fences as passed.

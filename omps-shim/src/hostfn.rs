@@ -4,6 +4,11 @@
 //! (omps-server/src/session/sync.rs). A thread of this process runs each function once
 //! its `done` word shows the GPU got there, then writes `ack`, and the stream goes on. A
 //! function that never returns holds up only this client's stream.
+//!
+//! A host function queued on a capturing stream becomes a host node of the graph: it keeps
+//! a slot for the process's life, and on every replay the GPU sets `done = 1`, this
+//! process's thread clears it, runs the function and sets `ack = 1`, and the GPU, having
+//! waited for that, sets `ack` back to 0 for the next replay.
 
 use crate::cuda::*;
 use omps_ring::segment::HOSTFN_SLOTS;
@@ -33,8 +38,17 @@ impl Call {
     }
 }
 
+/// A graph's host node: run on every replay.
+#[derive(Clone, Copy)]
+struct HostNode {
+    f: unsafe extern "C" fn(*mut std::ffi::c_void),
+    data: usize,
+}
+
 struct Slots {
     pending: Vec<Option<(u32, Call)>>,
+    /// Slots held by host nodes of captured graphs.
+    nodes: Vec<Option<HostNode>>,
     /// The last sequence number each slot used (never 0: the words start at 0).
     seq: Vec<u32>,
     running: bool,
@@ -49,19 +63,9 @@ pub fn enqueue(dev: usize, stream: u32, f: Call) -> Result<(), CUresult> {
     let c = crate::api::live()?;
     let mut guard = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
     let (slot, seq) = loop {
-        let s = guard.get_or_insert_with(|| Slots {
-            pending: (0..HOSTFN_SLOTS).map(|_| None).collect(),
-            seq: vec![0; HOSTFN_SLOTS],
-            running: false,
-        });
-        if !s.running {
-            s.running = true;
-            std::thread::Builder::new()
-                .name("omps-hostfn".into())
-                .spawn(run)
-                .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-        }
-        if let Some(i) = s.pending.iter().position(Option::is_none) {
+        let s = slots(&mut guard)?;
+        if let Some(i) = (0..HOSTFN_SLOTS).find(|&i| s.pending[i].is_none() && s.nodes[i].is_none())
+        {
             let seq = s.seq[i].wrapping_add(1).max(1);
             s.seq[i] = seq;
             s.pending[i] = Some((seq, f));
@@ -91,6 +95,64 @@ pub fn enqueue(dev: usize, stream: u32, f: Call) -> Result<(), CUresult> {
     r
 }
 
+/// The slots, made (and the runner started) on first use.
+fn slots(guard: &mut Option<Slots>) -> Result<&mut Slots, CUresult> {
+    let s = guard.get_or_insert_with(|| Slots {
+        pending: (0..HOSTFN_SLOTS).map(|_| None).collect(),
+        nodes: vec![None; HOSTFN_SLOTS],
+        seq: vec![0; HOSTFN_SLOTS],
+        running: false,
+    });
+    if !s.running {
+        s.running = true;
+        std::thread::Builder::new()
+            .name("omps-hostfn".into())
+            .spawn(run)
+            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    }
+    Ok(s)
+}
+
+/// Makes `f(data)` a host node of the graph being captured on `stream`: a slot of its own
+/// for the process's life. CUDA_ERROR_OUT_OF_MEMORY once every slot is taken.
+pub fn enqueue_node(
+    dev: usize,
+    stream: u32,
+    f: unsafe extern "C" fn(*mut std::ffi::c_void),
+    data: usize,
+) -> Result<(), CUresult> {
+    let c = crate::api::live()?;
+    let mut guard = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+    let s = slots(&mut guard)?;
+    let slot = (0..HOSTFN_SLOTS)
+        .find(|&i| s.pending[i].is_none() && s.nodes[i].is_none())
+        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    // The words may hold an earlier function's sequence: start both at 0.
+    let w = c.seg().hostfn(slot).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    w.done.store(0, Ordering::Release);
+    w.ack.store(0, Ordering::Release);
+    s.nodes[slot] = Some(HostNode { f, data });
+    drop(guard);
+    CHANGED.notify_all();
+    let r = c.push(
+        dev,
+        Op::HostNode,
+        &[bytemuck::bytes_of(&wire::HostFunc {
+            stream,
+            slot: slot as u32,
+            seq: 0,
+            _pad: 0,
+        })],
+    );
+    if r.is_err() {
+        let mut g = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = g.as_mut() {
+            s.nodes[slot] = None;
+        }
+    }
+    r
+}
+
 /// Runs each queued function once the GPU reached it, then lets its stream go on.
 fn run() {
     let Ok(c) = crate::api::live() else { return };
@@ -98,15 +160,22 @@ fn run() {
     let mut idle_since = Instant::now();
     loop {
         let mut ready = Vec::new();
+        let mut nodes = Vec::new();
         {
             let mut g = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
-            while g
-                .as_ref()
-                .is_some_and(|s| s.pending.iter().all(Option::is_none))
-            {
+            while g.as_ref().is_some_and(|s| {
+                s.pending.iter().all(Option::is_none) && s.nodes.iter().all(Option::is_none)
+            }) {
                 g = CHANGED.wait(g).unwrap_or_else(|e| e.into_inner());
             }
             let Some(s) = g.as_mut() else { return };
+            for (i, n) in s.nodes.iter().enumerate() {
+                if let (Some(n), Some(w)) = (n, seg.hostfn(i)) {
+                    if w.done.load(Ordering::Acquire) == 1 {
+                        nodes.push((i, *n));
+                    }
+                }
+            }
             for (i, p) in s.pending.iter_mut().enumerate() {
                 let landed = p.as_ref().is_some_and(|(seq, _)| {
                     seg.hostfn(i)
@@ -117,12 +186,24 @@ fn run() {
                 }
             }
         }
-        if ready.is_empty() {
-            // Spin briefly after the last function, then poll gently.
-            if idle_since.elapsed() < Duration::from_micros(200) {
+        for (i, n) in nodes.iter().copied() {
+            let Some(w) = seg.hostfn(i) else { continue };
+            w.done.store(0, Ordering::Release);
+            // SAFETY: the function and data the program gave cuLaunchHostFunc, called as
+            // the driver calls a host node on every replay.
+            unsafe { (n.f)(n.data as *mut std::ffi::c_void) };
+            w.ack.store(1, Ordering::Release);
+        }
+        if ready.is_empty() && nodes.is_empty() {
+            // Spin briefly after the last function, then poll gently; a process whose
+            // graphs hold host nodes polls for ever, so after a while, more gently still.
+            let idle = idle_since.elapsed();
+            if idle < Duration::from_micros(200) {
                 std::hint::spin_loop();
-            } else {
+            } else if idle < Duration::from_millis(20) {
                 std::thread::sleep(Duration::from_micros(20));
+            } else {
+                std::thread::sleep(Duration::from_micros(500));
             }
             continue;
         }

@@ -15,6 +15,24 @@ use std::ptr::{null, null_mut};
 
 const WORDS: usize = 16;
 
+static BUMPS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+unsafe extern "C" fn bump(data: *mut c_void) {
+    assert_eq!(data as usize, 42, "the node's argument");
+    BUMPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Waits up to 2 s for the host node to have run `n` times.
+fn bumps_reach(n: u32) -> u32 {
+    let t = std::time::Instant::now();
+    while BUMPS.load(std::sync::atomic::Ordering::SeqCst) < n
+        && t.elapsed() < std::time::Duration::from_secs(2)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    BUMPS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// fill_u32(ptr, value, WORDS) as kernel node parameters; the arguments live in `a`.
 fn fill_params(f: CUfunction, a: &mut [*mut c_void; 3]) -> KernelNodeParams {
     KernelNodeParams {
@@ -238,11 +256,11 @@ fn hand_built_graphs_run_as_built() {
         std::ptr::copy_nonoverlapping(&kp, np.params.as_mut_ptr() as *mut KernelNodeParamsV2, 1);
         let mut k3 = null_mut();
         ok(cuGraphAddNode(&mut k3, h, &m6, 1, &np));
-        np.ty = 3;
+        np.ty = 10;
         assert_eq!(
             cuGraphAddNode(&mut k3, h, null(), 0, &np),
             CUDA_ERROR_NOT_SUPPORTED,
-            "host nodes are not supported yet"
+            "memory allocation nodes are not supported yet"
         );
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
@@ -291,6 +309,34 @@ fn hand_built_graphs_run_as_built() {
         ok(cuGraphLaunch(z, s));
         ok(cuStreamSynchronize(s));
         assert_eq!(read(p), vec![4; WORDS]);
+        ok(cuGraphExecDestroy(z));
+        ok(cuGraphDestroy(h));
+
+        // A host node runs in this process on every replay, never at instantiation.
+        let mut h = null_mut();
+        ok(cuGraphCreate(&mut h, 0));
+        let mut hn = null_mut();
+        let hp = HostNodeParams {
+            f: Some(bump),
+            data: 42 as *mut c_void,
+        };
+        ok(cuGraphAddHostNode(&mut hn, h, null(), 0, &hp));
+        let mut t = 0;
+        ok(cuGraphNodeGetType(hn, &mut t));
+        assert_eq!(t, 3, "CU_GRAPH_NODE_TYPE_HOST");
+        let mut z = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(
+            BUMPS.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "not at instantiation"
+        );
+        for n in 1..=3 {
+            ok(cuGraphLaunch(z, s));
+            ok(cuStreamSynchronize(s));
+            assert_eq!(bumps_reach(n), n, "once per replay");
+        }
         ok(cuGraphExecDestroy(z));
         ok(cuGraphDestroy(h));
 

@@ -127,6 +127,34 @@ impl Session {
                 }
                 self.hostfn_last.insert(h.slot, h.seq);
             }
+            Op::HostNode => {
+                let h = rec::<wire::HostFunc>(p);
+                let client = self.client.clone();
+                let Some(slot) = client.seg.hostfn(h.slot as usize) else {
+                    return bad(format!("host node slot {} out of range", h.slot));
+                };
+                let s = self.stream(ctx, h.stream)?;
+                if !self.streams.get(&h.stream).is_some_and(|st| st.capturing) {
+                    // A host node belongs in a capture; elsewhere the shim queues HostFunc.
+                    self.note_error(CuError(code::ILLEGAL_STATE));
+                    return Ok(());
+                }
+                // The words go back and forth on every replay: done = 1 for the client's
+                // thread, which clears it and runs the function; the GPU waits for ack = 1
+                // and sets it back to 0 for the next replay.
+                // SAFETY: the slot lies in the client's segment, registered until every
+                // fence of this client has passed; dead clients' slots are acknowledged
+                // until then (WorkerCtx::ack_dead_host_nodes).
+                let r = unsafe {
+                    gpu.write_u32(slot.done.as_ptr(), 1, s)
+                        .and_then(|_| gpu.wait_u32_eq(slot.ack.as_ptr(), 1, s))
+                        .and_then(|_| gpu.write_u32(slot.ack.as_ptr(), 0, s))
+                };
+                if let Err(e) = r {
+                    self.note_error(e);
+                }
+                self.host_nodes.insert(h.slot);
+            }
             Op::StreamSync => {
                 let h = rec::<wire::HandleCall>(p);
                 let pool = self.stream_pool(h.id)?;

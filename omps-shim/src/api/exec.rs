@@ -695,16 +695,23 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 ) -> CUresult {
     entry(|| {
         let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let (id, dev) = host_fn_stream(s)?;
         let data = data as usize;
+        if super::capture::any_capture()
+            && super::capture::capture_info(s)?.0 == omps_ring::wire::graph::STATUS_ACTIVE
+        {
+            // In a capture: a host node of the graph, run on every replay.
+            let (id, dev) = stream_dev(s)?;
+            return crate::hostfn::enqueue_node(dev, id, f, data);
+        }
+        let (id, dev) = host_fn_stream(s)?;
         // SAFETY: the driver too calls host functions on a thread of its own.
         let call = unsafe { crate::hostfn::Call::new(move || f(data as *mut c_void)) };
         crate::hostfn::enqueue(dev, id, call)
     })
 }
 
-/// The stream a host function goes on; refused during a capture (a host node would run
-/// in the server: not yet).
+/// The stream a host function or callback goes on; refused during a capture (a callback
+/// cannot be captured, natively either; cuLaunchHostFunc makes a host node first).
 fn host_fn_stream(s: CUstream) -> Result<(u32, usize), CUresult> {
     if super::capture::any_capture()
         && super::capture::capture_info(s)?.0 != omps_ring::wire::graph::STATUS_NONE

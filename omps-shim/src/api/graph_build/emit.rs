@@ -198,6 +198,11 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
         // The external forms: in a capture, nodes of the graph rather than edges.
         &Kind::EventRecord(e) => ok(cuEventRecordWithFlags(e as CUevent, s, 1)),
         &Kind::EventWait(e) => ok(cuStreamWaitEvent(s, e as CUevent, 1)),
+        // In the capture, a host node (crate::hostfn).
+        // SAFETY: the function and argument the program gave for the node.
+        &Kind::Host(f, data) => {
+            ok(unsafe { crate::api::exec::cuLaunchHostFunc(s, Some(f), data as *mut c_void) })
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! instantiates what it captured. So the server sees only stream work it already checks
 //! (launches, memsets, copies), and no new wire operation exists for graphs built by hand.
 //!
-//! Node kinds: kernel, memset, memcpy, empty, event record and wait, and child graphs
-//! built by hand (inlined). Host, memory and conditional nodes are not supported yet.
+//! Node kinds: kernel, memset, memcpy, empty, event record and wait, host, and child
+//! graphs built by hand (inlined). Memory and conditional nodes are not supported yet.
 
 use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture, CUgraph, MODE_RELAXED};
 use super::hostmem::{cuMemcpy3DAsync_v2, Memcpy3D};
@@ -33,6 +33,7 @@ pub(crate) mod node_type {
     pub const KERNEL: u32 = 0;
     pub const MEMCPY: u32 = 1;
     pub const MEMSET: u32 = 2;
+    pub const HOST: u32 = 3;
     pub const GRAPH: u32 = 4;
     pub const EMPTY: u32 = 5;
     pub const WAIT_EVENT: u32 = 6;
@@ -74,7 +75,12 @@ pub(crate) enum Kind {
     /// An event record or wait node: the event's handle.
     EventRecord(usize),
     EventWait(usize),
+    /// A host node: the function and its argument.
+    Host(HostFn, usize),
 }
+
+/// A host node's function (CUhostFn).
+pub type HostFn = unsafe extern "C" fn(*mut c_void);
 
 impl Kind {
     fn type_code(&self) -> u32 {
@@ -86,6 +92,7 @@ impl Kind {
             Kind::Child(_) => node_type::GRAPH,
             Kind::EventRecord(_) => node_type::EVENT_RECORD,
             Kind::EventWait(_) => node_type::WAIT_EVENT,
+            Kind::Host(..) => node_type::HOST,
         }
     }
 }

@@ -390,6 +390,7 @@ unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
                 Ok(Kind::Memcpy(CopyNode(m.copy)))
             }
             node_type::EMPTY => Ok(Kind::Empty),
+            node_type::HOST => host_kind(&*(u as *const HostNodeParams)),
             node_type::EVENT_RECORD | node_type::WAIT_EVENT => {
                 let e = *(u as *const CUevent);
                 event_kind(p.ty, e)
@@ -402,7 +403,7 @@ unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
                 })
             }
             _ => Err(crate::unsupported::unsupported(
-                "cuGraphAddNode of this node type (host, memory, conditional)",
+                "cuGraphAddNode of this node type (memory, conditional)",
             )),
         }
     }
@@ -444,5 +445,97 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
         let kind = unsafe { kind_from(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
         // SAFETY: forwarded contract.
         unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// CUDA_HOST_NODE_PARAMS: the function and its argument (v2 adds a sync mode after them,
+/// which only the driver's own host-node scheduling reads).
+#[repr(C)]
+pub struct HostNodeParams {
+    pub f: Option<HostFn>,
+    pub data: *mut c_void,
+}
+
+fn host_kind(p: &HostNodeParams) -> Result<Kind, CUresult> {
+    Ok(Kind::Host(
+        p.f.ok_or(CUDA_ERROR_INVALID_VALUE)?,
+        p.data as usize,
+    ))
+}
+
+/// # Safety
+/// As cuGraphAddHostNode.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddHostNode(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    p: *const HostNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let kind = host_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        // SAFETY: forwarded contract.
+        unsafe { add(ph, g, deps, n, kind) }
+    })
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphHostNodeGetParams(
+    node: *mut GraphNode,
+    p: *mut HostNodeParams,
+) -> CUresult {
+    entry(|| {
+        let (f, data) = host_of(node, None)?;
+        // SAFETY: the caller's pointer.
+        unsafe {
+            out(
+                p,
+                HostNodeParams {
+                    f: Some(f),
+                    data: data as *mut c_void,
+                },
+            )
+        }
+    })
+}
+
+/// # Safety
+/// `p` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphHostNodeSetParams(
+    node: *mut GraphNode,
+    p: *const HostNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let k = host_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        host_of(node, Some(k)).map(drop)
+    })
+}
+
+/// Reads (`set` None) or replaces a host node's function and argument.
+fn host_of(node: *mut GraphNode, set: Option<Kind>) -> Result<(HostFn, usize), CUresult> {
+    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    with(|r| {
+        let n = r
+            .graphs
+            .get_mut(&g)
+            .and_then(|b| b.nodes.get_mut(i))
+            .and_then(|n| n.as_mut())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if !matches!(n.kind, Kind::Host(..)) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if let Some(k) = set {
+            n.kind = k;
+        }
+        match n.kind {
+            Kind::Host(f, d) => Ok((f, d)),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
     })
 }

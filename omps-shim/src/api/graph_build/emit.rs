@@ -199,8 +199,8 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
         &Kind::EventRecord(e) => ok(cuEventRecordWithFlags(e as CUevent, s, 1)),
         &Kind::EventWait(e) => ok(cuStreamWaitEvent(s, e as CUevent, 1)),
         // In the capture, a host node (crate::hostfn).
-        // SAFETY: the function and argument the program gave for the node.
         &Kind::Host(f, data) => {
+            // SAFETY: the function and argument the program gave for the node.
             ok(unsafe { crate::api::exec::cuLaunchHostFunc(s, Some(f), data as *mut c_void) })
         }
     }

@@ -329,6 +329,10 @@ impl Gpu for HostGpu {
         st.events.clear();
         st.modules.clear();
         st.mem.clear();
+        st.held_by_frees = 0;
+        st.capturing.clear();
+        st.joined.clear();
+        st.event_capture.clear();
         Ok(())
     }
 

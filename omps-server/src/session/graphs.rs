@@ -237,8 +237,9 @@ impl Session {
             }
         };
         match op {
-            Op::EventRecord | Op::EventRecordExternal => {
-                // Remember which events a capture recorded; run the record as usual.
+            Op::EventRecord => {
+                // Remember which events a capture recorded; run the record as usual. (An
+                // external record is an event record node: its event stays usable.)
                 let r = rec::<wire::EventRecord>(p);
                 if self.stream_capturing(r.stream) {
                     self.captured_events.insert(r.event);

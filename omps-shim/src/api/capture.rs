@@ -82,10 +82,12 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let r = capture_call(Op::CaptureEnd, s, 0);
-        // A capture ended (or ended invalidated): one fewer. Any other error (not
-        // capturing, not the capture's origin) leaves the count alone.
+        // A capture ended (or ended invalidated, or with a fork never joined back): one
+        // fewer. Any other error (not capturing, not the capture's origin) leaves the
+        // count alone.
         const INVALIDATED: CUresult = 901;
-        if r.is_ok() || r == Err(INVALIDATED) {
+        const UNJOINED: CUresult = 904;
+        if r.is_ok() || r == Err(INVALIDATED) || r == Err(UNJOINED) {
             let _ =
                 CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         }

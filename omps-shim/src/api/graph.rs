@@ -72,8 +72,9 @@ fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CU
         None => instantiate_id(gr.dev, gr.id(), flags)?,
     };
     let h = leak(GraphHandle::new(EXEC_MAGIC, id, gr.dev));
-    if let Some(b) = source {
-        build::note_source(h as usize, b, flags);
+    match source {
+        Some(b) => build::note_source(h as usize, b, flags, Some(g as usize)),
+        None => build::note_captured_flags(h as usize, flags),
     }
     // SAFETY: checked non-null; the caller's pointer.
     unsafe { out(pexec, h) }
@@ -296,6 +297,7 @@ unsafe fn set_exec_kernel(
         ));
     };
     let id = instantiate_built(ex.dev, &b, flags)?;
+    build::note_source(e as usize, b, flags, None);
     rebind(ex, id)
 }
 
@@ -328,7 +330,7 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<c_uint, CUresult> {
                 return Ok(UPDATE_TOPOLOGY_CHANGED);
             }
             let id = instantiate_built(ex.dev, &to, flags)?;
-            build::note_source(e as usize, to, flags);
+            build::note_source(e as usize, to, flags, None);
             id
         }
         (None, None) => {
@@ -343,7 +345,7 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<c_uint, CUresult> {
             if build::captured_source(e as usize).is_some_and(|before| before != now) {
                 return Ok(UPDATE_TOPOLOGY_CHANGED);
             }
-            let id = instantiate_id(ex.dev, gr.id(), 0)?;
+            let id = instantiate_id(ex.dev, gr.id(), build::captured_flags(e as usize))?;
             build::note_captured_source(e as usize, now);
             id
         }

@@ -114,7 +114,7 @@ pub extern "C" fn cuIpcCloseMemHandle(dptr: u64) -> CUresult {
             *n -= 1;
             if *n == 0 {
                 opened.as_mut().expect("present").remove(&dptr);
-                super::mem::remove_range(dptr);
+                super::mem::remove_opened_range(dptr);
             }
         }
         Ok(())

@@ -25,6 +25,15 @@ pub(crate) fn add_range(ptr: u64, len: u64, dev: usize, freeable: bool) {
         .insert(ptr, (len, dev, freeable));
 }
 
+/// Forgets an IPC-opened range, but not an allocation of this process's own that took
+/// its address meanwhile.
+pub(crate) fn remove_opened_range(ptr: u64) {
+    let mut r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+    if matches!(r.get(&ptr), Some(&(_, _, false))) {
+        r.remove(&ptr);
+    }
+}
+
 pub(crate) fn remove_range(ptr: u64) {
     RANGES
         .lock()

@@ -19,15 +19,18 @@ unsafe fn edges(
             "editing the edges of a captured graph",
         ));
     }
+    // One node may start (or end) several edges; each (from, to) pair once.
     // SAFETY: forwarded contract.
-    let (f, t) = unsafe { (dep_indices(g, from, n)?, dep_indices_loose(g, to, n)?) };
+    let (f, t) = unsafe { (dep_indices_loose(g, from, n)?, dep_indices_loose(g, to, n)?) };
     with(|r| {
         let b = r
             .graphs
             .get_mut(&(g as usize))
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        // All or nothing: the edges are checked on a copy.
+        let mut nodes = b.nodes.clone();
         for (&a, &z) in f.iter().zip(&t) {
-            let node = b.nodes[z].as_mut().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let node = nodes[z].as_mut().ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let has = node.deps.contains(&a);
             match (add, has) {
                 (true, false) if a != z => node.deps.push(a),
@@ -35,6 +38,7 @@ unsafe fn edges(
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }
+        b.nodes = nodes;
         Ok(())
     })
 }

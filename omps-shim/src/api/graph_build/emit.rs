@@ -11,10 +11,15 @@ struct Flat {
 
 /// Inlines child graphs: a child's roots wait for what the child node waited for, and
 /// whatever waited for the child node waits for all the child's nodes.
-fn flatten(b: &Built, out: &mut Vec<Flat>, outer_deps: &[usize]) -> Vec<Option<Vec<usize>>> {
+/// None when `b` or a child in it has a cycle.
+fn flatten(
+    b: &Built,
+    out: &mut Vec<Flat>,
+    outer_deps: &[usize],
+) -> Option<Vec<Option<Vec<usize>>>> {
     // For each node of `b`, the flat indices that stand for its completion.
     let mut done: Vec<Option<Vec<usize>>> = vec![None; b.nodes.len()];
-    let order = topo(b).unwrap_or_default();
+    let order = topo(b)?;
     for i in order {
         let n = b.nodes[i].as_ref().expect("topo lists live nodes");
         let mut deps: Vec<usize> = n
@@ -27,7 +32,7 @@ fn flatten(b: &Built, out: &mut Vec<Flat>, outer_deps: &[usize]) -> Vec<Option<V
         }
         match &n.kind {
             Kind::Child(c) => {
-                let inner = flatten(c, out, &deps);
+                let inner = flatten(c, out, &deps)?;
                 let mut ends: Vec<usize> = inner.into_iter().flatten().flatten().collect();
                 if ends.is_empty() {
                     ends = deps;
@@ -45,7 +50,7 @@ fn flatten(b: &Built, out: &mut Vec<Flat>, outer_deps: &[usize]) -> Vec<Option<V
             }
         }
     }
-    done
+    Some(done)
 }
 
 /// The live nodes in an order where every node follows its dependencies; None if the
@@ -207,12 +212,23 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
 }
 
 /// Captures built graph `b` on the server and returns the server's graph id: the
-/// caller instantiates it and then lets it go.
+/// caller instantiates it and then lets it go. The capture runs on the graph's device,
+/// whichever is current.
 pub(crate) fn capture(b: &Built) -> Result<u32, CUresult> {
-    topo(b).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let mut flat = Vec::new();
-    flatten(b, &mut flat, &[]);
-    let (lane_of, n_lanes) = lanes(&flat);
+    flatten(b, &mut flat, &[]).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let ctx = crate::api::ctx::primary_handle(b.dev);
+    // SAFETY: the primary context of the graph's device, a handle of this shim.
+    ok(unsafe { crate::api::ctx::cuCtxPushCurrent_v2(ctx as _) })?;
+    let r = capture_flat(&flat);
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: pops what was pushed above; a valid out-pointer.
+    unsafe { crate::api::ctx::cuCtxPopCurrent_v2(&mut popped) };
+    r
+}
+
+fn capture_flat(flat: &[Flat]) -> Result<u32, CUresult> {
+    let (lane_of, n_lanes) = lanes(flat);
     // Which nodes another stream waits for: those get an event after them.
     let mut needed = vec![false; flat.len()];
     for (i, n) in flat.iter().enumerate() {
@@ -230,10 +246,10 @@ pub(crate) fn capture(b: &Built) -> Result<u32, CUresult> {
         .map(|_| sc.stream())
         .collect::<Result<_, _>>()?;
     ok(cuStreamBeginCapture_v2(streams[0], MODE_RELAXED))?;
+    let mut started = vec![false; n_lanes];
+    started[0] = true;
     let issued = (|| {
         let fork = sc.event_on(streams[0])?;
-        let mut started = vec![false; n_lanes];
-        started[0] = true;
         let mut after: Vec<Option<CUevent>> = vec![None; flat.len()];
         for (i, n) in flat.iter().enumerate() {
             let s = streams[lane_of[i]];
@@ -258,21 +274,37 @@ pub(crate) fn capture(b: &Built) -> Result<u32, CUresult> {
                 after[i] = Some(sc.event_on(s)?);
             }
         }
-        for (l, &s) in streams.iter().enumerate().skip(1) {
-            if started[l] {
-                let e = sc.event_on(s)?;
-                ok(cuStreamWaitEvent(streams[0], e, 0))?;
-            }
-        }
         Ok(())
     })();
+    // Every stream that joined goes back into the origin, also after a failure, so the
+    // capture ends cleanly (an unjoined fork would leave it half open).
+    for (l, &s) in streams.iter().enumerate().skip(1) {
+        if started[l] {
+            if let Ok(e) = sc.event_on(s) {
+                let _ = cuStreamWaitEvent(streams[0], e, 0);
+            }
+        }
+    }
     let mut g: CUgraph = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
     let ended = ok(unsafe { cuStreamEndCapture(streams[0], &mut g) });
-    issued.and(ended)?;
-    let h = graph_ref(g)?;
-    let id = h.id();
-    // The handle was only the vehicle; the server's graph is the caller's to release.
-    let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
-    Ok(id)
+    if ended.is_ok() {
+        let h = graph_ref(g)?;
+        let id = h.id();
+        // The handle was only the vehicle; the server's graph is the caller's to release.
+        let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
+        if let Err(e) = issued {
+            // A node failed: the partial graph goes.
+            let _ = crate::api::live().and_then(|c| {
+                c.push(
+                    h.dev,
+                    omps_ring::wire::Op::GraphDestroy,
+                    &[bytemuck::bytes_of(&omps_ring::wire::Handle { id, _pad: 0 })],
+                )
+            });
+            return Err(e);
+        }
+        return Ok(id);
+    }
+    issued.and(ended).map(|_| 0)
 }

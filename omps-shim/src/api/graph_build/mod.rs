@@ -119,10 +119,17 @@ impl Built {
             .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
     }
 
-    /// Node kinds and edges, in index order: what an executable graph's update must keep.
+    /// Node kinds and edges, the nodes by their rank among the live ones and each node's
+    /// dependencies sorted: what an executable graph's update must keep.
     fn topology(&self) -> Vec<(u32, Vec<usize>)> {
+        let rank: HashMap<usize, usize> =
+            self.live().enumerate().map(|(r, (i, _))| (i, r)).collect();
         self.live()
-            .map(|(_, n)| (n.kind.type_code(), n.deps.clone()))
+            .map(|(_, n)| {
+                let mut deps: Vec<usize> = n.deps.iter().map(|d| rank[d]).collect();
+                deps.sort_unstable();
+                (n.kind.type_code(), deps)
+            })
             .collect()
     }
 }
@@ -137,9 +144,14 @@ struct Registry {
     /// Executable graph handle address -> the built graph it was made from and its
     /// instantiation flags, for updates.
     sources: HashMap<usize, (Built, u64)>,
+    /// Executable graph handle address -> the graph handle it was instantiated from, whose
+    /// nodes name its nodes.
+    origins: HashMap<usize, usize>,
     /// Executable graph handle address -> the node types of the captured graph an update
     /// made it from (for the next update's topology check).
     captured: HashMap<usize, Vec<u64>>,
+    /// Executable graph handle address -> the flags a captured graph was instantiated with.
+    captured_flags: HashMap<usize, u64>,
 }
 
 static REG: Mutex<Option<Registry>> = Mutex::new(None);
@@ -151,7 +163,9 @@ fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
         nodes: HashMap::new(),
         handles: HashMap::new(),
         sources: HashMap::new(),
+        origins: HashMap::new(),
         captured: HashMap::new(),
+        captured_flags: HashMap::new(),
     }))
 }
 
@@ -175,12 +189,27 @@ pub(crate) fn forget(g: CUgraph) {
 }
 
 /// Remembers what executable graph `e` was made from, for updates of its parameters.
-pub(crate) fn note_source(e: usize, b: Built, flags: u64) {
-    with(|r| r.sources.insert(e, (b, flags)));
+/// Remembers what executable graph `e` is made from now, and at its instantiation
+/// (`origin`: the graph handle) the graph whose nodes name its nodes.
+pub(crate) fn note_source(e: usize, b: Built, flags: u64, origin: Option<usize>) {
+    with(|r| {
+        r.sources.insert(e, (b, flags));
+        if let Some(g) = origin {
+            r.origins.insert(e, g);
+        }
+    });
 }
 
 pub(crate) fn note_captured_source(e: usize, types: Vec<u64>) {
     with(|r| r.captured.insert(e, types));
+}
+
+pub(crate) fn note_captured_flags(e: usize, flags: u64) {
+    with(|r| r.captured_flags.insert(e, flags));
+}
+
+pub(crate) fn captured_flags(e: usize) -> u64 {
+    with(|r| r.captured_flags.get(&e).copied().unwrap_or(0))
 }
 
 pub(crate) fn captured_source(e: usize) -> Option<Vec<u64>> {
@@ -190,7 +219,9 @@ pub(crate) fn captured_source(e: usize) -> Option<Vec<u64>> {
 pub(crate) fn forget_exec(e: usize) {
     with(|r| {
         r.sources.remove(&e);
+        r.origins.remove(&e);
         r.captured.remove(&e);
+        r.captured_flags.remove(&e);
     });
 }
 
@@ -348,32 +379,30 @@ pub(crate) fn source_of(e: usize) -> Option<(Built, u64)> {
 /// Sets kernel node `node`'s parameters in the graph executable graph `e` was made from
 /// (the node belongs to the original graph; its index is the same in the copy). Ok(None)
 /// when `e` was not made from a built graph.
+/// The caller stores the copy (`note_source`) once it is instantiated.
 pub(crate) fn set_exec_kernel(
     e: usize,
     node: *mut GraphNode,
     k: KernelNode,
 ) -> Result<Option<(Built, u64)>, CUresult> {
-    let Some((_, i)) = locate(node) else {
-        return if source_of(e).is_some() {
-            Err(CUDA_ERROR_INVALID_VALUE)
-        } else {
-            Ok(None)
-        };
-    };
     with(|r| {
-        let Some((b, flags)) = r.sources.get_mut(&e) else {
+        let Some((b, flags)) = r.sources.get(&e) else {
             return Ok(None);
         };
+        // The node must be one of the graph the executable graph was made from.
+        let i = match r.nodes.get(&(node as usize)) {
+            Some(&(g, i)) if r.origins.get(&e) == Some(&g) => i,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        let mut b = b.clone();
         match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {
             Some(Node {
                 kind: Kind::Kernel(old),
                 ..
-            }) => {
-                *old = k;
-                Ok(Some((b.clone(), *flags)))
-            }
-            _ => Err(CUDA_ERROR_INVALID_VALUE),
+            }) => *old = k,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
+        Ok(Some((b, *flags)))
     })
 }
 

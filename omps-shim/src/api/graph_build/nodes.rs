@@ -207,7 +207,7 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
         // SAFETY: the caller's parameters.
         let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, Kind::Memcpy(CopyNode(*p))) }
+        unsafe { add(ph, g, deps, n, copy_kind(p)?) }
     })
 }
 
@@ -385,10 +385,7 @@ unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
                 let m = &*(u as *const MemsetNodeParams);
                 memset_kind(m)
             }
-            node_type::MEMCPY => {
-                let m = &*(u as *const MemcpyNodeParams);
-                Ok(Kind::Memcpy(CopyNode(m.copy)))
-            }
+            node_type::MEMCPY => copy_kind(&(*(u as *const MemcpyNodeParams)).copy),
             node_type::EMPTY => Ok(Kind::Empty),
             node_type::HOST => host_kind(&*(u as *const HostNodeParams)),
             node_type::EVENT_RECORD | node_type::WAIT_EVENT => {
@@ -538,4 +535,15 @@ fn host_of(node: *mut GraphNode, set: Option<Kind>) -> Result<(HostFn, usize), C
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     })
+}
+
+/// A memcpy node; host to host is refused: the shim would copy at once, not on replay.
+fn copy_kind(p: &Memcpy3D) -> Result<Kind, CUresult> {
+    const HOST: c_uint = 1;
+    if p.src_type == HOST && p.dst_type == HOST {
+        return Err(crate::unsupported::unsupported(
+            "a host-to-host memcpy node",
+        ));
+    }
+    Ok(Kind::Memcpy(CopyNode(*p)))
 }

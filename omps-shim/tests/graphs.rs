@@ -245,3 +245,60 @@ fn captured_events_frees_and_a_death_mid_capture() {
     }
     assert_eq!(srv.gpu.captures(), 0, "its capture ended with it");
 }
+
+#[test]
+fn a_fork_takes_in_no_other_clients_work() {
+    let srv = TestServer::start("graph-fork");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let fa = load_image(&a, HOST_MODULE.as_bytes()).unwrap().1;
+    let fb = load_image(&b, HOST_MODULE.as_bytes()).unwrap().1;
+    let find = |f: &Vec<(String, u32)>| f.iter().find(|f| f.0 == "fill_u32").unwrap().1;
+    let (fa, fb) = (find(&fa), find(&fb));
+    let (pa, pb) = (alloc(&a, 4096), alloc(&b, 4096));
+    // A's streams take every work stream of the class (the host GPU has 8); B's first
+    // stream then shares one of them.
+    let mine: Vec<u32> = (11..19).collect();
+    for &id in &mine {
+        stream_create(&a, id);
+        launch_fill(&a, fa, id, pa);
+    }
+    a.ping(0).unwrap();
+    stream_create(&b, S);
+    launch_fill(&b, fb, S, pb);
+    b.ping(0).unwrap();
+    // A captures on a stream of its own and forks into all its others, the one B shares
+    // included, through an event recorded in the capture.
+    let origin = *mine
+        .iter()
+        .find(|&&id| capture(&a, Op::CaptureBegin, id).is_ok())
+        .expect("a stream A holds alone");
+    let ev = wire::EventCreate { id: 50, flags: 2 };
+    a.push(0, Op::EventCreate, &[bytemuck::bytes_of(&ev)])
+        .unwrap();
+    let rec = wire::EventRecord {
+        event: 50,
+        stream: origin,
+    };
+    a.push(0, Op::EventRecord, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    for &id in mine.iter().filter(|&&id| id != origin) {
+        let w = wire::EventRecord {
+            event: 50,
+            stream: id,
+        };
+        a.push(0, Op::StreamWaitEvent, &[bytemuck::bytes_of(&w)])
+            .unwrap();
+    }
+    a.ping(0).ok();
+    // B's work runs now: none of it enters A's graph.
+    let before = srv.gpu.launches();
+    launch_fill(&b, fb, S, pb);
+    sync(&b, Op::StreamSync, S).unwrap();
+    assert_eq!(
+        srv.gpu.launches() - before,
+        1,
+        "B's launch ran, not captured"
+    );
+    let _ = capture(&a, Op::CaptureEnd, origin);
+}

@@ -152,24 +152,10 @@ impl Session {
         if st.capturing {
             return Ok(code::ILLEGAL_STATE);
         }
-        let (old, priority) = (st.pool, st.priority);
-        // Where its other streams are now (a newer placement moves them, not this one).
-        let place = self.placement;
-        let Some(new) = ctx.bind_alone(self.client.id, place, priority, old) else {
-            tracing::warn!(
-                client = self.client.id,
-                "no free work stream for a capture: the client holds them all"
-            );
-            return Ok(code::STREAM_CAPTURE_UNSUPPORTED);
+        let new = match self.bind_exclusive(ctx, id)? {
+            Ok(new) => new,
+            Err(code) => return Ok(code),
         };
-        if let Some(o) = old.filter(|&o| o != new) {
-            if let Err(e) = ctx.order(o, new) {
-                self.note_error(e);
-            }
-            ctx.unbind_work_stream(o);
-        }
-        let st = self.streams.get_mut(&id).expect("looked up above");
-        st.pool = Some(new);
         Ok(match ctx.gpu.capture_begin(new) {
             Ok(()) => {
                 let st = self.streams.get_mut(&id).expect("looked up above");
@@ -179,6 +165,39 @@ impl Session {
             }
             Err(e) => e.0,
         })
+    }
+
+    /// Gives client stream `id` a work stream no other stream uses, for as long as it
+    /// captures: a capture takes in whatever else is queued on its work stream, another
+    /// client's work included. Its earlier work stays ordered before what comes next.
+    /// Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) when its class has none free.
+    pub(super) fn bind_exclusive(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        id: u32,
+    ) -> Result<Result<usize, i32>, Malformed> {
+        let Some(st) = self.streams.get(&id) else {
+            return bad(format!("unknown stream {id}"));
+        };
+        let (old, priority) = (st.pool, st.priority);
+        // Where its other streams are now (a newer placement moves them, not this one).
+        let place = self.placement;
+        let Some(new) = ctx.bind_alone(self.client.id, place, priority, old) else {
+            tracing::warn!(
+                client = self.client.id,
+                "no free work stream for a capture: the client holds them all"
+            );
+            return Ok(Err(code::STREAM_CAPTURE_UNSUPPORTED));
+        };
+        if let Some(o) = old.filter(|&o| o != new) {
+            if let Err(e) = ctx.order(o, new) {
+                self.note_error(e);
+            }
+            ctx.unbind_work_stream(o);
+        }
+        let st = self.streams.get_mut(&id).expect("looked up above");
+        st.pool = Some(new);
+        Ok(Ok(new))
     }
 
     /// Ends every capture still going (the client destroys the stream or goes), so its
@@ -204,14 +223,21 @@ impl Session {
 
     /// Re-reads which client streams capture (a wait on an event of a capturing stream
     /// forks the capture into the waiting one; ending the origin's ends them all).
-    pub(super) fn refresh_capture_flags(&mut self, ctx: &WorkerCtx) {
+    /// Work streams that stop capturing may be shared again.
+    pub(super) fn refresh_capture_flags(&mut self, ctx: &mut WorkerCtx) {
         let mut n = 0;
         for st in self.streams.values_mut() {
+            let was = st.capturing;
             st.capturing = st.pool.is_some_and(|s| {
                 ctx.gpu
                     .capture_status(s)
                     .is_ok_and(|(status, _)| status != graph::STATUS_NONE)
             });
+            if was && !st.capturing {
+                if let Some(s) = st.pool {
+                    ctx.share_again(s);
+                }
+            }
             n += st.capturing as usize;
         }
         self.capturing = n;

@@ -95,7 +95,19 @@ impl Session {
             }
             Op::StreamWaitEvent | Op::StreamWaitEventExternal => {
                 let r = rec::<wire::EventRecord>(p);
-                let (e, s) = (self.event(r.event)?, self.stream(ctx, r.stream)?);
+                let e = self.event(r.event)?;
+                let forks = self.capturing > 0
+                    && self.captured_events.contains(&r.event)
+                    && !self.streams.get(&r.stream).is_some_and(|st| st.capturing);
+                if forks {
+                    // The wait forks a capture into this stream: it needs a work stream
+                    // of its own first, or other streams' work on it enters the graph.
+                    if let Err(code) = self.bind_exclusive(ctx, r.stream)? {
+                        self.note_error(CuError(code));
+                        return Ok(());
+                    }
+                }
+                let s = self.stream(ctx, r.stream)?;
                 let done = if op == Op::StreamWaitEvent {
                     gpu.stream_wait_event(s, e)
                 } else {

@@ -176,6 +176,17 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
     if dev != ex.dev {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
+    if op == Op::GraphLaunch {
+        if let Some(ev) = build::note_launch(e as usize, s as usize) {
+            // The first launch since an update: after the last one before it.
+            let ev = ev as super::exec::CUevent;
+            let waited = super::exec::cuStreamWaitEvent(s, ev, 0);
+            super::exec::cuEventDestroy_v2(ev);
+            if waited != CUDA_SUCCESS {
+                return Err(waited);
+            }
+        }
+    }
     let l = wire::GraphLaunch {
         exec: ex.id(),
         stream,
@@ -240,6 +251,7 @@ pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
 /// Points executable graph `ex` at a new server executable; the old one is let go after
 /// the launches already queued (the server frees it once they are done).
 fn rebind(ex: &GraphHandle, id: u32) -> Result<(), CUresult> {
+    build::order_after_last_launch(ex as *const GraphHandle as usize);
     let old = ex.id.swap(id, Ordering::AcqRel);
     release(ex.dev, Op::GraphExecDestroy, old)
 }

@@ -1,6 +1,6 @@
 // A graph built by hand: a memset node and a kernel node side by side, a memcpy node
 // after both, an event record and an event wait node, an empty node, and a child graph
-// of one kernel. Launched twice; then the
+// of one kernel, then a host node. Launched twice; then the
 // executable graph's kernel node gets new arguments; then an update from a clone with
 // other arguments succeeds and one from a graph of another shape is refused.
 #include "rt_common.h"
@@ -12,6 +12,9 @@ __global__ void fill(int *p, int v, int n) {
 }
 
 static const int N = 1 << 16;
+
+// A host node: counts the replays that reached it (after everything before it).
+static void CUDART_CB bump(void *count) { ++*(int *)count; }
 
 static cudaKernelNodeParams fill_node(void **args) {
     cudaKernelNodeParams k = {};
@@ -82,6 +85,12 @@ int main() {
     CHECK(cudaGraphAddKernelNode(&k, child, nullptr, 0, &kc));
     CHECK(cudaGraphAddChildGraphNode(&e, g, &d, 1, child));
     CHECK(cudaGraphDestroy(child));
+    static int replays = 0;
+    cudaHostNodeParams hp = {};
+    hp.fn = bump;
+    hp.userData = &replays;
+    cudaGraphNode_t hn;
+    CHECK(cudaGraphAddHostNode(&hn, g, &e, 1, &hp));
 
     size_t count = 0;
     CHECK(cudaGraphGetNodes(g, nullptr, &count));
@@ -120,6 +129,9 @@ int main() {
     CHECK(cudaGraphLaunch(x, s));
     CHECK(cudaStreamSynchronize(s));
     check(p, q, 8, "after cudaGraphExecUpdate");
+
+    printf("the host node ran %d times in 4 launches\n", replays);
+    EXPECT(replays == 4, "the host node ran %d times", replays);
 
     cudaGraphNode_t extra;
     CHECK(cudaGraphAddEmptyNode(&extra, g2, nullptr, 0));

@@ -43,6 +43,46 @@ unsafe fn edges(
     })
 }
 
+/// The v1 and v2 (edge data, default only) forms of adding or removing edges.
+macro_rules! edge_calls {
+    ($($v1:ident, $v2:ident, $add:expr;)*) => {$(
+        /// # Safety
+        /// `from` and `to` hold `n` node handles each.
+        #[no_mangle]
+        pub unsafe extern "C" fn $v1(
+            g: CUgraph,
+            from: *const *mut GraphNode,
+            to: *const *mut GraphNode,
+            n: usize,
+        ) -> CUresult {
+            // SAFETY: forwarded contract.
+            entry(|| unsafe { edges(g, from, to, n, $add) })
+        }
+
+        /// # Safety
+        /// As the v1 form; `data` is null or holds `n` edge data.
+        #[no_mangle]
+        pub unsafe extern "C" fn $v2(
+            g: CUgraph,
+            from: *const *mut GraphNode,
+            to: *const *mut GraphNode,
+            data: *const u64,
+            n: usize,
+        ) -> CUresult {
+            // SAFETY: forwarded contract.
+            entry(|| unsafe {
+                default_edges(data, n)?;
+                edges(g, from, to, n, $add)
+            })
+        }
+    )*};
+}
+
+edge_calls! {
+    cuGraphAddDependencies, cuGraphAddDependencies_v2, true;
+    cuGraphRemoveDependencies, cuGraphRemoveDependencies_v2, false;
+}
+
 /// As [`dep_indices`], but one node may appear more than once (several edges into it).
 ///
 /// # Safety
@@ -64,19 +104,6 @@ unsafe fn dep_indices_loose(
         .collect()
 }
 
-/// # Safety
-/// As cuGraphAddDependencies.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddDependencies(
-    g: CUgraph,
-    from: *const *mut GraphNode,
-    to: *const *mut GraphNode,
-    n: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    entry(|| unsafe { edges(g, from, to, n, true) })
-}
-
 /// Edge data other than the default (all zero) is not supported.
 ///
 /// # Safety
@@ -94,36 +121,6 @@ pub(super) unsafe fn default_edges(data: *const u64, n: usize) -> Result<(), CUr
         }
     }
     Ok(())
-}
-
-/// # Safety
-/// As cuGraphAddDependencies_v2.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddDependencies_v2(
-    g: CUgraph,
-    from: *const *mut GraphNode,
-    to: *const *mut GraphNode,
-    data: *const u64,
-    n: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    entry(|| unsafe {
-        default_edges(data, n)?;
-        edges(g, from, to, n, true)
-    })
-}
-
-/// # Safety
-/// As cuGraphRemoveDependencies.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphRemoveDependencies(
-    g: CUgraph,
-    from: *const *mut GraphNode,
-    to: *const *mut GraphNode,
-    n: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    entry(|| unsafe { edges(g, from, to, n, false) })
 }
 
 /// Writes a node list the CUDA way: a null array asks for the count; otherwise up to
@@ -259,23 +256,6 @@ pub unsafe extern "C" fn cuGraphNodeGetDependentNodes_v2(
 ) -> CUresult {
     // SAFETY: forwarded contract.
     entry(|| unsafe { neighbours_v2(node, true, deps, data, num) })
-}
-
-/// # Safety
-/// As cuGraphRemoveDependencies_v2.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphRemoveDependencies_v2(
-    g: CUgraph,
-    from: *const *mut GraphNode,
-    to: *const *mut GraphNode,
-    data: *const u64,
-    n: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    entry(|| unsafe {
-        default_edges(data, n)?;
-        edges(g, from, to, n, false)
-    })
 }
 
 /// A node's counterpart in a clone: the clone keeps every node's index.

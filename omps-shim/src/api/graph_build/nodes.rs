@@ -174,44 +174,6 @@ fn memset_kind(p: &MemsetNodeParams) -> Result<Kind, CUresult> {
 }
 
 /// # Safety
-/// As cuGraphAddMemsetNode.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddMemsetNode(
-    ph: *mut *mut GraphNode,
-    g: CUgraph,
-    deps: *const *mut GraphNode,
-    n: usize,
-    p: *const MemsetNodeParams,
-    _ctx: *mut c_void,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let kind = memset_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
-        // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, kind) }
-    })
-}
-
-/// # Safety
-/// As cuGraphAddMemcpyNode.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddMemcpyNode(
-    ph: *mut *mut GraphNode,
-    g: CUgraph,
-    deps: *const *mut GraphNode,
-    n: usize,
-    p: *const Memcpy3D,
-    _ctx: *mut c_void,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, copy_kind(p)?) }
-    })
-}
-
-/// # Safety
 /// As cuGraphAddEmptyNode.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddEmptyNode(
@@ -461,24 +423,6 @@ fn host_kind(p: &HostNodeParams) -> Result<Kind, CUresult> {
 }
 
 /// # Safety
-/// As cuGraphAddHostNode.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddHostNode(
-    ph: *mut *mut GraphNode,
-    g: CUgraph,
-    deps: *const *mut GraphNode,
-    n: usize,
-    p: *const HostNodeParams,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let kind = host_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
-        // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, kind) }
-    })
-}
-
-/// # Safety
 /// `p` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphHostNodeGetParams(
@@ -546,4 +490,36 @@ fn copy_kind(p: &Memcpy3D) -> Result<Kind, CUresult> {
         ));
     }
     Ok(Kind::Memcpy(CopyNode(*p)))
+}
+
+/// The add calls of the kinds whose parameters come as one structure (memset and memcpy
+/// also name a context, which is the graph's device's here).
+macro_rules! add_node_calls {
+    ($($name:ident($params:ty) => $kind:ident $(, $ctx:ident)?;)*) => {$(
+        /// # Safety
+        /// `ph` is null or writable; `deps` is null or holds `n` node handles; `p` is null
+        /// or valid.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            ph: *mut *mut GraphNode,
+            g: CUgraph,
+            deps: *const *mut GraphNode,
+            n: usize,
+            p: *const $params,
+            $($ctx: *mut c_void,)?
+        ) -> CUresult {
+            entry(|| {
+                // SAFETY: the caller's parameters.
+                let kind = $kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+                // SAFETY: forwarded contract.
+                unsafe { add(ph, g, deps, n, kind) }
+            })
+        }
+    )*};
+}
+
+add_node_calls! {
+    cuGraphAddMemsetNode(MemsetNodeParams) => memset_kind, _ctx;
+    cuGraphAddMemcpyNode(Memcpy3D) => copy_kind, _ctx;
+    cuGraphAddHostNode(HostNodeParams) => host_kind;
 }

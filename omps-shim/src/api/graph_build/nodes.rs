@@ -196,40 +196,6 @@ fn event_kind(ty: u32, e: CUevent) -> Result<Kind, CUresult> {
     })
 }
 
-/// # Safety
-/// As cuGraphAddEventRecordNode.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddEventRecordNode(
-    ph: *mut *mut GraphNode,
-    g: CUgraph,
-    deps: *const *mut GraphNode,
-    n: usize,
-    e: CUevent,
-) -> CUresult {
-    entry(|| {
-        let kind = event_kind(node_type::EVENT_RECORD, e)?;
-        // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, kind) }
-    })
-}
-
-/// # Safety
-/// As cuGraphAddEventWaitNode.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddEventWaitNode(
-    ph: *mut *mut GraphNode,
-    g: CUgraph,
-    deps: *const *mut GraphNode,
-    n: usize,
-    e: CUevent,
-) -> CUresult {
-    entry(|| {
-        let kind = event_kind(node_type::WAIT_EVENT, e)?;
-        // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, kind) }
-    })
-}
-
 /// Reads (`set` None) or replaces the event of an event node of type `ty`.
 fn node_event(node: *mut GraphNode, ty: u32, set: Option<CUevent>) -> Result<CUevent, CUresult> {
     let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
@@ -256,9 +222,26 @@ fn node_event(node: *mut GraphNode, ty: u32, set: Option<CUevent>) -> Result<CUe
     })
 }
 
-/// The get and set calls of one kind of event node.
+/// The add, get and set calls of one kind of event node.
 macro_rules! event_node_calls {
-    ($($get:ident, $set:ident, $ty:expr;)*) => {$(
+    ($($add:ident, $get:ident, $set:ident, $ty:expr;)*) => {$(
+        /// # Safety
+        /// `ph` is null or writable; `deps` is null or holds `n` node handles.
+        #[no_mangle]
+        pub unsafe extern "C" fn $add(
+            ph: *mut *mut GraphNode,
+            g: CUgraph,
+            deps: *const *mut GraphNode,
+            n: usize,
+            e: CUevent,
+        ) -> CUresult {
+            entry(|| {
+                let kind = event_kind($ty, e)?;
+                // SAFETY: forwarded contract.
+                unsafe { add(ph, g, deps, n, kind) }
+            })
+        }
+
         /// # Safety
         /// `pe` is null or writable.
         #[no_mangle]
@@ -278,8 +261,10 @@ macro_rules! event_node_calls {
 }
 
 event_node_calls! {
-    cuGraphEventRecordNodeGetEvent, cuGraphEventRecordNodeSetEvent, node_type::EVENT_RECORD;
-    cuGraphEventWaitNodeGetEvent, cuGraphEventWaitNodeSetEvent, node_type::WAIT_EVENT;
+    cuGraphAddEventRecordNode, cuGraphEventRecordNodeGetEvent, cuGraphEventRecordNodeSetEvent,
+        node_type::EVENT_RECORD;
+    cuGraphAddEventWaitNode, cuGraphEventWaitNodeGetEvent, cuGraphEventWaitNodeSetEvent,
+        node_type::WAIT_EVENT;
 }
 
 /// # Safety

@@ -214,6 +214,21 @@ fn hand_built_graphs_run_as_built() {
             &fill_params(f, &mut args),
         ));
         assert_eq!(run(x), (want_p.clone(), want_q(7)));
+        // A memset node too; a node of another kind is refused.
+        let six = MemsetNodeParams { value: 6, ..ms };
+        ok(cuGraphExecMemsetNodeSetParams(x, a, &six, null_mut()));
+        let (px, qx) = run(x);
+        assert_eq!(
+            (&px[..4], &px[4..]),
+            (&[3u32; 4][..], &[6u32; WORDS - 4][..])
+        );
+        assert_eq!((&qx[..8], &qx[8..]), (&[6u32; 8][..], &[7u32; 8][..]));
+        assert_eq!(
+            cuGraphExecMemsetNodeSetParams(x, b, &six, null_mut()),
+            CUDA_ERROR_INVALID_VALUE,
+            "b is a kernel node"
+        );
+        ok(cuGraphExecMemsetNodeSetParams(x, a, &ms, null_mut()));
         let mut y = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut y, g, 0));
         assert_eq!(run(y).1, want_q(9), "the graph itself still says 9");

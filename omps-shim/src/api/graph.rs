@@ -300,17 +300,101 @@ unsafe fn set_exec_kernel(
     p: &build::KernelNodeParams,
     kern: super::exec::CUfunction,
 ) -> Result<(), CUresult> {
-    let ex = exec(e)?;
     // SAFETY: forwarded contract.
     let k = unsafe { build::kernel_from(p, kern) }?;
-    let Some((b, flags)) = build::set_exec_kernel(e as usize, node, k)? else {
+    set_exec_node(e, node, build::Kind::Kernel(k))
+}
+
+/// An executable graph's node takes new parameters (of its kind): the executable graph is
+/// made again from its source with them (the driver's results; it costs an
+/// instantiation).
+fn set_exec_node(e: CUgraphExec, node: GraphNodeRef, kind: build::Kind) -> Result<(), CUresult> {
+    let ex = exec(e)?;
+    let Some((b, flags)) = build::set_exec_node(e as usize, node, kind)? else {
         return Err(crate::unsupported::unsupported(
-            "cuGraphExecKernelNodeSetParams on a captured graph",
+            "setting node parameters of an executable graph made from a captured graph",
         ));
     };
     let id = instantiate_built(ex.dev, &b, flags)?;
     build::note_source(e as usize, b, flags, None);
     rebind(ex, id)
+}
+
+/// # Safety
+/// `p` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecMemsetNodeSetParams(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    p: *const build::MemsetNodeParams,
+    _ctx: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let kind = build::memset_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        set_exec_node(e, node, kind)
+    })
+}
+
+/// # Safety
+/// `p` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecMemcpyNodeSetParams(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    p: *const super::hostmem::Memcpy3D,
+    _ctx: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let kind = build::copy_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        set_exec_node(e, node, kind)
+    })
+}
+
+/// # Safety
+/// `p` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecHostNodeSetParams(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    p: *const build::HostNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let kind = build::host_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        set_exec_node(e, node, kind)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphExecEventRecordNodeSetEvent(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    ev: super::exec::CUevent,
+) -> CUresult {
+    entry(|| {
+        set_exec_node(
+            e,
+            node,
+            build::event_kind(build::node_type::EVENT_RECORD, ev)?,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphExecEventWaitNodeSetEvent(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    ev: super::exec::CUevent,
+) -> CUresult {
+    entry(|| {
+        set_exec_node(
+            e,
+            node,
+            build::event_kind(build::node_type::WAIT_EVENT, ev)?,
+        )
+    })
 }
 
 /// CUgraphExecUpdateResultInfo.

@@ -413,14 +413,14 @@ pub(crate) fn source_of(e: usize) -> Option<(Built, u64)> {
     with(|r| r.sources.get(&e).cloned())
 }
 
-/// Sets kernel node `node`'s parameters in the graph executable graph `e` was made from
+/// Sets node `node`'s parameters in the graph executable graph `e` was made from
 /// (the node belongs to the original graph; its index is the same in the copy). Ok(None)
 /// when `e` was not made from a built graph.
 /// The caller stores the copy (`note_source`) once it is instantiated.
-pub(crate) fn set_exec_kernel(
+pub(crate) fn set_exec_node(
     e: usize,
     node: *mut GraphNode,
-    k: KernelNode,
+    kind: Kind,
 ) -> Result<Option<(Built, u64)>, CUresult> {
     with(|r| {
         let Some((b, flags)) = r.sources.get(&e) else {
@@ -432,11 +432,9 @@ pub(crate) fn set_exec_kernel(
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         let mut b = b.clone();
+        // Parameters only: the node keeps its kind.
         match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {
-            Some(Node {
-                kind: Kind::Kernel(old),
-                ..
-            }) => *old = k,
+            Some(n) if n.kind.type_code() == kind.type_code() => n.kind = kind,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
         Ok(Some((b, *flags)))

@@ -159,7 +159,7 @@ pub struct MemsetNodeParams {
     pub height: usize,
 }
 
-fn memset_kind(p: &MemsetNodeParams) -> Result<Kind, CUresult> {
+pub(crate) fn memset_kind(p: &MemsetNodeParams) -> Result<Kind, CUresult> {
     if !matches!(p.elem, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -187,7 +187,7 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
 }
 
 /// An event record or wait node of event `e`.
-fn event_kind(ty: u32, e: CUevent) -> Result<Kind, CUresult> {
+pub(crate) fn event_kind(ty: u32, e: CUevent) -> Result<Kind, CUresult> {
     event(e)?;
     Ok(if ty == node_type::EVENT_RECORD {
         Kind::EventRecord(e as usize)
@@ -400,7 +400,7 @@ pub struct HostNodeParams {
     pub data: *mut c_void,
 }
 
-fn host_kind(p: &HostNodeParams) -> Result<Kind, CUresult> {
+pub(crate) fn host_kind(p: &HostNodeParams) -> Result<Kind, CUresult> {
     Ok(Kind::Host(
         p.f.ok_or(CUDA_ERROR_INVALID_VALUE)?,
         p.data as usize,
@@ -467,7 +467,7 @@ fn host_of(node: *mut GraphNode, set: Option<Kind>) -> Result<(HostFn, usize), C
 }
 
 /// A memcpy node; host to host is refused: the shim would copy at once, not on replay.
-fn copy_kind(p: &Memcpy3D) -> Result<Kind, CUresult> {
+pub(crate) fn copy_kind(p: &Memcpy3D) -> Result<Kind, CUresult> {
     const HOST: c_uint = 1;
     if p.src_type == HOST && p.dst_type == HOST {
         return Err(crate::unsupported::unsupported(

@@ -177,6 +177,25 @@ fn hand_built_graphs_run_as_built() {
         num = 4;
         ok(cuGraphGetRootNodes(g, deps.as_mut_ptr(), &mut num));
         assert_eq!(&deps[..num], &[a, b]);
+        let mut got: MemsetNodeParams = std::mem::zeroed();
+        ok(cuGraphMemsetNodeGetParams(a, &mut got));
+        assert_eq!((got.dst, got.value, got.elem, got.width), (p, 5, 4, WORDS));
+        assert_eq!(
+            cuGraphMemsetNodeGetParams(b, &mut got),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            cuGraphMemsetNodeSetParams(b, &ms),
+            CUDA_ERROR_INVALID_VALUE,
+            "a kernel node"
+        );
+        ok(cuGraphMemsetNodeSetParams(a, &ms));
+        let mut cp: Memcpy3D = std::mem::zeroed();
+        ok(cuGraphMemcpyNodeGetParams(c, &mut cp));
+        assert_eq!(
+            (cp.src_device, cp.dst_device, cp.width),
+            (p, q, 4 * WORDS / 2)
+        );
 
         // A cycle does not instantiate; without it the graph runs as built.
         let mut x = null_mut();

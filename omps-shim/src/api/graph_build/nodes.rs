@@ -508,3 +508,107 @@ add_node_calls! {
     cuGraphAddMemcpyNode(Memcpy3D) => copy_kind, _ctx;
     cuGraphAddHostNode(HostNodeParams) => host_kind;
 }
+
+/// A copy of node `node`'s kind and parameters.
+fn node_kind(node: *mut GraphNode) -> Result<Kind, CUresult> {
+    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    with(|r| {
+        r.graphs
+            .get(&g)
+            .and_then(|b| b.nodes.get(i))
+            .and_then(|n| n.as_ref())
+            .map(|n| n.kind.clone())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    })
+}
+
+/// Gives node `node` new parameters of its own kind.
+fn set_node(node: *mut GraphNode, kind: Kind) -> Result<(), CUresult> {
+    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    with(|r| {
+        let n = r
+            .graphs
+            .get_mut(&g)
+            .and_then(|b| b.nodes.get_mut(i))
+            .and_then(|n| n.as_mut())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if n.kind.type_code() != kind.type_code() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        n.kind = kind;
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemsetNodeGetParams(
+    node: *mut GraphNode,
+    p: *mut MemsetNodeParams,
+) -> CUresult {
+    entry(|| match node_kind(node)? {
+        Kind::Memset {
+            dst,
+            pitch,
+            value,
+            elem,
+            width,
+            height,
+        } => {
+            let m = MemsetNodeParams {
+                dst,
+                pitch,
+                value,
+                elem,
+                width,
+                height,
+            };
+            // SAFETY: the caller's pointer.
+            unsafe { out(p, m) }
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// # Safety
+/// `p` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemsetNodeSetParams(
+    node: *mut GraphNode,
+    p: *const MemsetNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let kind = memset_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        set_node(node, kind)
+    })
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemcpyNodeGetParams(
+    node: *mut GraphNode,
+    p: *mut Memcpy3D,
+) -> CUresult {
+    entry(|| match node_kind(node)? {
+        // SAFETY: the caller's pointer.
+        Kind::Memcpy(c) => unsafe { out(p, c.0) },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// # Safety
+/// `p` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemcpyNodeSetParams(
+    node: *mut GraphNode,
+    p: *const Memcpy3D,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let kind = copy_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+        set_node(node, kind)
+    })
+}

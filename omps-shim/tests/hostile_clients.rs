@@ -219,6 +219,30 @@ fn records_that_lie_disconnect_the_client() {
             .to_vec(),
         ),
         (
+            Op::HostNode,
+            bytemuck::bytes_of(&wire::HostFunc {
+                slot: 1 << 20,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::EventRecordExternal,
+            bytemuck::bytes_of(&wire::EventRecord {
+                event: 55,
+                stream: 0,
+            })
+            .to_vec(),
+        ),
+        (
+            Op::StreamWaitEventExternal,
+            bytemuck::bytes_of(&wire::EventRecord {
+                event: 55,
+                stream: 0,
+            })
+            .to_vec(),
+        ),
+        (
             Op::IpcGetEventHandle,
             bytemuck::bytes_of(&wire::HandleCall {
                 id: 55,

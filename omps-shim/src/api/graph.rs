@@ -256,55 +256,6 @@ fn rebind(ex: &GraphHandle, id: u32) -> Result<(), CUresult> {
     release(ex.dev, Op::GraphExecDestroy, old)
 }
 
-/// # Safety
-/// `p` is null or valid, as cuGraphExecKernelNodeSetParams.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams(
-    e: CUgraphExec,
-    node: GraphNodeRef,
-    p: *const build::KernelNodeParams,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: as above.
-        unsafe { set_exec_kernel(e, node, p, std::ptr::null_mut()) }
-    })
-}
-
-/// # Safety
-/// As cuGraphExecKernelNodeSetParams_v2.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams_v2(
-    e: CUgraphExec,
-    node: GraphNodeRef,
-    p: *const build::KernelNodeParamsV2,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: as above.
-        unsafe { set_exec_kernel(e, node, &p.v1, p.kern) }
-    })
-}
-
-/// An executable graph's kernel node takes new parameters: the executable graph is made
-/// again from its source with them (same results as the driver's in-place update; it
-/// costs an instantiation).
-///
-/// # Safety
-/// `p`'s argument pointers follow cuLaunchKernel's contract.
-unsafe fn set_exec_kernel(
-    e: CUgraphExec,
-    node: GraphNodeRef,
-    p: &build::KernelNodeParams,
-    kern: super::exec::CUfunction,
-) -> Result<(), CUresult> {
-    // SAFETY: forwarded contract.
-    let k = unsafe { build::kernel_from(p, kern) }?;
-    set_exec_node(e, node, build::Kind::Kernel(k))
-}
-
 /// An executable graph's node takes new parameters (of its kind): the executable graph is
 /// made again from its source with them (the driver's results; it costs an
 /// instantiation).
@@ -320,81 +271,50 @@ fn set_exec_node(e: CUgraphExec, node: GraphNodeRef, kind: build::Kind) -> Resul
     rebind(ex, id)
 }
 
-/// # Safety
-/// `p` is null or valid.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphExecMemsetNodeSetParams(
-    e: CUgraphExec,
-    node: GraphNodeRef,
-    p: *const build::MemsetNodeParams,
-    _ctx: *mut c_void,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let kind = build::memset_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
-        set_exec_node(e, node, kind)
-    })
+/// The calls that give an executable graph's node new parameters of its kind (memset and
+/// memcpy also name a context, the graph's device's here).
+macro_rules! exec_set_calls {
+    ($($name:ident($params:ty) => $kind:path $(, $ctx:ident)?;)*) => {$(
+        /// # Safety
+        /// `p` is null or valid.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            e: CUgraphExec,
+            node: GraphNodeRef,
+            p: *const $params,
+            $($ctx: *mut c_void,)?
+        ) -> CUresult {
+            entry(|| {
+                // SAFETY: the caller's parameters.
+                #[allow(unused_unsafe)]
+                let kind = unsafe { $kind(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
+                set_exec_node(e, node, kind)
+            })
+        }
+    )*};
 }
 
-/// # Safety
-/// `p` is null or valid.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphExecMemcpyNodeSetParams(
-    e: CUgraphExec,
-    node: GraphNodeRef,
-    p: *const super::hostmem::Memcpy3D,
-    _ctx: *mut c_void,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let kind = build::copy_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
-        set_exec_node(e, node, kind)
-    })
+exec_set_calls! {
+    cuGraphExecKernelNodeSetParams(build::KernelNodeParams) => build::kernel_kind_v1;
+    cuGraphExecKernelNodeSetParams_v2(build::KernelNodeParamsV2) => build::kernel_kind_v2;
+    cuGraphExecMemsetNodeSetParams(build::MemsetNodeParams) => build::memset_kind, _ctx;
+    cuGraphExecMemcpyNodeSetParams(super::hostmem::Memcpy3D) => build::copy_kind, _ctx;
+    cuGraphExecHostNodeSetParams(build::HostNodeParams) => build::host_kind;
 }
 
-/// # Safety
-/// `p` is null or valid.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphExecHostNodeSetParams(
-    e: CUgraphExec,
-    node: GraphNodeRef,
-    p: *const build::HostNodeParams,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let kind = build::host_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
-        set_exec_node(e, node, kind)
-    })
+/// The calls that give an executable graph's event node another event.
+macro_rules! exec_event_calls {
+    ($($name:ident => $ty:expr;)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name(e: CUgraphExec, node: GraphNodeRef, ev: super::exec::CUevent) -> CUresult {
+            entry(|| set_exec_node(e, node, build::event_kind($ty, ev)?))
+        }
+    )*};
 }
 
-#[no_mangle]
-pub extern "C" fn cuGraphExecEventRecordNodeSetEvent(
-    e: CUgraphExec,
-    node: GraphNodeRef,
-    ev: super::exec::CUevent,
-) -> CUresult {
-    entry(|| {
-        set_exec_node(
-            e,
-            node,
-            build::event_kind(build::node_type::EVENT_RECORD, ev)?,
-        )
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuGraphExecEventWaitNodeSetEvent(
-    e: CUgraphExec,
-    node: GraphNodeRef,
-    ev: super::exec::CUevent,
-) -> CUresult {
-    entry(|| {
-        set_exec_node(
-            e,
-            node,
-            build::event_kind(build::node_type::WAIT_EVENT, ev)?,
-        )
-    })
+exec_event_calls! {
+    cuGraphExecEventRecordNodeSetEvent => build::node_type::EVENT_RECORD;
+    cuGraphExecEventWaitNodeSetEvent => build::node_type::WAIT_EVENT;
 }
 
 /// CUgraphExecUpdateResultInfo.

@@ -440,15 +440,3 @@ pub(crate) fn set_exec_node(
         Ok(Some((b, *flags)))
     })
 }
-
-/// A kernel node from v1 or v2 parameters, for an executable graph's update.
-///
-/// # Safety
-/// As [`kernel_node`].
-pub(crate) unsafe fn kernel_from(
-    p: &KernelNodeParams,
-    kern: CUfunction,
-) -> Result<KernelNode, CUresult> {
-    // SAFETY: forwarded contract.
-    unsafe { kernel_node(p, kern) }
-}

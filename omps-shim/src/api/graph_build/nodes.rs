@@ -46,105 +46,22 @@ pub(super) unsafe fn kernel_node(
     })
 }
 
+/// A kernel node from CUDA_KERNEL_NODE_PARAMS (v1: the function only).
+///
 /// # Safety
-/// As cuGraphAddKernelNode.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddKernelNode(
-    ph: *mut *mut GraphNode,
-    g: CUgraph,
-    deps: *const *mut GraphNode,
-    n: usize,
-    p: *const KernelNodeParams,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters, per the contract.
-        let k = unsafe {
-            kernel_node(
-                p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?,
-                std::ptr::null_mut(),
-            )
-        }?;
-        // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, Kind::Kernel(k)) }
-    })
+/// As [`kernel_node`].
+pub(crate) unsafe fn kernel_kind_v1(p: &KernelNodeParams) -> Result<Kind, CUresult> {
+    // SAFETY: forwarded contract.
+    unsafe { kernel_node(p, std::ptr::null_mut()) }.map(Kind::Kernel)
 }
 
+/// A kernel node from CUDA_KERNEL_NODE_PARAMS_v2 (the function or the CUkernel).
+///
 /// # Safety
-/// As cuGraphAddKernelNode_v2.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
-    ph: *mut *mut GraphNode,
-    g: CUgraph,
-    deps: *const *mut GraphNode,
-    n: usize,
-    p: *const KernelNodeParamsV2,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters, per the contract.
-        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: as above.
-        let k = unsafe { kernel_node(&p.v1, p.kern) }?;
-        // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, Kind::Kernel(k)) }
-    })
-}
-
-/// The kernel node behind `node`, for reading or replacing its parameters.
-fn kernel_of(node: *mut GraphNode, f: impl FnOnce(&mut KernelNode)) -> Result<(), CUresult> {
-    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    with(|r| {
-        match r
-            .graphs
-            .get_mut(&g)
-            .and_then(|b| b.nodes.get_mut(i))
-            .and_then(|n| n.as_mut())
-        {
-            Some(Node {
-                kind: Kind::Kernel(k),
-                ..
-            }) => {
-                f(k);
-                Ok(())
-            }
-            Some(_) => Err(CUDA_ERROR_INVALID_VALUE),
-            None => Err(CUDA_ERROR_INVALID_HANDLE),
-        }
-    })
-}
-
-/// # Safety
-/// `p` is null or valid, as cuGraphKernelNodeSetParams.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphKernelNodeSetParams(
-    node: *mut GraphNode,
-    p: *const KernelNodeParams,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let k = unsafe {
-            kernel_node(
-                p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?,
-                std::ptr::null_mut(),
-            )
-        }?;
-        kernel_of(node, |old| *old = k)
-    })
-}
-
-/// # Safety
-/// As cuGraphKernelNodeSetParams_v2.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphKernelNodeSetParams_v2(
-    node: *mut GraphNode,
-    p: *const KernelNodeParamsV2,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: as above.
-        let k = unsafe { kernel_node(&p.v1, p.kern) }?;
-        kernel_of(node, |old| *old = k)
-    })
+/// As [`kernel_node`].
+pub(crate) unsafe fn kernel_kind_v2(p: &KernelNodeParamsV2) -> Result<Kind, CUresult> {
+    // SAFETY: forwarded contract.
+    unsafe { kernel_node(&p.v1, p.kern) }.map(Kind::Kernel)
 }
 
 /// CUDA_MEMSET_NODE_PARAMS.
@@ -196,32 +113,6 @@ pub(crate) fn event_kind(ty: u32, e: CUevent) -> Result<Kind, CUresult> {
     })
 }
 
-/// Reads (`set` None) or replaces the event of an event node of type `ty`.
-fn node_event(node: *mut GraphNode, ty: u32, set: Option<CUevent>) -> Result<CUevent, CUresult> {
-    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    if let Some(e) = set {
-        event(e)?;
-    }
-    with(|r| {
-        let n = r
-            .graphs
-            .get_mut(&g)
-            .and_then(|b| b.nodes.get_mut(i))
-            .and_then(|n| n.as_mut())
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if n.kind.type_code() != ty {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        if let Some(e) = set {
-            n.kind = event_kind(ty, e)?;
-        }
-        match n.kind {
-            Kind::EventRecord(e) | Kind::EventWait(e) => Ok(e as CUevent),
-            _ => Err(CUDA_ERROR_INVALID_VALUE),
-        }
-    })
-}
-
 /// The add, get and set calls of one kind of event node.
 macro_rules! event_node_calls {
     ($($add:ident, $get:ident, $set:ident, $ty:expr;)*) => {$(
@@ -247,15 +138,18 @@ macro_rules! event_node_calls {
         #[no_mangle]
         pub unsafe extern "C" fn $get(node: *mut GraphNode, pe: *mut CUevent) -> CUresult {
             entry(|| {
-                let e = node_event(node, $ty, None)?;
-                // SAFETY: the caller's pointer.
-                unsafe { out(pe, e) }
+                match node_kind(node)? {
+                    k if k.type_code() != $ty => Err(CUDA_ERROR_INVALID_VALUE),
+                    // SAFETY: the caller's pointer.
+                    Kind::EventRecord(e) | Kind::EventWait(e) => unsafe { out(pe, e as CUevent) },
+                    _ => Err(CUDA_ERROR_INVALID_VALUE),
+                }
             })
         }
 
         #[no_mangle]
         pub extern "C" fn $set(node: *mut GraphNode, e: CUevent) -> CUresult {
-            entry(|| node_event(node, $ty, Some(e)).map(drop))
+            entry(|| set_node(node, event_kind($ty, e)?))
         }
     )*};
 }
@@ -326,7 +220,7 @@ unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
         match p.ty {
             node_type::KERNEL => {
                 let k = &*(u as *const KernelNodeParamsV2);
-                Ok(Kind::Kernel(kernel_node(&k.v1, k.kern)?))
+                kernel_kind_v2(k)
             }
             node_type::MEMSET => {
                 let m = &*(u as *const MemsetNodeParams);
@@ -414,55 +308,16 @@ pub unsafe extern "C" fn cuGraphHostNodeGetParams(
     node: *mut GraphNode,
     p: *mut HostNodeParams,
 ) -> CUresult {
-    entry(|| {
-        let (f, data) = host_of(node, None)?;
-        // SAFETY: the caller's pointer.
-        unsafe {
-            out(
-                p,
-                HostNodeParams {
-                    f: Some(f),
-                    data: data as *mut c_void,
-                },
-            )
+    entry(|| match node_kind(node)? {
+        Kind::Host(f, data) => {
+            let hp = HostNodeParams {
+                f: Some(f),
+                data: data as *mut c_void,
+            };
+            // SAFETY: the caller's pointer.
+            unsafe { out(p, hp) }
         }
-    })
-}
-
-/// # Safety
-/// `p` is null or valid.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphHostNodeSetParams(
-    node: *mut GraphNode,
-    p: *const HostNodeParams,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let k = host_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
-        host_of(node, Some(k)).map(drop)
-    })
-}
-
-/// Reads (`set` None) or replaces a host node's function and argument.
-fn host_of(node: *mut GraphNode, set: Option<Kind>) -> Result<(HostFn, usize), CUresult> {
-    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    with(|r| {
-        let n = r
-            .graphs
-            .get_mut(&g)
-            .and_then(|b| b.nodes.get_mut(i))
-            .and_then(|n| n.as_mut())
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if !matches!(n.kind, Kind::Host(..)) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        if let Some(k) = set {
-            n.kind = k;
-        }
-        match n.kind {
-            Kind::Host(f, d) => Ok((f, d)),
-            _ => Err(CUDA_ERROR_INVALID_VALUE),
-        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
     })
 }
 
@@ -477,8 +332,9 @@ pub(crate) fn copy_kind(p: &Memcpy3D) -> Result<Kind, CUresult> {
     Ok(Kind::Memcpy(CopyNode(*p)))
 }
 
-/// The add calls of the kinds whose parameters come as one structure (memset and memcpy
-/// also name a context, which is the graph's device's here).
+/// The add and set calls of the kinds whose parameters come as one structure (memset and
+/// memcpy also name a context, which is the graph's device's here). A kernel's arguments
+/// are packed as the call is made, as the driver copies them.
 macro_rules! add_node_calls {
     ($($name:ident($params:ty) => $kind:ident $(, $ctx:ident)?;)*) => {$(
         /// # Safety
@@ -495,7 +351,8 @@ macro_rules! add_node_calls {
         ) -> CUresult {
             entry(|| {
                 // SAFETY: the caller's parameters.
-                let kind = $kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+                #[allow(unused_unsafe)]
+                let kind = unsafe { $kind(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
                 // SAFETY: forwarded contract.
                 unsafe { add(ph, g, deps, n, kind) }
             })
@@ -503,7 +360,33 @@ macro_rules! add_node_calls {
     )*};
 }
 
+macro_rules! set_node_calls {
+    ($($name:ident($params:ty) => $kind:ident;)*) => {$(
+        /// # Safety
+        /// `p` is null or valid.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(node: *mut GraphNode, p: *const $params) -> CUresult {
+            entry(|| {
+                // SAFETY: the caller's parameters.
+                #[allow(unused_unsafe)]
+                let kind = unsafe { $kind(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
+                set_node(node, kind)
+            })
+        }
+    )*};
+}
+
+set_node_calls! {
+    cuGraphKernelNodeSetParams(KernelNodeParams) => kernel_kind_v1;
+    cuGraphKernelNodeSetParams_v2(KernelNodeParamsV2) => kernel_kind_v2;
+    cuGraphMemsetNodeSetParams(MemsetNodeParams) => memset_kind;
+    cuGraphMemcpyNodeSetParams(Memcpy3D) => copy_kind;
+    cuGraphHostNodeSetParams(HostNodeParams) => host_kind;
+}
+
 add_node_calls! {
+    cuGraphAddKernelNode(KernelNodeParams) => kernel_kind_v1;
+    cuGraphAddKernelNode_v2(KernelNodeParamsV2) => kernel_kind_v2;
     cuGraphAddMemsetNode(MemsetNodeParams) => memset_kind, _ctx;
     cuGraphAddMemcpyNode(Memcpy3D) => copy_kind, _ctx;
     cuGraphAddHostNode(HostNodeParams) => host_kind;
@@ -572,20 +455,6 @@ pub unsafe extern "C" fn cuGraphMemsetNodeGetParams(
 }
 
 /// # Safety
-/// `p` is null or valid.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphMemsetNodeSetParams(
-    node: *mut GraphNode,
-    p: *const MemsetNodeParams,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let kind = memset_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
-        set_node(node, kind)
-    })
-}
-
-/// # Safety
 /// `p` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphMemcpyNodeGetParams(
@@ -596,19 +465,5 @@ pub unsafe extern "C" fn cuGraphMemcpyNodeGetParams(
         // SAFETY: the caller's pointer.
         Kind::Memcpy(c) => unsafe { out(p, c.0) },
         _ => Err(CUDA_ERROR_INVALID_VALUE),
-    })
-}
-
-/// # Safety
-/// `p` is null or valid.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphMemcpyNodeSetParams(
-    node: *mut GraphNode,
-    p: *const Memcpy3D,
-) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters.
-        let kind = copy_kind(unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
-        set_node(node, kind)
     })
 }

@@ -188,14 +188,9 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
                 )
             })
         }
-        &Kind::Memset {
-            dst,
-            pitch,
-            value,
-            elem,
-            width,
-            height,
-        } => crate::api::mem::memset_2d(dst, pitch, value, elem, width, height, s),
+        Kind::Memset(m) => {
+            crate::api::mem::memset_2d(m.dst, m.pitch, m.value, m.elem, m.width, m.height, s)
+        }
         Kind::Memcpy(c) => {
             // SAFETY: the description the caller gave; its host pointers are the caller's.
             ok(unsafe { cuMemcpy3DAsync_v2(&c.0, s) })

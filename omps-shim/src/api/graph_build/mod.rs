@@ -62,14 +62,7 @@ unsafe impl Send for CopyNode {}
 pub(crate) enum Kind {
     Empty,
     Kernel(KernelNode),
-    Memset {
-        dst: u64,
-        pitch: usize,
-        value: u32,
-        elem: u32,
-        width: usize,
-        height: usize,
-    },
+    Memset(MemsetNodeParams),
     Memcpy(CopyNode),
     Child(Built),
     /// An event record or wait node: the event's handle.
@@ -87,7 +80,7 @@ impl Kind {
         match self {
             Kind::Empty => node_type::EMPTY,
             Kind::Kernel(_) => node_type::KERNEL,
-            Kind::Memset { .. } => node_type::MEMSET,
+            Kind::Memset(_) => node_type::MEMSET,
             Kind::Memcpy(_) => node_type::MEMCPY,
             Kind::Child(_) => node_type::GRAPH,
             Kind::EventRecord(_) => node_type::EVENT_RECORD,

@@ -80,14 +80,7 @@ pub(crate) fn memset_kind(p: &MemsetNodeParams) -> Result<Kind, CUresult> {
     if !matches!(p.elem, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    Ok(Kind::Memset {
-        dst: p.dst,
-        pitch: p.pitch,
-        value: p.value,
-        elem: p.elem,
-        width: p.width,
-        height: p.height,
-    })
+    Ok(Kind::Memset(*p))
 }
 
 /// # Safety
@@ -431,25 +424,8 @@ pub unsafe extern "C" fn cuGraphMemsetNodeGetParams(
     p: *mut MemsetNodeParams,
 ) -> CUresult {
     entry(|| match node_kind(node)? {
-        Kind::Memset {
-            dst,
-            pitch,
-            value,
-            elem,
-            width,
-            height,
-        } => {
-            let m = MemsetNodeParams {
-                dst,
-                pitch,
-                value,
-                elem,
-                width,
-                height,
-            };
-            // SAFETY: the caller's pointer.
-            unsafe { out(p, m) }
-        }
+        // SAFETY: the caller's pointer.
+        Kind::Memset(m) => unsafe { out(p, m) },
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     })
 }

@@ -7,7 +7,7 @@
 
 use crate::cuda::*;
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 pub const CTX_MAGIC: u32 = 0x6374_7821;
 pub const STREAM_MAGIC: u32 = 0x7374_7221;
@@ -36,7 +36,14 @@ pub struct GraphHandle {
     pub magic: AtomicU32,
     pub id: AtomicU32,
     pub dev: usize,
+    /// An executable graph's last launch stream (`NEVER` before the first), and an event
+    /// (0: none) its next launch waits for, left by an update that made it anew.
+    pub last_stream: AtomicUsize,
+    pub wait_first: AtomicUsize,
 }
+
+/// [`GraphHandle::last_stream`] of an executable graph never launched.
+pub const NEVER: usize = usize::MAX;
 
 impl GraphHandle {
     pub fn new(magic: u32, id: u32, dev: usize) -> GraphHandle {
@@ -44,6 +51,8 @@ impl GraphHandle {
             magic: AtomicU32::new(magic),
             id: AtomicU32::new(id),
             dev,
+            last_stream: AtomicUsize::new(NEVER),
+            wait_first: AtomicUsize::new(0),
         }
     }
 

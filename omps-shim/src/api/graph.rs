@@ -177,7 +177,9 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     if op == Op::GraphLaunch {
-        if let Some(ev) = build::note_launch(e as usize, s as usize) {
+        ex.last_stream.store(s as usize, Ordering::Release);
+        let ev = ex.wait_first.swap(0, Ordering::AcqRel);
+        if ev != 0 {
             // The first launch since an update: after the last one before it.
             let ev = ev as super::exec::CUevent;
             let waited = super::exec::cuStreamWaitEvent(s, ev, 0);
@@ -242,16 +244,42 @@ pub extern "C" fn cuGraphDestroy(g: CUgraph) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
     entry(|| {
-        destroy(exec(e)?, EXEC_MAGIC, Op::GraphExecDestroy)?;
+        let ex = exec(e)?;
+        destroy(ex, EXEC_MAGIC, Op::GraphExecDestroy)?;
         build::forget_exec(e as usize);
+        let ev = ex.wait_first.swap(0, Ordering::AcqRel);
+        if ev != 0 {
+            super::exec::cuEventDestroy_v2(ev as super::exec::CUevent);
+        }
         Ok(())
     })
+}
+
+/// `ex` became a new driver executable graph: its next launch must come after the last
+/// launch of the old one, as launches of one executable graph do.
+fn order_after_last_launch(ex: &GraphHandle) {
+    let last = ex.last_stream.load(Ordering::Acquire);
+    // None yet, or an earlier update's event already orders after the last launch.
+    if last == crate::handles::NEVER || ex.wait_first.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let mut ev = std::ptr::null_mut();
+    const DISABLE_TIMING: c_uint = 2;
+    // SAFETY: a valid out-pointer.
+    if unsafe { super::exec::cuEventCreate(&mut ev, DISABLE_TIMING) } != CUDA_SUCCESS {
+        return;
+    }
+    if super::exec::cuEventRecord(ev, last as CUstream) == CUDA_SUCCESS {
+        ex.wait_first.store(ev as usize, Ordering::Release);
+    } else {
+        super::exec::cuEventDestroy_v2(ev);
+    }
 }
 
 /// Points executable graph `ex` at a new server executable; the old one is let go after
 /// the launches already queued (the server frees it once they are done).
 fn rebind(ex: &GraphHandle, id: u32) -> Result<(), CUresult> {
-    build::order_after_last_launch(ex as *const GraphHandle as usize);
+    order_after_last_launch(ex);
     let old = ex.id.swap(id, Ordering::AcqRel);
     release(ex.dev, Op::GraphExecDestroy, old)
 }

@@ -145,9 +145,6 @@ struct Registry {
     captured: HashMap<usize, Vec<u64>>,
     /// Executable graph handle address -> the flags a captured graph was instantiated with.
     captured_flags: HashMap<usize, u64>,
-    /// Executable graph handle address -> the stream of its last launch, and an event its
-    /// next launch waits for (set when an update made it a new driver executable graph).
-    launches: HashMap<usize, (usize, Option<usize>)>,
 }
 
 static REG: Mutex<Option<Registry>> = Mutex::new(None);
@@ -162,7 +159,6 @@ fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
         origins: HashMap::new(),
         captured: HashMap::new(),
         captured_flags: HashMap::new(),
-        launches: HashMap::new(),
     }))
 }
 
@@ -201,36 +197,6 @@ pub(crate) fn note_captured_source(e: usize, types: Vec<u64>) {
     with(|r| r.captured.insert(e, types));
 }
 
-/// Executable graph `e` launches on stream `s`: the event its launch must wait for first,
-/// if an update left one (the caller waits on it and destroys it).
-pub(crate) fn note_launch(e: usize, s: usize) -> Option<usize> {
-    with(|r| r.launches.insert(e, (s, None)).and_then(|(_, ev)| ev))
-}
-
-/// Executable graph `e` became a new driver executable graph: its next launch must come
-/// after the last launch of the old one, as launches of one executable graph do.
-pub(crate) fn order_after_last_launch(e: usize) {
-    with(|r| {
-        let Some((s, pending)) = r.launches.get_mut(&e) else {
-            return;
-        };
-        if pending.is_some() {
-            // Still waiting for an earlier one, which already orders after the last launch.
-            return;
-        }
-        let mut ev = std::ptr::null_mut();
-        const DISABLE_TIMING: c_uint = 2;
-        // SAFETY: a valid out-pointer.
-        if unsafe { cuEventCreate(&mut ev, DISABLE_TIMING) } == CUDA_SUCCESS {
-            if cuEventRecord(ev, *s as CUstream) == CUDA_SUCCESS {
-                *pending = Some(ev as usize);
-            } else {
-                cuEventDestroy_v2(ev);
-            }
-        }
-    })
-}
-
 pub(crate) fn note_captured_flags(e: usize, flags: u64) {
     with(|r| r.captured_flags.insert(e, flags));
 }
@@ -249,9 +215,6 @@ pub(crate) fn forget_exec(e: usize) {
         r.origins.remove(&e);
         r.captured.remove(&e);
         r.captured_flags.remove(&e);
-        if let Some((_, Some(ev))) = r.launches.remove(&e) {
-            cuEventDestroy_v2(ev as CUevent);
-        }
     });
 }
 

@@ -54,6 +54,13 @@ struct Slots {
     running: bool,
 }
 
+impl Slots {
+    /// A slot neither a queued function nor a host node holds.
+    fn free(&self) -> Option<usize> {
+        (0..HOSTFN_SLOTS).find(|&i| self.pending[i].is_none() && self.nodes[i].is_none())
+    }
+}
+
 static SLOTS: Mutex<Option<Slots>> = Mutex::new(None);
 /// Signalled when a function is queued (for the runner) or a slot frees (for callers).
 static CHANGED: Condvar = Condvar::new();
@@ -64,8 +71,7 @@ pub fn enqueue(dev: usize, stream: u32, f: Call) -> Result<(), CUresult> {
     let mut guard = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
     let (slot, seq) = loop {
         let s = slots(&mut guard)?;
-        if let Some(i) = (0..HOSTFN_SLOTS).find(|&i| s.pending[i].is_none() && s.nodes[i].is_none())
-        {
+        if let Some(i) = s.free() {
             let seq = s.seq[i].wrapping_add(1).max(1);
             s.seq[i] = seq;
             s.pending[i] = Some((seq, f));
@@ -124,9 +130,7 @@ pub fn enqueue_node(
     let c = crate::api::live()?;
     let mut guard = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
     let s = slots(&mut guard)?;
-    let slot = (0..HOSTFN_SLOTS)
-        .find(|&i| s.pending[i].is_none() && s.nodes[i].is_none())
-        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    let slot = s.free().ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     // The words may hold an earlier function's sequence: start both at 0.
     let w = c.seg().hostfn(slot).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     w.done.store(0, Ordering::Release);

@@ -1183,6 +1183,11 @@ impl Gpu for CudaGpu {
         let mut n = 0usize;
         // SAFETY: one of the client's graphs; a null array asks for the count.
         ck(unsafe { cu::cuGraphGetNodes(g, std::ptr::null_mut(), &mut n) })?;
+        if n == 0 {
+            // The driver refuses a non-null array of no room: an empty capture (PyTorch's
+            // cudagraph trees begin with one) has no nodes to ask for.
+            return Ok(Vec::new());
+        }
         let mut nodes = vec![std::ptr::null_mut(); n];
         // SAFETY: room for n nodes.
         ck(unsafe { cu::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut n) })?;

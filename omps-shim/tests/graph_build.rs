@@ -279,7 +279,7 @@ fn hand_built_graphs_run_as_built() {
         let ms6 = MemsetNodeParams { value: 6, ..ms };
         std::ptr::copy_nonoverlapping(&ms6, np.params.as_mut_ptr() as *mut MemsetNodeParams, 1);
         let mut m6 = null_mut();
-        ok(cuGraphAddNode_v2(&mut m6, h, null(), null(), 0, &np));
+        ok(cuGraphAddNode_v2(&mut m6, h, null(), null(), 0, &mut np));
         np.params = [0; 29];
         np.ty = 0;
         let kp = KernelNodeParamsV2 {
@@ -289,12 +289,12 @@ fn hand_built_graphs_run_as_built() {
         };
         std::ptr::copy_nonoverlapping(&kp, np.params.as_mut_ptr() as *mut KernelNodeParamsV2, 1);
         let mut k3 = null_mut();
-        ok(cuGraphAddNode(&mut k3, h, &m6, 1, &np));
-        np.ty = 10;
+        ok(cuGraphAddNode(&mut k3, h, &m6, 1, &mut np));
+        np.ty = 13;
         assert_eq!(
-            cuGraphAddNode(&mut k3, h, null(), 0, &np),
+            cuGraphAddNode(&mut k3, h, null(), 0, &mut np),
             CUDA_ERROR_NOT_SUPPORTED,
-            "memory allocation nodes are not supported yet"
+            "conditional nodes are not supported yet"
         );
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));

@@ -7,8 +7,10 @@ use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, GraphHandle, GRAPH_MAGIC};
 use omps_ring::wire::{self, CaptureCall, Op};
+use std::collections::HashMap;
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex};
 
 pub type CUgraph = *mut GraphHandle;
 
@@ -49,7 +51,18 @@ fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
     }
     capture_call(Op::CaptureBegin, s, mode)?;
     CAPTURES.fetch_add(1, Ordering::AcqRel);
+    // The capture's id, for the graph memory it allocates: an invalidated capture no
+    // longer tells its id at its end.
+    let (_, id) = capture_info(s)?;
+    lock_ids().insert(s as usize, id);
     Ok(())
+}
+
+/// Capturing origin stream (handle address) -> its capture's id.
+static IDS: LazyLock<Mutex<HashMap<usize, u64>>> = LazyLock::new(Default::default);
+
+fn lock_ids() -> std::sync::MutexGuard<'static, HashMap<usize, u64>> {
+    IDS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[no_mangle]
@@ -87,12 +100,28 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
         // count alone.
         const INVALIDATED: CUresult = 901;
         const UNJOINED: CUresult = 904;
-        if r.is_ok() || r == Err(INVALIDATED) || r == Err(UNJOINED) {
+        let ended = r.is_ok() || r == Err(INVALIDATED) || r == Err(UNJOINED);
+        // Graph memory allocated during the capture goes with its graph, or is freed.
+        let capture = if ended {
             let _ =
                 CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        }
-        let (dev, id) = r?;
+            lock_ids().remove(&(s as usize))
+        } else {
+            None
+        };
+        let (dev, id) = match r {
+            Ok(v) => v,
+            Err(e) => {
+                if let Some(c) = capture {
+                    super::graph_mem::capture_ended(c, None);
+                }
+                return Err(e);
+            }
+        };
         let h = leak(GraphHandle::new(GRAPH_MAGIC, id as u32, dev));
+        if let Some(c) = capture {
+            super::graph_mem::capture_ended(c, Some(h as usize));
+        }
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(graph, h) }
     })

@@ -74,7 +74,10 @@ fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CU
     let h = leak(GraphHandle::new(EXEC_MAGIC, id, gr.dev));
     match source {
         Some(b) => build::note_source(h as usize, b, flags, Some(g as usize)),
-        None => build::note_captured_flags(h as usize, flags),
+        None => {
+            build::note_captured_flags(h as usize, flags);
+            super::graph_mem::share(g as usize, h as usize);
+        }
     }
     // SAFETY: checked non-null; the caller's pointer.
     unsafe { out(pexec, h) }
@@ -237,7 +240,9 @@ pub extern "C" fn cuGraphDestroy(g: CUgraph) -> CUresult {
             build::forget(g);
             return Ok(());
         }
-        destroy(gr, GRAPH_MAGIC, Op::GraphDestroy)
+        destroy(gr, GRAPH_MAGIC, Op::GraphDestroy)?;
+        super::graph_mem::release(g as usize);
+        Ok(())
     })
 }
 
@@ -247,6 +252,7 @@ pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
         let ex = exec(e)?;
         destroy(ex, EXEC_MAGIC, Op::GraphExecDestroy)?;
         build::forget_exec(e as usize);
+        super::graph_mem::release(e as usize);
         let ev = ex.wait_first.swap(0, Ordering::AcqRel);
         if ev != 0 {
             super::exec::cuEventDestroy_v2(ev as super::exec::CUevent);
@@ -391,6 +397,7 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<c_uint, CUresult> {
             }
             let id = instantiate_id(ex.dev, gr.id(), build::captured_flags(e as usize))?;
             build::note_captured_source(e as usize, now);
+            super::graph_mem::share(g as usize, e as usize);
             id
         }
         _ => return Ok(UPDATE_TOPOLOGY_CHANGED),

@@ -141,21 +141,27 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry(|| {
-        if ptr == 0 {
+        if ptr == 0 || super::graph_mem::is_graph_alloc(ptr) {
+            // Graph memory is its graphs' to free (graph_mem.rs).
             return Ok(());
         }
-        let c = live()?;
-        super::pool::forget(ptr);
-        let (_, dev, _) = {
-            let mut r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
-            match r.get(&ptr) {
-                Some(&(_, _, true)) => r.remove(&ptr).expect("present"),
-                _ => return Err(CUDA_ERROR_INVALID_VALUE),
-            }
-        };
-        // The server frees it once the GPU is done with this client's queued work.
-        c.push(dev, Op::MemFree, &[bytemuck::bytes_of(&MemFree { ptr })])
+        free_block(ptr)
     })
+}
+
+/// Frees allocation `ptr`: the server frees it once the GPU is done with this client's
+/// queued work.
+pub(crate) fn free_block(ptr: u64) -> Result<(), CUresult> {
+    let c = live()?;
+    super::pool::forget(ptr);
+    let (_, dev, _) = {
+        let mut r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+        match r.get(&ptr) {
+            Some(&(_, _, true)) => r.remove(&ptr).expect("present"),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    };
+    c.push(dev, Op::MemFree, &[bytemuck::bytes_of(&MemFree { ptr })])
 }
 
 /// # Safety

@@ -7,6 +7,7 @@ pub mod device;
 pub mod exec;
 pub mod graph;
 pub mod graph_build;
+pub mod graph_mem;
 pub mod hostmem;
 pub mod ipc;
 pub mod link;

@@ -181,6 +181,10 @@ pub(crate) fn forget(ptr: u64) {
 
 fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     let (key, _) = stream_key(s)?;
+    if super::graph_mem::is_graph_alloc(ptr) {
+        // A free node, or graph memory freed outside its graph: its graphs free it.
+        return Ok(());
+    }
     let Some((p, len)) = lock(&ALLOCS).as_mut().and_then(|m| m.remove(&ptr)) else {
         // Memory from cuMemAlloc may be freed this way too; the server's free waits for
         // all of the client's queued work, which covers this stream's.
@@ -201,6 +205,21 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     Ok(())
 }
 
+/// An allocation on a capturing stream is graph memory (graph_mem.rs): Some(address).
+fn captured_alloc(dev: usize, size: usize, s: CUstream) -> Result<Option<u64>, CUresult> {
+    if !super::capture::any_capture() {
+        return Ok(None);
+    }
+    let (status, id) = super::capture::capture_info(s)?;
+    if status != omps_ring::wire::graph::STATUS_ACTIVE {
+        return Ok(None);
+    }
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    super::graph_mem::allocate_captured(dev, size, id).map(Some)
+}
+
 /// # Safety
 /// `dptr` is null or writable.
 #[no_mangle]
@@ -211,6 +230,10 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> CUresult {
     entry(|| {
         let (_, dev) = stream_key(s)?;
+        if let Some(p) = captured_alloc(dev, size, s)? {
+            // SAFETY: the caller's pointer.
+            return unsafe { out(dptr, p) };
+        }
         let cur = lock(&devices()?.current)[dev];
         let p = alloc_from(pool(cur as CUmemoryPool)?, size, s)?;
         // SAFETY: the caller's pointer.
@@ -228,7 +251,11 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     s: CUstream,
 ) -> CUresult {
     entry(|| {
-        let ptr = alloc_from(pool(p)?, size, s)?;
+        let pl = pool(p)?;
+        let ptr = match captured_alloc(pl.dev, size, s)? {
+            Some(ptr) => ptr,
+            None => alloc_from(pl, size, s)?,
+        };
         // SAFETY: the caller's pointer.
         unsafe { out(dptr, ptr) }
     })

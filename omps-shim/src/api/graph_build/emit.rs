@@ -157,7 +157,8 @@ fn ok(r: CUresult) -> Result<(), CUresult> {
 /// Issues one node on stream `s`.
 fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
     match kind {
-        Kind::Empty | Kind::Child(_) => Ok(()),
+        // Graph memory is allocated when its node is made (mem_nodes.rs).
+        Kind::Empty | Kind::Child(_) | Kind::MemAlloc(_) | Kind::MemFree(_) => Ok(()),
         Kind::Kernel(k) => {
             const BUFFER_POINTER: usize = 1;
             const BUFFER_SIZE: usize = 2;

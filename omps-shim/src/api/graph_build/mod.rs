@@ -5,8 +5,9 @@
 //! instantiates what it captured. So the server sees only stream work it already checks
 //! (launches, memsets, copies), and no new wire operation exists for graphs built by hand.
 //!
-//! Node kinds: kernel, memset, memcpy, empty, event record and wait, host, and child
-//! graphs built by hand (inlined). Memory and conditional nodes are not supported yet.
+//! Node kinds: kernel, memset, memcpy, empty, event record and wait, host, memory
+//! allocation and free (mem_nodes.rs), and child graphs built by hand (inlined).
+//! Conditional nodes are not supported yet.
 
 use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture, CUgraph, MODE_RELAXED};
 use super::hostmem::{cuMemcpy3DAsync_v2, Memcpy3D};
@@ -23,9 +24,11 @@ use std::sync::Mutex;
 
 mod edges;
 mod emit;
+mod mem_nodes;
 mod nodes;
 pub use edges::*;
 pub(crate) use emit::capture;
+pub use mem_nodes::*;
 pub use nodes::*;
 
 /// CUgraphNodeType values.
@@ -38,6 +41,8 @@ pub(crate) mod node_type {
     pub const EMPTY: u32 = 5;
     pub const WAIT_EVENT: u32 = 6;
     pub const EVENT_RECORD: u32 = 7;
+    pub const MEM_ALLOC: u32 = 10;
+    pub const MEM_FREE: u32 = 11;
 }
 
 #[derive(Clone)]
@@ -70,6 +75,9 @@ pub(crate) enum Kind {
     EventWait(usize),
     /// A host node: the function and its argument.
     Host(HostFn, usize),
+    MemAlloc(MemAllocNode),
+    /// A free node: the address it frees.
+    MemFree(u64),
 }
 
 /// A host node's function (CUhostFn).
@@ -86,6 +94,8 @@ impl Kind {
             Kind::EventRecord(_) => node_type::EVENT_RECORD,
             Kind::EventWait(_) => node_type::WAIT_EVENT,
             Kind::Host(..) => node_type::HOST,
+            Kind::MemAlloc(_) => node_type::MEM_ALLOC,
+            Kind::MemFree(_) => node_type::MEM_FREE,
         }
     }
 }

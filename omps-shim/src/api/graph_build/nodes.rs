@@ -206,8 +206,8 @@ struct MemcpyNodeParams {
 ///
 /// # Safety
 /// `p` is a valid CUgraphNodeParams whose union member matches its type.
-unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
-    let u = p.params.as_ptr() as *const u8;
+unsafe fn kind_from(g: CUgraph, p: &mut NodeParams) -> Result<Kind, CUresult> {
+    let u = p.params.as_mut_ptr() as *mut u8;
     // SAFETY: each arm reads the union member its type names, at the union's start.
     unsafe {
         match p.ty {
@@ -233,8 +233,10 @@ unsafe fn kind_from(p: &NodeParams) -> Result<Kind, CUresult> {
                     crate::unsupported::unsupported("a captured graph as a child node")
                 })
             }
+            node_type::MEM_ALLOC => mem_alloc_kind(g, &mut *(u as *mut MemAllocNodeParams)),
+            node_type::MEM_FREE => mem_free_kind(*(u as *const u64)),
             _ => Err(crate::unsupported::unsupported(
-                "cuGraphAddNode of this node type (memory, conditional)",
+                "cuGraphAddNode of this node type (conditional, external semaphore, batch memory op)",
             )),
         }
     }
@@ -248,11 +250,11 @@ pub unsafe extern "C" fn cuGraphAddNode(
     g: CUgraph,
     deps: *const *mut GraphNode,
     n: usize,
-    p: *const NodeParams,
+    p: *mut NodeParams,
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's parameters, per the contract.
-        let kind = unsafe { kind_from(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
+        let kind = unsafe { kind_from(g, p.as_mut().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
         // SAFETY: forwarded contract.
         unsafe { add(ph, g, deps, n, kind) }
     })
@@ -267,13 +269,13 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
     deps: *const *mut GraphNode,
     data: *const u64,
     n: usize,
-    p: *const NodeParams,
+    p: *mut NodeParams,
 ) -> CUresult {
     entry(|| {
         // SAFETY: forwarded contract.
         unsafe { default_edges(data, n) }?;
         // SAFETY: the caller's parameters, per the contract.
-        let kind = unsafe { kind_from(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
+        let kind = unsafe { kind_from(g, p.as_mut().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
         // SAFETY: forwarded contract.
         unsafe { add(ph, g, deps, n, kind) }
     })
@@ -386,7 +388,7 @@ add_node_calls! {
 }
 
 /// A copy of node `node`'s kind and parameters.
-fn node_kind(node: *mut GraphNode) -> Result<Kind, CUresult> {
+pub(super) fn node_kind(node: *mut GraphNode) -> Result<Kind, CUresult> {
     let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     with(|r| {
         r.graphs

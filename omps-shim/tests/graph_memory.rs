@@ -1,0 +1,176 @@
+//! Graph memory: cuMemAllocAsync during a capture and memory nodes built by hand. The
+//! memory counts against the client from the node's making, a free inside the graph or
+//! outside it leaves it to the graph, and it goes once the graph and every executable
+//! graph made from it are destroyed.
+
+mod common;
+use common::*;
+use omps_shim::api::capture::*;
+use omps_shim::api::exec::*;
+use omps_shim::api::graph::*;
+use omps_shim::api::graph_build::*;
+use omps_shim::api::graph_mem::*;
+use omps_shim::api::mem::*;
+use omps_shim::api::pool::*;
+use omps_shim::cuda::*;
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+
+const WORDS: usize = 16;
+const BYTES: u64 = 4 * WORDS as u64;
+
+fn read(p: u64) -> Vec<u32> {
+    let mut v = vec![0u32; WORDS];
+    // SAFETY: v holds WORDS words.
+    ok(unsafe { cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut c_void, p, 4 * WORDS) });
+    v
+}
+
+/// fill_u32(ptr, value, WORDS) on stream `s`.
+fn fill(f: CUfunction, s: CUstream, ptr: u64, value: u32) {
+    let (mut p, mut v, mut n) = (ptr, value, WORDS as u32);
+    let mut args = [
+        &mut p as *mut _ as *mut c_void,
+        &mut v as *mut _ as *mut c_void,
+        &mut n as *mut _ as *mut c_void,
+    ];
+    // SAFETY: the arguments fill_u32 takes, alive for the call.
+    ok(unsafe { cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args.as_mut_ptr(), null_mut()) });
+}
+
+fn graph_mem_used() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: a u64 to write.
+    ok(unsafe { cuDeviceGetGraphMemAttribute(0, 0, &mut v as *mut u64 as *mut c_void) });
+    v
+}
+
+#[test]
+fn graph_memory_lives_as_long_as_its_graphs() {
+    let srv = start_as_client("graph-mem");
+    let pid = std::process::id();
+    let mem = |want: u64| {
+        let ps = srv.wait_ps(2, |ps| ps_mem(ps, pid) == Some(want));
+        assert_eq!(ps_mem(&ps, pid), Some(want), "{ps}");
+    };
+    let f = host_function(c"fill_u32");
+    // SAFETY (whole test): every pointer passed is a valid local or a handle made here.
+    unsafe {
+        let mut out = 0u64;
+        ok(cuMemAlloc_v2(&mut out, BYTES as usize));
+        let mut s = null_mut();
+        ok(cuStreamCreate(&mut s, 1));
+
+        // Captured: tmp = 7; out = tmp; free(tmp). The free stays in the graph.
+        ok(cuStreamBeginCapture_v2(s, 0));
+        let mut tmp = 0u64;
+        ok(cuMemAllocAsync(&mut tmp, BYTES as usize, s));
+        assert!(tmp != 0);
+        fill(f, s, tmp, 7);
+        ok(cuMemcpyDtoDAsync_v2(out, tmp, BYTES as usize, s));
+        ok(cuMemFreeAsync(tmp, s));
+        let mut g = null_mut();
+        ok(cuStreamEndCapture(s, &mut g));
+        mem(2 * BYTES);
+        assert_eq!(graph_mem_used(), BYTES);
+        let mut e = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
+        ok(cuGraphDestroy(g));
+        // The executable graph still holds the memory its replays use.
+        for _ in 0..3 {
+            ok(cuGraphLaunch(e, s));
+        }
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(out), vec![7; WORDS]);
+        mem(2 * BYTES);
+        ok(cuGraphExecDestroy(e));
+        mem(BYTES);
+        assert_eq!(graph_mem_used(), 0);
+
+        // By hand: alloc (its address fixed now), fill 9, copy out, free.
+        let mut g = null_mut();
+        ok(cuGraphCreate(&mut g, 0));
+        let mut p: MemAllocNodeParams = std::mem::zeroed();
+        p.pool_props[0] = 1; // pinned
+        p.pool_props[8] = 1; // on a device: device 0
+        p.bytesize = 0;
+        let mut a = null_mut();
+        assert_eq!(
+            cuGraphAddMemAllocNode(&mut a, g, null(), 0, &mut p),
+            CUDA_ERROR_INVALID_VALUE,
+            "no size"
+        );
+        p.bytesize = BYTES as usize;
+        ok(cuGraphAddMemAllocNode(&mut a, g, null(), 0, &mut p));
+        let ptr = p.dptr;
+        assert!(ptr != 0);
+        mem(2 * BYTES);
+        let mut back: MemAllocNodeParams = std::mem::zeroed();
+        ok(cuGraphMemAllocNodeGetParams(a, &mut back));
+        assert_eq!((back.bytesize, back.dptr), (BYTES as usize, ptr));
+        let (mut pp, mut nine, mut n) = (ptr, 9u32, WORDS as u32);
+        let mut args = [
+            &mut pp as *mut _ as *mut c_void,
+            &mut nine as *mut _ as *mut c_void,
+            &mut n as *mut _ as *mut c_void,
+        ];
+        let kp = KernelNodeParams {
+            func: f,
+            grid: [1; 3],
+            block: [1; 3],
+            shared: 0,
+            kernel_params: args.as_mut_ptr(),
+            extra: null_mut(),
+        };
+        let mut k = null_mut();
+        ok(cuGraphAddKernelNode(&mut k, g, &a, 1, &kp));
+        let mut copy: omps_shim::api::hostmem::Memcpy3D = std::mem::zeroed();
+        copy.src_type = 2;
+        copy.src_device = ptr;
+        copy.dst_type = 2;
+        copy.dst_device = out;
+        copy.width = BYTES as usize;
+        copy.height = 1;
+        copy.depth = 1;
+        let mut c = null_mut();
+        ok(cuGraphAddMemcpyNode(&mut c, g, &k, 1, &copy, null_mut()));
+        let mut fr = null_mut();
+        assert_eq!(
+            cuGraphAddMemFreeNode(&mut fr, g, &c, 1, out),
+            CUDA_ERROR_INVALID_VALUE,
+            "a free node frees only graph memory"
+        );
+        ok(cuGraphAddMemFreeNode(&mut fr, g, &c, 1, ptr));
+        let mut freed = 0u64;
+        ok(cuGraphMemFreeNodeGetParams(fr, &mut freed));
+        assert_eq!(freed, ptr);
+        let mut ty = 0u32;
+        ok(omps_shim::api::graph::cuGraphNodeGetType(a, &mut ty));
+        assert_eq!(ty, 10, "a memory allocation node");
+
+        let mut e = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(out), vec![9; WORDS]);
+        // Freed outside the graph: still the graph's until it goes.
+        ok(cuMemFreeAsync(ptr, s));
+        ok(cuMemFree_v2(ptr));
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        mem(2 * BYTES);
+        ok(cuGraphDestroy(g));
+        mem(2 * BYTES);
+        ok(cuGraphExecDestroy(e));
+        mem(BYTES);
+
+        // A capture that fails gives back what it allocated.
+        ok(cuStreamBeginCapture_v2(s, 0));
+        ok(cuMemAllocAsync(&mut tmp, BYTES as usize, s));
+        mem(2 * BYTES);
+        assert_eq!(cuStreamSynchronize(s), 900, "illegal during capture");
+        let mut g = null_mut();
+        assert_eq!(cuStreamEndCapture(s, &mut g), 901, "invalidated");
+        mem(BYTES);
+    }
+}

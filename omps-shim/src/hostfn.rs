@@ -38,6 +38,14 @@ impl Call {
     }
 }
 
+/// Runs `f` now on a thread of its own, not the caller's (a user object's destructor,
+/// which the driver too runs on a thread of its own).
+pub fn run_detached(f: Call) {
+    let _ = std::thread::Builder::new()
+        .name("omps-destructor".into())
+        .spawn(move || (f.0)());
+}
+
 /// A graph's host node: run on every replay.
 #[derive(Clone, Copy)]
 struct HostNode {

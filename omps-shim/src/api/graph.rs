@@ -72,6 +72,7 @@ fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CU
         None => instantiate_id(gr.dev, gr.id(), flags)?,
     };
     let h = leak(GraphHandle::new(EXEC_MAGIC, id, gr.dev));
+    super::user_object::share(g as usize, h as usize);
     match source {
         Some(b) => build::note_source(h as usize, b, flags, Some(g as usize)),
         None => {
@@ -238,10 +239,11 @@ pub extern "C" fn cuGraphDestroy(g: CUgraph) -> CUresult {
         if build::is_built(g) {
             retire(&gr.magic, GRAPH_MAGIC)?;
             build::forget(g);
-            return Ok(());
+        } else {
+            destroy(gr, GRAPH_MAGIC, Op::GraphDestroy)?;
+            super::graph_mem::release(g as usize);
         }
-        destroy(gr, GRAPH_MAGIC, Op::GraphDestroy)?;
-        super::graph_mem::release(g as usize);
+        super::user_object::graph_gone(g as usize);
         Ok(())
     })
 }
@@ -253,6 +255,7 @@ pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
         destroy(ex, EXEC_MAGIC, Op::GraphExecDestroy)?;
         build::forget_exec(e as usize);
         super::graph_mem::release(e as usize);
+        super::user_object::exec_gone(ex);
         let ev = ex.wait_first.swap(0, Ordering::AcqRel);
         if ev != 0 {
             super::exec::cuEventDestroy_v2(ev as super::exec::CUevent);

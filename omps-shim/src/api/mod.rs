@@ -19,6 +19,7 @@ pub mod ptds;
 pub mod query;
 pub mod stream_info;
 pub mod tensor_map;
+pub mod user_object;
 pub mod vmm;
 
 use crate::cuda::*;

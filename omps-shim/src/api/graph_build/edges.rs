@@ -363,6 +363,7 @@ pub unsafe extern "C" fn cuGraphClone(ph: *mut CUgraph, original: CUgraph) -> CU
         };
         let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, gr.dev));
         with(|r| r.graphs.insert(h as usize, b));
+        crate::api::user_object::share(original as usize, h as usize);
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(ph, h) }
     })

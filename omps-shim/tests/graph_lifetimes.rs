@@ -1,7 +1,8 @@
-//! Graph memory: cuMemAllocAsync during a capture and memory nodes built by hand. The
-//! memory counts against the client from the node's making, a free inside the graph or
-//! outside it leaves it to the graph, and it goes once the graph and every executable
-//! graph made from it are destroyed.
+//! What graphs keep alive. Graph memory (cuMemAllocAsync during a capture, memory nodes
+//! built by hand) counts against the client from the node's making, a free inside the
+//! graph or outside it leaves it to the graph, and it goes once the graph and every
+//! executable graph made from it are destroyed. A user object's destructor runs once its
+//! last reference, a graph's or an executable graph's included, is gone.
 
 mod common;
 use common::*;
@@ -12,11 +13,31 @@ use omps_shim::api::graph_build::*;
 use omps_shim::api::graph_mem::*;
 use omps_shim::api::mem::*;
 use omps_shim::api::pool::*;
+use omps_shim::api::user_object::*;
 use omps_shim::cuda::*;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
 const WORDS: usize = 16;
+
+static DESTROYED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+unsafe extern "C" fn destroyed(p: *mut c_void) {
+    assert_eq!(p as usize, 77, "the object's pointer");
+    DESTROYED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The destructor count, once it has stopped changing for 50 ms (up to 2 s for `want`).
+fn destroyed_count(want: u32) -> u32 {
+    let t = std::time::Instant::now();
+    while DESTROYED.load(std::sync::atomic::Ordering::SeqCst) != want
+        && t.elapsed() < std::time::Duration::from_secs(2)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    DESTROYED.load(std::sync::atomic::Ordering::SeqCst)
+}
 const BYTES: u64 = 4 * WORDS as u64;
 
 fn read(p: u64) -> Vec<u32> {
@@ -163,6 +184,52 @@ fn graph_memory_lives_as_long_as_its_graphs() {
         mem(2 * BYTES);
         ok(cuGraphExecDestroy(e));
         mem(BYTES);
+
+        // A user object held by the caller, a graph, and an executable graph made from it.
+        let mut o = null_mut();
+        assert_eq!(
+            cuUserObjectCreate(&mut o, 77 as *mut c_void, Some(destroyed), 1, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "the no-destructor-sync flag is required"
+        );
+        ok(cuUserObjectCreate(
+            &mut o,
+            77 as *mut c_void,
+            Some(destroyed),
+            2,
+            1,
+        ));
+        let mut g = null_mut();
+        ok(cuGraphCreate(&mut g, 0));
+        let mut k = null_mut();
+        pp = out; // the earlier graph's memory is gone with it
+        let kp = KernelNodeParams {
+            kernel_params: args.as_mut_ptr(),
+            ..kp
+        };
+        ok(cuGraphAddKernelNode(&mut k, g, null(), 0, &kp));
+        ok(cuGraphRetainUserObject(g, o, 1, 1)); // moves one of the caller's two
+        ok(cuGraphRetainUserObject(g, o, 2, 0));
+        ok(cuGraphReleaseUserObject(g, o, 2));
+        assert_eq!(
+            cuGraphReleaseUserObject(g, o, 5),
+            CUDA_ERROR_INVALID_VALUE,
+            "more than the graph holds"
+        );
+        let mut e = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
+        ok(cuUserObjectRelease(o, 1));
+        ok(cuGraphDestroy(g));
+        ok(cuGraphLaunch(e, s));
+        assert_eq!(destroyed_count(0), 0, "the executable graph holds it");
+        ok(cuGraphExecDestroy(e));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(
+            destroyed_count(1),
+            1,
+            "destroyed once, after the last launch"
+        );
+        assert_eq!(cuUserObjectRetain(o, 1), CUDA_ERROR_INVALID_HANDLE);
 
         // A capture that fails gives back what it allocated.
         ok(cuStreamBeginCapture_v2(s, 0));

@@ -28,9 +28,10 @@ pub struct UserObject {
 pub type CUuserObject = *mut UserObject;
 
 /// Graph or executable graph handle address -> (user object, references it holds).
-static HELD: LazyLock<Mutex<HashMap<usize, Vec<(usize, u64)>>>> = LazyLock::new(Default::default);
+type Held = HashMap<usize, Vec<(usize, u64)>>;
+static HELD: LazyLock<Mutex<Held>> = LazyLock::new(Default::default);
 
-fn held() -> std::sync::MutexGuard<'static, HashMap<usize, Vec<(usize, u64)>>> {
+fn held() -> std::sync::MutexGuard<'static, Held> {
     HELD.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -202,9 +202,15 @@ fn graph_memory_lives_as_long_as_its_graphs() {
         let mut g = null_mut();
         ok(cuGraphCreate(&mut g, 0));
         let mut k = null_mut();
-        pp = out; // the earlier graph's memory is gone with it
+        // The earlier graph's memory is gone with it: this one fills `out`.
+        let (mut op, mut one) = (out, 1u32);
+        let mut oargs = [
+            &mut op as *mut _ as *mut c_void,
+            &mut one as *mut _ as *mut c_void,
+            &mut n as *mut _ as *mut c_void,
+        ];
         let kp = KernelNodeParams {
-            kernel_params: args.as_mut_ptr(),
+            kernel_params: oargs.as_mut_ptr(),
             ..kp
         };
         ok(cuGraphAddKernelNode(&mut k, g, null(), 0, &kp));

@@ -94,7 +94,8 @@ RT_PROGS="device_props error_names vector_add memset memcpy2d3d memcpy_default p
           streams events async_copy pinned mapped host_register atomics dyn_shared symbols
           coop_grid_sync callbacks templates threads no_free stream_priority per_thread_stream
           legacy_stream device_sync device_printf func_attrs occupancy launch_ex invalid_launch
-          host_func_order graph_capture graph_manual ipc_memory kernel_fault device_assert"
+          host_func_order graph_capture graph_manual graph_mem_nodes user_objects managed
+          ipc_memory kernel_fault device_assert"
 RT_FAULT_PROGS="kernel_fault device_assert"          # the omps server is restarted after each omps run of these
 RT_ARCH=${RT_ARCH:-sm_90}
 BENCH_KEYS="launch_async launch_sync sync_idle h2d_4b_pageable d2h_4b_pageable d2h_4b_pinned malloc_free_1mib h2d_bw_pinned h2d_bw_pageable"

@@ -220,8 +220,15 @@ impl State {
         self.sticky.map_or(Ok(()), |e| Err(CuError(e)))
     }
 
-    /// The byte range `[addr, addr+len)` inside one allocation or reservation.
+    /// The byte range `[addr, addr+len)` inside one allocation or reservation, or inside
+    /// registered host memory (page-locked and managed memory, which the GPU reaches at
+    /// its host address).
     fn range(&mut self, addr: u64, len: usize) -> GpuResult<&mut [u8]> {
+        if len > 0 && self.is_registered(addr as usize, len) {
+            // SAFETY: registered ranges are mapped in this process (the client's memfd at
+            // the client's address) until unregistered, which needs this state's lock.
+            return Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) });
+        }
         let in_reservation = self
             .reservations
             .range(..=addr)

@@ -433,7 +433,13 @@ impl Session {
             .range(..=addr)
             .next_back()
             .is_some_and(|(&s, &(n, _))| addr.checked_add(len).is_some_and(|end| end <= s + n));
-        inside(&self.allocs) || inside(&self.globals) || imported || self.vmm.mapped(addr, len)
+        // Page-locked and managed memory (the client's memfds, mapped and registered at
+        // the same address) is device-visible too, as it is natively.
+        inside(&self.allocs)
+            || inside(&self.globals)
+            || imported
+            || self.vmm.mapped(addr, len)
+            || self.client.pinned_contains(addr, len)
     }
 
     fn check_range(&mut self, addr: u64, len: u64) -> bool {

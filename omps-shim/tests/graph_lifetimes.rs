@@ -185,6 +185,33 @@ fn graph_memory_lives_as_long_as_its_graphs() {
         ok(cuGraphExecDestroy(e));
         mem(BYTES);
 
+        // An allocation the graph does not free: a relaunch waits for the program's free,
+        // unless the graph was instantiated to free on launch.
+        let mut g = null_mut();
+        ok(cuGraphCreate(&mut g, 0));
+        p.dptr = 0;
+        ok(cuGraphAddMemAllocNode(&mut a, g, null(), 0, &mut p));
+        let kept = p.dptr;
+        let (mut plain, mut auto) = (null_mut(), null_mut());
+        ok(cuGraphInstantiateWithFlags(&mut plain, g, 0));
+        ok(cuGraphInstantiateWithFlags(&mut auto, g, 1));
+        ok(cuGraphLaunch(plain, s));
+        assert_eq!(
+            cuGraphLaunch(plain, s),
+            CUDA_ERROR_INVALID_VALUE,
+            "not freed yet"
+        );
+        ok(cuMemFreeAsync(kept, s));
+        ok(cuGraphLaunch(plain, s));
+        ok(cuGraphLaunch(auto, s));
+        ok(cuGraphLaunch(auto, s));
+        ok(cuStreamSynchronize(s));
+        for x in [plain, auto] {
+            ok(cuGraphExecDestroy(x));
+        }
+        ok(cuGraphDestroy(g));
+        mem(BYTES);
+
         // A user object held by the caller, a graph, and an executable graph made from it.
         let mut o = null_mut();
         assert_eq!(

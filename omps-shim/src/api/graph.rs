@@ -74,10 +74,15 @@ fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CU
     let h = leak(GraphHandle::new(EXEC_MAGIC, id, gr.dev));
     super::user_object::share(g as usize, h as usize);
     match source {
-        Some(b) => build::note_source(h as usize, b, flags, Some(g as usize)),
+        Some(b) => {
+            super::graph_mem::note_exec(h as usize, build::unfreed(&b), flags);
+            build::note_source(h as usize, b, flags, Some(g as usize));
+        }
         None => {
             build::note_captured_flags(h as usize, flags);
             super::graph_mem::share(g as usize, h as usize);
+            let allocs = super::graph_mem::held_by(g as usize);
+            super::graph_mem::note_exec(h as usize, allocs, flags);
         }
     }
     // SAFETY: checked non-null; the caller's pointer.
@@ -181,6 +186,7 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     if op == Op::GraphLaunch {
+        super::graph_mem::launching(e as usize)?;
         ex.last_stream.store(s as usize, Ordering::Release);
         let ev = ex.wait_first.swap(0, Ordering::AcqRel);
         if ev != 0 {

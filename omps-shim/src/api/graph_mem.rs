@@ -14,13 +14,18 @@
 use super::mem::{alloc, free_block};
 use crate::cuda::*;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 /// One allocation held by graphs.
 pub(crate) struct GraphAlloc {
     pub ptr: u64,
     pub size: u64,
+    /// A free node (or a free during its capture) frees it inside the graph.
+    pub freed_in_graph: AtomicBool,
+    /// A launch allocated it and nothing has freed it since: the graph may not be
+    /// launched again until it is freed (unless instantiated to free on launch).
+    outstanding: AtomicBool,
 }
 
 impl Drop for GraphAlloc {
@@ -41,6 +46,9 @@ struct State {
     /// Captured graphs and executable graphs made from them (handle address) -> what they
     /// hold. Graphs built by hand hold theirs in their nodes.
     held: HashMap<usize, Vec<Arc<GraphAlloc>>>,
+    /// Executable graph (handle address) -> the allocations its launches leave to be
+    /// freed outside it, and whether it was instantiated to free them on launch.
+    launched: HashMap<usize, (Vec<Arc<GraphAlloc>>, bool)>,
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(Default::default);
@@ -63,12 +71,73 @@ pub(crate) fn allocate(dev: usize, size: usize) -> Result<Arc<GraphAlloc>, CUres
     Ok(Arc::new(GraphAlloc {
         ptr,
         size: size as u64,
+        freed_in_graph: AtomicBool::new(false),
+        outstanding: AtomicBool::new(false),
     }))
 }
 
 /// Whether `ptr` is the start of a live graph allocation.
 pub(crate) fn is_graph_alloc(ptr: u64) -> bool {
     COUNT.load(Ordering::Acquire) > 0 && lock().by_ptr.contains_key(&ptr)
+}
+
+/// Every live allocation at `ptr`'s start, from any graph's books.
+fn find(st: &State, ptr: u64) -> Option<Arc<GraphAlloc>> {
+    st.held
+        .values()
+        .chain(st.pending.values())
+        .chain(st.launched.values().map(|(v, _)| v))
+        .flatten()
+        .find(|a| a.ptr == ptr)
+        .cloned()
+}
+
+/// Graph memory `ptr` freed: by a free node or during its capture (`in_graph`), or by the
+/// program outside any graph. Whether it is graph memory.
+pub(crate) fn freed(ptr: u64, in_graph: bool) -> bool {
+    if !is_graph_alloc(ptr) {
+        return false;
+    }
+    if let Some(a) = find(&lock(), ptr) {
+        if in_graph {
+            a.freed_in_graph.store(true, Ordering::Release);
+        } else {
+            a.outstanding.store(false, Ordering::Release);
+        }
+    }
+    true
+}
+
+/// Executable graph `e` was made from a graph with allocations `allocs`.
+pub(crate) fn note_exec(e: usize, allocs: Vec<Arc<GraphAlloc>>, flags: u64) {
+    const AUTO_FREE_ON_LAUNCH: u64 = 1;
+    if !allocs.is_empty() {
+        lock()
+            .launched
+            .insert(e, (allocs, flags & AUTO_FREE_ON_LAUNCH != 0));
+    }
+}
+
+/// A launch of executable graph `e`: refused while an allocation an earlier launch left
+/// to be freed outside the graph is not yet freed, as the driver refuses it.
+pub(crate) fn launching(e: usize) -> Result<(), CUresult> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let st = lock();
+    let Some((allocs, auto_free)) = st.launched.get(&e) else {
+        return Ok(());
+    };
+    let left: Vec<&Arc<GraphAlloc>> = allocs
+        .iter()
+        .filter(|a| !a.freed_in_graph.load(Ordering::Acquire))
+        .collect();
+    if !auto_free && left.iter().any(|a| a.outstanding.load(Ordering::Acquire)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    left.iter()
+        .for_each(|a| a.outstanding.store(true, Ordering::Release));
+    Ok(())
 }
 
 /// cuMemAllocAsync on a stream capturing with id `capture`: held by the capture's graph.
@@ -107,8 +176,16 @@ pub(crate) fn share(from: usize, to: usize) {
 
 /// Graph or executable graph `h` (handle address) destroyed.
 pub(crate) fn release(h: usize) {
-    let taken = lock().held.remove(&h);
+    let taken = {
+        let mut st = lock();
+        (st.held.remove(&h), st.launched.remove(&h))
+    };
     drop(taken);
+}
+
+/// What captured graph `g` (handle address) holds.
+pub(crate) fn held_by(g: usize) -> Vec<Arc<GraphAlloc>> {
+    lock().held.get(&g).cloned().unwrap_or_default()
 }
 
 /// CUgraphMem_attribute: used and reserved, current and high.

@@ -108,7 +108,11 @@ fn allocated_here(p: usize) -> bool {
         .is_some_and(|m| m.contains_key(&p))
 }
 
-fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void, CUresult> {
+/// Not a CUDA flag: marks managed memory (api/managed.rs), which is shared memory that
+/// is also one of the client's device ranges.
+pub(crate) const MANAGED: u32 = 1 << 31;
+
+pub(crate) fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void, CUresult> {
     live()?;
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -118,6 +122,8 @@ fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void, CUresult> {
         .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     let (p, kind) = match shared_alloc(len) {
         Some(p) => (p, Kind::Shared),
+        // Managed memory must be the GPU's to reach.
+        None if flags & MANAGED != 0 => return Err(CUDA_ERROR_OUT_OF_MEMORY),
         None => {
             let layout = std::alloc::Layout::from_size_align(len, 4096)
                 .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
@@ -168,12 +174,27 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
         if p.is_null() {
             return Ok(());
         }
+        free_host(p as usize, false)
+    })
+}
+
+/// The managed allocation holding `p`: (start, length).
+pub(crate) fn managed_range(p: usize) -> Option<(usize, usize)> {
+    host_range(p).and_then(|(s, r)| (r.flags & MANAGED != 0).then_some((s, r.len)))
+}
+
+/// Frees what host_alloc made at `p`: page-locked memory (cuMemFreeHost) or, with
+/// `managed`, managed memory (cuMemFree).
+pub(crate) fn free_host(p: usize, managed: bool) -> Result<(), CUresult> {
+    {
+        let p = p as *mut c_void;
         let r = {
             let mut h = HOST.lock().unwrap_or_else(|e| e.into_inner());
             match h.get(&(p as usize)) {
                 Some(r)
-                    if r.kind == Kind::Private
-                        || (r.kind == Kind::Shared && allocated_here(p as usize)) =>
+                    if (r.flags & MANAGED != 0) == managed
+                        && (r.kind == Kind::Private
+                            || (r.kind == Kind::Shared && allocated_here(p as usize))) =>
                 {
                     h.remove(&(p as usize)).expect("present")
                 }
@@ -202,7 +223,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
                 Ok(())
             }
         }
-    })
+    }
 }
 
 /// # Safety
@@ -639,7 +660,13 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                     out(data as *mut u64, p)
                 }
                 (HOST_POINTER, None, Some(_)) => out(data as *mut u64, p),
-                (IS_MANAGED, _, _) => out(data as *mut c_uint, 0),
+                (HOST_POINTER, Some(_), Some((_, r))) if r.flags & MANAGED != 0 => {
+                    out(data as *mut u64, p)
+                }
+                (IS_MANAGED, _, h) => out(
+                    data as *mut c_uint,
+                    c_uint::from(h.is_some_and(|(_, r)| r.flags & MANAGED != 0)),
+                ),
                 (DEVICE_ORDINAL, Some((_, _, d)), _) => out(data as *mut c_int, d as c_int),
                 (RANGE_START_ADDR, Some((s, _, _)), _) => out(data as *mut u64, s),
                 (RANGE_START_ADDR, None, Some((s, _))) => out(data as *mut u64, s as u64),

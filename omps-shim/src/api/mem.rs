@@ -141,9 +141,12 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry(|| {
-        if ptr == 0 || super::graph_mem::is_graph_alloc(ptr) {
+        if ptr == 0 || super::graph_mem::freed(ptr, false) {
             // Graph memory is its graphs' to free (graph_mem.rs).
             return Ok(());
+        }
+        if let Some(r) = super::managed::free(ptr) {
+            return r;
         }
         free_block(ptr)
     })
@@ -213,11 +216,27 @@ fn memset(
     live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])
 }
 
+/// A synchronous memset or device-to-device copy into page-locked or managed memory
+/// returns once done, as the driver's does (into device memory it need not).
+fn finish_if_host(dst: u64) -> Result<(), CUresult> {
+    if super::hostmem::is_shared(dst, 1) {
+        match super::exec::cuStreamSynchronize(std::ptr::null_mut()) {
+            CUDA_SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    } else {
+        Ok(())
+    }
+}
+
 macro_rules! memsets {
     ($($sync:ident, $async_:ident, $t:ty, $size:expr;)*) => {$(
         #[no_mangle]
         pub extern "C" fn $sync(dst: CUdeviceptr, v: $t, n: usize) -> CUresult {
-            entry(|| memset(dst, v as u32, $size, n, std::ptr::null_mut()))
+            entry(|| {
+                memset(dst, v as u32, $size, n, std::ptr::null_mut())?;
+                finish_if_host(dst)
+            })
         }
         #[no_mangle]
         pub extern "C" fn $async_(dst: CUdeviceptr, v: $t, n: usize, s: CUstream) -> CUresult {
@@ -255,7 +274,10 @@ macro_rules! memsets_2d {
     ($($sync:ident, $async_:ident, $t:ty, $size:expr;)*) => {$(
         #[no_mangle]
         pub extern "C" fn $sync(dst: CUdeviceptr, pitch: usize, v: $t, w: usize, h: usize) -> CUresult {
-            entry(|| memset_2d(dst, pitch, v as u32, $size, w, h, std::ptr::null_mut()))
+            entry(|| {
+                memset_2d(dst, pitch, v as u32, $size, w, h, std::ptr::null_mut())?;
+                finish_if_host(dst)
+            })
         }
         #[no_mangle]
         pub extern "C" fn $async_(dst: CUdeviceptr, pitch: usize, v: $t, w: usize, h: usize, s: CUstream) -> CUresult {
@@ -533,7 +555,11 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
 
 #[no_mangle]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| copy_dtod(dst, src, n, std::ptr::null_mut()))
+    entry(|| {
+        copy_dtod(dst, src, n, std::ptr::null_mut())?;
+        // Into managed memory the CPU reads next: done before the return.
+        finish_if_host(dst)
+    })
 }
 
 #[no_mangle]

@@ -11,6 +11,7 @@ pub mod graph_mem;
 pub mod hostmem;
 pub mod ipc;
 pub mod link;
+pub mod managed;
 pub mod mem;
 pub mod module;
 pub mod pool;

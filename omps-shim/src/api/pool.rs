@@ -182,7 +182,11 @@ pub(crate) fn forget(ptr: u64) {
 fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     let (key, _) = stream_key(s)?;
     if super::graph_mem::is_graph_alloc(ptr) {
-        // A free node, or graph memory freed outside its graph: its graphs free it.
+        // A free during a capture (a free node), or graph memory freed outside its
+        // graph: its graphs free it.
+        let in_graph = super::capture::any_capture()
+            && super::capture::capture_info(s)?.0 == omps_ring::wire::graph::STATUS_ACTIVE;
+        super::graph_mem::freed(ptr, in_graph);
         return Ok(());
     }
     let Some((p, len)) = lock(&ALLOCS).as_mut().and_then(|m| m.remove(&ptr)) else {

@@ -95,6 +95,23 @@ pub(crate) fn mem_free_kind(ptr: u64) -> Result<Kind, CUresult> {
     Ok(Kind::MemFree(ptr))
 }
 
+/// The allocations of built graph `b` that no free node of it frees.
+pub(crate) fn unfreed(b: &Built) -> Vec<Arc<GraphAlloc>> {
+    let frees: Vec<u64> = b
+        .live()
+        .filter_map(|(_, n)| match n.kind {
+            Kind::MemFree(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    b.live()
+        .filter_map(|(_, n)| match &n.kind {
+            Kind::MemAlloc(m) if !frees.contains(&m.alloc.ptr) => Some(m.alloc.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// # Safety
 /// `ph` is null or writable; `deps` is null or holds `n` node handles; `p` is null or
 /// valid and writable.

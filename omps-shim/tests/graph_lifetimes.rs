@@ -264,6 +264,41 @@ fn graph_memory_lives_as_long_as_its_graphs() {
         );
         assert_eq!(cuUserObjectRetain(o, 1), CUDA_ERROR_INVALID_HANDLE);
 
+        // Moved into the graph of a capture still going: the handle the capture ends in.
+        let mut o2 = null_mut();
+        ok(cuUserObjectCreate(
+            &mut o2,
+            77 as *mut c_void,
+            Some(destroyed),
+            1,
+            1,
+        ));
+        ok(cuStreamBeginCapture_v2(s, 0));
+        let (mut st, mut cid, mut cg) = (0u32, 0u64, null_mut::<c_void>());
+        ok(omps_shim::api::stream_info::cuStreamGetCaptureInfo_v2(
+            s,
+            &mut st,
+            &mut cid,
+            &mut cg,
+            null_mut(),
+            null_mut(),
+        ));
+        assert_eq!(st, 1);
+        assert!(!cg.is_null(), "the capture's graph");
+        ok(cuGraphRetainUserObject(cg as CUgraph, o2, 1, 1));
+        let mut n2 = 0usize;
+        assert_eq!(
+            cuGraphGetNodes(cg as CUgraph, null_mut(), &mut n2),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "not while the capture goes on"
+        );
+        fill(f, s, out, 3);
+        let mut g = null_mut();
+        ok(cuStreamEndCapture(s, &mut g));
+        assert_eq!(g as *mut c_void, cg, "the same handle");
+        ok(cuGraphDestroy(g));
+        assert_eq!(destroyed_count(2), 2, "gone with its graph");
+
         // A capture that fails gives back what it allocated.
         ok(cuStreamBeginCapture_v2(s, 0));
         ok(cuMemAllocAsync(&mut tmp, BYTES as usize, s));

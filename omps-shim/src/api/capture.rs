@@ -5,7 +5,7 @@
 use super::exec::{per_thread, stream_dev, CUstream};
 use super::{entry, live, out};
 use crate::cuda::*;
-use crate::handles::{leak, GraphHandle, GRAPH_MAGIC};
+use crate::handles::{leak, retire, GraphHandle, GRAPH_MAGIC};
 use omps_ring::wire::{self, CaptureCall, Op};
 use std::collections::HashMap;
 use std::ffi::c_uint;
@@ -51,18 +51,33 @@ fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
     }
     capture_call(Op::CaptureBegin, s, mode)?;
     CAPTURES.fetch_add(1, Ordering::AcqRel);
-    // The capture's id, for the graph memory it allocates: an invalidated capture no
-    // longer tells its id at its end.
+    // The capture's id (for the graph memory it allocates: an invalidated capture no
+    // longer tells its id at its end) and the graph handle it ends in, which
+    // cuStreamGetCaptureInfo gives out meanwhile (user objects can be moved into it).
     let (_, id) = capture_info(s)?;
-    lock_ids().insert(s as usize, id);
+    let (_, dev) = stream_dev(s)?;
+    let g = leak(GraphHandle::new(GRAPH_MAGIC, IN_CAPTURE, dev)) as usize;
+    lock_ids().insert(s as usize, (id, g));
     Ok(())
 }
 
-/// Capturing origin stream (handle address) -> its capture's id.
-static IDS: LazyLock<Mutex<HashMap<usize, u64>>> = LazyLock::new(Default::default);
+/// The id of a graph handle whose capture has not ended: no server graph has it (the
+/// server's ids start at 1).
+pub(crate) const IN_CAPTURE: u32 = 0;
 
-fn lock_ids() -> std::sync::MutexGuard<'static, HashMap<usize, u64>> {
+/// Capturing origin stream (handle address) -> its capture's id and graph handle.
+static IDS: LazyLock<Mutex<HashMap<usize, (u64, usize)>>> = LazyLock::new(Default::default);
+
+fn lock_ids() -> std::sync::MutexGuard<'static, HashMap<usize, (u64, usize)>> {
     IDS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The graph handle capture `id` will end in.
+pub(crate) fn capture_graph(id: u64) -> Option<usize> {
+    lock_ids()
+        .values()
+        .find(|&&(c, _)| c == id)
+        .map(|&(_, g)| g)
 }
 
 #[no_mangle]
@@ -109,19 +124,28 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
         } else {
             None
         };
-        let (dev, id) = match r {
-            Ok(v) => v,
+        let (id, h) = match r {
+            Ok((dev, id)) => match capture {
+                Some((c, h)) => {
+                    super::graph_mem::capture_ended(c, Some(h));
+                    (id, h as *mut GraphHandle)
+                }
+                // Begun through another handle of the stream: a handle of its own.
+                None => (id, leak(GraphHandle::new(GRAPH_MAGIC, IN_CAPTURE, dev))),
+            },
             Err(e) => {
-                if let Some(c) = capture {
+                if let Some((c, h)) = capture {
                     super::graph_mem::capture_ended(c, None);
+                    // No graph came of it: what was moved into it goes.
+                    super::user_object::graph_gone(h);
+                    // SAFETY: a handle made at the capture's start, never freed.
+                    let _ = retire(&unsafe { &*(h as *const GraphHandle) }.magic, GRAPH_MAGIC);
                 }
                 return Err(e);
             }
         };
-        let h = leak(GraphHandle::new(GRAPH_MAGIC, id as u32, dev));
-        if let Some(c) = capture {
-            super::graph_mem::capture_ended(c, Some(h as usize));
-        }
+        // SAFETY: a handle made at the capture's start, never freed.
+        unsafe { &*h }.id.store(id as u32, Ordering::Release);
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(graph, h) }
     })

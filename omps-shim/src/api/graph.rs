@@ -19,7 +19,15 @@ pub type CUgraphExec = *mut GraphHandle;
 
 fn graph(g: CUgraph) -> Result<&'static GraphHandle, CUresult> {
     // SAFETY: the caller passed a graph handle, as the API requires.
-    unsafe { resolve(g as *const GraphHandle, GRAPH_MAGIC) }
+    let h = unsafe { resolve(g as *const GraphHandle, GRAPH_MAGIC) }?;
+    if h.id() == super::capture::IN_CAPTURE && !build::is_built(g) {
+        // The graph of a capture still going lives in the server's capture; only user
+        // objects can be moved into it meanwhile.
+        return Err(crate::unsupported::unsupported(
+            "using a graph before its capture ends (other than retaining user objects)",
+        ));
+    }
+    Ok(h)
 }
 
 fn exec(e: CUgraphExec) -> Result<&'static GraphHandle, CUresult> {

@@ -360,7 +360,14 @@ fn is_device(p: u64) -> bool {
 
 fn copy_any(dst: u64, src: u64, len: usize, s: CUstream, sync: bool) -> Result<(), CUresult> {
     match (is_device(dst), is_device(src)) {
-        (true, true) => copy_dtod(dst, src, len, s),
+        (true, true) => {
+            copy_dtod(dst, src, len, s)?;
+            if sync {
+                // Managed memory the CPU touches next: done before the return.
+                super::mem::finish_if_host(dst, src)?;
+            }
+            Ok(())
+        }
         (true, false) => copy_htod(dst, src as *const u8, len, s, sync),
         (false, true) => copy_dtoh(dst as *mut u8, src, len, s, sync),
         (false, false) => {

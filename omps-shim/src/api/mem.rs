@@ -216,10 +216,10 @@ fn memset(
     live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])
 }
 
-/// A synchronous memset or device-to-device copy into page-locked or managed memory
-/// returns once done, as the driver's does (into device memory it need not).
-fn finish_if_host(dst: u64) -> Result<(), CUresult> {
-    if super::hostmem::is_shared(dst, 1) {
+/// A synchronous memset or device-to-device copy that touches page-locked or managed
+/// memory returns once done, as the driver's does (in device memory it need not).
+pub(crate) fn finish_if_host(dst: u64, src: u64) -> Result<(), CUresult> {
+    if super::hostmem::is_shared(dst, 1) || super::hostmem::is_shared(src, 1) {
         match super::exec::cuStreamSynchronize(std::ptr::null_mut()) {
             CUDA_SUCCESS => Ok(()),
             e => Err(e),
@@ -235,7 +235,7 @@ macro_rules! memsets {
         pub extern "C" fn $sync(dst: CUdeviceptr, v: $t, n: usize) -> CUresult {
             entry(|| {
                 memset(dst, v as u32, $size, n, std::ptr::null_mut())?;
-                finish_if_host(dst)
+                finish_if_host(dst, 0)
             })
         }
         #[no_mangle]
@@ -276,7 +276,7 @@ macro_rules! memsets_2d {
         pub extern "C" fn $sync(dst: CUdeviceptr, pitch: usize, v: $t, w: usize, h: usize) -> CUresult {
             entry(|| {
                 memset_2d(dst, pitch, v as u32, $size, w, h, std::ptr::null_mut())?;
-                finish_if_host(dst)
+                finish_if_host(dst, 0)
             })
         }
         #[no_mangle]
@@ -557,8 +557,8 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
     entry(|| {
         copy_dtod(dst, src, n, std::ptr::null_mut())?;
-        // Into managed memory the CPU reads next: done before the return.
-        finish_if_host(dst)
+        // Managed memory the CPU touches next: done before the return.
+        finish_if_host(dst, src)
     })
 }
 

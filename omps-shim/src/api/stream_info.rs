@@ -82,14 +82,25 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     deps: *mut *const c_void,
     num_deps: *mut usize,
 ) -> CUresult {
-    // The graph being built and its open dependencies live in the server: a program
-    // gets none (a null graph, no dependencies) and cannot add nodes by hand mid-capture.
+    // The graph being built and its open dependencies live in the server: a program gets
+    // the handle the capture will end in (user objects can be moved into it) and no
+    // dependencies, and cannot add nodes by hand mid-capture.
     entry(|| {
         // SAFETY: the caller's pointers.
         unsafe {
-            capture_state(s, status, id)?;
+            let mut cid = 0u64;
+            capture_state(s, status, &mut cid)?;
+            if !id.is_null() && !status.is_null() && *status != wire::graph::STATUS_NONE {
+                id.write(cid);
+            }
             if !graph.is_null() {
-                graph.write(std::ptr::null_mut());
+                let active = !status.is_null() && *status == wire::graph::STATUS_ACTIVE;
+                let g = if active {
+                    super::capture::capture_graph(cid).unwrap_or(0)
+                } else {
+                    0
+                };
+                graph.write(g as *mut c_void);
             }
             if !deps.is_null() {
                 deps.write(std::ptr::null());

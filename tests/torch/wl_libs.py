@@ -167,9 +167,6 @@ def cuda_graph():
     return outs
 
 
-NOT_YET_RUN = "new; not yet run on a GPU"
-
-
 def _capture(fn, warmups=3):
     """torch.cuda.CUDAGraph of fn(), after warm-up runs on a side stream as PyTorch asks.
     Returns the graph and fn's output tensor inside the graph's memory."""
@@ -185,7 +182,7 @@ def _capture(fn, warmups=3):
     return g, y
 
 
-@workload("cuda_graph_resnet50", exact=True, known_broken=NOT_YET_RUN)
+@workload("cuda_graph_resnet50", exact=True)
 def cuda_graph_resnet50():
     """ResNet-50 fp16 batch 1 captured once and replayed on new inputs, as a serving loop does."""
     import torchvision
@@ -204,7 +201,7 @@ def cuda_graph_resnet50():
     return out
 
 
-@workload("cuda_graph_decode", exact=True, known_broken=NOT_YET_RUN)
+@workload("cuda_graph_decode", exact=True)
 def cuda_graph_decode():
     """The decoder's decode step (one token, key/value cache at a fixed position) captured
     once and replayed for several tokens, as LLM servers replay their decode steps."""
@@ -227,8 +224,7 @@ def cuda_graph_decode():
 
 
 # Exact for the reason `compile` is: one inductor/Triton cache per session.
-@workload("compile_reduce_overhead", exact=True, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"},
-          known_broken=NOT_YET_RUN)
+@workload("compile_reduce_overhead", exact=True, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
 def compile_reduce_overhead():
     """torch.compile(mode="reduce-overhead"): inductor's kernels replayed through CUDA graphs
     (cudagraph trees record after the first calls)."""

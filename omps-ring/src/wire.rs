@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -120,6 +120,12 @@ ops! {
     IpcGetEventHandle = 57 => HandleCall,
     /// Opens another client's exported event as this client's event `id`.
     IpcOpenEventHandle = 58 => IpcOpenEvent,
+    /// CUDA arrays and mipmapped arrays (see [`array`]): made, given a level, destroyed.
+    Array = 59 => ArrayCall,
+    /// A copy with a CUDA array on one side or both, in stream order.
+    ArrayCopy = 27 => ArrayCopy,
+    /// Texture and surface objects (see [`tex`]): made over a resource, destroyed.
+    TexObject = 60 => TexCall,
 }
 
 /// Where an answer goes.
@@ -474,6 +480,93 @@ pub struct U64Reply {
 /// CUDA graphs. A graph a client captures holds only that client's work: capture runs in
 /// the server on the client stream's own work stream. Graph and executable-graph ids are
 /// the server's, per client.
+/// A CUDA array call: [`ArrayCall::kind`] says what, `id` names an array or mipmapped
+/// array of the caller's, `args` carry the rest.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ArrayCall {
+    pub call: CallHdr,
+    pub kind: u32,
+    pub id: u32,
+    pub args: [u64; 7],
+}
+
+/// [`ArrayCall::kind`] values and their `args`.
+pub mod array {
+    /// (width, height, depth, format, channels, flags) -> array id ([`super::U64Reply`]).
+    pub const CREATE: u32 = 1;
+    /// (width, height, depth, format, channels, flags, levels) -> mipmapped array id.
+    pub const CREATE_MIPMAPPED: u32 = 2;
+    /// Level (args[0]) of mipmapped array `id` -> an array id, owned by the mipmapped array.
+    pub const LEVEL: u32 = 3;
+    /// Destroys array `id` (after the client's queued work).
+    pub const DESTROY: u32 = 4;
+    pub const DESTROY_MIPMAPPED: u32 = 5;
+}
+
+/// One side of an [`ArrayCopy`]: an array of the client's (`array` non-zero: its id, x in
+/// bytes) or device memory at `dev` with a pitch and a height.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CopySide {
+    pub array: u32,
+    pub _pad: u32,
+    pub x: u64,
+    pub y: u64,
+    pub z: u64,
+    pub dev: u64,
+    pub pitch: u64,
+    pub height: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ArrayCopy {
+    pub stream: u32,
+    pub _pad: u32,
+    pub src: CopySide,
+    pub dst: CopySide,
+    /// Bytes per row, rows, slices.
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+}
+
+/// A texture or surface object call. Create: the resource (an array or mipmapped array
+/// of the caller's by id, or its device memory), and for textures the texture and view
+/// descriptors as cuda.h lays them out; the object's value as a [`U64Reply`]. Destroy:
+/// `object`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct TexCall {
+    pub call: CallHdr,
+    pub kind: u32,
+    /// CUresourcetype: array, mipmapped array, linear, pitch 2D.
+    pub res_type: u32,
+    pub array: u32,
+    pub format: u32,
+    pub channels: u32,
+    pub has_view: u32,
+    pub dev: u64,
+    pub size: u64,
+    pub width: u64,
+    pub height: u64,
+    pub pitch: u64,
+    pub object: u64,
+    /// CUDA_TEXTURE_DESC (104 bytes).
+    pub tex: [u32; 26],
+    /// CUDA_RESOURCE_VIEW_DESC (112 bytes).
+    pub view: [u32; 28],
+}
+
+/// [`TexCall::kind`] values.
+pub mod tex {
+    pub const CREATE_TEXTURE: u32 = 1;
+    pub const CREATE_SURFACE: u32 = 2;
+    pub const DESTROY_TEXTURE: u32 = 3;
+    pub const DESTROY_SURFACE: u32 = 4;
+}
+
 pub mod graph {
     /// CUstreamCaptureStatus.
     pub const STATUS_NONE: u32 = 0;

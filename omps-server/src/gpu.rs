@@ -241,10 +241,96 @@ pub trait Gpu: Send + Sync + 'static {
     /// A node's CUgraphNodeType.
     fn graph_node_type(&self, node: u64) -> GpuResult<u32>;
 
+    /// A CUDA array of `shape`: its handle and the bytes it takes.
+    fn array_create(&self, shape: &ArrayShape) -> GpuResult<(u64, u64)>;
+    /// A mipmapped array of `shape` with `levels` levels: its handle and its bytes.
+    fn mipmap_create(&self, shape: &ArrayShape, levels: u32) -> GpuResult<(u64, u64)>;
+    /// Level `level` of mipmapped array `mip` (an array the mipmapped array owns).
+    fn mipmap_level(&self, mip: u64, level: u32) -> GpuResult<u64>;
+    fn array_destroy(&self, array: u64) -> GpuResult<()>;
+    fn mipmap_destroy(&self, mip: u64) -> GpuResult<()>;
+    /// A 3D copy (`extent`: bytes per row, rows, slices) between arrays and device memory,
+    /// in stream `s`'s order.
+    fn array_copy(
+        &self,
+        src: &CopyPlace,
+        dst: &CopyPlace,
+        extent: [u64; 3],
+        s: usize,
+    ) -> GpuResult<()>;
+    /// A texture object over `res` (CUDA_TEXTURE_DESC and CUDA_RESOURCE_VIEW_DESC as
+    /// cuda.h lays them out, checked by the driver): the object's value.
+    fn tex_create(
+        &self,
+        res: &Resource,
+        tex: &[u32; 26],
+        view: Option<&[u32; 28]>,
+    ) -> GpuResult<u64>;
+    fn tex_destroy(&self, tex: u64) -> GpuResult<()>;
+    /// A surface object over array `array`.
+    fn surf_create(&self, array: u64) -> GpuResult<u64>;
+    fn surf_destroy(&self, surf: u64) -> GpuResult<()>;
+
     /// Makes the driver write out the context's device printf buffer (see [`crate::printf`])
     /// without waiting for any work; may be called from any thread.
     fn flush_printf(&self) -> GpuResult<()>;
     /// Where printf output (`out`) and assert messages (`err`) go, for a GPU that does not
     /// write to fds 1 and 2 itself.
     fn set_printf_output(&self, _out: std::os::fd::RawFd, _err: std::os::fd::RawFd) {}
+}
+
+/// A CUDA array's shape: CUDA_ARRAY3D_DESCRIPTOR's fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArrayShape {
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+    pub format: u32,
+    pub channels: u32,
+    pub flags: u32,
+}
+
+/// One side of an array copy: an array (the driver's handle; `x` in bytes) or device
+/// memory at `dev` with its pitch and height.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyPlace {
+    pub array: Option<u64>,
+    pub x: u64,
+    pub y: u64,
+    pub z: u64,
+    pub dev: u64,
+    pub pitch: u64,
+    pub height: u64,
+}
+
+/// What a texture object reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    Array(u64),
+    Mipmapped(u64),
+    Linear {
+        dev: u64,
+        format: u32,
+        channels: u32,
+        size: u64,
+    },
+    Pitch2D {
+        dev: u64,
+        format: u32,
+        channels: u32,
+        width: u64,
+        height: u64,
+        pitch: u64,
+    },
+}
+
+/// Bytes per channel of a CUarray_format the server knows, None for others (the driver
+/// checks those).
+pub fn format_bytes(format: u32) -> Option<u64> {
+    match format {
+        0x01 | 0x08 => Some(1),        // unsigned, signed int 8
+        0x02 | 0x09 | 0x10 => Some(2), // int 16, half
+        0x03 | 0x0a | 0x20 => Some(4), // int 32, float
+        _ => None,
+    }
 }

@@ -1226,6 +1226,68 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuStreamWriteValue32_v2(st, dptr, value, 0) })
     }
 
+    fn array_create(&self, shape: &crate::gpu::ArrayShape) -> GpuResult<(u64, u64)> {
+        self.bind();
+        crate::gpu_arrays::array_create(shape)
+    }
+
+    fn mipmap_create(&self, shape: &crate::gpu::ArrayShape, levels: u32) -> GpuResult<(u64, u64)> {
+        self.bind();
+        crate::gpu_arrays::mipmap_create(shape, levels)
+    }
+
+    fn mipmap_level(&self, mip: u64, level: u32) -> GpuResult<u64> {
+        self.bind();
+        crate::gpu_arrays::mipmap_level(mip, level)
+    }
+
+    fn array_destroy(&self, array: u64) -> GpuResult<()> {
+        self.bind();
+        crate::gpu_arrays::array_destroy(array)
+    }
+
+    fn mipmap_destroy(&self, mip: u64) -> GpuResult<()> {
+        self.bind();
+        crate::gpu_arrays::mipmap_destroy(mip)
+    }
+
+    fn array_copy(
+        &self,
+        src: &crate::gpu::CopyPlace,
+        dst: &crate::gpu::CopyPlace,
+        extent: [u64; 3],
+        s: usize,
+    ) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        crate::gpu_arrays::array_copy(src, dst, extent, st as usize)
+    }
+
+    fn tex_create(
+        &self,
+        res: &crate::gpu::Resource,
+        tex: &[u32; 26],
+        view: Option<&[u32; 28]>,
+    ) -> GpuResult<u64> {
+        self.bind();
+        crate::gpu_arrays::tex_create(res, tex, view)
+    }
+
+    fn tex_destroy(&self, tex: u64) -> GpuResult<()> {
+        self.bind();
+        crate::gpu_arrays::tex_destroy(tex)
+    }
+
+    fn surf_create(&self, array: u64) -> GpuResult<u64> {
+        self.bind();
+        crate::gpu_arrays::surf_create(array)
+    }
+
+    fn surf_destroy(&self, surf: u64) -> GpuResult<()> {
+        self.bind();
+        crate::gpu_arrays::surf_destroy(surf)
+    }
+
     fn flush_printf(&self) -> GpuResult<()> {
         self.bind();
         let st = self.printf_stream.load(Ordering::Acquire);

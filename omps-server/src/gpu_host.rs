@@ -11,7 +11,9 @@
 //! a device assert does; [`Gpu::flush_printf`] writes both to the descriptors of
 //! `set_printf_output`.
 
-use crate::gpu::{code, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule};
+use crate::gpu::{
+    code, ArrayShape, CopyPlace, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule, Resource,
+};
 use omps_ring::segment::DeviceSnapshot;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -51,6 +53,22 @@ struct State {
     /// Graphs and executable graphs: the work they replay.
     graphs: BTreeMap<u64, Vec<HostOp>>,
     execs: BTreeMap<u64, Vec<HostOp>>,
+    /// CUDA arrays: shape and contents (rows of width x channels x format bytes).
+    arrays: BTreeMap<u64, (ArrayShape, Vec<u8>)>,
+    /// Mipmapped arrays: their levels' arrays.
+    mipmaps: BTreeMap<u64, Vec<u64>>,
+    /// Texture and surface objects: what each is over.
+    textures: BTreeMap<u64, Resource>,
+    surfaces: BTreeMap<u64, u64>,
+}
+
+/// Bytes per row of an array of `s`: unknown formats count 4 bytes a channel.
+fn row_bytes(s: &ArrayShape) -> u64 {
+    s.width * s.channels as u64 * crate::gpu::format_bytes(s.format).unwrap_or(4)
+}
+
+fn array_bytes(s: &ArrayShape) -> u64 {
+    row_bytes(s) * s.height.max(1) * s.depth.max(1)
 }
 
 /// Work a captured stream records instead of running (the host GPU's graphs).
@@ -999,6 +1017,176 @@ impl Gpu for HostGpu {
         st.check()?;
         st.range(dptr, 4)?.copy_from_slice(&value.to_le_bytes());
         Ok(())
+    }
+
+    fn array_create(&self, shape: &ArrayShape) -> GpuResult<(u64, u64)> {
+        // The driver's checks the model needs: a known format, 1, 2 or 4 channels.
+        if crate::gpu::format_bytes(shape.format).is_none()
+            || !matches!(shape.channels, 1 | 2 | 4)
+            || shape.width == 0
+            || array_bytes(shape) > 1 << 32
+        {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let mut st = self.state.lock().unwrap();
+        let h = st.next_handle;
+        st.next_handle += 1;
+        let n = array_bytes(shape);
+        st.arrays.insert(h, (*shape, vec![0; n as usize]));
+        Ok((h, n))
+    }
+
+    fn mipmap_create(&self, shape: &ArrayShape, levels: u32) -> GpuResult<(u64, u64)> {
+        if levels == 0 || levels > 16 {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let mut arrays = Vec::new();
+        let mut total = 0;
+        for l in 0..levels {
+            let half = |v: u64| if v == 0 { 0 } else { (v >> l).max(1) };
+            let s = ArrayShape {
+                width: half(shape.width),
+                height: half(shape.height),
+                depth: half(shape.depth),
+                ..*shape
+            };
+            let (a, n) = self.array_create(&s)?;
+            arrays.push(a);
+            total += n;
+        }
+        let mut st = self.state.lock().unwrap();
+        let h = st.next_handle;
+        st.next_handle += 1;
+        st.mipmaps.insert(h, arrays);
+        Ok((h, total))
+    }
+
+    fn mipmap_level(&self, mip: u64, level: u32) -> GpuResult<u64> {
+        let st = self.state.lock().unwrap();
+        st.mipmaps
+            .get(&mip)
+            .and_then(|v| v.get(level as usize).copied())
+            .ok_or(CuError(code::INVALID_VALUE))
+    }
+
+    fn array_destroy(&self, array: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.arrays
+            .remove(&array)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_HANDLE))
+    }
+
+    fn mipmap_destroy(&self, mip: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        let levels = st
+            .mipmaps
+            .remove(&mip)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        for a in levels {
+            st.arrays.remove(&a);
+        }
+        Ok(())
+    }
+
+    fn array_copy(
+        &self,
+        src: &CopyPlace,
+        dst: &CopyPlace,
+        extent: [u64; 3],
+        _s: usize,
+    ) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.check()?;
+        let [w, h, d] = [extent[0], extent[1].max(1), extent[2].max(1)];
+        // Where row (y, z) of a side starts, checked to hold `w` bytes.
+        let start = |st: &State, p: &CopyPlace, y: u64, z: u64| -> GpuResult<(Option<u64>, u64)> {
+            match p.array {
+                Some(a) => {
+                    let (s, buf) = st.arrays.get(&a).ok_or(CuError(code::INVALID_HANDLE))?;
+                    let rb = row_bytes(s);
+                    let (yy, zz) = (p.y + y, p.z + z);
+                    if p.x + w > rb || yy >= s.height.max(1) || zz >= s.depth.max(1) {
+                        return Err(CuError(code::INVALID_VALUE));
+                    }
+                    let off = p.x + (yy + zz * s.height.max(1)) * rb;
+                    debug_assert!(off + w <= buf.len() as u64);
+                    Ok((Some(a), off))
+                }
+                None => Ok((
+                    None,
+                    p.dev + p.x + (p.y + y + (p.z + z) * p.height) * p.pitch,
+                )),
+            }
+        };
+        for z in 0..d {
+            for y in 0..h {
+                let (sa, so) = start(&st, src, y, z)?;
+                let (da, doff) = start(&st, dst, y, z)?;
+                let row = match sa {
+                    Some(a) => st.arrays[&a].1[so as usize..(so + w) as usize].to_vec(),
+                    None => st.range(so, w as usize)?.to_vec(),
+                };
+                match da {
+                    Some(a) => st.arrays.get_mut(&a).expect("checked").1
+                        [doff as usize..(doff + w) as usize]
+                        .copy_from_slice(&row),
+                    None => st.range(doff, w as usize)?.copy_from_slice(&row),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn tex_create(
+        &self,
+        res: &Resource,
+        _tex: &[u32; 26],
+        _view: Option<&[u32; 28]>,
+    ) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        let known = match *res {
+            Resource::Array(a) => st.arrays.contains_key(&a),
+            Resource::Mipmapped(m) => st.mipmaps.contains_key(&m),
+            Resource::Linear { dev, size, .. } => st.range(dev, size as usize).is_ok(),
+            Resource::Pitch2D {
+                dev, pitch, height, ..
+            } => st.range(dev, (pitch * height) as usize).is_ok(),
+        };
+        if !known {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let h = st.next_handle;
+        st.next_handle += 1;
+        st.textures.insert(h, *res);
+        Ok(h)
+    }
+
+    fn tex_destroy(&self, tex: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.textures
+            .remove(&tex)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_VALUE))
+    }
+
+    fn surf_create(&self, array: u64) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        if !st.arrays.contains_key(&array) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let h = st.next_handle;
+        st.next_handle += 1;
+        st.surfaces.insert(h, array);
+        Ok(h)
+    }
+
+    fn surf_destroy(&self, surf: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        st.surfaces
+            .remove(&surf)
+            .map(drop)
+            .ok_or(CuError(code::INVALID_VALUE))
     }
 
     fn flush_printf(&self) -> GpuResult<()> {

@@ -25,6 +25,7 @@ pub mod client;
 pub mod confine;
 pub mod control;
 pub mod gpu;
+pub mod gpu_arrays;
 pub mod gpu_cuda;
 pub mod gpu_green;
 pub mod gpu_host;

@@ -179,6 +179,18 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         for gr in rel.graphs {
             let _ = g.graph_destroy(gr);
         }
+        for &t in &rel.arrays.textures {
+            let _ = g.tex_destroy(t);
+        }
+        for &o in &rel.arrays.surfaces {
+            let _ = g.surf_destroy(o);
+        }
+        for &(a, _) in &rel.arrays.arrays {
+            let _ = g.array_destroy(a);
+        }
+        for &(m, _) in &rel.arrays.mipmaps {
+            let _ = g.mipmap_destroy(m);
+        }
         for (p, n) in rel.vmm.unmap {
             let _ = g.vmm_unmap(p, n);
         }
@@ -190,6 +202,9 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         }
     }
     for (_, size) in rel.vmm.handles {
+        client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
+    }
+    for (_, size) in rel.arrays.arrays.into_iter().chain(rel.arrays.mipmaps) {
         client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
     }
     for (addr, len) in rel.pinned {

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+mod arrays;
 mod depth;
 mod exec;
 mod graphs;
@@ -155,6 +156,7 @@ pub struct Release {
     /// Other clients' allocations it opened and closed (or left open when it went).
     pub ipc_close: Vec<u64>,
     pub vmm: VmmRelease,
+    pub arrays: arrays::ArrayRelease,
 }
 
 impl Release {
@@ -171,6 +173,10 @@ impl Release {
             && self.vmm.unmap.is_empty()
             && self.vmm.handles.is_empty()
             && self.vmm.reservations.is_empty()
+            && self.arrays.arrays.is_empty()
+            && self.arrays.mipmaps.is_empty()
+            && self.arrays.textures.is_empty()
+            && self.arrays.surfaces.is_empty()
     }
 }
 
@@ -228,6 +234,7 @@ pub struct Session {
     /// When its oldest depth mark was last asked about (depth.rs).
     depth_checked: Option<std::time::Instant>,
     vmm: vmm::VmmState,
+    arrays: arrays::ArrayState,
 }
 
 impl Session {
@@ -272,6 +279,7 @@ impl Session {
             held_since: None,
             depth_checked: None,
             vmm: Default::default(),
+            arrays: Default::default(),
         };
         s.streams
             .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));
@@ -594,6 +602,7 @@ impl Session {
                 fixed_only(tail, "blob fetch")?;
                 self.handle_blob_fetch(rec::<wire::ChunkCopy>(p))?;
             }
+            Op::Array | Op::ArrayCopy | Op::TexObject => self.handle_arrays(ctx, op, p, tail)?,
             Op::Vmm => {
                 fixed_only(tail, "vmm")?;
                 self.handle_vmm(ctx, rec::<wire::Vmm>(p))?;
@@ -691,6 +700,7 @@ impl Session {
             graphs: self.graphs.drain().map(|(_, g)| g).collect(),
             execs: self.execs.drain().map(|(_, e)| e).collect(),
             vmm: std::mem::take(&mut self.vmm).into_release(),
+            arrays: std::mem::take(&mut self.arrays).into_release(),
         };
         (self.client, rel)
     }

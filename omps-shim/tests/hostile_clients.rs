@@ -254,6 +254,82 @@ fn records_that_lie_disconnect_the_client() {
             Op::GraphQuery,
             vec![0u8; std::mem::size_of::<wire::GraphQuery>() + 4],
         ),
+        // Arrays, copies and texture objects naming what the liar does not hold, or
+        // kinds that do not exist.
+        (
+            Op::Array,
+            bytemuck::bytes_of(&wire::ArrayCall {
+                kind: wire::array::DESTROY,
+                id: 77,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::Array,
+            bytemuck::bytes_of(&wire::ArrayCall {
+                kind: 99,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::Array,
+            bytemuck::bytes_of(&wire::ArrayCall {
+                kind: wire::array::CREATE,
+                args: [16, 16, 0, 1 << 40, 1, 0, 0],
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::ArrayCopy,
+            bytemuck::bytes_of(&wire::ArrayCopy {
+                src: wire::CopySide {
+                    array: 5,
+                    ..Default::default()
+                },
+                width: 4,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::ArrayCopy,
+            bytemuck::bytes_of(&wire::ArrayCopy {
+                width: 4,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::TexObject,
+            bytemuck::bytes_of(&wire::TexCall {
+                kind: wire::tex::CREATE_TEXTURE,
+                res_type: 0,
+                array: 9,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::TexObject,
+            bytemuck::bytes_of(&wire::TexCall {
+                kind: wire::tex::DESTROY_SURFACE,
+                object: 1234,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
+        (
+            Op::TexObject,
+            bytemuck::bytes_of(&wire::TexCall {
+                kind: wire::tex::CREATE_SURFACE,
+                res_type: 2,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
     ];
     for (op, rec) in lies {
         let liar = Conn::connect_to(&srv.socket()).unwrap();

@@ -455,13 +455,16 @@ fn base(kind: c_uint, host: usize, dev: u64) -> Result<u64, CUresult> {
     match kind {
         MEMORYTYPE_HOST => Ok(host as u64),
         MEMORYTYPE_DEVICE | MEMORYTYPE_UNIFIED => Ok(dev),
-        // CUDA arrays are not supported yet.
-        _ => Err(CUDA_ERROR_NOT_SUPPORTED),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
 
-/// A pitched copy as rows of plain copies; one copy when both sides are contiguous.
-fn copy_3d(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult> {
+/// A pitched copy as rows of plain copies; one copy when both sides are contiguous. A
+/// copy with an array goes to api/array.rs.
+pub(crate) fn copy_3d(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult> {
+    if super::array::involves_array(c) {
+        return super::array::copy(c, s, sync);
+    }
     if c.src_lod != 0 || c.dst_lod != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }

@@ -1,6 +1,7 @@
 //! The exported driver entry points. Each is a thin `extern "C"` wrapper that turns a
 //! `Result` into a CUresult and keeps panics from unwinding into C.
 
+pub mod array;
 pub mod capture;
 pub mod ctx;
 pub mod device;

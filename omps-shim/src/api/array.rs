@@ -1,0 +1,816 @@
+//! CUDA arrays and mipmapped arrays, copies to and from them, and texture and surface
+//! objects. The arrays live in the server (omps-server/src/session/arrays.rs), named here
+//! by handles that carry the server's id and the descriptor, which the descriptor queries
+//! answer from. A copy between an array and host memory goes through a device buffer of
+//! the client's: the host side is an ordinary copy, the array side a copy in the server.
+//! Texture and surface objects are the driver's values (kernels read them as they are);
+//! the descriptors they were made from are kept here for the queries.
+
+use super::exec::{stream_of, CUstream};
+use super::hostmem::Memcpy3D;
+use super::mem::{alloc, free_block, range_info};
+use super::{entry, live, out};
+use crate::cuda::*;
+use crate::handles::{leak, resolve, retire};
+use omps_ring::wire::{self, array, tex, Op};
+use std::collections::HashMap;
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::AtomicU32;
+use std::sync::{LazyLock, Mutex};
+
+pub const ARRAY_MAGIC: u32 = 0x6172_7221;
+pub const MIPMAP_MAGIC: u32 = 0x6d69_7021;
+
+/// CUDA_ARRAY3D_DESCRIPTOR.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Array3DDesc {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// CUDA_ARRAY_DESCRIPTOR.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArrayDesc {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+#[repr(C)]
+pub struct ArrayHandle {
+    magic: AtomicU32,
+    id: u32,
+    dev: usize,
+    desc: Array3DDesc,
+}
+
+pub type CUarray = *mut ArrayHandle;
+pub type CUmipmappedArray = *mut ArrayHandle;
+
+fn handle(a: CUarray, magic: u32) -> Result<&'static ArrayHandle, CUresult> {
+    // SAFETY: the caller passed an array handle, as the API requires; handles are never
+    // freed.
+    unsafe { resolve(a as *const ArrayHandle, magic) }
+}
+
+/// Bytes per row of an array, for the formats whose size omps knows (None: the driver
+/// checks the copy).
+fn row_bytes(d: &Array3DDesc) -> Option<usize> {
+    let channel = match d.format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => return None,
+    };
+    Some(d.width * d.channels as usize * channel)
+}
+
+/// An array side of a copy must lie inside the array: refused at once, as the driver
+/// refuses it.
+fn check_inside(a: *mut c_void, xyz: [usize; 3], extent: [usize; 3]) -> Result<(), CUresult> {
+    let h = handle(a as CUarray, ARRAY_MAGIC)?;
+    let fits =
+        |at: usize, n: usize, size: usize| at.checked_add(n).is_some_and(|e| e <= size.max(1));
+    let rows_fit = fits(xyz[1], extent[1], h.desc.height) && fits(xyz[2], extent[2], h.desc.depth);
+    let width_fits = row_bytes(&h.desc).is_none_or(|rb| fits(xyz[0], extent[0], rb));
+    if rows_fit && width_fits {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+fn call(dev: usize, kind: u32, id: u32, args: [u64; 7]) -> Result<u64, CUresult> {
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::Array, |call| {
+        bytemuck::bytes_of(&wire::ArrayCall {
+            call,
+            kind,
+            id,
+            args,
+        })
+        .to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+fn create(d: &Array3DDesc, levels: Option<c_uint>) -> Result<*mut ArrayHandle, CUresult> {
+    let dev = super::ctx::current_dev()?;
+    let args = [
+        d.width as u64,
+        d.height as u64,
+        d.depth as u64,
+        d.format as u64,
+        d.channels as u64,
+        d.flags as u64,
+        levels.unwrap_or(0) as u64,
+    ];
+    let (kind, magic) = match levels {
+        None => (array::CREATE, ARRAY_MAGIC),
+        Some(_) => (array::CREATE_MIPMAPPED, MIPMAP_MAGIC),
+    };
+    let id = call(dev, kind, 0, args)? as u32;
+    Ok(leak(ArrayHandle {
+        magic: AtomicU32::new(magic),
+        id,
+        dev,
+        desc: *d,
+    }))
+}
+
+/// # Safety
+/// `p` is null or writable; `d` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate_v2(p: *mut CUarray, d: *const Array3DDesc) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's descriptor.
+        let d = unsafe { d.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let h = create(d, None)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(p, h) }
+    })
+}
+
+/// # Safety
+/// `p` is null or writable; `d` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate_v2(p: *mut CUarray, d: *const ArrayDesc) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's descriptor.
+        let d = unsafe { d.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let d3 = Array3DDesc {
+            width: d.width,
+            height: d.height,
+            depth: 0,
+            format: d.format,
+            channels: d.channels,
+            flags: 0,
+        };
+        let h = create(&d3, None)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(p, h) }
+    })
+}
+
+/// # Safety
+/// `p` is null or writable; `d` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    p: *mut CUmipmappedArray,
+    d: *const Array3DDesc,
+    levels: c_uint,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's descriptor.
+        let d = unsafe { d.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let h = create(d, Some(levels))?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(p, h) }
+    })
+}
+
+/// Level arrays already handed out: (mipmapped array id, level) -> handle, so the same
+/// level is the same handle.
+static LEVELS: LazyLock<Mutex<HashMap<(u32, c_uint), usize>>> = LazyLock::new(Default::default);
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayGetLevel(
+    p: *mut CUarray,
+    m: CUmipmappedArray,
+    level: c_uint,
+) -> CUresult {
+    entry(|| {
+        let mip = handle(m, MIPMAP_MAGIC)?;
+        let mut levels = LEVELS.lock().unwrap_or_else(|e| e.into_inner());
+        let h = match levels.get(&(mip.id, level)) {
+            Some(&h) => h as CUarray,
+            None => {
+                let id = call(
+                    mip.dev,
+                    array::LEVEL,
+                    mip.id,
+                    [level as u64, 0, 0, 0, 0, 0, 0],
+                )?;
+                let half = |v: usize| if v == 0 { 0 } else { (v >> level).max(1) };
+                let h = leak(ArrayHandle {
+                    magic: AtomicU32::new(ARRAY_MAGIC),
+                    id: id as u32,
+                    dev: mip.dev,
+                    desc: Array3DDesc {
+                        width: half(mip.desc.width),
+                        height: half(mip.desc.height),
+                        depth: half(mip.desc.depth),
+                        ..mip.desc
+                    },
+                });
+                levels.insert((mip.id, level), h as usize);
+                h
+            }
+        };
+        // SAFETY: the caller's pointer.
+        unsafe { out(p, h) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuArrayDestroy(a: CUarray) -> CUresult {
+    entry(|| {
+        let h = handle(a, ARRAY_MAGIC)?;
+        if LEVELS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|&l| l == a as usize)
+        {
+            // A level goes with its mipmapped array.
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        retire(&h.magic, ARRAY_MAGIC)?;
+        call(h.dev, array::DESTROY, h.id, [0; 7]).map(drop)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMipmappedArrayDestroy(m: CUmipmappedArray) -> CUresult {
+    entry(|| {
+        let h = handle(m, MIPMAP_MAGIC)?;
+        retire(&h.magic, MIPMAP_MAGIC)?;
+        let mut levels = LEVELS.lock().unwrap_or_else(|e| e.into_inner());
+        levels.retain(|&(id, _), &mut l| {
+            if id == h.id {
+                // SAFETY: a level handle made here, never freed.
+                let _ = retire(&unsafe { &*(l as *const ArrayHandle) }.magic, ARRAY_MAGIC);
+            }
+            id != h.id
+        });
+        drop(levels);
+        call(h.dev, array::DESTROY_MIPMAPPED, h.id, [0; 7]).map(drop)
+    })
+}
+
+/// # Safety
+/// `d` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DGetDescriptor_v2(d: *mut Array3DDesc, a: CUarray) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(d, handle(a, ARRAY_MAGIC)?.desc) })
+}
+
+/// # Safety
+/// `d` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayGetDescriptor_v2(d: *mut ArrayDesc, a: CUarray) -> CUresult {
+    entry(|| {
+        let h = handle(a, ARRAY_MAGIC)?;
+        if h.desc.depth > 0 {
+            // A 3D array's descriptor has no 2D form, natively either.
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let v = ArrayDesc {
+            width: h.desc.width,
+            height: h.desc.height,
+            format: h.desc.format,
+            channels: h.desc.channels,
+        };
+        // SAFETY: the caller's pointer.
+        unsafe { out(d, v) }
+    })
+}
+
+// ------------------------------------------------------------------ copies
+
+const HOST: c_uint = 1;
+const DEVICE: c_uint = 2;
+const ARRAY: c_uint = 3;
+const UNIFIED: c_uint = 4;
+
+/// Whether copy `c` has an array on either side (then [`copy`] does it).
+pub(crate) fn involves_array(c: &Memcpy3D) -> bool {
+    c.src_type == ARRAY || c.dst_type == ARRAY
+}
+
+/// The server's side of an array copy: an array by id, or device memory.
+fn server_side(
+    ty: c_uint,
+    arr: *mut c_void,
+    dev: u64,
+    xyz: [usize; 3],
+    pitch: usize,
+    height: usize,
+) -> Result<wire::CopySide, CUresult> {
+    let [x, y, z] = xyz;
+    let mut side = wire::CopySide {
+        x: x as u64,
+        y: y as u64,
+        z: z as u64,
+        ..Default::default()
+    };
+    if ty == ARRAY {
+        side.array = handle(arr as CUarray, ARRAY_MAGIC)?.id;
+    } else {
+        side.dev = dev;
+        side.pitch = pitch as u64;
+        side.height = height as u64;
+    }
+    Ok(side)
+}
+
+fn push_copy(
+    dev: usize,
+    s: CUstream,
+    src: wire::CopySide,
+    dst: wire::CopySide,
+    extent: [usize; 3],
+) -> Result<(), CUresult> {
+    let rec = wire::ArrayCopy {
+        stream: stream_of(s)?,
+        _pad: 0,
+        src,
+        dst,
+        width: extent[0] as u64,
+        height: extent[1] as u64,
+        depth: extent[2] as u64,
+    };
+    live()?.push(dev, Op::ArrayCopy, &[bytemuck::bytes_of(&rec)])
+}
+
+/// A copy with an array on one side or both. Host memory goes through a device buffer:
+/// host to buffer then buffer to array, or array to buffer then buffer to host.
+pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult> {
+    if c.src_lod != 0 || c.dst_lod != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let host = |ty: c_uint, dev: u64| ty == HOST || (ty == UNIFIED && range_info(dev).is_none());
+    let src_host = host(c.src_type, c.src_host as u64 | c.src_device);
+    let dst_host = host(c.dst_type, c.dst_host as u64 | c.dst_device);
+    let dev = [c.src_array, c.dst_array]
+        .iter()
+        .zip([c.src_type, c.dst_type])
+        .find(|&(_, t)| t == ARRAY)
+        .map(|(&a, _)| handle(a as CUarray, ARRAY_MAGIC).map(|h| h.dev))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)??;
+    let extent = [c.width, c.height.max(1), c.depth.max(1)];
+    if c.width == 0 {
+        return Ok(());
+    }
+    if c.src_type == ARRAY {
+        check_inside(c.src_array, [c.src_x, c.src_y, c.src_z], extent)?;
+    }
+    if c.dst_type == ARRAY {
+        check_inside(c.dst_array, [c.dst_x, c.dst_y, c.dst_z], extent)?;
+    }
+    let src_dev = if c.src_type == UNIFIED {
+        c.src_host as u64 | c.src_device
+    } else {
+        c.src_device
+    };
+    let dst_dev = if c.dst_type == UNIFIED {
+        c.dst_host as u64 | c.dst_device
+    } else {
+        c.dst_device
+    };
+    let src = |buf: Option<u64>| match buf {
+        Some(b) => server_side(
+            DEVICE,
+            std::ptr::null_mut(),
+            b,
+            [0; 3],
+            extent[0],
+            extent[1],
+        ),
+        None => server_side(
+            c.src_type,
+            c.src_array,
+            src_dev,
+            [c.src_x, c.src_y, c.src_z],
+            c.src_pitch,
+            c.src_height,
+        ),
+    };
+    let dst = |buf: Option<u64>| match buf {
+        Some(b) => server_side(
+            DEVICE,
+            std::ptr::null_mut(),
+            b,
+            [0; 3],
+            extent[0],
+            extent[1],
+        ),
+        None => server_side(
+            c.dst_type,
+            c.dst_array,
+            dst_dev,
+            [c.dst_x, c.dst_y, c.dst_z],
+            c.dst_pitch,
+            c.dst_height,
+        ),
+    };
+    // The host side's part of the copy, as a plain 3D copy with the buffer.
+    let staged = |buf: u64, to_buffer: bool| -> Result<(), CUresult> {
+        let mut h: Memcpy3D = *c;
+        if to_buffer {
+            h.dst_type = DEVICE;
+            h.dst_device = buf;
+            (h.dst_x, h.dst_y, h.dst_z, h.dst_pitch, h.dst_height) =
+                (0, 0, 0, extent[0], extent[1]);
+        } else {
+            h.src_type = DEVICE;
+            h.src_device = buf;
+            (h.src_x, h.src_y, h.src_z, h.src_pitch, h.src_height) =
+                (0, 0, 0, extent[0], extent[1]);
+        }
+        super::hostmem::copy_3d(&h, s, sync)
+    };
+    let r = if src_host || dst_host {
+        let n = extent[0] * extent[1] * extent[2];
+        let buf = alloc(dev, n)?;
+        let r = if src_host {
+            staged(buf, true).and_then(|()| push_copy(dev, s, src(Some(buf))?, dst(None)?, extent))
+        } else {
+            push_copy(dev, s, src(None)?, dst(Some(buf))?, extent).and_then(|()| staged(buf, false))
+        };
+        // Freed after the client's queued work, the copies included.
+        let _ = free_block(buf);
+        r
+    } else {
+        push_copy(dev, s, src(None)?, dst(None)?, extent)
+    };
+    r?;
+    if sync {
+        match super::exec::cuStreamSynchronize(s) {
+            CUDA_SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    } else {
+        Ok(())
+    }
+}
+
+/// The 1D copies: `offset` bytes into the array's first row.
+fn copy_1d(
+    src: (c_uint, *mut c_void, u64, usize),
+    dst: (c_uint, *mut c_void, u64, usize),
+    n: usize,
+    s: CUstream,
+    sync: bool,
+) -> Result<(), CUresult> {
+    // SAFETY: an all-zero copy description is valid; the fields that matter are set.
+    let mut c: Memcpy3D = unsafe { std::mem::zeroed() };
+    (c.src_type, c.src_array, c.src_x) = (src.0, src.1, src.3);
+    (c.dst_type, c.dst_array, c.dst_x) = (dst.0, dst.1, dst.3);
+    if src.0 == HOST {
+        c.src_host = src.2 as *const c_void;
+    } else {
+        c.src_device = src.2;
+    }
+    if dst.0 == HOST {
+        c.dst_host = dst.2 as *mut c_void;
+    } else {
+        c.dst_device = dst.2;
+    }
+    (c.width, c.height, c.depth) = (n, 1, 1);
+    copy(&c, s, sync)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyHtoA_v2(
+    a: CUarray,
+    off: usize,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
+    entry(|| {
+        copy_1d(
+            (HOST, std::ptr::null_mut(), src as u64, 0),
+            (ARRAY, a as *mut c_void, 0, off),
+            n,
+            std::ptr::null_mut(),
+            true,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyHtoAAsync_v2(
+    a: CUarray,
+    off: usize,
+    src: *const c_void,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    entry(|| {
+        copy_1d(
+            (HOST, std::ptr::null_mut(), src as u64, 0),
+            (ARRAY, a as *mut c_void, 0, off),
+            n,
+            s,
+            false,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyAtoH_v2(dst: *mut c_void, a: CUarray, off: usize, n: usize) -> CUresult {
+    entry(|| {
+        copy_1d(
+            (ARRAY, a as *mut c_void, 0, off),
+            (HOST, std::ptr::null_mut(), dst as u64, 0),
+            n,
+            std::ptr::null_mut(),
+            true,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyAtoHAsync_v2(
+    dst: *mut c_void,
+    a: CUarray,
+    off: usize,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    entry(|| {
+        copy_1d(
+            (ARRAY, a as *mut c_void, 0, off),
+            (HOST, std::ptr::null_mut(), dst as u64, 0),
+            n,
+            s,
+            false,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoA_v2(a: CUarray, off: usize, src: u64, n: usize) -> CUresult {
+    entry(|| {
+        copy_1d(
+            (DEVICE, std::ptr::null_mut(), src, 0),
+            (ARRAY, a as *mut c_void, 0, off),
+            n,
+            std::ptr::null_mut(),
+            true,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyAtoD_v2(dst: u64, a: CUarray, off: usize, n: usize) -> CUresult {
+    entry(|| {
+        copy_1d(
+            (ARRAY, a as *mut c_void, 0, off),
+            (DEVICE, std::ptr::null_mut(), dst, 0),
+            n,
+            std::ptr::null_mut(),
+            true,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyAtoA_v2(
+    dst: CUarray,
+    doff: usize,
+    src: CUarray,
+    soff: usize,
+    n: usize,
+) -> CUresult {
+    entry(|| {
+        copy_1d(
+            (ARRAY, src as *mut c_void, 0, soff),
+            (ARRAY, dst as *mut c_void, 0, doff),
+            n,
+            std::ptr::null_mut(),
+            true,
+        )
+    })
+}
+
+// ------------------------------------------------------------------ texture and surface objects
+
+/// CUDA_RESOURCE_DESC: the type, a 128-byte union, flags.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ResourceDesc {
+    pub ty: c_uint,
+    pub res: [u64; 16],
+    pub flags: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<ResourceDesc>() == 144);
+const _: () = assert!(std::mem::size_of::<Array3DDesc>() == 40);
+
+/// What an object was made from, for the queries.
+#[derive(Clone, Copy)]
+struct Made {
+    res: ResourceDesc,
+    tex: [u32; 26],
+    view: Option<[u32; 28]>,
+    dev: usize,
+}
+
+/// Texture and surface object value -> what it was made from.
+static TEXTURES: LazyLock<Mutex<HashMap<u64, Made>>> = LazyLock::new(Default::default);
+static SURFACES: LazyLock<Mutex<HashMap<u64, Made>>> = LazyLock::new(Default::default);
+
+fn objects(surface: bool) -> std::sync::MutexGuard<'static, HashMap<u64, Made>> {
+    if surface { &SURFACES } else { &TEXTURES }
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+fn make_object(
+    kind: u32,
+    res: &ResourceDesc,
+    texd: [u32; 26],
+    view: Option<[u32; 28]>,
+) -> Result<(u64, usize), CUresult> {
+    const RES_ARRAY: c_uint = 0;
+    const RES_MIPMAPPED: c_uint = 1;
+    const RES_LINEAR: c_uint = 2;
+    const RES_PITCH2D: c_uint = 3;
+    if res.flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut t = wire::TexCall {
+        kind,
+        res_type: res.ty,
+        tex: texd,
+        view: view.unwrap_or([0; 28]),
+        has_view: u32::from(view.is_some()),
+        ..Default::default()
+    };
+    let fmt = |v: u64| (v as u32, (v >> 32) as u32);
+    let dev = match res.ty {
+        RES_ARRAY => {
+            let h = handle(res.res[0] as CUarray, ARRAY_MAGIC)?;
+            t.array = h.id;
+            h.dev
+        }
+        RES_MIPMAPPED => {
+            let h = handle(res.res[0] as CUmipmappedArray, MIPMAP_MAGIC)?;
+            t.array = h.id;
+            h.dev
+        }
+        RES_LINEAR | RES_PITCH2D => {
+            t.dev = res.res[0];
+            (t.format, t.channels) = fmt(res.res[1]);
+            if res.ty == RES_LINEAR {
+                t.size = res.res[2];
+            } else {
+                (t.width, t.height, t.pitch) = (res.res[2], res.res[3], res.res[4]);
+            }
+            range_info(t.dev).ok_or(CUDA_ERROR_INVALID_VALUE)?.2
+        }
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::TexObject, |call| {
+        t.call = call;
+        bytemuck::bytes_of(&t).to_vec()
+    })?;
+    Ok((ch.reply::<wire::U64Reply>().value, dev))
+}
+
+/// # Safety
+/// `p` is null or writable; the descriptors are null or valid (the view may be null).
+#[no_mangle]
+pub unsafe extern "C" fn cuTexObjectCreate(
+    p: *mut u64,
+    res: *const ResourceDesc,
+    texd: *const [u32; 26],
+    view: *const [u32; 28],
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's descriptors.
+        let (res, texd, view) = unsafe { (res.as_ref(), texd.as_ref(), view.as_ref().copied()) };
+        let (res, texd) = (
+            res.ok_or(CUDA_ERROR_INVALID_VALUE)?,
+            *texd.ok_or(CUDA_ERROR_INVALID_VALUE)?,
+        );
+        let (o, dev) = make_object(tex::CREATE_TEXTURE, res, texd, view)?;
+        objects(false).insert(
+            o,
+            Made {
+                res: *res,
+                tex: texd,
+                view,
+                dev,
+            },
+        );
+        // SAFETY: the caller's pointer.
+        unsafe { out(p, o) }
+    })
+}
+
+/// # Safety
+/// `p` is null or writable; `res` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuSurfObjectCreate(p: *mut u64, res: *const ResourceDesc) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's descriptor.
+        let res = unsafe { res.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if res.ty != 0 {
+            // Surfaces are over arrays.
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (o, dev) = make_object(tex::CREATE_SURFACE, res, [0; 26], None)?;
+        objects(true).insert(
+            o,
+            Made {
+                res: *res,
+                tex: [0; 26],
+                view: None,
+                dev,
+            },
+        );
+        // SAFETY: the caller's pointer.
+        unsafe { out(p, o) }
+    })
+}
+
+fn destroy_object(o: u64, surface: bool) -> Result<(), CUresult> {
+    let made = objects(surface)
+        .remove(&o)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let kind = if surface {
+        tex::DESTROY_SURFACE
+    } else {
+        tex::DESTROY_TEXTURE
+    };
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(made.dev, Op::TexObject, |call| {
+        bytemuck::bytes_of(&wire::TexCall {
+            call,
+            kind,
+            object: o,
+            ..Default::default()
+        })
+        .to_vec()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuTexObjectDestroy(o: u64) -> CUresult {
+    entry(|| destroy_object(o, false))
+}
+
+#[no_mangle]
+pub extern "C" fn cuSurfObjectDestroy(o: u64) -> CUresult {
+    entry(|| destroy_object(o, true))
+}
+
+fn made(o: u64, surface: bool) -> Result<Made, CUresult> {
+    objects(surface)
+        .get(&o)
+        .copied()
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuTexObjectGetResourceDesc(p: *mut ResourceDesc, o: u64) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(p, made(o, false)?.res) })
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuSurfObjectGetResourceDesc(p: *mut ResourceDesc, o: u64) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(p, made(o, true)?.res) })
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuTexObjectGetTextureDesc(p: *mut [u32; 26], o: u64) -> CUresult {
+    // SAFETY: the caller's pointer.
+    entry(|| unsafe { out(p, made(o, false)?.tex) })
+}
+
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuTexObjectGetResourceViewDesc(p: *mut [u32; 28], o: u64) -> CUresult {
+    entry(|| {
+        // Natively an object made without a view answers INVALID_VALUE.
+        let v = made(o, false)?.view.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(p, v) }
+    })
+}

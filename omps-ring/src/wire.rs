@@ -374,6 +374,11 @@ pub mod vmm {
     pub const SET_ACCESS: u32 = 7;
     /// (recommended?) -> the allocation granularity in bytes.
     pub const GRANULARITY: u32 = 8;
+    /// handle -> a 16-byte token another client of this server can import it by.
+    pub const EXPORT: u32 = 9;
+    /// (token as two words) -> [handle id, size] (two u64) of another client's exported
+    /// physical memory, now this client's too.
+    pub const IMPORT: u32 = 10;
 }
 
 /// cuTensorMapEncode{Tiled,Im2col,Im2colWide} and cuTensorMapReplaceAddress, their

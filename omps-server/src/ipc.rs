@@ -21,20 +21,82 @@ struct Entry {
     owner_gone: bool,
 }
 
-/// An exported event: the driver's handle, shared by its owner and its importers.
-struct EventEntry {
+/// An exported driver handle (an event, or VMM physical memory): shared by its owner and
+/// its importers.
+struct HandleEntry {
     handle: u64,
+    size: u64,
     owner: u32,
-    /// Clients holding it (the owner, then each opening), each destroy or death one less.
+    /// Clients holding it (the owner, then each opening), each release or death one less.
     users: u32,
+}
+
+/// Driver handles of one kind that clients exported: token -> entry, handle -> token.
+#[derive(Default)]
+struct SharedHandles {
+    by_token: HashMap<Token, HandleEntry>,
+    tokens: HashMap<u64, Token>,
+}
+
+impl SharedHandles {
+    fn export(
+        &mut self,
+        owner: u32,
+        handle: u64,
+        size: u64,
+        token: impl FnOnce() -> Token,
+    ) -> Token {
+        if let Some(t) = self.tokens.get(&handle) {
+            return *t;
+        }
+        let t = token();
+        self.tokens.insert(handle, t);
+        self.by_token.insert(
+            t,
+            HandleEntry {
+                handle,
+                size,
+                owner,
+                users: 1,
+            },
+        );
+        t
+    }
+
+    /// Opens an exported handle; `own_too`: its owner may open it as well.
+    fn open(&mut self, token: &Token, client: u32, own_too: bool) -> Result<(u64, u64), OpenError> {
+        let e = self.by_token.get_mut(token).ok_or(OpenError::Unknown)?;
+        if e.owner == client && !own_too {
+            return Err(OpenError::Own);
+        }
+        e.users += 1;
+        Ok((e.handle, e.size))
+    }
+
+    /// Whether the driver's handle is to go now (true for one never exported).
+    fn release(&mut self, handle: u64) -> bool {
+        let Some(t) = self.tokens.get(&handle).copied() else {
+            return true;
+        };
+        let Some(e) = self.by_token.get_mut(&t) else {
+            return true;
+        };
+        e.users -= 1;
+        if e.users > 0 {
+            return false;
+        }
+        self.by_token.remove(&t);
+        self.tokens.remove(&handle);
+        true
+    }
 }
 
 #[derive(Default)]
 pub struct Registry {
     by_token: HashMap<Token, Entry>,
     by_ptr: HashMap<u64, Token>,
-    events: HashMap<Token, EventEntry>,
-    event_tokens: HashMap<u64, Token>,
+    events: SharedHandles,
+    vmm: SharedHandles,
     keys: std::collections::hash_map::RandomState,
     counter: u64,
 }
@@ -146,48 +208,37 @@ impl Registry {
 
     /// The token for `owner`'s event `handle`: the same one each time.
     pub fn export_event(&mut self, owner: u32, handle: u64) -> Token {
-        if let Some(t) = self.event_tokens.get(&handle) {
-            return *t;
-        }
         let t = self.new_token();
-        self.event_tokens.insert(handle, t);
-        self.events.insert(
-            t,
-            EventEntry {
-                handle,
-                owner,
-                users: 1,
-            },
-        );
-        t
+        self.events.export(owner, handle, 0, || t)
     }
 
     /// Another client opens an exported event: the driver's handle, now shared with it.
     pub fn open_event(&mut self, token: &Token, client: u32) -> Result<u64, OpenError> {
-        let e = self.events.get_mut(token).ok_or(OpenError::Unknown)?;
-        if e.owner == client {
-            return Err(OpenError::Own);
-        }
-        e.users += 1;
-        Ok(e.handle)
+        self.events.open(token, client, false).map(|(h, _)| h)
     }
 
     /// A client is done with event `handle` (destroyed it, or died): whether to destroy
     /// it now (true for an event never exported).
     pub fn release_event(&mut self, handle: u64) -> bool {
-        let Some(t) = self.event_tokens.get(&handle).copied() else {
-            return true;
-        };
-        let Some(e) = self.events.get_mut(&t) else {
-            return true;
-        };
-        e.users -= 1;
-        if e.users > 0 {
-            return false;
-        }
-        self.events.remove(&t);
-        self.event_tokens.remove(&handle);
-        true
+        self.events.release(handle)
+    }
+
+    /// The token for `owner`'s VMM physical memory `handle` of `size` bytes.
+    pub fn export_vmm(&mut self, owner: u32, handle: u64, size: u64) -> Token {
+        let t = self.new_token();
+        self.vmm.export(owner, handle, size, || t)
+    }
+
+    /// A client imports exported physical memory (its owner may too, as natively): the
+    /// driver's handle and size.
+    pub fn open_vmm(&mut self, token: &Token, client: u32) -> Result<(u64, u64), OpenError> {
+        self.vmm.open(token, client, true)
+    }
+
+    /// A client released physical memory `handle` (or died): whether to release it with
+    /// the driver now (true for memory never exported).
+    pub fn release_vmm(&mut self, handle: u64) -> bool {
+        self.vmm.release(handle)
     }
 
     /// Forgets an entry whose owner is gone and that no one holds open: the allocation to
@@ -208,6 +259,27 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exported_physical_memory_goes_with_its_last_user() {
+        let mut r = Registry::default();
+        let t = r.export_vmm(1, 0xabc, 4096);
+        assert_eq!(r.export_vmm(1, 0xabc, 4096), t, "the same token again");
+        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096)));
+        assert_eq!(
+            r.open_vmm(&t, 1),
+            Ok((0xabc, 4096)),
+            "its owner may import it too"
+        );
+        assert!(!r.release_vmm(0xabc), "the importers still hold it");
+        assert!(!r.release_vmm(0xabc), "an importer still holds it");
+        assert!(r.release_vmm(0xabc), "the last user releases it");
+        assert_eq!(r.open_vmm(&t, 3), Err(OpenError::Unknown), "gone");
+        assert!(r.release_vmm(0xdef), "never exported: released at once");
+        // An event and physical memory with the same value are different things.
+        let e = r.export_event(1, 0xabc);
+        assert_eq!(r.open_vmm(&e, 2), Err(OpenError::Unknown));
+    }
 
     #[test]
     fn memory_lives_until_its_owner_and_every_importer_are_done() {

@@ -509,6 +509,18 @@ impl WorkerCtx {
                 }
             }
         }
+        // Physical memory shared with other clients goes with its last user; the books
+        // are settled here for what stays.
+        if !rel.vmm.handles.is_empty() {
+            let mut ipc = self.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+            rel.vmm.handles.retain(|&(h, size)| {
+                let last = ipc.release_vmm(h);
+                if !last {
+                    client.mem_bytes[self.gpu.ordinal()].fetch_sub(size, Ordering::Relaxed);
+                }
+                last
+            });
+        }
         self.shared.releaser.send(
             &*self.gpu,
             client,

@@ -251,6 +251,14 @@ def _ipc_child(q_in, q_out):
     q_in.get()  # keep the tensor alive until the parent has read it
 
 
+@workload("ipc_share_expandable", exact=True,
+          env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+def ipc_share_expandable():
+    """ipc_share with expandable segments: the tensor's memory is VMM memory, shared as a
+    POSIX descriptor (cuMemExportToShareableHandle / cuMemImportFromShareableHandle)."""
+    return ipc_share()
+
+
 @workload("ipc_share", exact=True)
 def ipc_share():
     """torch.multiprocessing shares a CUDA tensor and events with a spawned process

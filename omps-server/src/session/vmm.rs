@@ -81,6 +81,9 @@ impl Session {
     ) -> Result<(), Malformed> {
         let gpu = ctx.gpu.clone();
         let [a0, a1, a2] = v.args;
+        if matches!(v.kind, vmm::EXPORT | vmm::IMPORT) {
+            return self.vmm_share(ctx, v);
+        }
         let st = &mut self.vmm;
         if st.reservations.len() + st.handles.len() + st.mappings.len() >= MAX_ENTRIES
             && matches!(v.kind, vmm::RESERVE | vmm::CREATE | vmm::MAP)
@@ -108,7 +111,18 @@ impl Session {
             vmm::RELEASE => match st.handles.remove(&v.handle) {
                 Some((h, size)) => {
                     self.client.mem_bytes[self.dev].fetch_sub(size, Ordering::Relaxed);
-                    gpu.vmm_release(h).map(|()| 0)
+                    // Memory another client imported goes with its last user.
+                    let last = ctx
+                        .shared
+                        .ipc
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .release_vmm(h);
+                    if last {
+                        gpu.vmm_release(h).map(|()| 0)
+                    } else {
+                        Ok(0)
+                    }
                 }
                 None => Err(CuError(code::INVALID_HANDLE)),
             },
@@ -136,5 +150,41 @@ impl Session {
             k => return bad(format!("unknown vmm call {k}")),
         };
         self.complete_pod(v.call, r.map(|value| wire::U64Reply { value }))
+    }
+
+    /// Physical memory shared between clients (cuMemExportToShareableHandle and
+    /// cuMemImportFromShareableHandle): a token names it, as IPC handles name allocations.
+    /// An importer holds the memory until it releases it, whatever the exporter does; it
+    /// is not charged for it (the exporter is, until it releases it).
+    fn vmm_share(&mut self, ctx: &mut WorkerCtx, v: wire::Vmm) -> Result<(), Malformed> {
+        let me = self.client.id;
+        let mut reg = ctx.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+        if v.kind == vmm::EXPORT {
+            let r = match self.vmm.handles.get(&v.handle) {
+                Some(&(h, size)) if size > 0 => Ok(reg.export_vmm(me, h, size)),
+                // Unknown, or imported from another client: not this client's to export.
+                _ => Err(CuError(code::INVALID_VALUE)),
+            };
+            drop(reg);
+            return self.complete_pod(v.call, r);
+        }
+        let mut token = [0u8; 16];
+        token[..8].copy_from_slice(&v.args[0].to_le_bytes());
+        token[8..].copy_from_slice(&v.args[1].to_le_bytes());
+        if self.vmm.handles.len() >= MAX_ENTRIES {
+            drop(reg);
+            return self.complete(v.call, code::OUT_OF_MEMORY, &[]);
+        }
+        let r = match reg.open_vmm(&token, me) {
+            Ok((h, size)) => {
+                self.vmm.next_handle += 1;
+                // Charged nothing here: recorded with size 0, released through the books.
+                self.vmm.handles.insert(self.vmm.next_handle, (h, 0));
+                Ok([self.vmm.next_handle as u64, size])
+            }
+            Err(_) => Err(CuError(code::INVALID_VALUE)),
+        };
+        drop(reg);
+        self.complete_pod(v.call, r)
     }
 }

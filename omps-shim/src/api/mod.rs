@@ -23,6 +23,7 @@ pub mod stream_info;
 pub mod tensor_map;
 pub mod user_object;
 pub mod vmm;
+pub mod vmm_share;
 
 use crate::cuda::*;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -40,9 +40,9 @@ const LOCATION_DEVICE: c_uint = 1;
 const ACCESS_READWRITE: c_uint = 3;
 
 #[derive(Default)]
-struct Books {
+pub(crate) struct Books {
     /// Program handle -> (device, size, references, requested handle types).
-    handles: HashMap<u64, (usize, u64, u32, c_uint)>,
+    pub(crate) handles: HashMap<u64, (usize, u64, u32, c_uint)>,
     /// Mapping start -> (size, program handle, read-write access set).
     mappings: BTreeMap<u64, (u64, u64, bool)>,
     /// Reservation start -> the device whose worker holds it.
@@ -51,7 +51,7 @@ struct Books {
 
 static BOOKS: Mutex<Option<Books>> = Mutex::new(None);
 
-fn books<R>(f: impl FnOnce(&mut Books) -> R) -> R {
+pub(crate) fn books<R>(f: impl FnOnce(&mut Books) -> R) -> R {
     f(BOOKS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -59,6 +59,16 @@ fn books<R>(f: impl FnOnce(&mut Books) -> R) -> R {
 }
 
 fn call(dev: usize, kind: u32, handle: u32, args: [u64; 3]) -> Result<u64, CUresult> {
+    call_raw::<wire::U64Reply>(dev, kind, handle, args).map(|r| r.value)
+}
+
+/// A VMM call whose answer is a `T`.
+pub(crate) fn call_raw<T: bytemuck::Pod>(
+    dev: usize,
+    kind: u32,
+    handle: u32,
+    args: [u64; 3],
+) -> Result<T, CUresult> {
     let c = live()?;
     let mut ch = c.channel();
     ch.call(dev, Op::Vmm, |call| {
@@ -70,7 +80,7 @@ fn call(dev: usize, kind: u32, handle: u32, args: [u64; 3]) -> Result<u64, CUres
         })
         .to_vec()
     })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
+    Ok(ch.reply::<T>())
 }
 
 /// The device a property block names, refusing what omps cannot give.
@@ -90,9 +100,8 @@ unsafe fn prop_device(prop: *const AllocProp) -> Result<usize, CUresult> {
         crate::unsupported::unsupported("cuMemCreate of compressible memory");
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
-    // Shareable handle types may be asked for (PyTorch asks for POSIX descriptors in case
-    // it shares memory with another process); exporting is what omps refuses
-    // (cuMemExportToShareableHandle), since it would hand the client's memory to others.
+    // Shareable handle types may be asked for: POSIX descriptors are shared between this
+    // server's clients (vmm_share.rs); other types are refused when exported.
     super::device::device(p.location_id)?;
     Ok(p.location_id as usize)
 }

@@ -1,0 +1,86 @@
+//! Physical memory exported as a POSIX descriptor and imported by it (the same process
+//! here; two processes on the GPU, tests/cuda/rt/vmm_ipc.cu): the imported handle maps
+//! and outlives the exporter's release; what is not omps's descriptor, memory not made
+//! exportable and other handle types are refused.
+
+mod common;
+use common::*;
+use omps_shim::api::vmm::*;
+use omps_shim::api::vmm_share::*;
+use omps_shim::cuda::*;
+use std::ffi::c_void;
+use std::os::fd::AsRawFd;
+
+#[test]
+fn exported_memory_is_imported_by_its_descriptor() {
+    let srv = start_as_client("vmm-share");
+    let pid = std::process::id();
+    let mem = |want: u64| {
+        let ps = srv.wait_ps(2, |ps| ps_mem(ps, pid) == Some(want));
+        assert_eq!(ps_mem(&ps, pid), Some(want), "{ps}");
+    };
+    const SIZE: usize = 2 << 20;
+    // SAFETY (whole test): every pointer passed is a valid local or a handle made here.
+    unsafe {
+        let mut prop: AllocProp = std::mem::zeroed();
+        let words = &mut prop as *mut AllocProp as *mut u32;
+        *words = 1; // pinned
+        *words.add(1) = 1; // exportable as a POSIX descriptor
+        *words.add(2) = 1; // on device 0
+        let mut h = 0u64;
+        ok(cuMemCreate(&mut h, SIZE, &prop, 0));
+        mem(SIZE as u64);
+        let mut fd: i32 = -1;
+        ok(cuMemExportToShareableHandle(
+            &mut fd as *mut i32 as *mut c_void,
+            h,
+            1,
+            0,
+        ));
+        assert!(fd >= 0);
+        assert_eq!(
+            cuMemExportToShareableHandle(&mut fd as *mut i32 as *mut c_void, h, 8, 0),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "fabric handles"
+        );
+        let mut h2 = 0u64;
+        ok(cuMemImportFromShareableHandle(
+            &mut h2,
+            fd as usize as *mut c_void,
+            1,
+        ));
+        assert_ne!(h2, h);
+        mem(SIZE as u64); // the importer is not charged again
+
+        // Released by its exporter, the memory stays for the importer's mapping.
+        ok(cuMemRelease(h));
+        mem(0);
+        let mut p = 0u64;
+        ok(cuMemAddressReserve(&mut p, SIZE, 0, 0, 0));
+        ok(cuMemMap(p, SIZE, 0, h2, 0));
+        ok(cuMemUnmap(p, SIZE));
+        ok(cuMemAddressFree(p, SIZE));
+        ok(cuMemRelease(h2));
+        assert_eq!(
+            cuMemImportFromShareableHandle(&mut h2, fd as usize as *mut c_void, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "gone with its last user"
+        );
+        libc::close(fd);
+
+        // A descriptor that is not omps's, and memory not made exportable.
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        assert_eq!(
+            cuMemImportFromShareableHandle(&mut h2, f.as_raw_fd() as usize as *mut c_void, 1),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        *words.add(1) = 0;
+        ok(cuMemCreate(&mut h, SIZE, &prop, 0));
+        assert_eq!(
+            cuMemExportToShareableHandle(&mut fd as *mut i32 as *mut c_void, h, 1, 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ok(cuMemRelease(h));
+        mem(0);
+    }
+}

@@ -118,6 +118,10 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     /// The one attribute the server changes while a client runs: its compute limit's
     /// share of the SMs (CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).
     const MULTIPROCESSOR_COUNT: c_int = 16;
+    /// Fabric handles (memory shared across nodes over NVLink) are not omps's to give:
+    /// answered 0, so programs share memory as POSIX descriptors (api/vmm_share.rs), as
+    /// PyTorch's expandable segments then do.
+    const HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
     entry(|| {
         let d = device(dev)?;
         let v = usize::try_from(attrib)
@@ -129,6 +133,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
                 .seg()
                 .read_attribute(dev as usize, attrib as usize)
                 .unwrap_or(v),
+            HANDLE_TYPE_FABRIC_SUPPORTED => 0,
             _ => v,
         };
         // SAFETY: the caller's pointer.

@@ -124,6 +124,10 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     const HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
     entry(|| {
         let d = device(dev)?;
+        if attrib == HANDLE_TYPE_FABRIC_SUPPORTED {
+            // SAFETY: the caller's pointer.
+            return unsafe { out(pi, 0) };
+        }
         let v = usize::try_from(attrib)
             .ok()
             .and_then(|a| d.attribute(a))
@@ -133,7 +137,6 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
                 .seg()
                 .read_attribute(dev as usize, attrib as usize)
                 .unwrap_or(v),
-            HANDLE_TYPE_FABRIC_SUPPORTED => 0,
             _ => v,
         };
         // SAFETY: the caller's pointer.

@@ -32,6 +32,9 @@ fn exported_memory_is_imported_by_its_descriptor() {
         *words.add(1) = 1; // exportable as a POSIX descriptor
         *words.add(2) = 1; // on device 0
         let mut h = 0u64;
+        *words.add(1) = 8; // fabric: refused as where no fabric is set up
+        assert_eq!(cuMemCreate(&mut h, SIZE, &prop, 0), 800);
+        *words.add(1) = 1;
         ok(cuMemCreate(&mut h, SIZE, &prop, 0));
         mem(SIZE as u64);
         let mut fd: i32 = -1;

@@ -7,7 +7,7 @@ export OMPS_PIPE_DIRECTORY=$W/pipe; mkdir -p $OMPS_PIPE_DIRECTORY
 RUST_LOG=info timeout 300 $B/omps-server > $W/server.log 2>&1 &
 SP=$!
 sleep 1
-OMPS_TRACE=1 LD_PRELOAD=$B/libomps_shim.so timeout 240 python3 "$1" > $W/out.txt 2> $W/err.txt
+OMPS_TRACE=1 LD_PRELOAD=$B/libomps_shim.so timeout ${PROBE_TIMEOUT:-240} python3 "$1" > $W/out.txt 2> $W/err.txt
 echo "rc=$?"
 tail -n 15 $W/out.txt
 grep -v "^omps trace" $W/err.txt | tail -n 25

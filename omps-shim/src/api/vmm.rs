@@ -101,7 +101,14 @@ unsafe fn prop_device(prop: *const AllocProp) -> Result<usize, CUresult> {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     // Shareable handle types may be asked for: POSIX descriptors are shared between this
-    // server's clients (vmm_share.rs); other types are refused when exported.
+    // server's clients (vmm_share.rs). Fabric handles are refused as the driver refuses
+    // them where no fabric is set up (NOT_PERMITTED): PyTorch's expandable segments try
+    // them first and then fall back to POSIX descriptors.
+    const FABRIC: c_uint = 8;
+    const NOT_PERMITTED: CUresult = 800;
+    if p.handle_types & FABRIC != 0 {
+        return Err(NOT_PERMITTED);
+    }
     super::device::device(p.location_id)?;
     Ok(p.location_id as usize)
 }

@@ -33,8 +33,11 @@ FAMILIES = [
      r"cuCtxDetach|cuLaunch|cuLaunchGrid|cuLaunchGridAsync|cuFuncSetBlockShape|cuFuncSetSharedSize|"
      r"cuParamSet\w*)$"),
     ("Arrays, textures and surfaces",
-     "Not built yet (issue 9, item 5): CUDA arrays live in the server's context and need "
-     "handles and copies of their own; texture and surface objects and references follow them.",
+     "Texture and surface references (cuTexRef*, cuSurfRef*, cuModuleGetTexRef/SurfRef) left "
+     "the CUDA runtime in CUDA 12: no program built with a current toolkit reaches them. "
+     "Arrays, mipmapped arrays, their copies and texture and surface objects work "
+     "(api/array.rs); sparse and multi-planar arrays, array mappings and memory requirements "
+     "are not built (no program of the suites asks).",
      r"^(cuArray|cuMipmappedArray|cuTex|cuSurf|cuMemcpy(AtoA|AtoD|AtoH|DtoA|HtoA)|"
      r"cuModuleGet(Tex|Surf)Ref|cuDeviceGetTexture1DLinearMaxWidth|cuMemMapArrayAsync|"
      r"cuExternalMemoryGetMappedMipmappedArray|cuGraphicsResourceGetMappedMipmappedArray|"
@@ -44,16 +47,19 @@ FAMILIES = [
      "connection; the server, another process, cannot register them.",
      r"^(cuGL|cuEGL|cuVDPAU|cuGraphics)"),
     ("Managed memory",
-     "Not built yet (issue 9, item 4): the driver's managed memory in the server would be "
-     "valid in the server's address space only; the plan (design section 7) maps shared "
-     "memory at one address in both.",
+     "Managed memory works (api/managed.rs). `__managed__` variables of modules "
+     "(cuLibraryGetManaged) would be the server's memory, unreachable from the client "
+     "(docs/design.md, section 13); the batch prefetch and discard calls of CUDA 12.8 and "
+     "cuPointerSetAttribute are not built (no program of the suites asks).",
      r"^(cuMemAllocManaged|cuMemAdvise|cuMemPrefetch|cuMemRangeGetAttribute|cuStreamAttachMemAsync|"
      r"cuMemDiscard|cuLibraryGetManaged|cuPointerSetAttribute)"),
     ("Graph nodes and graph calls not built yet",
-     "Not built yet (issue 9, items 1 and 2): host, event, memory, conditional, batch "
-     "memory-operation and external-semaphore nodes; node parameters read back or set on a "
-     "graph after creation (except kernel nodes); user objects; capture into an existing "
-     "graph and capture-dependency updates; graph-memory attributes.",
+     "Not built yet: conditional nodes (their handles must belong to the driver graph a "
+     "built graph becomes at instantiation); batch memory-operation and external-semaphore "
+     "nodes (their stream forms are not built either); a child graph node's graph handle "
+     "and its executable-graph update; enabling and disabling nodes; kernel node "
+     "attributes; the generic SetParams; capture into an existing graph and capture "
+     "dependency updates (a capture's graph lives in the server).",
      r"^(cuGraph|cuUserObject|cuStreamBeginCaptureToGraph|cuStreamUpdateCaptureDependencies|"
      r"cuDevice(Get|Set)GraphMemAttribute|cuDeviceGraphMemTrim)"),
     ("External memory and semaphores (Vulkan, Direct3D, NvSci)",
@@ -62,8 +68,9 @@ FAMILIES = [
      r"^(cuImportExternal|cuDestroyExternal|cuExternalMemory|cuSignalExternalSemaphores|"
      r"cuWaitExternalSemaphores|cuDeviceGetNvSciSyncAttributes)"),
     ("Shareable memory handles",
-     "Not built yet (issue 9, item 6): VMM and pool handles exported to other processes "
-     "(IPC memory and event handles work).",
+     "Not built yet: memory pools exported to other processes and dma-buf handles of "
+     "address ranges. IPC memory and event handles and VMM memory shared as POSIX "
+     "descriptors work (api/ipc.rs, api/vmm_share.rs).",
      r"^(cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuMemPoolExport|"
      r"cuMemPoolImport|cuMemGetHandleForAddressRange|cuMemPoolSetAccess)"),
     ("Peer access and multicast",

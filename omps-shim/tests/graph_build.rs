@@ -190,6 +190,45 @@ fn hand_built_graphs_run_as_built() {
             "a kernel node"
         );
         ok(cuGraphMemsetNodeSetParams(a, &ms));
+        // A kernel node's parameters read back: its arguments as copied at creation.
+        let mut kp: KernelNodeParams = std::mem::zeroed();
+        ok(cuGraphKernelNodeGetParams(b, &mut kp));
+        assert_eq!((kp.func, kp.grid, kp.block), (f, [1; 3], [1; 3]));
+        assert_eq!(*(*kp.kernel_params.add(0) as *const u64), q);
+        assert_eq!(
+            *(*kp.kernel_params.add(1) as *const u32),
+            9,
+            "as made, not as changed after"
+        );
+        assert_eq!(
+            cuGraphKernelNodeGetParams(a, &mut kp),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        // Edges, in node order, and a DOT picture of them.
+        let (mut from, mut to, mut ne) = ([null_mut(); 8], [null_mut(); 8], 8usize);
+        ok(cuGraphGetEdges(
+            g,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            &mut ne,
+        ));
+        assert_eq!(
+            from[..ne]
+                .iter()
+                .zip(&to[..ne])
+                .map(|(&x, &y)| (x, y))
+                .collect::<Vec<_>>(),
+            vec![(a, c), (b, c), (c, d), (d, e)]
+        );
+        let dot = std::env::temp_dir().join(format!("omps-graph-{}.dot", std::process::id()));
+        let cpath = std::ffi::CString::new(dot.to_str().unwrap()).unwrap();
+        ok(cuGraphDebugDotPrint(g, cpath.as_ptr(), 0));
+        let text = std::fs::read_to_string(&dot).unwrap();
+        let _ = std::fs::remove_file(&dot);
+        assert!(
+            text.contains("n1 [shape=box label=\"1: kernel\"]") && text.contains("n0 -> n2;"),
+            "{text}"
+        );
         let mut cp: Memcpy3D = std::mem::zeroed();
         ok(cuGraphMemcpyNodeGetParams(c, &mut cp));
         assert_eq!(
@@ -298,6 +337,11 @@ fn hand_built_graphs_run_as_built() {
         );
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        let (mut z1, mut fl) = (null_mut(), 0u64);
+        ok(cuGraphInstantiateWithFlags(&mut z1, h, 1));
+        ok(cuGraphExecGetFlags(z1, &mut fl));
+        assert_eq!(fl, 1, "auto-free on launch, as instantiated");
+        ok(cuGraphExecDestroy(z1));
         ok(cuMemsetD32_v2(p, 0, WORDS));
         ok(cuGraphLaunch(z, s));
         ok(cuStreamSynchronize(s));
@@ -339,6 +383,11 @@ fn hand_built_graphs_run_as_built() {
         ok(cuGraphEventWaitNodeSetEvent(wait, ev));
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        let (mut z1, mut fl) = (null_mut(), 0u64);
+        ok(cuGraphInstantiateWithFlags(&mut z1, h, 1));
+        ok(cuGraphExecGetFlags(z1, &mut fl));
+        assert_eq!(fl, 1, "auto-free on launch, as instantiated");
+        ok(cuGraphExecDestroy(z1));
         ok(cuMemsetD32_v2(p, 0, WORDS));
         ok(cuGraphLaunch(z, s));
         ok(cuStreamSynchronize(s));
@@ -360,6 +409,11 @@ fn hand_built_graphs_run_as_built() {
         assert_eq!(t, 3, "CU_GRAPH_NODE_TYPE_HOST");
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        let (mut z1, mut fl) = (null_mut(), 0u64);
+        ok(cuGraphInstantiateWithFlags(&mut z1, h, 1));
+        ok(cuGraphExecGetFlags(z1, &mut fl));
+        assert_eq!(fl, 1, "auto-free on launch, as instantiated");
+        ok(cuGraphExecDestroy(z1));
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert_eq!(
             BUMPS.load(std::sync::atomic::Ordering::SeqCst),

@@ -24,7 +24,11 @@ fn exported_memory_is_imported_by_its_descriptor() {
     unsafe {
         // Fabric handles are not offered: programs choose POSIX descriptors.
         let mut fabric = -1;
-        ok(omps_shim::api::device::cuDeviceGetAttribute(&mut fabric, 128, 0));
+        ok(omps_shim::api::device::cuDeviceGetAttribute(
+            &mut fabric,
+            128,
+            0,
+        ));
         assert_eq!(fabric, 0);
         let mut prop: AllocProp = std::mem::zeroed();
         let words = &mut prop as *mut AllocProp as *mut u32;

@@ -575,3 +575,20 @@ pub unsafe extern "C" fn cuGraphNodeGetType(node: *mut GraphNode, ty: *mut c_uin
         unsafe { out(ty, t) }
     })
 }
+
+/// The flags an executable graph was instantiated with.
+///
+/// # Safety
+/// `flags` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecGetFlags(e: CUgraphExec, flags: *mut u64) -> CUresult {
+    entry(|| {
+        exec(e)?;
+        let f = match build::source_of(e as usize) {
+            Some((_, f)) => f,
+            None => build::captured_flags(e as usize),
+        };
+        // SAFETY: the caller's pointer.
+        unsafe { out(flags, f) }
+    })
+}

@@ -82,3 +82,15 @@ use super::graph::{cuGraphInstantiateWithParams, CUgraph, CUgraphExec, Instantia
 per_thread_variants! {
     cuGraphInstantiateWithParams_ptsz => cuGraphInstantiateWithParams(pexec: *mut CUgraphExec, g: CUgraph, params: *mut InstantiateParams);
 }
+
+use super::array::*;
+
+per_thread_variants! {
+    cuMemcpyHtoA_v2_ptds => cuMemcpyHtoA_v2(a: CUarray, off: usize, src: *const c_void, n: usize);
+    cuMemcpyAtoH_v2_ptds => cuMemcpyAtoH_v2(dst: *mut c_void, a: CUarray, off: usize, n: usize);
+    cuMemcpyDtoA_v2_ptds => cuMemcpyDtoA_v2(a: CUarray, off: usize, src: CUdeviceptr, n: usize);
+    cuMemcpyAtoD_v2_ptds => cuMemcpyAtoD_v2(dst: CUdeviceptr, a: CUarray, off: usize, n: usize);
+    cuMemcpyAtoA_v2_ptds => cuMemcpyAtoA_v2(dst: CUarray, doff: usize, src: CUarray, soff: usize, n: usize);
+    cuMemcpyHtoAAsync_v2_ptsz => cuMemcpyHtoAAsync_v2(a: CUarray, off: usize, src: *const c_void, n: usize, s: CUstream);
+    cuMemcpyAtoHAsync_v2_ptsz => cuMemcpyAtoHAsync_v2(dst: *mut c_void, a: CUarray, off: usize, n: usize, s: CUstream);
+}

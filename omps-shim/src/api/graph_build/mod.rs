@@ -26,10 +26,12 @@ mod edges;
 mod emit;
 mod mem_nodes;
 mod nodes;
+mod queries;
 pub use edges::*;
 pub(crate) use emit::capture;
 pub use mem_nodes::*;
 pub use nodes::*;
+pub use queries::*;
 
 /// CUgraphNodeType values.
 pub(crate) mod node_type {

@@ -9,7 +9,7 @@
 #      ${BUILD:-/tmp/omps-e2e}/bin (host code with -cudart none, kernels as
 #      fatbin/cubin/PTX images loaded at run time), and the runtime-API
 #      programs of tests/cuda/rt/ into $BUILD/rt with nvcc's default flags
-#      (static cudart) plus -arch=sm_90; per_thread_stream alone is built
+#      (static cudart) plus -arch=sm_90 (dyn_parallel: + -rdc=true -lcudadevrt); per_thread_stream alone is built
 #      with --default-stream per-thread;
 #   1. correctness: runs each program natively and under omps
 #      (LD_PRELOAD=libomps_shim.so) and diffs the outputs;
@@ -95,7 +95,7 @@ RT_PROGS="device_props error_names vector_add memset memcpy2d3d memcpy_default p
           coop_grid_sync callbacks templates threads no_free stream_priority per_thread_stream
           legacy_stream device_sync device_printf func_attrs occupancy launch_ex invalid_launch
           host_func_order graph_capture graph_manual graph_mem_nodes user_objects managed
-          texture_surface vmm_ipc
+          texture_surface vmm_ipc dyn_parallel
           ipc_memory kernel_fault device_assert"
 RT_FAULT_PROGS="kernel_fault device_assert"          # the omps server is restarted after each omps run of these
 RT_ARCH=${RT_ARCH:-sm_90}
@@ -343,9 +343,11 @@ build_rt() {
     for p in $RT_PROGS bench_overhead; do
         flags="-arch=$RT_ARCH"
         [ "$p" = per_thread_stream ] && flags="$flags --default-stream per-thread"
+        local libs=""
+        [ "$p" = dyn_parallel ] && flags="$flags -rdc=true" && libs="-lcudadevrt"
         rm -f "$RTBIN/$p"
         # shellcheck disable=SC2086
-        ( echo "$NVCC $flags -o $RTBIN/$p $RTSRC/$p.cu"; "$NVCC" $flags -o "$RTBIN/$p" "$RTSRC/$p.cu" ) \
+        ( echo "$NVCC $flags -o $RTBIN/$p $RTSRC/$p.cu $libs"; "$NVCC" $flags -o "$RTBIN/$p" "$RTSRC/$p.cu" $libs ) \
             >"$WORK/build-rt-$p.log" 2>&1 &
         bpids+=($!); names+=("rt-$p")
     done

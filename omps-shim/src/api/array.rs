@@ -369,52 +369,47 @@ pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult
     if c.dst_type == ARRAY {
         check_inside(c.dst_array, [c.dst_x, c.dst_y, c.dst_z], extent)?;
     }
-    let src_dev = if c.src_type == UNIFIED {
-        c.src_host as u64 | c.src_device
-    } else {
-        c.src_device
+    // One side of the copy as the server takes it: the device buffer standing in for host
+    // memory, or the side as described.
+    let side = |buf: Option<u64>, src: bool| {
+        if let Some(b) = buf {
+            return server_side(
+                DEVICE,
+                std::ptr::null_mut(),
+                b,
+                [0; 3],
+                extent[0],
+                extent[1],
+            );
+        }
+        let (ty, arr, host, dev, xyz, pitch, height) = if src {
+            let at = [c.src_x, c.src_y, c.src_z];
+            (
+                c.src_type,
+                c.src_array,
+                c.src_host as u64,
+                c.src_device,
+                at,
+                c.src_pitch,
+                c.src_height,
+            )
+        } else {
+            let at = [c.dst_x, c.dst_y, c.dst_z];
+            (
+                c.dst_type,
+                c.dst_array,
+                c.dst_host as u64,
+                c.dst_device,
+                at,
+                c.dst_pitch,
+                c.dst_height,
+            )
+        };
+        let dev = if ty == UNIFIED { host | dev } else { dev };
+        server_side(ty, arr, dev, xyz, pitch, height)
     };
-    let dst_dev = if c.dst_type == UNIFIED {
-        c.dst_host as u64 | c.dst_device
-    } else {
-        c.dst_device
-    };
-    let src = |buf: Option<u64>| match buf {
-        Some(b) => server_side(
-            DEVICE,
-            std::ptr::null_mut(),
-            b,
-            [0; 3],
-            extent[0],
-            extent[1],
-        ),
-        None => server_side(
-            c.src_type,
-            c.src_array,
-            src_dev,
-            [c.src_x, c.src_y, c.src_z],
-            c.src_pitch,
-            c.src_height,
-        ),
-    };
-    let dst = |buf: Option<u64>| match buf {
-        Some(b) => server_side(
-            DEVICE,
-            std::ptr::null_mut(),
-            b,
-            [0; 3],
-            extent[0],
-            extent[1],
-        ),
-        None => server_side(
-            c.dst_type,
-            c.dst_array,
-            dst_dev,
-            [c.dst_x, c.dst_y, c.dst_z],
-            c.dst_pitch,
-            c.dst_height,
-        ),
-    };
+    let src = |buf: Option<u64>| side(buf, true);
+    let dst = |buf: Option<u64>| side(buf, false);
     // The host side's part of the copy, as a plain 3D copy with the buffer.
     let staged = |buf: u64, to_buffer: bool| -> Result<(), CUresult> {
         let mut h: Memcpy3D = *c;
@@ -482,118 +477,36 @@ fn copy_1d(
     copy(&c, s, sync)
 }
 
-#[no_mangle]
-pub extern "C" fn cuMemcpyHtoA_v2(
-    a: CUarray,
-    off: usize,
-    src: *const c_void,
-    n: usize,
-) -> CUresult {
-    entry(|| {
-        copy_1d(
-            (HOST, std::ptr::null_mut(), src as u64, 0),
-            (ARRAY, a as *mut c_void, 0, off),
-            n,
-            std::ptr::null_mut(),
-            true,
-        )
-    })
+/// The 1D copies: (memory type, array, address, offset) of each side, then the byte
+/// count; a synchronous one waits for its copy, an asynchronous one takes a stream.
+macro_rules! copies_1d {
+    ($($name:ident($($arg:ident: $ty:ty),*) => $src:expr, $dst:expr, $n:expr, $s:expr;)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            let (s, sync): (CUstream, bool) = $s;
+            entry(|| copy_1d($src, $dst, $n, s, sync))
+        }
+    )*};
 }
 
-#[no_mangle]
-pub extern "C" fn cuMemcpyHtoAAsync_v2(
-    a: CUarray,
-    off: usize,
-    src: *const c_void,
-    n: usize,
-    s: CUstream,
-) -> CUresult {
-    entry(|| {
-        copy_1d(
-            (HOST, std::ptr::null_mut(), src as u64, 0),
-            (ARRAY, a as *mut c_void, 0, off),
-            n,
-            s,
-            false,
-        )
-    })
-}
+const NOWHERE: *mut c_void = std::ptr::null_mut();
+const SYNC: (CUstream, bool) = (std::ptr::null_mut(), true);
 
-#[no_mangle]
-pub extern "C" fn cuMemcpyAtoH_v2(dst: *mut c_void, a: CUarray, off: usize, n: usize) -> CUresult {
-    entry(|| {
-        copy_1d(
-            (ARRAY, a as *mut c_void, 0, off),
-            (HOST, std::ptr::null_mut(), dst as u64, 0),
-            n,
-            std::ptr::null_mut(),
-            true,
-        )
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyAtoHAsync_v2(
-    dst: *mut c_void,
-    a: CUarray,
-    off: usize,
-    n: usize,
-    s: CUstream,
-) -> CUresult {
-    entry(|| {
-        copy_1d(
-            (ARRAY, a as *mut c_void, 0, off),
-            (HOST, std::ptr::null_mut(), dst as u64, 0),
-            n,
-            s,
-            false,
-        )
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyDtoA_v2(a: CUarray, off: usize, src: u64, n: usize) -> CUresult {
-    entry(|| {
-        copy_1d(
-            (DEVICE, std::ptr::null_mut(), src, 0),
-            (ARRAY, a as *mut c_void, 0, off),
-            n,
-            std::ptr::null_mut(),
-            true,
-        )
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyAtoD_v2(dst: u64, a: CUarray, off: usize, n: usize) -> CUresult {
-    entry(|| {
-        copy_1d(
-            (ARRAY, a as *mut c_void, 0, off),
-            (DEVICE, std::ptr::null_mut(), dst, 0),
-            n,
-            std::ptr::null_mut(),
-            true,
-        )
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyAtoA_v2(
-    dst: CUarray,
-    doff: usize,
-    src: CUarray,
-    soff: usize,
-    n: usize,
-) -> CUresult {
-    entry(|| {
-        copy_1d(
-            (ARRAY, src as *mut c_void, 0, soff),
-            (ARRAY, dst as *mut c_void, 0, doff),
-            n,
-            std::ptr::null_mut(),
-            true,
-        )
-    })
+copies_1d! {
+    cuMemcpyHtoA_v2(a: CUarray, off: usize, src: *const c_void, n: usize)
+        => (HOST, NOWHERE, src as u64, 0), (ARRAY, a as *mut c_void, 0, off), n, SYNC;
+    cuMemcpyHtoAAsync_v2(a: CUarray, off: usize, src: *const c_void, n: usize, st: CUstream)
+        => (HOST, NOWHERE, src as u64, 0), (ARRAY, a as *mut c_void, 0, off), n, (st, false);
+    cuMemcpyAtoH_v2(dst: *mut c_void, a: CUarray, off: usize, n: usize)
+        => (ARRAY, a as *mut c_void, 0, off), (HOST, NOWHERE, dst as u64, 0), n, SYNC;
+    cuMemcpyAtoHAsync_v2(dst: *mut c_void, a: CUarray, off: usize, n: usize, st: CUstream)
+        => (ARRAY, a as *mut c_void, 0, off), (HOST, NOWHERE, dst as u64, 0), n, (st, false);
+    cuMemcpyDtoA_v2(a: CUarray, off: usize, src: u64, n: usize)
+        => (DEVICE, NOWHERE, src, 0), (ARRAY, a as *mut c_void, 0, off), n, SYNC;
+    cuMemcpyAtoD_v2(dst: u64, a: CUarray, off: usize, n: usize)
+        => (ARRAY, a as *mut c_void, 0, off), (DEVICE, NOWHERE, dst, 0), n, SYNC;
+    cuMemcpyAtoA_v2(dst: CUarray, doff: usize, src: CUarray, soff: usize, n: usize)
+        => (ARRAY, src as *mut c_void, 0, soff), (ARRAY, dst as *mut c_void, 0, doff), n, SYNC;
 }
 
 // ------------------------------------------------------------------ texture and surface objects

@@ -11,7 +11,7 @@
 //! 4 KiB page and read back by cuMemRangeGetAttribute(s) as the driver answers them.
 //! `__managed__` variables of modules are not supported (docs/design.md, section 13).
 
-use super::exec::{per_thread, stream_of, CUstream};
+use super::exec::{stream_of, CUstream};
 use super::hostmem::{free_host, host_alloc, managed_range, MANAGED};
 use super::mem::{add_range, remove_range};
 use super::{entry, out};
@@ -203,17 +203,6 @@ pub extern "C" fn cuMemPrefetchAsync_v2(
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemPrefetchAsync_v2_ptsz(
-    p: CUdeviceptr,
-    len: usize,
-    to: MemLocation,
-    flags: c_uint,
-    s: CUstream,
-) -> CUresult {
-    per_thread(|| cuMemPrefetchAsync_v2(p, len, to, flags, s))
-}
-
-#[no_mangle]
 pub extern "C" fn cuMemPrefetchAsync(
     p: CUdeviceptr,
     len: usize,
@@ -221,16 +210,6 @@ pub extern "C" fn cuMemPrefetchAsync(
     s: CUstream,
 ) -> CUresult {
     entry(|| prefetch(p, len, legacy_location(dev), 0, s))
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemPrefetchAsync_ptsz(
-    p: CUdeviceptr,
-    len: usize,
-    dev: c_int,
-    s: CUstream,
-) -> CUresult {
-    per_thread(|| cuMemPrefetchAsync(p, len, dev, s))
 }
 
 /// CUmem_advise values.
@@ -309,16 +288,6 @@ pub extern "C" fn cuStreamAttachMemAsync(
         }
         Ok(())
     })
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamAttachMemAsync_ptsz(
-    s: CUstream,
-    p: CUdeviceptr,
-    len: usize,
-    flags: c_uint,
-) -> CUresult {
-    per_thread(|| cuStreamAttachMemAsync(s, p, len, flags))
 }
 
 /// CUmem_range_attribute values.

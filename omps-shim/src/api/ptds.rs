@@ -94,3 +94,11 @@ per_thread_variants! {
     cuMemcpyHtoAAsync_v2_ptsz => cuMemcpyHtoAAsync_v2(a: CUarray, off: usize, src: *const c_void, n: usize, s: CUstream);
     cuMemcpyAtoHAsync_v2_ptsz => cuMemcpyAtoHAsync_v2(dst: *mut c_void, a: CUarray, off: usize, n: usize, s: CUstream);
 }
+
+use super::managed::*;
+
+per_thread_variants! {
+    cuMemPrefetchAsync_v2_ptsz => cuMemPrefetchAsync_v2(p: CUdeviceptr, len: usize, to: MemLocation, flags: c_uint, s: CUstream);
+    cuMemPrefetchAsync_ptsz => cuMemPrefetchAsync(p: CUdeviceptr, len: usize, dev: std::ffi::c_int, s: CUstream);
+    cuStreamAttachMemAsync_ptsz => cuStreamAttachMemAsync(s: CUstream, p: CUdeviceptr, len: usize, flags: c_uint);
+}

@@ -1105,8 +1105,8 @@ impl Gpu for HostGpu {
                 Some(a) => {
                     let (s, buf) = st.arrays.get(&a).ok_or(CuError(code::INVALID_HANDLE))?;
                     let rb = row_bytes(s);
-                    let (yy, zz) = (p.y + y, p.z + z);
-                    if p.x + w > rb || yy >= s.height.max(1) || zz >= s.depth.max(1) {
+                    let (yy, zz) = (p.y.saturating_add(y), p.z.saturating_add(z));
+                    if p.x.saturating_add(w) > rb || yy >= s.height.max(1) || zz >= s.depth.max(1) {
                         return Err(CuError(code::INVALID_VALUE));
                     }
                     let off = p.x + (yy + zz * s.height.max(1)) * rb;
@@ -1115,6 +1115,7 @@ impl Gpu for HostGpu {
                 }
                 None => Ok((
                     None,
+                    // The session checked the device side lies in the client's memory.
                     p.dev + p.x + (p.y + y + (p.z + z) * p.height) * p.pitch,
                 )),
             }

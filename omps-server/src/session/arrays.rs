@@ -194,7 +194,7 @@ impl Session {
         }
         let [w, h, d] = [extent[0], extent[1].max(1), extent[2].max(1)];
         let pitch = s.pitch.max(w);
-        let height = s.height.max(s.y + h);
+        let height = s.height.max(s.y.saturating_add(h));
         // First byte and one past the last the copy touches.
         let span = (|| {
             let first = s.dev.checked_add(s.x)?.checked_add(

@@ -324,6 +324,22 @@ pub enum Resource {
     },
 }
 
+/// What an array of `shape` with `levels` mip levels (0: a plain array) is charged: its
+/// texels, each level half the last; formats the server does not know count 4 bytes a
+/// channel. Saturates rather than overflow on a hostile shape (the driver refuses it).
+pub fn shape_bytes(shape: &ArrayShape, levels: u32) -> u64 {
+    let per = shape.channels as u64 * format_bytes(shape.format).unwrap_or(4);
+    (0..levels.max(1))
+        .map(|l| {
+            let half = |v: u64| if v == 0 { 1 } else { (v >> l).max(1) };
+            half(shape.width)
+                .saturating_mul(half(shape.height))
+                .saturating_mul(half(shape.depth))
+                .saturating_mul(per)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 /// Bytes per channel of a CUarray_format the server knows, None for others (the driver
 /// checks those).
 pub fn format_bytes(format: u32) -> Option<u64> {

@@ -85,15 +85,7 @@ pub fn array_create(s: &ArrayShape) -> GpuResult<(u64, u64)> {
     let d = desc(s);
     // SAFETY: a descriptor laid out as the driver's; valid out-pointer.
     ck(unsafe { cu::cuArray3DCreate_v2(&mut a, &d as *const Array3DDesc as *const _) })?;
-    // SAFETY: a zeroed plain struct to be written.
-    let mut req: cu::CUDA_ARRAY_MEMORY_REQUIREMENTS = unsafe { std::mem::zeroed() };
-    // SAFETY: the array just made; valid out-pointer. Its size is what the client is
-    // charged; an array the driver cannot size is charged nothing.
-    let bytes = match unsafe { cu::cuArrayGetMemoryRequirements(&mut req, a, 0) } {
-        cu::CUresult::CUDA_SUCCESS => req.size as u64,
-        _ => 0,
-    };
-    Ok((a as u64, bytes))
+    Ok((a as u64, crate::gpu::shape_bytes(s, 0)))
 }
 
 pub fn mipmap_create(s: &ArrayShape, levels: u32) -> GpuResult<(u64, u64)> {
@@ -103,14 +95,7 @@ pub fn mipmap_create(s: &ArrayShape, levels: u32) -> GpuResult<(u64, u64)> {
     ck(unsafe {
         cu::cuMipmappedArrayCreate(&mut m, &d as *const Array3DDesc as *const _, levels)
     })?;
-    // SAFETY: a zeroed plain struct to be written.
-    let mut req: cu::CUDA_ARRAY_MEMORY_REQUIREMENTS = unsafe { std::mem::zeroed() };
-    // SAFETY: the mipmapped array just made; valid out-pointer.
-    let bytes = match unsafe { cu::cuMipmappedArrayGetMemoryRequirements(&mut req, m, 0) } {
-        cu::CUresult::CUDA_SUCCESS => req.size as u64,
-        _ => 0,
-    };
-    Ok((m as u64, bytes))
+    Ok((m as u64, crate::gpu::shape_bytes(s, levels)))
 }
 
 pub fn mipmap_level(mip: u64, level: u32) -> GpuResult<u64> {

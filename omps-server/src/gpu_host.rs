@@ -64,11 +64,12 @@ struct State {
 
 /// Bytes per row of an array of `s`: unknown formats count 4 bytes a channel.
 fn row_bytes(s: &ArrayShape) -> u64 {
-    s.width * s.channels as u64 * crate::gpu::format_bytes(s.format).unwrap_or(4)
+    s.width
+        .saturating_mul(s.channels as u64 * crate::gpu::format_bytes(s.format).unwrap_or(4))
 }
 
 fn array_bytes(s: &ArrayShape) -> u64 {
-    row_bytes(s) * s.height.max(1) * s.depth.max(1)
+    crate::gpu::shape_bytes(s, 0)
 }
 
 /// Work a captured stream records instead of running (the host GPU's graphs).
@@ -269,7 +270,7 @@ impl State {
     fn is_registered(&self, p: usize, len: usize) -> bool {
         self.registered
             .iter()
-            .any(|&(s, l)| p >= s && p + len <= s + l)
+            .any(|&(s, l)| p >= s && p.checked_add(len).is_some_and(|e| e <= s + l))
     }
 
     fn alloc(&mut self, size: u64) -> u64 {
@@ -1152,7 +1153,7 @@ impl Gpu for HostGpu {
             Resource::Linear { dev, size, .. } => st.range(dev, size as usize).is_ok(),
             Resource::Pitch2D {
                 dev, pitch, height, ..
-            } => st.range(dev, (pitch * height) as usize).is_ok(),
+            } => st.range(dev, pitch.saturating_mul(height) as usize).is_ok(),
         };
         if !known {
             return Err(CuError(code::INVALID_VALUE));

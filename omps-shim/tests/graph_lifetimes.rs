@@ -299,6 +299,39 @@ fn graph_memory_lives_as_long_as_its_graphs() {
         ok(cuGraphDestroy(g));
         assert_eq!(destroyed_count(2), 2, "gone with its graph");
 
+        // Two threads capture their own per-thread default streams at once, each with
+        // graph memory: each capture ends in its own graph holding its own memory.
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let b = barrier.clone();
+                std::thread::spawn(move || {
+                    let ctx = {
+                        let mut c = null_mut();
+                        ok(omps_shim::api::ctx::cuDevicePrimaryCtxRetain(&mut c, 0));
+                        c
+                    };
+                    ok(omps_shim::api::ctx::cuCtxSetCurrent(ctx));
+                    let s = 2usize as CUstream; // CU_STREAM_PER_THREAD
+                    ok(cuStreamBeginCapture_v2(s, 2));
+                    b.wait(); // both captures going
+                    let mut m = 0u64;
+                    ok(cuMemAllocAsync(&mut m, BYTES as usize, s));
+                    b.wait();
+                    let mut g = null_mut();
+                    ok(cuStreamEndCapture(s, &mut g));
+                    (g as usize, m)
+                })
+            })
+            .collect();
+        let got: Vec<(usize, u64)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_ne!(got[0].0, got[1].0, "two graphs");
+        mem(3 * BYTES);
+        ok(cuGraphDestroy(got[0].0 as CUgraph));
+        mem(2 * BYTES);
+        ok(cuGraphDestroy(got[1].0 as CUgraph));
+        mem(BYTES);
+
         // A capture that fails gives back what it allocated.
         ok(cuStreamBeginCapture_v2(s, 0));
         ok(cuMemAllocAsync(&mut tmp, BYTES as usize, s));

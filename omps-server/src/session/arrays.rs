@@ -14,12 +14,16 @@ use omps_ring::wire::{array, tex};
 /// Bounds a client's tables, so it cannot make the server's grow without end.
 const MAX_OBJECTS: usize = 1 << 16;
 
+/// A mipmapped array's levels asked for: (level, array id).
+type Levels = Vec<(u32, u32)>;
+
 #[derive(Default)]
 pub struct ArrayState {
     /// Array id -> (driver handle, bytes charged, whether a mipmapped array's level).
     arrays: HashMap<u32, (u64, u64, bool)>,
-    /// Mipmapped array id -> (driver handle, bytes charged, its level ids).
-    mipmaps: HashMap<u32, (u64, u64, Vec<u32>)>,
+    /// Mipmapped array id -> (driver handle, bytes charged, (level, array id) of the
+    /// levels asked for).
+    mipmaps: HashMap<u32, (u64, u64, Levels)>,
     textures: std::collections::HashSet<u64>,
     surfaces: std::collections::HashSet<u64>,
     next_id: u32,
@@ -39,12 +43,20 @@ impl ArrayState {
     fn full(&self) -> bool {
         self.arrays.len() + self.mipmaps.len() + self.textures.len() + self.surfaces.len()
             >= MAX_OBJECTS
+            || self.next_id == u32::MAX
+    }
+
+    /// A fresh id; ids are never reused while the session lives (a client that made
+    /// 2^32 objects gets no more: `full`).
+    fn new_id(&mut self) -> u32 {
+        self.next_id += 1;
+        self.next_id
     }
 
     fn add_array(&mut self, handle: u64, bytes: u64, level: bool) -> u32 {
-        self.next_id += 1;
-        self.arrays.insert(self.next_id, (handle, bytes, level));
-        self.next_id
+        let id = self.new_id();
+        self.arrays.insert(id, (handle, bytes, level));
+        id
     }
 
     pub fn into_release(self) -> ArrayRelease {
@@ -112,8 +124,7 @@ impl Session {
                         .map_err(|_| Malformed("mipmap levels out of range".into()))?;
                     gpu.mipmap_create(&s, levels).map(|(h, n)| {
                         self.client.mem_bytes[dev].fetch_add(n, Ordering::Relaxed);
-                        self.arrays.next_id += 1;
-                        let id = self.arrays.next_id;
+                        let id = self.arrays.new_id();
                         self.arrays.mipmaps.insert(id, (h, n, Vec::new()));
                         id as u64
                     })
@@ -124,24 +135,21 @@ impl Session {
                     return bad(format!("level of unknown mipmapped array {}", c.id));
                 };
                 let level = u32::try_from(c.args[0]).unwrap_or(u32::MAX);
-                match gpu.mipmap_level(m, level) {
+                let known = self.arrays.mipmaps[&c.id]
+                    .2
+                    .iter()
+                    .find(|&&(l, _)| l == level);
+                match known {
                     // The same level asked again is the same array.
-                    Ok(h) => match self.arrays.arrays.iter().find(|(_, &(a, _, _))| a == h) {
-                        Some((&id, _)) => Ok(id as u64),
-                        None if self.arrays.full() => Err(CuError(code::OUT_OF_MEMORY)),
-                        None => {
-                            // Charged nothing: the mipmapped array was.
-                            let id = self.arrays.add_array(h, 0, true);
-                            self.arrays
-                                .mipmaps
-                                .get_mut(&c.id)
-                                .expect("looked up")
-                                .2
-                                .push(id);
-                            Ok(id as u64)
-                        }
-                    },
-                    Err(e) => Err(e),
+                    Some(&(_, id)) => Ok(id as u64),
+                    None if self.arrays.full() => Err(CuError(code::OUT_OF_MEMORY)),
+                    None => gpu.mipmap_level(m, level).map(|h| {
+                        // Charged nothing: the mipmapped array was.
+                        let id = self.arrays.add_array(h, 0, true);
+                        let levels = &mut self.arrays.mipmaps.get_mut(&c.id).expect("looked up").2;
+                        levels.push((level, id));
+                        id as u64
+                    }),
                 }
             }
             array::DESTROY => match self.arrays.arrays.get(&c.id) {
@@ -160,8 +168,8 @@ impl Session {
                 let Some((h, n, levels)) = self.arrays.mipmaps.remove(&c.id) else {
                     return bad(format!("destroying unknown mipmapped array {}", c.id));
                 };
-                for l in levels {
-                    self.arrays.arrays.remove(&l);
+                for (_, id) in levels {
+                    self.arrays.arrays.remove(&id);
                 }
                 let mut rel = Release::default();
                 rel.arrays.mipmaps.push((h, n));

@@ -351,8 +351,9 @@ pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let host = |ty: c_uint, dev: u64| ty == HOST || (ty == UNIFIED && range_info(dev).is_none());
-    let src_host = host(c.src_type, c.src_host as u64 | c.src_device);
-    let dst_host = host(c.dst_type, c.dst_host as u64 | c.dst_device);
+    // A unified side names its memory in the device field (the host field is ignored).
+    let src_host = host(c.src_type, c.src_device);
+    let dst_host = host(c.dst_type, c.dst_device);
     let dev = [c.src_array, c.dst_array]
         .iter()
         .zip([c.src_type, c.dst_type])
@@ -382,12 +383,11 @@ pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult
                 extent[1],
             );
         }
-        let (ty, arr, host, dev, xyz, pitch, height) = if src {
+        let (ty, arr, dev, xyz, pitch, height) = if src {
             let at = [c.src_x, c.src_y, c.src_z];
             (
                 c.src_type,
                 c.src_array,
-                c.src_host as u64,
                 c.src_device,
                 at,
                 c.src_pitch,
@@ -398,14 +398,12 @@ pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult
             (
                 c.dst_type,
                 c.dst_array,
-                c.dst_host as u64,
                 c.dst_device,
                 at,
                 c.dst_pitch,
                 c.dst_height,
             )
         };
-        let dev = if ty == UNIFIED { host | dev } else { dev };
         server_side(ty, arr, dev, xyz, pitch, height)
     };
     let src = |buf: Option<u64>| side(buf, true);
@@ -583,7 +581,12 @@ fn make_object(
             } else {
                 (t.width, t.height, t.pitch) = (res.res[2], res.res[3], res.res[4]);
             }
-            range_info(t.dev).ok_or(CUDA_ERROR_INVALID_VALUE)?.2
+            match range_info(t.dev) {
+                Some((_, _, dev)) => dev,
+                // Mapped page-locked memory, which the server checks as the client's.
+                None if super::hostmem::is_shared(t.dev, 1) => super::ctx::current_dev()?,
+                None => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
         }
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     };

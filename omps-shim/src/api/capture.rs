@@ -55,9 +55,9 @@ fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
     // longer tells its id at its end) and the graph handle it ends in, which
     // cuStreamGetCaptureInfo gives out meanwhile (user objects can be moved into it).
     let (_, id) = capture_info(s)?;
-    let (_, dev) = stream_dev(s)?;
+    let (stream, dev) = stream_dev(s)?;
     let g = leak(GraphHandle::new(GRAPH_MAGIC, IN_CAPTURE, dev)) as usize;
-    lock_ids().insert(s as usize, (id, g));
+    lock_ids().insert((dev, stream), (id, g));
     Ok(())
 }
 
@@ -65,10 +65,12 @@ fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
 /// server's ids start at 1).
 pub(crate) const IN_CAPTURE: u32 = 0;
 
-/// Capturing origin stream (handle address) -> its capture's id and graph handle.
-static IDS: LazyLock<Mutex<HashMap<usize, (u64, usize)>>> = LazyLock::new(Default::default);
+/// Capturing origin stream (device, the server's stream id: the per-thread default
+/// streams of two threads are two streams) -> its capture's id and graph handle.
+type Captures = HashMap<(usize, u32), (u64, usize)>;
+static IDS: LazyLock<Mutex<Captures>> = LazyLock::new(Default::default);
 
-fn lock_ids() -> std::sync::MutexGuard<'static, HashMap<usize, (u64, usize)>> {
+fn lock_ids() -> std::sync::MutexGuard<'static, Captures> {
     IDS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -120,7 +122,8 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
         let capture = if ended {
             let _ =
                 CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-            lock_ids().remove(&(s as usize))
+            let (stream, dev) = stream_dev(s)?;
+            lock_ids().remove(&(dev, stream))
         } else {
             None
         };

@@ -16,7 +16,7 @@ pub type CUstream = *mut Stream;
 pub type CUevent = *mut Event;
 pub type CUfunction = *mut Function;
 
-const CU_STREAM_LEGACY: usize = 0x1;
+pub(crate) const CU_STREAM_LEGACY: usize = 0x1;
 const CU_STREAM_PER_THREAD: usize = 0x2;
 
 /// The wire id of a stream handle; 0 (and the legacy / per-thread handles) is the

@@ -195,7 +195,11 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
     }
     if op == Op::GraphLaunch {
         super::graph_mem::launching(e as usize)?;
-        ex.last_stream.store(s as usize, Ordering::Release);
+        // The stream itself, not the handle: a per-thread default stream's handle names
+        // another stream in another thread, where an update or a destroy may run.
+        let resolved = super::exec::resolve_stream(s)?
+            .map_or(super::exec::CU_STREAM_LEGACY, |st| st as *const _ as usize);
+        ex.last_stream.store(resolved, Ordering::Release);
         let ev = ex.wait_first.swap(0, Ordering::AcqRel);
         if ev != 0 {
             // The first launch since an update: after the last one before it.
@@ -414,7 +418,8 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<c_uint, CUresult> {
             }
             let id = instantiate_id(ex.dev, gr.id(), build::captured_flags(e as usize))?;
             build::note_captured_source(e as usize, now);
-            super::graph_mem::share(g as usize, e as usize);
+            let flags = build::captured_flags(e as usize);
+            super::graph_mem::exec_remade(g as usize, e as usize, flags);
             id
         }
         _ => return Ok(UPDATE_TOPOLOGY_CHANGED),

@@ -174,6 +174,18 @@ pub(crate) fn share(from: usize, to: usize) {
     }
 }
 
+/// Executable graph `e` made anew from captured graph `g` (an update): it holds what `g`
+/// holds instead of what it held (freed after the work already queued, as every free).
+pub(crate) fn exec_remade(g: usize, e: usize, flags: u64) {
+    let old = {
+        let mut st = lock();
+        let now = st.held.get(&g).cloned().unwrap_or_default();
+        (st.held.insert(e, now), st.launched.remove(&e))
+    };
+    drop(old);
+    note_exec(e, held_by(g), flags);
+}
+
 /// Graph or executable graph `h` (handle address) destroyed.
 pub(crate) fn release(h: usize) {
     let taken = {

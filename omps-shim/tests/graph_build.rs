@@ -444,5 +444,50 @@ fn hand_built_graphs_run_as_built() {
             CUDA_ERROR_INVALID_HANDLE
         );
         assert_eq!(cuGraphLaunch(x, s), CUDA_ERROR_INVALID_HANDLE);
+
+        // A node disabled in an executable graph keeps its place and does nothing.
+        let mut g3 = null_mut();
+        ok(cuGraphCreate(&mut g3, 0));
+        let seven = MemsetNodeParams {
+            dst: q,
+            pitch: 0,
+            value: 7,
+            elem: 4,
+            width: WORDS,
+            height: 1,
+        };
+        let (mut m, mut after) = (null_mut(), null_mut());
+        ok(cuGraphAddMemsetNode(
+            &mut m,
+            g3,
+            null(),
+            0,
+            &seven,
+            null_mut(),
+        ));
+        ok(cuGraphAddEmptyNode(&mut after, g3, &m, 1));
+        let mut x3 = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut x3, g3, 0));
+        let mut on = 9u32;
+        ok(cuGraphNodeGetEnabled(x3, m, &mut on));
+        assert_eq!(on, 1);
+        ok(cuGraphNodeSetEnabled(x3, m, 0));
+        ok(cuGraphNodeGetEnabled(x3, m, &mut on));
+        assert_eq!(on, 0);
+        assert_eq!(
+            cuGraphNodeSetEnabled(x3, after, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "an empty node"
+        );
+        ok(cuMemsetD32_v2(q, 1, WORDS));
+        ok(cuGraphLaunch(x3, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(q), vec![1; WORDS], "disabled");
+        ok(cuGraphNodeSetEnabled(x3, m, 1));
+        ok(cuGraphLaunch(x3, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(q), vec![7; WORDS], "enabled again");
+        ok(cuGraphExecDestroy(x3));
+        ok(cuGraphDestroy(g3));
     }
 }

@@ -597,3 +597,41 @@ pub unsafe extern "C" fn cuGraphExecGetFlags(e: CUgraphExec, flags: *mut u64) ->
         unsafe { out(flags, f) }
     })
 }
+
+/// Enables or disables a kernel, memset or memcpy node of an executable graph made from a
+/// graph built by hand: the executable graph is made again with the node doing nothing
+/// (its place in the order kept), as its parameters are set.
+#[no_mangle]
+pub extern "C" fn cuGraphNodeSetEnabled(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    enabled: c_uint,
+) -> CUresult {
+    entry(|| {
+        let ex = exec(e)?;
+        let Some((b, flags)) = build::set_exec_enabled(e as usize, node, enabled != 0)? else {
+            return Err(crate::unsupported::unsupported(
+                "enabling nodes of an executable graph made from a captured graph",
+            ));
+        };
+        let id = instantiate_built(ex.dev, &b, flags)?;
+        build::note_source(e as usize, b, flags, None);
+        rebind(ex, id)
+    })
+}
+
+/// # Safety
+/// `enabled` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetEnabled(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    enabled: *mut c_uint,
+) -> CUresult {
+    entry(|| {
+        exec(e)?;
+        let v = build::exec_enabled(e as usize, node)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(enabled, c_uint::from(v)) }
+    })
+}

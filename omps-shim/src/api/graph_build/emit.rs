@@ -42,10 +42,9 @@ fn flatten(
                 done[i] = Some(ends);
             }
             k => {
-                out.push(Flat {
-                    kind: k.clone(),
-                    deps,
-                });
+                // A disabled node keeps its place in the order and does nothing.
+                let kind = if n.disabled { Kind::Empty } else { k.clone() };
+                out.push(Flat { kind, deps });
                 done[i] = Some(vec![out.len() - 1]);
             }
         }

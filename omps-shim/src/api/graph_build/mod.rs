@@ -107,6 +107,8 @@ struct Node {
     kind: Kind,
     /// Indices of the nodes this one waits for.
     deps: Vec<usize>,
+    /// Disabled in an executable graph (cuGraphNodeSetEnabled): it orders as an empty node.
+    disabled: bool,
 }
 
 /// A graph built by hand. A destroyed node leaves a hole, so indices stay stable.
@@ -339,7 +341,11 @@ unsafe fn add(
             .graphs
             .get_mut(&(g as usize))
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        b.nodes.push(Some(Node { kind, deps }));
+        b.nodes.push(Some(Node {
+            kind,
+            deps,
+            disabled: false,
+        }));
         let (i, dev) = (b.nodes.len() - 1, b.dev);
         Ok::<_, CUresult>(node_handle(r, g as usize, i, dev))
     })?;
@@ -368,6 +374,50 @@ pub unsafe extern "C" fn cuGraphCreate(ph: *mut CUgraph, flags: c_uint) -> CUres
         });
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(ph, h) }
+    })
+}
+
+/// Node `node` of the graph executable graph `e` was made from, enabled or not: the
+/// changed source to instantiate (Ok(None) when `e` was not made from a built graph).
+/// Kernel, memset and memcpy nodes only, as natively.
+pub(crate) fn set_exec_enabled(
+    e: usize,
+    node: *mut GraphNode,
+    enabled: bool,
+) -> Result<Option<(Built, u64)>, CUresult> {
+    with(|r| {
+        let Some((b, flags)) = r.sources.get(&e) else {
+            return Ok(None);
+        };
+        let i = match r.nodes.get(&(node as usize)) {
+            Some(&(g, i)) if r.origins.get(&e) == Some(&g) => i,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        let mut b = b.clone();
+        match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {
+            Some(n) if matches!(n.kind, Kind::Kernel(_) | Kind::Memset(_) | Kind::Memcpy(_)) => {
+                n.disabled = !enabled;
+            }
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        Ok(Some((b, *flags)))
+    })
+}
+
+/// Whether node `node` is enabled in executable graph `e`.
+pub(crate) fn exec_enabled(e: usize, node: *mut GraphNode) -> Result<bool, CUresult> {
+    with(|r| {
+        let (b, _) = r.sources.get(&e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let i = match r.nodes.get(&(node as usize)) {
+            Some(&(g, i)) if r.origins.get(&e) == Some(&g) => i,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        match b.nodes.get(i).and_then(|n| n.as_ref()) {
+            Some(n) if matches!(n.kind, Kind::Kernel(_) | Kind::Memset(_) | Kind::Memcpy(_)) => {
+                Ok(!n.disabled)
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
     })
 }
 

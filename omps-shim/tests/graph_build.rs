@@ -487,6 +487,22 @@ fn hand_built_graphs_run_as_built() {
         ok(cuGraphLaunch(x3, s));
         ok(cuStreamSynchronize(s));
         assert_eq!(read(q), vec![7; WORDS], "enabled again");
+        // The generic set calls: the executable graph's memset now writes 3, the graph's 4.
+        let mut gp: NodeParams = std::mem::zeroed();
+        gp.ty = 2;
+        let three = MemsetNodeParams { value: 3, ..seven };
+        std::ptr::copy_nonoverlapping(&three, gp.params.as_mut_ptr() as *mut MemsetNodeParams, 1);
+        ok(cuGraphExecNodeSetParams(x3, m, &mut gp));
+        ok(cuGraphLaunch(x3, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(q), vec![3; WORDS]);
+        (*(gp.params.as_mut_ptr() as *mut MemsetNodeParams)).value = 4;
+        ok(cuGraphNodeSetParams(m, &mut gp));
+        let mut got4: MemsetNodeParams = std::mem::zeroed();
+        ok(cuGraphMemsetNodeGetParams(m, &mut got4));
+        assert_eq!(got4.value, 4);
+        gp.ty = 5; // an empty node's parameters for a memset node
+        assert_eq!(cuGraphNodeSetParams(m, &mut gp), CUDA_ERROR_INVALID_VALUE);
         ok(cuGraphExecDestroy(x3));
         ok(cuGraphDestroy(g3));
     }

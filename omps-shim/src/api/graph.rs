@@ -635,3 +635,15 @@ pub unsafe extern "C" fn cuGraphNodeGetEnabled(
         unsafe { out(enabled, c_uint::from(v)) }
     })
 }
+
+/// # Safety
+/// `p` is null or a valid CUgraphNodeParams.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecNodeSetParams(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    p: *mut build::NodeParams,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    entry(|| set_exec_node(e, node, unsafe { build::settable_kind(node, p) }?))
+}

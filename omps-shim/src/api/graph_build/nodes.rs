@@ -260,6 +260,39 @@ pub unsafe extern "C" fn cuGraphAddNode(
     })
 }
 
+/// The kind generic parameters describe for node `node`, for the generic set calls:
+/// memory and child-graph nodes cannot be given new parameters this way, as natively.
+///
+/// # Safety
+/// `p` is null or a valid CUgraphNodeParams whose union member matches its type.
+pub(crate) unsafe fn settable_kind(
+    node: *mut GraphNode,
+    p: *mut NodeParams,
+) -> Result<Kind, CUresult> {
+    // SAFETY: the caller's parameters.
+    let p = unsafe { p.as_mut() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if matches!(
+        p.ty,
+        node_type::MEM_ALLOC | node_type::MEM_FREE | node_type::GRAPH
+    ) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (g, _) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    // SAFETY: forwarded contract.
+    unsafe { kind_from(g as CUgraph, p) }
+}
+
+/// # Safety
+/// As cuGraphNodeSetParams.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeSetParams(
+    node: *mut GraphNode,
+    p: *mut NodeParams,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    entry(|| set_node(node, unsafe { settable_kind(node, p) }?))
+}
+
 /// # Safety
 /// As cuGraphAddNode_v2.
 #[no_mangle]

@@ -57,8 +57,7 @@ FAMILIES = [
      "Not built yet: conditional nodes (their handles must belong to the driver graph a "
      "built graph becomes at instantiation); batch memory-operation and external-semaphore "
      "nodes (their stream forms are not built either); a child graph node's graph handle "
-     "and its executable-graph update; kernel node "
-     "attributes; capture into an existing graph and capture "
+     "and its executable-graph update; capture into an existing graph and capture "
      "dependency updates (a capture's graph lives in the server).",
      r"^(cuGraph|cuUserObject|cuStreamBeginCaptureToGraph|cuStreamUpdateCaptureDependencies|"
      r"cuDevice(Get|Set)GraphMemAttribute|cuDeviceGraphMemTrim)"),

@@ -229,6 +229,25 @@ fn hand_built_graphs_run_as_built() {
             text.contains("n1 [shape=box label=\"1: kernel\"]") && text.contains("n0 -> n2;"),
             "{text}"
         );
+        // Launch attributes on a kernel node: set, read back, copied; a handle refused.
+        let mut prio = [0u8; 64];
+        prio[..4].copy_from_slice(&(-2i32).to_le_bytes());
+        ok(cuGraphKernelNodeSetAttribute(b, 8, &prio)); // CU_LAUNCH_ATTRIBUTE_PRIORITY
+        let mut back = [9u8; 64];
+        ok(cuGraphKernelNodeGetAttribute(b, 8, &mut back));
+        assert_eq!(back, prio);
+        ok(cuGraphKernelNodeGetAttribute(b, 5, &mut back));
+        assert_eq!(back, [0u8; 64], "never set: the default");
+        assert_eq!(
+            cuGraphKernelNodeSetAttribute(b, 7, &prio),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "an event"
+        );
+        assert_eq!(
+            cuGraphKernelNodeSetAttribute(a, 8, &prio),
+            CUDA_ERROR_INVALID_VALUE,
+            "a memset node"
+        );
         let mut cp: Memcpy3D = std::mem::zeroed();
         ok(cuGraphMemcpyNodeGetParams(c, &mut cp));
         assert_eq!(

@@ -171,6 +171,25 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
             ];
             let [gx, gy, gz] = k.grid;
             let [bx, by, bz] = k.block;
+            if !k.attrs.is_empty() {
+                let config = crate::api::exec::LaunchConfig {
+                    grid: k.grid,
+                    block: k.block,
+                    shared_mem: k.shared,
+                    stream: s,
+                    attrs: k.attrs.as_ptr() as *const u8,
+                    num_attrs: k.attrs.len() as c_uint,
+                };
+                // SAFETY: as below; the attributes are whole CUlaunchAttribute records.
+                return ok(unsafe {
+                    crate::api::exec::cuLaunchKernelEx(
+                        &config,
+                        k.func as CUfunction,
+                        std::ptr::null_mut(),
+                        extra.as_mut_ptr(),
+                    )
+                });
+            }
             // SAFETY: `extra` lays out the packed arguments of this very function.
             ok(unsafe {
                 cuLaunchKernel(

@@ -55,6 +55,8 @@ pub(crate) struct KernelNode {
     shared: u32,
     /// The packed arguments, copied when the node was made or set, as the driver does.
     args: Vec<u8>,
+    /// Launch attributes set on the node (CUlaunchAttribute records: id, value).
+    attrs: Vec<[u8; omps_ring::wire::LAUNCH_ATTR_BYTES]>,
 }
 
 /// A copy's description; the host pointers in it are the caller's, used only to issue

@@ -43,6 +43,7 @@ pub(super) unsafe fn kernel_node(
         block: p.block,
         shared: p.shared,
         args,
+        attrs: Vec::new(),
     })
 }
 
@@ -434,7 +435,7 @@ pub(super) fn node_kind(node: *mut GraphNode) -> Result<Kind, CUresult> {
 }
 
 /// Gives node `node` new parameters of its own kind.
-fn set_node(node: *mut GraphNode, kind: Kind) -> Result<(), CUresult> {
+pub(super) fn set_node(node: *mut GraphNode, kind: Kind) -> Result<(), CUresult> {
     let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     with(|r| {
         let n = r

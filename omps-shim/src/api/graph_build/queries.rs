@@ -200,3 +200,79 @@ pub unsafe extern "C" fn cuGraphDebugDotPrint(
         std::fs::write(&path, dot).map_err(|_| 304)
     })
 }
+
+/// CUlaunchAttributeValue: 64 bytes.
+pub type AttrValue = [u8; 64];
+
+fn kernel_of(node: *mut GraphNode) -> Result<KernelNode, CUresult> {
+    match node_kind(node)? {
+        Kind::Kernel(k) => Ok(k),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Sets launch attribute `id` of a kernel node; attributes that carry handles are
+/// refused, as cuLaunchKernelEx refuses them here.
+///
+/// # Safety
+/// `value` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetAttribute(
+    node: *mut GraphNode,
+    id: c_uint,
+    value: *const AttrValue,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's value.
+        let value = unsafe { value.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if !omps_ring::wire::launch_attr_forwardable(id) {
+            return Err(crate::unsupported::unsupported(
+                "a kernel node attribute that carries a handle",
+            ));
+        }
+        let mut k = kernel_of(node)?;
+        let mut rec = [0u8; omps_ring::wire::LAUNCH_ATTR_BYTES];
+        rec[..4].copy_from_slice(&id.to_le_bytes());
+        rec[8..].copy_from_slice(value);
+        match k.attrs.iter().position(|r| r[..4] == id.to_le_bytes()) {
+            Some(i) => k.attrs[i] = rec,
+            None if k.attrs.len() < omps_ring::wire::MAX_LAUNCH_ATTRS as usize => k.attrs.push(rec),
+            None => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        set_node(node, Kind::Kernel(k))
+    })
+}
+
+/// A kernel node's launch attribute `id`: what was set, or the default (all zero).
+///
+/// # Safety
+/// `value` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeGetAttribute(
+    node: *mut GraphNode,
+    id: c_uint,
+    value: *mut AttrValue,
+) -> CUresult {
+    entry(|| {
+        let k = kernel_of(node)?;
+        let mut v = [0u8; 64];
+        if let Some(r) = k.attrs.iter().find(|r| r[..4] == id.to_le_bytes()) {
+            v.copy_from_slice(&r[8..]);
+        }
+        // SAFETY: the caller's pointer.
+        unsafe { out(value, v) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphKernelNodeCopyAttributes(
+    dst: *mut GraphNode,
+    src: *mut GraphNode,
+) -> CUresult {
+    entry(|| {
+        let from = kernel_of(src)?;
+        let mut to = kernel_of(dst)?;
+        to.attrs = from.attrs;
+        set_node(dst, Kind::Kernel(to))
+    })
+}

@@ -56,9 +56,8 @@ FAMILIES = [
     ("Graph nodes and graph calls not built yet",
      "Not built yet: conditional nodes (their handles must belong to the driver graph a "
      "built graph becomes at instantiation); batch memory-operation and external-semaphore "
-     "nodes (their stream forms are not built either); a child graph node's graph handle "
-     "and its executable-graph update; capture into an existing graph and capture "
-     "dependency updates (a capture's graph lives in the server).",
+     "nodes (their stream forms are not built either); capture into an existing graph and "
+     "capture dependency updates (a capture's graph lives in the server).",
      r"^(cuGraph|cuUserObject|cuStreamBeginCaptureToGraph|cuStreamUpdateCaptureDependencies|"
      r"cuDevice(Get|Set)GraphMemAttribute|cuDeviceGraphMemTrim)"),
     ("External memory and semaphores (Vulkan, Direct3D, NvSci)",

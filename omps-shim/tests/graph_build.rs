@@ -522,6 +522,43 @@ fn hand_built_graphs_run_as_built() {
         assert_eq!(got4.value, 4);
         gp.ty = 5; // an empty node's parameters for a memset node
         assert_eq!(cuGraphNodeSetParams(m, &mut gp), CUDA_ERROR_INVALID_VALUE);
+        // A child node owns a copy of its graph; the handle it gives out is that copy.
+        let mut cg = null_mut();
+        ok(cuGraphCreate(&mut cg, 0));
+        let mut only = null_mut();
+        ok(cuGraphAddEmptyNode(&mut only, cg, null(), 0));
+        let mut cn = null_mut();
+        ok(cuGraphAddChildGraphNode(&mut cn, g3, &after, 1, cg));
+        let mut owned = null_mut();
+        ok(cuGraphChildGraphNodeGetGraph(cn, &mut owned));
+        assert_ne!(owned, cg, "a copy");
+        let mut more = null_mut();
+        ok(cuGraphAddEmptyNode(&mut more, owned, null(), 0));
+        assert_eq!(nodes_of(owned).len(), 2, "the node's graph changed");
+        assert_eq!(nodes_of(cg).len(), 1, "the original did not");
+        let mut again = null_mut();
+        ok(cuGraphChildGraphNodeGetGraph(cn, &mut again));
+        assert_eq!(again, owned);
+        let mut g3c = null_mut();
+        ok(cuGraphClone(&mut g3c, g3));
+        let cn_clone = nodes_of(g3c)[2];
+        let mut owned_clone = null_mut();
+        ok(cuGraphChildGraphNodeGetGraph(cn_clone, &mut owned_clone));
+        assert_ne!(owned_clone, owned, "a clone's child is its own");
+        assert_eq!(nodes_of(owned_clone).len(), 2);
+        let mut xc = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut xc, g3c, 0));
+        ok(cuGraphExecChildGraphNodeSetParams(xc, cn_clone, cg));
+        ok(cuGraphLaunch(xc, s));
+        ok(cuStreamSynchronize(s));
+        ok(cuGraphExecDestroy(xc));
+        ok(cuGraphDestroy(g3c));
+        assert_eq!(
+            cuGraphGetNodes(owned_clone, null_mut(), &mut num),
+            CUDA_ERROR_INVALID_HANDLE,
+            "gone with its node's graph"
+        );
+        ok(cuGraphDestroy(cg));
         ok(cuGraphExecDestroy(x3));
         ok(cuGraphDestroy(g3));
     }

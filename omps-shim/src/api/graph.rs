@@ -647,3 +647,20 @@ pub unsafe extern "C" fn cuGraphExecNodeSetParams(
     // SAFETY: forwarded contract.
     entry(|| set_exec_node(e, node, unsafe { build::settable_kind(node, p) }?))
 }
+
+/// An executable graph's child node takes a copy of graph `child` (of the same shape, as
+/// natively; it is made again from its changed source).
+#[no_mangle]
+pub extern "C" fn cuGraphExecChildGraphNodeSetParams(
+    e: CUgraphExec,
+    node: GraphNodeRef,
+    child: CUgraph,
+) -> CUresult {
+    entry(|| {
+        let kind = build::child_kind(child)?;
+        let r = set_exec_node(e, node, kind.clone());
+        // The executable graph keeps its own copy (note_source); this one goes.
+        build::forget_kind(&kind);
+        r
+    })
+}

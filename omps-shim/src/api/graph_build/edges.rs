@@ -356,13 +356,12 @@ pub unsafe extern "C" fn cuGraphClone(ph: *mut CUgraph, original: CUgraph) -> CU
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let gr = graph_ref(original)?;
-        let Some(b) = built(original) else {
+        let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, gr.dev));
+        if !clone_graph(original as usize, h as usize) {
             return Err(crate::unsupported::unsupported(
                 "cuGraphClone of a captured graph",
             ));
-        };
-        let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, gr.dev));
-        with(|r| r.graphs.insert(h as usize, b));
+        }
         crate::api::user_object::share(original as usize, h as usize);
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(ph, h) }

@@ -32,7 +32,7 @@ fn flatten(
         }
         match &n.kind {
             Kind::Child(c) => {
-                let inner = flatten(c, out, &deps)?;
+                let inner = flatten(&child_graph(*c)?, out, &deps)?;
                 let mut ends: Vec<usize> = inner.into_iter().flatten().flatten().collect();
                 if ends.is_empty() {
                     ends = deps;

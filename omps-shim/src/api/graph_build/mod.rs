@@ -73,7 +73,10 @@ pub(crate) enum Kind {
     Kernel(KernelNode),
     Memset(MemsetNodeParams),
     Memcpy(CopyNode),
-    Child(Built),
+    /// A child graph: the handle address of a built graph the node owns (a copy made when
+    /// the node was; cuGraphChildGraphNodeGetGraph hands it out, and changes to it are
+    /// the node's).
+    Child(usize),
     /// An event record or wait node: the event's handle.
     EventRecord(usize),
     EventWait(usize),
@@ -190,10 +193,84 @@ pub(crate) fn built(g: CUgraph) -> Option<Built> {
 
 /// Forgets built graph `g` and its node handles (cuGraphDestroy).
 pub(crate) fn forget(g: CUgraph) {
+    with(|r| forget_in(r, g as usize))
+}
+
+/// Forgets built graph `g` and, with it, the child graphs its nodes own.
+fn forget_in(r: &mut Registry, g: usize) {
+    if let Some(b) = r.graphs.remove(&g) {
+        forget_children(r, &b);
+    }
+    r.nodes.retain(|_, &mut (gr, _)| gr != g);
+    r.handles.retain(|&(gr, _), _| gr != g);
+}
+
+fn forget_children(r: &mut Registry, b: &Built) {
+    for (_, n) in b.live() {
+        if let Kind::Child(c) = n.kind {
+            drop_child(r, c);
+        }
+    }
+}
+
+/// A child graph whose node is gone: its handle is refused from now on.
+fn drop_child(r: &mut Registry, c: usize) {
+    // SAFETY: a handle own_copy made, never freed (handles stay readable).
+    let h = unsafe { &*(c as *const GraphHandle) };
+    let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
+    forget_in(r, c);
+}
+
+/// A copy of `b` whose child nodes own copies of their graphs (a graph's children are
+/// its own: copies never share them).
+fn deep(r: &mut Registry, b: &Built) -> Built {
+    let mut b = b.clone();
+    for n in b.nodes.iter_mut().flatten() {
+        if let Kind::Child(c) = n.kind {
+            n.kind = Kind::Child(own_copy(r, c).unwrap_or(c));
+        }
+    }
+    b
+}
+
+/// A new built graph, a copy of built graph `g`, owned by whoever asked: its handle.
+fn own_copy(r: &mut Registry, g: usize) -> Option<usize> {
+    let b = r.graphs.get(&g)?.clone();
+    let copy = deep(r, &b);
+    let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, copy.dev)) as usize;
+    r.graphs.insert(h, copy);
+    Some(h)
+}
+
+/// A child node's kind: a copy of built graph `child`, owned by the node.
+pub(crate) fn child_kind(child: CUgraph) -> Result<Kind, CUresult> {
+    graph_ref(child)?;
+    with(|r| own_copy(r, child as usize))
+        .map(Kind::Child)
+        .ok_or_else(|| crate::unsupported::unsupported("a captured graph as a child node"))
+}
+
+/// Forgets the graph a child kind made for a node that was not kept.
+pub(crate) fn forget_kind(kind: &Kind) {
+    if let Kind::Child(c) = *kind {
+        with(|r| drop_child(r, c));
+    }
+}
+
+/// The graph child node `c` owns, as emission reads it.
+pub(crate) fn child_graph(c: usize) -> Option<Built> {
+    with(|r| r.graphs.get(&c).cloned())
+}
+
+/// A copy of graph `g` for a new handle (cuGraphClone): children copied too.
+pub(crate) fn clone_graph(g: usize, h: usize) -> bool {
     with(|r| {
-        r.graphs.remove(&(g as usize));
-        r.nodes.retain(|_, &mut (gr, _)| gr != g as usize);
-        r.handles.retain(|&(gr, _), _| gr != g as usize);
+        let Some(b) = r.graphs.get(&g).cloned() else {
+            return false;
+        };
+        let copy = deep(r, &b);
+        r.graphs.insert(h, copy);
+        true
     })
 }
 
@@ -202,7 +279,11 @@ pub(crate) fn forget(g: CUgraph) {
 /// (`origin`: the graph handle) the graph whose nodes name its nodes.
 pub(crate) fn note_source(e: usize, b: Built, flags: u64, origin: Option<usize>) {
     with(|r| {
-        r.sources.insert(e, (b, flags));
+        // Its own copies of the children: later changes to the graph's are not its.
+        let b = deep(r, &b);
+        if let Some((old, _)) = r.sources.insert(e, (b, flags)) {
+            forget_children(r, &old);
+        }
         if let Some(g) = origin {
             r.origins.insert(e, g);
         }
@@ -227,7 +308,9 @@ pub(crate) fn captured_source(e: usize) -> Option<Vec<u64>> {
 
 pub(crate) fn forget_exec(e: usize) {
     with(|r| {
-        r.sources.remove(&e);
+        if let Some((old, _)) = r.sources.remove(&e) {
+            forget_children(r, &old);
+        }
         r.origins.remove(&e);
         r.captured.remove(&e);
         r.captured_flags.remove(&e);

@@ -166,15 +166,10 @@ pub unsafe extern "C" fn cuGraphAddChildGraphNode(
     child: CUgraph,
 ) -> CUresult {
     entry(|| {
-        graph_ref(child)?;
         // The child is copied, as natively; a captured child is not supported yet.
-        let Some(c) = built(child) else {
-            return Err(crate::unsupported::unsupported(
-                "a captured graph as a child node",
-            ));
-        };
+        let kind = child_kind(child)?;
         // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, Kind::Child(c)) }
+        unsafe { add(ph, g, deps, n, kind) }
     })
 }
 
@@ -227,13 +222,7 @@ unsafe fn kind_from(g: CUgraph, p: &mut NodeParams) -> Result<Kind, CUresult> {
                 let e = *(u as *const CUevent);
                 event_kind(p.ty, e)
             }
-            node_type::GRAPH => {
-                let child = *(u as *const CUgraph);
-                graph_ref(child)?;
-                built(child).map(Kind::Child).ok_or_else(|| {
-                    crate::unsupported::unsupported("a captured graph as a child node")
-                })
-            }
+            node_type::GRAPH => child_kind(*(u as *const CUgraph)),
             node_type::MEM_ALLOC => mem_alloc_kind(g, &mut *(u as *mut MemAllocNodeParams)),
             node_type::MEM_FREE => mem_free_kind(*(u as *const u64)),
             _ => Err(crate::unsupported::unsupported(
@@ -476,6 +465,22 @@ pub unsafe extern "C" fn cuGraphMemcpyNodeGetParams(
     entry(|| match node_kind(node)? {
         // SAFETY: the caller's pointer.
         Kind::Memcpy(c) => unsafe { out(p, c.0) },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// The graph a child node owns: changes to it are the node's.
+///
+/// # Safety
+/// `p` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphChildGraphNodeGetGraph(
+    node: *mut GraphNode,
+    p: *mut CUgraph,
+) -> CUresult {
+    entry(|| match node_kind(node)? {
+        // SAFETY: the caller's pointer.
+        Kind::Child(c) => unsafe { out(p, c as CUgraph) },
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     })
 }

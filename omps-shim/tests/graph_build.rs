@@ -356,6 +356,11 @@ fn hand_built_graphs_run_as_built() {
         );
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        assert_eq!(
+            cuGraphInstantiateWithFlags(&mut z, h, 4),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "device launch: the handle is the shim's"
+        );
         let (mut z1, mut fl) = (null_mut(), 0u64);
         ok(cuGraphInstantiateWithFlags(&mut z1, h, 1));
         ok(cuGraphExecGetFlags(z1, &mut fl));
@@ -402,6 +407,11 @@ fn hand_built_graphs_run_as_built() {
         ok(cuGraphEventWaitNodeSetEvent(wait, ev));
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        assert_eq!(
+            cuGraphInstantiateWithFlags(&mut z, h, 4),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "device launch: the handle is the shim's"
+        );
         let (mut z1, mut fl) = (null_mut(), 0u64);
         ok(cuGraphInstantiateWithFlags(&mut z1, h, 1));
         ok(cuGraphExecGetFlags(z1, &mut fl));
@@ -428,6 +438,11 @@ fn hand_built_graphs_run_as_built() {
         assert_eq!(t, 3, "CU_GRAPH_NODE_TYPE_HOST");
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));
+        assert_eq!(
+            cuGraphInstantiateWithFlags(&mut z, h, 4),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "device launch: the handle is the shim's"
+        );
         let (mut z1, mut fl) = (null_mut(), 0u64);
         ok(cuGraphInstantiateWithFlags(&mut z1, h, 1));
         ok(cuGraphExecGetFlags(z1, &mut fl));

@@ -73,6 +73,14 @@ fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CU
     if pexec.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    // CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: a kernel would launch the graph by its
+    // handle, and the handle a client holds is the shim's, not the driver's.
+    const DEVICE_LAUNCH: u64 = 4;
+    if flags & DEVICE_LAUNCH != 0 {
+        return Err(crate::unsupported::unsupported(
+            "graphs launched from the device (CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)",
+        ));
+    }
     let gr = graph(g)?;
     let source = build::built(g);
     let id = match &source {

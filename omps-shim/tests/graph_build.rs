@@ -248,6 +248,10 @@ fn hand_built_graphs_run_as_built() {
             CUDA_ERROR_INVALID_VALUE,
             "a memset node"
         );
+        // New parameters leave the attributes the node has.
+        ok(cuGraphKernelNodeSetParams(b, &kp));
+        ok(cuGraphKernelNodeGetAttribute(b, 8, &mut back));
+        assert_eq!(back, prio, "kept across new parameters");
         let mut cp: Memcpy3D = std::mem::zeroed();
         ok(cuGraphMemcpyNodeGetParams(c, &mut cp));
         assert_eq!(
@@ -554,6 +558,29 @@ fn hand_built_graphs_run_as_built() {
         let mut again = null_mut();
         ok(cuGraphChildGraphNodeGetGraph(cn, &mut again));
         assert_eq!(again, owned);
+        // A graph with memory nodes is no child; a destroyed child node's graph is gone.
+        let mut mg = null_mut();
+        ok(cuGraphCreate(&mut mg, 0));
+        let mut ap: MemAllocNodeParams = std::mem::zeroed();
+        ap.pool_props[0] = 1;
+        ap.pool_props[8] = 1;
+        ap.bytesize = 64;
+        let mut an = null_mut();
+        ok(cuGraphAddMemAllocNode(&mut an, mg, null(), 0, &mut ap));
+        let mut bad = null_mut();
+        assert_eq!(
+            cuGraphAddChildGraphNode(&mut bad, g3, null(), 0, mg),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ok(cuGraphDestroy(mg));
+        let (mut cn2, mut owned2) = (null_mut(), null_mut());
+        ok(cuGraphAddChildGraphNode(&mut cn2, g3, null(), 0, cg));
+        ok(cuGraphChildGraphNodeGetGraph(cn2, &mut owned2));
+        ok(cuGraphDestroyNode(cn2));
+        assert_eq!(
+            cuGraphGetNodes(owned2, null_mut(), &mut num),
+            CUDA_ERROR_INVALID_HANDLE
+        );
         let mut g3c = null_mut();
         ok(cuGraphClone(&mut g3c, g3));
         let cn_clone = nodes_of(g3c)[2];

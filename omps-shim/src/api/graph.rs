@@ -330,7 +330,7 @@ fn set_exec_node(e: CUgraphExec, node: GraphNodeRef, kind: build::Kind) -> Resul
         ));
     };
     let id = instantiate_built(ex.dev, &b, flags)?;
-    build::note_source(e as usize, b, flags, None);
+    build::note_changed_source(e as usize, b, flags);
     rebind(ex, id)
 }
 
@@ -623,7 +623,7 @@ pub extern "C" fn cuGraphNodeSetEnabled(
             ));
         };
         let id = instantiate_built(ex.dev, &b, flags)?;
-        build::note_source(e as usize, b, flags, None);
+        build::note_changed_source(e as usize, b, flags);
         rebind(ex, id)
     })
 }
@@ -667,8 +667,10 @@ pub extern "C" fn cuGraphExecChildGraphNodeSetParams(
     entry(|| {
         let kind = build::child_kind(child)?;
         let r = set_exec_node(e, node, kind.clone());
-        // The executable graph keeps its own copy (note_source); this one goes.
-        build::forget_kind(&kind);
+        if r.is_err() {
+            // Not taken: the copy made for it goes.
+            build::forget_kind(&kind);
+        }
         r
     })
 }

@@ -333,7 +333,8 @@ pub extern "C" fn cuGraphDestroyNode(node: *mut GraphNode) -> CUresult {
         let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         with(|r| {
             let b = r.graphs.get_mut(&g).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            b.nodes
+            let gone = b
+                .nodes
                 .get_mut(i)
                 .and_then(|n| n.take())
                 .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
@@ -342,6 +343,10 @@ pub extern "C" fn cuGraphDestroyNode(node: *mut GraphNode) -> CUresult {
             }
             r.nodes.remove(&(node as usize));
             r.handles.remove(&(g, i));
+            // A child node's graph goes with it.
+            if let Kind::Child(c) = gone.kind {
+                drop_child(r, c);
+            }
             Ok(())
         })
     })

@@ -91,6 +91,18 @@ pub(crate) enum Kind {
 pub type HostFn = unsafe extern "C" fn(*mut c_void);
 
 impl Kind {
+    /// New parameters for a node that was `old`: a kernel keeps the launch attributes set
+    /// on the node, which parameters do not carry.
+    pub(super) fn keeping(self, old: &Kind) -> Kind {
+        match (self, old) {
+            (Kind::Kernel(mut k), Kind::Kernel(o)) => {
+                k.attrs = o.attrs.clone();
+                Kind::Kernel(k)
+            }
+            (k, _) => k,
+        }
+    }
+
     fn type_code(&self) -> u32 {
         match self {
             Kind::Empty => node_type::EMPTY,
@@ -219,6 +231,7 @@ fn drop_child(r: &mut Registry, c: usize) {
     let h = unsafe { &*(c as *const GraphHandle) };
     let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
     forget_in(r, c);
+    crate::api::user_object::graph_gone(c);
 }
 
 /// A copy of `b` whose child nodes own copies of their graphs (a graph's children are
@@ -239,12 +252,24 @@ fn own_copy(r: &mut Registry, g: usize) -> Option<usize> {
     let copy = deep(r, &b);
     let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, copy.dev)) as usize;
     r.graphs.insert(h, copy);
+    // The copy holds the user objects its original holds.
+    crate::api::user_object::share(g, h);
     Some(h)
 }
 
-/// A child node's kind: a copy of built graph `child`, owned by the node.
+/// A child node's kind: a copy of built graph `child`, owned by the node. A graph with
+/// memory nodes cannot be a child, as natively.
 pub(crate) fn child_kind(child: CUgraph) -> Result<Kind, CUresult> {
     graph_ref(child)?;
+    let memory = with(|r| {
+        r.graphs.get(&(child as usize)).map(|b| {
+            b.live()
+                .any(|(_, n)| matches!(n.kind, Kind::MemAlloc(_) | Kind::MemFree(_)))
+        })
+    });
+    if memory == Some(true) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     with(|r| own_copy(r, child as usize))
         .map(Kind::Child)
         .ok_or_else(|| crate::unsupported::unsupported("a captured graph as a child node"))
@@ -288,6 +313,29 @@ pub(crate) fn note_source(e: usize, b: Built, flags: u64, origin: Option<usize>)
             r.origins.insert(e, g);
         }
     });
+}
+
+/// Executable graph `e` now made from `b`, a changed copy of its own source: the children
+/// it still names stay its own; those it no longer names go.
+pub(crate) fn note_changed_source(e: usize, b: Built, flags: u64) {
+    with(|r| {
+        let keep: Vec<usize> = children(&b).collect();
+        if let Some((old, _)) = r.sources.insert(e, (b, flags)) {
+            for c in children(&old)
+                .filter(|c| !keep.contains(c))
+                .collect::<Vec<_>>()
+            {
+                drop_child(r, c);
+            }
+        }
+    });
+}
+
+fn children(b: &Built) -> impl Iterator<Item = usize> + '_ {
+    b.live().filter_map(|(_, n)| match n.kind {
+        Kind::Child(c) => Some(c),
+        _ => None,
+    })
 }
 
 pub(crate) fn note_captured_source(e: usize, types: Vec<u64>) {
@@ -403,6 +451,29 @@ unsafe fn dep_indices(
 /// # Safety
 /// `ph` is null or writable; `deps` is null or holds `n` node handles.
 unsafe fn add(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    kind: Kind,
+) -> Result<(), CUresult> {
+    // A child node's graph copy is the node's: refused, the node is not made, and the
+    // copy goes too.
+    let child = match kind {
+        Kind::Child(c) => Some(c),
+        _ => None,
+    };
+    // SAFETY: forwarded contract.
+    let r = unsafe { add_node(ph, g, deps, n, kind) };
+    if let (Err(_), Some(c)) = (r, child) {
+        with(|reg| drop_child(reg, c));
+    }
+    r
+}
+
+/// # Safety
+/// As [`add`].
+unsafe fn add_node(
     ph: *mut *mut GraphNode,
     g: CUgraph,
     deps: *const *mut GraphNode,
@@ -535,9 +606,9 @@ pub(crate) fn set_exec_node(
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         let mut b = b.clone();
-        // Parameters only: the node keeps its kind.
+        // Parameters only: the node keeps its kind (and a kernel its launch attributes).
         match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {
-            Some(n) if n.kind.type_code() == kind.type_code() => n.kind = kind,
+            Some(n) if n.kind.type_code() == kind.type_code() => n.kind = kind.keeping(&n.kind),
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
         Ok(Some((b, *flags)))

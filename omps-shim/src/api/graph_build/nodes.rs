@@ -424,7 +424,18 @@ pub(super) fn node_kind(node: *mut GraphNode) -> Result<Kind, CUresult> {
 }
 
 /// Gives node `node` new parameters of its own kind.
+/// Gives node `node` new parameters of its own kind (a kernel keeps its launch
+/// attributes).
 pub(super) fn set_node(node: *mut GraphNode, kind: Kind) -> Result<(), CUresult> {
+    edit_node(node, |old| kind.keeping(old))
+}
+
+/// Replaces node `node`'s kind and parameters as they are (`make` sees the old ones), the
+/// node kind unchanged.
+pub(super) fn edit_node(
+    node: *mut GraphNode,
+    make: impl FnOnce(&Kind) -> Kind,
+) -> Result<(), CUresult> {
     let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     with(|r| {
         let n = r
@@ -433,6 +444,7 @@ pub(super) fn set_node(node: *mut GraphNode, kind: Kind) -> Result<(), CUresult>
             .and_then(|b| b.nodes.get_mut(i))
             .and_then(|n| n.as_mut())
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let kind = make(&n.kind);
         if n.kind.type_code() != kind.type_code() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }

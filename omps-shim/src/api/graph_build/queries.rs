@@ -239,7 +239,7 @@ pub unsafe extern "C" fn cuGraphKernelNodeSetAttribute(
             None if k.attrs.len() < omps_ring::wire::MAX_LAUNCH_ATTRS as usize => k.attrs.push(rec),
             None => return Err(CUDA_ERROR_INVALID_VALUE),
         }
-        set_node(node, Kind::Kernel(k))
+        edit_node(node, |_| Kind::Kernel(k))
     })
 }
 
@@ -273,6 +273,6 @@ pub extern "C" fn cuGraphKernelNodeCopyAttributes(
         let from = kernel_of(src)?;
         let mut to = kernel_of(dst)?;
         to.attrs = from.attrs;
-        set_node(dst, Kind::Kernel(to))
+        edit_node(dst, |_| Kind::Kernel(to))
     })
 }

@@ -251,7 +251,8 @@ pub unsafe extern "C" fn cuGraphAddNode(
 }
 
 /// The kind generic parameters describe for node `node`, for the generic set calls:
-/// memory and child-graph nodes cannot be given new parameters this way, as natively.
+/// memory nodes cannot be given new parameters, as natively; child-graph nodes take theirs
+/// through the child calls here (cuGraphExecChildGraphNodeSetParams).
 ///
 /// # Safety
 /// `p` is null or a valid CUgraphNodeParams whose union member matches its type.
@@ -261,11 +262,13 @@ pub(crate) unsafe fn settable_kind(
 ) -> Result<Kind, CUresult> {
     // SAFETY: the caller's parameters.
     let p = unsafe { p.as_mut() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if matches!(
-        p.ty,
-        node_type::MEM_ALLOC | node_type::MEM_FREE | node_type::GRAPH
-    ) {
+    if matches!(p.ty, node_type::MEM_ALLOC | node_type::MEM_FREE) {
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if p.ty == node_type::GRAPH {
+        return Err(crate::unsupported::unsupported(
+            "the generic SetParams calls for child-graph nodes",
+        ));
     }
     let (g, _) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     // SAFETY: forwarded contract.

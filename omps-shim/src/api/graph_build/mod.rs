@@ -545,10 +545,7 @@ pub(crate) fn set_exec_enabled(
         let Some((b, flags)) = r.sources.get(&e) else {
             return Ok(None);
         };
-        let i = match r.nodes.get(&(node as usize)) {
-            Some(&(g, i)) if r.origins.get(&e) == Some(&g) => i,
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        };
+        let i = source_index(r, e, node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let mut b = b.clone();
         match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {
             Some(n) if matches!(n.kind, Kind::Kernel(_) | Kind::Memset(_) | Kind::Memcpy(_)) => {
@@ -564,10 +561,7 @@ pub(crate) fn set_exec_enabled(
 pub(crate) fn exec_enabled(e: usize, node: *mut GraphNode) -> Result<bool, CUresult> {
     with(|r| {
         let (b, _) = r.sources.get(&e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let i = match r.nodes.get(&(node as usize)) {
-            Some(&(g, i)) if r.origins.get(&e) == Some(&g) => i,
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        };
+        let i = source_index(r, e, node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         match b.nodes.get(i).and_then(|n| n.as_ref()) {
             Some(n) if matches!(n.kind, Kind::Kernel(_) | Kind::Memset(_) | Kind::Memcpy(_)) => {
                 Ok(!n.disabled)
@@ -575,6 +569,18 @@ pub(crate) fn exec_enabled(e: usize, node: *mut GraphNode) -> Result<bool, CUres
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     })
+}
+
+/// Where node `node` of the graph executable graph `e` was instantiated from sits in the
+/// graph `e` is made from now: its rank among the live nodes (an update may have made it
+/// from a graph whose destroyed nodes left holes elsewhere; the topology is the same).
+fn source_index(r: &Registry, e: usize, node: *mut GraphNode) -> Option<usize> {
+    let &(g, i) = r.nodes.get(&(node as usize))?;
+    if r.origins.get(&e) != Some(&g) {
+        return None;
+    }
+    let rank = r.graphs.get(&g)?.live().position(|(j, _)| j == i)?;
+    r.sources.get(&e)?.0.live().nth(rank).map(|(j, _)| j)
 }
 
 /// Whether executable graph `e` (made from `from`) can take the parameters of `to`.
@@ -601,10 +607,7 @@ pub(crate) fn set_exec_node(
             return Ok(None);
         };
         // The node must be one of the graph the executable graph was made from.
-        let i = match r.nodes.get(&(node as usize)) {
-            Some(&(g, i)) if r.origins.get(&e) == Some(&g) => i,
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        };
+        let i = source_index(r, e, node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let mut b = b.clone();
         // Parameters only: the node keeps its kind (and a kernel its launch attributes).
         match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {

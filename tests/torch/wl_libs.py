@@ -182,6 +182,28 @@ def _capture(fn, warmups=3):
     return g, y
 
 
+@workload("cuda_graph_alloc_async", exact=True,
+          env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+          known_broken="new; not yet run on a GPU")
+def cuda_graph_alloc_async():
+    """A CUDA graph captured with the cudaMallocAsync allocator: the temporaries the capture
+    allocates and frees are graph memory (cuMemAllocAsync / cuMemFreeAsync in a capture)."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                              torch.nn.Linear(1024, 256)).to(DEV)
+    x = randn(16, 256, seed=150)
+    static = x.clone()
+    out = {}
+    with torch.no_grad():
+        g, y = _capture(lambda: mlp(static) * 2 + 1)
+        for i in range(3):
+            static.copy_(x * (i + 1))
+            g.replay()
+            out[f"replay{i}"] = cpu(y)
+        out["eager"] = cpu(mlp(static) * 2 + 1)
+    return out
+
+
 @workload("cuda_graph_resnet50", exact=True)
 def cuda_graph_resnet50():
     """ResNet-50 fp16 batch 1 captured once and replayed on new inputs, as a serving loop does."""

@@ -507,6 +507,18 @@ pub mod array {
     /// Destroys array `id` (after the client's queued work).
     pub const DESTROY: u32 = 4;
     pub const DESTROY_MIPMAPPED: u32 = 5;
+
+    /// Bytes per channel of the CUarray_format values whose size omps knows (None for
+    /// the others, which the driver checks): the shim checks copies and the server charges
+    /// memory by it.
+    pub fn format_bytes(format: u32) -> Option<u64> {
+        match format {
+            0x01 | 0x08 => Some(1),        // unsigned, signed int 8
+            0x02 | 0x09 | 0x10 => Some(2), // int 16, half
+            0x03 | 0x0a | 0x20 => Some(4), // int 32, float
+            _ => None,
+        }
+    }
 }
 
 /// One side of an [`ArrayCopy`]: an array of the client's (`array` non-zero: its id, x in

@@ -340,13 +340,4 @@ pub fn shape_bytes(shape: &ArrayShape, levels: u32) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
-/// Bytes per channel of a CUarray_format the server knows, None for others (the driver
-/// checks those).
-pub fn format_bytes(format: u32) -> Option<u64> {
-    match format {
-        0x01 | 0x08 => Some(1),        // unsigned, signed int 8
-        0x02 | 0x09 | 0x10 => Some(2), // int 16, half
-        0x03 | 0x0a | 0x20 => Some(4), // int 32, float
-        _ => None,
-    }
-}
+pub use omps_ring::wire::array::format_bytes;

@@ -63,13 +63,8 @@ fn handle(a: CUarray, magic: u32) -> Result<&'static ArrayHandle, CUresult> {
 /// Bytes per row of an array, for the formats whose size omps knows (None: the driver
 /// checks the copy).
 fn row_bytes(d: &Array3DDesc) -> Option<usize> {
-    let channel = match d.format {
-        0x01 | 0x08 => 1,
-        0x02 | 0x09 | 0x10 => 2,
-        0x03 | 0x0a | 0x20 => 4,
-        _ => return None,
-    };
-    Some(d.width * d.channels as usize * channel)
+    let channel = array::format_bytes(d.format)? as usize;
+    d.width.checked_mul(d.channels as usize * channel)
 }
 
 /// An array side of a copy must lie inside the array: refused at once, as the driver

@@ -82,7 +82,12 @@ fn per_thread_stream() -> Result<&'static Stream, CUresult> {
 
 /// Device a stream belongs to: its own, or the current context's for the default stream.
 pub(crate) fn stream_dev(s: CUstream) -> Result<(u32, usize), CUresult> {
-    match resolve_stream(s)? {
+    resolved_id_dev(resolve_stream(s)?)
+}
+
+/// The server's stream id and the device of a resolved stream (None: the legacy stream).
+pub(crate) fn resolved_id_dev(st: Option<&Stream>) -> Result<(u32, usize), CUresult> {
+    match st {
         Some(st) => Ok((st.id, st.dev)),
         None => Ok((wire::STREAM_DEFAULT, current_dev()?)),
     }

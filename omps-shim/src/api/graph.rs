@@ -3,7 +3,7 @@
 //! instantiated (graph_build.rs). A graph launch is a record in the ring, like a kernel
 //! launch: no round trip.
 
-use super::exec::{per_thread, stream_dev, CUstream};
+use super::exec::{per_thread, CUstream};
 use super::graph_build::{self as build, GraphNodeRef};
 use super::{entry, live, out};
 use crate::cuda::*;
@@ -197,7 +197,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
 
 fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
     let ex = exec(e)?;
-    let (stream, dev) = stream_dev(s)?;
+    let resolved = super::exec::resolve_stream(s)?;
+    let (stream, dev) = super::exec::resolved_id_dev(resolved)?;
     if dev != ex.dev {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
@@ -205,9 +206,8 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
         super::graph_mem::launching(e as usize)?;
         // The stream itself, not the handle: a per-thread default stream's handle names
         // another stream in another thread, where an update or a destroy may run.
-        let resolved = super::exec::resolve_stream(s)?
-            .map_or(super::exec::CU_STREAM_LEGACY, |st| st as *const _ as usize);
-        ex.last_stream.store(resolved, Ordering::Release);
+        let last = resolved.map_or(super::exec::CU_STREAM_LEGACY, |st| st as *const _ as usize);
+        ex.last_stream.store(last, Ordering::Release);
         let ev = ex.wait_first.swap(0, Ordering::AcqRel);
         if ev != 0 {
             // The first launch since an update: after the last one before it.

@@ -533,13 +533,14 @@ pub unsafe extern "C" fn cuGraphCreate(ph: *mut CUgraph, flags: c_uint) -> CUres
     })
 }
 
-/// Node `node` of the graph executable graph `e` was made from, enabled or not: the
-/// changed source to instantiate (Ok(None) when `e` was not made from a built graph).
-/// Kernel, memset and memcpy nodes only, as natively.
-pub(crate) fn set_exec_enabled(
+/// A copy of the graph executable graph `e` was made from with `edit` applied to its
+/// node `node` (a node of the graph `e` was instantiated from): the changed source to
+/// instantiate, which the caller stores once instantiated. Ok(None) when `e` was not made
+/// from a built graph.
+fn edit_exec_source(
     e: usize,
     node: *mut GraphNode,
-    enabled: bool,
+    edit: impl FnOnce(&mut Node) -> Result<(), CUresult>,
 ) -> Result<Option<(Built, u64)>, CUresult> {
     with(|r| {
         let Some((b, flags)) = r.sources.get(&e) else {
@@ -547,13 +548,35 @@ pub(crate) fn set_exec_enabled(
         };
         let i = source_index(r, e, node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let mut b = b.clone();
-        match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {
-            Some(n) if matches!(n.kind, Kind::Kernel(_) | Kind::Memset(_) | Kind::Memcpy(_)) => {
-                n.disabled = !enabled;
-            }
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        }
+        edit(
+            b.nodes
+                .get_mut(i)
+                .and_then(|n| n.as_mut())
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?,
+        )?;
         Ok(Some((b, *flags)))
+    })
+}
+
+impl Kind {
+    /// Kernel, memset and memcpy nodes can be disabled in an executable graph, as natively.
+    fn can_disable(&self) -> bool {
+        matches!(self, Kind::Kernel(_) | Kind::Memset(_) | Kind::Memcpy(_))
+    }
+}
+
+/// Node `node` enabled or not in executable graph `e` (see [`edit_exec_source`]).
+pub(crate) fn set_exec_enabled(
+    e: usize,
+    node: *mut GraphNode,
+    enabled: bool,
+) -> Result<Option<(Built, u64)>, CUresult> {
+    edit_exec_source(e, node, |n| {
+        if !n.kind.can_disable() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        n.disabled = !enabled;
+        Ok(())
     })
 }
 
@@ -563,9 +586,7 @@ pub(crate) fn exec_enabled(e: usize, node: *mut GraphNode) -> Result<bool, CUres
         let (b, _) = r.sources.get(&e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let i = source_index(r, e, node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         match b.nodes.get(i).and_then(|n| n.as_ref()) {
-            Some(n) if matches!(n.kind, Kind::Kernel(_) | Kind::Memset(_) | Kind::Memcpy(_)) => {
-                Ok(!n.disabled)
-            }
+            Some(n) if n.kind.can_disable() => Ok(!n.disabled),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     })
@@ -593,27 +614,18 @@ pub(crate) fn source_of(e: usize) -> Option<(Built, u64)> {
     with(|r| r.sources.get(&e).cloned())
 }
 
-/// Sets node `node`'s parameters in the graph executable graph `e` was made from
-/// (the node belongs to the original graph; its index is the same in the copy). Ok(None)
-/// when `e` was not made from a built graph.
-/// The caller stores the copy (`note_source`) once it is instantiated.
+/// Node `node` given new parameters of its kind in executable graph `e` (a kernel keeps
+/// its launch attributes; see [`edit_exec_source`]).
 pub(crate) fn set_exec_node(
     e: usize,
     node: *mut GraphNode,
     kind: Kind,
 ) -> Result<Option<(Built, u64)>, CUresult> {
-    with(|r| {
-        let Some((b, flags)) = r.sources.get(&e) else {
-            return Ok(None);
-        };
-        // The node must be one of the graph the executable graph was made from.
-        let i = source_index(r, e, node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let mut b = b.clone();
-        // Parameters only: the node keeps its kind (and a kernel its launch attributes).
-        match b.nodes.get_mut(i).and_then(|n| n.as_mut()) {
-            Some(n) if n.kind.type_code() == kind.type_code() => n.kind = kind.keeping(&n.kind),
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    edit_exec_source(e, node, |n| {
+        if n.kind.type_code() != kind.type_code() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        Ok(Some((b, *flags)))
+        n.kind = kind.keeping(&n.kind);
+        Ok(())
     })
 }

@@ -359,6 +359,10 @@ impl Gpu for HostGpu {
         st.capturing.clear();
         st.joined.clear();
         st.event_capture.clear();
+        st.arrays.clear();
+        st.mipmaps.clear();
+        st.textures.clear();
+        st.surfaces.clear();
         Ok(())
     }
 

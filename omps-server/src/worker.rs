@@ -245,6 +245,10 @@ impl WorkerCtx {
         // The reset unloaded every module, shared ones too.
         shared.modules.clear();
         if reset.is_ok() {
+            // The fault is cleared before the new generation shows: a lane that sees the
+            // generation and drops its fault must not find the old code and fault again
+            // (it then failed the first new client it served).
+            shared.fault_code.store(0, Ordering::SeqCst);
             self.generation = shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
         }
         drop(releases_held);
@@ -253,7 +257,6 @@ impl WorkerCtx {
             Ok(events) => {
                 self.scratch_events = events;
                 self.fault = None;
-                self.shared.fault_code.store(0, Ordering::SeqCst);
                 self.shared.faulted.store(false, Ordering::SeqCst);
                 tracing::info!(
                     gpu = dev,

@@ -1,7 +1,8 @@
 //! What graphs keep alive. Graph memory (cuMemAllocAsync during a capture, memory nodes
 //! built by hand) counts against the client from the node's making, a free inside the
 //! graph or outside it leaves it to the graph, and it goes once the graph and every
-//! executable graph made from it are destroyed. A user object's destructor runs once its
+//! executable graph made from it are destroyed, unless a launch left it to the program,
+//! which then frees it. A user object's destructor runs once its
 //! last reference, a graph's or an executable graph's included, is gone.
 
 mod common;
@@ -210,7 +211,14 @@ fn graph_memory_lives_as_long_as_its_graphs() {
             ok(cuGraphExecDestroy(x));
         }
         ok(cuGraphDestroy(g));
+        // The last launch left it to the program: it outlives its graphs until freed.
+        mem(2 * BYTES);
+        ok(cuMemsetD32_v2(kept, 5, WORDS));
+        assert_eq!(read(kept), vec![5; WORDS]);
+        ok(cuMemFreeAsync(kept, s));
+        ok(cuStreamSynchronize(s));
         mem(BYTES);
+        assert_eq!(graph_mem_used(), 0);
 
         // A user object held by the caller, a graph, and an executable graph made from it.
         let mut o = null_mut();

@@ -7,7 +7,9 @@
 //! every executable graph made from that graph, keep it: it is freed once the last of
 //! them is destroyed, after the client's queued work (the server's free waits for it).
 //! A free node, a free during the capture, and a free outside any graph of an address
-//! still held by a graph do not free it: a replay would need it again. The footprint is
+//! still held by a graph do not free it: a replay would need it again. An allocation a
+//! launch left to the program outlives its graphs, as natively, until the program frees
+//! it (`State::orphans`). The footprint is
 //! the sum of a graph's allocations, where the driver would reuse memory between an
 //! allocation freed inside the graph and a later one (docs/design.md, section 7).
 
@@ -49,6 +51,10 @@ struct State {
     /// Executable graph (handle address) -> the allocations its launches leave to be
     /// freed outside it, and whether it was instantiated to free them on launch.
     launched: HashMap<usize, (Vec<Arc<GraphAlloc>>, bool)>,
+    /// Allocations a launch left to the program whose graphs are all gone: the program
+    /// still owns them until it frees them (PyTorch frees a replay's output after the
+    /// graph, at exit).
+    orphans: HashMap<u64, Arc<GraphAlloc>>,
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(Default::default);
@@ -88,8 +94,19 @@ fn find(st: &State, ptr: u64) -> Option<Arc<GraphAlloc>> {
         .chain(st.pending.values())
         .chain(st.launched.values().map(|(v, _)| v))
         .flatten()
+        .chain(st.orphans.values())
         .find(|a| a.ptr == ptr)
         .cloned()
+}
+
+/// Allocations a destroyed graph held: those a launch left to the program are kept for
+/// it; the rest go when their last holder does (the caller drops them outside the lock).
+fn keep_outstanding(st: &mut State, taken: &[Arc<GraphAlloc>]) {
+    for a in taken {
+        if a.outstanding.load(Ordering::Acquire) && !a.freed_in_graph.load(Ordering::Acquire) {
+            st.orphans.insert(a.ptr, a.clone());
+        }
+    }
 }
 
 /// Graph memory `ptr` freed: by a free node or during its capture (`in_graph`), or by the
@@ -98,13 +115,21 @@ pub(crate) fn freed(ptr: u64, in_graph: bool) -> bool {
     if !is_graph_alloc(ptr) {
         return false;
     }
-    if let Some(a) = find(&lock(), ptr) {
+    let mut st = lock();
+    let orphan = if let Some(a) = find(&st, ptr) {
         if in_graph {
             a.freed_in_graph.store(true, Ordering::Release);
+            None
         } else {
             a.outstanding.store(false, Ordering::Release);
+            st.orphans.remove(&ptr)
         }
-    }
+    } else {
+        None
+    };
+    drop(st);
+    // Freed here, outside the lock (its Drop takes it).
+    drop(orphan);
     true
 }
 
@@ -180,7 +205,11 @@ pub(crate) fn exec_remade(g: usize, e: usize, flags: u64) {
     let old = {
         let mut st = lock();
         let now = st.held.get(&g).cloned().unwrap_or_default();
-        (st.held.insert(e, now), st.launched.remove(&e))
+        let old = (st.held.insert(e, now), st.launched.remove(&e));
+        if let Some((v, _)) = &old.1 {
+            keep_outstanding(&mut st, v);
+        }
+        old
     };
     drop(old);
     note_exec(e, held_by(g), flags);
@@ -190,7 +219,11 @@ pub(crate) fn exec_remade(g: usize, e: usize, flags: u64) {
 pub(crate) fn release(h: usize) {
     let taken = {
         let mut st = lock();
-        (st.held.remove(&h), st.launched.remove(&h))
+        let taken = (st.held.remove(&h), st.launched.remove(&h));
+        if let Some((v, _)) = &taken.1 {
+            keep_outstanding(&mut st, v);
+        }
+        taken
     };
     drop(taken);
 }

@@ -25,14 +25,15 @@ fn kernel_params(node: *mut GraphNode) -> Result<KernelNodeParams, CUresult> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(node as usize, (args, ptrs));
-    Ok(KernelNodeParams {
+    let p = KernelNodeParams {
         func: k.func as CUfunction,
         grid: k.grid,
         block: k.block,
         shared: k.shared,
         kernel_params,
         extra: std::ptr::null_mut(),
-    })
+    };
+    Ok(p)
 }
 
 /// # Safety
@@ -54,10 +55,13 @@ pub unsafe extern "C" fn cuGraphKernelNodeGetParams_v2(
     p: *mut KernelNodeParamsV2,
 ) -> CUresult {
     entry(|| {
+        let v1 = kernel_params(node)?;
+        // As the driver answers: the function, the kernel (one handle here) and the
+        // context all filled; cudart finds its host entry through the kernel.
         let v = KernelNodeParamsV2 {
-            v1: kernel_params(node)?,
-            kern: std::ptr::null_mut(),
-            ctx: std::ptr::null_mut(),
+            v1,
+            kern: v1.func,
+            ctx: crate::api::ctx::current_ctx(),
         };
         // SAFETY: the caller's pointer.
         unsafe { out(p, v) }

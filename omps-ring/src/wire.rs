@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -126,6 +126,8 @@ ops! {
     ArrayCopy = 27 => ArrayCopy,
     /// Texture and surface objects (see [`tex`]): made over a resource, destroyed.
     TexObject = 60 => TexCall,
+    /// Conditional graph nodes and captures into a given graph (see [`graph`]'s COND_*).
+    GraphCond = 61 => GraphCond,
 }
 
 /// Where an answer goes.
@@ -592,6 +594,38 @@ pub mod graph {
     /// GraphQuery kinds: how many nodes; the CUgraphNodeType of node `index`.
     pub const NODE_COUNT: u32 = 0;
     pub const NODE_TYPE: u32 = 1;
+    /// GraphCond kinds. HOME: an empty graph of the client's, for a graph built in the
+    /// shim that has conditional nodes (its id as a U64Reply). HANDLE: a conditional
+    /// handle of graph `graph` (`value`: default launch value, `flags`). NODE: a
+    /// conditional node of handle `handle` (`value`: CUgraphConditionalNodeType, `size`
+    /// bodies) where stream `stream`'s capture into a home graph or body stands; the
+    /// first body's id (the others follow it). CAPTURE_TO: stream `stream` begins
+    /// capturing into home graph or body `graph`. CLEAR: home graph `graph` loses its
+    /// nodes (and their bodies), keeping its handles. EXEC_UPDATE: executable graph
+    /// `handle` takes the parameters of graph `graph` (cuGraphExecUpdate: a graph with
+    /// conditional nodes is instantiated only once).
+    pub const COND_HOME: u32 = 0;
+    pub const COND_HANDLE: u32 = 1;
+    pub const COND_NODE: u32 = 2;
+    pub const CAPTURE_TO: u32 = 3;
+    pub const COND_CLEAR: u32 = 4;
+    pub const EXEC_UPDATE: u32 = 5;
+    /// The most bodies a conditional node may have (a SWITCH's cases).
+    pub const MAX_BODIES: u32 = 1024;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphCond {
+    pub call: CallHdr,
+    /// A [`graph`] COND_* kind.
+    pub kind: u32,
+    pub stream: u32,
+    pub graph: u32,
+    pub size: u32,
+    pub handle: u64,
+    pub value: u32,
+    pub flags: u32,
 }
 
 #[repr(C)]

@@ -240,6 +240,27 @@ pub trait Gpu: Send + Sync + 'static {
     fn graph_nodes(&self, graph: u64) -> GpuResult<Vec<u64>>;
     /// A node's CUgraphNodeType.
     fn graph_node_type(&self, node: u64) -> GpuResult<u32>;
+    /// An empty graph.
+    fn graph_create(&self) -> GpuResult<u64>;
+    /// A conditional handle of `graph` with default launch value `value`.
+    fn cond_handle(&self, graph: u64, value: u32, flags: u32) -> GpuResult<u64>;
+    /// Adds a conditional node (handle, CUgraphConditionalNodeType, bodies) where stream
+    /// `s`'s capture stands, which continues after it, if `graph_ok` accepts the
+    /// capture's graph (else CUDA_ERROR_INVALID_VALUE): the node's body graphs.
+    fn capture_conditional(
+        &self,
+        s: usize,
+        handle: u64,
+        kind: u32,
+        size: u32,
+        graph_ok: &dyn Fn(u64) -> bool,
+    ) -> GpuResult<Vec<u64>>;
+    /// Begins capturing stream `s` into `graph` (relaxed, as [`Gpu::capture_begin`]).
+    fn capture_begin_to(&self, s: usize, graph: u64) -> GpuResult<()>;
+    /// Destroys every node of `graph` (its conditional handles stay).
+    fn graph_clear(&self, graph: u64) -> GpuResult<()>;
+    /// Executable graph `exec` takes the parameters of `graph`, of the same topology.
+    fn graph_exec_update(&self, exec: u64, graph: u64) -> GpuResult<()>;
 
     /// A CUDA array of `shape`: its handle and the bytes it takes.
     fn array_create(&self, shape: &ArrayShape) -> GpuResult<(u64, u64)>;

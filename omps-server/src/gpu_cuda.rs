@@ -1203,6 +1203,133 @@ impl Gpu for CudaGpu {
         Ok(t as u32)
     }
 
+    fn graph_create(&self) -> GpuResult<u64> {
+        self.bind();
+        let mut g = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; flags 0.
+        ck(unsafe { cu::cuGraphCreate(&mut g, 0) })?;
+        Ok(g as u64)
+    }
+
+    fn cond_handle(&self, graph: u64, value: u32, flags: u32) -> GpuResult<u64> {
+        self.bind();
+        let mut h: cu::CUgraphConditionalHandle = 0;
+        // SAFETY: one of the client's graphs; the server's context; a valid out-pointer.
+        ck(unsafe {
+            cu::cuGraphConditionalHandleCreate(&mut h, graph as cu::CUgraph, self.ctx, value, flags)
+        })?;
+        Ok(h)
+    }
+
+    fn capture_conditional(
+        &self,
+        s: usize,
+        handle: u64,
+        kind: u32,
+        size: u32,
+        graph_ok: &dyn Fn(u64) -> bool,
+    ) -> GpuResult<Vec<u64>> {
+        self.bind();
+        let st = self.stream(s)?;
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut graph: cu::CUgraph = std::ptr::null_mut();
+        let mut deps: *const cu::CUgraphNode = std::ptr::null();
+        let mut n = 0usize;
+        // SAFETY: a work stream of this context; valid out-pointers. The dependency array
+        // is the driver's, valid until the capture changes.
+        ck(unsafe {
+            cu::cuStreamGetCaptureInfo_v3(
+                st,
+                &mut status,
+                std::ptr::null_mut(),
+                &mut graph,
+                &mut deps,
+                std::ptr::null_mut(),
+                &mut n,
+            )
+        })?;
+        if status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            return Err(CuError(code::ILLEGAL_STATE));
+        }
+        if !graph_ok(graph as u64) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let kind = match kind {
+            0 => cu::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
+            1 => cu::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE,
+            2 => cu::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_SWITCH,
+            _ => return Err(CuError(code::INVALID_VALUE)),
+        };
+        // SAFETY: all-zero is a valid CUgraphNodeParams (a plain C struct).
+        let mut p: cu::CUgraphNodeParams = unsafe { std::mem::zeroed() };
+        p.type_ = cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+        p.__bindgen_anon_1.conditional = cu::CUDA_CONDITIONAL_NODE_PARAMS {
+            handle,
+            type_: kind,
+            size,
+            phGraph_out: std::ptr::null_mut(),
+            ctx: self.ctx,
+        };
+        let mut node: cu::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: the capture's graph and its current dependencies as the driver gave them;
+        // valid params and out-pointer.
+        ck(unsafe { cu::cuGraphAddNode_v2(&mut node, graph, deps, std::ptr::null(), n, &mut p) })?;
+        // SAFETY: the node just made; one dependency; 1 = CU_STREAM_SET_CAPTURE_DEPENDENCIES.
+        let set = ck(unsafe {
+            cu::cuStreamUpdateCaptureDependencies_v2(st, &mut node, std::ptr::null(), 1, 1)
+        });
+        if let Err(e) = set {
+            // SAFETY: the node made above, not yet depended on.
+            unsafe { cu::cuGraphDestroyNode(node) };
+            return Err(e);
+        }
+        // SAFETY: the driver filled phGraph_out with `size` body graphs, which live as
+        // long as the node.
+        let bodies = unsafe {
+            let out = p.__bindgen_anon_1.conditional.phGraph_out;
+            (0..size as usize).map(|i| *out.add(i) as u64).collect()
+        };
+        Ok(bodies)
+    }
+
+    fn capture_begin_to(&self, s: usize, graph: u64) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        // SAFETY: a work stream of this context; one of the client's graphs; no
+        // dependencies.
+        ck(unsafe {
+            cu::cuStreamBeginCaptureToGraph(
+                st,
+                graph as cu::CUgraph,
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        })
+    }
+
+    fn graph_exec_update(&self, exec: u64, graph: u64) -> GpuResult<()> {
+        self.bind();
+        let mut info = cu::CUgraphExecUpdateResultInfo {
+            result: cu::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
+            errorNode: std::ptr::null_mut(),
+            errorFromNode: std::ptr::null_mut(),
+        };
+        // SAFETY: the client's executable graph and graph; a valid out-pointer.
+        ck(unsafe {
+            cu::cuGraphExecUpdate_v2(exec as cu::CUgraphExec, graph as cu::CUgraph, &mut info)
+        })
+    }
+
+    fn graph_clear(&self, graph: u64) -> GpuResult<()> {
+        for n in self.graph_nodes(graph)? {
+            // SAFETY: a node of one of the client's graphs, listed just now.
+            ck(unsafe { cu::cuGraphDestroyNode(n as cu::CUgraphNode) })?;
+        }
+        Ok(())
+    }
+
     fn graph_exec_destroy(&self, exec: u64) -> GpuResult<()> {
         self.bind();
         // SAFETY: one of a client's executable graphs, given up by it.

@@ -9,7 +9,8 @@
 //! puts `len` bytes of device memory into the printf buffer, as device printf would, and
 //! `assert_fail(ptr u64, len u32)`, which puts them into the assert messages and fails as
 //! a device assert does; [`Gpu::flush_printf`] writes both to the descriptors of
-//! `set_printf_output`.
+//! `set_printf_output`; `set_cond(handle u64, value u32)` sets a conditional handle, as
+//! `cudaGraphSetConditional` in a kernel does.
 
 use crate::gpu::{
     code, ArrayShape, CopyPlace, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule, Resource,
@@ -60,6 +61,12 @@ struct State {
     /// Texture and surface objects: what each is over.
     textures: BTreeMap<u64, Resource>,
     surfaces: BTreeMap<u64, u64>,
+    /// Conditional handles: default value, flags, value now.
+    conds: BTreeMap<u64, (u32, u32, u32)>,
+    /// Streams capturing into a given graph -> that graph.
+    capture_into: BTreeMap<usize, u64>,
+    /// Conditional handles an executable graph holds.
+    cond_bound: std::collections::BTreeSet<u64>,
 }
 
 /// Bytes per row of an array of `s`: unknown formats count 4 bytes a channel.
@@ -95,6 +102,14 @@ enum HostOp {
         addr: usize,
         value: u32,
     },
+    /// A conditional node: its handle, CUgraphConditionalNodeType and body graphs, whose
+    /// work an instantiation copies into `run`.
+    Cond {
+        handle: u64,
+        kind: u32,
+        bodies: Vec<u64>,
+        run: Vec<Vec<HostOp>>,
+    },
 }
 
 impl State {
@@ -104,6 +119,35 @@ impl State {
             Some(&o) if self.capturing.contains_key(&o) => o,
             _ => s,
         }
+    }
+
+    /// `ops` as an instantiation copies them: conditional bodies' work included.
+    fn resolve(&self, ops: &[HostOp]) -> GpuResult<Vec<HostOp>> {
+        ops.iter()
+            .map(|op| match op {
+                HostOp::Cond {
+                    handle,
+                    kind,
+                    bodies,
+                    ..
+                } => {
+                    let run = bodies
+                        .iter()
+                        .map(|b| {
+                            let body = self.graphs.get(b).ok_or(CuError(code::INVALID_VALUE))?;
+                            self.resolve(body)
+                        })
+                        .collect::<GpuResult<_>>()?;
+                    Ok(HostOp::Cond {
+                        handle: *handle,
+                        kind: *kind,
+                        bodies: bodies.clone(),
+                        run,
+                    })
+                }
+                op => Ok(op.clone()),
+            })
+            .collect()
     }
 
     /// Records `op` if stream `s` is being captured; false when it is not.
@@ -315,6 +359,70 @@ fn parse_module(text: &str) -> Option<ParsedModule> {
         }
     }
     Some((fns, globals))
+}
+
+/// The conditional handles of `ops`' conditional nodes, bodies included.
+fn cond_handles(ops: &[HostOp]) -> Vec<u64> {
+    ops.iter()
+        .flat_map(|op| match op {
+            HostOp::Cond { handle, run, .. } => std::iter::once(*handle)
+                .chain(run.iter().flat_map(|b| cond_handles(b)))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+impl HostGpu {
+    /// Runs a graph's work on stream `s`; a conditional node reads its handle when its
+    /// turn comes, after the work before it ran (everything here runs at once).
+    fn run_ops(&self, ops: &[HostOp], s: usize) -> GpuResult<()> {
+        for op in ops {
+            match op {
+                HostOp::Launch { func, args } => {
+                    self.launch(*func, [1; 3], [1; 3], 0, s, &[], args)?
+                }
+                &HostOp::Memset {
+                    dst,
+                    value,
+                    elem,
+                    count,
+                } => self.memset(dst, value, elem, count, s)?,
+                &HostOp::Dtod { dst, src, len } => self.copy_dtod(dst, src, len, s)?,
+                // SAFETY: a word of registered memory, as when it was captured.
+                &HostOp::Word { addr, value } => unsafe {
+                    self.write_u32(addr as *mut u32, value, s)?
+                },
+                HostOp::Cond {
+                    handle, kind, run, ..
+                } => {
+                    let value = || {
+                        let st = self.state.lock().unwrap();
+                        st.conds.get(handle).map_or(0, |c| c.2)
+                    };
+                    match kind {
+                        // IF (with an else body when there are two), WHILE, SWITCH.
+                        0 => match (value() != 0, run.len()) {
+                            (true, _) => self.run_ops(&run[0], s)?,
+                            (false, 2) => self.run_ops(&run[1], s)?,
+                            _ => {}
+                        },
+                        1 => {
+                            while value() != 0 {
+                                self.run_ops(&run[0], s)?;
+                            }
+                        }
+                        _ => {
+                            if let Some(body) = run.get(value() as usize) {
+                                self.run_ops(body, s)?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Gpu for HostGpu {
@@ -800,6 +908,14 @@ impl Gpu for HostGpu {
                 }
             }
             "trap" => st.sticky = Some(code::LAUNCH_FAILED),
+            "set_cond" if args.len() >= 12 => {
+                let h = u64::from_le_bytes(args[0..8].try_into().unwrap());
+                let value = u32::from_le_bytes(args[8..12].try_into().unwrap());
+                match st.conds.get_mut(&h) {
+                    Some(c) => c.2 = value,
+                    None => st.sticky = Some(code::ILLEGAL_ADDRESS),
+                }
+            }
             "print" | "assert_fail" if args.len() >= 12 => {
                 let ptr = u64::from_le_bytes(args[0..8].try_into().unwrap());
                 let n = u32::from_le_bytes(args[8..12].try_into().unwrap()) as usize;
@@ -890,8 +1006,13 @@ impl Gpu for HostGpu {
             .ok_or(CuError(code::ILLEGAL_STATE))?;
         // The streams it forked into end with it.
         st.joined.retain(|_, o| *o != s);
+        let into = st.capture_into.remove(&s);
         if invalid {
             return Err(CuError(code::STREAM_CAPTURE_INVALIDATED));
+        }
+        if let Some(g) = into {
+            st.graphs.entry(g).or_default().extend(ops);
+            return Ok(g);
         }
         let g = st.next_handle;
         st.next_handle += 1;
@@ -919,11 +1040,14 @@ impl Gpu for HostGpu {
 
     fn graph_instantiate(&self, graph: u64, _flags: u64) -> GpuResult<u64> {
         let mut st = self.state.lock().unwrap();
-        let ops = st
-            .graphs
-            .get(&graph)
-            .cloned()
-            .ok_or(CuError(code::INVALID_HANDLE))?;
+        let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;
+        let ops = st.resolve(ops)?;
+        // As the driver: conditional handles go into one executable graph only.
+        let handles = cond_handles(&ops);
+        if handles.iter().any(|h| st.cond_bound.contains(h)) {
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
+        st.cond_bound.extend(handles);
         let e = st.next_handle;
         st.next_handle += 1;
         st.execs.insert(e, ops);
@@ -931,33 +1055,18 @@ impl Gpu for HostGpu {
     }
 
     fn graph_launch(&self, exec: u64, s: usize) -> GpuResult<()> {
-        let ops = self
-            .state
-            .lock()
-            .unwrap()
-            .execs
-            .get(&exec)
-            .cloned()
-            .ok_or(CuError(code::INVALID_HANDLE))?;
-        for op in ops {
-            match op {
-                HostOp::Launch { func, args } => {
-                    self.launch(func, [1; 3], [1; 3], 0, s, &[], &args)?
+        let ops = {
+            let mut st = self.state.lock().unwrap();
+            let ops = st.execs.get(&exec).cloned();
+            // A handle made to take its default value takes it at every launch.
+            for (default, flags, now) in st.conds.values_mut() {
+                if *flags & 1 != 0 {
+                    *now = *default;
                 }
-                HostOp::Memset {
-                    dst,
-                    value,
-                    elem,
-                    count,
-                } => self.memset(dst, value, elem, count, s)?,
-                HostOp::Dtod { dst, src, len } => self.copy_dtod(dst, src, len, s)?,
-                // SAFETY: a word of registered memory, as when it was captured.
-                HostOp::Word { addr, value } => unsafe {
-                    self.write_u32(addr as *mut u32, value, s)?
-                },
             }
-        }
-        Ok(())
+            ops.ok_or(CuError(code::INVALID_HANDLE))?
+        };
+        self.run_ops(&ops, s)
     }
 
     fn graph_upload(&self, exec: u64, _s: usize) -> GpuResult<()> {
@@ -996,7 +1105,116 @@ impl Gpu for HostGpu {
             HostOp::Dtod { .. } => 1,
             HostOp::Memset { .. } => 2,
             HostOp::Word { .. } => 12,
+            HostOp::Cond { .. } => 13,
         })
+    }
+
+    fn graph_create(&self) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        let g = st.next_handle;
+        st.next_handle += 1;
+        st.graphs.insert(g, Vec::new());
+        Ok(g)
+    }
+
+    fn cond_handle(&self, graph: u64, value: u32, flags: u32) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        if !st.graphs.contains_key(&graph) || flags > 1 {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let h = st.next_handle;
+        st.next_handle += 1;
+        st.conds.insert(h, (value, flags, value));
+        Ok(h)
+    }
+
+    fn capture_conditional(
+        &self,
+        s: usize,
+        handle: u64,
+        kind: u32,
+        size: u32,
+        graph_ok: &dyn Fn(u64) -> bool,
+    ) -> GpuResult<Vec<u64>> {
+        let mut st = self.state.lock().unwrap();
+        let origin = st.origin(s);
+        // A plain capture's graph has no handle until it ends: 0.
+        if !graph_ok(st.capture_into.get(&origin).copied().unwrap_or(0)) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let valid = match kind {
+            0 => matches!(size, 1 | 2),
+            1 => size == 1,
+            2 => size >= 1,
+            _ => false,
+        };
+        if !valid || !st.conds.contains_key(&handle) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        if !matches!(st.capturing.get(&origin), Some((_, false, _))) {
+            return Err(CuError(code::ILLEGAL_STATE));
+        }
+        let bodies: Vec<u64> = (0..size)
+            .map(|_| {
+                let g = st.next_handle;
+                st.next_handle += 1;
+                st.graphs.insert(g, Vec::new());
+                g
+            })
+            .collect();
+        let op = HostOp::Cond {
+            handle,
+            kind,
+            bodies: bodies.clone(),
+            run: Vec::new(),
+        };
+        st.captured(s, op);
+        Ok(bodies)
+    }
+
+    fn capture_begin_to(&self, s: usize, graph: u64) -> GpuResult<()> {
+        if !self.state.lock().unwrap().graphs.contains_key(&graph) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        self.capture_begin(s)?;
+        self.state.lock().unwrap().capture_into.insert(s, graph);
+        Ok(())
+    }
+
+    fn graph_exec_update(&self, exec: u64, graph: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;
+        let ops = st.resolve(ops)?;
+        let e = st
+            .execs
+            .get_mut(&exec)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        if e.len() != ops.len() {
+            // CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE.
+            return Err(CuError(910));
+        }
+        *e = ops;
+        Ok(())
+    }
+
+    fn graph_clear(&self, graph: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        let ops = st
+            .graphs
+            .get_mut(&graph)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        let gone: Vec<u64> = std::mem::take(ops)
+            .into_iter()
+            .flat_map(|op| match op {
+                HostOp::Cond { bodies, .. } => bodies,
+                _ => Vec::new(),
+            })
+            .collect();
+        // Bodies go with their nodes (nested ones are not tracked here: tests nest none).
+        for b in gone {
+            st.graphs.remove(&b);
+        }
+        Ok(())
     }
 
     fn graph_exec_destroy(&self, exec: u64) -> GpuResult<()> {

@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 mod arrays;
+mod conditional;
 mod depth;
 mod exec;
 mod graphs;
@@ -216,6 +217,8 @@ pub struct Session {
     execs: HashMap<u32, u64>,
     /// How many of its streams are being captured.
     capturing: usize,
+    /// Its conditional nodes' homes, handles and bodies.
+    cond: conditional::CondState,
     /// Its events last recorded in a capturing stream: not to be waited for or queried.
     captured_events: std::collections::HashSet<u32>,
     /// The last sequence queued through each host-function slot it used.
@@ -268,6 +271,7 @@ impl Session {
             fn_attrs: HashMap::new(),
             graphs: HashMap::new(),
             execs: HashMap::new(),
+            cond: Default::default(),
             capturing: 0,
             captured_events: Default::default(),
             imported: BTreeMap::new(),
@@ -616,6 +620,10 @@ impl Session {
             | Op::GraphDestroy
             | Op::GraphExecDestroy
             | Op::GraphQuery => self.handle_graphs(ctx, op, p, tail)?,
+            Op::GraphCond => {
+                fixed_only(tail, "conditional graph op")?;
+                self.handle_graph_cond(ctx, &rec::<wire::GraphCond>(p))?;
+            }
             Op::IpcGetMemHandle
             | Op::IpcOpenMemHandle
             | Op::IpcCloseMemHandle

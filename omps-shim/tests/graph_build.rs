@@ -355,8 +355,14 @@ fn hand_built_graphs_run_as_built() {
         np.ty = 13;
         assert_eq!(
             cuGraphAddNode(&mut k3, h, null(), 0, &mut np),
+            CUDA_ERROR_INVALID_VALUE,
+            "a conditional node needs a handle of its graph (tests/conditional_nodes.rs)"
+        );
+        np.ty = 8;
+        assert_eq!(
+            cuGraphAddNode(&mut k3, h, null(), 0, &mut np),
             CUDA_ERROR_NOT_SUPPORTED,
-            "conditional nodes are not supported yet"
+            "external semaphore nodes are not supported yet"
         );
         let mut z = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut z, h, 0));

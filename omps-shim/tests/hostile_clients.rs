@@ -254,6 +254,15 @@ fn records_that_lie_disconnect_the_client() {
             Op::GraphQuery,
             vec![0u8; std::mem::size_of::<wire::GraphQuery>() + 4],
         ),
+        // A conditional-graph operation that does not exist.
+        (
+            Op::GraphCond,
+            bytemuck::bytes_of(&wire::GraphCond {
+                kind: 99,
+                ..Default::default()
+            })
+            .to_vec(),
+        ),
         // Arrays, copies and texture objects naming what the liar does not hold, or
         // kinds that do not exist.
         (

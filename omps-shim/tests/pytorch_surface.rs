@@ -340,9 +340,9 @@ fn pools_limits_and_stream_queries() {
             collect,
             &mut seen as *mut _ as *mut c_void,
         );
-        assert_eq!(n, 2);
+        assert_eq!(n, 3);
         let names: Vec<&str> = seen.iter().map(|s| s.1.as_str()).collect();
-        assert_eq!(names, ["fill_u32", "trap"]);
+        assert_eq!(names, ["fill_u32", "trap", "set_cond"]);
         let mut f = null_mut();
         ok(omps_shim::api::module::cuModuleGetFunction(
             &mut f,

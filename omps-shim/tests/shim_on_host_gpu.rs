@@ -251,7 +251,7 @@ fn driver_api_through_the_server() {
 
         // Unimplemented entry points say so.
         assert_eq!(
-            omps_shim::unsupported::cuGraphConditionalHandleCreate(),
+            omps_shim::unsupported::cuGraphAddExternalSemaphoresSignalNode(),
             CUDA_ERROR_NOT_SUPPORTED
         );
 

@@ -183,8 +183,7 @@ def _capture(fn, warmups=3):
 
 
 @workload("cuda_graph_alloc_async", exact=True,
-          env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
-          known_broken="new; not yet run on a GPU")
+          env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
 def cuda_graph_alloc_async():
     """A CUDA graph captured with the cudaMallocAsync allocator: the temporaries the capture
     allocates and frees are graph memory (cuMemAllocAsync / cuMemFreeAsync in a capture)."""

@@ -48,12 +48,14 @@ impl Session {
                 };
                 // Ending the origin's capture ends that of every stream it forked into.
                 self.refresh_capture_flags(ctx);
-                let r = r.map(|g| {
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    self.graphs.insert(id, g);
-                    wire::U64Reply { value: id as u64 }
+                // A capture into a home or body ends in that graph, which has its id.
+                let r = r.and_then(|g| match self.cond.known_id(&self.graphs, g) {
+                    Some(id) => Ok(id),
+                    None => self.new_id().inspect(|&id| {
+                        self.graphs.insert(id, g);
+                    }),
                 });
+                let r = r.map(|id| wire::U64Reply { value: id as u64 });
                 self.complete_pod(c.call, r)?;
             }
             Op::CaptureStatus => {
@@ -108,9 +110,18 @@ impl Session {
                 } else {
                     (&mut self.execs, "executable graph")
                 };
-                let Some(handle) = map.remove(&h.id) else {
+                let Some(&handle) = map.get(&h.id) else {
                     return bad(format!("destroying unknown {what} {}", h.id));
                 };
+                if op == Op::GraphDestroy {
+                    self.cond.destroying(handle)?;
+                }
+                let map = if op == Op::GraphDestroy {
+                    &mut self.graphs
+                } else {
+                    &mut self.execs
+                };
+                map.remove(&h.id);
                 let mut rel = Release::default();
                 if op == Op::GraphDestroy {
                     rel.graphs.push(handle);
@@ -142,6 +153,16 @@ impl Session {
 
     /// Starts capturing client stream `id` on a work stream of its own: the CUresult.
     fn begin_capture(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<i32, Malformed> {
+        self.begin_capture_with(ctx, id, |gpu, s| gpu.capture_begin(s))
+    }
+
+    /// As [`Session::begin_capture`], the capture begun on the work stream by `begin`.
+    pub(super) fn begin_capture_with(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        id: u32,
+        begin: impl FnOnce(&dyn crate::gpu::Gpu, usize) -> crate::gpu::GpuResult<()>,
+    ) -> Result<i32, Malformed> {
         let Some(st) = self.streams.get(&id) else {
             return bad(format!("unknown stream {id}"));
         };
@@ -156,7 +177,7 @@ impl Session {
             Ok(new) => new,
             Err(code) => return Ok(code),
         };
-        Ok(match ctx.gpu.capture_begin(new) {
+        Ok(match begin(&*ctx.gpu, new) {
             Ok(()) => {
                 let st = self.streams.get_mut(&id).expect("looked up above");
                 st.capturing = true;
@@ -226,7 +247,7 @@ impl Session {
     /// Work streams that stop capturing may be shared again.
     pub(super) fn refresh_capture_flags(&mut self, ctx: &mut WorkerCtx) {
         let mut n = 0;
-        for st in self.streams.values_mut() {
+        for (id, st) in self.streams.iter_mut() {
             let was = st.capturing;
             st.capturing = st.pool.is_some_and(|s| {
                 ctx.gpu
@@ -237,6 +258,9 @@ impl Session {
                 if let Some(s) = st.pool {
                     ctx.share_again(s);
                 }
+            }
+            if !st.capturing {
+                self.cond.capture_over(*id);
             }
             n += st.capturing as usize;
         }

@@ -50,6 +50,30 @@ fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     capture_call(Op::CaptureBegin, s, mode)?;
+    begun(s)
+}
+
+/// Stream `s` begins capturing into the server's graph `graph` (a conditional node's
+/// home or body, omps-server/src/session/conditional.rs); it ends as any capture does,
+/// in a handle naming that graph.
+pub(crate) fn begin_to(s: CUstream, graph: u32) -> Result<(), CUresult> {
+    let (stream, dev) = stream_dev(s)?;
+    let c = live()?;
+    c.channel().call(dev, Op::GraphCond, |call| {
+        bytemuck::bytes_of(&wire::GraphCond {
+            call,
+            kind: wire::graph::CAPTURE_TO,
+            stream,
+            graph,
+            ..Default::default()
+        })
+        .to_vec()
+    })?;
+    begun(s)
+}
+
+/// The books of a capture the server began on stream `s`.
+fn begun(s: CUstream) -> Result<(), CUresult> {
     CAPTURES.fetch_add(1, Ordering::AcqRel);
     // The capture's id (for the graph memory it allocates: an invalidated capture no
     // longer tells its id at its end) and the graph handle it ends in, which

@@ -63,10 +63,7 @@ fn release(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
 /// An executable graph of built graph `b`: captured on the server, instantiated, and the
 /// captured graph let go.
 fn instantiate_built(dev: usize, b: &build::Built, flags: u64) -> Result<u32, CUresult> {
-    let g = build::capture(b)?;
-    let r = instantiate_id(dev, g, flags);
-    release(dev, Op::GraphDestroy, g)?;
-    r
+    build::capture_then(b, |g| instantiate_id(dev, g, flags))
 }
 
 fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CUresult> {
@@ -313,6 +310,25 @@ fn order_after_last_launch(ex: &GraphHandle) {
 
 /// Points executable graph `ex` at a new server executable; the old one is let go after
 /// the launches already queued (the server frees it once they are done).
+/// Executable graph `ex` made anew from built graph `b`: instantiated again and swapped
+/// in; or, for a graph with conditional nodes (which the driver instantiates only once),
+/// captured again and given to the same executable graph by the driver's update.
+fn remake_built(ex: &GraphHandle, b: &build::Built, flags: u64) -> Result<(), CUresult> {
+    if !build::has_conditionals(b) {
+        let id = instantiate_built(ex.dev, b, flags)?;
+        return rebind(ex, id);
+    }
+    build::capture_then(b, |g| {
+        let e = ex.id();
+        build::cond_call(ex.dev, wire::graph::EXEC_UPDATE, |c| {
+            c.graph = g;
+            c.handle = e as u64;
+        })?;
+        Ok(e)
+    })
+    .map(drop)
+}
+
 fn rebind(ex: &GraphHandle, id: u32) -> Result<(), CUresult> {
     order_after_last_launch(ex);
     let old = ex.id.swap(id, Ordering::AcqRel);
@@ -329,9 +345,9 @@ fn set_exec_node(e: CUgraphExec, node: GraphNodeRef, kind: build::Kind) -> Resul
             "setting node parameters of an executable graph made from a captured graph",
         ));
     };
-    let id = instantiate_built(ex.dev, &b, flags)?;
+    remake_built(ex, &b, flags)?;
     build::note_changed_source(e as usize, b, flags);
-    rebind(ex, id)
+    Ok(())
 }
 
 /// The calls that give an executable graph's node new parameters of its kind (memset and
@@ -408,9 +424,9 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<c_uint, CUresult> {
             if !build::same_topology(&from, &to) {
                 return Ok(UPDATE_TOPOLOGY_CHANGED);
             }
-            let id = instantiate_built(ex.dev, &to, flags)?;
+            remake_built(ex, &to, flags)?;
             build::note_source(e as usize, to, flags, None);
-            id
+            return Ok(UPDATE_SUCCESS);
         }
         (None, None) => {
             let types = |id: u32| -> Result<Vec<u64>, CUresult> {
@@ -622,9 +638,9 @@ pub extern "C" fn cuGraphNodeSetEnabled(
                 "enabling nodes of an executable graph made from a captured graph",
             ));
         };
-        let id = instantiate_built(ex.dev, &b, flags)?;
+        remake_built(ex, &b, flags)?;
         build::note_changed_source(e as usize, b, flags);
-        rebind(ex, id)
+        Ok(())
     })
 }
 

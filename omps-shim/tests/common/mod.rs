@@ -130,9 +130,10 @@ pub fn ps_mem(ps: &str, pid: u32) -> Option<u64> {
     })
 }
 
-/// A module for the host GPU: fill_u32(ptr, value, count), trap(), and a global.
+/// A module for the host GPU: fill_u32(ptr, value, count), trap(), set_cond(handle,
+/// value), and a global.
 pub const HOST_MODULE: &str =
-    "omps-host-module\nfn fill_u32 0:8 8:4 12:4\nfn trap\nglobal counter 16\n\0";
+    "omps-host-module\nfn fill_u32 0:8 8:4 12:4\nfn trap\nfn set_cond 0:8 8:4\nglobal counter 16\n\0";
 
 /// Allocates `size` bytes of device memory on GPU 0 through a raw connection.
 pub fn alloc(c: &omps_shim::conn::Conn, size: u64) -> u64 {

@@ -4,6 +4,8 @@
 // kernel nodes. A kernel before them sets the IF and WHILE conditions from a device input
 // (cudaGraphSetConditional on the device); the WHILE body counts a device counter down
 // and clears its condition at zero. Launched with several inputs, results read back.
+// Then what the driver allows after: new parameters in the executable graph and by an
+// update, and a second instantiation (each outcome printed, to match native).
 #include "rt_common.h"
 #include <vector>
 
@@ -150,10 +152,60 @@ int main() {
            h.total_iterations);
     EXPECT(h.value == 400 && h.sum == 10 && h.total_iterations == total, "back-to-back launches wrong");
 
+    // Changed parameters: of the node that sets the conditions, in the executable graph,
+    // and by an update from the graph; then of a node inside a body.
+    Input *in2;
+    CHECK(cudaMalloc(&in2, sizeof(Input)));
+    Input hin2 = {0, 2};
+    CHECK(cudaMemcpy(in2, &hin2, sizeof hin2, cudaMemcpyHostToDevice));
+    void *prep2_args[] = {&hif, &hwhile, &in2, &st};
+    cudaKernelNodeParams kp2 = {};
+    kp2.func = (void *)prep;
+    kp2.gridDim = dim3(1);
+    kp2.blockDim = dim3(1);
+    kp2.kernelParams = prep2_args;
+    cudaError_t r = cudaGraphExecKernelNodeSetParams(x, nprep, &kp2);
+    printf("exec set params of the prep node: %s\n", cudaGetErrorName(r));
+    if (r == cudaSuccess) {
+        CHECK(cudaGraphLaunch(x, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaMemcpy(&h, st, sizeof h, cudaMemcpyDeviceToHost));
+        printf("  then launched (flag 0, n 2): value %d, sum %d\n", h.value, h.sum);
+    }
+    CHECK(cudaGraphKernelNodeSetParams(nprep, &kp2));
+    cudaGraphExecUpdateResultInfo info = {};
+    r = cudaGraphExecUpdate(x, g, &info);
+    printf("exec update from the graph: %s (result %d)\n", cudaGetErrorName(r), (int)info.result);
+    if (r == cudaSuccess) {
+        hin2 = {1, 3};
+        CHECK(cudaMemcpy(in2, &hin2, sizeof hin2, cudaMemcpyHostToDevice));
+        CHECK(cudaGraphLaunch(x, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaMemcpy(&h, st, sizeof h, cudaMemcpyDeviceToHost));
+        printf("  then launched (flag 1, n 3): value %d, sum %d\n", h.value, h.sum);
+    }
+    size_t nbody = 1;
+    cudaGraphNode_t then_node;
+    CHECK(cudaGraphGetNodes(ifb[0], &then_node, &nbody));
+    void *else_args[] = {&st};
+    cudaKernelNodeParams kb = {};
+    kb.func = (void *)else_body;
+    kb.gridDim = dim3(1);
+    kb.blockDim = dim3(1);
+    kb.kernelParams = else_args;
+    r = cudaGraphExecKernelNodeSetParams(x, then_node, &kb);
+    printf("exec set params of a node in a body: %s\n", cudaGetErrorName(r));
+    // A second executable graph of the same graph.
+    cudaGraphExec_t x2;
+    r = cudaGraphInstantiate(&x2, g, 0);
+    printf("second instantiation: %s\n", cudaGetErrorName(r));
+    if (r == cudaSuccess) CHECK(cudaGraphExecDestroy(x2));
+
     CHECK(cudaGraphExecDestroy(x));
     CHECK(cudaGraphDestroy(g));
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaFree(in));
+    CHECK(cudaFree(in2));
     CHECK(cudaFree(st));
     pass();
 }

@@ -343,8 +343,8 @@ pub extern "C" fn cuGraphDestroyNode(node: *mut GraphNode) -> CUresult {
             }
             r.nodes.remove(&(node as usize));
             r.handles.remove(&(g, i));
-            // A child node's graph goes with it.
-            if let Kind::Child(c) = gone.kind {
+            // A child node's graph, and a conditional node's bodies, go with it.
+            for c in gone.kind.owned() {
                 drop_child(r, c);
             }
             Ok(())

@@ -222,26 +222,73 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
             // SAFETY: the function and argument the program gave for the node.
             ok(unsafe { crate::api::exec::cuLaunchHostFunc(s, Some(f), data as *mut c_void) })
         }
+        Kind::Conditional(c) => super::cond::issue_conditional(c, s),
     }
 }
 
-/// Captures built graph `b` on the server and returns the server's graph id: the
-/// caller instantiates it and then lets it go. The capture runs on the graph's device,
-/// whichever is current.
-pub(crate) fn capture(b: &Built) -> Result<u32, CUresult> {
-    let mut flat = Vec::new();
-    flatten(b, &mut flat, &[]).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+/// Where a capture of a built graph goes: a new server graph, or the server graph
+/// with this id (a conditional node's home or body).
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    New,
+    Into(u32),
+}
+
+/// Captures built graph `b` on the server and runs `then` with the server graph's id
+/// (to instantiate it); the graph is let go after, or, for a graph with conditional
+/// nodes, its home is cleared for the next instantiation. The capture runs on the
+/// graph's device, whichever is current.
+pub(crate) fn capture_then(
+    b: &Built,
+    then: impl FnOnce(u32) -> Result<u32, CUresult>,
+) -> Result<u32, CUresult> {
     let ctx = crate::api::ctx::primary_handle(b.dev);
     // SAFETY: the primary context of the graph's device, a handle of this shim.
     ok(unsafe { crate::api::ctx::cuCtxPushCurrent_v2(ctx as _) })?;
-    let r = capture_flat(&flat);
+    let r = match &b.home {
+        None => capture_built(b, Target::New).and_then(|g| {
+            let r = then(g);
+            destroy_server_graph(b.dev, g);
+            r
+        }),
+        Some(home) => {
+            let _busy = home.busy.lock().unwrap_or_else(|e| e.into_inner());
+            let r = capture_built(b, Target::Into(home.id)).and_then(then);
+            let cleared = super::cond::cond_call(b.dev, omps_ring::wire::graph::COND_CLEAR, |c| {
+                c.graph = home.id
+            });
+            r.and_then(|e| cleared.map(|_| e))
+        }
+    };
     let mut popped = std::ptr::null_mut();
     // SAFETY: pops what was pushed above; a valid out-pointer.
     unsafe { crate::api::ctx::cuCtxPopCurrent_v2(&mut popped) };
     r
 }
 
-fn capture_flat(flat: &[Flat]) -> Result<u32, CUresult> {
+/// Captures conditional body `b` into the server's body graph `id`.
+pub(super) fn capture_into(b: &Built, id: u32) -> Result<(), CUresult> {
+    capture_built(b, Target::Into(id)).map(drop)
+}
+
+fn capture_built(b: &Built, target: Target) -> Result<u32, CUresult> {
+    let mut flat = Vec::new();
+    flatten(b, &mut flat, &[]).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    capture_flat(&flat, target)
+}
+
+fn destroy_server_graph(dev: usize, id: u32) {
+    let h = omps_ring::wire::Handle { id, _pad: 0 };
+    let _ = crate::api::live().and_then(|c| {
+        c.push(
+            dev,
+            omps_ring::wire::Op::GraphDestroy,
+            &[bytemuck::bytes_of(&h)],
+        )
+    });
+}
+
+fn capture_flat(flat: &[Flat], target: Target) -> Result<u32, CUresult> {
     let (lane_of, n_lanes) = lanes(flat);
     // Which nodes another stream waits for: those get an event after them.
     let mut needed = vec![false; flat.len()];
@@ -259,7 +306,10 @@ fn capture_flat(flat: &[Flat]) -> Result<u32, CUresult> {
     let streams: Vec<CUstream> = (0..n_lanes)
         .map(|_| sc.stream())
         .collect::<Result<_, _>>()?;
-    ok(cuStreamBeginCapture_v2(streams[0], MODE_RELAXED))?;
+    match target {
+        Target::New => ok(cuStreamBeginCapture_v2(streams[0], MODE_RELAXED))?,
+        Target::Into(id) => crate::api::capture::begin_to(streams[0], id)?,
+    }
     let mut started = vec![false; n_lanes];
     started[0] = true;
     let issued = (|| {
@@ -308,14 +358,10 @@ fn capture_flat(flat: &[Flat]) -> Result<u32, CUresult> {
         // The handle was only the vehicle; the server's graph is the caller's to release.
         let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
         if let Err(e) = issued {
-            // A node failed: the partial graph goes.
-            let _ = crate::api::live().and_then(|c| {
-                c.push(
-                    h.dev,
-                    omps_ring::wire::Op::GraphDestroy,
-                    &[bytemuck::bytes_of(&omps_ring::wire::Handle { id, _pad: 0 })],
-                )
-            });
+            // A node failed: a new partial graph goes (a home is cleared by the caller).
+            if target == Target::New {
+                destroy_server_graph(h.dev, id);
+            }
             return Err(e);
         }
         return Ok(id);

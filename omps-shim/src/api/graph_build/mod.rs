@@ -6,8 +6,8 @@
 //! (launches, memsets, copies), and no new wire operation exists for graphs built by hand.
 //!
 //! Node kinds: kernel, memset, memcpy, empty, event record and wait, host, memory
-//! allocation and free (mem_nodes.rs), and child graphs built by hand (inlined).
-//! Conditional nodes are not supported yet.
+//! allocation and free (mem_nodes.rs), child graphs built by hand (inlined), and
+//! conditional nodes (cond.rs: these need a graph op of the server's).
 
 use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture, CUgraph, MODE_RELAXED};
 use super::hostmem::{cuMemcpy3DAsync_v2, Memcpy3D};
@@ -22,13 +22,15 @@ use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::sync::Mutex;
 
+mod cond;
 mod edges;
 mod emit;
 mod mem_nodes;
 mod nodes;
 mod queries;
+pub use cond::*;
 pub use edges::*;
-pub(crate) use emit::capture;
+pub(crate) use emit::capture_then;
 pub use mem_nodes::*;
 pub use nodes::*;
 pub use queries::*;
@@ -45,6 +47,7 @@ pub(crate) mod node_type {
     pub const EVENT_RECORD: u32 = 7;
     pub const MEM_ALLOC: u32 = 10;
     pub const MEM_FREE: u32 = 11;
+    pub const CONDITIONAL: u32 = 13;
 }
 
 #[derive(Clone)]
@@ -85,6 +88,7 @@ pub(crate) enum Kind {
     MemAlloc(MemAllocNode),
     /// A free node: the address it frees.
     MemFree(u64),
+    Conditional(CondNode),
 }
 
 /// A host node's function (CUhostFn).
@@ -115,6 +119,16 @@ impl Kind {
             Kind::Host(..) => node_type::HOST,
             Kind::MemAlloc(_) => node_type::MEM_ALLOC,
             Kind::MemFree(_) => node_type::MEM_FREE,
+            Kind::Conditional(_) => node_type::CONDITIONAL,
+        }
+    }
+
+    /// The built graphs the node owns: a child node's graph, a conditional node's bodies.
+    pub(super) fn owned(&self) -> Vec<usize> {
+        match self {
+            &Kind::Child(c) => vec![c],
+            Kind::Conditional(c) => c.bodies.to_vec(),
+            _ => Vec::new(),
         }
     }
 }
@@ -133,6 +147,8 @@ struct Node {
 pub(crate) struct Built {
     dev: usize,
     nodes: Vec<Option<Node>>,
+    /// The server graph its conditional handles belong to, once it made one.
+    home: Option<std::sync::Arc<Home>>,
 }
 
 impl Built {
@@ -218,10 +234,8 @@ fn forget_in(r: &mut Registry, g: usize) {
 }
 
 fn forget_children(r: &mut Registry, b: &Built) {
-    for (_, n) in b.live() {
-        if let Kind::Child(c) = n.kind {
-            drop_child(r, c);
-        }
+    for c in children(b).collect::<Vec<_>>() {
+        drop_child(r, c);
     }
 }
 
@@ -234,13 +248,21 @@ fn drop_child(r: &mut Registry, c: usize) {
     crate::api::user_object::graph_gone(c);
 }
 
-/// A copy of `b` whose child nodes own copies of their graphs (a graph's children are
-/// its own: copies never share them).
+/// A copy of `b` whose child and conditional nodes own copies of their graphs (a
+/// graph's children are its own: copies never share them).
 fn deep(r: &mut Registry, b: &Built) -> Built {
     let mut b = b.clone();
     for n in b.nodes.iter_mut().flatten() {
-        if let Kind::Child(c) = n.kind {
-            n.kind = Kind::Child(own_copy(r, c).unwrap_or(c));
+        let copies: Vec<usize> = n
+            .kind
+            .owned()
+            .into_iter()
+            .map(|c| own_copy(r, c).unwrap_or(c))
+            .collect();
+        match &mut n.kind {
+            Kind::Child(c) => *c = copies[0],
+            Kind::Conditional(c) => *c = c.with_bodies(copies),
+            _ => {}
         }
     }
     b
@@ -275,11 +297,9 @@ pub(crate) fn child_kind(child: CUgraph) -> Result<Kind, CUresult> {
         .ok_or_else(|| crate::unsupported::unsupported("a captured graph as a child node"))
 }
 
-/// Forgets the graph a child kind made for a node that was not kept.
+/// Forgets the graphs a child or conditional kind made for a node that was not kept.
 pub(crate) fn forget_kind(kind: &Kind) {
-    if let Kind::Child(c) = *kind {
-        with(|r| drop_child(r, c));
-    }
+    with(|r| kind.owned().into_iter().for_each(|c| drop_child(r, c)));
 }
 
 /// The graph child node `c` owns, as emission reads it.
@@ -331,11 +351,9 @@ pub(crate) fn note_changed_source(e: usize, b: Built, flags: u64) {
     });
 }
 
+/// The graphs `b`'s nodes own.
 fn children(b: &Built) -> impl Iterator<Item = usize> + '_ {
-    b.live().filter_map(|(_, n)| match n.kind {
-        Kind::Child(c) => Some(c),
-        _ => None,
-    })
+    b.live().flat_map(|(_, n)| n.kind.owned())
 }
 
 pub(crate) fn note_captured_source(e: usize, types: Vec<u64>) {
@@ -457,16 +475,13 @@ unsafe fn add(
     n: usize,
     kind: Kind,
 ) -> Result<(), CUresult> {
-    // A child node's graph copy is the node's: refused, the node is not made, and the
-    // copy goes too.
-    let child = match kind {
-        Kind::Child(c) => Some(c),
-        _ => None,
-    };
+    // A child node's graph copy (a conditional node's bodies) is the node's: refused,
+    // the node is not made, and they go too.
+    let owned = kind.owned();
     // SAFETY: forwarded contract.
     let r = unsafe { add_node(ph, g, deps, n, kind) };
-    if let (Err(_), Some(c)) = (r, child) {
-        with(|reg| drop_child(reg, c));
+    if r.is_err() {
+        with(|reg| owned.into_iter().for_each(|c| drop_child(reg, c)));
     }
     r
 }
@@ -525,6 +540,7 @@ pub unsafe extern "C" fn cuGraphCreate(ph: *mut CUgraph, flags: c_uint) -> CUres
                 Built {
                     dev,
                     nodes: Vec::new(),
+                    home: None,
                 },
             )
         });

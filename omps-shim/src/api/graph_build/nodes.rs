@@ -225,8 +225,9 @@ unsafe fn kind_from(g: CUgraph, p: &mut NodeParams) -> Result<Kind, CUresult> {
             node_type::GRAPH => child_kind(*(u as *const CUgraph)),
             node_type::MEM_ALLOC => mem_alloc_kind(g, &mut *(u as *mut MemAllocNodeParams)),
             node_type::MEM_FREE => mem_free_kind(*(u as *const u64)),
+            node_type::CONDITIONAL => cond_kind(g, &mut *(u as *mut CondParams)),
             _ => Err(crate::unsupported::unsupported(
-                "cuGraphAddNode of this node type (conditional, external semaphore, batch memory op)",
+                "cuGraphAddNode of this node type (external semaphore, batch memory op)",
             )),
         }
     }
@@ -251,7 +252,7 @@ pub unsafe extern "C" fn cuGraphAddNode(
 }
 
 /// The kind generic parameters describe for node `node`, for the generic set calls:
-/// memory nodes cannot be given new parameters, as natively; child-graph nodes take theirs
+/// memory and conditional nodes cannot be given new parameters, as natively; child-graph nodes take theirs
 /// through the child calls here (cuGraphExecChildGraphNodeSetParams).
 ///
 /// # Safety
@@ -262,7 +263,10 @@ pub(crate) unsafe fn settable_kind(
 ) -> Result<Kind, CUresult> {
     // SAFETY: the caller's parameters.
     let p = unsafe { p.as_mut() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if matches!(p.ty, node_type::MEM_ALLOC | node_type::MEM_FREE) {
+    if matches!(
+        p.ty,
+        node_type::MEM_ALLOC | node_type::MEM_FREE | node_type::CONDITIONAL
+    ) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     if p.ty == node_type::GRAPH {

@@ -1,0 +1,207 @@
+//! Conditional graph nodes, for graphs the shim builds (omps-shim/src/api/graph_build).
+//!
+//! A conditional handle belongs to a driver graph, and a program bakes its value into
+//! kernel arguments before instantiating. So a built graph that makes handles gets a
+//! graph of its own here (its home, COND_HOME), which makes them (COND_HANDLE). The shim
+//! instantiates such a graph by capturing into its home (CAPTURE_TO); at a conditional
+//! node's place in the capture the server adds the node (COND_NODE) and gives the driver's
+//! body graphs ids, and the shim captures each body into its body graph (CAPTURE_TO
+//! again). After instantiation the home loses its nodes (COND_CLEAR) and keeps its
+//! handles. The driver instantiates a graph with conditional nodes only once; new
+//! parameters for its executable graph are captured into the home again and given to it
+//! by an update (EXEC_UPDATE).
+//!
+//! A client names only its own homes, handles and bodies; a body's id dies with the
+//! nodes of its home. A home being captured into is neither cleared nor destroyed.
+
+use super::*;
+use omps_ring::wire::graph;
+
+/// A client's conditional-node books.
+#[derive(Default)]
+pub(super) struct CondState {
+    /// Home graphs (the driver's handles).
+    homes: std::collections::HashSet<u64>,
+    /// Conditional handles -> the home that made them.
+    handles: HashMap<u64, u64>,
+    /// Body ids -> (the driver's body graph, the home it lies in).
+    bodies: HashMap<u32, (u64, u64)>,
+    /// Client streams capturing into a home or body -> that graph.
+    capture_into: HashMap<u32, u64>,
+}
+
+/// More handles than any program makes; a client asking beyond gets OUT_OF_MEMORY.
+const MAX_HANDLES: usize = 1 << 16;
+
+impl CondState {
+    /// The home graph `g` (a home or a body) lies in.
+    fn home_of(&self, g: u64) -> Option<u64> {
+        if self.homes.contains(&g) {
+            return Some(g);
+        }
+        self.bodies
+            .values()
+            .find(|&&(b, _)| b == g)
+            .map(|&(_, home)| home)
+    }
+
+    fn being_captured(&self, home: u64) -> bool {
+        self.capture_into
+            .values()
+            .any(|&g| self.home_of(g) == Some(home))
+    }
+
+    /// Home `home` lost its nodes: its bodies are gone.
+    fn cleared(&mut self, home: u64) {
+        self.bodies.retain(|_, &mut (_, h)| h != home);
+    }
+
+    /// Graph `g` (any of the client's) is destroyed: Err when a capture goes into it.
+    pub(super) fn destroying(&mut self, g: u64) -> Result<(), Malformed> {
+        if !self.homes.contains(&g) {
+            return Ok(());
+        }
+        if self.being_captured(g) {
+            return bad("destroying a graph a capture goes into");
+        }
+        self.cleared(g);
+        self.handles.retain(|_, &mut h| h != g);
+        self.homes.remove(&g);
+        Ok(())
+    }
+
+    /// Client stream `id`'s capture ended (or the stream stopped capturing).
+    pub(super) fn capture_over(&mut self, id: u32) {
+        self.capture_into.remove(&id);
+    }
+
+    /// The id a graph handle a capture ended in already has (a home or body).
+    pub(super) fn known_id(&self, graphs: &HashMap<u32, u64>, g: u64) -> Option<u32> {
+        graphs
+            .iter()
+            .chain(self.bodies.iter().map(|(id, (b, _))| (id, b)))
+            .find(|(_, &h)| h == g)
+            .map(|(&id, _)| id)
+    }
+}
+
+impl Session {
+    pub(super) fn handle_graph_cond(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        c: &wire::GraphCond,
+    ) -> Result<(), Malformed> {
+        let gpu = ctx.gpu.clone();
+        let r: Result<u64, CuError> = match c.kind {
+            graph::COND_HOME => gpu.graph_create().and_then(|g| {
+                let id = self.new_id()?;
+                self.graphs.insert(id, g);
+                self.cond.homes.insert(g);
+                Ok(id as u64)
+            }),
+            graph::COND_HANDLE => match self.graphs.get(&c.graph) {
+                Some(&g) if self.cond.homes.contains(&g) => {
+                    if self.cond.handles.len() >= MAX_HANDLES {
+                        Err(CuError(code::OUT_OF_MEMORY))
+                    } else {
+                        gpu.cond_handle(g, c.value, c.flags).map(|h| {
+                            self.cond.handles.insert(h, g);
+                            h
+                        })
+                    }
+                }
+                _ => Err(CuError(code::INVALID_VALUE)),
+            },
+            graph::COND_NODE => self.cond_node(ctx, c),
+            graph::CAPTURE_TO => return self.capture_to(ctx, c),
+            graph::COND_CLEAR => match self.graphs.get(&c.graph) {
+                Some(&g) if self.cond.homes.contains(&g) => {
+                    if self.cond.being_captured(g) {
+                        Err(CuError(code::ILLEGAL_STATE))
+                    } else {
+                        self.cond.cleared(g);
+                        gpu.graph_clear(g).map(|()| 0)
+                    }
+                }
+                _ => Err(CuError(code::INVALID_VALUE)),
+            },
+            graph::EXEC_UPDATE => match (
+                self.graphs.get(&c.graph),
+                u32::try_from(c.handle)
+                    .ok()
+                    .and_then(|e| self.execs.get(&e)),
+            ) {
+                (Some(&g), Some(&e)) => gpu.graph_exec_update(e, g).map(|()| 0),
+                _ => Err(CuError(code::INVALID_VALUE)),
+            },
+            k => return bad(format!("unknown conditional-graph op {k}")),
+        };
+        self.complete_pod(c.call, r.map(|value| wire::U64Reply { value }))
+    }
+
+    /// A new id for a graph, body or executable graph of this client.
+    pub(super) fn new_id(&mut self) -> Result<u32, CuError> {
+        let id = self.next_id;
+        self.next_id = id.checked_add(1).ok_or(CuError(code::OUT_OF_MEMORY))?;
+        Ok(id)
+    }
+
+    /// COND_NODE: the first body's id.
+    fn cond_node(&mut self, ctx: &mut WorkerCtx, c: &wire::GraphCond) -> Result<u64, CuError> {
+        let (Some(&home), Some(s)) = (
+            self.cond.handles.get(&c.handle),
+            self.streams
+                .get(&c.stream)
+                .filter(|s| s.capturing)
+                .and_then(|s| s.pool),
+        ) else {
+            return Err(CuError(code::INVALID_VALUE));
+        };
+        if c.value > 2 || c.size == 0 || c.size > graph::MAX_BODIES {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let first = self.next_id;
+        if first.checked_add(c.size).is_none() {
+            return Err(CuError(code::OUT_OF_MEMORY));
+        }
+        let cond = &self.cond;
+        let bodies = ctx
+            .gpu
+            .capture_conditional(s, c.handle, c.value, c.size, &|g| {
+                cond.home_of(g) == Some(home)
+            })?;
+        for (k, b) in bodies.into_iter().enumerate() {
+            self.cond.bodies.insert(first + k as u32, (b, home));
+        }
+        self.next_id = first + c.size;
+        Ok(first as u64)
+    }
+
+    /// CAPTURE_TO: begins a capture into a home or body, on a work stream of its own.
+    fn capture_to(&mut self, ctx: &mut WorkerCtx, c: &wire::GraphCond) -> Result<(), Malformed> {
+        let target = match self.graphs.get(&c.graph) {
+            Some(&g) if self.cond.homes.contains(&g) => Some(g),
+            _ => self.cond.bodies.get(&c.graph).map(|&(b, _)| b),
+        };
+        let code = match target {
+            None => code::INVALID_VALUE,
+            // One capture at a time goes into a graph.
+            Some(g) if self.cond.capture_into.values().any(|&t| t == g) => code::ILLEGAL_STATE,
+            Some(g) => self.begin_capture_into(ctx, c.stream, g)?,
+        };
+        self.complete(c.call, code, &[])
+    }
+
+    fn begin_capture_into(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        stream: u32,
+        g: u64,
+    ) -> Result<i32, Malformed> {
+        let r = self.begin_capture_with(ctx, stream, |gpu, s| gpu.capture_begin_to(s, g))?;
+        if r == code::SUCCESS {
+            self.cond.capture_into.insert(stream, g);
+        }
+        Ok(r)
+    }
+}

@@ -1,0 +1,212 @@
+//! Conditional nodes of graphs built here. Their handles must be the driver's, made by
+//! the driver graph the built graph becomes, and a program bakes them into kernel
+//! arguments long before that; so a built graph that makes handles gets a server graph
+//! of its own, its [`Home`], and every instantiation captures into that home
+//! (omps-server/src/session/conditional.rs). A conditional node's bodies are graphs built
+//! here, which the node owns (as a child node owns its graph); at instantiation the
+//! server adds the node where the capture stands and each body is captured into the body
+//! graph the driver made for it.
+
+use super::*;
+use omps_ring::wire::{self, graph as wg, GraphCond, Op};
+use std::sync::Arc;
+
+/// A built graph's server graph, which makes its conditional handles and which every
+/// instantiation captures into. Its bodies and copies share it.
+pub(crate) struct Home {
+    dev: usize,
+    pub(super) id: u32,
+    /// Held while an instantiation captures into the home and clears it again.
+    pub(super) busy: Mutex<()>,
+    handles: Mutex<Vec<u64>>,
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        let h = wire::Handle {
+            id: self.id,
+            _pad: 0,
+        };
+        let _ = crate::api::live()
+            .and_then(|c| c.push(self.dev, Op::GraphDestroy, &[bytemuck::bytes_of(&h)]));
+    }
+}
+
+/// A GraphCond call on device `dev`: its answer.
+pub(crate) fn cond_call(
+    dev: usize,
+    kind: u32,
+    fill: impl FnOnce(&mut GraphCond),
+) -> Result<u64, CUresult> {
+    let c = crate::api::live()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::GraphCond, |call| {
+        let mut g = GraphCond {
+            call,
+            kind,
+            ..Default::default()
+        };
+        fill(&mut g);
+        bytemuck::bytes_of(&g).to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+/// A conditional node: its handle, CUgraphConditionalNodeType, and the bodies it owns
+/// (built graph handles; the array is what `phGraph_out` points at, as long as the node
+/// lives).
+#[derive(Clone)]
+pub(crate) struct CondNode {
+    handle: u64,
+    ty: u32,
+    pub(super) bodies: Arc<[usize]>,
+}
+
+impl CondNode {
+    /// The same node with its own copies of the bodies (see `deep`).
+    pub(super) fn with_bodies(&self, bodies: Vec<usize>) -> CondNode {
+        CondNode {
+            bodies: bodies.into(),
+            ..self.clone()
+        }
+    }
+}
+
+/// CUDA_CONDITIONAL_NODE_PARAMS.
+#[repr(C)]
+pub struct CondParams {
+    pub handle: u64,
+    pub ty: c_uint,
+    pub size: c_uint,
+    pub graph_out: *mut CUgraph,
+    pub ctx: *mut c_void,
+}
+
+/// Built graph `g`'s home, made at its first handle.
+fn home(g: CUgraph, dev: usize) -> Result<Arc<Home>, CUresult> {
+    if let Some(h) = with(|r| r.graphs.get(&(g as usize)).and_then(|b| b.home.clone())) {
+        return Ok(h);
+    }
+    let id = cond_call(dev, wg::COND_HOME, |_| {})? as u32;
+    let made = Arc::new(Home {
+        dev,
+        id,
+        busy: Mutex::new(()),
+        handles: Mutex::new(Vec::new()),
+    });
+    // Another thread may have made one meanwhile: the first stays, ours goes.
+    with(|r| {
+        let b = r
+            .graphs
+            .get_mut(&(g as usize))
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        Ok(b.home.get_or_insert(made).clone())
+    })
+}
+
+/// # Safety
+/// `out` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
+    out: *mut u64,
+    g: CUgraph,
+    _ctx: *mut c_void,
+    default: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    entry(|| {
+        const ASSIGN_DEFAULT: c_uint = 1;
+        if out.is_null() || flags & !ASSIGN_DEFAULT != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let gr = graph_ref(g)?;
+        if !is_built(g) {
+            return Err(crate::unsupported::unsupported(
+                "conditional handles of a captured graph or a capture going on",
+            ));
+        }
+        let home = home(g, gr.dev)?;
+        let h = cond_call(gr.dev, wg::COND_HANDLE, |c| {
+            c.graph = home.id;
+            c.value = default;
+            c.flags = flags;
+        })?;
+        lock(&home.handles).push(h);
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out.write(h) };
+        Ok(())
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A conditional node of built graph `g` from its parameters: its bodies are made (empty
+/// built graphs sharing `g`'s home) and given out through `p.graph_out`.
+pub(crate) fn cond_kind(g: CUgraph, p: &mut CondParams) -> Result<Kind, CUresult> {
+    let (dev, home) = with(|r| {
+        r.graphs
+            .get(&(g as usize))
+            .map(|b| (b.dev, b.home.clone()))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    })?;
+    // The handle must be one of this graph's (its home's).
+    let home = home
+        .filter(|h| lock(&h.handles).contains(&p.handle))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let fits = match p.ty {
+        0 => matches!(p.size, 1 | 2),
+        1 => p.size == 1,
+        2 => (1..=wg::MAX_BODIES).contains(&p.size),
+        _ => false,
+    };
+    if !fits {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let bodies: Arc<[usize]> = with(|r| {
+        (0..p.size)
+            .map(|_| {
+                let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, dev)) as usize;
+                r.graphs.insert(
+                    h,
+                    Built {
+                        dev,
+                        nodes: Vec::new(),
+                        home: Some(home.clone()),
+                    },
+                );
+                h
+            })
+            .collect()
+    });
+    p.graph_out = bodies.as_ptr() as *mut CUgraph;
+    Ok(Kind::Conditional(CondNode {
+        handle: p.handle,
+        ty: p.ty,
+        bodies,
+    }))
+}
+
+/// Whether `b` has conditional nodes (and so a home), which changes how its executable
+/// graphs take new parameters.
+pub(crate) fn has_conditionals(b: &Built) -> bool {
+    b.home.is_some()
+}
+
+/// Issues conditional node `c` where stream `s`'s capture stands: the server adds the
+/// node, and each body is captured into the body graph the driver made for it.
+pub(super) fn issue_conditional(c: &CondNode, s: CUstream) -> Result<(), CUresult> {
+    let (stream, dev) = crate::api::exec::stream_dev(s)?;
+    let first = cond_call(dev, wg::COND_NODE, |g| {
+        g.stream = stream;
+        g.handle = c.handle;
+        g.value = c.ty;
+        g.size = c.bodies.len() as u32;
+    })? as u32;
+    for (k, &b) in c.bodies.iter().enumerate() {
+        let body = child_graph(b).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        super::emit::capture_into(&body, first + k as u32)?;
+    }
+    Ok(())
+}

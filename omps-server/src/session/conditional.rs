@@ -104,9 +104,8 @@ impl Session {
                     if self.cond.handles.len() >= MAX_HANDLES {
                         Err(CuError(code::OUT_OF_MEMORY))
                     } else {
-                        gpu.cond_handle(g, c.value, c.flags).map(|h| {
+                        gpu.cond_handle(g, c.value, c.flags).inspect(|&h| {
                             self.cond.handles.insert(h, g);
-                            h
                         })
                     }
                 }

@@ -1,8 +1,9 @@
 //! Conditional nodes of graphs built by hand, on the host GPU: handles made by the graph
 //! (one with a default value), an IF node with an else body, a WHILE node whose body
 //! clears its own condition, and an IF node driven by its handle's default. The
-//! executable graph takes a new parameter, so the server graph the handles belong to is
-//! captured into again and the executable graph updated; a second instantiation is
+//! executable graph takes new parameters (of a node of the graph and of one inside a
+//! body), so the server graph the handles belong to is captured into again and the
+//! executable graph updated; a second instantiation is
 //! refused, as the driver refuses it. Handles of another graph,
 //! bodies the node type does not take, and handles of a graph the server captured are
 //! refused; a destroyed graph's bodies go with it.
@@ -230,6 +231,28 @@ fn conditional_nodes_choose_and_repeat() {
         ok(cuStreamSynchronize(s));
         assert_eq!(read(a), vec![2; WORDS], "the else body ran");
         assert_eq!(read(w), vec![3; WORDS], "the WHILE body ran again");
+
+        // A node inside a body takes new parameters in the executable graph: the IF body
+        // writes 7 (with the IF condition set again).
+        flag = 1;
+        ok(cuGraphExecKernelNodeSetParams(e, prep_if, &p));
+        let mut body_nodes = [null_mut(); 1];
+        let mut count = 1usize;
+        ok(cuGraphGetNodes(ifb[0], body_nodes.as_mut_ptr(), &mut count));
+        let mut seven = 7u32;
+        let mut fargs = [ptr(&mut a), ptr(&mut seven), ptr(&mut nn)];
+        let fp = KernelNodeParams {
+            func: fill,
+            grid: [1; 3],
+            block: [1; 3],
+            shared: 0,
+            kernel_params: fargs.as_mut_ptr(),
+            extra: null_mut(),
+        };
+        ok(cuGraphExecKernelNodeSetParams(e, body_nodes[0], &fp));
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(a), vec![7; WORDS], "the changed IF body ran");
 
         // The driver makes one executable graph of a graph with conditional nodes.
         let mut e2 = null_mut();

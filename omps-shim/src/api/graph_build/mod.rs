@@ -562,6 +562,19 @@ fn edit_exec_source(
         let Some((b, flags)) = r.sources.get(&e) else {
             return Ok(None);
         };
+        if let Some((copy, i)) = source_inner_node(r, e, node) {
+            // A node inside a child graph or a conditional body: the executable graph's
+            // own copy of that graph changes in place.
+            let (b, flags) = (b.clone(), *flags);
+            let n = r
+                .graphs
+                .get_mut(&copy)
+                .and_then(|g| g.nodes.get_mut(i))
+                .and_then(|n| n.as_mut())
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            edit(n)?;
+            return Ok(Some((b, flags)));
+        }
         let i = source_index(r, e, node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let mut b = b.clone();
         edit(
@@ -618,6 +631,49 @@ fn source_index(r: &Registry, e: usize, node: *mut GraphNode) -> Option<usize> {
     }
     let rank = r.graphs.get(&g)?.live().position(|(j, _)| j == i)?;
     r.sources.get(&e)?.0.live().nth(rank).map(|(j, _)| j)
+}
+
+/// Node `node` lies in a graph owned (as a child or a conditional body) by a node of the
+/// graph executable graph `e` was instantiated from, or deeper: the executable graph's
+/// copy of that graph and the node's index in it.
+fn source_inner_node(r: &Registry, e: usize, node: *mut GraphNode) -> Option<(usize, usize)> {
+    let &(g, i) = r.nodes.get(&(node as usize))?;
+    let &origin = r.origins.get(&e)?;
+    if g == origin {
+        return None;
+    }
+    let path = owner_path(r, origin, g, 0)?;
+    let (&(top, k), rest) = path.split_first()?;
+    // The top step by rank, as source_index; copies below keep their graphs' indices.
+    let rank = r.graphs.get(&origin)?.live().position(|(j, _)| j == top)?;
+    let (_, n) = r.sources.get(&e)?.0.live().nth(rank)?;
+    let mut copy = *n.kind.owned().get(k)?;
+    for &(j, k) in rest {
+        let n = r.graphs.get(&copy)?.nodes.get(j)?.as_ref()?;
+        copy = *n.kind.owned().get(k)?;
+    }
+    Some((copy, i))
+}
+
+/// The steps from graph `from` down to graph `to` through the graphs nodes own: each
+/// step a node's index and the owned graph's position among its graphs.
+fn owner_path(r: &Registry, from: usize, to: usize, depth: usize) -> Option<Vec<(usize, usize)>> {
+    if to == from {
+        return Some(Vec::new());
+    }
+    // Nesting deeper than any program builds is a cycle of lies; stop.
+    if depth > 64 {
+        return None;
+    }
+    let (parent, j, k) = r.graphs.iter().find_map(|(&pg, b)| {
+        b.live().find_map(|(j, n)| {
+            let k = n.kind.owned().iter().position(|&c| c == to)?;
+            Some((pg, j, k))
+        })
+    })?;
+    let mut path = owner_path(r, from, parent, depth + 1)?;
+    path.push((j, k));
+    Some(path)
 }
 
 /// Whether executable graph `e` (made from `from`) can take the parameters of `to`.

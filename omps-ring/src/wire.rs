@@ -603,13 +603,16 @@ pub mod graph {
     /// capturing into home graph or body `graph`. CLEAR: home graph `graph` loses its
     /// nodes (and their bodies), keeping its handles. EXEC_UPDATE: executable graph
     /// `handle` takes the parameters of graph `graph` (cuGraphExecUpdate: a graph with
-    /// conditional nodes is instantiated only once).
+    /// conditional nodes is instantiated only once). A capture's graph that made handles
+    /// is a home too, named by its id once the capture ended.
     pub const COND_HOME: u32 = 0;
     pub const COND_HANDLE: u32 = 1;
     pub const COND_NODE: u32 = 2;
     pub const CAPTURE_TO: u32 = 3;
     pub const COND_CLEAR: u32 = 4;
     pub const EXEC_UPDATE: u32 = 5;
+    /// COND_HANDLE for the graph of the capture going on on stream `stream`.
+    pub const COND_HANDLE_CAPTURE: u32 = 6;
     /// The most bodies a conditional node may have (a SWITCH's cases).
     pub const MAX_BODIES: u32 = 1024;
 }

@@ -229,6 +229,8 @@ pub trait Gpu: Send + Sync + 'static {
     fn capture_end(&self, s: usize) -> GpuResult<u64>;
     /// Stream `s`'s capture status (wire::graph) and capture id.
     fn capture_status(&self, s: usize) -> GpuResult<(u32, u64)>;
+    /// The graph stream `s`'s active capture goes into.
+    fn capture_graph(&self, s: usize) -> GpuResult<u64>;
     /// Invalidates stream `s`'s capture, as an operation illegal during capture does.
     fn capture_invalidate(&self, s: usize);
     fn graph_instantiate(&self, graph: u64, flags: u64) -> GpuResult<u64>;

@@ -1140,6 +1140,29 @@ impl Gpu for CudaGpu {
         Ok((status as u32, id))
     }
 
+    fn capture_graph(&self, s: usize) -> GpuResult<u64> {
+        self.bind();
+        let st = self.stream(s)?;
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut g: cu::CUgraph = std::ptr::null_mut();
+        // SAFETY: a work stream of this context; valid out-pointers, the rest null.
+        ck(unsafe {
+            cu::cuStreamGetCaptureInfo_v3(
+                st,
+                &mut status,
+                std::ptr::null_mut(),
+                &mut g,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        })?;
+        if status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || g.is_null() {
+            return Err(CuError(code::ILLEGAL_STATE));
+        }
+        Ok(g as u64)
+    }
+
     fn capture_invalidate(&self, s: usize) {
         self.bind();
         if let Ok(st) = self.stream(s) {

@@ -1000,7 +1000,7 @@ impl Gpu for HostGpu {
 
     fn capture_end(&self, s: usize) -> GpuResult<u64> {
         let mut st = self.state.lock().unwrap();
-        let (_, invalid, ops) = st
+        let (id, invalid, ops) = st
             .capturing
             .remove(&s)
             .ok_or(CuError(code::ILLEGAL_STATE))?;
@@ -1014,10 +1014,9 @@ impl Gpu for HostGpu {
             st.graphs.entry(g).or_default().extend(ops);
             return Ok(g);
         }
-        let g = st.next_handle;
-        st.next_handle += 1;
-        st.graphs.insert(g, ops);
-        Ok(g)
+        // The graph is named by the capture's id (capture_graph gave it out).
+        st.graphs.insert(id, ops);
+        Ok(id)
     }
 
     fn capture_status(&self, s: usize) -> GpuResult<(u32, u64)> {
@@ -1028,6 +1027,16 @@ impl Gpu for HostGpu {
             Some(&(_, true, _)) => (graph::STATUS_INVALIDATED, 0),
             Some(&(id, false, _)) => (graph::STATUS_ACTIVE, id),
         })
+    }
+
+    fn capture_graph(&self, s: usize) -> GpuResult<u64> {
+        let st = self.state.lock().unwrap();
+        let origin = st.origin(s);
+        match st.capturing.get(&origin) {
+            // A plain capture's graph is named by its capture id, which it ends in.
+            Some(&(id, false, _)) => Ok(st.capture_into.get(&origin).copied().unwrap_or(id)),
+            _ => Err(CuError(code::ILLEGAL_STATE)),
+        }
     }
 
     fn capture_invalidate(&self, s: usize) {
@@ -1119,7 +1128,8 @@ impl Gpu for HostGpu {
 
     fn cond_handle(&self, graph: u64, value: u32, flags: u32) -> GpuResult<u64> {
         let mut st = self.state.lock().unwrap();
-        if !st.graphs.contains_key(&graph) || flags > 1 {
+        let capturing = st.capturing.values().any(|c| c.0 == graph);
+        if !(st.graphs.contains_key(&graph) || capturing) || flags > 1 {
             return Err(CuError(code::INVALID_VALUE));
         }
         let h = st.next_handle;
@@ -1138,8 +1148,8 @@ impl Gpu for HostGpu {
     ) -> GpuResult<Vec<u64>> {
         let mut st = self.state.lock().unwrap();
         let origin = st.origin(s);
-        // A plain capture's graph has no handle until it ends: 0.
-        if !graph_ok(st.capture_into.get(&origin).copied().unwrap_or(0)) {
+        let capture = st.capturing.get(&origin).map_or(0, |c| c.0);
+        if !graph_ok(st.capture_into.get(&origin).copied().unwrap_or(capture)) {
             return Err(CuError(code::INVALID_VALUE));
         }
         let valid = match kind {

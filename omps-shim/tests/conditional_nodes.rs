@@ -6,7 +6,8 @@
 //! executable graph updated; a second instantiation is
 //! refused, as the driver refuses it. Handles of another graph,
 //! bodies the node type does not take, and handles of a graph the server captured are
-//! refused; a destroyed graph's bodies go with it.
+//! refused; a destroyed graph's bodies go with it. A conditional node is also added to a
+//! capture going on, its body captured into with cuStreamBeginCaptureToGraph.
 
 mod common;
 use common::*;
@@ -16,6 +17,7 @@ use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
 use omps_shim::api::graph_build::*;
 use omps_shim::api::mem::*;
+use omps_shim::api::stream_info::*;
 use omps_shim::cuda::*;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
@@ -234,8 +236,13 @@ fn conditional_nodes_choose_and_repeat() {
 
         // A node inside a body takes new parameters in the executable graph: the IF body
         // writes 7 (with the IF condition set again).
-        flag = 1;
-        ok(cuGraphExecKernelNodeSetParams(e, prep_if, &p));
+        let mut flag_on = 1u32;
+        let mut on_args = [ptr(&mut hif), ptr(&mut flag_on)];
+        let on = KernelNodeParams {
+            kernel_params: on_args.as_mut_ptr(),
+            ..p
+        };
+        ok(cuGraphExecKernelNodeSetParams(e, prep_if, &on));
         let mut body_nodes = [null_mut(); 1];
         let mut count = 1usize;
         ok(cuGraphGetNodes(ifb[0], body_nodes.as_mut_ptr(), &mut count));
@@ -297,6 +304,148 @@ fn conditional_nodes_choose_and_repeat() {
         }
         assert!(alloc(&other_client, 64) != 0);
 
+        // A stream capturing into a home graph is destroyed: the capture ends and the home,
+        // which the client still holds, stays (it was thrown away as a capture's graph).
+        let call = |kind: u32, stream: u32, graph: u32| -> Result<u64, CUresult> {
+            let mut ch = other_client.channel();
+            ch.call(0, wire::Op::GraphCond, |call| {
+                bytemuck::bytes_of(&wire::GraphCond {
+                    call,
+                    kind,
+                    stream,
+                    graph,
+                    ..Default::default()
+                })
+                .to_vec()
+            })?;
+            Ok(ch.reply::<wire::U64Reply>().value)
+        };
+        let home = call(wg::COND_HOME, 0, 0).expect("a home") as u32;
+        let sc = wire::StreamCreate {
+            id: 9,
+            flags: 1,
+            ..Default::default()
+        };
+        other_client
+            .push(0, wire::Op::StreamCreate, &[bytemuck::bytes_of(&sc)])
+            .unwrap();
+        let mut ch = other_client.channel();
+        ch.call(0, wire::Op::GraphCond, |call| {
+            bytemuck::bytes_of(&wire::GraphCond {
+                call,
+                kind: wg::CAPTURE_TO,
+                stream: 9,
+                graph: home,
+                ..Default::default()
+            })
+            .to_vec()
+        })
+        .expect("a capture into the home");
+        drop(ch);
+        let h = wire::Handle { id: 9, _pad: 0 };
+        other_client
+            .push(0, wire::Op::StreamDestroy, &[bytemuck::bytes_of(&h)])
+            .unwrap();
+        assert!(
+            call(wg::COND_HANDLE, 0, home).is_ok(),
+            "the home outlives the capture into it"
+        );
+        let h = wire::Handle { id: home, _pad: 0 };
+        other_client
+            .push(0, wire::Op::GraphDestroy, &[bytemuck::bytes_of(&h)])
+            .unwrap();
+        assert_eq!(
+            call(wg::COND_HANDLE, 0, home),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert!(alloc(&other_client, 64) != 0);
+
+        // A conditional node added to a capture going on (the CUDA guide's way): a handle
+        // of the capture's graph, the node, the stream moved past it, the body captured on
+        // a second stream into the body graph.
+        let (mut c1, mut c2) = (0u64, 0u64);
+        for p in [&mut c1, &mut c2] {
+            ok(cuMemAlloc_v2(p, 4 * WORDS));
+            ok(cuMemsetD32_v2(*p, 0, WORDS));
+        }
+        let mut body_stream = null_mut();
+        ok(cuStreamCreate(&mut body_stream, 1));
+        ok(cuStreamBeginCapture_v2(s, 2));
+        let (mut status, mut cg) = (0u32, null_mut());
+        ok(cuStreamGetCaptureInfo_v2(
+            s,
+            &mut status,
+            null_mut(),
+            &mut cg,
+            null_mut(),
+            null_mut(),
+        ));
+        let cg = cg as CUgraph;
+        let mut hc = 0u64;
+        ok(cuGraphConditionalHandleCreate(
+            &mut hc,
+            cg,
+            null_mut(),
+            0,
+            0,
+        ));
+        launch(set, s, &mut [ptr(&mut hc), ptr(&mut one)]);
+        let mut np: NodeParams = std::mem::zeroed();
+        np.ty = 13;
+        let cp = np.params.as_mut_ptr() as *mut CondParams;
+        (*cp).handle = hc;
+        (*cp).ty = IF;
+        (*cp).size = 1;
+        let mut cnode = null_mut();
+        ok(cuGraphAddNode(&mut cnode, cg, null(), 0, &mut np));
+        let body = *(*cp).graph_out;
+        assert_eq!(
+            cuStreamUpdateCaptureDependencies(s, &prep, 1, 1),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "other dependencies"
+        );
+        ok(cuStreamUpdateCaptureDependencies(s, &cnode, 1, 1));
+        assert_eq!(
+            cuStreamBeginCaptureToGraph(body_stream, g, null(), null(), 0, 2),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "capturing into a graph built by hand"
+        );
+        ok(cuStreamBeginCaptureToGraph(
+            body_stream,
+            body,
+            null(),
+            null(),
+            0,
+            2,
+        ));
+        let (mut v8, mut v9) = (8u32, 9u32);
+        launch(
+            fill,
+            body_stream,
+            &mut [ptr(&mut c1), ptr(&mut v8), ptr(&mut nn)],
+        );
+        let mut ended = null_mut();
+        ok(cuStreamEndCapture(body_stream, &mut ended));
+        assert_eq!(ended, body, "a body's capture ends in the body");
+        launch(fill, s, &mut [ptr(&mut c2), ptr(&mut v9), ptr(&mut nn)]);
+        let mut cgraph = null_mut();
+        ok(cuStreamEndCapture(s, &mut cgraph));
+        assert_eq!(cgraph, cg, "the capture ends in the graph it gave out");
+        let mut ce = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut ce, cgraph, 0));
+        ok(cuGraphLaunch(ce, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(c1), vec![8; WORDS], "the captured body ran");
+        assert_eq!(read(c2), vec![9; WORDS], "what followed the node ran");
+        ok(cuGraphExecDestroy(ce));
+        ok(cuGraphDestroy(cgraph));
+        assert_eq!(
+            cuStreamBeginCaptureToGraph(body_stream, body, null(), null(), 0, 2),
+            CUDA_ERROR_INVALID_VALUE,
+            "a body goes with its graph"
+        );
+        ok(cuStreamDestroy_v2(body_stream));
+
         ok(cuGraphExecDestroy(e));
         ok(cuGraphDestroy(g));
         let mut count = 0usize;
@@ -309,6 +458,15 @@ fn conditional_nodes_choose_and_repeat() {
         ok(cuGraphDestroy(captured));
         ok(cuStreamDestroy_v2(s));
     }
+}
+
+/// Launches `f` on stream `s` with the arguments `args` points at.
+///
+/// # Safety
+/// `args` matches `f`'s parameters and lives for the call.
+unsafe fn launch(f: CUfunction, s: CUstream, args: &mut [*mut c_void]) {
+    // SAFETY: forwarded contract.
+    ok(unsafe { cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args.as_mut_ptr(), null_mut()) });
 }
 
 fn ptr<T>(v: &mut T) -> *mut c_void {

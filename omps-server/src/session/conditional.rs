@@ -20,7 +20,8 @@ use omps_ring::wire::graph;
 /// A client's conditional-node books.
 #[derive(Default)]
 pub(super) struct CondState {
-    /// Home graphs (the driver's handles).
+    /// Home graphs (the driver's handles): those made for built graphs, and the graphs
+    /// of captures that made handles.
     homes: std::collections::HashSet<u64>,
     /// Conditional handles -> the home that made them.
     handles: HashMap<u64, u64>,
@@ -64,10 +65,20 @@ impl CondState {
         if self.being_captured(g) {
             return bad("destroying a graph a capture goes into");
         }
+        self.forget_home(g);
+        Ok(())
+    }
+
+    /// Home `g` is gone (destroyed, or a capture's graph the driver threw away).
+    pub(super) fn forget_home(&mut self, g: u64) {
         self.cleared(g);
         self.handles.retain(|_, &mut h| h != g);
         self.homes.remove(&g);
-        Ok(())
+    }
+
+    /// Whether any home is tracked (so a capture's end must look at its graph).
+    pub(super) fn any(&self) -> bool {
+        !self.homes.is_empty()
     }
 
     /// Client stream `id`'s capture ended (or the stream stopped capturing).
@@ -100,17 +111,24 @@ impl Session {
                 Ok(id as u64)
             }),
             graph::COND_HANDLE => match self.graphs.get(&c.graph) {
-                Some(&g) if self.cond.homes.contains(&g) => {
-                    if self.cond.handles.len() >= MAX_HANDLES {
-                        Err(CuError(code::OUT_OF_MEMORY))
-                    } else {
-                        gpu.cond_handle(g, c.value, c.flags).inspect(|&h| {
-                            self.cond.handles.insert(h, g);
-                        })
-                    }
-                }
+                Some(&g) if self.cond.homes.contains(&g) => self.cond_handle(&*gpu, g, c),
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
+            graph::COND_HANDLE_CAPTURE => {
+                match self
+                    .streams
+                    .get(&c.stream)
+                    .filter(|s| s.capturing)
+                    .and_then(|s| s.pool)
+                {
+                    Some(s) => gpu.capture_graph(s).and_then(|g| {
+                        let h = self.cond_handle(&*gpu, g, c)?;
+                        self.cond.homes.insert(g);
+                        Ok(h)
+                    }),
+                    None => Err(CuError(code::INVALID_VALUE)),
+                }
+            }
             graph::COND_NODE => self.cond_node(ctx, c),
             graph::CAPTURE_TO => return self.capture_to(ctx, c),
             graph::COND_CLEAR => match self.graphs.get(&c.graph) {
@@ -136,6 +154,21 @@ impl Session {
             k => return bad(format!("unknown conditional-graph op {k}")),
         };
         self.complete_pod(c.call, r.map(|value| wire::U64Reply { value }))
+    }
+
+    /// A conditional handle of home `g`.
+    fn cond_handle(
+        &mut self,
+        gpu: &dyn crate::gpu::Gpu,
+        g: u64,
+        c: &wire::GraphCond,
+    ) -> Result<u64, CuError> {
+        if self.cond.handles.len() >= MAX_HANDLES {
+            return Err(CuError(code::OUT_OF_MEMORY));
+        }
+        gpu.cond_handle(g, c.value, c.flags).inspect(|&h| {
+            self.cond.handles.insert(h, g);
+        })
     }
 
     /// A new id for a graph, body or executable graph of this client.

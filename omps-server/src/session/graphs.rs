@@ -39,13 +39,20 @@ impl Session {
                     .streams
                     .get(&c.stream)
                     .ok_or_else(|| Malformed(format!("unknown stream {}", c.stream)))?;
-                let r = match (st.capturing, st.pool) {
+                let (r, capture_graph) = match (st.capturing, st.pool) {
                     (true, Some(s)) => {
                         ctx.share_again(s);
-                        gpu.capture_end(s)
+                        let g = self.cond.any().then(|| gpu.capture_graph(s).ok()).flatten();
+                        (gpu.capture_end(s), g)
                     }
-                    _ => Err(CuError(code::ILLEGAL_STATE)),
+                    _ => (Err(CuError(code::ILLEGAL_STATE)), None),
                 };
+                if let (Err(_), Some(g)) = (r, capture_graph) {
+                    // The driver threw the graph away, and the handles it made with it.
+                    if self.cond.known_id(&self.graphs, g).is_none() {
+                        self.cond.forget_home(g);
+                    }
+                }
                 // Ending the origin's capture ends that of every stream it forked into.
                 self.refresh_capture_flags(ctx);
                 // A capture into a home or body ends in that graph, which has its id.
@@ -235,11 +242,28 @@ impl Session {
             .collect();
         for s in pools {
             ctx.share_again(s);
-            if let Ok(g) = ctx.gpu.capture_end(s) {
-                let _ = ctx.gpu.graph_destroy(g);
-            }
+            self.abandon_capture(&*ctx.gpu.clone(), s);
         }
         self.refresh_capture_flags(ctx);
+    }
+
+    /// Ends the capture on work stream `pool` and throws its graph away, unless the graph
+    /// is one the client holds (a capture into a home or a body): the conditional
+    /// handles and bodies a thrown-away graph made go with it.
+    pub(super) fn abandon_capture(&mut self, gpu: &dyn crate::gpu::Gpu, pool: usize) {
+        let graph = self
+            .cond
+            .any()
+            .then(|| gpu.capture_graph(pool).ok())
+            .flatten();
+        if let Ok(g) = gpu.capture_end(pool) {
+            if self.cond.known_id(&self.graphs, g).is_none() {
+                let _ = gpu.graph_destroy(g);
+            }
+        }
+        if let Some(g) = graph.filter(|&g| self.cond.known_id(&self.graphs, g).is_none()) {
+            self.cond.forget_home(g);
+        }
     }
 
     /// Re-reads which client streams capture (a wait on an event of a capturing stream

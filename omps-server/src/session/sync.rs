@@ -30,9 +30,7 @@ impl Session {
                 }
                 if self.streams.get(&h.id).is_some_and(|s| s.capturing) {
                     if let Some(pool) = self.streams[&h.id].pool {
-                        if let Ok(g) = gpu.capture_end(pool) {
-                            let _ = gpu.graph_destroy(g);
-                        }
+                        self.abandon_capture(&*gpu, pool);
                     }
                     self.refresh_capture_flags(ctx);
                 }

@@ -50,13 +50,13 @@ fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     capture_call(Op::CaptureBegin, s, mode)?;
-    begun(s)
+    begun(s, None)
 }
 
 /// Stream `s` begins capturing into the server's graph `graph` (a conditional node's
 /// home or body, omps-server/src/session/conditional.rs); it ends as any capture does,
-/// in a handle naming that graph.
-pub(crate) fn begin_to(s: CUstream, graph: u32) -> Result<(), CUresult> {
+/// in a handle naming that graph: `handle`, or a new one.
+pub(crate) fn begin_to(s: CUstream, graph: u32, handle: Option<CUgraph>) -> Result<(), CUresult> {
     let (stream, dev) = stream_dev(s)?;
     let c = live()?;
     c.channel().call(dev, Op::GraphCond, |call| {
@@ -69,20 +69,36 @@ pub(crate) fn begin_to(s: CUstream, graph: u32) -> Result<(), CUresult> {
         })
         .to_vec()
     })?;
-    begun(s)
+    begun(s, handle)
 }
 
-/// The books of a capture the server began on stream `s`.
-fn begun(s: CUstream) -> Result<(), CUresult> {
+/// The books of a capture the server began on stream `s`, which ends in `handle` (a
+/// graph the caller holds) or in a handle made now.
+fn begun(s: CUstream, handle: Option<CUgraph>) -> Result<(), CUresult> {
     CAPTURES.fetch_add(1, Ordering::AcqRel);
     // The capture's id (for the graph memory it allocates: an invalidated capture no
     // longer tells its id at its end) and the graph handle it ends in, which
     // cuStreamGetCaptureInfo gives out meanwhile (user objects can be moved into it).
     let (_, id) = capture_info(s)?;
     let (stream, dev) = stream_dev(s)?;
-    let g = leak(GraphHandle::new(GRAPH_MAGIC, IN_CAPTURE, dev)) as usize;
-    lock_ids().insert((dev, stream), (id, g));
+    let (g, given) = match handle {
+        Some(h) => (h as usize, true),
+        None => (
+            leak(GraphHandle::new(GRAPH_MAGIC, IN_CAPTURE, dev)) as usize,
+            false,
+        ),
+    };
+    lock_ids().insert((dev, stream), (id, g, given));
     Ok(())
+}
+
+/// The capturing origin stream (device, server stream id) whose capture will end in
+/// graph handle `g`.
+pub(crate) fn capture_stream_of(g: CUgraph) -> Option<(usize, u32)> {
+    lock_ids()
+        .iter()
+        .find(|(_, &(_, h, _))| h == g as usize)
+        .map(|(&k, _)| k)
 }
 
 /// The id of a graph handle whose capture has not ended: no server graph has it (the
@@ -90,8 +106,9 @@ fn begun(s: CUstream) -> Result<(), CUresult> {
 pub(crate) const IN_CAPTURE: u32 = 0;
 
 /// Capturing origin stream (device, the server's stream id: the per-thread default
-/// streams of two threads are two streams) -> its capture's id and graph handle.
-type Captures = HashMap<(usize, u32), (u64, usize)>;
+/// streams of two threads are two streams) -> its capture's id, the graph handle it ends
+/// in, and whether that handle is the caller's (cuStreamBeginCaptureToGraph).
+type Captures = HashMap<(usize, u32), (u64, usize, bool)>;
 static IDS: LazyLock<Mutex<Captures>> = LazyLock::new(Default::default);
 
 fn lock_ids() -> std::sync::MutexGuard<'static, Captures> {
@@ -102,8 +119,8 @@ fn lock_ids() -> std::sync::MutexGuard<'static, Captures> {
 pub(crate) fn capture_graph(id: u64) -> Option<usize> {
     lock_ids()
         .values()
-        .find(|&&(c, _)| c == id)
-        .map(|&(_, g)| g)
+        .find(|&&(c, _, _)| c == id)
+        .map(|&(_, g, _)| g)
 }
 
 #[no_mangle]
@@ -153,7 +170,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
         };
         let (id, h) = match r {
             Ok((dev, id)) => match capture {
-                Some((c, h)) => {
+                Some((c, h, _)) => {
                     super::graph_mem::capture_ended(c, Some(h));
                     (id, h as *mut GraphHandle)
                 }
@@ -161,8 +178,12 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
                 None => (id, leak(GraphHandle::new(GRAPH_MAGIC, IN_CAPTURE, dev))),
             },
             Err(e) => {
-                if let Some((c, h)) = capture {
+                if let Some((c, h, given)) = capture {
                     super::graph_mem::capture_ended(c, None);
+                    if given {
+                        // The caller's graph stays the caller's.
+                        return Err(e);
+                    }
                     // No graph came of it: what was moved into it goes.
                     super::user_object::graph_gone(h);
                     // SAFETY: a handle made at the capture's start, never freed.
@@ -199,4 +220,138 @@ pub(crate) fn capture_info(s: CUstream) -> Result<(c_uint, u64), CUresult> {
     })?;
     let i: wire::CaptureInfo = ch.reply();
     Ok((i.status, i.id))
+}
+
+/// Capturing into an existing graph: the bodies of a conditional node added to a capture
+/// (how the CUDA guide and PyTorch fill them), with no dependencies. Graphs built by hand
+/// and graphs the server captured are not captured into.
+fn begin_to_graph(
+    s: CUstream,
+    g: CUgraph,
+    deps: *const *mut crate::handles::GraphNode,
+    n: usize,
+    mode: c_uint,
+) -> Result<(), CUresult> {
+    if mode > MODE_RELAXED || (n > 0 && deps.is_null()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller passed a graph handle, as the API requires.
+    let h = unsafe { crate::handles::resolve(g as *const GraphHandle, GRAPH_MAGIC) }?;
+    if !super::graph_build::is_captured_body(g) {
+        return Err(crate::unsupported::unsupported(
+            "cuStreamBeginCaptureToGraph into a graph other than a conditional node's body",
+        ));
+    }
+    if n > 0 {
+        return Err(crate::unsupported::unsupported(
+            "cuStreamBeginCaptureToGraph with dependencies",
+        ));
+    }
+    begin_to(s, h.id(), Some(g))
+}
+
+/// # Safety
+/// `deps` is null or holds `n` node handles.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
+    s: CUstream,
+    g: CUgraph,
+    deps: *const *mut crate::handles::GraphNode,
+    _data: *const u8,
+    n: usize,
+    mode: c_uint,
+) -> CUresult {
+    entry(|| begin_to_graph(s, g, deps, n, mode))
+}
+
+/// # Safety
+/// As [`cuStreamBeginCaptureToGraph`].
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
+    s: CUstream,
+    g: CUgraph,
+    deps: *const *mut crate::handles::GraphNode,
+    data: *const u8,
+    n: usize,
+    mode: c_uint,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    per_thread(|| unsafe { cuStreamBeginCaptureToGraph(s, g, deps, data, n, mode) })
+}
+
+/// What omps takes of cuStreamUpdateCaptureDependencies: moving a capture past the
+/// conditional node just added to it, which the server already did when it added the
+/// node (graph_build/cond.rs). The capture's other nodes are the server's and have no
+/// handles here.
+fn update_dependencies(
+    s: CUstream,
+    deps: *const *mut crate::handles::GraphNode,
+    n: usize,
+    flags: c_uint,
+) -> Result<(), CUresult> {
+    const SET: c_uint = 1;
+    if flags > SET || (n > 0 && deps.is_null()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (stream, dev) = stream_dev(s)?;
+    // SAFETY: n > 0 and non-null: the caller's array of n handles.
+    let first = (n == 1).then(|| unsafe { *deps });
+    match first {
+        Some(node) if flags == SET && super::graph_build::added_on(node, dev, stream) => Ok(()),
+        _ => Err(crate::unsupported::unsupported(
+            "cuStreamUpdateCaptureDependencies beyond moving a capture past a conditional node added to it",
+        )),
+    }
+}
+
+/// # Safety
+/// `deps` is null or holds `n` node handles.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies(
+    s: CUstream,
+    deps: *const *mut crate::handles::GraphNode,
+    n: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry(|| update_dependencies(s, deps, n, flags))
+}
+
+/// # Safety
+/// As [`cuStreamUpdateCaptureDependencies`]; `data` (edge data) is null or default.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_v2(
+    s: CUstream,
+    deps: *const *mut crate::handles::GraphNode,
+    _data: *const u8,
+    n: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry(|| update_dependencies(s, deps, n, flags))
+}
+
+/// # Safety
+/// As [`cuStreamUpdateCaptureDependencies`].
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_ptsz(
+    s: CUstream,
+    deps: *const *mut crate::handles::GraphNode,
+    n: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    per_thread(|| unsafe { cuStreamUpdateCaptureDependencies(s, deps, n, flags) })
+}
+
+/// # Safety
+/// As [`cuStreamUpdateCaptureDependencies_v2`].
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_v2_ptsz(
+    s: CUstream,
+    deps: *const *mut crate::handles::GraphNode,
+    data: *const u8,
+    n: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    per_thread(|| unsafe { cuStreamUpdateCaptureDependencies_v2(s, deps, data, n, flags) })
 }

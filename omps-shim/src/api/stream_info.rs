@@ -83,8 +83,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     num_deps: *mut usize,
 ) -> CUresult {
     // The graph being built and its open dependencies live in the server: a program gets
-    // the handle the capture will end in (user objects can be moved into it) and no
-    // dependencies, and cannot add nodes by hand mid-capture.
+    // the handle the capture will end in (user objects and conditional handles and nodes
+    // can go into it) and no dependencies; other nodes cannot be added mid-capture.
     entry(|| {
         // SAFETY: the caller's pointers.
         unsafe {

@@ -121,9 +121,17 @@ pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
         }
         let gr = graph_ref(g)?;
         if !is_built(g) {
-            return Err(crate::unsupported::unsupported(
-                "conditional handles of a captured graph or a capture going on",
-            ));
+            let h = match crate::api::capture::capture_stream_of(g) {
+                Some((dev, stream)) => capture_handle(dev, stream, default, flags)?,
+                None => {
+                    return Err(crate::unsupported::unsupported(
+                        "conditional handles of a graph the server captured",
+                    ))
+                }
+            };
+            // SAFETY: checked non-null; the caller's pointer.
+            unsafe { out.write(h) };
+            return Ok(());
         }
         let home = home(g, gr.dev)?;
         let h = cond_call(gr.dev, wg::COND_HANDLE, |c| {
@@ -209,4 +217,82 @@ pub(super) fn issue_conditional(c: &CondNode, s: CUstream) -> Result<(), CUresul
         super::emit::capture_into(&body, first + k as u32)?;
     }
     Ok(())
+}
+
+/// Conditional nodes added to captures going on (the CUDA guide's way, and PyTorch's for
+/// torch.cond): their node handles -> the capturing stream (device, server stream id) the
+/// server added them on, and the handles of the bodies the driver made for them.
+#[derive(Default)]
+struct CapturedConds {
+    nodes: HashMap<usize, (usize, u32)>,
+    bodies: std::collections::HashSet<usize>,
+    /// Each node's body array, which `phGraph_out` points at for the process's life.
+    arrays: Vec<Box<[usize]>>,
+}
+
+static CAPTURED: std::sync::LazyLock<Mutex<CapturedConds>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// A handle of the graph of the capture going on on origin stream `stream`.
+pub(crate) fn capture_handle(
+    dev: usize,
+    stream: u32,
+    default: c_uint,
+    flags: c_uint,
+) -> Result<u64, CUresult> {
+    cond_call(dev, wg::COND_HANDLE_CAPTURE, |c| {
+        c.stream = stream;
+        c.value = default;
+        c.flags = flags;
+    })
+}
+
+/// cuGraphAddNode of a conditional node to graph `g` of a capture going on: the server
+/// adds it where the capture's origin stream stands (the dependencies passed are those
+/// the program read from cuStreamGetCaptureInfo, which omps gives as none) and moves the
+/// stream past it, as the cuStreamUpdateCaptureDependencies the program calls next would.
+pub(crate) fn add_to_capture(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    p: &mut CondParams,
+) -> Result<(), CUresult> {
+    let (dev, stream) = crate::api::capture::capture_stream_of(g).ok_or_else(|| {
+        crate::unsupported::unsupported("adding nodes to a graph the server captured")
+    })?;
+    if ph.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let first = cond_call(dev, wg::COND_NODE, |c| {
+        c.stream = stream;
+        c.handle = p.handle;
+        c.value = p.ty;
+        c.size = p.size;
+    })? as u32;
+    let bodies: Box<[usize]> = (0..p.size)
+        .map(|k| leak(GraphHandle::new(GRAPH_MAGIC, first + k, dev)) as usize)
+        .collect();
+    p.graph_out = bodies.as_ptr() as *mut CUgraph;
+    let node = leak(GraphNode {
+        magic: std::sync::atomic::AtomicU32::new(NODE_MAGIC),
+        graph: 0,
+        index: u32::MAX,
+        dev,
+    });
+    let mut c = lock(&CAPTURED);
+    c.nodes.insert(node as usize, (dev, stream));
+    c.bodies.extend(bodies.iter().copied());
+    c.arrays.push(bodies);
+    drop(c);
+    // SAFETY: checked non-null; the caller's pointer.
+    unsafe { out(ph, node) }
+}
+
+/// Whether `node` is a conditional node added on capturing stream (device, stream id).
+pub(crate) fn added_on(node: *mut GraphNode, dev: usize, stream: u32) -> bool {
+    lock(&CAPTURED).nodes.get(&(node as usize)) == Some(&(dev, stream))
+}
+
+/// Whether `g` is a body of a conditional node added to a capture.
+pub(crate) fn is_captured_body(g: CUgraph) -> bool {
+    lock(&CAPTURED).bodies.contains(&(g as usize))
 }

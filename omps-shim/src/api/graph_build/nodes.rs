@@ -243,12 +243,34 @@ pub unsafe extern "C" fn cuGraphAddNode(
     n: usize,
     p: *mut NodeParams,
 ) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's parameters, per the contract.
-        let kind = unsafe { kind_from(g, p.as_mut().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
-        // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, kind) }
-    })
+    // SAFETY: forwarded contract.
+    entry(|| unsafe { add_generic(ph, g, deps, n, p) })
+}
+
+/// cuGraphAddNode's work: a node of the kind the parameters name; a conditional node may
+/// also go into a capture going on.
+///
+/// # Safety
+/// As cuGraphAddNode.
+unsafe fn add_generic(
+    ph: *mut *mut GraphNode,
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+    p: *mut NodeParams,
+) -> Result<(), CUresult> {
+    // SAFETY: the caller's parameters, per the contract.
+    let params = unsafe { p.as_mut() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if params.ty == node_type::CONDITIONAL && !is_built(g) {
+        graph_ref(g)?;
+        // SAFETY: the union's start holds the conditional parameters.
+        let c = unsafe { &mut *(params.params.as_mut_ptr() as *mut CondParams) };
+        return add_to_capture(ph, g, c);
+    }
+    // SAFETY: the caller's parameters, per the contract.
+    let kind = unsafe { kind_from(g, params) }?;
+    // SAFETY: forwarded contract.
+    unsafe { add(ph, g, deps, n, kind) }
 }
 
 /// The kind generic parameters describe for node `node`, for the generic set calls:
@@ -304,10 +326,8 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
     entry(|| {
         // SAFETY: forwarded contract.
         unsafe { default_edges(data, n) }?;
-        // SAFETY: the caller's parameters, per the contract.
-        let kind = unsafe { kind_from(g, p.as_mut().ok_or(CUDA_ERROR_INVALID_VALUE)?) }?;
         // SAFETY: forwarded contract.
-        unsafe { add(ph, g, deps, n, kind) }
+        unsafe { add_generic(ph, g, deps, n, p) }
     })
 }
 

@@ -375,11 +375,29 @@ impl Conn {
     }
 
     fn wait_word_untimed(&self, ch: &Channel, word: &AtomicU32, seq: u32) -> Result<(), CUresult> {
-        for _ in 0..2000 {
+        // As the driver's default waits: spin while the answer is likely near (a graph or
+        // a kernel of up to a few hundred microseconds), then yield the CPU between looks,
+        // then sleep. A futex wake costs several microseconds that a synchronize of a short
+        // graph would pay every time.
+        const SPIN: Duration = Duration::from_micros(200);
+        const YIELD: Duration = Duration::from_millis(2);
+        let start = Instant::now();
+        loop {
+            for _ in 0..64 {
+                if word.load(Ordering::Acquire) == seq {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() > SPIN {
+                break;
+            }
+        }
+        while start.elapsed() < YIELD {
             if word.load(Ordering::Acquire) == seq {
                 return Ok(());
             }
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
         let slept = crate::stats::enabled().then(Instant::now);
         let r = loop {

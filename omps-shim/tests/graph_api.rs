@@ -97,6 +97,64 @@ fn capture_instantiate_launch() {
         ok(cuGraphExecDestroy(e));
         ok(cuGraphDestroy(g));
         assert_eq!(cuGraphLaunch(e, s), CUDA_ERROR_INVALID_HANDLE, "destroyed");
+
+        // The capture modes: a global capture forbids cuMemAlloc to this thread and to
+        // others (invalidating the capture), a thread-local one only to this thread, a
+        // relaxed one to none; a thread in relaxed mode is never forbidden.
+        let try_alloc = || {
+            let mut p = 0u64;
+            let r = cuMemAlloc_v2(&mut p, 64);
+            if r == CUDA_SUCCESS {
+                ok(cuMemFree_v2(p));
+            }
+            r
+        };
+        let mut ctx = null_mut();
+        ok(omps_shim::api::ctx::cuCtxGetCurrent(&mut ctx));
+        let ctx = ctx as usize;
+        let elsewhere = || {
+            std::thread::spawn(move || {
+                ok(omps_shim::api::ctx::cuCtxSetCurrent(ctx as _));
+                try_alloc()
+            })
+            .join()
+            .unwrap()
+        };
+        let relaxed_elsewhere = || {
+            std::thread::spawn(move || {
+                ok(omps_shim::api::ctx::cuCtxSetCurrent(ctx as _));
+                let mut m = 2u32;
+                ok(cuThreadExchangeStreamCaptureMode(&mut m));
+                try_alloc()
+            })
+            .join()
+            .unwrap()
+        };
+        const UNSUPPORTED: CUresult = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        for (mode, here, other, other_relaxed) in [
+            (0, UNSUPPORTED, UNSUPPORTED, CUDA_SUCCESS),
+            (1, UNSUPPORTED, CUDA_SUCCESS, CUDA_SUCCESS),
+            (2, CUDA_SUCCESS, CUDA_SUCCESS, CUDA_SUCCESS),
+        ] {
+            for (who, want) in [(0, here), (1, other), (2, other_relaxed)] {
+                ok(cuStreamBeginCapture_v2(s, mode));
+                fill(s, 4);
+                let r = match who {
+                    0 => try_alloc(),
+                    1 => elsewhere(),
+                    _ => relaxed_elsewhere(),
+                };
+                assert_eq!(r, want, "mode {mode}, caller {who}");
+                let mut g = null_mut();
+                let end = cuStreamEndCapture(s, &mut g);
+                if want == CUDA_SUCCESS {
+                    ok(end);
+                    ok(cuGraphDestroy(g));
+                } else {
+                    assert_eq!(end, 901, "mode {mode}, caller {who}: invalidated");
+                }
+            }
+        }
         ok(cuStreamDestroy_v2(s));
     }
 }

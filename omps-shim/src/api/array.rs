@@ -435,10 +435,7 @@ pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult
     };
     r?;
     if sync {
-        match super::exec::cuStreamSynchronize(s) {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        super::exec::stream_sync(s)
     } else {
         Ok(())
     }

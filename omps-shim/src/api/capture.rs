@@ -50,13 +50,18 @@ fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     capture_call(Op::CaptureBegin, s, mode)?;
-    begun(s, None)
+    begun(s, None, mode)
 }
 
 /// Stream `s` begins capturing into the server's graph `graph` (a conditional node's
 /// home or body, omps-server/src/session/conditional.rs); it ends as any capture does,
 /// in a handle naming that graph: `handle`, or a new one.
-pub(crate) fn begin_to(s: CUstream, graph: u32, handle: Option<CUgraph>) -> Result<(), CUresult> {
+pub(crate) fn begin_to(
+    s: CUstream,
+    graph: u32,
+    handle: Option<CUgraph>,
+    mode: c_uint,
+) -> Result<(), CUresult> {
     let (stream, dev) = stream_dev(s)?;
     let c = live()?;
     c.channel().call(dev, Op::GraphCond, |call| {
@@ -69,12 +74,12 @@ pub(crate) fn begin_to(s: CUstream, graph: u32, handle: Option<CUgraph>) -> Resu
         })
         .to_vec()
     })?;
-    begun(s, handle)
+    begun(s, handle, mode)
 }
 
-/// The books of a capture the server began on stream `s`, which ends in `handle` (a
-/// graph the caller holds) or in a handle made now.
-fn begun(s: CUstream, handle: Option<CUgraph>) -> Result<(), CUresult> {
+/// The books of a capture the server began on stream `s` in `mode`, which ends in
+/// `handle` (a graph the caller holds) or in a handle made now.
+fn begun(s: CUstream, handle: Option<CUgraph>, mode: c_uint) -> Result<(), CUresult> {
     CAPTURES.fetch_add(1, Ordering::AcqRel);
     // The capture's id (for the graph memory it allocates: an invalidated capture no
     // longer tells its id at its end) and the graph handle it ends in, which
@@ -88,8 +93,67 @@ fn begun(s: CUstream, handle: Option<CUgraph>) -> Result<(), CUresult> {
             false,
         ),
     };
-    lock_ids().insert((dev, stream), (id, g, given));
+    lock_ids().insert(
+        (dev, stream),
+        Capture {
+            id,
+            graph: g,
+            given,
+            mode,
+            thread: thread_id(),
+        },
+    );
     Ok(())
+}
+
+fn thread_id() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// CUstreamCaptureMode: global.
+const MODE_GLOBAL: c_uint = 0;
+
+/// Whether the calling thread may make a call the capture modes restrict (the CUDA
+/// guide's potentially unsafe calls) now. A thread in relaxed mode always may; otherwise
+/// not while it captures itself in a mode other than relaxed, nor, in global mode, while
+/// any thread of the process captures in global mode. Refused, the call fails with
+/// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the captures that forbade it are
+/// invalidated, as the driver does. Captures of other clients never count.
+pub(crate) fn unsafe_call_allowed() -> Result<(), CUresult> {
+    if !any_capture() {
+        return Ok(());
+    }
+    let mode = super::stream_info::thread_capture_mode();
+    if mode == MODE_RELAXED {
+        return Ok(());
+    }
+    let me = thread_id();
+    let forbidding: Vec<(usize, u32)> = lock_ids()
+        .iter()
+        .filter(|(_, c)| {
+            c.mode != MODE_RELAXED
+                && (c.thread == me || (mode == MODE_GLOBAL && c.mode == MODE_GLOBAL))
+        })
+        .map(|(&k, _)| k)
+        .collect();
+    if forbidding.is_empty() {
+        return Ok(());
+    }
+    let c = live()?;
+    for (dev, stream) in forbidding {
+        // Querying a capturing stream is illegal: the server invalidates its capture.
+        let mut ch = c.channel();
+        let _ = ch.call(dev, Op::StreamQuery, |call| {
+            bytemuck::bytes_of(&wire::HandleCall {
+                call,
+                id: stream,
+                _pad: 0,
+            })
+            .to_vec()
+        });
+    }
+    Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 }
 
 /// The capturing origin stream (device, server stream id) whose capture will end in
@@ -97,7 +161,7 @@ fn begun(s: CUstream, handle: Option<CUgraph>) -> Result<(), CUresult> {
 pub(crate) fn capture_stream_of(g: CUgraph) -> Option<(usize, u32)> {
     lock_ids()
         .iter()
-        .find(|(_, &(_, h, _))| h == g as usize)
+        .find(|(_, c)| c.graph == g as usize)
         .map(|(&k, _)| k)
 }
 
@@ -105,10 +169,21 @@ pub(crate) fn capture_stream_of(g: CUgraph) -> Option<(usize, u32)> {
 /// server's ids start at 1).
 pub(crate) const IN_CAPTURE: u32 = 0;
 
+/// A capture this process began and has not ended.
+struct Capture {
+    id: u64,
+    /// The graph handle it ends in, and whether that handle is the caller's
+    /// (cuStreamBeginCaptureToGraph).
+    graph: usize,
+    given: bool,
+    /// Its CUstreamCaptureMode and the thread that began it, for unsafe_call_allowed.
+    mode: c_uint,
+    thread: i32,
+}
+
 /// Capturing origin stream (device, the server's stream id: the per-thread default
-/// streams of two threads are two streams) -> its capture's id, the graph handle it ends
-/// in, and whether that handle is the caller's (cuStreamBeginCaptureToGraph).
-type Captures = HashMap<(usize, u32), (u64, usize, bool)>;
+/// streams of two threads are two streams) -> its capture.
+type Captures = HashMap<(usize, u32), Capture>;
 static IDS: LazyLock<Mutex<Captures>> = LazyLock::new(Default::default);
 
 fn lock_ids() -> std::sync::MutexGuard<'static, Captures> {
@@ -117,10 +192,7 @@ fn lock_ids() -> std::sync::MutexGuard<'static, Captures> {
 
 /// The graph handle capture `id` will end in.
 pub(crate) fn capture_graph(id: u64) -> Option<usize> {
-    lock_ids()
-        .values()
-        .find(|&&(c, _, _)| c == id)
-        .map(|&(_, g, _)| g)
+    lock_ids().values().find(|c| c.id == id).map(|c| c.graph)
 }
 
 #[no_mangle]
@@ -169,8 +241,8 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
             None
         };
         let (id, h) = match r {
-            Ok((dev, id)) => match capture {
-                Some((c, h, _)) => {
+            Ok((dev, id)) => match capture.map(|c| (c.id, c.graph)) {
+                Some((c, h)) => {
                     super::graph_mem::capture_ended(c, Some(h));
                     (id, h as *mut GraphHandle)
                 }
@@ -178,7 +250,13 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
                 None => (id, leak(GraphHandle::new(GRAPH_MAGIC, IN_CAPTURE, dev))),
             },
             Err(e) => {
-                if let Some((c, h, given)) = capture {
+                if let Some(Capture {
+                    id: c,
+                    graph: h,
+                    given,
+                    ..
+                }) = capture
+                {
                     super::graph_mem::capture_ended(c, None);
                     if given {
                         // The caller's graph stays the caller's.
@@ -247,7 +325,7 @@ fn begin_to_graph(
             "cuStreamBeginCaptureToGraph with dependencies",
         ));
     }
-    begin_to(s, h.id(), Some(g))
+    begin_to(s, h.id(), Some(g), mode)
 }
 
 /// # Safety

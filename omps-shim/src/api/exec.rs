@@ -164,14 +164,22 @@ fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
     entry(|| {
-        let (id, dev) = stream_dev(s)?;
-        handle_call(dev, Op::StreamSync, id)
+        super::capture::unsafe_call_allowed()?;
+        stream_sync(s)
     })
+}
+
+/// cuStreamSynchronize's work, for the shim's own synchronizations (which the capture
+/// modes do not restrict: a synchronous memset is allowed during a capture).
+pub(crate) fn stream_sync(s: CUstream) -> Result<(), CUresult> {
+    let (id, dev) = stream_dev(s)?;
+    handle_call(dev, Op::StreamSync, id)
 }
 
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
     entry(|| {
+        super::capture::unsafe_call_allowed()?;
         let (id, dev) = stream_dev(s)?;
         handle_call(dev, Op::StreamQuery, id)
     })
@@ -263,6 +271,7 @@ fn event_on_stream(e: CUevent, s: CUstream, op: Op, other_dev: CUresult) -> Resu
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     entry(|| {
+        super::capture::unsafe_call_allowed()?;
         let ev = event(e)?;
         handle_call(ev.dev, Op::EventSync, ev.id)
     })
@@ -271,6 +280,7 @@ pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
     entry(|| {
+        super::capture::unsafe_call_allowed()?;
         let ev = event(e)?;
         handle_call(ev.dev, Op::EventQuery, ev.id)
     })

@@ -154,16 +154,19 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    // SAFETY: the caller's pointer.
-    entry(|| unsafe { out(pp, host_alloc(size, flags)?) })
+    entry(|| {
+        super::capture::unsafe_call_allowed()?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(pp, host_alloc(size, flags)?) }
+    })
 }
 
 /// # Safety
 /// `pp` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
-    // SAFETY: the caller's pointer.
-    entry(|| unsafe { out(pp, host_alloc(size, 0)?) })
+    // SAFETY: forwarded contract.
+    unsafe { cuMemHostAlloc(pp, size, 0) }
 }
 
 /// # Safety
@@ -274,6 +277,7 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uin
         if p.is_null() || size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        super::capture::unsafe_call_allowed()?;
         if host_range(p as usize).is_some() || host_range(p as usize + size - 1).is_some() {
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }

@@ -97,6 +97,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
         if dptr.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        super::capture::unsafe_call_allowed()?;
         let p = alloc(current_dev()?, size)?;
         // SAFETY: the caller's pointer, non-null.
         unsafe { out(dptr, p) }
@@ -117,6 +118,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     // every GPU this targets.
     const ALIGN: usize = 512;
     entry(|| {
+        super::capture::unsafe_call_allowed()?;
         if dptr.is_null()
             || pitch.is_null()
             || width == 0
@@ -141,15 +143,21 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry(|| {
-        if ptr == 0 || super::graph_mem::freed(ptr, false) {
-            // Graph memory is its graphs' to free (graph_mem.rs).
-            return Ok(());
-        }
-        if let Some(r) = super::managed::free(ptr) {
-            return r;
-        }
-        free_block(ptr)
+        super::capture::unsafe_call_allowed()?;
+        free(ptr)
     })
+}
+
+/// cuMemFree's work, for frees the capture modes do not restrict (cuMemFreeAsync's).
+pub(crate) fn free(ptr: CUdeviceptr) -> Result<(), CUresult> {
+    if ptr == 0 || super::graph_mem::freed(ptr, false) {
+        // Graph memory is its graphs' to free (graph_mem.rs).
+        return Ok(());
+    }
+    if let Some(r) = super::managed::free(ptr) {
+        return r;
+    }
+    free_block(ptr)
 }
 
 /// Frees allocation `ptr`: the server frees it once the GPU is done with this client's
@@ -220,10 +228,7 @@ fn memset(
 /// memory returns once done, as the driver's does (in device memory it need not).
 pub(crate) fn finish_if_host(dst: u64, src: u64) -> Result<(), CUresult> {
     if super::hostmem::is_shared(dst, 1) || super::hostmem::is_shared(src, 1) {
-        match super::exec::cuStreamSynchronize(std::ptr::null_mut()) {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        super::exec::stream_sync(std::ptr::null_mut())
     } else {
         Ok(())
     }

@@ -156,7 +156,7 @@ fn trim(p: &Pool, keep: u64) {
         gone
     };
     for ptr in gone {
-        let _ = super::mem::cuMemFree_v2(ptr);
+        let _ = super::mem::free(ptr);
     }
 }
 
@@ -192,10 +192,7 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     let Some((p, len)) = lock(&ALLOCS).as_mut().and_then(|m| m.remove(&ptr)) else {
         // Memory from cuMemAlloc may be freed this way too; the server's free waits for
         // all of the client's queued work, which covers this stream's.
-        return match super::mem::cuMemFree_v2(ptr) {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        };
+        return super::mem::free(ptr);
     };
     // SAFETY: recorded from a live pool; pools are never freed.
     let p = unsafe { &*(p as *const Pool) };

@@ -167,9 +167,13 @@ thread_local! {
     static CAPTURE_MODE: std::cell::Cell<c_uint> = const { std::cell::Cell::new(0) };
 }
 
-/// Swaps the calling thread's capture mode (global, thread-local, relaxed). With no
-/// capture in this client the mode restricts nothing yet, but it is kept per thread so a
-/// program that saves and restores it reads back what it set.
+/// The calling thread's capture mode (cuThreadExchangeStreamCaptureMode).
+pub(crate) fn thread_capture_mode() -> c_uint {
+    CAPTURE_MODE.get()
+}
+
+/// Swaps the calling thread's capture mode (global, thread-local, relaxed), which decides
+/// what the captures of this client forbid the thread (capture::unsafe_call_allowed).
 ///
 /// # Safety
 /// `mode` is null or valid for reads and writes.

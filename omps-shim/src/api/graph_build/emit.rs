@@ -308,7 +308,7 @@ fn capture_flat(flat: &[Flat], target: Target) -> Result<u32, CUresult> {
         .collect::<Result<_, _>>()?;
     match target {
         Target::New => ok(cuStreamBeginCapture_v2(streams[0], MODE_RELAXED))?,
-        Target::Into(id) => crate::api::capture::begin_to(streams[0], id, None)?,
+        Target::Into(id) => crate::api::capture::begin_to(streams[0], id, None, MODE_RELAXED)?,
     }
     let mut started = vec![false; n_lanes];
     started[0] = true;

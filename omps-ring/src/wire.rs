@@ -613,6 +613,11 @@ pub mod graph {
     pub const EXEC_UPDATE: u32 = 5;
     /// COND_HANDLE for the graph of the capture going on on stream `stream`.
     pub const COND_HANDLE_CAPTURE: u32 = 6;
+    /// GRAPH_CLONE: a copy of graph `graph` (its id). CHILD_NODE: a child-graph node of
+    /// (a copy of) graph `graph` where stream `stream`'s capture stands, which continues
+    /// after it.
+    pub const GRAPH_CLONE: u32 = 7;
+    pub const CHILD_NODE: u32 = 8;
     /// The most bodies a conditional node may have (a SWITCH's cases).
     pub const MAX_BODIES: u32 = 1024;
 }

@@ -261,6 +261,11 @@ pub trait Gpu: Send + Sync + 'static {
     fn capture_begin_to(&self, s: usize, graph: u64) -> GpuResult<()>;
     /// Destroys every node of `graph` (its conditional handles stay).
     fn graph_clear(&self, graph: u64) -> GpuResult<()>;
+    /// A copy of `graph`.
+    fn graph_clone(&self, graph: u64) -> GpuResult<u64>;
+    /// Adds a child-graph node of (a copy of) `child` where stream `s`'s capture stands,
+    /// which continues after it.
+    fn capture_child(&self, s: usize, child: u64) -> GpuResult<()>;
     /// Executable graph `exec` takes the parameters of `graph`, of the same topology.
     fn graph_exec_update(&self, exec: u64, graph: u64) -> GpuResult<()>;
 

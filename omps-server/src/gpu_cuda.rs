@@ -1332,6 +1332,55 @@ impl Gpu for CudaGpu {
         })
     }
 
+    fn graph_clone(&self, graph: u64) -> GpuResult<u64> {
+        self.bind();
+        let mut g = std::ptr::null_mut();
+        // SAFETY: one of the client's graphs; a valid out-pointer.
+        ck(unsafe { cu::cuGraphClone(&mut g, graph as cu::CUgraph) })?;
+        Ok(g as u64)
+    }
+
+    fn capture_child(&self, s: usize, child: u64) -> GpuResult<()> {
+        self.bind();
+        let st = self.stream(s)?;
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut graph: cu::CUgraph = std::ptr::null_mut();
+        let mut deps: *const cu::CUgraphNode = std::ptr::null();
+        let mut n = 0usize;
+        // SAFETY: a work stream of this context; valid out-pointers. The dependency array
+        // is the driver's, valid until the capture changes.
+        ck(unsafe {
+            cu::cuStreamGetCaptureInfo_v3(
+                st,
+                &mut status,
+                std::ptr::null_mut(),
+                &mut graph,
+                &mut deps,
+                std::ptr::null_mut(),
+                &mut n,
+            )
+        })?;
+        if status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            return Err(CuError(code::ILLEGAL_STATE));
+        }
+        let mut node: cu::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: the capture's graph and its dependencies as the driver gave them; one of
+        // the client's graphs, which the driver copies into the node.
+        ck(unsafe {
+            cu::cuGraphAddChildGraphNode(&mut node, graph, deps, n, child as cu::CUgraph)
+        })?;
+        // SAFETY: the node just made; one dependency; 1 = CU_STREAM_SET_CAPTURE_DEPENDENCIES.
+        let set = ck(unsafe {
+            cu::cuStreamUpdateCaptureDependencies_v2(st, &mut node, std::ptr::null(), 1, 1)
+        });
+        if let Err(e) = set {
+            // SAFETY: the node made above, not yet depended on.
+            unsafe { cu::cuGraphDestroyNode(node) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
     fn graph_exec_update(&self, exec: u64, graph: u64) -> GpuResult<()> {
         self.bind();
         let mut info = cu::CUgraphExecUpdateResultInfo {

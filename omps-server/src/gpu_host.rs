@@ -1191,6 +1191,33 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
+    fn graph_clone(&self, graph: u64) -> GpuResult<u64> {
+        let mut st = self.state.lock().unwrap();
+        let ops = st
+            .graphs
+            .get(&graph)
+            .cloned()
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        let g = st.next_handle;
+        st.next_handle += 1;
+        st.graphs.insert(g, ops);
+        Ok(g)
+    }
+
+    fn capture_child(&self, s: usize, child: u64) -> GpuResult<()> {
+        let mut st = self.state.lock().unwrap();
+        let ops = st.graphs.get(&child).ok_or(CuError(code::INVALID_HANDLE))?;
+        // A child's work runs in its place: copied in, as the driver copies the graph.
+        let ops = st.resolve(ops)?;
+        let origin = st.origin(s);
+        let c = st
+            .capturing
+            .get_mut(&origin)
+            .ok_or(CuError(code::ILLEGAL_STATE))?;
+        c.2.extend(ops);
+        Ok(())
+    }
+
     fn graph_exec_update(&self, exec: u64, graph: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;

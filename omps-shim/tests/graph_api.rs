@@ -1,12 +1,14 @@
 //! Stream capture and graphs through the shim's entry points, against a server on the
 //! host GPU: captured work runs only when the graph is launched, as often as it is, and
-//! the capture queries say what the server's stream is doing.
+//! the capture queries say what the server's stream is doing. A captured graph is a child
+//! of a built graph and is cloned; the capture modes forbid what they forbid natively.
 
 mod common;
 use common::*;
 use omps_shim::api::capture::*;
 use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
+use omps_shim::api::graph_build::*;
 use omps_shim::api::mem::*;
 use omps_shim::api::stream_info::*;
 use omps_shim::cuda::*;
@@ -95,7 +97,40 @@ fn capture_instantiate_launch() {
         ok(cuStreamSynchronize(s));
         assert_eq!(read(), 2, "and again, in stream order");
         ok(cuGraphExecDestroy(e));
+
+        // The captured graph as a child node of a graph built by hand (the node holds the
+        // server's copy, so the captured graph may go), and a clone of the captured graph.
+        fill(s, 1);
+        let mut built = null_mut();
+        ok(cuGraphCreate(&mut built, 0));
+        let mut child = null_mut();
+        ok(cuGraphAddChildGraphNode(
+            &mut child,
+            built,
+            std::ptr::null(),
+            0,
+            g,
+        ));
+        let mut ty = 9;
+        ok(cuGraphNodeGetType(child, &mut ty));
+        assert_eq!(ty, 4, "CU_GRAPH_NODE_TYPE_GRAPH");
+        let mut copy = null_mut();
+        ok(cuGraphClone(&mut copy, g));
         ok(cuGraphDestroy(g));
+        let mut e = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut e, built, 0));
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(), 2, "the child ran");
+        ok(cuGraphExecDestroy(e));
+        ok(cuGraphDestroy(built));
+        fill(s, 1);
+        ok(cuGraphInstantiateWithFlags(&mut e, copy, 0));
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(read(), 2, "the clone ran");
+        ok(cuGraphExecDestroy(e));
+        ok(cuGraphDestroy(copy));
         assert_eq!(cuGraphLaunch(e, s), CUDA_ERROR_INVALID_HANDLE, "destroyed");
 
         // The capture modes: a global capture forbids cuMemAlloc to this thread and to

@@ -151,6 +151,27 @@ impl Session {
                 (Some(&g), Some(&e)) => gpu.graph_exec_update(e, g).map(|()| 0),
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
+            graph::GRAPH_CLONE => match self.graphs.get(&c.graph) {
+                Some(&g) => gpu.graph_clone(g).and_then(|copy| {
+                    let id = self.new_id()?;
+                    self.graphs.insert(id, copy);
+                    Ok(id as u64)
+                }),
+                None => Err(CuError(code::INVALID_VALUE)),
+            },
+            graph::CHILD_NODE => match (
+                self.graphs.get(&c.graph),
+                self.streams
+                    .get(&c.stream)
+                    .filter(|s| s.capturing)
+                    .and_then(|s| s.pool),
+            ) {
+                // A graph being captured into cannot be its own child.
+                (Some(&g), Some(s)) if !self.cond.capture_into.values().any(|&t| t == g) => {
+                    gpu.capture_child(s, g).map(|()| 0)
+                }
+                _ => Err(CuError(code::INVALID_VALUE)),
+            },
             k => return bad(format!("unknown conditional-graph op {k}")),
         };
         self.complete_pod(c.call, r.map(|value| wire::U64Reply { value }))

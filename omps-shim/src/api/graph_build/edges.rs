@@ -361,12 +361,18 @@ pub unsafe extern "C" fn cuGraphClone(ph: *mut CUgraph, original: CUgraph) -> CU
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let gr = graph_ref(original)?;
-        let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, gr.dev));
-        if !clone_graph(original as usize, h as usize) {
-            return Err(crate::unsupported::unsupported(
-                "cuGraphClone of a captured graph",
-            ));
-        }
+        let h = if is_built(original) {
+            let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, gr.dev));
+            if !clone_graph(original as usize, h as usize) {
+                return Err(CUDA_ERROR_INVALID_HANDLE);
+            }
+            h
+        } else {
+            // The server copies a graph it captured; the copy holds its graph memory too.
+            let (_, h) = super::server_child::copy_of(gr)?;
+            crate::api::graph_mem::share(original as usize, h as usize);
+            h
+        };
         crate::api::user_object::share(original as usize, h as usize);
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(ph, h) }

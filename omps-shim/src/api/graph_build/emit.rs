@@ -223,6 +223,7 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
             ok(unsafe { crate::api::exec::cuLaunchHostFunc(s, Some(f), data as *mut c_void) })
         }
         Kind::Conditional(c) => super::cond::issue_conditional(c, s),
+        Kind::ServerChild(c) => super::server_child::issue_server_child(c, s),
     }
 }
 

@@ -28,6 +28,7 @@ mod emit;
 mod mem_nodes;
 mod nodes;
 mod queries;
+mod server_child;
 pub use cond::*;
 pub use edges::*;
 pub(crate) use emit::capture_then;
@@ -80,6 +81,8 @@ pub(crate) enum Kind {
     /// the node was; cuGraphChildGraphNodeGetGraph hands it out, and changes to it are
     /// the node's).
     Child(usize),
+    /// A child graph the server captured: the node holds the server's copy.
+    ServerChild(std::sync::Arc<server_child::ServerGraph>),
     /// An event record or wait node: the event's handle.
     EventRecord(usize),
     EventWait(usize),
@@ -113,7 +116,7 @@ impl Kind {
             Kind::Kernel(_) => node_type::KERNEL,
             Kind::Memset(_) => node_type::MEMSET,
             Kind::Memcpy(_) => node_type::MEMCPY,
-            Kind::Child(_) => node_type::GRAPH,
+            Kind::Child(_) | Kind::ServerChild(_) => node_type::GRAPH,
             Kind::EventRecord(_) => node_type::EVENT_RECORD,
             Kind::EventWait(_) => node_type::WAIT_EVENT,
             Kind::Host(..) => node_type::HOST,
@@ -292,9 +295,15 @@ pub(crate) fn child_kind(child: CUgraph) -> Result<Kind, CUresult> {
     if memory == Some(true) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    with(|r| own_copy(r, child as usize))
-        .map(Kind::Child)
-        .ok_or_else(|| crate::unsupported::unsupported("a captured graph as a child node"))
+    if let Some(c) = with(|r| own_copy(r, child as usize)) {
+        return Ok(Kind::Child(c));
+    }
+    // A graph the server captured; one whose graph memory it holds cannot be a child.
+    if !crate::api::graph_mem::held_by(child as usize).is_empty() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: resolved by graph_ref above.
+    server_child::server_child_kind(unsafe { &*child })
 }
 
 /// Forgets the graphs a child or conditional kind made for a node that was not kept.

@@ -520,6 +520,8 @@ pub unsafe extern "C" fn cuGraphChildGraphNodeGetGraph(
     entry(|| match node_kind(node)? {
         // SAFETY: the caller's pointer.
         Kind::Child(c) => unsafe { out(p, c as CUgraph) },
+        // SAFETY: the caller's pointer.
+        Kind::ServerChild(c) => unsafe { out(p, c.handle as CUgraph) },
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     })
 }

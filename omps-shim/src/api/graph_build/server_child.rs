@@ -1,0 +1,61 @@
+//! A graph the server captured, as a child node of a graph built here: the node owns a
+//! copy the server made when the node was (as the driver copies a child graph), and at
+//! instantiation the server adds it as a child-graph node where the capture stands.
+
+use super::cond::cond_call;
+use super::*;
+use omps_ring::wire::{self, graph as wg};
+use std::sync::Arc;
+
+/// A server graph a child node owns, with the handle cuGraphChildGraphNodeGetGraph gives
+/// out; destroyed with the last node (or copy of a node) that holds it.
+pub(crate) struct ServerGraph {
+    dev: usize,
+    pub(super) id: u32,
+    pub(super) handle: usize,
+}
+
+impl Drop for ServerGraph {
+    fn drop(&mut self) {
+        // SAFETY: a handle made in `copy_of`, never freed (handles stay readable).
+        let h = unsafe { &*(self.handle as *const GraphHandle) };
+        let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
+        let rec = wire::Handle {
+            id: self.id,
+            _pad: 0,
+        };
+        let _ = crate::api::live().and_then(|c| {
+            c.push(
+                self.dev,
+                wire::Op::GraphDestroy,
+                &[bytemuck::bytes_of(&rec)],
+            )
+        });
+    }
+}
+
+/// The server's copy of graph `g` (one the server captured), under a handle of its own.
+pub(crate) fn copy_of(g: &GraphHandle) -> Result<(u32, CUgraph), CUresult> {
+    let id = cond_call(g.dev, wg::GRAPH_CLONE, |c| c.graph = g.id())? as u32;
+    Ok((id, leak(GraphHandle::new(GRAPH_MAGIC, id, g.dev))))
+}
+
+/// A child node's kind for graph `child`, which the server captured.
+pub(crate) fn server_child_kind(child: &GraphHandle) -> Result<Kind, CUresult> {
+    let (id, handle) = copy_of(child)?;
+    Ok(Kind::ServerChild(Arc::new(ServerGraph {
+        dev: child.dev,
+        id,
+        handle: handle as usize,
+    })))
+}
+
+/// Issues child node `c` where stream `s`'s capture stands.
+pub(super) fn issue_server_child(c: &ServerGraph, s: CUstream) -> Result<(), CUresult> {
+    let (stream, dev) = crate::api::exec::stream_dev(s)?;
+    cond_call(dev, wg::CHILD_NODE, |g| {
+        g.stream = stream;
+        g.graph = c.id;
+    })
+    .map(drop)
+}

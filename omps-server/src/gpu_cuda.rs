@@ -231,6 +231,71 @@ impl CudaGpu {
         self.bind();
     }
 
+    /// Adds a node with `add` (out-pointer, graph, dependencies, their count) where stream
+    /// `s`'s capture stands, if `graph_ok` accepts the capture's graph, and moves the
+    /// capture past it.
+    /// Where stream `s`'s active capture stands: the stream, the capture's graph and its
+    /// current dependencies (the driver's array, valid until the capture changes).
+    fn capture_point(
+        &self,
+        s: usize,
+    ) -> GpuResult<(cu::CUstream, cu::CUgraph, *const cu::CUgraphNode, usize)> {
+        self.bind();
+        let st = self.stream(s)?;
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut graph: cu::CUgraph = std::ptr::null_mut();
+        let mut deps: *const cu::CUgraphNode = std::ptr::null();
+        let mut n = 0usize;
+        // SAFETY: a work stream of this context; valid out-pointers.
+        ck(unsafe {
+            cu::cuStreamGetCaptureInfo_v3(
+                st,
+                &mut status,
+                std::ptr::null_mut(),
+                &mut graph,
+                &mut deps,
+                std::ptr::null_mut(),
+                &mut n,
+            )
+        })?;
+        if status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || graph.is_null() {
+            return Err(CuError(code::ILLEGAL_STATE));
+        }
+        Ok((st, graph, deps, n))
+    }
+
+    /// Adds a node with `add` (out-pointer, graph, dependencies, their count) where stream
+    /// `s`'s capture stands, if `graph_ok` accepts the capture's graph, and moves the
+    /// capture past it.
+    fn add_at_capture(
+        &self,
+        s: usize,
+        graph_ok: &dyn Fn(u64) -> bool,
+        add: impl FnOnce(
+            *mut cu::CUgraphNode,
+            cu::CUgraph,
+            *const cu::CUgraphNode,
+            usize,
+        ) -> cu::CUresult,
+    ) -> GpuResult<()> {
+        let (st, graph, deps, n) = self.capture_point(s)?;
+        if !graph_ok(graph as u64) {
+            return Err(CuError(code::INVALID_VALUE));
+        }
+        let mut node: cu::CUgraphNode = std::ptr::null_mut();
+        ck(add(&mut node, graph, deps, n))?;
+        // SAFETY: the node just made; one dependency; 1 = CU_STREAM_SET_CAPTURE_DEPENDENCIES.
+        let set = ck(unsafe {
+            cu::cuStreamUpdateCaptureDependencies_v2(st, &mut node, std::ptr::null(), 1, 1)
+        });
+        if let Err(e) = set {
+            // SAFETY: the node made above, not yet depended on.
+            unsafe { cu::cuGraphDestroyNode(node) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
     fn bind(&self) {
         let want = self.ctx as usize;
         CURRENT.with(|c| {
@@ -1141,26 +1206,7 @@ impl Gpu for CudaGpu {
     }
 
     fn capture_graph(&self, s: usize) -> GpuResult<u64> {
-        self.bind();
-        let st = self.stream(s)?;
-        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let mut g: cu::CUgraph = std::ptr::null_mut();
-        // SAFETY: a work stream of this context; valid out-pointers, the rest null.
-        ck(unsafe {
-            cu::cuStreamGetCaptureInfo_v3(
-                st,
-                &mut status,
-                std::ptr::null_mut(),
-                &mut g,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        })?;
-        if status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || g.is_null() {
-            return Err(CuError(code::ILLEGAL_STATE));
-        }
-        Ok(g as u64)
+        self.capture_point(s).map(|(_, g, _, _)| g as u64)
     }
 
     fn capture_invalidate(&self, s: usize) {
@@ -1252,31 +1298,6 @@ impl Gpu for CudaGpu {
         size: u32,
         graph_ok: &dyn Fn(u64) -> bool,
     ) -> GpuResult<Vec<u64>> {
-        self.bind();
-        let st = self.stream(s)?;
-        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let mut graph: cu::CUgraph = std::ptr::null_mut();
-        let mut deps: *const cu::CUgraphNode = std::ptr::null();
-        let mut n = 0usize;
-        // SAFETY: a work stream of this context; valid out-pointers. The dependency array
-        // is the driver's, valid until the capture changes.
-        ck(unsafe {
-            cu::cuStreamGetCaptureInfo_v3(
-                st,
-                &mut status,
-                std::ptr::null_mut(),
-                &mut graph,
-                &mut deps,
-                std::ptr::null_mut(),
-                &mut n,
-            )
-        })?;
-        if status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
-            return Err(CuError(code::ILLEGAL_STATE));
-        }
-        if !graph_ok(graph as u64) {
-            return Err(CuError(code::INVALID_VALUE));
-        }
         let kind = match kind {
             0 => cu::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
             1 => cu::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE,
@@ -1293,19 +1314,11 @@ impl Gpu for CudaGpu {
             phGraph_out: std::ptr::null_mut(),
             ctx: self.ctx,
         };
-        let mut node: cu::CUgraphNode = std::ptr::null_mut();
-        // SAFETY: the capture's graph and its current dependencies as the driver gave them;
-        // valid params and out-pointer.
-        ck(unsafe { cu::cuGraphAddNode_v2(&mut node, graph, deps, std::ptr::null(), n, &mut p) })?;
-        // SAFETY: the node just made; one dependency; 1 = CU_STREAM_SET_CAPTURE_DEPENDENCIES.
-        let set = ck(unsafe {
-            cu::cuStreamUpdateCaptureDependencies_v2(st, &mut node, std::ptr::null(), 1, 1)
-        });
-        if let Err(e) = set {
-            // SAFETY: the node made above, not yet depended on.
-            unsafe { cu::cuGraphDestroyNode(node) };
-            return Err(e);
-        }
+        self.add_at_capture(s, graph_ok, |node, graph, deps, n| {
+            // SAFETY: the capture's graph and its dependencies as the driver gave them;
+            // valid params and out-pointer.
+            unsafe { cu::cuGraphAddNode_v2(node, graph, deps, std::ptr::null(), n, &mut p) }
+        })?;
         // SAFETY: the driver filled phGraph_out with `size` body graphs, which live as
         // long as the node.
         let bodies = unsafe {
@@ -1341,44 +1354,11 @@ impl Gpu for CudaGpu {
     }
 
     fn capture_child(&self, s: usize, child: u64) -> GpuResult<()> {
-        self.bind();
-        let st = self.stream(s)?;
-        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let mut graph: cu::CUgraph = std::ptr::null_mut();
-        let mut deps: *const cu::CUgraphNode = std::ptr::null();
-        let mut n = 0usize;
-        // SAFETY: a work stream of this context; valid out-pointers. The dependency array
-        // is the driver's, valid until the capture changes.
-        ck(unsafe {
-            cu::cuStreamGetCaptureInfo_v3(
-                st,
-                &mut status,
-                std::ptr::null_mut(),
-                &mut graph,
-                &mut deps,
-                std::ptr::null_mut(),
-                &mut n,
-            )
-        })?;
-        if status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
-            return Err(CuError(code::ILLEGAL_STATE));
-        }
-        let mut node: cu::CUgraphNode = std::ptr::null_mut();
-        // SAFETY: the capture's graph and its dependencies as the driver gave them; one of
-        // the client's graphs, which the driver copies into the node.
-        ck(unsafe {
-            cu::cuGraphAddChildGraphNode(&mut node, graph, deps, n, child as cu::CUgraph)
-        })?;
-        // SAFETY: the node just made; one dependency; 1 = CU_STREAM_SET_CAPTURE_DEPENDENCIES.
-        let set = ck(unsafe {
-            cu::cuStreamUpdateCaptureDependencies_v2(st, &mut node, std::ptr::null(), 1, 1)
-        });
-        if let Err(e) = set {
-            // SAFETY: the node made above, not yet depended on.
-            unsafe { cu::cuGraphDestroyNode(node) };
-            return Err(e);
-        }
-        Ok(())
+        self.add_at_capture(s, &|_| true, |node, graph, deps, n| {
+            // SAFETY: the capture's graph and its dependencies as the driver gave them;
+            // one of the client's graphs, which the driver copies into the node.
+            unsafe { cu::cuGraphAddChildGraphNode(node, graph, deps, n, child as cu::CUgraph) }
+        })
     }
 
     fn graph_exec_update(&self, exec: u64, graph: u64) -> GpuResult<()> {

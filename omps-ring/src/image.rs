@@ -23,6 +23,73 @@ pub fn is_ptx(image: &[u8]) -> bool {
     magic != FATBIN_MAGIC && magic != FATBIN_WRAPPER_MAGIC && m != ELF_MAGIC
 }
 
+/// Whether `blob`, a whole image a client sent, can go to cuModuleLoadData: the driver
+/// reads an image by its own headers (or up to a PTX text's NUL), so every length they
+/// state must lie inside the blob. Err names what is wrong.
+pub fn check_image(blob: &[u8]) -> Result<(), &'static str> {
+    let magic = blob
+        .get(..4)
+        .map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]]));
+    match magic {
+        None if !blob.contains(&0) => Err("an image shorter than any format, not PTX text"),
+        Some(FATBIN_WRAPPER_MAGIC) => Err("a fatbin wrapper (its data pointer is the client's)"),
+        Some(FATBIN_MAGIC) => {
+            let header = u16_at(blob, 6).ok_or("a truncated fatbin header")? as u64;
+            let body = u64_at(blob, 8).ok_or("a truncated fatbin header")?;
+            let end = header
+                .checked_add(body)
+                .ok_or("a fatbin size that overflows")?;
+            if header < 16 || end > blob.len() as u64 {
+                return Err("a fatbin that states more bytes than were sent");
+            }
+            fatbin_entries(blob)
+                .map(drop)
+                .ok_or("a fatbin whose entries do not fit in it")
+        }
+        Some(_) if blob[..4] == ELF_MAGIC => check_elf(blob),
+        // PTX: the driver reads up to the first NUL.
+        _ if blob.contains(&0) => Ok(()),
+        _ => Err("PTX text with no NUL"),
+    }
+}
+
+/// The ELF checks of [`check_image`]: the header, the program and section header tables
+/// and every section's bytes inside the blob.
+fn check_elf(b: &[u8]) -> Result<(), &'static str> {
+    const TRUNCATED: &str = "an ELF image that states more bytes than were sent";
+    if b.len() < 64 || b[4] != 2 {
+        return Err("not a 64-bit ELF image");
+    }
+    let at16 = |o| u16_at(b, o).map(u64::from).ok_or(TRUNCATED);
+    let at64 = |o| u64_at(b, o).ok_or(TRUNCATED);
+    let table_end = |off: u64, entsize: u64, num: u64| {
+        entsize
+            .checked_mul(num)
+            .and_then(|n| n.checked_add(off))
+            .filter(|&e| e <= b.len() as u64)
+            .ok_or(TRUNCATED)
+    };
+    let (phoff, shoff) = (at64(32)?, at64(40)?);
+    let (phentsize, phnum, shentsize, shnum) = (at16(54)?, at16(56)?, at16(58)?, at16(60)?);
+    table_end(phoff, phentsize, phnum)?;
+    table_end(shoff, shentsize, shnum)?;
+    if shnum > 0 && shentsize < 64 {
+        return Err("ELF section headers smaller than 64 bytes");
+    }
+    if at16(62)? >= shnum.max(1) {
+        return Err("an ELF section-name table index out of range");
+    }
+    const SHT_NOBITS: u32 = 8;
+    for i in 0..shnum {
+        let sh = (shoff + i * shentsize) as usize;
+        let ty = u32_at(b, sh + 4).ok_or(TRUNCATED)?;
+        if ty != SHT_NOBITS {
+            table_end(at64(sh + 24)?, at64(sh + 32)?, 1)?;
+        }
+    }
+    Ok(())
+}
+
 /// The image at `p`, as a slice of its real length; None if the format is unknown.
 ///
 /// # Safety
@@ -483,6 +550,44 @@ pub fn fatbin_entries(image: &[u8]) -> Option<Vec<FatEntry<'_>>> {
 mod tests {
     use super::*;
     use crate::wire::printf_use::{ASSERT, MAYBE, NONE, YES};
+
+    proptest::proptest! {
+        /// Whatever a client sends, the check answers without panicking, and what it
+        /// accepts as an ELF or a fatbin states no byte beyond what was sent.
+        #[test]
+        fn check_image_takes_any_bytes(
+            mut blob in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+            kind in 0u8..3,
+        ) {
+            match kind {
+                0 if blob.len() >= 5 => {
+                    blob[..4].copy_from_slice(&ELF_MAGIC);
+                    blob[4] = 2;
+                }
+                1 if blob.len() >= 4 => blob[..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes()),
+                _ => {}
+            }
+            if check_image(&blob).is_ok() && blob.starts_with(&ELF_MAGIC) {
+                // SAFETY: the check found every stated range inside `blob`.
+                let end = unsafe { elf_len(blob.as_ptr()) };
+                proptest::prop_assert!(end.is_some_and(|e| e <= blob.len()));
+            }
+        }
+    }
+
+    #[test]
+    fn check_image_takes_well_formed_images() {
+        assert!(check_image(b"omps\0").is_ok(), "PTX text with its NUL");
+        let mut elf = vec![0u8; 64 + 64];
+        elf[..4].copy_from_slice(&ELF_MAGIC);
+        elf[4] = 2;
+        elf[40..48].copy_from_slice(&64u64.to_le_bytes());
+        elf[58] = 64;
+        elf[60] = 1;
+        assert_eq!(check_image(&elf), Ok(()));
+        elf[60] = 2;
+        assert!(check_image(&elf).is_err(), "a section header past the end");
+    }
 
     /// How a test entry's payload is stored.
     #[derive(Clone, Copy)]

@@ -508,7 +508,10 @@ impl Server {
             return sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
         }
         let id = self.next_id;
-        self.next_id += 1;
+        // Client ids are never reused: after 4 billion connections the server takes no more.
+        self.next_id = id
+            .checked_add(1)
+            .ok_or_else(|| io::Error::other("client ids exhausted"))?;
         let crowded = self.clients.len() >= LayoutParams::CROWD;
         let params = if crowded {
             LayoutParams::for_crowd(self.gpus.len())

@@ -191,7 +191,8 @@ pub struct Session {
     functions: HashMap<u32, Function>,
     /// Device ranges this client may copy to and from: its allocations and module globals.
     allocs: BTreeMap<u64, u64>,
-    globals: BTreeMap<u64, u64>,
+    /// Module globals: start -> (length, the module whose unloading ends them).
+    globals: BTreeMap<u64, (u64, u32)>,
     blobs: Vec<Vec<u8>>,
     /// Per channel: the last JIT link's image and logs, until the next link.
     link_out: Vec<Vec<u8>>,
@@ -219,6 +220,8 @@ pub struct Session {
     capturing: usize,
     /// Its conditional nodes' homes, handles and bodies.
     cond: conditional::CondState,
+    /// How many of its requests were refused (for `log_refusal`).
+    refusals: u32,
     /// Its events last recorded in a capturing stream: not to be waited for or queried.
     captured_events: std::collections::HashSet<u32>,
     /// The last sequence queued through each host-function slot it used.
@@ -272,6 +275,7 @@ impl Session {
             graphs: HashMap::new(),
             execs: HashMap::new(),
             cond: Default::default(),
+            refusals: 0,
             capturing: 0,
             captured_events: Default::default(),
             imported: BTreeMap::new(),
@@ -435,23 +439,35 @@ impl Session {
 
     /// Whether `[addr, addr+len)` lies inside one allocation or global of this client.
     fn owns_range(&self, addr: u64, len: u64) -> bool {
-        let inside = |m: &BTreeMap<u64, u64>| {
-            m.range(..=addr)
-                .next_back()
-                .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
-        };
-        let imported = self
-            .imported
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(&s, &(n, _))| addr.checked_add(len).is_some_and(|end| end <= s + n));
+        /// Whether the range lies inside the entry of `m` that starts at or below it.
+        fn covers<V>(m: &BTreeMap<u64, V>, addr: u64, len: u64, size: impl Fn(&V) -> u64) -> bool {
+            m.range(..=addr).next_back().is_some_and(|(&s, v)| {
+                addr.checked_add(len)
+                    .is_some_and(|end| end <= s.saturating_add(size(v)))
+            })
+        }
         // Page-locked and managed memory (the client's memfds, mapped and registered at
         // the same address) is device-visible too, as it is natively.
-        inside(&self.allocs)
-            || inside(&self.globals)
-            || imported
+        covers(&self.allocs, addr, len, |&n| n)
+            || covers(&self.globals, addr, len, |&(n, _)| n)
+            || covers(&self.imported, addr, len, |&(n, _)| n)
             || self.vmm.mapped(addr, len)
             || self.client.pinned_contains(addr, len)
+    }
+
+    /// Logs why a request of this client was refused: the first few only, so a client
+    /// that keeps asking cannot fill the log.
+    pub(crate) fn log_refusal(&mut self, why: std::fmt::Arguments<'_>) {
+        const LOGGED: u32 = 8;
+        if self.refusals < LOGGED {
+            tracing::warn!(client = self.client.id, "{why}");
+        } else if self.refusals == LOGGED {
+            tracing::warn!(
+                client = self.client.id,
+                "{why} (further refusals not logged)"
+            );
+        }
+        self.refusals = self.refusals.saturating_add(1);
     }
 
     fn check_range(&mut self, addr: u64, len: u64) -> bool {

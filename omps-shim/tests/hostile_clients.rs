@@ -614,3 +614,75 @@ fn an_operator_can_terminate_a_client() {
     let d = Conn::connect_to(&srv.socket()).unwrap();
     assert!(alloc(&d, 4096) != 0);
 }
+
+/// The address and size of global `name` of module `m`, through a bare connection.
+fn global(c: &Conn, m: u32, name: &str) -> Result<(u64, u64), i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::ModuleGetGlobal, |call| {
+        let mut r = bytemuck::bytes_of(&wire::ModuleGetGlobal {
+            call,
+            module: m,
+            name_len: name.len() as u32,
+        })
+        .to_vec();
+        r.extend_from_slice(name.as_bytes());
+        r
+    })?;
+    let g: wire::GlobalReply = ch.reply();
+    Ok((g.ptr, g.size))
+}
+
+#[test]
+fn images_that_lie_about_their_size_are_refused() {
+    let srv = TestServer::start("images");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    // An empty image (once a dangling pointer to the driver), PTX text with no NUL (the
+    // driver read on past the copy), a fatbin and an ELF whose headers state more bytes
+    // than were sent, and a fatbin wrapper (its pointer is the client's).
+    let mut fatbin = 0xBA55_ED50u32.to_le_bytes().to_vec();
+    fatbin.extend_from_slice(&[1, 0, 16, 0]);
+    fatbin.extend_from_slice(&(1u64 << 20).to_le_bytes());
+    let mut elf = vec![0u8; 64];
+    elf[..4].copy_from_slice(b"\x7fELF");
+    elf[4] = 2;
+    elf[40..48].copy_from_slice(&4096u64.to_le_bytes()); // section headers past the end
+    elf[58] = 64;
+    elf[60] = 3;
+    let mut wrapper = 0x4662_43B1u32.to_le_bytes().to_vec();
+    wrapper.extend_from_slice(&[0; 20]);
+    for (what, img) in [
+        ("empty", Vec::new()),
+        ("PTX with no NUL", b".version 8.0\n.target sm_90".to_vec()),
+        (
+            "module text with no NUL",
+            b"omps-host-module\nfn trap\n".to_vec(),
+        ),
+        ("fatbin", fatbin),
+        ("ELF", elf),
+        ("fatbin wrapper", wrapper),
+    ] {
+        assert_eq!(load_image(&c, &img).map(drop), Err(200), "{what}");
+    }
+    assert!(alloc(&c, 64) != 0, "the client goes on");
+}
+
+#[test]
+fn a_module_global_is_the_clients_only_while_its_module_is_loaded() {
+    let srv = TestServer::start("globals");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let img = b"omps-host-module\nfn fill_u32 0:8 8:4 12:4\nglobal table 64\n\0";
+    let (m, _) = load_image(&c, img).unwrap();
+    let (p, n) = global(&c, m, "table").unwrap();
+    assert_eq!(n, 64);
+    memset(&c, p);
+    c.ping(0).unwrap();
+    c.push(
+        0,
+        Op::ModuleUnload,
+        &[bytemuck::bytes_of(&wire::Handle { id: m, _pad: 0 })],
+    )
+    .unwrap();
+    // Its range may now be another client's: a memset through it is refused.
+    memset(&c, p);
+    assert_eq!(c.ping(0), Err(1), "CUDA_ERROR_INVALID_VALUE");
+}

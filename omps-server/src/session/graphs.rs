@@ -86,11 +86,15 @@ impl Session {
                     Some(&h) => gpu.graph_instantiate(h, g.flags),
                     None => Err(CuError(code::INVALID_HANDLE)),
                 };
-                let r = r.map(|e| {
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    self.execs.insert(id, e);
-                    wire::U64Reply { value: id as u64 }
+                let r = r.and_then(|e| match self.new_id() {
+                    Ok(id) => {
+                        self.execs.insert(id, e);
+                        Ok(wire::U64Reply { value: id as u64 })
+                    }
+                    Err(err) => {
+                        let _ = gpu.graph_exec_destroy(e);
+                        Err(err)
+                    }
                 });
                 self.complete_pod(g.call, r)?;
             }

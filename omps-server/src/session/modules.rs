@@ -35,6 +35,7 @@ impl Session {
                 for f in &m.functions {
                     self.functions.remove(f);
                 }
+                self.globals.retain(|_, &mut (_, module)| module != h.id);
                 self.give_back_module(ctx, m.handle, m.shared);
             }
             Op::ModuleLoad => {
@@ -42,6 +43,12 @@ impl Session {
                 self.channel(m.call.channel)?;
                 let blob = std::mem::take(&mut self.blobs[m.call.channel as usize]);
                 if blob.len() as u64 != m.blob_len {
+                    return self.complete(m.call, code::INVALID_IMAGE, &[]);
+                }
+                // The driver reads the image by what it says of itself: a lie would have it
+                // read past the copy (or, for an empty one, from a dangling pointer).
+                if let Err(why) = omps_ring::image::check_image(&blob) {
+                    self.log_refusal(format_args!("module image refused: {why}"));
                     return self.complete(m.call, code::INVALID_IMAGE, &[]);
                 }
                 // An image loaded before (by any client) costs no load, which would wait for
@@ -78,7 +85,8 @@ impl Session {
                     _ => Err(CuError(code::NOT_FOUND)),
                 };
                 if let Ok((p, n)) = r {
-                    self.globals.insert(p, n);
+                    // Until the module goes: then the range may be another client's.
+                    self.globals.insert(p, (n, g.module));
                 }
                 self.complete_pod(g.call, r.map(|(ptr, size)| wire::GlobalReply { ptr, size }))?;
             }
@@ -147,9 +155,14 @@ impl Session {
         defaults: Option<Defaults>,
     ) -> Result<(), Malformed> {
         let shared = defaults.is_some();
+        let nf = loaded.functions.len();
+        // The module's id and one per function, never wrapping into ids in use.
+        if self.next_id.checked_add(1 + nf as u32).is_none() {
+            self.give_back_module(ctx, loaded.handle, shared);
+            return self.complete(call, code::OUT_OF_MEMORY, &[]);
+        }
         let module_id = self.next_id;
         self.next_id += 1;
-        let nf = loaded.functions.len();
         let np: usize = loaded.functions.iter().map(|f| f.params.len()).sum();
         let names_at = 16 + nf * 32 + np * 8;
         let mut out = Vec::with_capacity(names_at + nf * 32);

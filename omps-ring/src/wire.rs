@@ -841,6 +841,10 @@ pub struct Welcome {
     pub num_devices: u32,
     pub layout: crate::segment::LayoutParams,
     pub segment_len: u64,
+    /// The most streams and events the client may hold per GPU: the shim answers
+    /// CUDA_ERROR_OUT_OF_MEMORY beyond, and the server disconnects a client that goes on.
+    pub max_streams: u32,
+    pub max_events: u32,
 }
 
 /// A request on the client's socket after the handshake. Pinned host memory: `PIN`

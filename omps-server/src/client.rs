@@ -149,10 +149,17 @@ impl ClientShared {
     /// registers it, so the GPU reaches the same pages at the same address.
     pub fn pin(&self, fd: std::os::fd::BorrowedFd, addr: u64, len: u64) -> Result<(), i32> {
         use crate::gpu::code;
-        const MAX_PINNED: u64 = 1 << 40;
         let page = 4096;
-        if len == 0 || !len.is_multiple_of(page) || !addr.is_multiple_of(page) || len > MAX_PINNED {
+        if len == 0 || !len.is_multiple_of(page) || !addr.is_multiple_of(page) {
             return Err(code::INVALID_VALUE);
+        }
+        {
+            let b = crate::bounds::bounds();
+            let p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+            let held: u64 = p.values().sum();
+            if p.len() >= b.pinned_ranges || held.saturating_add(len) > b.pinned_bytes {
+                return Err(code::OUT_OF_MEMORY);
+            }
         }
         omps_ring::shm::check_segment(fd, len as usize).map_err(|_| code::INVALID_VALUE)?;
         let gpu = self.registered_on.as_ref().ok_or(code::NOT_SUPPORTED)?;

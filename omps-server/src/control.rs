@@ -8,15 +8,16 @@ use omps_ring::futex::Doorbell;
 use omps_ring::segment::{DeviceSnapshot, LayoutParams, SegmentView, SnapshotTable, SEGMENT_MAGIC};
 use omps_ring::shm::{self, Mapping};
 use omps_ring::sock;
-use omps_ring::wire::{self, Hello, Welcome};
+use omps_ring::wire::{self, Welcome};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -126,6 +127,10 @@ pub struct Server {
     next_id: u32,
     uid: u32,
     quit: bool,
+    /// Handshakes in progress and control connections (crate::peers).
+    peers: Vec<crate::peers::Peer>,
+    /// Peers dropped for going over their deadline (logged the first few times).
+    slow_peers: u64,
 }
 
 /// Creates the pipe directory (0700, ours) and binds the socket, refusing to steal the
@@ -253,6 +258,8 @@ impl Server {
             // SAFETY: getuid has no preconditions.
             uid: unsafe { libc::getuid() },
             quit: false,
+            peers: Vec::new(),
+            slow_peers: 0,
         })
     }
 
@@ -290,6 +297,13 @@ impl Server {
                 revents: 0,
             });
         }
+        for p in &self.peers {
+            fds.push(libc::pollfd {
+                fd: p.stream.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            });
+        }
         // SAFETY: fds is a valid array of pollfd of the given length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
         if n < 0 {
@@ -305,15 +319,100 @@ impl Server {
                 self.retire_client(*id);
             }
         }
+        let ready: Vec<bool> = fds[1 + ids.len()..]
+            .iter()
+            .map(|p| p.revents != 0)
+            .collect();
+        self.serve_peers(&ready);
         if fds[0].revents & libc::POLLIN != 0 {
-            if let Ok((stream, _)) = self.listener.accept() {
-                if let Err(e) = self.accept(stream) {
-                    tracing::warn!("connection refused: {e}");
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if let Err(e) = self.accept(stream) {
+                        tracing::warn!("connection refused: {e}");
+                    }
                 }
+                Err(e) => self.accept_failed(e),
             }
         }
         self.reap_exiting();
         Ok(())
+    }
+
+    /// accept() failed. Out of descriptors, the listener stays readable and poll would
+    /// spin: the server pauses a moment instead, and says so once in a while.
+    fn accept_failed(&mut self, e: io::Error) {
+        static LOGGED: AtomicU64 = AtomicU64::new(0);
+        if LOGGED.fetch_add(1, Ordering::Relaxed).is_multiple_of(1000) {
+            tracing::warn!("accepting a connection failed: {e}");
+        }
+        if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Moves the handshakes and control connections on whose sockets something happened
+    /// (`ready`, by position), and drops those past their deadline.
+    fn serve_peers(&mut self, ready: &[bool]) {
+        use crate::peers::Progress;
+        let now = Instant::now();
+        let mut i = 0;
+        let mut k = 0;
+        while i < self.peers.len() {
+            let was_ready = ready.get(k).copied().unwrap_or(false);
+            k += 1;
+            if self.peers[i].deadline < now {
+                let p = self.peers.remove(i);
+                self.slow_peers += 1;
+                if self.slow_peers <= 8 || self.slow_peers.is_multiple_of(1000) {
+                    tracing::warn!(
+                        pid = p.pid,
+                        dropped = self.slow_peers,
+                        "a connection that did not finish its handshake or command in time was dropped"
+                    );
+                }
+                continue;
+            }
+            if !was_ready {
+                i += 1;
+                continue;
+            }
+            match self.peers[i].progress() {
+                Progress::Waiting => i += 1,
+                Progress::Client(settings) => {
+                    let p = self.peers.remove(i);
+                    let pid = p.pid;
+                    let r = p
+                        .into_stream()
+                        .and_then(|s| self.accept_client(s, pid, &settings));
+                    if let Err(e) = r {
+                        tracing::warn!(pid, "connection refused: {e}");
+                    }
+                }
+                Progress::Command(line) => {
+                    let (ok, text) = self.control_command(&line);
+                    if self.peers[i].answer(ok, &text).is_err() {
+                        self.peers.remove(i);
+                    } else {
+                        i += 1;
+                    }
+                }
+                Progress::Refused(why) => {
+                    let p = self.peers.remove(i);
+                    let w = Welcome {
+                        magic: wire::HELLO_MAGIC,
+                        version: wire::PROTOCOL_VERSION,
+                        status: code::MPS_CONNECTION_FAILED,
+                        ..Default::default()
+                    };
+                    let _ = sock::send_with_fds(p.stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
+                    tracing::warn!(pid = p.pid, "connection refused: {why}");
+                }
+                Progress::Gone(why) => {
+                    let p = self.peers.remove(i);
+                    tracing::debug!(pid = p.pid, "connection dropped: {why}");
+                }
+            }
+        }
     }
 
     /// Handles what a client sent on its socket: a pinned-memory request, or the end of
@@ -434,9 +533,9 @@ impl Server {
             .retain(|c| c.released.load(Ordering::SeqCst) < n);
     }
 
+    /// A new connection: checked to be of the server's user, then read as its bytes come
+    /// (`serve_peers`).
     fn accept(&mut self, stream: UnixStream) -> io::Result<()> {
-        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-        stream.set_write_timeout(Some(Duration::from_secs(2)))?;
         let cred = peer_cred(&stream)?;
         if cred.uid != self.uid {
             return Err(io::Error::new(
@@ -444,35 +543,14 @@ impl Server {
                 format!("peer uid {} is not the server's uid {}", cred.uid, self.uid),
             ));
         }
-        let mut hb = [0u8; std::mem::size_of::<Hello>()];
-        io::Read::read_exact(&mut &stream, &mut hb)?;
-        let hello: Hello = bytemuck::pod_read_unaligned(&hb);
-        if hello.magic != wire::HELLO_MAGIC || hello.version != wire::PROTOCOL_VERSION {
-            let w = Welcome {
-                magic: wire::HELLO_MAGIC,
-                version: wire::PROTOCOL_VERSION,
-                status: code::MPS_CONNECTION_FAILED,
-                ..Default::default()
-            };
-            let _ = sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "bad hello (protocol version mismatch?)",
+        if self.peers.len() >= crate::bounds::bounds().handshakes {
+            // Dropping it closes it: the peer sees the connection fail.
+            return Err(io::Error::other(
+                "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
             ));
         }
-        match hello.kind {
-            wire::kind::CLIENT => {
-                let mut sb = [0u8; std::mem::size_of::<wire::ClientSettings>()];
-                io::Read::read_exact(&mut &stream, &mut sb)?;
-                let settings: wire::ClientSettings = bytemuck::pod_read_unaligned(&sb);
-                self.accept_client(stream, cred.pid, &settings)
-            }
-            wire::kind::CONTROL => self.serve_control(stream),
-            k => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("unknown connection kind {k}"),
-            )),
-        }
+        self.peers.push(crate::peers::Peer::new(stream, cred.pid)?);
+        Ok(())
     }
 
     fn accept_client(
@@ -490,6 +568,13 @@ impl Server {
             };
             sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[])
         };
+        if self.clients.len() >= crate::bounds::bounds().clients {
+            tracing::warn!(
+                pid,
+                "refusing a client: OMPS_MAX_CLIENTS clients are connected"
+            );
+            return refuse(code::MPS_MAX_CLIENTS_REACHED);
+        }
         let lc_present = crate::policy::Policy::lc_present(&self.client_list());
         let settled = match self.policy.settle(settings) {
             Ok(s) => s,
@@ -556,6 +641,8 @@ impl Server {
             num_devices: self.gpus.len() as u32,
             layout: params,
             segment_len: layout.total_len as u64,
+            max_streams: crate::bounds::bounds().streams,
+            max_events: crate::bounds::bounds().events,
         };
         let mut fds = vec![fd.as_raw_fd()];
         fds.extend(
@@ -599,21 +686,6 @@ impl Server {
         self.workers
             .iter()
             .any(|w| w.faulted.load(Ordering::SeqCst))
-    }
-
-    fn serve_control(&mut self, stream: UnixStream) -> io::Result<()> {
-        let mut r = &stream;
-        while let Some(req) = sock::read_frame(&mut r, 4096)? {
-            let line = String::from_utf8_lossy(&req).trim().to_string();
-            let (ok, text) = self.control_command(&line);
-            let mut reply = vec![u8::from(!ok)];
-            reply.extend_from_slice(text.as_bytes());
-            sock::write_frame(&mut &stream, &reply)?;
-            if self.quit {
-                break;
-            }
-        }
-        Ok(())
     }
 
     /// Runs one omps-ctl / nvidia-cuda-mps-control command line: (success, output).

@@ -33,6 +33,7 @@ pub mod code {
     pub const MPS_CONNECTION_FAILED: i32 = 805;
     pub const MPS_RPC_FAILURE: i32 = 806;
     pub const MPS_SERVER_NOT_READY: i32 = 807;
+    pub const MPS_MAX_CLIENTS_REACHED: i32 = 808;
     pub const MPS_CLIENT_TERMINATED: i32 = 810;
     pub const ILLEGAL_STATE: i32 = 401;
     pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;

@@ -21,6 +21,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod bounds;
 pub mod client;
 pub mod confine;
 pub mod control;
@@ -32,6 +33,7 @@ pub mod gpu_host;
 pub mod ipc;
 pub mod limits;
 pub mod module_cache;
+pub mod peers;
 pub mod placement;
 pub mod policy;
 pub mod printf;

@@ -59,9 +59,6 @@ fn bad<T>(why: impl Into<String>) -> Result<T, Malformed> {
     Err(Malformed(why.into()))
 }
 
-/// Upper bound on one module image, so a client can't make the server buffer without end.
-pub const MAX_BLOB: usize = 1 << 30;
-
 struct Function {
     handle: u64,
     args_size: usize,
@@ -194,6 +191,9 @@ pub struct Session {
     /// Module globals: start -> (length, the module whose unloading ends them).
     globals: BTreeMap<u64, (u64, u32)>,
     blobs: Vec<Vec<u8>>,
+    /// Channels whose image went over OMPS_MAX_IMAGE_BYTES: dropped, and its load is
+    /// answered CUDA_ERROR_OUT_OF_MEMORY.
+    blob_over: Vec<bool>,
     /// Per channel: the last JIT link's image and logs, until the next link.
     link_out: Vec<Vec<u8>>,
     /// Bit i set when work stream i has carried this client's work.
@@ -263,6 +263,7 @@ impl Session {
             allocs: BTreeMap::new(),
             globals: BTreeMap::new(),
             blobs: vec![Vec::new(); channels],
+            blob_over: vec![false; channels],
             link_out: vec![Vec::new(); channels],
             sync: None,
             placement: Default::default(),
@@ -453,6 +454,40 @@ impl Session {
             || covers(&self.imported, addr, len, |&(n, _)| n)
             || self.vmm.mapped(addr, len)
             || self.client.pinned_contains(addr, len)
+    }
+
+    /// The image uploaded into `channel` for a load or a link (which checked the channel),
+    /// which the channel gives up: Err(CUDA_ERROR_OUT_OF_MEMORY) if it went over the
+    /// bound, Err(`short`) if it is not `len` bytes long.
+    fn take_blob(&mut self, channel: u32, len: u64, short: i32) -> Result<Vec<u8>, i32> {
+        let c = channel as usize;
+        let blob = std::mem::take(&mut self.blobs[c]);
+        if std::mem::take(&mut self.blob_over[c]) {
+            return Err(code::OUT_OF_MEMORY);
+        }
+        if blob.len() as u64 != len {
+            return Err(short);
+        }
+        Ok(blob)
+    }
+
+    /// Appends `bytes` to `channel`'s image, unless the client's images would go over
+    /// OMPS_MAX_IMAGE_BYTES: then the image is dropped and its load will say so.
+    fn append_blob(&mut self, channel: usize, bytes: &[u8]) {
+        let held: usize = self.blobs.iter().map(Vec::len).sum();
+        if self.blob_over[channel]
+            || (held + bytes.len()) as u64 > crate::bounds::bounds().image_bytes
+        {
+            if !self.blob_over[channel] {
+                self.log_refusal(format_args!(
+                    "module image over OMPS_MAX_IMAGE_BYTES: its load fails with CUDA_ERROR_OUT_OF_MEMORY"
+                ));
+            }
+            self.blob_over[channel] = true;
+            self.blobs[channel] = Vec::new();
+            return;
+        }
+        self.blobs[channel].extend_from_slice(bytes);
     }
 
     /// Logs why a request of this client was refused: the first few only, so a client

@@ -92,6 +92,9 @@ impl Session {
                 if self.events.contains_key(&o.id) {
                     return bad(format!("event id {} reused", o.id));
                 }
+                if self.events.len() >= crate::bounds::bounds().events as usize {
+                    return bad("more events than OMPS_MAX_EVENTS");
+                }
                 let r = match ours(&o.handle) {
                     None => Err(CuError(code::INVALID_VALUE)),
                     Some(token) => match ctx

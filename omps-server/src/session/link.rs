@@ -55,10 +55,10 @@ impl Session {
         l: wire::ModuleLoad,
     ) -> Result<(), Malformed> {
         self.channel(l.call.channel)?;
-        let blob = std::mem::take(&mut self.blobs[l.call.channel as usize]);
-        if blob.len() as u64 != l.blob_len {
-            return self.complete(l.call, code::INVALID_VALUE, &[]);
-        }
+        let blob = match self.take_blob(l.call.channel, l.blob_len, code::INVALID_VALUE) {
+            Ok(b) => b,
+            Err(e) => return self.complete(l.call, e, &[]),
+        };
         let (options, inputs) = parse(&blob).map_err(Malformed)?;
         let (image, info, error) = ctx.gpu.link(&options, &inputs);
         let (r, image) = match image {

@@ -17,13 +17,10 @@ impl Session {
                 fixed_only(tail, "blob append")?;
                 let c = rec::<wire::ChunkCopy>(p);
                 let (ptr, _) = self.chunk(&c)?;
-                let blob = &mut self.blobs[c.channel as usize];
-                if blob.len() + c.len as usize > MAX_BLOB {
-                    return bad("module image larger than 1 GiB");
-                }
                 // SAFETY: chunk() checked the range lies inside the segment; the client may
                 // scribble on it concurrently, which only corrupts its own image.
-                blob.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, c.len as usize) });
+                let bytes = unsafe { std::slice::from_raw_parts(ptr, c.len as usize) };
+                self.append_blob(c.channel as usize, bytes);
                 self.signal_now(c.channel, Word::Chunk(c.chunk as u8), c.seq, 0)?;
             }
             Op::ModuleUnload => {
@@ -41,10 +38,10 @@ impl Session {
             Op::ModuleLoad => {
                 let m = rec::<wire::ModuleLoad>(p);
                 self.channel(m.call.channel)?;
-                let blob = std::mem::take(&mut self.blobs[m.call.channel as usize]);
-                if blob.len() as u64 != m.blob_len {
-                    return self.complete(m.call, code::INVALID_IMAGE, &[]);
-                }
+                let blob = match self.take_blob(m.call.channel, m.blob_len, code::INVALID_IMAGE) {
+                    Ok(b) => b,
+                    Err(e) => return self.complete(m.call, e, &[]),
+                };
                 // The driver reads the image by what it says of itself: a lie would have it
                 // read past the copy (or, for an empty one, from a dangling pointer).
                 if let Err(why) = omps_ring::image::check_image(&blob) {

@@ -17,6 +17,10 @@ impl Session {
                 if c.id == wire::STREAM_DEFAULT || self.streams.contains_key(&c.id) {
                     return bad(format!("stream id {} reused", c.id));
                 }
+                // The welcome told the shim the bound (it refuses beyond): a lie.
+                if self.streams.len() > crate::bounds::bounds().streams as usize {
+                    return bad("more streams than OMPS_MAX_STREAMS");
+                }
                 const NON_BLOCKING: u32 = 1;
                 self.streams.insert(
                     c.id,
@@ -53,6 +57,9 @@ impl Session {
                 let c = rec::<wire::EventCreate>(p);
                 if self.events.contains_key(&c.id) {
                     return bad(format!("event id {} reused", c.id));
+                }
+                if self.events.len() >= crate::bounds::bounds().events as usize {
+                    return bad("more events than OMPS_MAX_EVENTS");
                 }
                 match gpu.event_create(c.flags) {
                     Ok(e) => {

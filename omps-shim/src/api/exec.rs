@@ -65,7 +65,9 @@ fn per_thread_stream() -> Result<&'static Stream, CUresult> {
         priority: 0,
         _pad: 0,
     };
-    live()?.push(dev, Op::StreamCreate, &[bytemuck::bytes_of(&rec)])?;
+    let c = live()?;
+    c.streams.take()?;
+    c.push(dev, Op::StreamCreate, &[bytemuck::bytes_of(&rec)])?;
     // SAFETY: freshly leaked, never freed.
     let s: &'static Stream = unsafe {
         &*leak(Stream {
@@ -108,7 +110,9 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<()
         priority,
         _pad: 0,
     };
-    live()?.push(dev, Op::StreamCreate, &[bytemuck::bytes_of(&rec)])?;
+    let c = live()?;
+    c.streams.take()?;
+    c.push(dev, Op::StreamCreate, &[bytemuck::bytes_of(&rec)])?;
     let h = leak(Stream {
         magic: AtomicU32::new(STREAM_MAGIC),
         id,
@@ -134,7 +138,9 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
     entry(|| {
         let st = resolve_stream(s)?.ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         retire(&st.magic, STREAM_MAGIC)?;
-        live()?.push(
+        let c = live()?;
+        c.streams.give_back();
+        c.push(
             st.dev,
             Op::StreamDestroy,
             &[bytemuck::bytes_of(&Handle { id: st.id, _pad: 0 })],
@@ -216,7 +222,9 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
         }
         let dev = current_dev()?;
         let id = next_id();
-        live()?.push(
+        let c = live()?;
+        c.events.take()?;
+        c.push(
             dev,
             Op::EventCreate,
             &[bytemuck::bytes_of(&EventCreate { id, flags })],
@@ -237,7 +245,9 @@ pub extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
     entry(|| {
         let ev = event(e)?;
         retire(&ev.magic, EVENT_MAGIC)?;
-        live()?.push(
+        let c = live()?;
+        c.events.give_back();
+        c.push(
             ev.dev,
             Op::EventDestroy,
             &[bytemuck::bytes_of(&Handle { id: ev.id, _pad: 0 })],

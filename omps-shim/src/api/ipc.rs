@@ -177,7 +177,8 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(
         let dev = current_dev()?;
         let id = next_id();
         let c = live()?;
-        c.channel().call(dev, Op::IpcOpenEventHandle, |call| {
+        c.events.take()?;
+        let opened = c.channel().call(dev, Op::IpcOpenEventHandle, |call| {
             bytemuck::bytes_of(&wire::IpcOpenEvent {
                 call,
                 id,
@@ -187,7 +188,11 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(
                 },
             })
             .to_vec()
-        })?;
+        });
+        if let Err(e) = opened {
+            c.events.give_back();
+            return Err(e);
+        }
         let h = leak(Event {
             magic: std::sync::atomic::AtomicU32::new(EVENT_MAGIC),
             id,

@@ -1,0 +1,59 @@
+//! What one client may hold, and how many clients and connections the server takes.
+//! Every bound is generous for PyTorch and set by an environment variable of the server;
+//! going over answers the CUDA error the driver would give (CUDA_ERROR_OUT_OF_MEMORY, or
+//! CUDA_ERROR_MPS_MAX_CLIENTS_REACHED for clients), never harm to the server or others.
+
+use std::sync::OnceLock;
+
+pub struct Bounds {
+    /// Streams and events per client and GPU (OMPS_MAX_STREAMS, OMPS_MAX_EVENTS). The shim
+    /// learns them at its welcome and answers CUDA_ERROR_OUT_OF_MEMORY beyond; the server
+    /// disconnects a client that goes beyond anyway.
+    pub streams: u32,
+    pub events: u32,
+    /// Module image bytes a client may have uploaded and not yet loaded, over all its
+    /// channels (OMPS_MAX_IMAGE_BYTES).
+    pub image_bytes: u64,
+    /// Page-locked host memory a client may register: bytes and ranges
+    /// (OMPS_MAX_PINNED_BYTES, OMPS_MAX_PINNED_RANGES). Each range is a mapping of the
+    /// server's, and vm.max_map_count bounds those for all clients together.
+    pub pinned_bytes: u64,
+    pub pinned_ranges: usize,
+    /// Clients at once (OMPS_MAX_CLIENTS), and connections still in their handshake or
+    /// holding a control connection (OMPS_MAX_HANDSHAKES).
+    pub clients: usize,
+    pub handshakes: usize,
+}
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+/// Half the machine's memory, from /proc/meminfo (64 GiB if it cannot be read).
+fn half_of_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024 / 2)
+        })
+        .unwrap_or(64 << 30)
+}
+
+/// The server's bounds, read from its environment once.
+pub fn bounds() -> &'static Bounds {
+    static B: OnceLock<Bounds> = OnceLock::new();
+    B.get_or_init(|| Bounds {
+        streams: env("OMPS_MAX_STREAMS", 16_384),
+        events: env("OMPS_MAX_EVENTS", 1 << 18),
+        image_bytes: env("OMPS_MAX_IMAGE_BYTES", 2 << 30),
+        pinned_bytes: env("OMPS_MAX_PINNED_BYTES", half_of_memory()),
+        pinned_ranges: env("OMPS_MAX_PINNED_RANGES", 16_384),
+        clients: env("OMPS_MAX_CLIENTS", 1024),
+        handshakes: env("OMPS_MAX_HANDSHAKES", 64),
+    })
+}

@@ -1,0 +1,149 @@
+//! Connections the control thread has not handed on yet: handshakes in progress and
+//! operators' control connections. Their sockets are non-blocking and polled with the
+//! clients', and each has a deadline, so a peer that stays silent, sends a byte at a time
+//! or holds a control connection open costs the control thread nothing: it goes on
+//! accepting clients, answering pin and printf requests and seeing hang-ups.
+
+use omps_ring::wire::{self, Hello};
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+/// The whole handshake (hello and client settings) must arrive within this.
+pub const HANDSHAKE_TIME: Duration = Duration::from_secs(2);
+/// A control connection may wait this long between commands.
+pub const CONTROL_IDLE: Duration = Duration::from_secs(10);
+/// The longest control command line.
+const MAX_COMMAND: usize = 4096;
+
+/// What a peer has sent so far.
+pub enum Stage {
+    /// Its hello.
+    Hello,
+    /// A client's settings, after its hello.
+    Settings,
+    /// A control connection: a command frame (length, then text).
+    Control,
+}
+
+/// A connection in progress.
+pub struct Peer {
+    pub stream: UnixStream,
+    pub pid: i32,
+    pub stage: Stage,
+    buf: Vec<u8>,
+    pub deadline: Instant,
+}
+
+/// What a peer's bytes amounted to.
+pub enum Progress {
+    /// Not a whole message yet.
+    Waiting,
+    /// A client's hello and settings.
+    Client(wire::ClientSettings),
+    /// A control connection's command line.
+    Command(String),
+    /// A hello of another protocol: answer that, then drop it (the reason).
+    Refused(String),
+    /// The peer closed, sent something malformed, or failed: drop it (the reason).
+    Gone(String),
+}
+
+impl Peer {
+    pub fn new(stream: UnixStream, pid: i32) -> io::Result<Peer> {
+        stream.set_nonblocking(true)?;
+        Ok(Peer {
+            stream,
+            pid,
+            stage: Stage::Hello,
+            buf: Vec::new(),
+            deadline: Instant::now() + HANDSHAKE_TIME,
+        })
+    }
+
+    /// How many bytes the current message has in all, once its head is in.
+    fn wanted(&self) -> usize {
+        match self.stage {
+            Stage::Hello => std::mem::size_of::<Hello>(),
+            Stage::Settings => std::mem::size_of::<wire::ClientSettings>(),
+            Stage::Control => match self.buf.get(..4) {
+                Some(l) => 4 + u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize,
+                None => 4,
+            },
+        }
+    }
+
+    /// Reads what has arrived, without blocking, and says what it amounts to.
+    pub fn progress(&mut self) -> Progress {
+        loop {
+            let want = self.wanted();
+            if matches!(self.stage, Stage::Control) && want > 4 + MAX_COMMAND {
+                return Progress::Gone("a control command too long".into());
+            }
+            if self.buf.len() < want {
+                let mut chunk = vec![0u8; want - self.buf.len()];
+                match self.stream.read(&mut chunk) {
+                    Ok(0) => return Progress::Gone("closed".into()),
+                    Ok(n) => {
+                        self.buf.extend_from_slice(&chunk[..n]);
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Progress::Waiting,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Progress::Gone(e.to_string()),
+                }
+            }
+            if matches!(self.stage, Stage::Control) && self.wanted() > want {
+                // The length is in; the text comes next.
+                continue;
+            }
+            let msg = std::mem::take(&mut self.buf);
+            match self.stage {
+                Stage::Hello => {
+                    let hello: Hello = bytemuck::pod_read_unaligned(&msg);
+                    if hello.magic != wire::HELLO_MAGIC || hello.version != wire::PROTOCOL_VERSION {
+                        return Progress::Refused("bad hello (protocol version mismatch?)".into());
+                    }
+                    self.stage = match hello.kind {
+                        wire::kind::CLIENT => Stage::Settings,
+                        wire::kind::CONTROL => {
+                            self.deadline = Instant::now() + CONTROL_IDLE;
+                            Stage::Control
+                        }
+                        k => return Progress::Gone(format!("unknown connection kind {k}")),
+                    };
+                }
+                Stage::Settings => {
+                    return Progress::Client(bytemuck::pod_read_unaligned(&msg));
+                }
+                Stage::Control => {
+                    self.deadline = Instant::now() + CONTROL_IDLE;
+                    let line = String::from_utf8_lossy(&msg[4..]).trim().to_string();
+                    return Progress::Command(line);
+                }
+            }
+        }
+    }
+
+    /// Sends a control command's answer (blocking briefly: answers are short).
+    pub fn answer(&mut self, ok: bool, text: &str) -> io::Result<()> {
+        self.stream.set_nonblocking(false)?;
+        self.stream
+            .set_write_timeout(Some(Duration::from_millis(500)))?;
+        let mut reply = vec![u8::from(!ok)];
+        reply.extend_from_slice(text.as_bytes());
+        let r = omps_ring::sock::write_frame(&mut &self.stream, &reply);
+        self.stream.set_nonblocking(true)?;
+        r
+    }
+
+    /// The stream, blocking again with short timeouts, for the rest of a client's
+    /// handshake (the server's welcome).
+    pub fn into_stream(self) -> io::Result<UnixStream> {
+        self.stream.set_nonblocking(false)?;
+        self.stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        self.stream
+            .set_write_timeout(Some(Duration::from_secs(2)))?;
+        Ok(self.stream)
+    }
+}

@@ -21,6 +21,10 @@ pub struct ClientShared {
     pub commands: AtomicU64,
     /// Worker time spent handling its records, all GPUs.
     pub server_ns: AtomicU64,
+    /// The printf level (wire::printf_use) of the code the server loaded for it, as the
+    /// server read it from the images: a client cannot hide printing code by not
+    /// declaring it (the control thread hands it to the printf router).
+    pub printf_level: AtomicU64,
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -63,6 +67,7 @@ impl ClientShared {
             mem_bytes: Default::default(),
             commands: AtomicU64::new(0),
             server_ns: AtomicU64::new(0),
+            printf_level: AtomicU64::new(0),
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,

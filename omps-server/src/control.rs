@@ -319,6 +319,13 @@ impl Server {
                 self.retire_client(*id);
             }
         }
+        // What the server read from each client's images about printing code.
+        for (&id, (c, _)) in &self.clients {
+            let level = c.printf_level.swap(0, Ordering::Relaxed);
+            if level != 0 {
+                self.printf.declare(id, level);
+            }
+        }
         let ready: Vec<bool> = fds[1 + ids.len()..]
             .iter()
             .map(|p| p.revents != 0)
@@ -458,9 +465,20 @@ impl Server {
                     .remove(&req.addr);
                 match removed {
                     Some(len) => {
-                        // The registering GPU's worker frees it after the client's queued work.
-                        let w = self.lane_of(0, id);
-                        self.workers[w].send(ToWorker::Unpin(id, req.addr, len));
+                        // Every GPU's worker fences the client's work there (a copy in
+                        // flight on any GPU may use it); the last one unregisters it.
+                        let n = self.gpus.len();
+                        let left = Arc::new(std::sync::atomic::AtomicUsize::new(n));
+                        for g in 0..n {
+                            let p = crate::session::PinnedRelease {
+                                addr: req.addr,
+                                len,
+                                left: left.clone(),
+                                client: c.clone(),
+                            };
+                            let w = self.lane_of(g, id);
+                            self.workers[w].send(ToWorker::Unpin(id, p));
+                        }
                         0
                     }
                     None => code::INVALID_VALUE,

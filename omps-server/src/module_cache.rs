@@ -36,6 +36,8 @@ struct Entry {
     image: Arc<[u8]>,
     loaded: LoadedModule,
     defaults: Defaults,
+    /// The image's printf level (wire::printf_use), read once when it was first loaded.
+    printf: u64,
     refs: u32,
     last_used: Instant,
 }
@@ -58,6 +60,11 @@ pub struct ModuleCache {
 }
 
 impl ModuleCache {
+    /// The GPU's compute capability (major * 10 + minor).
+    pub fn cc(&self) -> u32 {
+        self.cc
+    }
+
     pub fn new(cc: u32) -> Self {
         ModuleCache {
             inner: Default::default(),
@@ -84,7 +91,7 @@ impl ModuleCache {
     }
 
     /// The module already loaded from exactly `image`, now with one more user.
-    pub fn get(&self, image: &[u8]) -> Option<(LoadedModule, Defaults)> {
+    pub fn get(&self, image: &[u8]) -> Option<(LoadedModule, Defaults, u64)> {
         let key = self.hash(image);
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Inner {
@@ -100,17 +107,18 @@ impl ModuleCache {
         }
         e.refs += 1;
         e.last_used = Instant::now();
-        Some((e.loaded.clone(), e.defaults.clone()))
+        Some((e.loaded.clone(), e.defaults.clone(), e.printf))
     }
 
     /// Records a module just loaded from `image` (a shareable one), with one user.
-    pub fn insert(&self, image: Vec<u8>, loaded: LoadedModule, defaults: Defaults) {
+    pub fn insert(&self, image: Vec<u8>, loaded: LoadedModule, defaults: Defaults, printf: u64) {
         let key = self.hash(&image);
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.by_hash.entry(key).or_default().push(Entry {
             image: image.into(),
             loaded,
             defaults,
+            printf,
             refs: 1,
             last_used: Instant::now(),
         });
@@ -349,7 +357,7 @@ mod tests {
         let c = ModuleCache::new(90);
         let img = elf(&[".text.k"], &[]);
         assert!(c.get(&img).is_none());
-        c.insert(img.clone(), loaded(7), Default::default());
+        c.insert(img.clone(), loaded(7), Default::default(), 0);
         assert_eq!(c.get(&img).map(|m| m.0.handle), Some(7));
         let mut other = img.clone();
         *other.last_mut().unwrap() ^= 1;

@@ -27,8 +27,30 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Starts every marker; 8 more bytes (the marker's number) follow.
-const MARK_PREFIX: [u8; 8] = *b"\0\x1bomps\x1b\0";
-const MARK_LEN: usize = MARK_PREFIX.len() + 8;
+/// A marker's first bytes: a NUL, then seven random bytes drawn when the server starts,
+/// so that no kernel can print a marker that ends a flush early.
+fn mark_prefix() -> &'static [u8; 8] {
+    static P: std::sync::OnceLock<[u8; 8]> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let mut p = [0u8; 8];
+        // SAFETY: writes at most 7 bytes into the buffer's tail.
+        let n = unsafe { libc::getrandom(p[1..].as_mut_ptr() as *mut libc::c_void, 7, 0) };
+        if n != 7 {
+            // No randomness: the time, which a kernel cannot know ahead either.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            p[1..].copy_from_slice(&t.to_le_bytes()[..7]);
+        }
+        p
+    })
+}
+const MARK_LEN: usize = 16;
+/// The most of one piece of device text the log takes, and how many such pieces it
+/// takes whole before it only counts them (a client printing without end cannot fill
+/// the log).
+const LOG_TEXT_MAX: usize = 4096;
+const LOG_PIECES: u64 = 64;
 /// Text a client has not collected yet is capped at this per stream; the rest is counted
 /// as lost.
 const PENDING_MAX: usize = 16 << 20;
@@ -77,8 +99,10 @@ struct State {
     /// Per stream, the number of the last marker its pump has passed, and of the last sent.
     marks_seen: [u64; 2],
     marks_sent: [u64; 2],
-    /// Bytes routed to the log because no single client could be named.
+    /// Bytes routed to the log because no single client could be named, and in how many
+    /// pieces.
     unattributed: u64,
+    logged_pieces: u64,
 }
 
 struct Shared {
@@ -190,7 +214,7 @@ impl PrintfRouter {
                     tracing::warn!(
                         client = id,
                         "device output ({stream:?}) the client did not collect before it went:\n{}",
-                        String::from_utf8_lossy(&p.text)
+                        log_text(&p.text)
                     );
                 }
             }
@@ -212,7 +236,7 @@ impl PrintfRouter {
             st.marks_sent[k]
         };
         let mut mark = [0u8; MARK_LEN];
-        mark[..8].copy_from_slice(&MARK_PREFIX);
+        mark[..8].copy_from_slice(mark_prefix());
         mark[8..].copy_from_slice(&n.to_le_bytes());
         // SAFETY: writes MARK_LEN bytes from a live buffer to a descriptor we own; below
         // PIPE_BUF, so the marker is never split by other writers.
@@ -286,7 +310,7 @@ enum Piece<'a> {
 fn split_marks<'a>(data: &'a [u8], mut f: impl FnMut(Piece<'a>)) -> usize {
     let mut rest = data;
     loop {
-        match find(rest, &MARK_PREFIX) {
+        match find(rest, mark_prefix()) {
             Some(i) if rest.len() >= i + MARK_LEN => {
                 if i > 0 {
                     f(Piece::Text(&rest[..i]));
@@ -303,9 +327,10 @@ fn split_marks<'a>(data: &'a [u8], mut f: impl FnMut(Piece<'a>)) -> usize {
             }
             None => {
                 // The longest tail that is a proper prefix of the marker waits for more.
-                let keep = (1..MARK_PREFIX.len())
+                let prefix = mark_prefix();
+                let keep = (1..prefix.len())
                     .rev()
-                    .find(|&k| rest.len() >= k && rest[rest.len() - k..] == MARK_PREFIX[..k])
+                    .find(|&k| rest.len() >= k && rest[rest.len() - k..] == prefix[..k])
                     .unwrap_or(0);
                 if rest.len() > keep {
                     f(Piece::Text(&rest[..rest.len() - keep]));
@@ -313,6 +338,15 @@ fn split_marks<'a>(data: &'a [u8], mut f: impl FnMut(Piece<'a>)) -> usize {
                 return keep;
             }
         }
+    }
+}
+
+/// Device text as the log takes it: at most LOG_TEXT_MAX bytes, and how much was cut.
+fn log_text(text: &[u8]) -> String {
+    let shown = String::from_utf8_lossy(&text[..text.len().min(LOG_TEXT_MAX)]);
+    match text.len().checked_sub(LOG_TEXT_MAX) {
+        Some(cut) if cut > 0 => format!("{shown}\n[... {cut} more bytes not logged]"),
+        _ => shown.into_owned(),
     }
 }
 
@@ -347,10 +381,18 @@ fn route(st: &mut State, stream: Stream, text: &[u8]) {
             } else {
                 "several clients run printing code"
             };
-            tracing::warn!(
-                "device output on {stream:?} ({why}, so it cannot be given to one client):\n{}",
-                String::from_utf8_lossy(text)
-            );
+            st.logged_pieces += 1;
+            if st.logged_pieces <= LOG_PIECES {
+                tracing::warn!(
+                    "device output on {stream:?} ({why}, so it cannot be given to one client):\n{}",
+                    log_text(text)
+                );
+            } else if st.logged_pieces.is_multiple_of(1000) {
+                tracing::warn!(
+                    "{} bytes of device output in all could not be given to one client",
+                    st.unattributed
+                );
+            }
         }
     }
 }
@@ -360,7 +402,7 @@ mod tests {
     use super::*;
 
     fn mark(n: u64) -> Vec<u8> {
-        let mut m = MARK_PREFIX.to_vec();
+        let mut m = mark_prefix().to_vec();
         m.extend_from_slice(&n.to_le_bytes());
         m
     }

@@ -207,8 +207,8 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
     for (_, size) in rel.arrays.arrays.into_iter().chain(rel.arrays.mipmaps) {
         client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
     }
-    for (addr, len) in rel.pinned {
-        client.release_pinned(addr, len);
+    for p in rel.pinned {
+        p.done();
     }
     if final_for_client {
         client.released.fetch_add(1, Ordering::SeqCst);

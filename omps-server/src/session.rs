@@ -139,12 +139,31 @@ struct Module {
 /// A device range: start and length.
 type Range = (u64, u64);
 
+/// A pinned range a client gave back: every GPU's worker fences the client's work that
+/// may still use it, and the last of them unregisters it.
+pub struct PinnedRelease {
+    pub addr: u64,
+    pub len: u64,
+    /// Workers still to fence it.
+    pub left: Arc<std::sync::atomic::AtomicUsize>,
+    pub client: Arc<ClientShared>,
+}
+
+impl PinnedRelease {
+    /// This worker is done with it: unregistered if it was the last.
+    pub fn done(self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.client.release_pinned(self.addr, self.len);
+        }
+    }
+}
+
 /// Resources a client gave back or left behind, freed once the GPU is done with them.
 #[derive(Default)]
 pub struct Release {
     pub allocs: Vec<(u64, u64)>,
     /// Pinned host ranges (already out of the client's table).
-    pub pinned: Vec<(u64, u64)>,
+    pub pinned: Vec<PinnedRelease>,
     pub modules: Vec<u64>,
     pub events: Vec<u64>,
     pub graphs: Vec<u64>,

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 pub enum ToWorker {
     Add(Arc<ClientShared>),
     Remove(u32),
-    /// Release a pinned range of a client once its queued work is done.
-    Unpin(u32, u64, u64),
+    /// Release a pinned range of a client once its queued work on this GPU is done (the
+    /// last GPU's worker unregisters it).
+    Unpin(u32, crate::session::PinnedRelease),
     Quit,
 }
 
@@ -764,19 +765,17 @@ pub fn run(
                         ctx.retire(s);
                     }
                 }
-                ToWorker::Unpin(id, addr, len) => match sessions
-                    .iter_mut()
-                    .find(|s| s.client.id == id)
-                {
+                ToWorker::Unpin(id, p) => match sessions.iter_mut().find(|s| s.client.id == id) {
                     Some(s) => ctx.release_later(
                         s,
                         Release {
-                            pinned: vec![(addr, len)],
+                            pinned: vec![p],
                             ..Default::default()
                         },
                     ),
                     None => {
-                        tracing::warn!(client = id, "unpin for a client this worker does not know")
+                        // Its session is gone with its work: nothing here to wait for.
+                        p.done();
                     }
                 },
                 ToWorker::Quit => quitting = true,

@@ -686,3 +686,54 @@ fn a_module_global_is_the_clients_only_while_its_module_is_loaded() {
     memset(&c, p);
     assert_eq!(c.ping(0), Err(1), "CUDA_ERROR_INVALID_VALUE");
 }
+
+/// Launches `print(ptr, len)` (the host GPU's printf) of module function `f`.
+fn launch_print(c: &Conn, f: u32, ptr: u64, len: u32) {
+    let l = wire::Launch {
+        func: f,
+        grid: [1; 3],
+        block: [1; 3],
+        args_len: 12,
+        ..Default::default()
+    };
+    let mut args = ptr.to_le_bytes().to_vec();
+    args.extend_from_slice(&len.to_le_bytes());
+    c.push(0, Op::Launch, &[bytemuck::bytes_of(&l), &args])
+        .unwrap();
+}
+
+#[test]
+fn a_client_that_hides_its_printing_code_prints_into_no_one_else() {
+    let srv = TestServer::start("printf-hide");
+    let img = b"omps-host-module\nextern vprintf\nfn print 0:8 8:4\n\0";
+    // The honest client declares its printing code; the other loads the same kind of
+    // code and says nothing, hoping its text goes to the only client that declared.
+    let honest = Conn::connect_to(&srv.socket()).unwrap();
+    honest
+        .socket_request(wire::hostmem::PRINTF_USE, 0, wire::printf_use::YES, None)
+        .unwrap();
+    load_image(&honest, img).unwrap();
+    let sly = Conn::connect_to(&srv.socket()).unwrap();
+    let (_, funcs) = load_image(&sly, img).unwrap();
+    let text = b"hidden!\n";
+    let p = alloc(&sly, 64);
+    let inline = wire::InlineCopy {
+        dev: p,
+        len: text.len() as u32,
+        ..Default::default()
+    };
+    sly.push(0, Op::CopyHtoDInline, &[bytemuck::bytes_of(&inline), text])
+        .unwrap();
+    // Give the control thread a poll to learn what the sly client loaded.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    launch_print(&sly, funcs[0].1, p, text.len() as u32);
+    sly.ping(0).unwrap();
+    let got = honest
+        .socket_request(wire::hostmem::PRINTF_FLUSH, 0, 1 << 16, None)
+        .unwrap();
+    let (out, _) = wire::split_printf_reply(&got).unwrap();
+    assert!(
+        !out.windows(text.len()).any(|w| w == text),
+        "another client's text reached the one that declared printing code"
+    );
+}

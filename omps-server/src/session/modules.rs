@@ -53,12 +53,20 @@ impl Session {
                 let cache = &ctx.shared.modules;
                 let share = cache.shareable(&blob);
                 match share.then(|| cache.get(&blob)).flatten() {
-                    Some((loaded, d)) => self.finish_module_load(ctx, m.call, loaded, Some(d))?,
+                    Some((loaded, d, printf)) => {
+                        self.uses_printf(printf);
+                        self.finish_module_load(ctx, m.call, loaded, Some(d))?
+                    }
                     None => match gpu.module_load(&blob) {
                         Ok(loaded) => {
+                            // Whether its code prints, read by the server: the client's own
+                            // word for it is not taken (crate::printf routes by it).
+                            let printf = omps_ring::image::printf_use(&blob, cache.cc());
+                            self.uses_printf(printf);
                             let d = share.then(|| settable_defaults(&*gpu, &loaded));
                             if let Some(d) = &d {
-                                ctx.shared.modules.insert(blob, loaded.clone(), d.clone());
+                                let c = &ctx.shared.modules;
+                                c.insert(blob, loaded.clone(), d.clone(), printf);
                             }
                             self.finish_module_load(ctx, m.call, loaded, d)?
                         }
@@ -141,6 +149,11 @@ impl Session {
                 },
             );
         }
+    }
+
+    /// The client loaded code of printf level `level` (wire::printf_use).
+    fn uses_printf(&self, level: u64) {
+        self.client.printf_level.fetch_max(level, Ordering::Relaxed);
     }
 
     /// Registers the module's functions and writes the function table into chunk 0.

@@ -224,6 +224,12 @@ impl HostGpu {
 
     /// Bytes currently allocated (mapped VMM ranges included), for tests that check
     /// nothing leaked.
+    /// `len` bytes of device memory at `addr`, read directly (for tests' checks).
+    pub fn peek(&self, addr: u64, len: usize) -> Option<Vec<u8>> {
+        let mut st = self.state.lock().unwrap();
+        st.range(addr, len).ok().map(|d| d.to_vec())
+    }
+
     pub fn bytes_allocated(&self) -> u64 {
         let st = self.state.lock().unwrap();
         st.mem.values().map(|v| v.len() as u64).sum::<u64>()

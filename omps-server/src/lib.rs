@@ -25,6 +25,7 @@ pub mod bounds;
 pub mod client;
 pub mod confine;
 pub mod control;
+pub mod fuzz_sequences;
 pub mod gpu;
 pub mod gpu_arrays;
 pub mod gpu_cuda;

@@ -56,7 +56,7 @@ pub fn run_command_bytes(data: &[u8]) {
     let mut s = unsafe { Session::new(client, 0) };
     let mut rest = data;
     while rest.len() >= 3 {
-        let tag = (rest[0] % 48) as u32;
+        let tag = (rest[0] % 64) as u32;
         let len = (u16::from_le_bytes([rest[1], rest[2]]) as usize).min(rest.len() - 3);
         let payload = &rest[3..3 + len];
         rest = &rest[3 + len..];

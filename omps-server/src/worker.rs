@@ -213,6 +213,12 @@ impl WorkerCtx {
         Ok(vec![0; gpu.stream_count()])
     }
 
+    /// The events the worker holds for itself (a scratch event per work stream it used),
+    /// which no client's retirement frees.
+    pub fn own_events(&self) -> usize {
+        self.scratch_events.iter().filter(|&&e| e != 0).count()
+    }
+
     /// The scratch event of stream `i`, made now if it never was.
     fn scratch_event(&mut self, i: usize) -> GpuResult<u64> {
         let slot = self

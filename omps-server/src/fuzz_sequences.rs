@@ -249,9 +249,9 @@ fn step(me: &mut Client, ctx: &mut WorkerCtx, held: &mut Held, b: &mut Bytes, th
             // A memset inside an allocation, or one running past its end or into the
             // other client's memory (refused).
             if let Some((p, n)) = b.pick(&held.allocs) {
-                let over = b.u8() % 4 == 0;
+                let over = b.u8().is_multiple_of(4);
                 let count = if over { n / 4 + 1 } else { n / 4 };
-                let dst = if b.u8() % 8 == 0 { theirs } else { p };
+                let dst = if b.u8().is_multiple_of(8) { theirs } else { p };
                 let m = wire::Memset {
                     dst,
                     count,
@@ -376,7 +376,7 @@ fn step(me: &mut Client, ctx: &mut WorkerCtx, held: &mut Held, b: &mut Bytes, th
             ctx.poll();
             return ok;
         }
-        14 if b.u8() % 8 == 0 => return false, // dies here
+        14 if b.u8().is_multiple_of(8) => return false, // dies here
         _ => {
             let call = me.call();
             return me.send(ctx, Op::Ping, &[bytemuck::bytes_of(&call)]);

@@ -125,8 +125,15 @@ impl ClientShared {
     }
 
     /// Publishes a server state change and wakes every thread of the client that sleeps.
+    /// A client cut off stays cut off: a fault after it (or any later state) does not
+    /// replace the code it was told (CUDA_ERROR_MPS_CLIENT_TERMINATED for a terminated one).
     pub fn set_state(&self, new_state: u32, code: i32) {
         let h = self.seg.header();
+        if new_state != state::DISCONNECTED
+            && h.server_state.load(Ordering::SeqCst) == state::DISCONNECTED
+        {
+            return;
+        }
         h.state_code.store(code, Ordering::SeqCst);
         h.server_state.store(new_state, Ordering::SeqCst);
         futex::wake(&h.server_state, u32::MAX);

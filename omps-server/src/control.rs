@@ -385,6 +385,13 @@ impl Server {
             }
             match self.peers[i].progress() {
                 Progress::Waiting => i += 1,
+                Progress::Client(_) if self.peers[i].operator_only => {
+                    let p = self.peers.remove(i);
+                    tracing::warn!(
+                        pid = p.pid,
+                        "connection refused: root may control, not run, a user's server"
+                    );
+                }
                 Progress::Client(settings) => {
                     let p = self.peers.remove(i);
                     let pid = p.pid;
@@ -551,11 +558,13 @@ impl Server {
             .retain(|c| c.released.load(Ordering::SeqCst) < n);
     }
 
-    /// A new connection: checked to be of the server's user, then read as its bytes come
-    /// (`serve_peers`).
+    /// A new connection: checked to be of the server's user (or root, which may only
+    /// control it, as an operator), then read as its bytes come (`serve_peers`). Control
+    /// commands (quit, terminate_client, limits) belong to those who may open the pipe
+    /// directory: the server's user and root, as with MPS's control pipe.
     fn accept(&mut self, stream: UnixStream) -> io::Result<()> {
         let cred = peer_cred(&stream)?;
-        if cred.uid != self.uid {
+        if cred.uid != self.uid && cred.uid != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!("peer uid {} is not the server's uid {}", cred.uid, self.uid),
@@ -567,7 +576,9 @@ impl Server {
                 "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
             ));
         }
-        self.peers.push(crate::peers::Peer::new(stream, cred.pid)?);
+        let operator_only = cred.uid != self.uid;
+        self.peers
+            .push(crate::peers::Peer::new(stream, cred.pid, operator_only)?);
         Ok(())
     }
 

@@ -1,17 +1,24 @@
 //! Context limits per client (cuCtxGetLimit / cuCtxSetLimit). Under MPS each client has
 //! its own stack size, printf FIFO, malloc heap and the rest; here all clients share one
 //! context, so each client reads back its own values (or the context's defaults, taken
-//! before any client changed them), and the context is only ever raised, to the largest
-//! value a client asked for: what one client sets never shrinks another's.
+//! before any client changed them), and the context is raised to the largest value a
+//! client asked for: what one client sets never shrinks another's. When the last client
+//! that needed a raise goes, the context comes back down to what those left need (or
+//! the default), so one client's large heap or stack does not outlive it.
+
+/// CUlimit values the context comes back down from: stack size, printf FIFO, malloc heap
+/// (the others are small, or not the client's to grow).
+const LOWERED: [i32; 3] = [0, 1, 2];
 
 use crate::gpu::{CuError, Gpu, GpuResult};
 use omps_ring::wire::query;
 use std::collections::HashMap;
 
-/// The context's value of each limit before any client set it.
+/// The context's value of each limit before any client set it, and what each client set.
 #[derive(Default)]
 pub struct ContextLimits {
     defaults: HashMap<i32, u64>,
+    by_client: HashMap<u32, HashMap<i32, u64>>,
 }
 
 impl ContextLimits {
@@ -53,6 +60,37 @@ impl ContextLimits {
         client.insert(limit, value);
         Ok(())
     }
+
+    /// Records what client `id` set (its session's values), for [`ContextLimits::gone`].
+    pub fn note(&mut self, id: u32, client: &HashMap<i32, u64>) {
+        self.by_client.insert(id, client.clone());
+    }
+
+    /// Client `id` is gone: each limit it raised comes down to the largest value a
+    /// remaining client set, or the default.
+    pub fn gone(&mut self, gpu: &dyn Gpu, id: u32) {
+        let Some(theirs) = self.by_client.remove(&id) else {
+            return;
+        };
+        for (limit, _) in theirs.into_iter().filter(|(l, _)| LOWERED.contains(l)) {
+            let Some(&default) = self.defaults.get(&limit) else {
+                continue;
+            };
+            let need = self
+                .by_client
+                .values()
+                .filter_map(|c| c.get(&limit).copied())
+                .fold(default, u64::max);
+            if context_value(gpu, limit).is_ok_and(|now| now > need) {
+                let _ = gpu.query(
+                    query::CTX_SET_LIMIT,
+                    0,
+                    [limit as i64, need as i64, 0, 0, 0, 0, 0],
+                    &[],
+                );
+            }
+        }
+    }
 }
 
 fn context_value(gpu: &dyn Gpu, limit: i32) -> GpuResult<u64> {
@@ -91,6 +129,31 @@ mod tests {
             context_value(&gpu, stack).unwrap(),
             default * 4,
             "b's smaller value did not shrink the context under a"
+        );
+    }
+
+    #[test]
+    fn a_raise_ends_with_the_last_client_that_needed_it() {
+        let gpu = HostGpu::new(0, 1 << 30);
+        let mut ctx = ContextLimits::default();
+        let (mut a, mut b) = (HashMap::new(), HashMap::new());
+        let heap = 2;
+        let default = ctx.get(&gpu, &a, heap).unwrap();
+        ctx.set(&gpu, &mut a, heap, default * 8).unwrap();
+        ctx.note(1, &a);
+        ctx.set(&gpu, &mut b, heap, default * 2).unwrap();
+        ctx.note(2, &b);
+        ctx.gone(&gpu, 1);
+        assert_eq!(
+            context_value(&gpu, heap).unwrap(),
+            default * 2,
+            "down to what b needs"
+        );
+        ctx.gone(&gpu, 2);
+        assert_eq!(
+            context_value(&gpu, heap).unwrap(),
+            default,
+            "back to the default"
         );
     }
 

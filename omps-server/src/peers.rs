@@ -30,6 +30,8 @@ pub enum Stage {
 pub struct Peer {
     pub stream: UnixStream,
     pub pid: i32,
+    /// Of another user (root): it may open a control connection, not be a client.
+    pub operator_only: bool,
     pub stage: Stage,
     buf: Vec<u8>,
     pub deadline: Instant,
@@ -50,11 +52,12 @@ pub enum Progress {
 }
 
 impl Peer {
-    pub fn new(stream: UnixStream, pid: i32) -> io::Result<Peer> {
+    pub fn new(stream: UnixStream, pid: i32, operator_only: bool) -> io::Result<Peer> {
         stream.set_nonblocking(true)?;
         Ok(Peer {
             stream,
             pid,
+            operator_only,
             stage: Stage::Hello,
             buf: Vec::new(),
             deadline: Instant::now() + HANDSHAKE_TIME,

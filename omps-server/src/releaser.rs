@@ -166,6 +166,13 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         }
         client.mem_bytes[dev].fetch_sub(len, Ordering::Relaxed);
     }
+    if let (Some(g), Some(shared)) = (gpu, &rel.limits) {
+        shared
+            .limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .gone(g, client.id);
+    }
     if let Some(g) = gpu {
         for m in rel.modules {
             let _ = g.module_unload(m);

@@ -174,6 +174,9 @@ pub struct Release {
     pub ipc_close: Vec<u64>,
     pub vmm: VmmRelease,
     pub arrays: arrays::ArrayRelease,
+    /// The GPU whose context limits the departed client had raised: they come back down
+    /// once its work is done (crate::limits).
+    pub limits: Option<Arc<crate::worker::GpuShared>>,
 }
 
 impl Release {
@@ -194,6 +197,7 @@ impl Release {
             && self.arrays.mipmaps.is_empty()
             && self.arrays.textures.is_empty()
             && self.arrays.surfaces.is_empty()
+            && self.limits.is_none()
     }
 }
 
@@ -509,6 +513,11 @@ impl Session {
         self.blobs[channel].extend_from_slice(bytes);
     }
 
+    /// The context limits this client set (crate::limits).
+    pub(crate) fn limits_set(&self) -> &HashMap<i32, u64> {
+        &self.limits
+    }
+
     /// Logs why a request of this client was refused: the first few only, so a client
     /// that keeps asking cannot fill the log.
     pub(crate) fn log_refusal(&mut self, why: std::fmt::Arguments<'_>) {
@@ -755,6 +764,7 @@ impl Session {
             .collect();
         let rel = Release {
             pinned: Vec::new(),
+            limits: None,
             allocs,
             ipc,
             ipc_close,

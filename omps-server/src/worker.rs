@@ -556,7 +556,11 @@ impl WorkerCtx {
         let m = s.sync_stream(self);
         let (fence_streams, left) = (s.fence_streams(), s.left_events(self));
         let bound = s.bound_work_streams();
-        let (client, rel) = s.into_release(&self.shared);
+        let raised_limits = !s.limits_set().is_empty();
+        let (client, mut rel) = s.into_release(&self.shared);
+        if raised_limits {
+            rel.limits = Some(self.shared.clone());
+        }
         self.markers.retain(|mk| mk.client.id != client.id);
         self.defer(client, &fence_streams, &left, m, rel, true);
         // Only now, its fence queued: a stream given back earlier could be bound (and

@@ -73,9 +73,12 @@ impl Session {
                 let limits = || ctx.shared.limits.lock().unwrap_or_else(|e| e.into_inner());
                 let r = match q.kind {
                     wire::query::CTX_GET_LIMIT => limits().get(&*gpu, &self.limits, limit),
-                    wire::query::CTX_SET_LIMIT => limits()
-                        .set(&*gpu, &mut self.limits, limit, q.args[1] as u64)
-                        .map(|()| 0),
+                    wire::query::CTX_SET_LIMIT => {
+                        let mut l = limits();
+                        let r = l.set(&*gpu, &mut self.limits, limit, q.args[1] as u64);
+                        l.note(self.client.id, &self.limits);
+                        r.map(|()| 0)
+                    }
                     _ => gpu.query(q.kind, func, q.args, tail).map(|v| v as u64),
                 };
                 self.complete_pod(q.call, r.map(|value| wire::U64Reply { value }))?;

@@ -635,6 +635,11 @@ impl Server {
         let layout = params
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // Fallible steps that need no segment come first: once the segment is handed over,
+        // only the ClientShared made from it unregisters it (a mapping dropped while still
+        // registered left the driver a registration that refused every later segment at
+        // that address: error 712).
+        let ours = stream.try_clone()?;
         let spare = if crowded { None } else { self.segments.take() };
         let prepared = match spare {
             Some(p) => p,
@@ -673,15 +678,9 @@ impl Server {
             max_streams: crate::bounds::bounds().streams,
             max_events: crate::bounds::bounds().events,
         };
-        let mut fds = vec![fd.as_raw_fd()];
-        fds.extend(
-            (0..self.gpus.len()).map(|g| self.workers[self.lane_of(g, id)].bell_fd.as_raw_fd()),
-        );
-        sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&welcome), &fds)?;
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
-        let ours = stream.try_clone()?;
         let c = Arc::new(ClientShared::new(
             id,
             pid,
@@ -691,6 +690,12 @@ impl Server {
             OwnedFd::from(ours),
             registered_on,
         ));
+        let mut fds = vec![fd.as_raw_fd()];
+        fds.extend(
+            (0..self.gpus.len()).map(|g| self.workers[self.lane_of(g, id)].bell_fd.as_raw_fd()),
+        );
+        // A client that died meanwhile: `c` goes, and its segment with it, unregistered.
+        sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&welcome), &fds)?;
         // Its placement (and everyone's, if it is latency-critical) before any worker
         // sees it, so its first work already runs where it belongs.
         settled.apply(&c);

@@ -752,11 +752,14 @@ impl Gpu for HostGpu {
     }
 
     unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> GpuResult<()> {
-        self.state
-            .lock()
-            .unwrap()
-            .registered
-            .push((ptr as usize, len));
+        let mut st = self.state.lock().unwrap();
+        let (a, b) = (ptr as usize, ptr as usize + len);
+        // As the driver: a range overlapping one still registered is refused.
+        if st.registered.iter().any(|&(s, n)| a < s + n && s < b) {
+            const HOST_MEMORY_ALREADY_REGISTERED: i32 = 712;
+            return Err(CuError(HOST_MEMORY_ALREADY_REGISTERED));
+        }
+        st.registered.push((a, len));
         Ok(())
     }
 

@@ -737,3 +737,40 @@ fn a_client_that_hides_its_printing_code_prints_into_no_one_else() {
         "another client's text reached the one that declared printing code"
     );
 }
+
+#[test]
+fn clients_that_die_in_their_handshake_leave_nothing_registered() {
+    use std::io::Write;
+    let srv = TestServer::start("die-in-handshake");
+    drop(Conn::connect_to(&srv.socket()).unwrap());
+    let settle = |want: usize| {
+        let t = Instant::now();
+        while srv.gpu.registered_ranges() > want && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        srv.gpu.registered_ranges()
+    };
+    // The spare segments made ahead are registered; nothing else.
+    std::thread::sleep(Duration::from_millis(200));
+    let baseline = srv.gpu.registered_ranges();
+    for _ in 0..20 {
+        let mut s = std::os::unix::net::UnixStream::connect(srv.socket()).unwrap();
+        let hello = wire::Hello {
+            magic: wire::HELLO_MAGIC,
+            version: wire::PROTOCOL_VERSION,
+            kind: wire::kind::CLIENT,
+        };
+        s.write_all(bytemuck::bytes_of(&hello)).unwrap();
+        s.write_all(bytemuck::bytes_of(&wire::ClientSettings::none()))
+            .unwrap();
+        // Gone before the server's welcome: the segment made for it must go too.
+        drop(s);
+    }
+    let c = Conn::connect_to(&srv.socket()).expect("a client after them connects");
+    assert!(alloc(&c, 64) != 0);
+    drop(c);
+    assert!(
+        settle(baseline) <= baseline,
+        "segments of clients that died in their handshake stay registered"
+    );
+}

@@ -75,7 +75,9 @@ done
 for _ in $(seq "$TORCH_KILLS"); do torch_kill; kill -0 $SP 2>/dev/null || break; done
 t1=$(date +%s)
 for p in "${spids[@]}"; do wait "$p"; done
-sleep 3
+# Dead clients' segments stay registered (and resident) until the GPU is quiet or for up
+# to 30 s (omps-server/src/unpin.rs): measure once that has passed.
+sleep "${SOAK_SETTLE:-35}"
 alive=no; kill -0 $SP 2>/dev/null && alive=yes
 after_rss=$(rss 2>/dev/null); after_fds=$(fds 2>/dev/null); after_gpu=$(gpumem)
 ok_surv=0

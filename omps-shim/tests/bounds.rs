@@ -31,17 +31,6 @@ fn small_bounds() {
     });
 }
 
-fn wait_disconnected(c: &Conn) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(5) {
-        if c.check_alive().is_err() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
-}
-
 #[test]
 fn streams_and_events_beyond_the_bound() {
     small_bounds();

@@ -9,17 +9,6 @@ use omps_shim::conn::Conn;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-fn wait_disconnected(c: &Conn) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(5) {
-        if c.check_alive().is_err() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
-}
-
 #[test]
 fn garbage_in_the_ring_disconnects_only_that_client() {
     let srv = TestServer::start("garbage");

@@ -229,3 +229,16 @@ pub fn host_function(name: &std::ffi::CStr) -> omps_shim::api::exec::CUfunction 
     }
     f
 }
+
+/// Whether the server cuts `c` off within 5 s.
+#[allow(dead_code)]
+pub fn wait_disconnected(c: &omps_shim::conn::Conn) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if c.check_alive().is_err() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}

@@ -120,7 +120,11 @@ pub struct Server {
     started: std::time::Instant,
     segments: crate::segpool::SegmentPool,
     clients: HashMap<u32, (Arc<ClientShared>, UnixStream)>,
-    printf: PrintfRouter,
+    printf: Arc<PrintfRouter>,
+    /// Socket requests that may take long (a printf flush waits for the GPU and the pumps;
+    /// a pin registers memory with the driver) run on a thread of their own, which
+    /// answers them, so no client's request holds the control thread.
+    slow: std::sync::mpsc::Sender<SlowJob>,
     exiting: Vec<Arc<ClientShared>>,
     /// Defaults for clients, and what operators set (QoS, compute limits).
     policy: crate::policy::Policy,
@@ -131,6 +135,53 @@ pub struct Server {
     peers: Vec<crate::peers::Peer>,
     /// Peers dropped for going over their deadline (logged the first few times).
     slow_peers: u64,
+}
+
+/// A client's socket request that may take long, for the slow-request thread, which
+/// answers on the client's socket.
+enum SlowJob {
+    /// The printf output of GPU `gpu` for client `id` so far.
+    Flush {
+        gpu: Arc<dyn Gpu>,
+        id: u32,
+        sock: UnixStream,
+    },
+    /// Page-locked memory: the client's memfd, to map at `addr` and register.
+    Pin {
+        client: Arc<ClientShared>,
+        fd: OwnedFd,
+        addr: u64,
+        len: u64,
+        sock: UnixStream,
+    },
+}
+
+/// The thread that runs slow requests one after another.
+fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc::Sender<SlowJob>> {
+    let (tx, rx) = std::sync::mpsc::channel::<SlowJob>();
+    std::thread::Builder::new()
+        .name("omps-requests".into())
+        .spawn(move || {
+            for job in rx {
+                match job {
+                    SlowJob::Flush { gpu, id, sock } => {
+                        let got = printf.flush(&*gpu, id, wire::PRINTF_REPLY_MAX - 4);
+                        Server::reply(&sock, 0, &wire::printf_reply(&got.out, &got.err));
+                    }
+                    SlowJob::Pin {
+                        client,
+                        fd,
+                        addr,
+                        len,
+                        sock,
+                    } => {
+                        let status = client.pin(fd.as_fd(), addr, len).err().unwrap_or(0);
+                        Server::reply(&sock, status, &[]);
+                    }
+                }
+            }
+        })?;
+    Ok(tx)
 }
 
 /// Creates the pipe directory (0700, ours) and binds the socket, refusing to steal the
@@ -175,7 +226,8 @@ impl Server {
         driver_version: i32,
     ) -> io::Result<Server> {
         let (listener, socket_path) = bind(&cfg.pipe_dir)?;
-        let printf = PrintfRouter::new(cfg.capture_printf)?;
+        let printf = Arc::new(PrintfRouter::new(cfg.capture_printf)?);
+        let slow = start_slow_requests(printf.clone())?;
         for g in &gpus {
             g.set_printf_output(
                 printf.write_fd(crate::printf::Stream::Out),
@@ -252,6 +304,7 @@ impl Server {
             segments,
             clients: HashMap::new(),
             printf,
+            slow,
             exiting: Vec::new(),
             policy,
             next_id: 1,
@@ -460,10 +513,22 @@ impl Server {
             c.disconnect(code::MPS_CLIENT_TERMINATED, "malformed socket request");
             return true;
         };
+        if req.kind == wire::hostmem::PIN && fds.len() == 1 {
+            // Mapped and registered on the slow-request thread, which answers.
+            let fd = fds.into_iter().next().expect("one descriptor");
+            let job = s.try_clone().map(|sock| SlowJob::Pin {
+                client: c.clone(),
+                fd,
+                addr: req.addr,
+                len: req.len,
+                sock,
+            });
+            return match job {
+                Ok(job) => self.slow.send(job).is_err(),
+                Err(_) => Self::reply(s, code::OUT_OF_MEMORY, &[]),
+            };
+        }
         let status = match (req.kind, fds.as_slice()) {
-            (wire::hostmem::PIN, [memfd]) => {
-                c.pin(memfd.as_fd(), req.addr, req.len).err().unwrap_or(0)
-            }
             (wire::hostmem::UNPIN, []) => {
                 let removed = c
                     .pinned
@@ -499,8 +564,16 @@ impl Server {
                 let Some(gpu) = self.gpus.get(req.addr as usize) else {
                     return Self::reply(s, code::INVALID_DEVICE, &[]);
                 };
-                let got = self.printf.flush(&**gpu, id, wire::PRINTF_REPLY_MAX - 4);
-                return Self::reply(s, 0, &wire::printf_reply(&got.out, &got.err));
+                // Answered by the slow-request thread (the client waits for this one answer).
+                let job = s.try_clone().map(|sock| SlowJob::Flush {
+                    gpu: gpu.clone(),
+                    id,
+                    sock,
+                });
+                return match job {
+                    Ok(job) => self.slow.send(job).is_err(),
+                    Err(_) => Self::reply(s, code::OUT_OF_MEMORY, &[]),
+                };
             }
             _ => {
                 c.disconnect(code::MPS_CLIENT_TERMINATED, "malformed socket request");
@@ -511,7 +584,7 @@ impl Server {
     }
 
     /// Answers a socket request: the status, then `text`. Returns whether the client is gone.
-    fn reply(s: &UnixStream, status: i32, text: &[u8]) -> bool {
+    pub(crate) fn reply(s: &UnixStream, status: i32, text: &[u8]) -> bool {
         let reply = wire::HostMemReply {
             status,
             text_len: text.len() as u32,

@@ -1460,6 +1460,8 @@ impl Gpu for HostGpu {
     }
 
     fn flush_printf(&self) -> GpuResult<()> {
+        // The driver writes the printf buffer out once the running kernels are done.
+        self.wait_unless_stuck();
         self.flushes.fetch_add(1, Ordering::Relaxed);
         let (out, err) = {
             let mut st = self.state.lock().unwrap();

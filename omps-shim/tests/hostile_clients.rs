@@ -763,3 +763,25 @@ fn clients_that_die_in_their_handshake_leave_nothing_registered() {
         "segments of clients that died in their handshake stay registered"
     );
 }
+
+#[test]
+fn a_request_that_waits_for_the_gpu_holds_no_one_else() {
+    let srv = TestServer::start("slow-request");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    // A kernel that runs long: a printf flush waits for it.
+    srv.gpu.stick_releases(true);
+    let waiting = std::thread::spawn(move || {
+        let r = a.socket_request(wire::hostmem::PRINTF_FLUSH, 0, 0, None);
+        (r, a)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    // Meanwhile the control thread takes a new client and answers a command.
+    let b = Conn::connect_to(&srv.socket()).expect("a client connects meanwhile");
+    assert!(alloc(&b, 64) != 0);
+    let (ok, text) = srv.ctl("status");
+    assert!(ok, "{text}");
+    assert!(!waiting.is_finished(), "the flush did not wait for the GPU");
+    srv.gpu.stick_releases(false);
+    let (r, _a) = waiting.join().unwrap();
+    assert_eq!(r, Ok(wire::printf_reply(b"", b"")));
+}

@@ -25,6 +25,9 @@ pub struct ClientShared {
     /// server read it from the images: a client cannot hide printing code by not
     /// declaring it (the control thread hands it to the printf router).
     pub printf_level: AtomicU64,
+    /// A request of its is on the slow-request thread (crate::control): it may have one
+    /// at a time, as the shim sends them (one answer per request).
+    pub slow_pending: AtomicBool,
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -68,6 +71,7 @@ impl ClientShared {
             commands: AtomicU64::new(0),
             server_ns: AtomicU64::new(0),
             printf_level: AtomicU64::new(0),
+            slow_pending: AtomicBool::new(false),
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,

@@ -143,7 +143,7 @@ enum SlowJob {
     /// The printf output of GPU `gpu` for client `id` so far.
     Flush {
         gpu: Arc<dyn Gpu>,
-        id: u32,
+        client: Arc<ClientShared>,
         sock: UnixStream,
     },
     /// Page-locked memory: the client's memfd, to map at `addr` and register.
@@ -164,8 +164,9 @@ fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc:
         .spawn(move || {
             for job in rx {
                 match job {
-                    SlowJob::Flush { gpu, id, sock } => {
-                        let got = printf.flush(&*gpu, id, wire::PRINTF_REPLY_MAX - 4);
+                    SlowJob::Flush { gpu, client, sock } => {
+                        let got = printf.flush(&*gpu, client.id, wire::PRINTF_REPLY_MAX - 4);
+                        client.slow_pending.store(false, Ordering::Release);
                         Server::reply(&sock, 0, &wire::printf_reply(&got.out, &got.err));
                     }
                     SlowJob::Pin {
@@ -175,7 +176,13 @@ fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc:
                         len,
                         sock,
                     } => {
-                        let status = client.pin(fd.as_fd(), addr, len).err().unwrap_or(0);
+                        // A client gone meanwhile gets nothing mapped for it.
+                        let status = if client.gone.load(Ordering::Acquire) {
+                            code::MPS_CLIENT_TERMINATED
+                        } else {
+                            client.pin(fd.as_fd(), addr, len).err().unwrap_or(0)
+                        };
+                        client.slow_pending.store(false, Ordering::Release);
                         Server::reply(&sock, status, &[]);
                     }
                 }
@@ -513,6 +520,19 @@ impl Server {
             c.disconnect(code::MPS_CLIENT_TERMINATED, "malformed socket request");
             return true;
         };
+        let slow = matches!(
+            (req.kind, fds.len()),
+            (wire::hostmem::PIN, 1) | (wire::hostmem::PRINTF_FLUSH, 0)
+        );
+        // One slow request at a time per client: the shim waits for each answer, so a
+        // second one is a client flooding the slow-request thread.
+        if slow && c.slow_pending.swap(true, Ordering::AcqRel) {
+            c.disconnect(
+                code::MPS_CLIENT_TERMINATED,
+                "a second request before the first was answered",
+            );
+            return true;
+        }
         if req.kind == wire::hostmem::PIN && fds.len() == 1 {
             // Mapped and registered on the slow-request thread, which answers.
             let fd = fds.into_iter().next().expect("one descriptor");
@@ -525,7 +545,10 @@ impl Server {
             });
             return match job {
                 Ok(job) => self.slow.send(job).is_err(),
-                Err(_) => Self::reply(s, code::OUT_OF_MEMORY, &[]),
+                Err(_) => {
+                    c.slow_pending.store(false, Ordering::Release);
+                    Self::reply(s, code::OUT_OF_MEMORY, &[])
+                }
             };
         }
         let status = match (req.kind, fds.as_slice()) {
@@ -562,17 +585,21 @@ impl Server {
             }
             (wire::hostmem::PRINTF_FLUSH, []) => {
                 let Some(gpu) = self.gpus.get(req.addr as usize) else {
+                    c.slow_pending.store(false, Ordering::Release);
                     return Self::reply(s, code::INVALID_DEVICE, &[]);
                 };
                 // Answered by the slow-request thread (the client waits for this one answer).
                 let job = s.try_clone().map(|sock| SlowJob::Flush {
                     gpu: gpu.clone(),
-                    id,
+                    client: c.clone(),
                     sock,
                 });
                 return match job {
                     Ok(job) => self.slow.send(job).is_err(),
-                    Err(_) => Self::reply(s, code::OUT_OF_MEMORY, &[]),
+                    Err(_) => {
+                        c.slow_pending.store(false, Ordering::Release);
+                        Self::reply(s, code::OUT_OF_MEMORY, &[])
+                    }
                 };
             }
             _ => {

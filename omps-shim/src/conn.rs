@@ -205,6 +205,11 @@ impl Conn {
         })
     }
 
+    /// The socket's descriptor (tests that speak the request protocol by hand).
+    pub fn socket_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
     pub fn params(&self) -> LayoutParams {
         self.seg.layout.params
     }

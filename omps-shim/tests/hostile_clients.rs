@@ -785,3 +785,25 @@ fn a_request_that_waits_for_the_gpu_holds_no_one_else() {
     let (r, _a) = waiting.join().unwrap();
     assert_eq!(r, Ok(wire::printf_reply(b"", b"")));
 }
+
+#[test]
+fn a_client_that_floods_slow_requests_is_cut_off() {
+    let srv = TestServer::start("flood");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let other = Conn::connect_to(&srv.socket()).unwrap();
+    // A kernel that runs long holds the first flush; the second comes before its answer.
+    srv.gpu.stick_releases(true);
+    let req = wire::HostMemRequest {
+        kind: wire::hostmem::PRINTF_FLUSH,
+        ..Default::default()
+    };
+    for _ in 0..2 {
+        omps_ring::sock::send_with_fds(c.socket_fd(), bytemuck::bytes_of(&req), &[]).unwrap();
+    }
+    let cut = wait_disconnected(&c);
+    srv.gpu.stick_releases(false);
+    assert!(cut, "a client with two slow requests in flight was kept");
+    assert!(alloc(&other, 64) != 0, "the others go on");
+    let (_, text) = srv.ctl("status");
+    assert!(!text.is_empty());
+}

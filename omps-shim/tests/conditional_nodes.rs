@@ -360,6 +360,97 @@ fn conditional_nodes_choose_and_repeat() {
         );
         assert!(alloc(&other_client, 64) != 0);
 
+        // A capture that made a conditional node fails, or its stream goes while another
+        // captures into the node's body: the body's id dies with the capture's graph.
+        let capture_call = |op: wire::Op, stream: u32| -> Result<(), CUresult> {
+            other_client.channel().call(0, op, |call| {
+                bytemuck::bytes_of(&wire::CaptureCall {
+                    call,
+                    stream,
+                    mode: 2,
+                })
+                .to_vec()
+            })
+        };
+        for (s1, s2) in [(21, 22), (23, 24)] {
+            for id in [s1, s2] {
+                let sc = wire::StreamCreate {
+                    id,
+                    flags: 1,
+                    ..Default::default()
+                };
+                other_client
+                    .push(0, wire::Op::StreamCreate, &[bytemuck::bytes_of(&sc)])
+                    .unwrap();
+            }
+            capture_call(wire::Op::CaptureBegin, s1).unwrap();
+            let mut ch = other_client.channel();
+            ch.call(0, wire::Op::GraphCond, |call| {
+                bytemuck::bytes_of(&wire::GraphCond {
+                    call,
+                    kind: wg::COND_HANDLE_CAPTURE,
+                    stream: s1,
+                    ..Default::default()
+                })
+                .to_vec()
+            })
+            .unwrap();
+            let handle = ch.reply::<wire::U64Reply>().value;
+            ch.call(0, wire::Op::GraphCond, |call| {
+                bytemuck::bytes_of(&wire::GraphCond {
+                    call,
+                    kind: wg::COND_NODE,
+                    stream: s1,
+                    handle,
+                    size: 1,
+                    ..Default::default()
+                })
+                .to_vec()
+            })
+            .unwrap();
+            let body = ch.reply::<wire::U64Reply>().value as u32;
+            drop(ch);
+            let capture_into = |stream: u32| -> Result<(), CUresult> {
+                other_client.channel().call(0, wire::Op::GraphCond, |call| {
+                    bytemuck::bytes_of(&wire::GraphCond {
+                        call,
+                        kind: wg::CAPTURE_TO,
+                        stream,
+                        graph: body,
+                        ..Default::default()
+                    })
+                    .to_vec()
+                })
+            };
+            if s1 == 21 {
+                // Invalidated (a query of the capturing stream), then ended: it fails.
+                let q = other_client
+                    .channel()
+                    .call(0, wire::Op::StreamQuery, |call| {
+                        bytemuck::bytes_of(&wire::HandleCall {
+                            call,
+                            id: s1,
+                            _pad: 0,
+                        })
+                        .to_vec()
+                    });
+                assert!(q.is_err());
+                assert!(capture_call(wire::Op::CaptureEnd, s1).is_err());
+            } else {
+                capture_into(s2).expect("a capture into the body");
+                let h = wire::Handle { id: s1, _pad: 0 };
+                other_client
+                    .push(0, wire::Op::StreamDestroy, &[bytemuck::bytes_of(&h)])
+                    .unwrap();
+            }
+            assert_eq!(
+                capture_into(s2),
+                Err(CUDA_ERROR_INVALID_VALUE),
+                "a body of a graph that is gone"
+            );
+            assert!(alloc(&other_client, 64) != 0, "the client goes on");
+        }
+
         // A conditional node added to a capture going on (the CUDA guide's way): a handle
         // of the capture's graph, the node, the stream moved past it, the body captured on
         // a second stream into the body graph.

@@ -81,9 +81,44 @@ impl CondState {
         !self.homes.is_empty()
     }
 
+    /// Client streams capturing into bodies of homes that are the graphs of captures
+    /// still going (they have no id yet): a plain capture's end may throw such a home,
+    /// and its bodies, away, so captures into them end first.
+    pub(super) fn captures_into_capture_homes(&self, graphs: &HashMap<u32, u64>) -> Vec<u32> {
+        self.capture_into
+            .iter()
+            .filter(|(_, &g)| {
+                self.home_of(g)
+                    .is_some_and(|root| !graphs.values().any(|&h| h == root))
+            })
+            .map(|(&s, _)| s)
+            .collect()
+    }
+
+    /// After a capture ended: homes that are neither one of the client's graphs nor the
+    /// graph of a capture still going are gone (the driver threw them away with a failed
+    /// capture), and with them their bodies and handles, before any id of theirs could
+    /// name freed memory.
+    pub(super) fn prune(&mut self, graphs: &HashMap<u32, u64>, capturing: &[u64]) {
+        let gone: Vec<u64> = self
+            .homes
+            .iter()
+            .copied()
+            .filter(|h| !graphs.values().any(|g| g == h) && !capturing.contains(h))
+            .collect();
+        for h in gone {
+            self.forget_home(h);
+        }
+    }
+
     /// Client stream `id`'s capture ended (or the stream stopped capturing).
     pub(super) fn capture_over(&mut self, id: u32) {
         self.capture_into.remove(&id);
+    }
+
+    /// Whether client stream `id` captures into a home or body.
+    pub(super) fn is_capturing_into(&self, id: u32) -> bool {
+        self.capture_into.contains_key(&id)
     }
 
     /// The id a graph handle a capture ended in already has (a home or body).
@@ -122,8 +157,12 @@ impl Session {
                     .and_then(|s| s.pool)
                 {
                     Some(s) => gpu.capture_graph(s).and_then(|g| {
+                        // A capture into a body (nested conditionals) keeps its root's
+                        // books: bodies and handles all name the outermost graph.
+                        let root = self.cond.home_of(g).unwrap_or(g);
                         let h = self.cond_handle(&*gpu, g, c)?;
-                        self.cond.homes.insert(g);
+                        self.cond.handles.insert(h, root);
+                        self.cond.homes.insert(root);
                         Ok(h)
                     }),
                     None => Err(CuError(code::INVALID_VALUE)),

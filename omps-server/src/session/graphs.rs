@@ -39,28 +39,38 @@ impl Session {
                     .streams
                     .get(&c.stream)
                     .ok_or_else(|| Malformed(format!("unknown stream {}", c.stream)))?;
-                let (r, capture_graph) = match (st.capturing, st.pool) {
+                let (capturing, pool) = (st.capturing, st.pool);
+                if capturing && !self.cond.is_capturing_into(c.stream) {
+                    self.end_body_captures(ctx);
+                }
+                let r = match (capturing, pool) {
                     (true, Some(s)) => {
                         ctx.share_again(s);
-                        let g = self.cond.any().then(|| gpu.capture_graph(s).ok()).flatten();
-                        (gpu.capture_end(s), g)
+                        gpu.capture_end(s)
                     }
-                    _ => (Err(CuError(code::ILLEGAL_STATE)), None),
+                    _ => Err(CuError(code::ILLEGAL_STATE)),
                 };
-                if let (Err(_), Some(g)) = (r, capture_graph) {
-                    // The driver threw the graph away, and the handles it made with it.
-                    if self.cond.known_id(&self.graphs, g).is_none() {
-                        self.cond.forget_home(g);
-                    }
-                }
                 // Ending the origin's capture ends that of every stream it forked into.
                 self.refresh_capture_flags(ctx);
+                // A capture ends in a graph the client now holds under an id, or in nothing.
+                if let Ok(g) = r {
+                    if self.cond.known_id(&self.graphs, g).is_none() {
+                        match self.new_id() {
+                            Ok(id) => {
+                                self.graphs.insert(id, g);
+                            }
+                            Err(_) => {
+                                let _ = gpu.graph_destroy(g);
+                            }
+                        }
+                    }
+                }
+                self.prune_homes(ctx);
                 // A capture into a home or body ends in that graph, which has its id.
-                let r = r.and_then(|g| match self.cond.known_id(&self.graphs, g) {
-                    Some(id) => Ok(id),
-                    None => self.new_id().inspect(|&id| {
-                        self.graphs.insert(id, g);
-                    }),
+                let r = r.and_then(|g| {
+                    self.cond
+                        .known_id(&self.graphs, g)
+                        .ok_or(CuError(code::OUT_OF_MEMORY))
                 });
                 let r = r.map(|id| wire::U64Reply { value: id as u64 });
                 self.complete_pod(c.call, r)?;
@@ -238,6 +248,8 @@ impl Session {
         if self.capturing == 0 {
             return;
         }
+        // Captures into bodies first: the others may throw their homes away.
+        self.end_body_captures(ctx);
         let pools: Vec<usize> = self
             .streams
             .values()
@@ -249,25 +261,45 @@ impl Session {
             self.abandon_capture(&*ctx.gpu.clone(), s);
         }
         self.refresh_capture_flags(ctx);
+        self.prune_homes(ctx);
     }
 
     /// Ends the capture on work stream `pool` and throws its graph away, unless the graph
     /// is one the client holds (a capture into a home or a body): the conditional
     /// handles and bodies a thrown-away graph made go with it.
     pub(super) fn abandon_capture(&mut self, gpu: &dyn crate::gpu::Gpu, pool: usize) {
-        let graph = self
-            .cond
-            .any()
-            .then(|| gpu.capture_graph(pool).ok())
-            .flatten();
         if let Ok(g) = gpu.capture_end(pool) {
             if self.cond.known_id(&self.graphs, g).is_none() {
                 let _ = gpu.graph_destroy(g);
             }
         }
-        if let Some(g) = graph.filter(|&g| self.cond.known_id(&self.graphs, g).is_none()) {
-            self.cond.forget_home(g);
+    }
+
+    /// Ends the captures into bodies of homes that are captures' graphs, before a capture
+    /// that may throw such a home away ends (their graphs are kept: they have ids).
+    pub(super) fn end_body_captures(&mut self, ctx: &mut WorkerCtx) {
+        for id in self.cond.captures_into_capture_homes(&self.graphs) {
+            if let Some(pool) = self.streams.get(&id).and_then(|s| s.pool) {
+                ctx.share_again(pool);
+                self.abandon_capture(&*ctx.gpu.clone(), pool);
+            }
+            self.cond.capture_over(id);
         }
+    }
+
+    /// Forgets the homes (and their bodies and handles) that went with a capture.
+    pub(super) fn prune_homes(&mut self, ctx: &mut WorkerCtx) {
+        if !self.cond.any() {
+            return;
+        }
+        let capturing: Vec<u64> = self
+            .streams
+            .values()
+            .filter(|s| s.capturing)
+            .filter_map(|s| s.pool)
+            .filter_map(|p| ctx.gpu.capture_graph(p).ok())
+            .collect();
+        self.cond.prune(&self.graphs, &capturing);
     }
 
     /// Re-reads which client streams capture (a wait on an event of a capturing stream

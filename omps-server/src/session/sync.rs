@@ -33,10 +33,14 @@ impl Session {
                     return bad("destroying the default stream");
                 }
                 if self.streams.get(&h.id).is_some_and(|s| s.capturing) {
-                    if let Some(pool) = self.streams[&h.id].pool {
+                    if !self.cond.is_capturing_into(h.id) {
+                        self.end_body_captures(ctx);
+                    }
+                    if let Some(pool) = self.streams.get(&h.id).and_then(|s| s.pool) {
                         self.abandon_capture(&*gpu, pool);
                     }
                     self.refresh_capture_flags(ctx);
+                    self.prune_homes(ctx);
                 }
                 match self.streams.remove(&h.id) {
                     // Its queued work still runs; the pool stream is handed to another

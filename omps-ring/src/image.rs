@@ -42,15 +42,38 @@ pub fn check_image(blob: &[u8]) -> Result<(), &'static str> {
             if header < 16 || end > blob.len() as u64 {
                 return Err("a fatbin that states more bytes than were sent");
             }
-            fatbin_entries(blob)
-                .map(drop)
-                .ok_or("a fatbin whose entries do not fit in it")
+            check_fat_entries(&blob[..end as usize], header as usize)
         }
         Some(_) if blob[..4] == ELF_MAGIC => check_elf(blob),
         // PTX: the driver reads up to the first NUL.
         _ if blob.contains(&0) => Ok(()),
         _ => Err("PTX text with no NUL"),
     }
+}
+
+/// Every entry of a fatbin (from `at` to the end of `fat`) lies inside it: a header of at
+/// least the fields the driver reads, and its payload. What follows the last entry (too
+/// few bytes, or no header size) is padding. (What an entry holds is the driver's to
+/// parse.)
+fn check_fat_entries(fat: &[u8], mut at: usize) -> Result<(), &'static str> {
+    const TRUNCATED: &str = "a fatbin entry that states more bytes than the fatbin holds";
+    const HEADER_MIN: usize = 48;
+    while fat.len().saturating_sub(at) >= HEADER_MIN {
+        let e = &fat[at..];
+        let hsize = u32_at(e, 4).ok_or(TRUNCATED)? as usize;
+        let psize = usize::try_from(u64_at(e, 8).ok_or(TRUNCATED)?).map_err(|_| TRUNCATED)?;
+        if hsize < HEADER_MIN {
+            // Not an entry (padding, as fatbin_entries also stops there); the fields the
+            // driver would read of it lie inside the fatbin.
+            break;
+        }
+        let len = hsize
+            .checked_add(psize)
+            .filter(|&n| n <= e.len())
+            .ok_or(TRUNCATED)?;
+        at += len;
+    }
+    Ok(())
 }
 
 /// The ELF checks of [`check_image`]: the header, the program and section header tables
@@ -573,6 +596,22 @@ mod tests {
                 proptest::prop_assert!(end.is_some_and(|e| e <= blob.len()));
             }
         }
+    }
+
+    #[test]
+    fn check_image_refuses_a_fatbin_entry_past_the_end() {
+        let mut fat = FATBIN_MAGIC.to_le_bytes().to_vec();
+        fat.extend_from_slice(&[1, 0, 16, 0]);
+        fat.extend_from_slice(&(64u64 + 16).to_le_bytes());
+        let mut entry = vec![0u8; 64];
+        entry[4..8].copy_from_slice(&64u32.to_le_bytes()); // header size
+        entry[8..16].copy_from_slice(&16u64.to_le_bytes()); // payload
+        fat.extend_from_slice(&entry);
+        fat.extend_from_slice(&[0; 16]);
+        assert_eq!(check_image(&fat), Ok(()));
+        let n = fat.len();
+        fat[16 + 8..16 + 16].copy_from_slice(&(1u64 << 20).to_le_bytes());
+        assert!(check_image(&fat[..n]).is_err(), "a payload past the end");
     }
 
     #[test]

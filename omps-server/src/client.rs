@@ -28,6 +28,9 @@ pub struct ClientShared {
     /// A request of its is on the slow-request thread (crate::control): it may have one
     /// at a time, as the shim sends them (one answer per request).
     pub slow_pending: AtomicBool,
+    /// Pinned ranges given back but still mapped and registered until every GPU fenced
+    /// them (bytes, ranges): they count against the client's bounds until then.
+    pub unpinning: std::sync::Mutex<(u64, usize)>,
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -72,6 +75,7 @@ impl ClientShared {
             server_ns: AtomicU64::new(0),
             printf_level: AtomicU64::new(0),
             slow_pending: AtomicBool::new(false),
+            unpinning: Default::default(),
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,
@@ -172,8 +176,11 @@ impl ClientShared {
         {
             let b = crate::bounds::bounds();
             let p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
-            let held: u64 = p.values().sum();
-            if p.len() >= b.pinned_ranges || held.saturating_add(len) > b.pinned_bytes {
+            let (gone_bytes, gone_ranges) =
+                *self.unpinning.lock().unwrap_or_else(|e| e.into_inner());
+            let held: u64 = p.values().sum::<u64>() + gone_bytes;
+            if p.len() + gone_ranges >= b.pinned_ranges || held.saturating_add(len) > b.pinned_bytes
+            {
                 return Err(code::OUT_OF_MEMORY);
             }
         }

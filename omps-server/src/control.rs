@@ -563,6 +563,11 @@ impl Server {
                         // Every GPU's worker fences the client's work there (a copy in
                         // flight on any GPU may use it); the last one unregisters it.
                         let n = self.gpus.len();
+                        {
+                            let mut u = c.unpinning.lock().unwrap_or_else(|e| e.into_inner());
+                            u.0 += len;
+                            u.1 += 1;
+                        }
                         let left = Arc::new(std::sync::atomic::AtomicUsize::new(n));
                         for g in 0..n {
                             let p = crate::session::PinnedRelease {

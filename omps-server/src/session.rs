@@ -154,6 +154,13 @@ impl PinnedRelease {
     pub fn done(self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.client.release_pinned(self.addr, self.len);
+            let mut u = self
+                .client
+                .unpinning
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            u.0 = u.0.saturating_sub(self.len);
+            u.1 = u.1.saturating_sub(1);
         }
     }
 }

@@ -536,20 +536,14 @@ impl Server {
         if req.kind == wire::hostmem::PIN && fds.len() == 1 {
             // Mapped and registered on the slow-request thread, which answers.
             let fd = fds.into_iter().next().expect("one descriptor");
-            let job = s.try_clone().map(|sock| SlowJob::Pin {
-                client: c.clone(),
+            let (addr, len) = (req.addr, req.len);
+            return self.send_slow(c, s, |client, sock| SlowJob::Pin {
+                client,
                 fd,
-                addr: req.addr,
-                len: req.len,
+                addr,
+                len,
                 sock,
             });
-            return match job {
-                Ok(job) => self.slow.send(job).is_err(),
-                Err(_) => {
-                    c.slow_pending.store(false, Ordering::Release);
-                    Self::reply(s, code::OUT_OF_MEMORY, &[])
-                }
-            };
         }
         let status = match (req.kind, fds.as_slice()) {
             (wire::hostmem::UNPIN, []) => {
@@ -594,18 +588,8 @@ impl Server {
                     return Self::reply(s, code::INVALID_DEVICE, &[]);
                 };
                 // Answered by the slow-request thread (the client waits for this one answer).
-                let job = s.try_clone().map(|sock| SlowJob::Flush {
-                    gpu: gpu.clone(),
-                    client: c.clone(),
-                    sock,
-                });
-                return match job {
-                    Ok(job) => self.slow.send(job).is_err(),
-                    Err(_) => {
-                        c.slow_pending.store(false, Ordering::Release);
-                        Self::reply(s, code::OUT_OF_MEMORY, &[])
-                    }
-                };
+                let gpu = gpu.clone();
+                return self.send_slow(c, s, |client, sock| SlowJob::Flush { gpu, client, sock });
             }
             _ => {
                 c.disconnect(code::MPS_CLIENT_TERMINATED, "malformed socket request");
@@ -613,6 +597,23 @@ impl Server {
             }
         };
         Self::reply(s, status, &[])
+    }
+
+    /// Hands a client's slow request to the slow-request thread, which answers it on a
+    /// copy of the client's socket. Returns whether the client is gone.
+    fn send_slow(
+        &self,
+        c: &Arc<ClientShared>,
+        s: &UnixStream,
+        job: impl FnOnce(Arc<ClientShared>, UnixStream) -> SlowJob,
+    ) -> bool {
+        match s.try_clone() {
+            Ok(sock) => self.slow.send(job(c.clone(), sock)).is_err(),
+            Err(_) => {
+                c.slow_pending.store(false, Ordering::Release);
+                Self::reply(s, code::OUT_OF_MEMORY, &[])
+            }
+        }
     }
 
     /// Answers a socket request: the status, then `text`. Returns whether the client is gone.

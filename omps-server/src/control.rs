@@ -937,6 +937,8 @@ impl Server {
             for (l, lane) in shared.stats.iter().enumerate() {
                 s += &format!("lane {g}.{l} {}\n", lane.line_and_reset_max());
             }
+            let (modules, users, idle) = shared.modules.census();
+            s += &format!("cache {g} modules {modules} users {users} idle_bytes {idle}\n");
         }
         let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).collect();
         rows.sort_by_key(|c| c.id);

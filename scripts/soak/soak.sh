@@ -34,26 +34,35 @@ kill_one() { # a victim, killed after a random 5-200 ms
     sleep "0.$(printf '%03d' $((5 + RANDOM % 195)))"
     kill -9 $p 2>/dev/null; wait $p 2>/dev/null
 }
-torch_kill() { # PyTorch inference, killed 2-8 s in (after its start: mid-inference)
-    LD_PRELOAD=$shim python3 -c '
-import torch
+torch_script='
+import sys, torch
 m = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda().half()
 x = torch.randn(64, 512, device="cuda", dtype=torch.half)
-while True:
+for _ in range(int(sys.argv[1])):
     with torch.no_grad(): y = m(x)
     torch.cuda.synchronize()
-' > /dev/null 2>&1 &
+'
+torch_kill() { # PyTorch inference, killed 2-8 s in (after its start: mid-inference)
+    LD_PRELOAD=$shim python3 -c "$torch_script" 1000000000 > /dev/null 2>&1 &
     local p=$!
     sleep $((2 + RANDOM % 7))
     kill -9 $p 2>/dev/null; wait $p 2>/dev/null
 }
 
-# Warm-up: a round of victims and one PyTorch client fill the module cache, so the
-# baseline holds what the cache keeps by design.
+# Warm-up: a round of victims and one PyTorch client that runs its inference to the end
+# fill the module cache (and the driver's copies of what it loads), so the baseline holds
+# what the cache keeps by design.
 for _ in $(seq 20); do kill_one; done
+LD_PRELOAD=$shim timeout 120 python3 -c "$torch_script" 100 > /dev/null 2>&1
 torch_kill
 sleep 2
 base_rss=$(rss); base_fds=$(fds); base_gpu=$(gpumem)
+# Where the server's memory lies (heap, files, shared segments) and what its module cache
+# keeps, at each phase: growth that a phase leaves shows up in the line after it.
+phase() {
+    echo "$1: rss $(rss) KiB ($(awk '/^(Rss_Anon|Rss_File|Rss_Shmem)/ {printf "%s %s ", $1, $2}' /proc/$SP/smaps_rollup)) fds $(fds) gpu $(gpumem) MiB; $(ctl stats | grep '^cache' | tr '\n' ' ')" >> "$W/phases.txt"
+}
+phase baseline
 
 # Survivors, started now: they must run through the whole soak and print what they do natively.
 SURV=${SOAK_SURVIVORS:-4}
@@ -72,13 +81,16 @@ while [ $done_kills -lt "$KILLS" ]; do
     done_kills=$((done_kills + PAR))
     kill -0 $SP 2>/dev/null || break
 done
+phase "after $done_kills kills"
 for _ in $(seq "$TORCH_KILLS"); do torch_kill; kill -0 $SP 2>/dev/null || break; done
 t1=$(date +%s)
 for p in "${spids[@]}"; do wait "$p"; done
+phase "after $TORCH_KILLS PyTorch kills"
 # Dead clients' segments stay registered (and resident) until the GPU is quiet or for up
 # to 30 s (omps-server/src/unpin.rs): measure once that has passed.
 sleep "${SOAK_SETTLE:-35}"
 alive=no; kill -0 $SP 2>/dev/null && alive=yes
+phase "after PyTorch kills and ${SOAK_SETTLE:-35} s"
 after_rss=$(rss 2>/dev/null); after_fds=$(fds 2>/dev/null); after_gpu=$(gpumem)
 ok_surv=0
 for i in $(seq "$SURV"); do cmp -s "$W/native.txt" "$W/survivor$i.txt" && ok_surv=$((ok_surv + 1)); done
@@ -89,4 +101,5 @@ echo "server RSS: $base_rss KiB -> $after_rss KiB; descriptors: $base_fds -> $af
 echo "survivors: $ok_surv of $SURV printed exactly the native output"
 echo "clients served: $(grep -c 'client connected' "$W/server.log"); connections refused: $(grep -c 'connection refused' "$W/server.log"); server log warnings: $(grep -c WARN "$W/server.log")"
 grep -ciE "panic" "$W/server.log" | sed 's/^/server log panics: /'
+cat "$W/phases.txt"
 ctl quit > /dev/null; sleep 2; kill $SP 2>/dev/null; wait $SP

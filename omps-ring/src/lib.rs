@@ -16,6 +16,8 @@
 pub mod futex;
 #[cfg(not(loom))]
 pub mod image;
+#[cfg(not(loom))]
+pub mod memlimit;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod segment;

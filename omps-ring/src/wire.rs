@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -799,6 +799,9 @@ pub struct ClientSettings {
     pub thread_milli_pct: u32,
     /// CUDA_MPS_SM_PARTITION, NUL-padded text.
     pub partition: [u8; 64],
+    /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as the client gave it (checked by
+    /// [`crate::memlimit::parse_limits`]), NUL-padded: the server resolves its devices.
+    pub mem_limit: [u8; 512],
 }
 
 impl ClientSettings {
@@ -809,16 +812,26 @@ impl ClientSettings {
             qos: Self::UNSET,
             thread_milli_pct: Self::UNSET,
             partition: [0; 64],
+            mem_limit: [0; 512],
         }
     }
 
     /// The partition text, if any and valid UTF-8.
     pub fn partition_text(&self) -> Option<&str> {
-        let end = self.partition.iter().position(|&b| b == 0).unwrap_or(64);
-        std::str::from_utf8(&self.partition[..end])
-            .ok()
-            .filter(|s| !s.is_empty())
+        padded_text(&self.partition)
     }
+
+    /// The memory limit list, if any and valid UTF-8.
+    pub fn mem_limit_text(&self) -> Option<&str> {
+        padded_text(&self.mem_limit)
+    }
+}
+
+fn padded_text(b: &[u8]) -> Option<&str> {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    std::str::from_utf8(&b[..end])
+        .ok()
+        .filter(|s| !s.is_empty())
 }
 
 /// A thread percentage as MPS takes it ("25", "12.5"), in thousandths of a percent,

@@ -9,6 +9,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+/// A limit that is not set.
+pub const NO_LIMIT: u64 = u64::MAX;
+
 pub struct ClientShared {
     pub id: u32,
     pub pid: i32,
@@ -17,6 +20,16 @@ pub struct ClientShared {
     pub socket: OwnedFd,
     /// Device memory in use, per GPU, in bytes.
     pub mem_bytes: [AtomicU64; MAX_DEVICES],
+    /// Per GPU, the memory limit the operator gave it (the server's default when it
+    /// connected, or `set_device_pinned_mem_limit` since), and the one its own
+    /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT asked for; the lower holds ([`NO_LIMIT`]: none).
+    pub mem_limit: [AtomicU64; MAX_DEVICES],
+    pub mem_limit_own: [AtomicU64; MAX_DEVICES],
+    /// Host memory pinned for it (its cuMemHostAlloc / cuMemHostRegister), which counts
+    /// against every GPU's limit: each GPU reaches it.
+    pub pinned_bytes: AtomicU64,
+    /// Per GPU, whether going over its limit has been logged.
+    limit_logged: [AtomicBool; MAX_DEVICES],
     /// Records served, all GPUs.
     pub commands: AtomicU64,
     /// Worker time spent handling its records, all GPUs.
@@ -71,6 +84,10 @@ impl ClientShared {
             seg,
             socket,
             mem_bytes: Default::default(),
+            mem_limit: std::array::from_fn(|_| AtomicU64::new(NO_LIMIT)),
+            mem_limit_own: std::array::from_fn(|_| AtomicU64::new(NO_LIMIT)),
+            pinned_bytes: AtomicU64::new(0),
+            limit_logged: Default::default(),
             commands: AtomicU64::new(0),
             server_ns: AtomicU64::new(0),
             printf_level: AtomicU64::new(0),
@@ -106,6 +123,86 @@ impl ClientShared {
     pub fn set_placement(&self, gpu: usize, p: crate::placement::Placement) {
         if let Some(x) = self.placement.get(gpu) {
             x.store(p.pack(), Ordering::Relaxed);
+        }
+    }
+
+    /// Its memory limit on GPU `dev`, if any.
+    pub fn limit(&self, dev: usize) -> Option<u64> {
+        let (Some(a), Some(b)) = (self.mem_limit.get(dev), self.mem_limit_own.get(dev)) else {
+            return None;
+        };
+        Some(a.load(Ordering::Relaxed).min(b.load(Ordering::Relaxed))).filter(|&l| l != NO_LIMIT)
+    }
+
+    /// What counts against its limit on GPU `dev`: its device memory there and its pinned
+    /// host memory.
+    pub fn mem_use(&self, dev: usize) -> u64 {
+        self.mem_bytes
+            .get(dev)
+            .map_or(0, |m| m.load(Ordering::Relaxed))
+            .saturating_add(self.pinned_bytes.load(Ordering::Relaxed))
+    }
+
+    /// Counts `n` more bytes of device memory on GPU `dev`, unless that would take it over
+    /// its limit there: then CUDA_ERROR_OUT_OF_MEMORY, logged once per GPU.
+    pub fn charge(&self, dev: usize, n: u64) -> Result<(), crate::gpu::CuError> {
+        let Some(m) = self.mem_bytes.get(dev) else {
+            return Err(crate::gpu::CuError(crate::gpu::code::INVALID_DEVICE));
+        };
+        let Some(limit) = self.limit(dev) else {
+            m.fetch_add(n, Ordering::Relaxed);
+            return Ok(());
+        };
+        let pinned = self.pinned_bytes.load(Ordering::Relaxed);
+        m.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+            cur.checked_add(pinned)
+                .and_then(|u| u.checked_add(n))
+                .filter(|&u| u <= limit)
+                .map(|_| cur + n)
+        })
+        .map(drop)
+        .map_err(|cur| {
+            self.log_limit(dev, limit, cur.saturating_add(pinned), n);
+            crate::gpu::CuError(crate::gpu::code::OUT_OF_MEMORY)
+        })
+    }
+
+    /// Counts `n` more bytes of pinned host memory, unless that would take it over its
+    /// limit on any GPU.
+    pub fn charge_pinned(&self, n: u64, gpus: usize) -> Result<(), i32> {
+        let over = |pinned: u64| {
+            (0..gpus.min(MAX_DEVICES)).find_map(|d| {
+                let l = self.limit(d)?;
+                let used = self.mem_bytes[d]
+                    .load(Ordering::Relaxed)
+                    .saturating_add(pinned);
+                (used.saturating_add(n) > l).then_some((d, l, used))
+            })
+        };
+        self.pinned_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                over(p).is_none().then(|| p.saturating_add(n))
+            })
+            .map(drop)
+            .map_err(|p| {
+                if let Some((d, l, used)) = over(p) {
+                    self.log_limit(d, l, used, n);
+                }
+                crate::gpu::code::OUT_OF_MEMORY
+            })
+    }
+
+    fn log_limit(&self, dev: usize, limit: u64, used: u64, n: u64) {
+        if !self.limit_logged[dev].swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                client = self.id,
+                pid = self.pid,
+                gpu = dev,
+                limit,
+                used,
+                asked = n,
+                "allocation refused: over the client's memory limit (logged once per GPU)"
+            );
         }
     }
 
@@ -186,6 +283,20 @@ impl ClientShared {
         }
         omps_ring::shm::check_segment(fd, len as usize).map_err(|_| code::INVALID_VALUE)?;
         let gpu = self.registered_on.as_ref().ok_or(code::NOT_SUPPORTED)?;
+        self.charge_pinned(len, MAX_DEVICES)?;
+        self.map_and_register(gpu, fd, addr, len).inspect_err(|_| {
+            self.pinned_bytes.fetch_sub(len, Ordering::Relaxed);
+        })
+    }
+
+    fn map_and_register(
+        &self,
+        gpu: &Arc<dyn Gpu>,
+        fd: std::os::fd::BorrowedFd,
+        addr: u64,
+        len: u64,
+    ) -> Result<(), i32> {
+        use crate::gpu::code;
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the kernel checks
         // the address range; the fd is sealed against shrinking.
         let p = unsafe {

@@ -37,6 +37,9 @@ pub struct ServerConfig {
     /// The clients' default thread percentage (the server's
     /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), as given; checked at start.
     pub default_thread_pct: Option<String>,
+    /// The clients' memory limits (the server's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), as
+    /// given; checked at start.
+    pub default_mem_limit: Option<String>,
 }
 
 impl ServerConfig {
@@ -66,6 +69,7 @@ impl ServerConfig {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(16),
             default_thread_pct: std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").ok(),
+            default_mem_limit: std::env::var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").ok(),
         }
     }
 }
@@ -128,6 +132,8 @@ pub struct Server {
     exiting: Vec<Arc<ClientShared>>,
     /// Defaults for clients, and what operators set (QoS, compute limits).
     policy: crate::policy::Policy,
+    /// Memory limits for clients (crate::memlimit).
+    mem_limits: crate::memlimit::MemLimits,
     next_id: u32,
     uid: u32,
     quit: bool,
@@ -243,6 +249,9 @@ impl Server {
         }
         let snapshots: Vec<DeviceSnapshot> = gpus.iter().map(|g| g.snapshot()).collect();
         let policy = make_policy(&cfg, &gpus, &snapshots)?;
+        let mem_limits =
+            crate::memlimit::MemLimits::new(cfg.default_mem_limit.as_deref(), &snapshots)
+                .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
         presize_stacks(&gpus)?;
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
@@ -314,6 +323,7 @@ impl Server {
             slow,
             exiting: Vec::new(),
             policy,
+            mem_limits,
             next_id: 1,
             // SAFETY: getuid has no preconditions.
             uid: unsafe { libc::getuid() },
@@ -718,6 +728,14 @@ impl Server {
                 return refuse(status);
             }
         };
+        let own_limits =
+            match crate::memlimit::MemLimits::own(settings.mem_limit_text(), &self.snapshots) {
+                Ok(l) => l,
+                Err(why) => {
+                    tracing::warn!(pid, "refusing a client: {why}");
+                    return refuse(code::INVALID_DEVICE);
+                }
+            };
         if self.any_fault() {
             let w = Welcome {
                 magic: wire::HELLO_MAGIC,
@@ -805,6 +823,7 @@ impl Server {
         // Its placement (and everyone's, if it is latency-critical) before any worker
         // sees it, so its first work already runs where it belongs.
         settled.apply(&c);
+        self.mem_limits.apply(&c, &own_limits);
         tracing::info!(
             client = id,
             pid,
@@ -836,6 +855,10 @@ impl Server {
             ["ps"] | ["ps", ..] => (true, self.ps_text()),
             ["stats"] => (true, self.stats_text()),
             ["terminate_client", args @ ..] => self.terminate_client(args),
+            [cmd, args @ ..] if crate::memlimit::COMMANDS.contains(cmd) => {
+                let clients = self.client_list();
+                self.mem_limits.command(cmd, args, &clients, &self.snapshots)
+            }
             [cmd, args @ ..] if crate::policy::COMMANDS.contains(cmd) => {
                 let clients = self.client_list();
                 let r = self.policy.command(cmd, args, &clients, &self.gpus);

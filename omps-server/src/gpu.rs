@@ -81,6 +81,9 @@ impl FunctionInfo {
 pub struct LoadedModule {
     pub handle: u64,
     pub functions: Vec<FunctionInfo>,
+    /// Device memory its variables take (`__device__`, `__constant__`, `__managed__`),
+    /// as read from the image: it counts against the loading client's memory limit.
+    pub data_bytes: u64,
 }
 
 pub trait Gpu: Send + Sync + 'static {

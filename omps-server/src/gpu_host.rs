@@ -785,6 +785,7 @@ impl Gpu for HostGpu {
             return Ok(LoadedModule {
                 handle,
                 functions: Vec::new(),
+                data_bytes: crate::module_cache::data_bytes(image, 90),
             });
         }
         let text = std::str::from_utf8(image).map_err(|_| CuError(code::INVALID_IMAGE))?;
@@ -805,6 +806,7 @@ impl Gpu for HostGpu {
                 params,
             })
             .collect();
+        let data_bytes = globals.iter().map(|g| g.1).sum();
         let globals = globals
             .into_iter()
             .map(|(n, size)| {
@@ -813,7 +815,11 @@ impl Gpu for HostGpu {
             })
             .collect();
         st.modules.insert(handle, (functions.clone(), globals));
-        Ok(LoadedModule { handle, functions })
+        Ok(LoadedModule {
+            handle,
+            functions,
+            data_bytes,
+        })
     }
 
     fn module_unload(&self, module: u64) -> GpuResult<()> {

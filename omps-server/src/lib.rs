@@ -33,6 +33,7 @@ pub mod gpu_green;
 pub mod gpu_host;
 pub mod ipc;
 pub mod limits;
+pub mod memlimit;
 pub mod module_cache;
 pub mod peers;
 pub mod placement;

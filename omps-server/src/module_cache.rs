@@ -203,16 +203,48 @@ pub fn shareable(img: &[u8], cc: u32) -> bool {
 
 fn elf_has_no_data(elf: &[u8]) -> bool {
     elf_sections(elf).is_some_and(|secs| {
-        let data_ok = secs.iter().all(|s| {
-            let global = s.name == ".nv.global"
-                || (s.name.starts_with(".nv.global.") && s.name != ".nv.global.init");
-            let constant = s.name.starts_with(".nv.constant")
-                && !s.name.starts_with(".nv.constant0")
-                && s.name != ".nv.constant4";
-            !(global || constant || s.name.starts_with(".nv.managed"))
-        });
+        let data_ok = secs.iter().all(|s| !holds_client_data(s.name));
         data_ok && init_data_is_internal(elf, &secs)
     })
+}
+
+/// Whether a cubin section holds variables of the program's: `__device__` (`.nv.global*`
+/// but the toolchain's initialized tables), `__constant__` (constant banks other than
+/// kernel parameters and compiler literals) or `__managed__`.
+fn holds_client_data(name: &str) -> bool {
+    let global =
+        name == ".nv.global" || (name.starts_with(".nv.global.") && name != ".nv.global.init");
+    let constant = name.starts_with(".nv.constant")
+        && !name.starts_with(".nv.constant0")
+        && name != ".nv.constant4";
+    global || constant || name.starts_with(".nv.managed")
+}
+
+/// The device memory a module loaded from `img` takes for its variables (every data
+/// section, initialized tables included), for a GPU of compute capability `cc`: of the
+/// cubins the driver may pick, the largest. PTX and unreadable images count nothing (the
+/// driver's compilation decides; their variables are found only by cuModuleGetGlobal).
+pub fn data_bytes(img: &[u8], cc: u32) -> u64 {
+    let of_elf = |elf: &[u8]| -> u64 {
+        elf_sections(elf).map_or(0, |secs| {
+            secs.iter()
+                .filter(|s| holds_client_data(s.name) || s.name == ".nv.global.init")
+                .map(|s| s.size as u64)
+                .fold(0u64, u64::saturating_add)
+        })
+    };
+    if img.starts_with(&image::ELF_MAGIC) {
+        return of_elf(img);
+    }
+    let Some(entries) = image::fatbin_entries(img) else {
+        return 0;
+    };
+    image::chosen(&entries, cc)
+        .iter()
+        .filter(|e| e.kind == image::FATBIN_ELF)
+        .filter_map(|e| e.contents().ok().map(|code| of_elf(&code)))
+        .max()
+        .unwrap_or(0)
 }
 
 struct Section<'a> {
@@ -349,6 +381,7 @@ mod tests {
         LoadedModule {
             handle,
             functions: Vec::new(),
+            data_bytes: 0,
         }
     }
 

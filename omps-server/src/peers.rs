@@ -42,7 +42,7 @@ pub enum Progress {
     /// Not a whole message yet.
     Waiting,
     /// A client's hello and settings.
-    Client(wire::ClientSettings),
+    Client(Box<wire::ClientSettings>),
     /// A control connection's command line.
     Command(String),
     /// A hello of another protocol: answer that, then drop it (the reason).
@@ -117,7 +117,7 @@ impl Peer {
                     };
                 }
                 Stage::Settings => {
-                    return Progress::Client(bytemuck::pod_read_unaligned(&msg));
+                    return Progress::Client(Box::new(bytemuck::pod_read_unaligned(&msg)));
                 }
                 Stage::Control => {
                     self.deadline = Instant::now() + CONTROL_IDLE;

@@ -229,6 +229,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
             let _ = g.vmm_address_free(p, n);
         }
     }
+    client.mem_bytes[dev].fetch_sub(rel.module_bytes, Ordering::Relaxed);
     for (_, size) in rel.vmm.handles {
         client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
     }

@@ -134,6 +134,8 @@ struct Module {
     functions: Vec<u32>,
     /// Loaded once for every client with the same image ([`crate::module_cache`]).
     shared: bool,
+    /// Device memory its variables take, counted as the client's.
+    data_bytes: u64,
 }
 
 /// A device range: start and length.
@@ -154,6 +156,9 @@ impl PinnedRelease {
     pub fn done(self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.client.release_pinned(self.addr, self.len);
+            self.client
+                .pinned_bytes
+                .fetch_sub(self.len, Ordering::Relaxed);
             let mut u = self
                 .client
                 .unpinning
@@ -172,6 +177,8 @@ pub struct Release {
     /// Pinned host ranges (already out of the client's table).
     pub pinned: Vec<PinnedRelease>,
     pub modules: Vec<u64>,
+    /// What the modules' variables took of the client's memory (given back with them).
+    pub module_bytes: u64,
     pub events: Vec<u64>,
     pub graphs: Vec<u64>,
     pub execs: Vec<u64>,
@@ -192,6 +199,7 @@ impl Release {
         matches!(self.allocs[..], [(_, len)] if len == size)
             && self.pinned.is_empty()
             && self.modules.is_empty()
+            && self.module_bytes == 0
             && self.events.is_empty()
             && self.graphs.is_empty()
             && self.execs.is_empty()
@@ -450,6 +458,16 @@ impl Session {
                 ch.word(m.word)
                     .is_some_and(|w| w.load(Ordering::Acquire).wrapping_sub(m.seq) as i32 >= 0)
             })
+    }
+
+    /// Counts `n` bytes against the client's memory on this GPU (its limit), first letting
+    /// what it freed come back if that would take it over: PyTorch frees its cache and
+    /// retries at once when an allocation fails.
+    fn charge(&self, ctx: &mut WorkerCtx, n: u64) -> Result<(), CuError> {
+        match self.client.charge(self.dev, n) {
+            Err(_) if ctx.reclaim_for(self.client.id) => self.client.charge(self.dev, n),
+            r => r,
+        }
     }
 
     fn note_error(&mut self, e: CuError) {
@@ -769,9 +787,11 @@ impl Session {
             .into_iter()
             .flat_map(|(p, (_, n))| std::iter::repeat_n(p, n as usize))
             .collect();
+        let module_bytes = self.modules.values().map(|m| m.data_bytes).sum();
         let rel = Release {
             pinned: Vec::new(),
             limits: None,
+            module_bytes,
             allocs,
             ipc,
             ipc_close,

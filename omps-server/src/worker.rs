@@ -594,6 +594,18 @@ impl WorkerCtx {
         had
     }
 
+    /// As [`WorkerCtx::reclaim`], for a client over its memory limit: only when it has
+    /// frees of its own still waiting for their fence here, or the releaser has work (its
+    /// own may be there), so that a client with nothing to come back waits for nothing.
+    pub fn reclaim_for(&mut self, client: u32) -> bool {
+        let own = self
+            .deferred
+            .iter()
+            .flatten()
+            .any(|d| d.client.id == client);
+        (own || !self.shared.releaser.idle()) && self.reclaim()
+    }
+
     /// Completions the lane watches for (tests).
     pub fn marker_count(&self) -> usize {
         self.markers.len()

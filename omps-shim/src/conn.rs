@@ -573,8 +573,8 @@ impl<'a> ChanGuard<'a> {
 /// What the environment asks of the server, as MPS's clients read it:
 /// `CUDA_MPS_CLIENT_PRIORITY` (0 normal, 1 below normal), omps's `OMPS_CLIENT_QOS`
 /// (`normal`, `below-normal`, `latency-critical`; it wins over the former),
-/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (a percentage, can only lower the server's default)
-/// and `CUDA_MPS_SM_PARTITION`. A value that makes no sense is an error naming it.
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (a percentage, can only lower the server's default),
+/// `CUDA_MPS_SM_PARTITION` and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (can only lower limits). A value that makes no sense is an error naming it.
 pub fn settings_from_env() -> Result<wire::ClientSettings, String> {
     settings_from(|k| std::env::var(k).ok())
 }
@@ -616,6 +616,18 @@ pub fn settings_from(var: impl Fn(&str) -> Option<String>) -> Result<wire::Clien
             ));
         }
         s.partition[..v.len()].copy_from_slice(v.as_bytes());
+    }
+    if let Some(v) = var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
+        let v = v.trim();
+        omps_ring::memlimit::parse_limits(v)
+            .map_err(|why| format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v}: {why}"))?;
+        if v.len() >= s.mem_limit.len() {
+            return Err(format!(
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v}: longer than {} bytes",
+                s.mem_limit.len() - 1
+            ));
+        }
+        s.mem_limit[..v.len()].copy_from_slice(v.as_bytes());
     }
     Ok(s)
 }

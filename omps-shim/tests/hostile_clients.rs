@@ -408,6 +408,7 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
         spare_segments: 0,
         lc_reserve_sms: 0,
         default_thread_pct: None,
+        default_mem_limit: None,
     };
     let err = omps_server::Server::new(cfg, vec![], 13000)
         .err()

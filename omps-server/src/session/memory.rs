@@ -144,15 +144,21 @@ impl Session {
                 let a = rec::<wire::MemAlloc>(p);
                 let r = if a.size == 0 {
                     Err(CuError(code::INVALID_VALUE))
+                } else if let Err(e) = self.charge(ctx, a.size) {
+                    Err(e)
                 } else if let Some(p) = ctx.reuse_freed(&self.client, a.size) {
                     Ok(p)
                 } else {
-                    match gpu.mem_alloc(a.size) {
+                    let r = match gpu.mem_alloc(a.size) {
                         // Memory the client freed may still be on its way back (a fence,
                         // the releaser): PyTorch frees its cache and retries at once.
                         Err(CuError(code::OUT_OF_MEMORY)) if ctx.reclaim() => gpu.mem_alloc(a.size),
                         r => r,
+                    };
+                    if r.is_err() {
+                        self.client.mem_bytes[self.dev].fetch_sub(a.size, Ordering::Relaxed);
                     }
+                    r
                 };
                 if r == Err(CuError(code::OUT_OF_MEMORY)) {
                     let (free, total) = gpu.mem_info().unwrap_or((0, 0));
@@ -166,15 +172,23 @@ impl Session {
                 }
                 if let Ok(p) = r {
                     self.allocs.insert(p, a.size);
-                    self.client.mem_bytes[self.dev].fetch_add(a.size, Ordering::Relaxed);
                 }
                 self.complete_pod(a.call, r.map(|value| wire::U64Reply { value }))?;
             }
             Op::MemGetInfo => {
                 let c = rec::<CallHdr>(p);
+                // Under a limit the client sees the limit as the GPU's size and what it
+                // has left of it as free (never more than the GPU has free), as MPS's
+                // clients do: PyTorch's allocator and mem_get_info plan by it.
                 let r = gpu
                     .mem_info()
-                    .map(|(free, total)| wire::MemInfoReply { free, total });
+                    .map(|(free, total)| match self.client.limit(self.dev) {
+                        Some(l) => wire::MemInfoReply {
+                            free: free.min(l.saturating_sub(self.client.mem_use(self.dev))),
+                            total: total.min(l),
+                        },
+                        None => wire::MemInfoReply { free, total },
+                    });
                 self.complete_pod(c, r)?;
             }
             _ => unreachable!("dispatched to the memory family: {op:?}"),

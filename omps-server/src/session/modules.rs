@@ -33,7 +33,7 @@ impl Session {
                     self.functions.remove(f);
                 }
                 self.globals.retain(|_, &mut (_, module)| module != h.id);
-                self.give_back_module(ctx, m.handle, m.shared);
+                self.give_back_module(ctx, m.handle, m.shared, m.data_bytes);
             }
             Op::ModuleLoad => {
                 let m = rec::<wire::ModuleLoad>(p);
@@ -135,16 +135,19 @@ impl Session {
 
     /// A module this client is done with: its own is unloaded once its work is done; a
     /// shared one loses a user (and the cache may give back idle ones).
-    fn give_back_module(&mut self, ctx: &mut WorkerCtx, handle: u64, shared: bool) {
+    /// Gives a module back (a shared one to the cache), with the `charged` bytes its
+    /// variables took of the client's memory.
+    fn give_back_module(&mut self, ctx: &mut WorkerCtx, handle: u64, shared: bool, charged: u64) {
         let modules = match shared {
             true => ctx.shared.modules.release(handle).unwrap_or_default(),
             false => vec![handle],
         };
-        if !modules.is_empty() {
+        if !modules.is_empty() || charged > 0 {
             ctx.release_later(
                 self,
                 Release {
                     modules,
+                    module_bytes: charged,
                     ..Default::default()
                 },
             );
@@ -166,9 +169,14 @@ impl Session {
     ) -> Result<(), Malformed> {
         let shared = defaults.is_some();
         let nf = loaded.functions.len();
+        // Its variables count against the client's memory limit.
+        if let Err(e) = self.charge(ctx, loaded.data_bytes) {
+            self.give_back_module(ctx, loaded.handle, shared, 0);
+            return self.complete(call, e.0, &[]);
+        }
         // The module's id and one per function, never wrapping into ids in use.
         if self.next_id.checked_add(1 + nf as u32).is_none() {
-            self.give_back_module(ctx, loaded.handle, shared);
+            self.give_back_module(ctx, loaded.handle, shared, loaded.data_bytes);
             return self.complete(call, code::OUT_OF_MEMORY, &[]);
         }
         let module_id = self.next_id;
@@ -234,7 +242,7 @@ impl Session {
             for id in &fids {
                 self.functions.remove(id);
             }
-            self.give_back_module(ctx, loaded.handle, shared);
+            self.give_back_module(ctx, loaded.handle, shared, loaded.data_bytes);
             return self.complete(call, code::NOT_SUPPORTED, &[]);
         }
         // SAFETY: out fits in chunk 0 of a checked channel, inside the mapping.
@@ -245,6 +253,7 @@ impl Session {
                 handle: loaded.handle,
                 functions: fids,
                 shared,
+                data_bytes: loaded.data_bytes,
             },
         );
         debug_assert!(self

@@ -84,10 +84,20 @@ impl Session {
         if matches!(v.kind, vmm::EXPORT | vmm::IMPORT) {
             return self.vmm_share(ctx, v);
         }
+        if v.kind == vmm::CREATE {
+            if let Err(e) = self.charge(ctx, a0) {
+                return self.complete(v.call, e.0, &[]);
+            }
+        }
+        let client = self.client.clone();
+        let uncharge = |n: u64| client.mem_bytes[self.dev].fetch_sub(n, Ordering::Relaxed);
         let st = &mut self.vmm;
         if st.reservations.len() + st.handles.len() + st.mappings.len() >= MAX_ENTRIES
             && matches!(v.kind, vmm::RESERVE | vmm::CREATE | vmm::MAP)
         {
+            if v.kind == vmm::CREATE {
+                uncharge(a0);
+            }
             return self.complete(v.call, code::OUT_OF_MEMORY, &[]);
         }
         let r: GpuResult<u64> = match v.kind {
@@ -102,12 +112,16 @@ impl Session {
                     gpu.vmm_address_free(a0, a1).map(|()| 0)
                 }
             }
-            vmm::CREATE => gpu.vmm_create(a0).map(|h| {
-                st.next_handle += 1;
-                st.handles.insert(st.next_handle, (h, a0));
-                self.client.mem_bytes[self.dev].fetch_add(a0, Ordering::Relaxed);
-                st.next_handle as u64
-            }),
+            vmm::CREATE => gpu
+                .vmm_create(a0)
+                .map(|h| {
+                    st.next_handle += 1;
+                    st.handles.insert(st.next_handle, (h, a0));
+                    st.next_handle as u64
+                })
+                .inspect_err(|_| {
+                    uncharge(a0);
+                }),
             vmm::RELEASE => match st.handles.remove(&v.handle) {
                 Some((h, size)) => {
                     self.client.mem_bytes[self.dev].fetch_sub(size, Ordering::Relaxed);

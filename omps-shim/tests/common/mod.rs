@@ -45,6 +45,7 @@ impl TestServer {
             // One of the host GPU's four one-SM chunks.
             lc_reserve_sms: 1,
             default_thread_pct: None,
+            default_mem_limit: None,
         };
         edit(&mut cfg);
         let server =

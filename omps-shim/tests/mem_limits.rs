@@ -1,0 +1,238 @@
+//! Device memory limits (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and the control commands):
+//! every allocation path counts, going over answers CUDA_ERROR_OUT_OF_MEMORY,
+//! cuMemGetInfo reports the limit, a client can only lower its limit, and an operator can
+//! change a running client's.
+
+mod common;
+use common::*;
+use omps_ring::wire::{self, vmm, Op};
+use omps_shim::conn::Conn;
+
+const OOM: i32 = 2;
+const KIB: u64 = 1024;
+
+fn server(tag: &str, limit: &str) -> TestServer {
+    let limit = limit.to_string();
+    TestServer::start_with(&format!("memlimit-{tag}"), |c| {
+        c.default_mem_limit = Some(limit)
+    })
+}
+
+fn connect(srv: &TestServer, own: Option<&str>) -> Conn {
+    let mut s = wire::ClientSettings::none();
+    if let Some(v) = own {
+        s.mem_limit[..v.len()].copy_from_slice(v.as_bytes());
+    }
+    Conn::connect_with(&srv.socket(), &s).expect("connects")
+}
+
+fn try_alloc(c: &Conn, size: u64) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::MemAlloc, |call| {
+        bytemuck::bytes_of(&wire::MemAlloc { call, size }).to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+fn free(c: &Conn, ptr: u64) {
+    c.push(
+        0,
+        Op::MemFree,
+        &[bytemuck::bytes_of(&wire::MemFree { ptr })],
+    )
+    .unwrap();
+}
+
+fn mem_info(c: &Conn) -> (u64, u64) {
+    let mut ch = c.channel();
+    ch.call(0, Op::MemGetInfo, |call| bytemuck::bytes_of(&call).to_vec())
+        .unwrap();
+    let r = ch.reply::<wire::MemInfoReply>();
+    (r.free, r.total)
+}
+
+fn vmm_create(c: &Conn, size: u64) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::Vmm, |call| {
+        bytemuck::bytes_of(&wire::Vmm {
+            call,
+            kind: vmm::CREATE,
+            handle: 0,
+            args: [size, 0, 0],
+        })
+        .to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+fn me() -> String {
+    std::process::id().to_string()
+}
+
+#[test]
+fn allocations_stop_at_the_limit_and_mem_get_info_reports_it() {
+    let srv = server("alloc", "0=1M");
+    let c = connect(&srv, None);
+    assert_eq!(
+        mem_info(&c),
+        (1024 * KIB, 1024 * KIB),
+        "free and total under 1M"
+    );
+    let a = try_alloc(&c, 768 * KIB).expect("within the limit");
+    assert_eq!(try_alloc(&c, 512 * KIB), Err(OOM), "over the limit");
+    assert_eq!(mem_info(&c), (256 * KIB, 1024 * KIB));
+    // Freed memory counts again at once, though its release waits for the client's work.
+    free(&c, a);
+    let b = try_alloc(&c, 1024 * KIB).expect("the whole limit after the free");
+    // Every path counts: VMM handles too.
+    assert_eq!(vmm_create(&c, 64 * KIB), Err(OOM));
+    free(&c, b);
+    vmm_create(&c, 64 * KIB).expect("a VMM handle within the limit");
+    assert_eq!(mem_info(&c).0, 960 * KIB);
+    // The client's neighbour in another server process would be unaffected; here a
+    // second client of the same server has its own count.
+    let other = connect(&srv, None);
+    try_alloc(&other, 1024 * KIB).expect("a neighbour's allocation counts as its own");
+    c.ping(0).unwrap();
+}
+
+#[test]
+fn module_variables_count() {
+    let srv = server("modules", "0=64K");
+    let c = connect(&srv, None);
+    let big = "omps-host-module\nfn fill_u32 0:8 8:4 12:4\nglobal table 131072\n\0";
+    assert_eq!(
+        load_image(&c, big.as_bytes()).err(),
+        Some(OOM),
+        "a module whose variables exceed the limit"
+    );
+    let small = "omps-host-module\nglobal counter 32768\n\0";
+    load_image(&c, small.as_bytes()).expect("variables within the limit");
+    assert_eq!(mem_info(&c).0, 32 * KIB);
+    assert_eq!(
+        try_alloc(&c, 48 * KIB),
+        Err(OOM),
+        "the variables took their share"
+    );
+    assert_eq!(
+        srv.gpu.bytes_allocated(),
+        32 * KIB,
+        "the refused module was given back"
+    );
+}
+
+#[test]
+fn pinned_host_memory_counts_on_every_gpu() {
+    let srv = server("pinned", "0=256K");
+    let c = connect(&srv, None);
+    let len = 192 * KIB as usize;
+    let fd = omps_ring::shm::create_segment("pin-test", len).unwrap();
+    // An address nothing is mapped at (the server maps the client's memfd there; in this
+    // test both live in one process).
+    // SAFETY: an anonymous reservation, given back at once; only its address is used.
+    let addr = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        libc::munmap(p, len);
+        p as u64
+    };
+    use std::os::fd::AsRawFd;
+    c.host_request(wire::hostmem::PIN, addr, len as u64, Some(fd.as_raw_fd()))
+        .expect("pinned within the limit");
+    assert_eq!(mem_info(&c).0, 64 * KIB, "pinned host memory counts");
+    assert_eq!(try_alloc(&c, 128 * KIB), Err(OOM));
+    try_alloc(&c, 64 * KIB).expect("what is left");
+    let fd2 = omps_ring::shm::create_segment("pin-test-2", 4096).unwrap();
+    assert_eq!(
+        c.host_request(
+            wire::hostmem::PIN,
+            addr + len as u64 + (1 << 20),
+            4096,
+            Some(fd2.as_raw_fd())
+        ),
+        Err(OOM),
+        "a pin over the limit"
+    );
+}
+
+#[test]
+fn a_client_can_only_lower_its_limit() {
+    let srv = server("lower", "0=1M");
+    let low = connect(&srv, Some("0=128K"));
+    assert_eq!(mem_info(&low), (128 * KIB, 128 * KIB));
+    assert_eq!(try_alloc(&low, 256 * KIB), Err(OOM));
+    let high = connect(&srv, Some("0=4M"));
+    assert_eq!(
+        mem_info(&high).1,
+        1024 * KIB,
+        "asking for more gives the server's"
+    );
+    // A device the server does not have, or a list that does not parse, is refused.
+    let mut s = wire::ClientSettings::none();
+    s.mem_limit[..5].copy_from_slice(b"7=64M");
+    assert!(Conn::connect_with(&srv.socket(), &s).is_err());
+    let e = omps_shim::conn::settings_from(|k| {
+        (k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").then(|| "0=lots".to_string())
+    })
+    .unwrap_err();
+    assert!(e.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=lots"), "{e}");
+}
+
+#[test]
+fn operators_change_limits_of_running_clients() {
+    let srv = server("operators", "0=1M");
+    let c = connect(&srv, Some("0=3M"));
+    // The server runs in this process: its PID names the server (all its clients).
+    let (ok, out) = srv.ctl(&format!("get_device_pinned_mem_limit {} 0", me()));
+    assert!(ok, "{out}");
+    assert_eq!(out, "1M\n");
+    assert_eq!(try_alloc(&c, 2048 * KIB), Err(OOM));
+    // Raised while it runs: up to its own 3M.
+    assert!(
+        srv.ctl(&format!("set_device_pinned_mem_limit {} 0 8G", me()))
+            .0
+    );
+    assert_eq!(mem_info(&c).1, 3072 * KIB, "its own variable still caps it");
+    let a = try_alloc(&c, 2048 * KIB).expect("the raised limit holds at once");
+    // Lowered below its use: nothing is taken away, the next allocation fails.
+    assert!(
+        srv.ctl(&format!("set_device_pinned_mem_limit {} 0 512K", me()))
+            .0
+    );
+    assert_eq!(mem_info(&c).0, 0);
+    assert_eq!(try_alloc(&c, 4 * KIB), Err(OOM));
+    free(&c, a);
+    try_alloc(&c, 256 * KIB).expect("under the lowered limit after the free");
+    // The default is for clients to come; `none` removes a limit.
+    assert!(srv.ctl("set_default_device_pinned_mem_limit 0 2G").0);
+    assert_eq!(srv.ctl("get_default_device_pinned_mem_limit 0").1, "2G\n");
+    assert!(srv.ctl("set_default_device_pinned_mem_limit 0 512M").0);
+    assert_eq!(
+        mem_info(&connect(&srv, None)).1,
+        512 << 20,
+        "a new client gets it"
+    );
+    assert_eq!(mem_info(&c).1, 512 * KIB, "a running one keeps its own");
+    assert!(srv.ctl("set_default_device_pinned_mem_limit 0 none").0);
+    assert_eq!(srv.ctl("get_default_device_pinned_mem_limit 0").1, "none\n");
+    // Bad input names what was wrong.
+    for (cmd, says) in [
+        (
+            "set_default_device_pinned_mem_limit 3 1G",
+            "device 3 does not exist",
+        ),
+        ("set_default_device_pinned_mem_limit 0 12", "not a size"),
+        ("set_device_pinned_mem_limit 1 0 1G", "no client with PID 1"),
+        ("get_device_pinned_mem_limit 0", "usage"),
+    ] {
+        let (ok, out) = srv.ctl(cmd);
+        assert!(!ok && out.contains(says), "{cmd}: {out}");
+    }
+}

@@ -584,7 +584,7 @@ kill9_native() {
 }
 
 # MEM_BYTES of pid in `omps-ctl ps`, or empty if not listed.
-ps_mem() { awk -v p="$1" '$1 == p { print $3; exit }' "$2"; }
+ps_mem() { awk -v p="$1" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "MEM_BYTES") c = i; next } $1 == p { print $c; exit }' "$2"; }
 
 kill9_omps() {
     section "3b. kill -9 under omps"

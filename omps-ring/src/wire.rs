@@ -802,6 +802,9 @@ pub struct ClientSettings {
     /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as the client gave it (checked by
     /// [`crate::memlimit::parse_limits`]), NUL-padded: the server resolves its devices.
     pub mem_limit: [u8; 512],
+    /// The client's PID as it sees it (in its own PID namespace; the server learns the
+    /// one in its namespace from the socket). 0: not said.
+    pub ns_pid: u32,
 }
 
 impl ClientSettings {
@@ -813,6 +816,7 @@ impl ClientSettings {
             thread_milli_pct: Self::UNSET,
             partition: [0; 64],
             mem_limit: [0; 512],
+            ns_pid: 0,
         }
     }
 

@@ -9,13 +9,90 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+/// Who a client is, as ps, top and the metrics show it.
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    /// Its program (argv[0]), without whitespace.
+    pub command: String,
+    /// The inode of its PID namespace (0: unknown).
+    pub pid_ns: u64,
+    /// Its PID in its own namespace, as it said (0: not said).
+    pub ns_pid: u32,
+    /// The container it runs in, read from its cgroup (empty: none found).
+    pub container: String,
+    /// The Kubernetes pod UID, read from its cgroup (empty: none found).
+    pub pod: String,
+}
+
+impl Identity {
+    /// Reads what /proc says of process `pid` (as the server sees it).
+    pub fn of(pid: i32, ns_pid: u32) -> Identity {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        let command: String = String::from_utf8_lossy(argv0)
+            .chars()
+            .map(|c| if c.is_whitespace() { '_' } else { c })
+            .collect();
+        let pid_ns = std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+            .ok()
+            .and_then(|l| {
+                let l = l.to_string_lossy().into_owned();
+                l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+            })
+            .unwrap_or(0);
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let (container, pod) = container_of(&cgroup);
+        Identity {
+            command,
+            pid_ns,
+            ns_pid,
+            container,
+            pod,
+        }
+    }
+}
+
+/// The container id (64 hex digits) and Kubernetes pod UID a cgroup path names, as
+/// Docker, containerd, CRI-O and the kubelet lay them out (`…/docker-<id>.scope`,
+/// `…/kubepods-…-pod<uid>.slice/cri-containerd-<id>.scope`, `/kubepods/…/pod<uid>/<id>`).
+pub fn container_of(cgroup: &str) -> (String, String) {
+    let path = cgroup
+        .lines()
+        .find_map(|l| l.splitn(3, ':').nth(2))
+        .unwrap_or("");
+    let mut container = String::new();
+    let mut pod = String::new();
+    for part in path.split('/') {
+        let stem = part
+            .strip_suffix(".scope")
+            .or_else(|| part.strip_suffix(".slice"))
+            .unwrap_or(part);
+        if let Some(p) = stem.rsplit("-pod").next().filter(|_| stem.contains("-pod")) {
+            pod = p.replace('_', "-");
+        } else if let Some(p) = stem.strip_prefix("pod") {
+            pod = p.to_string();
+        }
+        let id = stem.rsplit(['-', ':']).next().unwrap_or(stem);
+        if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            container = id.to_string();
+        }
+    }
+    (container, pod)
+}
+
 /// A limit that is not set.
 pub const NO_LIMIT: u64 = u64::MAX;
 
 pub struct ClientShared {
     pub id: u32,
+    /// Its PID in the server's PID namespace.
     pub pid: i32,
+    /// Its command name (/proc/PID/comm).
     pub name: String,
+    /// Who it is beyond that (its command line, PID namespace), for ps and metrics.
+    pub identity: Identity,
+    /// The GPUs it has sent work or questions to (bit per ordinal).
+    pub used_gpus: AtomicU32,
     pub seg: SegmentView,
     pub socket: OwnedFd,
     /// Device memory in use, per GPU, in bytes.
@@ -32,6 +109,8 @@ pub struct ClientShared {
     limit_logged: [AtomicBool; MAX_DEVICES],
     /// Records served, all GPUs.
     pub commands: AtomicU64,
+    /// Kernel and graph launches, all GPUs.
+    pub launches: AtomicU64,
     /// Worker time spent handling its records, all GPUs.
     pub server_ns: AtomicU64,
     /// The printf level (wire::printf_use) of the code the server loaded for it, as the
@@ -81,6 +160,8 @@ impl ClientShared {
             id,
             pid,
             name,
+            identity: Identity::default(),
+            used_gpus: AtomicU32::new(0),
             seg,
             socket,
             mem_bytes: Default::default(),
@@ -89,6 +170,7 @@ impl ClientShared {
             pinned_bytes: AtomicU64::new(0),
             limit_logged: Default::default(),
             commands: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
             server_ns: AtomicU64::new(0),
             printf_level: AtomicU64::new(0),
             slow_pending: AtomicBool::new(false),
@@ -392,5 +474,27 @@ impl Drop for Unmap {
     fn drop(&mut self) {
         // SAFETY: the range was mapped by pin() and nothing references it any more.
         unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1 as usize) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::container_of;
+
+    #[test]
+    fn containers_and_pods_are_read_from_cgroup_paths() {
+        let id = "4f2a".repeat(16);
+        let docker = format!("0::/system.slice/docker-{id}.scope\n");
+        assert_eq!(container_of(&docker), (id.clone(), String::new()));
+        let k8s = format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1c2d_3e4f.slice/cri-containerd-{id}.scope\n"
+        );
+        assert_eq!(container_of(&k8s), (id.clone(), "1c2d-3e4f".into()));
+        let v1 = format!("12:memory:/kubepods/besteffort/pod77aa-bb/{id}\n");
+        assert_eq!(container_of(&v1), (id, "77aa-bb".into()));
+        assert_eq!(
+            container_of("0::/user.slice/session-3.scope\n"),
+            (String::new(), String::new())
+        );
     }
 }

@@ -17,6 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+mod commands;
+mod control_log;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -40,6 +43,9 @@ pub struct ServerConfig {
     /// The clients' memory limits (the server's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), as
     /// given; checked at start.
     pub default_mem_limit: Option<String>,
+    /// Where to serve Prometheus metrics over HTTP (`--metrics ADDR`, OMPS_METRICS);
+    /// None: only `omps-ctl metrics` shows them.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl ServerConfig {
@@ -70,6 +76,9 @@ impl ServerConfig {
                 .unwrap_or(16),
             default_thread_pct: std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").ok(),
             default_mem_limit: std::env::var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").ok(),
+            metrics: std::env::var("OMPS_METRICS")
+                .ok()
+                .and_then(|a| a.parse().ok()),
         }
     }
 }
@@ -134,6 +143,13 @@ pub struct Server {
     policy: crate::policy::Policy,
     /// Memory limits for clients (crate::memlimit).
     mem_limits: crate::memlimit::MemLimits,
+    /// What `omps-ctl metrics` and the HTTP endpoint read (crate::metrics).
+    board: Arc<crate::metrics::Board>,
+    /// Operators' commands and their answers (control.log).
+    control_log: control_log::ControlLog,
+    /// `shutdown_server` or `quit -t`: no new clients, and quit once the connected ones
+    /// are gone (or, given a deadline, once it passes).
+    draining: Option<Option<Instant>>,
     next_id: u32,
     uid: u32,
     quit: bool,
@@ -249,6 +265,16 @@ impl Server {
         }
         let snapshots: Vec<DeviceSnapshot> = gpus.iter().map(|g| g.snapshot()).collect();
         let policy = make_policy(&cfg, &gpus, &snapshots)?;
+        let mut control_log = control_log::ControlLog::open(sock::log_directory().as_deref());
+        control_log.line(&format!(
+            "Starting omps server {} using socket {}",
+            env!("CARGO_PKG_VERSION"),
+            cfg.pipe_dir.join(sock::SOCKET_NAME).display()
+        ));
+        control_log.line(&format!(
+            "To connect CUDA applications to this server, set env CUDA_MPS_PIPE_DIRECTORY={}",
+            cfg.pipe_dir.display()
+        ));
         let mem_limits =
             crate::memlimit::MemLimits::new(cfg.default_mem_limit.as_deref(), &snapshots)
                 .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
@@ -289,6 +315,16 @@ impl Server {
                 });
             }
         }
+        let board = Arc::new(crate::metrics::Board::new(
+            gpus.iter()
+                .zip(&snapshots)
+                .zip(&gpu_shared)
+                .map(|((g, s), sh)| (g.clone(), *s, sh.clone()))
+                .collect(),
+        ));
+        if let Some(addr) = cfg.metrics {
+            crate::metrics::serve(addr, board.clone())?;
+        }
         let segments = crate::segpool::SegmentPool::start(
             LayoutParams::for_devices(gpus.len())
                 .validate()
@@ -324,6 +360,9 @@ impl Server {
             exiting: Vec::new(),
             policy,
             mem_limits,
+            control_log,
+            board,
+            draining: None,
             next_id: 1,
             // SAFETY: getuid has no preconditions.
             uid: unsafe { libc::getuid() },
@@ -347,6 +386,7 @@ impl Server {
             }
         }
         let _ = std::fs::remove_file(&self.socket_path);
+        self.control_log.line("Server exited");
         tracing::info!("omps server stopped");
         Ok(())
     }
@@ -412,6 +452,14 @@ impl Server {
             }
         }
         self.reap_exiting();
+        if let Some(deadline) = self.draining {
+            if self.clients.is_empty() && self.exiting.is_empty() {
+                self.quit = true;
+            } else if deadline.is_some_and(|d| Instant::now() > d) {
+                self.terminate_all("the server was shut down (its quit -t timeout passed)");
+                self.draining = Some(None);
+            }
+        }
         Ok(())
     }
 
@@ -658,8 +706,12 @@ impl Server {
         self.clients.values().map(|(c, _)| c.clone()).collect()
     }
 
+    /// Tells the workers where each client's work runs, and the metrics who is connected
+    /// (both change as clients come and go).
     fn publish_placements(&self) {
-        self.policy.publish(&self.client_list());
+        let clients = self.client_list();
+        self.policy.publish(&clients);
+        self.board.set_clients(clients);
     }
 
     /// The worker (lane) of GPU `gpu` that serves client `id`.
@@ -713,6 +765,10 @@ impl Server {
             };
             sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[])
         };
+        if self.draining.is_some() {
+            tracing::warn!(pid, "refusing a client: the server is shutting down");
+            return refuse(code::MPS_SERVER_NOT_READY);
+        }
         if self.clients.len() >= crate::bounds::bounds().clients {
             tracing::warn!(
                 pid,
@@ -805,15 +861,9 @@ impl Server {
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
-        let c = Arc::new(ClientShared::new(
-            id,
-            pid,
-            name,
-            map,
-            seg,
-            OwnedFd::from(ours),
-            registered_on,
-        ));
+        let mut c = ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on);
+        c.identity = crate::client::Identity::of(pid, settings.ns_pid);
+        let c = Arc::new(c);
         let mut fds = vec![fd.as_raw_fd()];
         fds.extend(
             (0..self.gpus.len()).map(|g| self.workers[self.lane_of(g, id)].bell_fd.as_raw_fd()),
@@ -845,191 +895,6 @@ impl Server {
         self.workers
             .iter()
             .any(|w| w.faulted.load(Ordering::SeqCst))
-    }
-
-    /// Runs one omps-ctl / nvidia-cuda-mps-control command line: (success, output).
-    pub fn control_command(&mut self, line: &str) -> (bool, String) {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["status"] => (true, self.status_text()),
-            ["ps"] | ["ps", ..] => (true, self.ps_text()),
-            ["stats"] => (true, self.stats_text()),
-            ["terminate_client", args @ ..] => self.terminate_client(args),
-            [cmd, args @ ..] if crate::memlimit::COMMANDS.contains(cmd) => {
-                let clients = self.client_list();
-                self.mem_limits.command(cmd, args, &clients, &self.snapshots)
-            }
-            [cmd, args @ ..] if crate::policy::COMMANDS.contains(cmd) => {
-                let clients = self.client_list();
-                let r = self.policy.command(cmd, args, &clients, &self.gpus);
-                self.policy.publish(&clients);
-                r
-            }
-            ["get_server_list"] => (true, format!("{}\n", std::process::id())),
-            ["get_client_list", ..] | ["get_device_client_list", ..] => {
-                let mut pids: Vec<i32> = self.clients.values().map(|(c, _)| c.pid).collect();
-                pids.sort_unstable();
-                (true, pids.iter().map(|p| format!("{p}\n")).collect())
-            }
-            ["quit"] | ["quit", ..] => {
-                self.quit = true;
-                (true, String::new())
-            }
-            [] => (true, String::new()),
-            [cmd, ..] => (false, format!("unknown command '{cmd}' (known: status, ps, stats, terminate_client, quit, get_server_list, get_client_list, {})\n", crate::policy::COMMANDS.join(", "))),
-        }
-    }
-
-    fn status_text(&self) -> String {
-        let fault = self.any_fault();
-        let mut s = format!(
-            "omps-server {} pid {} {}\npipe directory: {}\ndriver version: {}\nclients: {}\n",
-            env!("CARGO_PKG_VERSION"),
-            std::process::id(),
-            if fault { "FAULT" } else { "ACTIVE" },
-            self.cfg.pipe_dir.display(),
-            self.driver_version,
-            self.clients.len()
-        );
-        for (i, snap) in self.snapshots.iter().enumerate() {
-            let mem: u64 = self
-                .clients
-                .values()
-                .map(|(c, _)| c.mem_bytes[i].load(Ordering::Relaxed))
-                .sum();
-            s += &format!(
-                "GPU {i}: {} {} total {} MiB, clients' allocations {} MiB\n",
-                snap.name_str(),
-                uuid_text(&snap.uuid),
-                snap.total_mem >> 20,
-                mem >> 20
-            );
-        }
-        let unattributed = self.printf.unattributed();
-        if unattributed > 0 {
-            s += &format!(
-                "device printf sent to the server log (no single client to give it to): {unattributed} bytes\n"
-            );
-        }
-        s
-    }
-
-    /// `terminate_client [<server PID>] <client PID>`, as MPS's: the client is cut off
-    /// (its calls fail with CUDA_ERROR_MPS_CLIENT_TERMINATED) and its resources are
-    /// released once its queued work has finished. The answer comes at once; `ps` lists
-    /// the client as exiting until the release is done. One shared context cannot stop a
-    /// kernel that is running: a kernel that never ends keeps its client's resources,
-    /// and only a context reset (which fails every client) would reclaim them.
-    fn terminate_client(&mut self, args: &[&str]) -> (bool, String) {
-        let me = std::process::id().to_string();
-        let client = match args {
-            [server, client] if *server == me => client,
-            [server, _] => {
-                return (
-                    false,
-                    format!("server PID {server} is not this server's ({me})\n"),
-                )
-            }
-            [client] => client,
-            _ => {
-                return (
-                    false,
-                    "usage: terminate_client [<server PID>] <client PID>\n".into(),
-                )
-            }
-        };
-        let Ok(pid) = client.parse::<i32>() else {
-            return (false, format!("'{client}' is not a PID\n"));
-        };
-        let mut found = false;
-        for (c, _) in self.clients.values().filter(|(c, _)| c.pid == pid) {
-            c.disconnect(code::MPS_CLIENT_TERMINATED, "terminated by the operator");
-            found = true;
-        }
-        if !found {
-            return (false, format!("no client with PID {pid}\n"));
-        }
-        (true, String::new())
-    }
-
-    /// The workers' counters and each client's share of them, with a timestamp so that a
-    /// reader can take rates between two calls.
-    fn stats_text(&self) -> String {
-        let mut s = format!("now_ns {}\n", self.started.elapsed().as_nanos());
-        for (g, shared) in self.gpu_shared.iter().enumerate() {
-            for (l, lane) in shared.stats.iter().enumerate() {
-                s += &format!("lane {g}.{l} {}\n", lane.line_and_reset_max());
-            }
-            let (modules, users, idle) = shared.modules.census();
-            s += &format!("cache {g} modules {modules} users {users} idle_bytes {idle}\n");
-        }
-        let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).collect();
-        rows.sort_by_key(|c| c.id);
-        for c in rows {
-            // Per GPU, its bound work streams per priority class, least urgent first, and
-            // the SM confinement slot it runs in, if any.
-            let classes: Vec<String> = self
-                .gpu_shared
-                .iter()
-                .enumerate()
-                .map(|(i, g)| {
-                    let n = g.bound_by_class(c.id);
-                    let slot = c
-                        .placement(i)
-                        .slot
-                        .map_or(String::new(), |s| format!("@{s}"));
-                    n.map(|k| k.to_string()).join("/") + &slot
-                })
-                .collect();
-            s += &format!(
-                "client {} pid {} commands {} server_ns {} qos {} streams {} name {}\n",
-                c.id,
-                c.pid,
-                c.commands.load(Ordering::Relaxed),
-                c.server_ns.load(Ordering::Relaxed),
-                c.qos().name(),
-                classes.join(","),
-                c.name
-            );
-        }
-        s
-    }
-
-    fn ps_text(&self) -> String {
-        let mut s = String::from("PID GPU MEM_BYTES COMMANDS NAME\n");
-        let mut rows: Vec<&Arc<ClientShared>> = self
-            .clients
-            .values()
-            .map(|(c, _)| c)
-            .chain(self.exiting.iter())
-            .collect();
-        rows.sort_by_key(|c| c.id);
-        for c in rows {
-            let gpus: Vec<String> = (0..self.gpus.len())
-                .filter(|&i| c.mem_bytes[i].load(Ordering::Relaxed) > 0)
-                .map(|i| i.to_string())
-                .collect();
-            let gpus = if gpus.is_empty() {
-                "-".to_string()
-            } else {
-                gpus.join(",")
-            };
-            let exiting = if c.gone.load(Ordering::Relaxed) {
-                " (exiting)"
-            } else {
-                ""
-            };
-            s += &format!(
-                "{} {} {} {} {}{}\n",
-                c.pid,
-                gpus,
-                c.total_mem(),
-                c.commands.load(Ordering::Relaxed),
-                c.name,
-                exiting
-            );
-        }
-        s
     }
 }
 

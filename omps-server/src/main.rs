@@ -3,7 +3,9 @@
 //! Environment: OMPS_PIPE_DIRECTORY / CUDA_MPS_PIPE_DIRECTORY (socket), OMPS_LOG_DIRECTORY /
 //! CUDA_MPS_LOG_DIRECTORY (server.log), OMPS_SPIN_US (busy-poll window), OMPS_NO_PIN,
 //! OMPS_LANES (worker threads per GPU), OMPS_SPARE_SEGMENTS (segments made ahead),
-//! CUDA_VISIBLE_DEVICES (as for any CUDA program).
+//! CUDA_VISIBLE_DEVICES (as for any CUDA program), CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
+//! CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (clients' defaults), OMPS_METRICS or `--metrics ADDR`
+//! (Prometheus metrics over HTTP at ADDR/metrics).
 
 use omps_server::gpu::Gpu;
 use omps_server::gpu_cuda::{self, CudaGpu};
@@ -40,7 +42,8 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
-    if std::env::args().any(|a| a == "-v" || a == "--version") {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "-v" || a == "--version") {
         println!("omps-server {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
@@ -92,7 +95,16 @@ fn main() -> ExitCode {
             }
         }
     }
-    let cfg = ServerConfig::from_env();
+    let mut cfg = ServerConfig::from_env();
+    if let Some(addr) = args.windows(2).find(|w| w[0] == "--metrics").map(|w| &w[1]) {
+        match addr.parse() {
+            Ok(a) => cfg.metrics = Some(a),
+            Err(e) => {
+                omps_server::say!("omps-server: --metrics {addr}: {e} (give an address and port, as 127.0.0.1:9400)");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let server = match Server::new(cfg.clone(), gpus, driver_version) {
         Ok(s) => s,
         Err(e) => {

@@ -253,8 +253,9 @@ impl Policy {
                 .map_or_else(fail, |cs| ok(&format!("{}\n", cs[0].qos().name()))),
             ("set_default_active_thread_percentage", [v]) => match wire::parse_percentage(v) {
                 Some(p) => {
+                    // MPS's daemon answers a set with the value it now holds.
                     self.default_milli_pct = p;
-                    ok("")
+                    ok(&format!("{}\n", pct_text(p)))
                 }
                 None => fail(format!("'{v}' is not a percentage in (0, 100]")),
             },
@@ -268,7 +269,7 @@ impl Policy {
                 of_pid(clients, pid).map_or_else(fail, |cs| {
                     cs.iter()
                         .for_each(|c| c.thread_milli_pct.store(p, Ordering::Relaxed));
-                    ok("")
+                    ok(&format!("{}\n", pct_text(p)))
                 })
             }
             ("get_active_thread_percentage", [pid]) => {

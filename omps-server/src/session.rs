@@ -665,6 +665,10 @@ impl Session {
         }
         let tail = &p[op.fixed_len()..];
         self.client.commands.fetch_add(1, Ordering::Relaxed);
+        let bit = 1 << self.dev;
+        if self.client.used_gpus.load(Ordering::Relaxed) & bit == 0 {
+            self.client.used_gpus.fetch_or(bit, Ordering::Relaxed);
+        }
         if (self.capturing > 0 || !self.captured_events.is_empty())
             && self.capture_guard(ctx, op, p)?.is_some()
         {

@@ -32,6 +32,7 @@ fn main() {
         lc_reserve_sms: 0,
         default_thread_pct: None,
         default_mem_limit: None,
+        metrics: None,
     };
     let server = omps_server::Server::new(cfg, vec![gpu.clone()], 13000).expect("server starts");
     std::thread::spawn(move || server.run().expect("server runs"));

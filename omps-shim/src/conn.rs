@@ -581,6 +581,7 @@ pub fn settings_from_env() -> Result<wire::ClientSettings, String> {
 
 pub fn settings_from(var: impl Fn(&str) -> Option<String>) -> Result<wire::ClientSettings, String> {
     let mut s = wire::ClientSettings::none();
+    s.ns_pid = std::process::id();
     if let Some(v) = var("CUDA_MPS_CLIENT_PRIORITY") {
         s.qos = match v.trim() {
             "0" => 0,

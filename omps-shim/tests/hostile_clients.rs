@@ -389,7 +389,7 @@ fn control_commands_answer_and_unknown_ones_fail() {
     );
     let (ok, text) = srv.ctl("frobnicate");
     assert!(
-        !ok && text.contains("unknown command 'frobnicate'"),
+        !ok && text.contains("unknown or malformed command 'frobnicate'"),
         "{text}"
     );
     let (ok, list) = srv.ctl("get_server_list");
@@ -409,6 +409,7 @@ fn a_second_server_on_the_same_pipe_directory_is_refused() {
         lc_reserve_sms: 0,
         default_thread_pct: None,
         default_mem_limit: None,
+        metrics: None,
     };
     let err = omps_server::Server::new(cfg, vec![], 13000)
         .err()

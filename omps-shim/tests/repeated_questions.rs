@@ -10,14 +10,10 @@ use omps_shim::cuda::*;
 
 fn commands(srv: &TestServer) -> u64 {
     let (_, ps) = srv.ctl("ps");
-    let me = std::process::id().to_string();
-    ps.lines()
-        .skip(1)
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&me.as_str())).then(|| f[3].parse().unwrap())
-        })
+    ps_field(&ps, std::process::id(), "COMMANDS")
         .expect("this process in ps")
+        .parse()
+        .unwrap()
 }
 
 #[test]

@@ -234,14 +234,16 @@ fn driver_api_through_the_server() {
         ok(cuMemcpyDtoH_v2(gb.as_mut_ptr() as *mut c_void, g, 16));
         assert_eq!(gb, [9u8; 16]);
 
-        // Accounting: ps shows this process's memory; frees come back once idle.
+        // Accounting: ps shows this process's memory (its allocations and the module's
+        // 16-byte variable); frees come back once idle.
         let pid = std::process::id();
-        let ps = srv.wait_ps(2, |ps| ps_mem(ps, pid) == Some(2 * len as u64));
-        assert_eq!(ps_mem(&ps, pid), Some(2 * len as u64), "{ps}");
+        let held = 2 * len as u64 + 16;
+        let ps = srv.wait_ps(2, |ps| ps_mem(ps, pid) == Some(held));
+        assert_eq!(ps_mem(&ps, pid), Some(held), "{ps}");
         ok(cuMemFree_v2(q));
         assert_eq!(cuMemFree_v2(q), CUDA_ERROR_INVALID_VALUE, "double free");
-        let ps = srv.wait_ps(2, |ps| ps_mem(ps, pid) == Some(len as u64));
-        assert_eq!(ps_mem(&ps, pid), Some(len as u64), "{ps}");
+        let ps = srv.wait_ps(2, |ps| ps_mem(ps, pid) == Some(len as u64 + 16));
+        assert_eq!(ps_mem(&ps, pid), Some(len as u64 + 16), "{ps}");
 
         // Destroyed handles are refused, not used.
         ok(cuEventDestroy_v2(e));

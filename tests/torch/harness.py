@@ -133,8 +133,8 @@ class OmpsServer:
         return env
 
     def ps_pids(self):
-        """PIDs in `omps-ctl ps` (header 'PID GPU MEM_BYTES COMMANDS NAME', one row a client,
-        clients still being torn down end in '(exiting)' and are listed too)."""
+        """PIDs in `omps-ctl ps` (MPS's columns, PID first, then omps's; a row per client and
+        GPU; clients still being torn down end in '(exiting)' and are listed too)."""
         r = self.ctl_run("ps")
         if r.returncode != 0:
             raise RuntimeError(f"omps-ctl ps failed: {r.stderr}")

@@ -13,6 +13,7 @@ impl Session {
         let gpu = ctx.gpu.clone();
         match op {
             Op::Launch => {
+                self.client.launches.fetch_add(1, Ordering::Relaxed);
                 let l = rec::<wire::Launch>(p);
                 if l.num_attrs > wire::MAX_LAUNCH_ATTRS {
                     return bad("launch: too many attributes");

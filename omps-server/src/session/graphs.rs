@@ -116,6 +116,7 @@ impl Session {
                 };
                 let s = self.stream(ctx, l.stream)?;
                 let r = if op == Op::GraphLaunch {
+                    self.client.launches.fetch_add(1, Ordering::Relaxed);
                     gpu.graph_launch(e, s)
                 } else {
                     gpu.graph_upload(e, s)

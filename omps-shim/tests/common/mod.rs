@@ -46,6 +46,7 @@ impl TestServer {
             lc_reserve_sms: 1,
             default_thread_pct: None,
             default_mem_limit: None,
+            metrics: None,
         };
         edit(&mut cfg);
         let server =
@@ -123,11 +124,16 @@ pub fn ctl_at(path: &Path, cmd: &str) -> (bool, String) {
 
 /// The memory column of the `ps` row of client `pid`, if listed.
 pub fn ps_mem(ps: &str, pid: u32) -> Option<u64> {
-    ps.lines().skip(1).find_map(|l| {
+    ps_field(ps, pid, "MEM_BYTES")?.parse().ok()
+}
+
+/// Column `name` (by `ps`'s header) of the first row of client `pid`, if listed.
+pub fn ps_field<'a>(ps: &'a str, pid: u32, name: &str) -> Option<&'a str> {
+    let mut lines = ps.lines();
+    let col = lines.next()?.split_whitespace().position(|h| h == name)?;
+    lines.find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        (f.first()? == &pid.to_string().as_str())
-            .then(|| f[2].parse().ok())
-            .flatten()
+        (f.first()? == &pid.to_string().as_str()).then(|| f.get(col).copied())?
     })
 }
 

@@ -1,0 +1,121 @@
+//! Starting the server as MPS's control daemon starts: `-d` in the background, `-f` in the
+//! foreground, and on demand for `omps-ctl run`.
+
+use crate::talk::server_running;
+use omps_ring::sock;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The omps-server next to this program (or OMPS_SERVER, or on PATH).
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("OMPS_SERVER")
+        .map(PathBuf::from)
+        .or_else(|| sibling("omps-server"))
+        .unwrap_or_else(|| "omps-server".into())
+}
+
+pub fn sibling(name: &str) -> Option<PathBuf> {
+    let p = std::env::current_exe().ok()?.parent()?.join(name);
+    p.exists().then_some(p)
+}
+
+fn server_command() -> Command {
+    let mut cmd = Command::new(server_binary());
+    cmd.stdin(Stdio::null()).env_remove("LD_PRELOAD");
+    cmd
+}
+
+/// `-d`: starts the server in its own session, detached from this terminal, and returns
+/// once it listens. Its messages go to server.log in the log directory (or nowhere).
+pub fn start_background() -> Result<(), String> {
+    if server_running() {
+        return Err(format!(
+            "An instance of this daemon is already running (pipe directory {})",
+            sock::pipe_directory().display()
+        ));
+    }
+    let mut cmd = server_command();
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe; the server outlives this program as a daemon.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    wait_listening(cmd)
+}
+
+/// Starts a server for `omps-ctl run` if none answers, telling the user on stderr.
+pub fn ensure_running() -> Result<(), String> {
+    if server_running() {
+        return Ok(());
+    }
+    eprintln!(
+        "omps-ctl: starting {} for pipe directory {}",
+        server_binary().display(),
+        sock::pipe_directory().display()
+    );
+    let mut cmd = server_command();
+    // SAFETY: as in start_background.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    wait_listening(cmd)
+}
+
+fn wait_listening(mut cmd: Command) -> Result<(), String> {
+    let server = server_binary();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", server.display()))?;
+    let t = Instant::now();
+    while !server_running() {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(format!(
+                "omps-server exited at start ({st}); see server.log in the log directory, or run `omps-ctl -f` to see why"
+            ));
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            return Err("omps-server did not start listening within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// `-f`: becomes the server, in the foreground.
+pub fn run_foreground() -> String {
+    if server_running() {
+        return "An instance of this daemon is already running".into();
+    }
+    let err = server_command().exec();
+    format!("cannot run {}: {err}", server_binary().display())
+}
+
+/// `omps-ctl run -- PROGRAM ARGS`: the program, with the shim preloaded.
+pub fn run_program(argv: &[String]) -> String {
+    if let Err(e) = ensure_running() {
+        return e;
+    }
+    let Some(shim) = std::env::var_os("OMPS_SHIM")
+        .map(PathBuf::from)
+        .or_else(|| sibling("libomps_shim.so"))
+    else {
+        return "libomps_shim.so not found next to omps-ctl (set OMPS_SHIM)".into();
+    };
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", shim.display()),
+        _ => shim.display().to_string(),
+    };
+    let err = Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("LD_PRELOAD", preload)
+        .exec();
+    format!("cannot run {}: {err}", argv[0])
+}

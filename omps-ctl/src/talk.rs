@@ -1,0 +1,88 @@
+//! Talking to a running server: one control connection, commands one per frame.
+
+use omps_ring::sock;
+use omps_ring::wire::{self, Hello};
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+pub fn connect() -> Result<UnixStream, String> {
+    let dir = sock::pipe_directory();
+    let s = UnixStream::connect(dir.join(sock::SOCKET_NAME)).map_err(|e| {
+        format!(
+            "no omps server is running for pipe directory {} ({e}); start one with `omps-ctl -d`",
+            dir.display()
+        )
+    })?;
+    let hello = Hello {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        kind: wire::kind::CONTROL,
+    };
+    (&s).write_all(bytemuck::bytes_of(&hello))
+        .map_err(|e| format!("talking to the server: {e}"))?;
+    Ok(s)
+}
+
+/// Whether a server answers on the pipe directory's socket.
+pub fn server_running() -> bool {
+    connect().is_ok()
+}
+
+/// Sends each command in turn; prints replies. Fails if any command failed. After a
+/// `quit`, waits for the server to be gone (a script that quits and starts again finds
+/// the socket free).
+pub fn send(commands: &[String]) -> Result<bool, String> {
+    let s = connect()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut all_ok = true;
+    let mut quit_wait = None;
+    for c in commands.iter().filter(|c| !c.trim().is_empty()) {
+        sock::write_frame(&mut &s, c.as_bytes()).map_err(|e| format!("sending '{c}': {e}"))?;
+        let reply = sock::read_frame(&mut &s, 16 << 20)
+            .map_err(|e| format!("reading the reply to '{c}': {e}"))?
+            .ok_or_else(|| format!("the server closed the connection after '{c}'"))?;
+        let (status, text) = reply.split_first().ok_or("empty reply")?;
+        let text = String::from_utf8_lossy(text);
+        if *status == 0 {
+            print!("{text}");
+            quit_wait = quit_wait.or(quit_patience(c));
+        } else {
+            eprint!("omps-ctl: {text}");
+            all_ok = false;
+        }
+    }
+    drop(s);
+    if let Some(p) = quit_wait {
+        let t = Instant::now();
+        while server_running() && t.elapsed() < p {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(all_ok)
+}
+
+/// One command's answer (its text), or why it failed.
+pub fn ask(cmd: &str) -> Result<String, String> {
+    let s = connect()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    sock::write_frame(&mut &s, cmd.as_bytes()).map_err(|e| format!("sending '{cmd}': {e}"))?;
+    let reply = sock::read_frame(&mut &s, 16 << 20)
+        .map_err(|e| format!("reading the reply to '{cmd}': {e}"))?
+        .ok_or_else(|| format!("the server closed the connection after '{cmd}'"))?;
+    let (status, text) = reply.split_first().ok_or("empty reply")?;
+    let text = String::from_utf8_lossy(text).into_owned();
+    match status {
+        0 => Ok(text),
+        _ => Err(text),
+    }
+}
+
+/// How long to wait for the server to go after command `c` (None: it stays).
+fn quit_patience(c: &str) -> Option<Duration> {
+    match c.split_whitespace().collect::<Vec<_>>().as_slice() {
+        ["quit"] => Some(Duration::from_secs(10)),
+        ["quit", "-t", t] => t.parse::<u64>().ok().map(|t| Duration::from_secs(t + 10)),
+        _ => None,
+    }
+}

@@ -1,0 +1,236 @@
+//! Live figures per client and per GPU, in Prometheus's exposition format: served by
+//! `omps-ctl metrics` (which `omps-ctl top` reads) and, when the server is started with
+//! `--metrics ADDR`, over HTTP at `/metrics`.
+//!
+//! Each scrape reads the counters the workers keep (relaxed atomics) into a registry made
+//! for it; nothing is kept between scrapes. Clients are labelled with their PID (in the
+//! server's namespace), command, client id, QoS class and, where their cgroup names them,
+//! container and pod.
+
+use crate::client::ClientShared;
+use crate::gpu::Gpu;
+use crate::worker::GpuShared;
+use omps_ring::segment::DeviceSnapshot;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+type Labels = Vec<(String, String)>;
+type FGauge = Gauge<f64, AtomicU64>;
+type FCounter = Counter<f64, AtomicU64>;
+
+/// What a scrape reads: the connected clients (kept current by the control thread) and
+/// every GPU.
+pub struct Board {
+    clients: Mutex<Vec<Arc<ClientShared>>>,
+    gpus: Vec<(Arc<dyn Gpu>, DeviceSnapshot, Arc<GpuShared>)>,
+}
+
+impl Board {
+    pub fn new(gpus: Vec<(Arc<dyn Gpu>, DeviceSnapshot, Arc<GpuShared>)>) -> Board {
+        Board {
+            clients: Mutex::new(Vec::new()),
+            gpus,
+        }
+    }
+
+    pub fn set_clients(&self, clients: Vec<Arc<ClientShared>>) {
+        *self.clients.lock().unwrap_or_else(|e| e.into_inner()) = clients;
+    }
+
+    /// The exposition text of every figure now.
+    pub fn render(&self) -> String {
+        let mut reg = Registry::default();
+        let gauge = |reg: &mut Registry, name: &str, help: &str| {
+            let f = Family::<Labels, Gauge>::default();
+            reg.register(name, help, f.clone());
+            f
+        };
+        let counter = |reg: &mut Registry, name: &str, help: &str| {
+            let f = Family::<Labels, Counter>::default();
+            reg.register(name, help, f.clone());
+            f
+        };
+        let mem = gauge(&mut reg, "omps_client_memory_bytes", "Device memory a client holds on a GPU (allocations, pools, graphs, VMM, arrays, module variables)");
+        let limit = gauge(
+            &mut reg,
+            "omps_client_memory_limit_bytes",
+            "A client's memory limit on a GPU, where one is set",
+        );
+        let pinned = gauge(
+            &mut reg,
+            "omps_client_pinned_host_bytes",
+            "Host memory pinned for a client",
+        );
+        let launches = counter(
+            &mut reg,
+            "omps_client_launches",
+            "Kernel and graph launches a client made",
+        );
+        let commands = counter(
+            &mut reg,
+            "omps_client_commands",
+            "Records the server handled for a client",
+        );
+        let server_s = Family::<Labels, FCounter>::default();
+        reg.register(
+            "omps_client_server_seconds",
+            "Server worker time spent on a client's records",
+            server_s.clone(),
+        );
+        let pct = Family::<Labels, FGauge>::default();
+        reg.register(
+            "omps_client_active_thread_percentage",
+            "A client's compute limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)",
+            pct.clone(),
+        );
+        let gpu_used = gauge(
+            &mut reg,
+            "omps_gpu_memory_used_bytes",
+            "A GPU's memory in use (all processes)",
+        );
+        let gpu_total = gauge(&mut reg, "omps_gpu_memory_total_bytes", "A GPU's memory");
+        let gpu_util = gauge(
+            &mut reg,
+            "omps_gpu_utilization_percent",
+            "Share of the last sample period a kernel ran (NVML)",
+        );
+        let gpu_fault = gauge(
+            &mut reg,
+            "omps_gpu_fault",
+            "1 while a GPU is in FAULT (its clients told, new ones refused)",
+        );
+        let gpu_clients = gauge(&mut reg, "omps_gpu_clients", "Clients that have used a GPU");
+        let lane_busy = Family::<Labels, FCounter>::default();
+        reg.register(
+            "omps_lane_busy_seconds",
+            "Time a worker lane spent handling records",
+            lane_busy.clone(),
+        );
+
+        let clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for (g, (gpu, snap, shared)) in self.gpus.iter().enumerate() {
+            let uuid = crate::control::uuid_text(&snap.uuid);
+            let l: Labels = vec![
+                ("gpu".into(), g.to_string()),
+                ("uuid".into(), uuid.clone()),
+                ("name".into(), snap.name_str().to_string()),
+            ];
+            if let Ok((free, total)) = gpu.mem_info() {
+                gpu_used
+                    .get_or_create(&l)
+                    .set((total - free.min(total)) as i64);
+                gpu_total.get_or_create(&l).set(total as i64);
+            }
+            if let Some((busy, _)) = crate::nvml::utilization(&uuid) {
+                gpu_util.get_or_create(&l).set(busy as i64);
+            }
+            gpu_fault
+                .get_or_create(&l)
+                .set(shared.faulted.load(Ordering::Relaxed) as i64);
+            let n = clients
+                .iter()
+                .filter(|c| c.used_gpus.load(Ordering::Relaxed) & (1 << g) != 0)
+                .count();
+            gpu_clients.get_or_create(&l).set(n as i64);
+            for (lane, st) in shared.stats.iter().enumerate() {
+                let mut ll = l.clone();
+                ll.push(("lane".into(), lane.to_string()));
+                lane_busy
+                    .get_or_create(&ll)
+                    .inc_by(st.busy_ns.load(Ordering::Relaxed) as f64 / 1e9);
+            }
+        }
+        for c in &clients {
+            let id = &c.identity;
+            let l: Labels = vec![
+                ("pid".into(), c.pid.to_string()),
+                ("client".into(), c.id.to_string()),
+                ("command".into(), c.name.clone()),
+                ("qos".into(), c.qos().name().to_string()),
+                ("container".into(), id.container.clone()),
+                ("pod".into(), id.pod.clone()),
+            ];
+            launches
+                .get_or_create(&l)
+                .inc_by(c.launches.load(Ordering::Relaxed));
+            commands
+                .get_or_create(&l)
+                .inc_by(c.commands.load(Ordering::Relaxed));
+            server_s
+                .get_or_create(&l)
+                .inc_by(c.server_ns.load(Ordering::Relaxed) as f64 / 1e9);
+            pinned
+                .get_or_create(&l)
+                .set(c.pinned_bytes.load(Ordering::Relaxed) as i64);
+            pct.get_or_create(&l)
+                .set(c.thread_milli_pct.load(Ordering::Relaxed) as f64 / 1000.0);
+            for (g, (_, snap, _)) in self.gpus.iter().enumerate() {
+                let mut lg = l.clone();
+                lg.push(("gpu".into(), g.to_string()));
+                lg.push(("uuid".into(), crate::control::uuid_text(&snap.uuid)));
+                mem.get_or_create(&lg)
+                    .set(c.mem_bytes[g].load(Ordering::Relaxed) as i64);
+                if let Some(v) = c.limit(g) {
+                    limit.get_or_create(&lg).set(v.min(i64::MAX as u64) as i64);
+                }
+            }
+        }
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &reg) {
+            tracing::warn!("encoding the metrics failed: {e}");
+        }
+        out
+    }
+}
+
+/// Serves `board` at `http://ADDR/metrics` on a thread of its own. One request at a time,
+/// each with a short deadline: a slow scraper delays other scrapes, never the server.
+pub fn serve(addr: std::net::SocketAddr, board: Arc<Board>) -> std::io::Result<()> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    tracing::info!(%addr, "metrics served at /metrics");
+    std::thread::Builder::new()
+        .name("omps-metrics".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut s) = conn else { continue };
+                let _ = answer(&mut s, &board);
+            }
+        })?;
+    Ok(())
+}
+
+fn answer(s: &mut std::net::TcpStream, board: &Board) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let deadline = Some(std::time::Duration::from_secs(2));
+    s.set_read_timeout(deadline)?;
+    s.set_write_timeout(deadline)?;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&req);
+    let (status, body) = match line.split_whitespace().take(2).collect::<Vec<_>>()[..] {
+        ["GET", "/metrics"] => ("200 OK", board.render()),
+        ["GET", _] => ("404 Not Found", "only /metrics is served\n".to_string()),
+        _ => ("405 Method Not Allowed", "GET /metrics\n".to_string()),
+    };
+    write!(
+        s,
+        "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}

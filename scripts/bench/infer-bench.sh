@@ -157,6 +157,13 @@ run_one() { # mode model n
     : >"$start"
     local sampler=""
     if [ "${SAMPLE:-0}" = 1 ]; then sample_loop "$mode" "$dir/samples.txt" & sampler=$!; fi
+    # Under omps, what an operator sees while the clients run: one frame of `omps-ctl top`
+    # and the metrics, CAPTURE_AFTER seconds in.
+    local capture=""
+    if [ "$mode" = omps ]; then
+        { sleep "${CAPTURE_AFTER:-3}"; ctl top --once >"$dir/omps-top.txt" 2>&1
+          ctl metrics >"$dir/omps-metrics.txt" 2>&1; } & capture=$!
+    fi
     local rcs=() rc
     for ((i = 0; i < n; i++)); do
         wait "${PIDS[$i]}"; rc=$?
@@ -165,6 +172,11 @@ run_one() { # mode model n
     done
     PIDS=()
     if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; fi
+    if [ -n "$capture" ]; then
+        wait "$capture" 2>/dev/null
+        log "    omps-ctl top, ${CAPTURE_AFTER:-3} s into the run:"
+        sed 's/^/      /' "$dir/omps-top.txt" | head -n 40
+    fi
     local line
     line=$(summarize "$mode" "$model" "$n" "$dir" "$t_touch" "${rcs[@]}")
     [ -n "$line" ] || line="FAIL the figures could not be computed"

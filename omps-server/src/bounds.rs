@@ -23,6 +23,9 @@ pub struct Bounds {
     /// holding a control connection (OMPS_MAX_HANDSHAKES).
     pub clients: usize,
     pub handshakes: usize,
+    /// Graphs, executable graphs and conditional bodies per client and GPU
+    /// (OMPS_MAX_GRAPHS).
+    pub graphs: usize,
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -55,5 +58,6 @@ pub fn bounds() -> &'static Bounds {
         pinned_ranges: env("OMPS_MAX_PINNED_RANGES", 16_384),
         clients: env("OMPS_MAX_CLIENTS", 1024),
         handshakes: env("OMPS_MAX_HANDSHAKES", 64),
+        graphs: env("OMPS_MAX_GRAPHS", 1 << 16),
     })
 }

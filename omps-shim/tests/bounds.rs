@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 const STREAMS: u32 = 4;
 const CLIENTS: usize = 3;
+const GRAPHS: usize = 3;
 
 fn small_bounds() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -25,6 +26,7 @@ fn small_bounds() {
             ("OMPS_MAX_CLIENTS", CLIENTS.to_string()),
             ("OMPS_MAX_IMAGE_BYTES", "4096".into()),
             ("OMPS_MAX_HANDSHAKES", "6".into()),
+            ("OMPS_MAX_GRAPHS", GRAPHS.to_string()),
         ] {
             std::env::set_var(k, v);
         }
@@ -175,4 +177,40 @@ fn silent_slow_and_idle_peers_stall_nobody() {
         "a slow handshake was kept past the deadline"
     );
     assert!(alloc(&c, 64) != 0);
+}
+
+/// One capture on stream `id`, begun and ended: the graph's id, or the CUDA error.
+fn capture(c: &Conn, stream: u32) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    for op in [Op::CaptureBegin, Op::CaptureEnd] {
+        ch.call(0, op, |call| {
+            bytemuck::bytes_of(&wire::CaptureCall {
+                call,
+                stream,
+                mode: 0,
+            })
+            .to_vec()
+        })?;
+    }
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+#[test]
+fn graphs_beyond_the_bound() {
+    small_bounds();
+    let srv = TestServer::start("bound-graphs");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    c.streams.take().unwrap();
+    let sc = wire::StreamCreate {
+        id: 1,
+        ..Default::default()
+    };
+    c.push(0, Op::StreamCreate, &[bytemuck::bytes_of(&sc)])
+        .unwrap();
+    for _ in 0..GRAPHS {
+        capture(&c, 1).expect("a graph within the bound");
+    }
+    assert_eq!(capture(&c, 1), Err(2), "CUDA_ERROR_OUT_OF_MEMORY beyond it");
+    c.ping(0).expect("the client goes on");
+    assert!(srv.ctl("status").0);
 }

@@ -140,7 +140,13 @@ impl Session {
         let gpu = ctx.gpu.clone();
         let r: Result<u64, CuError> = match c.kind {
             graph::COND_HOME => gpu.graph_create().and_then(|g| {
-                let id = self.new_id()?;
+                let id = match self.graph_id() {
+                    Ok(id) => id,
+                    Err(e) => {
+                        let _ = gpu.graph_destroy(g);
+                        return Err(e);
+                    }
+                };
                 self.graphs.insert(id, g);
                 self.cond.homes.insert(g);
                 Ok(id as u64)
@@ -191,11 +197,16 @@ impl Session {
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
             graph::GRAPH_CLONE => match self.graphs.get(&c.graph) {
-                Some(&g) => gpu.graph_clone(g).and_then(|copy| {
-                    let id = self.new_id()?;
-                    self.graphs.insert(id, copy);
-                    Ok(id as u64)
-                }),
+                Some(&g) => self
+                    .room_for_graphs(1)
+                    .and_then(|()| gpu.graph_clone(g))
+                    .and_then(|copy| {
+                        let id = self.new_id().inspect_err(|_| {
+                            let _ = gpu.graph_destroy(copy);
+                        })?;
+                        self.graphs.insert(id, copy);
+                        Ok(id as u64)
+                    }),
                 None => Err(CuError(code::INVALID_VALUE)),
             },
             graph::CHILD_NODE => match (
@@ -232,6 +243,21 @@ impl Session {
     }
 
     /// A new id for a graph, body or executable graph of this client.
+    /// An id for a new graph, executable graph or conditional body, within
+    /// OMPS_MAX_GRAPHS of them for the client on this GPU.
+    pub(super) fn graph_id(&mut self) -> Result<u32, CuError> {
+        self.room_for_graphs(1)?;
+        self.new_id()
+    }
+
+    pub(super) fn room_for_graphs(&self, n: usize) -> Result<(), CuError> {
+        let held = self.graphs.len() + self.execs.len() + self.cond.bodies.len();
+        match held.saturating_add(n) > crate::bounds::bounds().graphs {
+            true => Err(CuError(code::OUT_OF_MEMORY)),
+            false => Ok(()),
+        }
+    }
+
     pub(super) fn new_id(&mut self) -> Result<u32, CuError> {
         let id = self.next_id;
         self.next_id = id.checked_add(1).ok_or(CuError(code::OUT_OF_MEMORY))?;
@@ -252,6 +278,7 @@ impl Session {
         if c.value > 2 || c.size == 0 || c.size > graph::MAX_BODIES {
             return Err(CuError(code::INVALID_VALUE));
         }
+        self.room_for_graphs(c.size as usize)?;
         let first = self.next_id;
         if first.checked_add(c.size).is_none() {
             return Err(CuError(code::OUT_OF_MEMORY));

@@ -55,7 +55,7 @@ impl Session {
                 // A capture ends in a graph the client now holds under an id, or in nothing.
                 if let Ok(g) = r {
                     if self.cond.known_id(&self.graphs, g).is_none() {
-                        match self.new_id() {
+                        match self.graph_id() {
                             Ok(id) => {
                                 self.graphs.insert(id, g);
                             }
@@ -96,7 +96,7 @@ impl Session {
                     Some(&h) => gpu.graph_instantiate(h, g.flags),
                     None => Err(CuError(code::INVALID_HANDLE)),
                 };
-                let r = r.and_then(|e| match self.new_id() {
+                let r = r.and_then(|e| match self.graph_id() {
                     Ok(id) => {
                         self.execs.insert(id, e);
                         Ok(wire::U64Reply { value: id as u64 })

@@ -9,20 +9,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 fn start(dir: &Path) -> std::thread::JoinHandle<()> {
     let cfg = ServerConfig {
-        pipe_dir: dir.to_path_buf(),
-        spin: Duration::from_micros(200),
-        pin_workers: false,
-        capture_printf: false,
-        lanes: 1,
-        spare_segments: 0,
-        lc_reserve_sms: 0,
-        default_thread_pct: None,
         default_mem_limit: Some("0=4G".into()),
-        metrics: None,
+        ..ServerConfig::minimal(dir.to_path_buf())
     };
     let gpu: Arc<dyn Gpu> = Arc::new(HostGpu::new(0, 1 << 30));
     let server = Server::new(cfg, vec![gpu], 13000).expect("server starts");

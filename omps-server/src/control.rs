@@ -49,6 +49,24 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// A server on `pipe_dir` with nothing else set: one lane, no spare segments, no
+    /// reserve, no limits, workers not pinned, printf not captured (tests and tools that
+    /// run a server inside their own process).
+    pub fn minimal(pipe_dir: PathBuf) -> Self {
+        ServerConfig {
+            pipe_dir,
+            spin: Duration::from_micros(200),
+            pin_workers: false,
+            lanes: 1,
+            spare_segments: 0,
+            capture_printf: false,
+            lc_reserve_sms: 0,
+            default_thread_pct: None,
+            default_mem_limit: None,
+            metrics: None,
+        }
+    }
+
     pub fn from_env() -> Self {
         let spin_us = std::env::var("OMPS_SPIN_US")
             .ok()

@@ -23,16 +23,9 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("omps-host-soak-{}", std::process::id()));
     let gpu = std::sync::Arc::new(omps_server::gpu_host::HostGpu::new(0, 1 << 30));
     let cfg = omps_server::ServerConfig {
-        pipe_dir: dir.clone(),
-        spin: Duration::from_micros(200),
-        pin_workers: false,
-        capture_printf: false,
         lanes: 2,
         spare_segments: 2,
-        lc_reserve_sms: 0,
-        default_thread_pct: None,
-        default_mem_limit: None,
-        metrics: None,
+        ..omps_server::ServerConfig::minimal(dir.clone())
     };
     let server = omps_server::Server::new(cfg, vec![gpu.clone()], 13000).expect("server starts");
     std::thread::spawn(move || server.run().expect("server runs"));

@@ -179,38 +179,18 @@ fn silent_slow_and_idle_peers_stall_nobody() {
     assert!(alloc(&c, 64) != 0);
 }
 
-/// One capture on stream `id`, begun and ended: the graph's id, or the CUDA error.
-fn capture(c: &Conn, stream: u32) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    for op in [Op::CaptureBegin, Op::CaptureEnd] {
-        ch.call(0, op, |call| {
-            bytemuck::bytes_of(&wire::CaptureCall {
-                call,
-                stream,
-                mode: 0,
-            })
-            .to_vec()
-        })?;
-    }
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
 #[test]
 fn graphs_beyond_the_bound() {
     small_bounds();
     let srv = TestServer::start("bound-graphs");
     let c = Conn::connect_to(&srv.socket()).unwrap();
     c.streams.take().unwrap();
-    let sc = wire::StreamCreate {
-        id: 1,
-        ..Default::default()
-    };
-    c.push(0, Op::StreamCreate, &[bytemuck::bytes_of(&sc)])
-        .unwrap();
+    stream_create(&c, 1);
+    let graph = || capture(&c, Op::CaptureBegin, 1).and_then(|_| capture(&c, Op::CaptureEnd, 1));
     for _ in 0..GRAPHS {
-        capture(&c, 1).expect("a graph within the bound");
+        graph().expect("a graph within the bound");
     }
-    assert_eq!(capture(&c, 1), Err(2), "CUDA_ERROR_OUT_OF_MEMORY beyond it");
+    assert_eq!(graph(), Err(2), "CUDA_ERROR_OUT_OF_MEMORY beyond it");
     c.ping(0).expect("the client goes on");
     assert!(srv.ctl("status").0);
 }

@@ -11,33 +11,6 @@ use std::time::{Duration, Instant};
 
 const S: u32 = 5;
 
-fn stream_create(c: &Conn, id: u32) {
-    let sc = wire::StreamCreate {
-        id,
-        flags: 1,
-        ..Default::default()
-    };
-    c.push(0, Op::StreamCreate, &[bytemuck::bytes_of(&sc)])
-        .unwrap();
-}
-
-fn capture(c: &Conn, op: Op, stream: u32) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, op, |call| {
-        bytemuck::bytes_of(&wire::CaptureCall {
-            call,
-            stream,
-            mode: 0,
-        })
-        .to_vec()
-    })?;
-    Ok(if op == Op::CaptureEnd {
-        ch.reply::<wire::U64Reply>().value
-    } else {
-        0
-    })
-}
-
 fn status(c: &Conn, stream: u32) -> wire::CaptureInfo {
     let mut ch = c.channel();
     ch.call(0, Op::CaptureStatus, |call| {

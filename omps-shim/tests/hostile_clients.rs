@@ -399,18 +399,7 @@ fn control_commands_answer_and_unknown_ones_fail() {
 #[test]
 fn a_second_server_on_the_same_pipe_directory_is_refused() {
     let srv = TestServer::start("twice");
-    let cfg = omps_server::ServerConfig {
-        pipe_dir: srv.dir.clone(),
-        spin: Duration::ZERO,
-        pin_workers: false,
-        capture_printf: false,
-        lanes: 1,
-        spare_segments: 0,
-        lc_reserve_sms: 0,
-        default_thread_pct: None,
-        default_mem_limit: None,
-        metrics: None,
-    };
+    let cfg = omps_server::ServerConfig::minimal(srv.dir.clone());
     let err = omps_server::Server::new(cfg, vec![], 13000)
         .err()
         .expect("second server refused");

@@ -34,19 +34,13 @@ impl TestServer {
         let dir = temp_dir(tag);
         let gpu = Arc::new(HostGpu::new(0, 1 << 30));
         let mut cfg = ServerConfig {
-            pipe_dir: dir.clone(),
-            spin: Duration::from_micros(200),
-            pin_workers: false,
-            capture_printf: false,
             // Two lanes, so consecutive clients land on different worker threads.
             lanes: 2,
             // Two segments made ahead, so connections take them (and some make their own).
             spare_segments: 2,
             // One of the host GPU's four one-SM chunks.
             lc_reserve_sms: 1,
-            default_thread_pct: None,
-            default_mem_limit: None,
-            metrics: None,
+            ..ServerConfig::minimal(dir.clone())
         };
         edit(&mut cfg);
         let server =
@@ -248,4 +242,43 @@ pub fn wait_disconnected(c: &omps_shim::conn::Conn) -> bool {
         std::thread::sleep(Duration::from_millis(5));
     }
     false
+}
+
+/// Creates client stream `id` (non-blocking) on GPU 0 through a raw connection.
+#[allow(dead_code)]
+pub fn stream_create(c: &omps_shim::conn::Conn, id: u32) {
+    let sc = omps_ring::wire::StreamCreate {
+        id,
+        flags: 1,
+        ..Default::default()
+    };
+    c.push(
+        0,
+        omps_ring::wire::Op::StreamCreate,
+        &[bytemuck::bytes_of(&sc)],
+    )
+    .unwrap();
+}
+
+/// A capture call (CaptureBegin, CaptureEnd: then the graph's id) on `stream`.
+#[allow(dead_code)]
+pub fn capture(
+    c: &omps_shim::conn::Conn,
+    op: omps_ring::wire::Op,
+    stream: u32,
+) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, op, |call| {
+        bytemuck::bytes_of(&omps_ring::wire::CaptureCall {
+            call,
+            stream,
+            mode: 0,
+        })
+        .to_vec()
+    })?;
+    Ok(if op == omps_ring::wire::Op::CaptureEnd {
+        ch.reply::<omps_ring::wire::U64Reply>().value
+    } else {
+        0
+    })
 }

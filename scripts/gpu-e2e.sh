@@ -96,7 +96,7 @@ RT_PROGS="device_props error_names vector_add memset memcpy2d3d memcpy_default p
           legacy_stream device_sync device_printf func_attrs occupancy launch_ex invalid_launch
           host_func_order graph_capture graph_manual graph_mem_nodes user_objects managed
           texture_surface vmm_ipc dyn_parallel graph_queries conditional_nodes conditional_capture
-          capture_modes graph_captured_child
+          capture_modes graph_captured_child multi_gpu
           ipc_memory kernel_fault device_assert"
 RT_FAULT_PROGS="kernel_fault device_assert"          # the omps server is restarted after each omps run of these
 RT_ARCH=${RT_ARCH:-sm_90}

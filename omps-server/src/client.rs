@@ -29,9 +29,12 @@ impl Identity {
     pub fn of(pid: i32, ns_pid: u32) -> Identity {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        // A client chooses its argv[0]: at most 200 characters of it, no whitespace or
+        // control characters (ps rows and log lines stay one line each).
         let command: String = String::from_utf8_lossy(argv0)
             .chars()
-            .map(|c| if c.is_whitespace() { '_' } else { c })
+            .take(200)
+            .map(|c| if c.is_whitespace() || c.is_control() { '_' } else { c })
             .collect();
         let pid_ns = std::fs::read_link(format!("/proc/{pid}/ns/pid"))
             .ok()

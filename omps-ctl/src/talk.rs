@@ -82,7 +82,10 @@ pub fn ask(cmd: &str) -> Result<String, String> {
 fn quit_patience(c: &str) -> Option<Duration> {
     match c.split_whitespace().collect::<Vec<_>>().as_slice() {
         ["quit"] => Some(Duration::from_secs(10)),
-        ["quit", "-t", t] => t.parse::<u64>().ok().map(|t| Duration::from_secs(t + 10)),
+        ["quit", "-t", t] => t
+            .parse::<u64>()
+            .ok()
+            .map(|t| Duration::from_secs(t.saturating_add(10).min(3600))),
         _ => None,
     }
 }

@@ -101,8 +101,8 @@ fn an_mps_script_runs_unchanged() {
     );
     let (ok, _, err) = ctl(&dir, &logs, &["-d"], "");
     assert!(!ok && err.contains("already running"), "{err}");
-    // quit returns once the server has gone.
-    let (ok, _, err) = ctl(&dir, &logs, &[], "quit\n");
+    // quit returns once the server has gone (a deadline past any clock is none).
+    let (ok, _, err) = ctl(&dir, &logs, &[], "quit -t 18446744073709551615\n");
     assert!(ok, "{err}");
     assert!(
         !dir.join(omps_ring::sock::SOCKET_NAME).exists(),

@@ -12,8 +12,9 @@ use std::sync::Arc;
 /// Who a client is, as ps, top and the metrics show it.
 #[derive(Clone, Debug, Default)]
 pub struct Identity {
-    /// Its program (argv[0]), without whitespace.
-    pub command: String,
+    /// Its program (argv[0]), without whitespace; read off the control thread (a client's
+    /// argv lies in its own memory, which it could make slow to read), so unset at first.
+    pub command: std::sync::OnceLock<String>,
     /// The inode of its PID namespace (0: unknown).
     pub pid_ns: u64,
     /// Its PID in its own namespace, as it said (0: not said).
@@ -25,17 +26,9 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Reads what /proc says of process `pid` (as the server sees it).
+    /// Reads what the kernel says of process `pid` (as the server sees it): its PID
+    /// namespace and cgroup, never the process's own memory.
     pub fn of(pid: i32, ns_pid: u32) -> Identity {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
-        // A client chooses its argv[0]: at most 200 characters of it, no whitespace or
-        // control characters (ps rows and log lines stay one line each).
-        let command: String = String::from_utf8_lossy(argv0)
-            .chars()
-            .take(200)
-            .map(|c| if c.is_whitespace() || c.is_control() { '_' } else { c })
-            .collect();
         let pid_ns = std::fs::read_link(format!("/proc/{pid}/ns/pid"))
             .ok()
             .and_then(|l| {
@@ -46,13 +39,47 @@ impl Identity {
         let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
         let (container, pod) = container_of(&cgroup);
         Identity {
-            command,
+            command: Default::default(),
             pid_ns,
             ns_pid,
             container,
             pod,
         }
     }
+}
+
+/// Text a client chose (its argv[0], its comm), made one word: at most `max` characters,
+/// whitespace and control characters replaced, so ps rows and log lines stay whole.
+pub fn one_word(text: &str, max: usize) -> String {
+    text.chars()
+        .take(max)
+        .map(|c| {
+            if c.is_whitespace() || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// Reads client `c`'s argv[0] into its identity, on a thread of its own: reading another
+/// process's cmdline reads its memory, which a hostile client can make block.
+pub fn read_command_later(c: &Arc<ClientShared>) {
+    let weak = Arc::downgrade(c);
+    let pid = c.pid;
+    let _ = std::thread::Builder::new()
+        .name("omps-cmdline".into())
+        .spawn(move || {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+            if let Some(c) = weak.upgrade() {
+                let _ = c
+                    .identity
+                    .command
+                    .set(one_word(&String::from_utf8_lossy(argv0), 200));
+            }
+        });
 }
 
 /// The container id (64 hex digits) and Kubernetes pod UID a cgroup path names, as
@@ -110,6 +137,8 @@ pub struct ClientShared {
     pub pinned_bytes: AtomicU64,
     /// Per GPU, whether going over its limit has been logged.
     limit_logged: [AtomicBool; MAX_DEVICES],
+    /// Held across a limited charge's check and update (see [`ClientShared::charge`]).
+    charge_lock: std::sync::Mutex<()>,
     /// Records served, all GPUs.
     pub commands: AtomicU64,
     /// Kernel and graph launches, all GPUs.
@@ -172,6 +201,7 @@ impl ClientShared {
             mem_limit_own: std::array::from_fn(|_| AtomicU64::new(NO_LIMIT)),
             pinned_bytes: AtomicU64::new(0),
             limit_logged: Default::default(),
+            charge_lock: Default::default(),
             commands: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             server_ns: AtomicU64::new(0),
@@ -234,10 +264,18 @@ impl ClientShared {
         let Some(m) = self.mem_bytes.get(dev) else {
             return Err(crate::gpu::CuError(crate::gpu::code::INVALID_DEVICE));
         };
+        let oom = crate::gpu::CuError(crate::gpu::code::OUT_OF_MEMORY);
         let Some(limit) = self.limit(dev) else {
-            m.fetch_add(n, Ordering::Relaxed);
-            return Ok(());
+            return m
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+                    cur.checked_add(n)
+                })
+                .map(drop)
+                .map_err(|_| oom);
         };
+        // Pinned host memory counts too: one lock keeps a pin (on the slow-request thread)
+        // and an allocation (on a worker) from both passing the check.
+        let _one = self.charge_lock.lock().unwrap_or_else(|e| e.into_inner());
         let pinned = self.pinned_bytes.load(Ordering::Relaxed);
         m.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
             cur.checked_add(pinned)
@@ -248,7 +286,7 @@ impl ClientShared {
         .map(drop)
         .map_err(|cur| {
             self.log_limit(dev, limit, cur.saturating_add(pinned), n);
-            crate::gpu::CuError(crate::gpu::code::OUT_OF_MEMORY)
+            oom
         })
     }
 
@@ -264,6 +302,7 @@ impl ClientShared {
                 (used.saturating_add(n) > l).then_some((d, l, used))
             })
         };
+        let _one = self.charge_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.pinned_bytes
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
                 over(p).is_none().then(|| p.saturating_add(n))
@@ -289,6 +328,15 @@ impl ClientShared {
                 "allocation refused: over the client's memory limit (logged once per GPU)"
             );
         }
+    }
+
+    /// Its program for ps and the metrics: argv[0] once read, else its comm.
+    pub fn command(&self) -> &str {
+        self.identity
+            .command
+            .get()
+            .filter(|c| !c.is_empty())
+            .map_or(&self.name, |c| c)
     }
 
     pub fn total_mem(&self) -> u64 {

@@ -877,11 +877,12 @@ impl Server {
             max_events: crate::bounds::bounds().events,
         };
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|s| s.trim().to_string())
+            .map(|s| crate::client::one_word(s.trim(), 64))
             .unwrap_or_default();
         let mut c = ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on);
         c.identity = crate::client::Identity::of(pid, settings.ns_pid);
         let c = Arc::new(c);
+        crate::client::read_command_later(&c);
         let mut fds = vec![fd.as_raw_fd()];
         fds.extend(
             (0..self.gpus.len()).map(|g| self.workers[self.lane_of(g, id)].bell_fd.as_raw_fd()),

@@ -81,9 +81,6 @@ impl FunctionInfo {
 pub struct LoadedModule {
     pub handle: u64,
     pub functions: Vec<FunctionInfo>,
-    /// Device memory its variables take (`__device__`, `__constant__`, `__managed__`),
-    /// as read from the image: it counts against the loading client's memory limit.
-    pub data_bytes: u64,
 }
 
 pub trait Gpu: Send + Sync + 'static {
@@ -187,6 +184,10 @@ pub trait Gpu: Send + Sync + 'static {
     fn quiet(&self) -> bool;
 
     fn module_load(&self, image: &[u8]) -> GpuResult<LoadedModule>;
+    /// Device memory a module loaded from `image` takes for its variables (`__device__`,
+    /// `__constant__`, `__managed__`), read from the image before it is loaded: it counts
+    /// against the loading client's memory limit.
+    fn image_data_bytes(&self, image: &[u8]) -> u64;
     fn module_unload(&self, module: u64) -> GpuResult<()>;
     fn module_global(&self, module: u64, name: &str) -> GpuResult<(u64, u64)>;
     fn func_attribute(&self, func: u64, attr: i32) -> GpuResult<i32>;

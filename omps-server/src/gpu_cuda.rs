@@ -922,11 +922,6 @@ impl Gpu for CudaGpu {
             Ok(functions) => Ok(LoadedModule {
                 handle: m as u64,
                 functions,
-                data_bytes: {
-                    // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
-                    let a = &self.snapshot().attributes;
-                    crate::module_cache::data_bytes(image, (a[75] * 10 + a[76]) as u32)
-                },
             }),
             Err(e) => {
                 // SAFETY: unloading the module loaded above.
@@ -934,6 +929,12 @@ impl Gpu for CudaGpu {
                 Err(e)
             }
         }
+    }
+
+    fn image_data_bytes(&self, image: &[u8]) -> u64 {
+        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
+        let a = &self.snapshot().attributes;
+        crate::module_cache::data_bytes(image, (a[75] * 10 + a[76]) as u32)
     }
 
     fn module_unload(&self, module: u64) -> GpuResult<()> {

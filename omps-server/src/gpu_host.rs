@@ -785,7 +785,6 @@ impl Gpu for HostGpu {
             return Ok(LoadedModule {
                 handle,
                 functions: Vec::new(),
-                data_bytes: crate::module_cache::data_bytes(image, 90),
             });
         }
         let text = std::str::from_utf8(image).map_err(|_| CuError(code::INVALID_IMAGE))?;
@@ -806,7 +805,6 @@ impl Gpu for HostGpu {
                 params,
             })
             .collect();
-        let data_bytes = globals.iter().map(|g| g.1).sum();
         let globals = globals
             .into_iter()
             .map(|(n, size)| {
@@ -815,11 +813,19 @@ impl Gpu for HostGpu {
             })
             .collect();
         st.modules.insert(handle, (functions.clone(), globals));
-        Ok(LoadedModule {
-            handle,
-            functions,
-            data_bytes,
-        })
+        Ok(LoadedModule { handle, functions })
+    }
+
+    fn image_data_bytes(&self, image: &[u8]) -> u64 {
+        if image.starts_with(&omps_ring::image::ELF_MAGIC) {
+            return crate::module_cache::data_bytes(image, 90);
+        }
+        std::str::from_utf8(image)
+            .ok()
+            .and_then(|t| parse_module(t.trim_end_matches('\0')))
+            .map_or(0, |(_, globals)| {
+                globals.iter().map(|g| g.1).fold(0, u64::saturating_add)
+            })
     }
 
     fn module_unload(&self, module: u64) -> GpuResult<()> {

@@ -154,7 +154,7 @@ impl Board {
             let l: Labels = vec![
                 ("pid".into(), c.pid.to_string()),
                 ("client".into(), c.id.to_string()),
-                ("command".into(), c.name.clone()),
+                ("command".into(), c.command().to_string()),
                 ("qos".into(), c.qos().name().to_string()),
                 ("container".into(), id.container.clone()),
                 ("pod".into(), id.pod.clone()),
@@ -210,12 +210,18 @@ pub fn serve(addr: std::net::SocketAddr, board: Arc<Board>) -> std::io::Result<(
 
 fn answer(s: &mut std::net::TcpStream, board: &Board) -> std::io::Result<()> {
     use std::io::{Read, Write};
-    let deadline = Some(std::time::Duration::from_secs(2));
-    s.set_read_timeout(deadline)?;
-    s.set_write_timeout(deadline)?;
+    // One deadline for the whole request: a scraper that trickles bytes is dropped.
+    let t = std::time::Instant::now();
+    let limit = std::time::Duration::from_secs(2);
+    s.set_write_timeout(Some(limit))?;
     let mut req = Vec::new();
     let mut buf = [0u8; 1024];
     while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+        let left = limit.checked_sub(t.elapsed()).filter(|d| !d.is_zero());
+        let Some(left) = left else {
+            return Ok(());
+        };
+        s.set_read_timeout(Some(left))?;
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;

@@ -181,6 +181,57 @@ impl Inner {
     }
 }
 
+/// The bytes a PTX module's `.global` and `.const` variables take as declared
+/// (`.visible .global .align 4 .b8 table[4096];`): element size, vector width and every
+/// dimension multiplied; `.extern` declarations take none.
+fn ptx_data_bytes(ptx: &str) -> u64 {
+    ptx.split(';')
+        .filter_map(|stmt| {
+            let words: Vec<&str> = stmt.split_whitespace().collect();
+            let space = words.iter().any(|w| *w == ".global" || *w == ".const");
+            if !space || words.contains(&".extern") {
+                return None;
+            }
+            let (at, elem) = words.iter().enumerate().find_map(|(i, w)| {
+                let bytes = match w.get(2..)? {
+                    "8" => 1,
+                    "16" => 2,
+                    "32" => 4,
+                    "64" => 8,
+                    _ => return None,
+                };
+                matches!(&w[..2], ".b" | ".u" | ".s" | ".f").then_some((i, bytes))
+            })?;
+            let lanes = if words.contains(&".v4") {
+                4
+            } else if words.contains(&".v2") {
+                2
+            } else {
+                1
+            };
+            // The name and its dimensions, up to an initializer.
+            let decl: String = words[at + 1..]
+                .iter()
+                .take_while(|w| !w.starts_with('='))
+                .copied()
+                .collect();
+            let count = decl
+                .split('[')
+                .skip(1)
+                .map(|d| {
+                    d.split(']')
+                        .next()
+                        .unwrap_or("")
+                        .trim()
+                        .parse::<u64>()
+                        .unwrap_or(0)
+                })
+                .fold(1u64, u64::saturating_mul);
+            Some(count.saturating_mul(elem * lanes))
+        })
+        .fold(0, u64::saturating_add)
+}
+
 /// Whether a module loaded from `image` holds no data a client could write or set: the
 /// cubins the driver may pick from it (of a GPU of compute capability `cc`) have no
 /// `__device__` variables (`.nv.global`), no `__constant__` ones (constant banks other
@@ -222,9 +273,12 @@ fn holds_client_data(name: &str) -> bool {
 
 /// The device memory a module loaded from `img` takes for its variables (every data
 /// section, initialized tables included), for a GPU of compute capability `cc`: of the
-/// cubins the driver may pick, the largest. PTX and unreadable images count nothing (the
-/// driver's compilation decides; their variables are found only by cuModuleGetGlobal).
+/// cubins the driver may pick, the largest; of PTX, its `.global` and `.const` variables as
+/// declared. An unreadable image counts nothing (the driver refuses it or finds no data).
 pub fn data_bytes(img: &[u8], cc: u32) -> u64 {
+    if image::is_ptx(img) {
+        return ptx_data_bytes(&String::from_utf8_lossy(img));
+    }
     let of_elf = |elf: &[u8]| -> u64 {
         elf_sections(elf).map_or(0, |secs| {
             secs.iter()
@@ -241,8 +295,13 @@ pub fn data_bytes(img: &[u8], cc: u32) -> u64 {
     };
     image::chosen(&entries, cc)
         .iter()
-        .filter(|e| e.kind == image::FATBIN_ELF)
-        .filter_map(|e| e.contents().ok().map(|code| of_elf(&code)))
+        .filter_map(|e| {
+            let code = e.contents().ok()?;
+            Some(match e.kind == image::FATBIN_ELF {
+                true => of_elf(&code),
+                false => ptx_data_bytes(&String::from_utf8_lossy(&code)),
+            })
+        })
         .max()
         .unwrap_or(0)
 }
@@ -381,7 +440,6 @@ mod tests {
         LoadedModule {
             handle,
             functions: Vec::new(),
-            data_bytes: 0,
         }
     }
 
@@ -410,5 +468,18 @@ mod tests {
             .for_each(|e| e.refs = 0);
         inner.idle_bytes = img.len();
         assert_eq!(inner.evict(0), vec![7], "beyond the budget: given back");
+    }
+
+    #[test]
+    fn ptx_variables_are_counted_as_declared() {
+        let ptx = ".version 8.0\n.target sm_90\n.visible .global .align 4 .b8 big[4000000000];\n\
+                   .global .u32 one;\n.const .align 16 .v4 .f32 quad[8] = {0};\n\
+                   .extern .global .b8 elsewhere[64];\n.global .f64 grid[3][5];\n\
+                   .visible .entry k(.param .u64 p) { .shared .b8 s[128]; ret; }\n";
+        assert_eq!(
+            data_bytes(ptx.as_bytes(), 90),
+            4_000_000_000 + 4 + 8 * 16 + 15 * 8
+        );
+        assert_eq!(data_bytes(b".version 8.0\n.target sm_90\n", 90), 0);
     }
 }

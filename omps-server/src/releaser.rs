@@ -230,6 +230,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         }
     }
     client.mem_bytes[dev].fetch_sub(rel.module_bytes, Ordering::Relaxed);
+    client.mem_bytes[dev].fetch_sub(rel.vmm.released_mapped_bytes, Ordering::Relaxed);
     for (_, size) in rel.vmm.handles {
         client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
     }

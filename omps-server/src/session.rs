@@ -208,6 +208,7 @@ impl Release {
             && self.vmm.unmap.is_empty()
             && self.vmm.handles.is_empty()
             && self.vmm.reservations.is_empty()
+            && self.vmm.released_mapped_bytes == 0
             && self.arrays.arrays.is_empty()
             && self.arrays.mipmaps.is_empty()
             && self.arrays.textures.is_empty()

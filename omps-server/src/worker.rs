@@ -597,13 +597,20 @@ impl WorkerCtx {
     /// As [`WorkerCtx::reclaim`], for a client over its memory limit: only when it has
     /// frees of its own still waiting for their fence here, or the releaser has work (its
     /// own may be there), so that a client with nothing to come back waits for nothing.
+    /// The wait is short (20 ms at most): a client at its limit must not hold up the
+    /// other clients of its lane; it gets CUDA_ERROR_OUT_OF_MEMORY sooner instead.
     pub fn reclaim_for(&mut self, client: u32) -> bool {
         let own = self
             .deferred
             .iter()
             .flatten()
             .any(|d| d.client.id == client);
-        (own || !self.shared.releaser.idle()) && self.reclaim()
+        if !own && self.shared.releaser.idle() {
+            return false;
+        }
+        self.poll_deferred();
+        self.shared.releaser.wait_idle(Duration::from_millis(20));
+        true
     }
 
     /// Completions the lane watches for (tests).

@@ -7,7 +7,12 @@ impl Server {
     /// Each is written to control.log with its answer, as MPS's daemon does.
     pub fn control_command(&mut self, line: &str) -> (bool, String) {
         let (ok, out) = self.run_command(line);
-        if !line.trim().is_empty() {
+        // What `omps-ctl top` and scrapers poll every second stays out of the log.
+        let polled = matches!(
+            line.split_whitespace().next(),
+            Some("metrics" | "stats") | None
+        );
+        if !polled {
             self.control_log.command(line.trim(), ok, &out);
         }
         (ok, out)
@@ -93,7 +98,8 @@ impl Server {
             clients = self.clients.len(),
             "{why}: taking no new clients, quitting once the connected ones are gone"
         );
-        self.draining = Some(patience.map(|p| Instant::now() + p));
+        // A deadline past what an Instant holds is no deadline.
+        self.draining = Some(patience.and_then(|p| Instant::now().checked_add(p)));
         (true, String::new())
     }
 
@@ -301,11 +307,7 @@ impl Server {
                 ""
             };
             let id = &c.identity;
-            let command = if id.command.is_empty() {
-                &c.name
-            } else {
-                &id.command
-            };
+            let command = c.command();
             let devices: Vec<Option<usize>> = match gpus.is_empty() {
                 true => vec![None],
                 false => gpus.into_iter().map(Some).collect(),

@@ -40,8 +40,12 @@ impl ControlLog {
         if !ok {
             self.line(&format!("Failed: {}", out.trim_end()));
         } else {
-            for l in out.lines().take(64) {
+            let lines: Vec<&str> = out.lines().collect();
+            for l in lines.iter().take(8) {
                 self.line(l);
+            }
+            if lines.len() > 8 {
+                self.line(&format!("({} more lines)", lines.len() - 8));
             }
         }
     }

@@ -106,58 +106,44 @@ impl Session {
         }
     }
 
-    /// Destroys an array (or mipmapped array) that was never counted as the client's, on
-    /// the releaser like every other (its destruction has no asynchronous form).
-    fn give_back_unbooked(&mut self, ctx: &mut WorkerCtx, h: u64, mipmapped: bool) {
-        let mut arrays = ArrayRelease::default();
-        match mipmapped {
-            false => arrays.arrays.push((h, 0)),
-            true => arrays.mipmaps.push((h, 0)),
-        }
-        ctx.release_later(
-            self,
-            Release {
-                arrays,
-                ..Default::default()
-            },
-        );
-    }
-
     fn array_call(&mut self, ctx: &mut WorkerCtx, c: wire::ArrayCall) -> Result<(), Malformed> {
         let gpu = ctx.gpu.clone();
+        let dev = self.dev;
         let r: Result<u64, CuError> = match c.kind {
             array::CREATE | array::CREATE_MIPMAPPED => {
                 let s = shape(&c.args)?;
                 if self.arrays.full() {
                     Err(CuError(code::OUT_OF_MEMORY))
-                } else if c.kind == array::CREATE {
-                    // Its size is known once made: one over the limit is destroyed again.
-                    match gpu.array_create(&s) {
-                        Ok((h, n)) => match self.charge(ctx, n) {
-                            Ok(()) => Ok(self.arrays.add_array(h, n, false) as u64),
-                            Err(e) => {
-                                self.give_back_unbooked(ctx, h, false);
-                                Err(e)
-                            }
-                        },
-                        Err(e) => Err(e),
-                    }
                 } else {
-                    let levels = u32::try_from(c.args[6])
-                        .map_err(|_| Malformed("mipmap levels out of range".into()))?;
-                    match gpu.mipmap_create(&s, levels) {
-                        Ok((h, n)) => match self.charge(ctx, n) {
-                            Ok(()) => {
+                    let levels = match c.kind {
+                        array::CREATE => 0,
+                        _ => u32::try_from(c.args[6])
+                            .map_err(|_| Malformed("mipmap levels out of range".into()))?,
+                    };
+                    // Charged before it is made (its size follows from its shape), so a
+                    // client over its limit never holds GPU memory, even for a moment.
+                    let need = crate::gpu::shape_bytes(&s, levels);
+                    if let Err(e) = self.charge(ctx, need) {
+                        Err(e)
+                    } else {
+                        let made = match c.kind {
+                            array::CREATE => gpu.array_create(&s),
+                            _ => gpu.mipmap_create(&s, levels),
+                        };
+                        match made {
+                            Ok((h, _)) if c.kind == array::CREATE => {
+                                Ok(self.arrays.add_array(h, need, false) as u64)
+                            }
+                            Ok((h, _)) => {
                                 let id = self.arrays.new_id();
-                                self.arrays.mipmaps.insert(id, (h, n, Vec::new()));
+                                self.arrays.mipmaps.insert(id, (h, need, Vec::new()));
                                 Ok(id as u64)
                             }
                             Err(e) => {
-                                self.give_back_unbooked(ctx, h, true);
+                                self.client.mem_bytes[dev].fetch_sub(need, Ordering::Relaxed);
                                 Err(e)
                             }
-                        },
-                        Err(e) => Err(e),
+                        }
                     }
                 }
             }

@@ -144,10 +144,13 @@ impl Session {
                 let a = rec::<wire::MemAlloc>(p);
                 let r = if a.size == 0 {
                     Err(CuError(code::INVALID_VALUE))
+                } else if let Some(p) = ctx.reuse_freed(&self.client, a.size) {
+                    // A block of its own it freed, whose fence has passed: still counted
+                    // (reuse_freed took it off), counted again, so never over its limit.
+                    self.client.mem_bytes[self.dev].fetch_add(a.size, Ordering::Relaxed);
+                    Ok(p)
                 } else if let Err(e) = self.charge(ctx, a.size) {
                     Err(e)
-                } else if let Some(p) = ctx.reuse_freed(&self.client, a.size) {
-                    Ok(p)
                 } else {
                     let r = match gpu.mem_alloc(a.size) {
                         // Memory the client freed may still be on its way back (a fence,

@@ -50,28 +50,39 @@ impl Session {
                 }
                 // An image loaded before (by any client) costs no load, which would wait for
                 // every running kernel and hold up every client's launches meanwhile.
-                let cache = &ctx.shared.modules;
-                let share = cache.shareable(&blob);
-                match share.then(|| cache.get(&blob)).flatten() {
-                    Some((loaded, d, printf)) => {
+                let share = ctx.shared.modules.shareable(&blob);
+                let hit = share.then(|| ctx.shared.modules.get(&blob)).flatten();
+                if let Some((loaded, d, printf)) = hit {
+                    self.uses_printf(printf);
+                    return self.finish_module_load(ctx, m.call, loaded, Some(d), 0);
+                }
+                // Its variables count against the client's memory limit, before anything
+                // is loaded (a shareable image has none).
+                let need = if share {
+                    0
+                } else {
+                    gpu.image_data_bytes(&blob)
+                };
+                if let Err(e) = self.charge(ctx, need) {
+                    return self.complete(m.call, e.0, &[]);
+                }
+                match gpu.module_load(&blob) {
+                    Ok(loaded) => {
+                        // Whether its code prints, read by the server: the client's own
+                        // word for it is not taken (crate::printf routes by it).
+                        let cache = &ctx.shared.modules;
+                        let printf = omps_ring::image::printf_use(&blob, cache.cc());
                         self.uses_printf(printf);
-                        self.finish_module_load(ctx, m.call, loaded, Some(d))?
-                    }
-                    None => match gpu.module_load(&blob) {
-                        Ok(loaded) => {
-                            // Whether its code prints, read by the server: the client's own
-                            // word for it is not taken (crate::printf routes by it).
-                            let printf = omps_ring::image::printf_use(&blob, cache.cc());
-                            self.uses_printf(printf);
-                            let d = share.then(|| settable_defaults(&*gpu, &loaded));
-                            if let Some(d) = &d {
-                                let c = &ctx.shared.modules;
-                                c.insert(blob, loaded.clone(), d.clone(), printf);
-                            }
-                            self.finish_module_load(ctx, m.call, loaded, d)?
+                        let d = share.then(|| settable_defaults(&*gpu, &loaded));
+                        if let Some(d) = &d {
+                            cache.insert(blob, loaded.clone(), d.clone(), printf);
                         }
-                        Err(e) => self.complete(m.call, e.0, &[])?,
-                    },
+                        self.finish_module_load(ctx, m.call, loaded, d, need)?
+                    }
+                    Err(e) => {
+                        self.client.mem_bytes[self.dev].fetch_sub(need, Ordering::Relaxed);
+                        self.complete(m.call, e.0, &[])?
+                    }
                 }
             }
             Op::ModuleGetGlobal => {
@@ -166,17 +177,13 @@ impl Session {
         call: CallHdr,
         loaded: crate::gpu::LoadedModule,
         defaults: Option<Defaults>,
+        charged: u64,
     ) -> Result<(), Malformed> {
         let shared = defaults.is_some();
         let nf = loaded.functions.len();
-        // Its variables count against the client's memory limit.
-        if let Err(e) = self.charge(ctx, loaded.data_bytes) {
-            self.give_back_module(ctx, loaded.handle, shared, 0);
-            return self.complete(call, e.0, &[]);
-        }
         // The module's id and one per function, never wrapping into ids in use.
         if self.next_id.checked_add(1 + nf as u32).is_none() {
-            self.give_back_module(ctx, loaded.handle, shared, loaded.data_bytes);
+            self.give_back_module(ctx, loaded.handle, shared, charged);
             return self.complete(call, code::OUT_OF_MEMORY, &[]);
         }
         let module_id = self.next_id;
@@ -242,7 +249,7 @@ impl Session {
             for id in &fids {
                 self.functions.remove(id);
             }
-            self.give_back_module(ctx, loaded.handle, shared, loaded.data_bytes);
+            self.give_back_module(ctx, loaded.handle, shared, charged);
             return self.complete(call, code::NOT_SUPPORTED, &[]);
         }
         // SAFETY: out fits in chunk 0 of a checked channel, inside the mapping.
@@ -253,7 +260,7 @@ impl Session {
                 handle: loaded.handle,
                 functions: fids,
                 shared,
-                data_bytes: loaded.data_bytes,
+                data_bytes: charged,
             },
         );
         debug_assert!(self

@@ -25,6 +25,10 @@ pub struct VmmState {
     handles: HashMap<u32, (u64, u64)>,
     /// Mapping start -> (size, handle id).
     pub(super) mappings: BTreeMap<u64, (u64, u32)>,
+    /// Handles released while still mapped (PyTorch releases right after mapping): the
+    /// driver keeps their memory until the last unmap, and the client stays charged for
+    /// it until then. Handle id -> size.
+    released_mapped: HashMap<u32, u64>,
     next_handle: u32,
 }
 
@@ -34,6 +38,8 @@ pub struct VmmRelease {
     pub unmap: Vec<(u64, u64)>,
     pub handles: Vec<(u64, u64)>,
     pub reservations: Vec<(u64, u64)>,
+    /// Memory of handles released but still mapped: charged until the unmaps above.
+    pub released_mapped_bytes: u64,
 }
 
 impl VmmState {
@@ -69,6 +75,7 @@ impl VmmState {
             unmap: self.mappings.iter().map(|(&s, &(n, _))| (s, n)).collect(),
             handles: self.handles.values().copied().collect(),
             reservations: self.reservations.into_iter().collect(),
+            released_mapped_bytes: self.released_mapped.values().sum(),
         }
     }
 }
@@ -124,7 +131,11 @@ impl Session {
                 }),
             vmm::RELEASE => match st.handles.remove(&v.handle) {
                 Some((h, size)) => {
-                    self.client.mem_bytes[self.dev].fetch_sub(size, Ordering::Relaxed);
+                    if size > 0 && st.mappings.values().any(|&(_, id)| id == v.handle) {
+                        st.released_mapped.insert(v.handle, size);
+                    } else {
+                        uncharge(size);
+                    }
                     // Memory another client imported goes with its last user.
                     let last = ctx
                         .shared
@@ -152,8 +163,14 @@ impl Session {
             },
             vmm::UNMAP => match st.mappings.get(&a0) {
                 // The program promised nothing uses the range any more, as natively.
-                Some(&(n, _)) if n == a1 => gpu.vmm_unmap(a0, a1).map(|()| {
+                Some(&(n, id)) if n == a1 => gpu.vmm_unmap(a0, a1).map(|()| {
                     st.mappings.remove(&a0);
+                    // The last mapping of released memory: the driver frees it now.
+                    if !st.mappings.values().any(|&(_, other)| other == id) {
+                        if let Some(size) = st.released_mapped.remove(&id) {
+                            uncharge(size);
+                        }
+                    }
                     0
                 }),
                 _ => Err(CuError(code::INVALID_VALUE)),

@@ -661,7 +661,7 @@ impl Server {
             (wire::hostmem::PRINTF_FLUSH, []) => {
                 let Some(gpu) = self.gpus.get(req.addr as usize) else {
                     c.slow_pending.store(false, Ordering::Release);
-                    return Self::reply(s, code::INVALID_DEVICE, &[]);
+                    return Self::reply_now(s, code::INVALID_DEVICE);
                 };
                 // Answered by the slow-request thread (the client waits for this one answer).
                 let gpu = gpu.clone();
@@ -672,7 +672,7 @@ impl Server {
                 return true;
             }
         };
-        Self::reply(s, status, &[])
+        Self::reply_now(s, status)
     }
 
     /// Hands a client's slow request to the slow-request thread, which answers it on a
@@ -687,12 +687,33 @@ impl Server {
             Ok(sock) => self.slow.send(job(c.clone(), sock)).is_err(),
             Err(_) => {
                 c.slow_pending.store(false, Ordering::Release);
-                Self::reply(s, code::OUT_OF_MEMORY, &[])
+                Self::reply_now(s, code::OUT_OF_MEMORY)
             }
         }
     }
 
     /// Answers a socket request: the status, then `text`. Returns whether the client is gone.
+    /// A status-only answer from the control thread, which never waits on a peer: a client
+    /// whose socket cannot take eight bytes now has stopped reading its answers, and is
+    /// cut off (returns true: gone).
+    fn reply_now(s: &UnixStream, status: i32) -> bool {
+        let reply = wire::HostMemReply {
+            status,
+            text_len: 0,
+        };
+        let b = bytemuck::bytes_of(&reply);
+        // SAFETY: sending from a live buffer of b.len() bytes on a socket we own.
+        let n = unsafe {
+            libc::send(
+                s.as_raw_fd(),
+                b.as_ptr() as *const libc::c_void,
+                b.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        n != b.len() as isize
+    }
+
     pub(crate) fn reply(s: &UnixStream, status: i32, text: &[u8]) -> bool {
         let reply = wire::HostMemReply {
             status,

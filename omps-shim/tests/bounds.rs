@@ -194,3 +194,51 @@ fn graphs_beyond_the_bound() {
     c.ping(0).expect("the client goes on");
     assert!(srv.ctl("status").0);
 }
+
+#[test]
+fn a_client_that_never_reads_its_answers_is_cut_off_without_stalling_anyone() {
+    small_bounds();
+    let srv = TestServer::start("bound-unread");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let other = Conn::connect_to(&srv.socket()).unwrap();
+    // Requests (an unpin of nothing: each answered at once) sent, answers never read.
+    let req = wire::HostMemRequest {
+        kind: wire::hostmem::UNPIN,
+        _pad: 0,
+        addr: 1 << 40,
+        len: 4096,
+    };
+    let t = Instant::now();
+    let mut sent = 0;
+    while t.elapsed() < Duration::from_secs(20) && !wait_disconnected_now(&c) {
+        // SAFETY: sending a live buffer on this test's own socket.
+        let n = unsafe {
+            libc::send(
+                c.socket_fd(),
+                bytemuck::bytes_of(&req).as_ptr() as *const libc::c_void,
+                std::mem::size_of::<wire::HostMemRequest>(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n > 0 {
+            sent += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert!(wait_disconnected(&c), "kept after {sent} unread answers");
+    // The control thread never waited on it: commands and the other client go on at once.
+    let t = Instant::now();
+    assert!(srv.ctl("status").0);
+    other.ping(0).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+/// Whether the server has cut `c` off already (no waiting).
+fn wait_disconnected_now(c: &Conn) -> bool {
+    c.check_alive().is_err()
+}

@@ -805,6 +805,9 @@ pub struct ClientSettings {
     /// The client's PID as it sees it (in its own PID namespace; the server learns the
     /// one in its namespace from the socket). 0: not said.
     pub ns_pid: u32,
+    /// The devices it may see (CUDA_VISIBLE_DEVICES, else a container's
+    /// NVIDIA_VISIBLE_DEVICES), NUL-padded; `all` or nothing: every device.
+    pub visible: [u8; 256],
 }
 
 impl ClientSettings {
@@ -817,12 +820,27 @@ impl ClientSettings {
             partition: [0; 64],
             mem_limit: [0; 512],
             ns_pid: 0,
+            visible: [0; 256],
         }
     }
 
     /// The partition text, if any and valid UTF-8.
     pub fn partition_text(&self) -> Option<&str> {
         padded_text(&self.partition)
+    }
+
+    /// The devices it may see, if it said (`all` and nothing read as unsaid; the shim
+    /// sends an empty list as `void`).
+    pub fn visible_text(&self) -> Option<&str> {
+        let t = std::str::from_utf8(
+            &self.visible[..self
+                .visible
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(self.visible.len())],
+        )
+        .ok()?;
+        (!t.is_empty() && t != "all").then_some(t)
     }
 
     /// The memory limit list, if any and valid UTF-8.

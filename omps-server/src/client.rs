@@ -123,6 +123,9 @@ pub struct ClientShared {
     pub identity: Identity,
     /// The GPUs it has sent work or questions to (bit per ordinal).
     pub used_gpus: AtomicU32,
+    /// The server's GPUs it sees, in its order: its device k (and ring k) is GPU
+    /// `visible[k]` (crate::visible).
+    pub visible: Vec<usize>,
     pub seg: SegmentView,
     pub socket: OwnedFd,
     /// Device memory in use, per GPU, in bytes.
@@ -194,6 +197,7 @@ impl ClientShared {
             name,
             identity: Identity::default(),
             used_gpus: AtomicU32::new(0),
+            visible: (0..MAX_DEVICES).collect(),
             seg,
             socket,
             mem_bytes: Default::default(),
@@ -337,6 +341,11 @@ impl ClientShared {
             .get()
             .filter(|c| !c.is_empty())
             .map_or(&self.name, |c| c)
+    }
+
+    /// The ring (its device number) through which it reaches the server's GPU `gpu`.
+    pub fn ring_of(&self, gpu: usize) -> Option<usize> {
+        self.visible.iter().position(|&g| g == gpu)
     }
 
     pub fn total_mem(&self) -> u64 {

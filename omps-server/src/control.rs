@@ -659,7 +659,10 @@ impl Server {
                 0
             }
             (wire::hostmem::PRINTF_FLUSH, []) => {
-                let Some(gpu) = self.gpus.get(req.addr as usize) else {
+                let seen = usize::try_from(req.addr)
+                    .ok()
+                    .and_then(|k| c.visible.get(k));
+                let Some(gpu) = seen.and_then(|&g| self.gpus.get(g)) else {
                     c.slow_pending.store(false, Ordering::Release);
                     return Self::reply_now(s, code::INVALID_DEVICE);
                 };
@@ -759,10 +762,10 @@ impl Server {
     }
 
     fn reap_exiting(&mut self) {
-        // One worker per GPU holds the client's session and says so when it is released.
-        let n = self.gpus.len() as u32;
+        // One worker per GPU it sees holds the client's session and says so when it is
+        // released.
         self.exiting
-            .retain(|c| c.released.load(Ordering::SeqCst) < n);
+            .retain(|c| (c.released.load(Ordering::SeqCst) as usize) < c.visible.len());
     }
 
     /// A new connection: checked to be of the server's user (or root, which may only
@@ -823,14 +826,30 @@ impl Server {
                 return refuse(status);
             }
         };
-        let own_limits =
-            match crate::memlimit::MemLimits::own(settings.mem_limit_text(), &self.snapshots) {
-                Ok(l) => l,
-                Err(why) => {
-                    tracing::warn!(pid, "refusing a client: {why}");
-                    return refuse(code::INVALID_DEVICE);
+        // The GPUs it sees (its device k is the server's visible[k]), as natively.
+        let visible = crate::visible::resolve(settings.visible_text(), &self.snapshots);
+        if visible.is_empty() {
+            tracing::warn!(
+                pid,
+                "refusing a client: its CUDA_VISIBLE_DEVICES names no GPU of this server"
+            );
+            return refuse(code::NO_DEVICE);
+        }
+        let seen: Vec<DeviceSnapshot> = visible.iter().map(|&g| self.snapshots[g]).collect();
+        // Its own limits name its devices: moved to the server's numbering.
+        let own_limits = match crate::memlimit::MemLimits::own(settings.mem_limit_text(), &seen) {
+            Ok(mine) => {
+                let mut l = [crate::client::NO_LIMIT; omps_ring::segment::MAX_DEVICES];
+                for (k, &g) in visible.iter().enumerate() {
+                    l[g] = mine[k];
                 }
-            };
+                l
+            }
+            Err(why) => {
+                tracing::warn!(pid, "refusing a client: {why}");
+                return refuse(code::INVALID_DEVICE);
+            }
+        };
         if self.any_fault() {
             let w = Welcome {
                 magic: wire::HELLO_MAGIC,
@@ -872,9 +891,9 @@ impl Server {
             // SAFETY: nobody else sees this segment yet.
             let snap: &mut SnapshotTable = unsafe { seg.snapshot_mut() };
             snap.driver_version = self.driver_version;
-            snap.device_count = self.snapshots.len() as u32;
-            for (g, (d, s)) in snap.devices.iter_mut().zip(&self.snapshots).enumerate() {
-                *d = *s;
+            snap.device_count = visible.len() as u32;
+            for (d, &g) in snap.devices.iter_mut().zip(&visible) {
+                *d = self.snapshots[g];
                 // Its compute limit's share, before it can ask (as under MPS).
                 if let Some(sms) = self.policy.visible_sms_settled(&settled, g, lc_present) {
                     d.attributes[crate::policy::MULTIPROCESSOR_COUNT] = sms as i32;
@@ -891,7 +910,7 @@ impl Server {
             version: wire::PROTOCOL_VERSION,
             status: 0,
             client_id: id,
-            num_devices: self.gpus.len() as u32,
+            num_devices: visible.len() as u32,
             layout: params,
             segment_len: layout.total_len as u64,
             max_streams: crate::bounds::bounds().streams,
@@ -902,11 +921,14 @@ impl Server {
             .unwrap_or_default();
         let mut c = ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on);
         c.identity = crate::client::Identity::of(pid, settings.ns_pid);
+        c.visible = visible.clone();
         let c = Arc::new(c);
         crate::client::read_command_later(&c);
         let mut fds = vec![fd.as_raw_fd()];
         fds.extend(
-            (0..self.gpus.len()).map(|g| self.workers[self.lane_of(g, id)].bell_fd.as_raw_fd()),
+            visible
+                .iter()
+                .map(|&g| self.workers[self.lane_of(g, id)].bell_fd.as_raw_fd()),
         );
         // A client that died meanwhile: `c` goes, and its segment with it, unregistered.
         sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&welcome), &fds)?;
@@ -922,7 +944,7 @@ impl Server {
         );
         self.clients.insert(id, (c.clone(), stream));
         self.publish_placements();
-        for g in 0..self.gpus.len() {
+        for &g in &c.visible {
             let w = self.lane_of(g, id);
             self.workers[w].send(ToWorker::Add(c.clone()));
         }

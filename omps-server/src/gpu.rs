@@ -21,6 +21,7 @@ pub mod code {
     pub const INVALID_VALUE: i32 = 1;
     pub const OUT_OF_MEMORY: i32 = 2;
     pub const NOT_INITIALIZED: i32 = 3;
+    pub const NO_DEVICE: i32 = 100;
     pub const INVALID_IMAGE: i32 = 200;
     pub const INVALID_DEVICE: i32 = 101;
     pub const INVALID_HANDLE: i32 = 400;

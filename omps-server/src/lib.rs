@@ -48,6 +48,7 @@ pub mod stats;
 pub mod stdio;
 pub mod testing;
 pub mod unpin;
+pub mod visible;
 pub mod worker;
 
 pub use control::{Server, ServerConfig};

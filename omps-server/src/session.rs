@@ -287,7 +287,9 @@ impl Session {
     /// The client's segment holds ring `dev` and stays mapped while the session lives (the
     /// session holds an Arc of the client, which owns the mapping).
     pub unsafe fn new(client: Arc<ClientShared>, dev: usize) -> Self {
-        let (hdr, data, cap) = client.seg.ring_parts(dev);
+        // Its ring for this GPU: its device number, where it sees only some GPUs.
+        let ring = client.ring_of(dev).unwrap_or(dev);
+        let (hdr, data, cap) = client.seg.ring_parts(ring);
         // SAFETY: the caller's promise; the server is this ring's only consumer.
         let consumer = unsafe { Consumer::new(hdr, data, cap) };
         let channels = client.seg.layout.params.num_channels as usize;

@@ -618,6 +618,27 @@ pub fn settings_from(var: impl Fn(&str) -> Option<String>) -> Result<wire::Clien
         }
         s.partition[..v.len()].copy_from_slice(v.as_bytes());
     }
+    // The devices it may see, as natively: CUDA_VISIBLE_DEVICES, else (in a container,
+    // where the runtime mounts only these GPUs) NVIDIA_VISIBLE_DEVICES. Empty or `void`
+    // there means none; the server resolves the list against its GPUs.
+    let visible = var("CUDA_VISIBLE_DEVICES").or_else(|| {
+        var("NVIDIA_VISIBLE_DEVICES").map(|v| match v.trim() {
+            "none" | "void" | "" => "void".to_string(),
+            v => v.to_string(),
+        })
+    });
+    if let Some(v) = visible {
+        let v = v.trim();
+        if v.len() >= s.visible.len() {
+            return Err(format!(
+                "CUDA_VISIBLE_DEVICES={v}: longer than {} bytes",
+                s.visible.len() - 1
+            ));
+        }
+        // An empty list is the server's "none": marked so it is not read as unsaid.
+        let v = if v.is_empty() { "void" } else { v };
+        s.visible[..v.len()].copy_from_slice(v.as_bytes());
+    }
     if let Some(v) = var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
         let v = v.trim();
         omps_ring::memlimit::parse_limits(v)

@@ -4,7 +4,8 @@
 #     uses all of them at once prints what it prints natively (rt/multi_gpu);
 #  2. pinned memory given back while copies ran on both GPUs is fenced on each GPU's
 #     worker (rt/pinned, rt/host_register beside multi_gpu clients), outputs exact;
-#  3. CUDA_VISIBLE_DEVICES on the server renumbers: with "1" the only device clients see
+#  3. a client's CUDA_VISIBLE_DEVICES selects and orders the GPUs it sees;
+#  4. CUDA_VISIBLE_DEVICES on the server renumbers: with "1" the only device clients see
 #     is the machine's second GPU (its UUID), as device_query says.
 #   OMPS_BIN=target/release bash scripts/multi-gpu/run.sh
 set -u
@@ -45,6 +46,14 @@ for p in pinned host_register; do
     pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
+# A client's own CUDA_VISIBLE_DEVICES: it sees the machine's second GPU only (and first
+# when named in the other order), as natively.
+for v in 1 1,0; do
+    CUDA_VISIBLE_DEVICES=$v "$W/bin/multi_gpu" > "$W/multi_gpu.native-v$v" 2>&1
+    CUDA_VISIBLE_DEVICES=$v OMPS_PIPE_DIRECTORY="$W/pipe" LD_PRELOAD="$B/libomps_shim.so" \
+        "$W/bin/multi_gpu" > "$W/multi_gpu.omps-v$v" 2>&1
+    check "a client with CUDA_VISIBLE_DEVICES=$v" "$W/multi_gpu.native-v$v" "$W/multi_gpu.omps-v$v"
+done
 ctl "" ps
 for i in 1 2 3; do check "multi_gpu client $i on every GPU" "$W/multi_gpu.native" "$W/multi_gpu.omps$i"; done
 for p in pinned host_register; do check "$p beside them (unpin fenced on each GPU)" "$W/$p.native" "$W/$p.omps"; done

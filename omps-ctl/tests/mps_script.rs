@@ -50,6 +50,11 @@ fn an_mps_script_runs_unchanged() {
     unsafe { std::env::set_var("CUDA_MPS_LOG_DIRECTORY", &logs) };
     let server = start(&dir);
     let me = std::process::id().to_string();
+    let pid_file = dir.join("nvidia-cuda-mps-control.pid");
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap(),
+        format!("{me}\n")
+    );
 
     // As MPS scripts talk to the daemon: a command per line on standard input.
     let (ok, out, err) = ctl(&dir, &logs, &[], "get_server_list\n");
@@ -109,6 +114,7 @@ fn an_mps_script_runs_unchanged() {
         "the socket outlived quit"
     );
     server.join().unwrap();
+    assert!(!pid_file.exists(), "the PID file outlived quit");
     let (ok, _, err) = ctl(&dir, &logs, &["ps"], "");
     assert!(!ok && err.contains("no omps server is running"), "{err}");
     // control.log: the commands and their answers.

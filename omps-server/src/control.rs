@@ -101,6 +101,9 @@ impl ServerConfig {
     }
 }
 
+/// The PID file MPS's control daemon keeps in the pipe directory.
+pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+
 /// Worker threads per GPU by default. The driver's launch rate from one context grows to
 /// about 4 submitting threads (shared/reference/measured-anchors.md), but the workers share
 /// the CPUs with the clients: on the 16-core H100 machine 8 lanes gave 783k launches/s at
@@ -273,6 +276,12 @@ impl Server {
         driver_version: i32,
     ) -> io::Result<Server> {
         let (listener, socket_path) = bind(&cfg.pipe_dir)?;
+        // Where MPS's control daemon leaves its PID, which tools read (the server is the
+        // daemon here).
+        std::fs::write(
+            cfg.pipe_dir.join(PID_FILE),
+            format!("{}\n", std::process::id()),
+        )?;
         let printf = Arc::new(PrintfRouter::new(cfg.capture_printf)?);
         let slow = start_slow_requests(printf.clone())?;
         for g in &gpus {
@@ -404,6 +413,7 @@ impl Server {
             }
         }
         let _ = std::fs::remove_file(&self.socket_path);
+        let _ = std::fs::remove_file(self.cfg.pipe_dir.join(PID_FILE));
         self.control_log.line("Server exited");
         tracing::info!("omps server stopped");
         Ok(())

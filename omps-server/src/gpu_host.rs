@@ -18,7 +18,7 @@ use crate::gpu::{
 use omps_ring::segment::DeviceSnapshot;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 #[derive(Default)]
 struct State {
@@ -29,7 +29,9 @@ struct State {
     next_addr: u64,
     modules: BTreeMap<u64, (Vec<FunctionInfo>, Vec<Global>)>,
     next_handle: u64,
-    registered: Vec<(usize, usize)>,
+    /// Host ranges registered with the driver, shared by the GPUs of one group: a
+    /// registration is portable (every context reaches it), as the server makes them.
+    registered: Arc<Mutex<Vec<(usize, usize)>>>,
     sticky: Option<i32>,
     events: BTreeMap<u64, ()>,
     printf_buffer: Vec<u8>,
@@ -202,6 +204,14 @@ impl HostGpu {
         self.flushes.load(Ordering::Relaxed)
     }
 
+    /// Another GPU of `first`'s machine: host memory registered with either is reached by
+    /// both, as portable registrations are.
+    pub fn beside(first: &HostGpu, ordinal: usize, total: u64) -> Self {
+        let g = HostGpu::new(ordinal, total);
+        g.state.lock().unwrap().registered = first.state.lock().unwrap().registered.clone();
+        g
+    }
+
     pub fn new(ordinal: usize, total: u64) -> Self {
         HostGpu {
             ordinal,
@@ -215,7 +225,8 @@ impl HostGpu {
             loads: Default::default(),
             launches: Default::default(),
             state: Mutex::new(State {
-                next_addr: BASE,
+                // As under unified addressing, each GPU's memory has addresses of its own.
+                next_addr: BASE + ((ordinal as u64) << 38),
                 next_handle: 1,
                 ..Default::default()
             }),
@@ -272,7 +283,7 @@ impl HostGpu {
     }
 
     pub fn registered_ranges(&self) -> usize {
-        self.state.lock().unwrap().registered.len()
+        self.state.lock().unwrap().registered.lock().unwrap().len()
     }
 
     pub fn modules_loaded(&self) -> usize {
@@ -319,6 +330,8 @@ impl State {
 
     fn is_registered(&self, p: usize, len: usize) -> bool {
         self.registered
+            .lock()
+            .unwrap()
             .iter()
             .any(|&(s, l)| p >= s && p.checked_add(len).is_some_and(|e| e <= s + l))
     }
@@ -752,22 +765,24 @@ impl Gpu for HostGpu {
     }
 
     unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> GpuResult<()> {
-        let mut st = self.state.lock().unwrap();
+        let st = self.state.lock().unwrap();
         let (a, b) = (ptr as usize, ptr as usize + len);
+        let mut registered = st.registered.lock().unwrap();
         // As the driver: a range overlapping one still registered is refused.
-        if st.registered.iter().any(|&(s, n)| a < s + n && s < b) {
+        if registered.iter().any(|&(s, n)| a < s + n && s < b) {
             const HOST_MEMORY_ALREADY_REGISTERED: i32 = 712;
             return Err(CuError(HOST_MEMORY_ALREADY_REGISTERED));
         }
-        st.registered.push((a, len));
+        registered.push((a, len));
         Ok(())
     }
 
     unsafe fn unregister_host(&self, ptr: *mut u8) -> GpuResult<()> {
-        let mut st = self.state.lock().unwrap();
-        let before = st.registered.len();
-        st.registered.retain(|&(s, _)| s != ptr as usize);
-        if st.registered.len() == before {
+        let st = self.state.lock().unwrap();
+        let mut registered = st.registered.lock().unwrap();
+        let before = registered.len();
+        registered.retain(|&(s, _)| s != ptr as usize);
+        if registered.len() == before {
             return Err(CuError(code::INVALID_VALUE));
         }
         Ok(())

@@ -19,7 +19,9 @@ fn two_gpus(
     std::thread::JoinHandle<()>,
 ) {
     let dir = temp_dir(tag);
-    let gpus: Vec<Arc<HostGpu>> = (0..2).map(|i| Arc::new(HostGpu::new(i, 1 << 28))).collect();
+    let first = HostGpu::new(0, 1 << 28);
+    let second = HostGpu::beside(&first, 1, 1 << 28);
+    let gpus: Vec<Arc<HostGpu>> = vec![Arc::new(first), Arc::new(second)];
     let cfg = ServerConfig {
         default_mem_limit: Some("1=1M".into()),
         ..ServerConfig::minimal(dir.clone())

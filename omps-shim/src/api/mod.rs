@@ -15,6 +15,7 @@ pub mod link;
 pub mod managed;
 pub mod mem;
 pub mod module;
+pub mod peer;
 pub mod pool;
 pub mod proc;
 pub mod ptds;

@@ -2,9 +2,11 @@
 //! out for flag CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: each is its legacy entry
 //! point run with stream 0 meaning the calling thread's own stream.
 
+use super::ctx::CUcontext;
 use super::exec::*;
 use super::exec::{per_thread, CUevent, CUfunction, CUstream};
 use super::mem::*;
+use super::peer::*;
 use crate::cuda::*;
 use std::ffi::{c_uint, c_void};
 
@@ -30,6 +32,8 @@ per_thread_variants! {
     cuMemcpyHtoD_v2_ptds => cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize);
     cuMemcpyDtoH_v2_ptds => cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize);
     cuMemcpyDtoD_v2_ptds => cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
+    cuMemcpyPeer_ptds => cuMemcpyPeer(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize);
+    cuMemcpyPeerAsync_ptsz => cuMemcpyPeerAsync(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize, s: CUstream);
     cuMemcpyHtoDAsync_v2_ptsz => cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream);
     cuMemcpyDtoHAsync_v2_ptsz => cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream);
     cuMemcpyDtoDAsync_v2_ptsz => cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream);

@@ -1,6 +1,7 @@
 // Several GPUs from one process: every device the process sees gets its own buffers and
-// kernels, all in flight at once (a stream per device), then each result is checked and
-// summed on the host. Prints the device count and each device's name and checksum.
+// kernels, all in flight at once (a stream per device); each result is copied to the next
+// device with cudaMemcpyPeer and checked there too. Prints the device count, each peer
+// copy, and each device's name and checksum.
 #include "rt_common.h"
 
 __global__ void fill(unsigned *p, int n, unsigned salt) {
@@ -28,6 +29,25 @@ int main() {
     for (int g = 0; g < count; g++) {
         CHECK(cudaSetDevice(g));
         CHECK(cudaStreamSynchronize(s[g]));
+    }
+    // Each device's buffer copied to the next device (cudaMemcpyPeer), then back into the
+    // host and checked: copies between GPUs, whatever the link between them.
+    for (int g = 0; count > 1 && g < count; g++) {
+        int to = (g + 1) % count;
+        unsigned *tmp = 0;
+        CHECK(cudaSetDevice(to));
+        CHECK(cudaMalloc(&tmp, n * sizeof(unsigned)));
+        CHECK(cudaMemcpyPeer(tmp, to, d[g], g, n * sizeof(unsigned)));
+        unsigned *back = (unsigned *)malloc(n * sizeof(unsigned));
+        EXPECT(back, "malloc");
+        CHECK(cudaMemcpy(back, tmp, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+        EXPECT(memcmp(back, h[g], n * sizeof(unsigned)) == 0, "peer copy %d -> %d", g, to);
+        printf("peer copy %d -> %d: ok\n", g, to);
+        free(back);
+        CHECK(cudaFree(tmp));
+    }
+    for (int g = 0; g < count; g++) {
+        CHECK(cudaSetDevice(g));
         cudaDeviceProp p;
         CHECK(cudaGetDeviceProperties(&p, g));
         for (int i = 0; i < n; i++)

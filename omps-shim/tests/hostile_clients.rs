@@ -500,21 +500,6 @@ fn bad_printf_requests_are_refused_or_disconnect() {
     assert!(srv.ctl("status").0);
 }
 
-/// One virtual-memory call through a raw connection: Ok(value) or the CUDA error.
-fn vmm_call(c: &Conn, kind: u32, handle: u32, args: [u64; 3]) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::Vmm, |call| {
-        bytemuck::bytes_of(&wire::Vmm {
-            call,
-            kind,
-            handle,
-            args,
-        })
-        .to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
 #[test]
 fn a_client_cannot_reach_anothers_reservations_or_handles() {
     use omps_ring::wire::vmm;

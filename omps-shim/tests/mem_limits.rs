@@ -51,47 +51,19 @@ fn mem_info(c: &Conn) -> (u64, u64) {
     (r.free, r.total)
 }
 
-fn vmm_create(c: &Conn, size: u64) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::Vmm, |call| {
-        bytemuck::bytes_of(&wire::Vmm {
-            call,
-            kind: vmm::CREATE,
-            handle: 0,
-            args: [size, 0, 0],
-        })
-        .to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
-fn vmm(c: &Conn, kind: u32, handle: u32, args: [u64; 3]) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::Vmm, |call| {
-        bytemuck::bytes_of(&wire::Vmm {
-            call,
-            kind,
-            handle,
-            args,
-        })
-        .to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
 #[test]
 fn vmm_memory_released_while_mapped_counts_until_unmapped() {
     let srv = server("vmm", "0=1M");
     let c = connect(&srv, None);
     let size = 512 * KIB;
-    let h = vmm(&c, vmm::CREATE, 0, [size, 0, 0]).unwrap() as u32;
-    let va = vmm(&c, vmm::RESERVE, 0, [size, 0, 0]).unwrap();
-    vmm(&c, vmm::MAP, h, [va, size, 0]).unwrap();
+    let h = vmm_call(&c, vmm::CREATE, 0, [size, 0, 0]).unwrap() as u32;
+    let va = vmm_call(&c, vmm::RESERVE, 0, [size, 0, 0]).unwrap();
+    vmm_call(&c, vmm::MAP, h, [va, size, 0]).unwrap();
     // As PyTorch's expandable segments do: the handle goes, the mapping keeps the memory.
-    vmm(&c, vmm::RELEASE, h, [0; 3]).unwrap();
+    vmm_call(&c, vmm::RELEASE, h, [0; 3]).unwrap();
     assert_eq!(mem_info(&c).0, 512 * KIB, "still held through its mapping");
     assert_eq!(try_alloc(&c, 768 * KIB), Err(OOM));
-    vmm(&c, vmm::UNMAP, 0, [va, size, 0]).unwrap();
+    vmm_call(&c, vmm::UNMAP, 0, [va, size, 0]).unwrap();
     assert_eq!(
         mem_info(&c).0,
         1024 * KIB,
@@ -120,9 +92,9 @@ fn allocations_stop_at_the_limit_and_mem_get_info_reports_it() {
     free(&c, a);
     let b = try_alloc(&c, 1024 * KIB).expect("the whole limit after the free");
     // Every path counts: VMM handles too.
-    assert_eq!(vmm_create(&c, 64 * KIB), Err(OOM));
+    assert_eq!(vmm_call(&c, vmm::CREATE, 0, [64 * KIB, 0, 0]), Err(OOM));
     free(&c, b);
-    vmm_create(&c, 64 * KIB).expect("a VMM handle within the limit");
+    vmm_call(&c, vmm::CREATE, 0, [64 * KIB, 0, 0]).expect("a VMM handle within the limit");
     assert_eq!(mem_info(&c).0, 960 * KIB);
     // The client's neighbour in another server process would be unaffected; here a
     // second client of the same server has its own count.

@@ -282,3 +282,24 @@ pub fn capture(
         0
     })
 }
+
+/// One virtual-memory call through a raw connection: Ok(value) or the CUDA error.
+#[allow(dead_code)]
+pub fn vmm_call(
+    c: &omps_shim::conn::Conn,
+    kind: u32,
+    handle: u32,
+    args: [u64; 3],
+) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, omps_ring::wire::Op::Vmm, |call| {
+        bytemuck::bytes_of(&omps_ring::wire::Vmm {
+            call,
+            kind,
+            handle,
+            args,
+        })
+        .to_vec()
+    })?;
+    Ok(ch.reply::<omps_ring::wire::U64Reply>().value)
+}

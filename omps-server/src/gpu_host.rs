@@ -563,6 +563,11 @@ impl Gpu for HostGpu {
         if size == 0 || !size.is_multiple_of(g) || (align != 0 && !align.is_power_of_two()) {
             return Err(CuError(code::INVALID_VALUE));
         }
+        // This GPU backs a reservation with host bytes: one larger than the GPU is out of
+        // memory here (the driver would give address space; nothing could be mapped).
+        if size > self.total || align > self.total {
+            return Err(CuError(code::OUT_OF_MEMORY));
+        }
         let mut st = self.state.lock().unwrap();
         let a = st.next_addr.next_multiple_of(align.max(g));
         st.next_addr = a + size + g;

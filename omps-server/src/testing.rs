@@ -220,6 +220,15 @@ mod tests {
         ]);
     }
 
+    /// Found by cargo-fuzz: a VMM reservation far larger than the (host) GPU.
+    #[test]
+    fn a_huge_reservation_is_refused_not_allocated() {
+        super::run_command_bytes(&[
+            46, 211, 255, 247, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 31, 60, 154,
+            202, 0, 0, 0, 0, 0, 0, 0, 0, 0, 247, 247, 247, 247, 247, 215, 247, 247,
+        ]);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
         /// Random records, biased towards plausible lengths, never panic or leak.

@@ -45,67 +45,61 @@ impl Board {
     /// The exposition text of every figure now.
     pub fn render(&self) -> String {
         let mut reg = Registry::default();
-        let gauge = |reg: &mut Registry, name: &str, help: &str| {
-            let f = Family::<Labels, Gauge>::default();
-            reg.register(name, help, f.clone());
-            f
-        };
-        let counter = |reg: &mut Registry, name: &str, help: &str| {
-            let f = Family::<Labels, Counter>::default();
-            reg.register(name, help, f.clone());
-            f
-        };
-        let mem = gauge(&mut reg, "omps_client_memory_bytes", "Device memory a client holds on a GPU (allocations, pools, graphs, VMM, arrays, module variables)");
-        let limit = gauge(
+        let mem: Family<Labels, Gauge> = family(&mut reg, "omps_client_memory_bytes", "Device memory a client holds on a GPU (allocations, pools, graphs, VMM, arrays, module variables)");
+        let limit: Family<Labels, Gauge> = family(
             &mut reg,
             "omps_client_memory_limit_bytes",
             "A client's memory limit on a GPU, where one is set",
         );
-        let pinned = gauge(
+        let pinned: Family<Labels, Gauge> = family(
             &mut reg,
             "omps_client_pinned_host_bytes",
             "Host memory pinned for a client",
         );
-        let launches = counter(
+        let launches: Family<Labels, Counter> = family(
             &mut reg,
             "omps_client_launches",
             "Kernel and graph launches a client made",
         );
-        let commands = counter(
+        let commands: Family<Labels, Counter> = family(
             &mut reg,
             "omps_client_commands",
             "Records the server handled for a client",
         );
-        let server_s = Family::<Labels, FCounter>::default();
-        reg.register(
+        let server_s: Family<Labels, FCounter> = family(
+            &mut reg,
             "omps_client_server_seconds",
             "Server worker time spent on a client's records",
-            server_s.clone(),
         );
-        let pct = Family::<Labels, FGauge>::default();
-        reg.register(
+        let pct: Family<Labels, FGauge> = family(
+            &mut reg,
             "omps_client_active_thread_percentage",
             "A client's compute limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)",
-            pct.clone(),
         );
-        let gpu_used = gauge(
+        let gpu_used: Family<Labels, Gauge> = family(
             &mut reg,
             "omps_gpu_memory_used_bytes",
             "A GPU's memory in use (all processes)",
         );
-        let gpu_total = gauge(&mut reg, "omps_gpu_memory_total_bytes", "A GPU's memory");
-        let gpu_util = gauge(
+        let gpu_total: Family<Labels, Gauge> =
+            family(&mut reg, "omps_gpu_memory_total_bytes", "A GPU's memory");
+        let gpu_util: Family<Labels, Gauge> = family(
             &mut reg,
             "omps_gpu_utilization_percent",
             "Share of the last sample period a kernel ran (NVML)",
         );
-        let gpu_fault = gauge(
+        let gpu_fault: Family<Labels, Gauge> = family(
             &mut reg,
             "omps_gpu_fault",
             "1 while a GPU is in FAULT (its clients told, new ones refused)",
         );
-        let gpu_clients = gauge(&mut reg, "omps_gpu_clients", "Clients that have used a GPU");
-        let lane_busy = Family::<Labels, FCounter>::default();
+        let gpu_clients: Family<Labels, Gauge> =
+            family(&mut reg, "omps_gpu_clients", "Clients that have used a GPU");
+        let lane_busy: Family<Labels, FCounter> = family(
+            &mut reg,
+            "omps_lane_busy_seconds",
+            "Time a worker lane spent handling records",
+        );
         reg.register(
             "omps_lane_busy_seconds",
             "Time a worker lane spent handling records",
@@ -190,6 +184,17 @@ impl Board {
         }
         out
     }
+}
+
+/// A family of metrics registered under `name`: each scrape makes its own.
+fn family<M>(reg: &mut Registry, name: &str, help: &str) -> Family<Labels, M>
+where
+    M: Default,
+    Family<Labels, M>: prometheus_client::registry::Metric + Clone,
+{
+    let f = Family::<Labels, M>::default();
+    reg.register(name, help, f.clone());
+    f
 }
 
 /// Serves `board` at `http://ADDR/metrics` on a thread of its own. One request at a time,

@@ -221,6 +221,8 @@ pub struct Session {
     pub client: Arc<ClientShared>,
     consumer: Consumer,
     dev: usize,
+    /// Whether `client.used_gpus` has this GPU's bit (set at its first record here).
+    marked_used: bool,
     streams: HashMap<u32, ClientStream>,
     events: HashMap<u32, u64>,
     modules: HashMap<u32, Module>,
@@ -297,6 +299,7 @@ impl Session {
             client,
             consumer,
             dev,
+            marked_used: false,
             streams: HashMap::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
@@ -668,9 +671,11 @@ impl Session {
         }
         let tail = &p[op.fixed_len()..];
         self.client.commands.fetch_add(1, Ordering::Relaxed);
-        let bit = 1 << self.dev;
-        if self.client.used_gpus.load(Ordering::Relaxed) & bit == 0 {
-            self.client.used_gpus.fetch_or(bit, Ordering::Relaxed);
+        if !self.marked_used {
+            self.marked_used = true;
+            self.client
+                .used_gpus
+                .fetch_or(1 << self.dev, Ordering::Relaxed);
         }
         if (self.capturing > 0 || !self.captured_events.is_empty())
             && self.capture_guard(ctx, op, p)?.is_some()

@@ -196,6 +196,18 @@ fn a_client_can_only_lower_its_limit() {
     let mut s = wire::ClientSettings::none();
     s.mem_limit[..5].copy_from_slice(b"7=64M");
     assert!(Conn::connect_with(&srv.socket(), &s).is_err());
+    // Settings a client lies with (bytes that are no text, a list that does not parse,
+    // sent past the shim's checks) cost only that client its connection, or nothing.
+    for junk in [&[0xff, 0xfe, b'=', 0x80][..], b"0=lots", b"0=1G,,0=2G"] {
+        let mut s = wire::ClientSettings::none();
+        s.mem_limit[..junk.len()].copy_from_slice(junk);
+        s.visible[..junk.len()].copy_from_slice(junk);
+        if let Ok(liar) = Conn::connect_with(&srv.socket(), &s) {
+            liar.ping(0).unwrap();
+        }
+    }
+    low.ping(0).expect("its neighbours go on");
+    assert!(srv.ctl("status").0);
     let e = omps_shim::conn::settings_from(|k| {
         (k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").then(|| "0=lots".to_string())
     })

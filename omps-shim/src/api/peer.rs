@@ -128,10 +128,9 @@ pub extern "C" fn cuMemcpyPeer(
     src_ctx: CUcontext,
     n: usize,
 ) -> CUresult {
-    if let Err(e) = check_ctx(dst_ctx).and(check_ctx(src_ctx)) {
-        return e;
-    }
-    super::mem::cuMemcpyDtoD_v2(dst, src, n)
+    with_contexts(dst_ctx, src_ctx, || {
+        super::mem::cuMemcpyDtoD_v2(dst, src, n)
+    })
 }
 
 #[no_mangle]
@@ -143,8 +142,16 @@ pub extern "C" fn cuMemcpyPeerAsync(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    if let Err(e) = check_ctx(dst_ctx).and(check_ctx(src_ctx)) {
-        return e;
+    with_contexts(dst_ctx, src_ctx, || {
+        super::mem::cuMemcpyDtoDAsync_v2(dst, src, n, s)
+    })
+}
+
+/// The copy, once both contexts a peer copy names are this shim's (the pointers, unified,
+/// say which GPU each end lies on).
+fn with_contexts(dst: CUcontext, src: CUcontext, copy: impl FnOnce() -> CUresult) -> CUresult {
+    match check_ctx(dst).and(check_ctx(src)) {
+        Ok(_) => copy(),
+        Err(e) => e,
     }
-    super::mem::cuMemcpyDtoDAsync_v2(dst, src, n, s)
 }

@@ -63,12 +63,18 @@ fn an_mps_script_runs_unchanged() {
     let script =
         "set_default_device_pinned_mem_limit 0 2G\nget_default_device_pinned_mem_limit 0\n\
                   set_default_active_thread_percentage 50\nget_default_active_thread_percentage\n\
-                  get_server_status ME\nget_client_list ME\n"
+                  get_server_status ME\nget_client_list ME\n\
+                  get_active_thread_percentage ME\nget_device_pinned_mem_limit ME 0\n"
             .replace("ME", &me);
     let (ok, out, err) = ctl(&dir, &logs, &[], &script);
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines, ["2G", "50.0", "50.0", "ACTIVE"], "{out}");
+    // The server's PID names the server, as under MPS, with no client connected.
+    assert_eq!(
+        lines,
+        ["2G", "50.0", "50.0", "ACTIVE", "50.0", "2G"],
+        "{out}"
+    );
     // And on argv.
     let (ok, out, _) = ctl(&dir, &logs, &["ps"], "");
     assert!(ok);

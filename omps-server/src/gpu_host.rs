@@ -175,6 +175,10 @@ pub struct HostGpu {
     stuck: std::sync::Mutex<bool>,
     unstuck: std::sync::Condvar,
     completions: std::sync::atomic::AtomicUsize,
+    /// How many queries each event answers "not yet" before it passes, as a fence just
+    /// recorded on a real GPU does for some microseconds; with how many each has had.
+    fence_lag: AtomicU32,
+    queried: Mutex<BTreeMap<u64, u32>>,
     /// Module loads asked of it.
     loads: std::sync::atomic::AtomicUsize,
     /// Launches asked of it.
@@ -192,6 +196,11 @@ impl HostGpu {
     pub fn stick_releases(&self, on: bool) {
         *self.stuck.lock().unwrap() = on;
         self.unstuck.notify_all();
+    }
+
+    /// Makes every event answer its first `n` queries with "not yet".
+    pub fn lag_fences(&self, n: u32) {
+        self.fence_lag.store(n, Ordering::Relaxed);
     }
 
     fn wait_unless_stuck(&self) {
@@ -222,6 +231,8 @@ impl HostGpu {
             stuck: Default::default(),
             unstuck: Default::default(),
             completions: std::sync::atomic::AtomicUsize::new(0),
+            fence_lag: Default::default(),
+            queried: Default::default(),
             loads: Default::default(),
             launches: Default::default(),
             state: Mutex::new(State {
@@ -987,11 +998,13 @@ impl Gpu for HostGpu {
     }
 
     fn event_destroy(&self, ev: u64) -> GpuResult<()> {
+        self.queried.lock().unwrap().remove(&ev);
         let mut st = self.state.lock().unwrap();
         st.events.remove(&ev).ok_or(CuError(code::INVALID_HANDLE))
     }
 
     fn event_record(&self, ev: u64, s: usize) -> GpuResult<()> {
+        self.queried.lock().unwrap().remove(&ev);
         let mut st = self.state.lock().unwrap();
         st.check()?;
         st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE))?;
@@ -1022,6 +1035,15 @@ impl Gpu for HostGpu {
             let st = self.state.lock().unwrap();
             st.check()?;
             st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE))?;
+        }
+        let lag = self.fence_lag.load(Ordering::Relaxed);
+        if lag > 0 {
+            let mut q = self.queried.lock().unwrap();
+            let n = q.entry(ev).or_default();
+            if *n < lag {
+                *n += 1;
+                return Ok(false);
+            }
         }
         // The stuck switch plays a kernel that runs long: nothing recorded completes.
         Ok(!*self.stuck.lock().unwrap())

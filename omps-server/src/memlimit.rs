@@ -15,6 +15,7 @@
 //! which every GPU reaches and so counts on each.
 
 use crate::client::{ClientShared, NO_LIMIT};
+use crate::policy::{named, Named};
 use omps_ring::memlimit::{format_size, parse_device, parse_limits, parse_size, DeviceKey};
 use omps_ring::segment::DeviceSnapshot;
 use omps_ring::segment::MAX_DEVICES;
@@ -124,21 +125,6 @@ impl MemLimits {
         gpus: &[DeviceSnapshot],
     ) -> Result<String, String> {
         let dev = |d: &str| parse_device(d).and_then(|k| resolve(&k, gpus));
-        let me = std::process::id().to_string();
-        // The clients a PID names: all of them for the server's own PID.
-        let named = |pid: &str| -> Result<Option<Vec<&Arc<ClientShared>>>, String> {
-            if pid == me {
-                return Ok(None);
-            }
-            let p: i32 = pid.parse().map_err(|_| format!("'{pid}' is not a PID"))?;
-            let v: Vec<_> = clients.iter().filter(|c| c.pid == p).collect();
-            match v.is_empty() {
-                true => Err(format!(
-                    "no client with PID {p}, and {p} is not this server ({me})"
-                )),
-                false => Ok(Some(v)),
-            }
-        };
         match (cmd, args) {
             ("set_default_device_pinned_mem_limit", [d, v]) => {
                 self.server[dev(d)?] = parse_value(v)?;
@@ -147,14 +133,14 @@ impl MemLimits {
             ("get_default_device_pinned_mem_limit", [d]) => Ok(shown(self.server[dev(d)?])),
             ("set_device_pinned_mem_limit", [pid, d, v]) => {
                 let (d, bytes) = (dev(d)?, parse_value(v)?);
-                match named(pid)? {
-                    None => {
+                match named(clients, pid)? {
+                    Named::Server => {
                         self.server[d] = bytes;
                         clients
                             .iter()
                             .for_each(|c| c.mem_limit[d].store(bytes, Ordering::Relaxed));
                     }
-                    Some(v) => v
+                    Named::Clients(v) => v
                         .iter()
                         .for_each(|c| c.mem_limit[d].store(bytes, Ordering::Relaxed)),
                 }
@@ -162,9 +148,9 @@ impl MemLimits {
             }
             ("get_device_pinned_mem_limit", [pid, d]) => {
                 let d = dev(d)?;
-                Ok(shown(match named(pid)? {
-                    None => self.server[d],
-                    Some(v) => v[0].limit(d).unwrap_or(NO_LIMIT),
+                Ok(shown(match named(clients, pid)? {
+                    Named::Server => self.server[d],
+                    Named::Clients(v) => v[0].limit(d).unwrap_or(NO_LIMIT),
                 }))
             }
             _ => Err(format!("usage: {}", usage(cmd))),

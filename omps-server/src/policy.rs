@@ -262,24 +262,34 @@ impl Policy {
             ("get_default_active_thread_percentage", []) => {
                 ok(&format!("{}\n", pct_text(self.default_milli_pct)))
             }
+            // A client's PID sets that client's; the server's own PID (as under MPS, where
+            // it names the server instance) the server's, for its clients now and to come.
             ("set_active_thread_percentage", [pid, v]) => {
                 let Some(p) = wire::parse_percentage(v) else {
                     return fail(format!("'{v}' is not a percentage in (0, 100]"));
                 };
-                of_pid(clients, pid).map_or_else(fail, |cs| {
+                let set = |cs: &[Arc<ClientShared>]| {
                     cs.iter()
-                        .for_each(|c| c.thread_milli_pct.store(p, Ordering::Relaxed));
-                    ok(&format!("{}\n", pct_text(p)))
-                })
+                        .for_each(|c| c.thread_milli_pct.store(p, Ordering::Relaxed))
+                };
+                match named(clients, pid) {
+                    Ok(Named::Server) => {
+                        self.default_milli_pct = p;
+                        set(clients);
+                    }
+                    Ok(Named::Clients(cs)) => set(&cs),
+                    Err(why) => return fail(why),
+                }
+                ok(&format!("{}\n", pct_text(p)))
             }
-            ("get_active_thread_percentage", [pid]) => {
-                of_pid(clients, pid).map_or_else(fail, |cs| {
-                    ok(&format!(
-                        "{}\n",
-                        pct_text(cs[0].thread_milli_pct.load(Ordering::Relaxed))
-                    ))
-                })
-            }
+            ("get_active_thread_percentage", [pid]) => match named(clients, pid) {
+                Ok(Named::Server) => ok(&format!("{}\n", pct_text(self.default_milli_pct))),
+                Ok(Named::Clients(cs)) => ok(&format!(
+                    "{}\n",
+                    pct_text(cs[0].thread_milli_pct.load(Ordering::Relaxed))
+                )),
+                Err(why) => fail(why),
+            },
             ("sm_partition", ["add", uuid, n]) => self.add_partition(uuid, n, gpus),
             ("sm_partition", ["rm", both]) => match both.split_once('/') {
                 Some((uuid, id)) => self.remove_partition(uuid, id, clients),
@@ -448,6 +458,26 @@ fn ok(text: &str) -> (bool, String) {
 
 fn fail(why: String) -> (bool, String) {
     (false, format!("{why}\n"))
+}
+
+/// What a PID in a control command names.
+pub enum Named {
+    /// This server: all its clients, and those to come.
+    Server,
+    /// The connected clients of one process (one process may hold several connections).
+    Clients(Vec<Arc<ClientShared>>),
+}
+
+/// What `pid` names: the server's own PID, or a client's.
+pub fn named(clients: &[Arc<ClientShared>], pid: &str) -> Result<Named, String> {
+    let me = std::process::id();
+    match pid.parse::<u32>() {
+        Ok(p) if p == me => Ok(Named::Server),
+        Ok(_) => of_pid(clients, pid)
+            .map(Named::Clients)
+            .map_err(|why| format!("{why}, and {pid} is not this server ({me})")),
+        Err(_) => Err(format!("'{pid}' is not a PID")),
+    }
 }
 
 /// The connected clients of process `pid` (one process may hold several connections).

@@ -581,15 +581,12 @@ impl WorkerCtx {
         self.shared.releaser.wait_idle(Duration::from_secs(10));
     }
 
-    /// Gives back now what the GPU is done with, and waits a little for the releaser: an
+    /// Gives back what the GPU is done with, and waits a little for the releaser: an
     /// allocation that ran out of memory retries after it. Returns whether anything could
-    /// have come back. Only on that path does a worker wait (at most RECLAIM_WAIT).
+    /// have come back. Only on that path does a worker wait (at most 200 ms).
     pub fn reclaim(&mut self) -> bool {
-        const RECLAIM_WAIT: Duration = Duration::from_millis(200);
         let had = self.deferred_len > 0 || !self.shared.releaser.idle();
-        self.poll_deferred();
-        // Frees queued so far complete whether or not the releaser keeps getting more.
-        self.shared.releaser.wait_idle(RECLAIM_WAIT);
+        self.reclaim_until(Duration::from_millis(200), |_| true);
         let _ = self.gpu.settle_frees();
         had
     }
@@ -600,17 +597,31 @@ impl WorkerCtx {
     /// The wait is short (20 ms at most): a client at its limit must not hold up the
     /// other clients of its lane; it gets CUDA_ERROR_OUT_OF_MEMORY sooner instead.
     pub fn reclaim_for(&mut self, client: u32) -> bool {
-        let own = self
-            .deferred
-            .iter()
-            .flatten()
-            .any(|d| d.client.id == client);
-        if !own && self.shared.releaser.idle() {
+        let own = |d: &Deferred| d.client.id == client;
+        if !self.deferred.iter().flatten().any(own) && self.shared.releaser.idle() {
             return false;
         }
-        self.poll_deferred();
-        self.shared.releaser.wait_idle(Duration::from_millis(20));
+        self.reclaim_until(Duration::from_millis(20), own);
         true
+    }
+
+    /// Hands the releaser each deferred release as its fence passes, until none that
+    /// `wanted` picks is left, then waits for the releaser, all within `limit`. A fence
+    /// the worker recorded a moment ago (the free just before a retried allocation) has
+    /// not passed yet: one look would find it not done (PyTorch's empty_cache and retry
+    /// come microseconds apart), so it is looked at again until the limit.
+    fn reclaim_until(&mut self, limit: Duration, wanted: impl Fn(&Deferred) -> bool) {
+        let t = Instant::now();
+        loop {
+            self.poll_deferred();
+            if !self.deferred.iter().flatten().any(&wanted) || t.elapsed() >= limit {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        self.shared
+            .releaser
+            .wait_idle(limit.saturating_sub(t.elapsed()));
     }
 
     /// Completions the lane watches for (tests).

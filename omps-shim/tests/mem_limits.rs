@@ -52,6 +52,19 @@ fn mem_info(c: &Conn) -> (u64, u64) {
 }
 
 #[test]
+fn a_free_whose_fence_has_not_passed_yet_comes_back_for_the_next_allocation() {
+    // PyTorch at its limit frees its cache and retries microseconds later, before the GPU
+    // has reached the fence of the free: the worker must wait for it (briefly), not look
+    // once. Here each fence answers "not yet" to its first 100 queries.
+    let srv = server("fence-lag", "0=1M");
+    srv.gpu.lag_fences(100);
+    let c = connect(&srv, None);
+    let a = try_alloc(&c, 768 * KIB).expect("within the limit");
+    free(&c, a);
+    try_alloc(&c, 1024 * KIB).expect("the freed block is back within the wait");
+}
+
+#[test]
 fn vmm_memory_released_while_mapped_counts_until_unmapped() {
     let srv = server("vmm", "0=1M");
     let c = connect(&srv, None);

@@ -78,23 +78,38 @@ fn an_mps_script_runs_unchanged() {
     // And on argv.
     let (ok, out, _) = ctl(&dir, &logs, &["ps"], "");
     assert!(ok);
+    // MPS's columns at its widths (as its daemon printed them on the H100), then omps's.
     assert!(
-        out.starts_with("PID ID SERVER DEVICE NAMESPACE COMMAND "),
+        out.starts_with(
+            "PID       ID        SERVER         DEVICE                    NAMESPACE      COMMAND        MEM_BYTES"
+        ),
         "{out}"
     );
     let (ok, out, _) = ctl(&dir, &logs, &["device_query"], "");
     assert!(ok);
     assert!(
-        out.starts_with("Default\nDevice Ordinal PCI IDs UUID Name Attributes\n0 "),
+        out.starts_with(
+            "Default\nDevice Ordinal  PCI IDs        UUID                                      Name                              Attributes\n0               "
+        ),
         "{out}"
     );
-    assert!(out.contains(&format!("Server {me}\n")), "{out}");
+    assert!(out.contains(&format!("N/A\n\nServer {me}\n")), "{out}");
+    // -p names a server, as under MPS.
+    let (ok, out, err) = ctl(&dir, &logs, &["ps", "-p", &me], "");
+    assert!(ok && out.starts_with("PID "), "{err}");
+    let (ok, out, _) = ctl(&dir, &logs, &["get_device_client_list"], "");
+    assert!(ok);
+    assert!(
+        out.starts_with("[0] ") && out.ends_with(", omps host test device 0\n"),
+        "{out}"
+    );
     // A failure names what was wrong, and the exit status says so.
     for (cmd, says) in [
         ("get_server_status 1", "no server with PID 1"),
         ("set_default_device_pinned_mem_limit 0 lots", "not a size"),
         ("frobnicate", "unknown or malformed command 'frobnicate'"),
         ("shutdown_server 1", "no server with PID 1"),
+        ("ps -p 1", "no server or client with PID 1"),
     ] {
         let (ok, _, err) = ctl(&dir, &logs, &cmd.split(' ').collect::<Vec<_>>(), "");
         assert!(!ok && err.contains(says), "{cmd}: {err}");

@@ -544,8 +544,20 @@ impl Server {
                     let r = p
                         .into_stream()
                         .and_then(|s| self.accept_client(s, pid, &settings));
-                    if let Err(e) = r {
-                        tracing::warn!(pid, "connection refused: {e}");
+                    match r {
+                        // Killed while it connected (the soak does this a thousand times):
+                        // nothing to warn of.
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::BrokenPipe
+                                    | std::io::ErrorKind::ConnectionReset
+                            ) =>
+                        {
+                            tracing::info!(pid, "client went away while connecting: {e}")
+                        }
+                        Err(e) => tracing::warn!(pid, "connection refused: {e}"),
+                        Ok(()) => {}
                     }
                 }
                 Progress::Command(line) => {

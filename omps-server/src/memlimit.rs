@@ -59,10 +59,10 @@ pub fn resolve_list(spec: &str, gpus: &[DeviceSnapshot]) -> Result<[u64; MAX_DEV
     Ok(out)
 }
 
-/// A limit as the get commands print it.
+/// A limit as the get commands print it: nothing where none is set, as MPS's daemon.
 fn shown(bytes: u64) -> String {
     match bytes {
-        NO_LIMIT => "none\n".into(),
+        NO_LIMIT => String::new(),
         b => format!("{}\n", format_size(b)),
     }
 }

@@ -60,7 +60,7 @@ base_rss=$(rss); base_fds=$(fds); base_gpu=$(gpumem)
 # Where the server's memory lies (heap, files, shared segments) and what its module cache
 # keeps, at each phase: growth that a phase leaves shows up in the line after it.
 phase() {
-    echo "$1: rss $(rss) KiB ($(awk '/^(Rss_Anon|Rss_File|Rss_Shmem)/ {printf "%s %s ", $1, $2}' /proc/$SP/smaps_rollup)) fds $(fds) gpu $(gpumem) MiB; $(ctl stats | grep '^cache' | tr '\n' ' ')" >> "$W/phases.txt"
+    echo "$1: rss $(rss) KiB ($(awk '/^Rss(Anon|File|Shmem):/ {printf "%s %s ", $1, $2}' /proc/$SP/status)) fds $(fds) gpu $(gpumem) MiB; $(ctl stats | grep '^cache' | tr '\n' ' ')" >> "$W/phases.txt"
 }
 phase baseline
 

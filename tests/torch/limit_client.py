@@ -2,7 +2,8 @@
 """A PyTorch client driven line by line on stdin, for the memory-limit tests:
 `info` prints "info FREE TOTAL" (torch.cuda.mem_get_info), `alloc GIB` allocates and
 touches that many GiB and prints "ok" or "oom" (torch.OutOfMemoryError), `free` drops
-every tensor and empties the cache, `matmul` prints a checksum of a fixed product."""
+every tensor and empties the cache (held only in `held`: a name bound to the last one would
+keep it alive past `free`), `matmul` prints a checksum of a fixed product."""
 
 import sys
 
@@ -21,10 +22,9 @@ for line in sys.stdin:
     elif cmd[0] == "alloc":
         n = int(float(cmd[1]) * (1 << 30))
         try:
-            t = torch.empty(n, dtype=torch.uint8, device="cuda")
-            t.fill_(1)
+            held.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
+            held[-1].fill_(1)
             torch.cuda.synchronize()
-            held.append(t)
             print("ok", flush=True)
         except torch.OutOfMemoryError:
             print("oom", flush=True)

@@ -24,8 +24,14 @@ impl Server {
         match words.as_slice() {
             ["status"] => (true, self.status_text()),
             ["ps"] => (true, self.ps_text(None)),
+            // As under MPS, -p names a server (this one: every client); omps also takes a
+            // client's PID.
+            ["ps", "-p", pid] if *pid == me => (true, self.ps_text(None)),
             ["ps", "-p", pid] => match pid.parse::<i32>() {
-                Ok(p) => (true, self.ps_text(Some(p))),
+                Ok(p) if self.clients.values().any(|(c, _)| c.pid == p) => {
+                    (true, self.ps_text(Some(p)))
+                }
+                Ok(p) => (false, format!("ps: no server or client with PID {p} (this server is {me})\n")),
                 Err(_) => (false, format!("ps: '{pid}' is not a PID\n")),
             },
             ["stats"] => (true, self.stats_text()),
@@ -123,12 +129,23 @@ impl Server {
         pids.iter().map(|p| format!("{p}\n")).collect()
     }
 
-    /// Per GPU, its UUID and the PIDs of the clients that have used it.
+    /// Per GPU, a line naming it as MPS does (`[0] 06:00.0, NVIDIA H100 80GB HBM3`), then
+    /// `PID.N` for each process that has used it, N its connections (MPS: contexts).
     fn device_client_list(&self) -> String {
         let mut s = String::new();
         for (g, snap) in self.snapshots.iter().enumerate() {
-            for pid in self.client_pids(Some(g)).lines() {
-                s += &format!("{} {pid}\n", uuid_text(&snap.uuid));
+            let bus = text_of(&snap.pci_bus_id);
+            // "0000:06:00.0" -> "06:00.0"
+            let short = bus.split_once(':').map_or(bus.as_str(), |(_, rest)| rest);
+            s += &format!("[{g}] {short}, {}\n", snap.name_str());
+            let mut per_pid = std::collections::BTreeMap::<i32, usize>::new();
+            for (c, _) in self.clients.values() {
+                if c.used_gpus.load(Ordering::Relaxed) & (1 << g) != 0 {
+                    *per_pid.entry(c.pid).or_default() += 1;
+                }
+            }
+            for (pid, n) in per_pid {
+                s += &format!("{pid}.{n}\n");
             }
         }
         s
@@ -143,25 +160,34 @@ impl Server {
                 format!("device_query: no server with PID {pid} (this server is {me})\n"),
             );
         }
-        let sep = if csv { "," } else { " " };
-        let mut s = String::new();
+        // MPS's daemon pads the columns to these widths (the last is not padded).
+        let row = |cells: [&str; 5]| -> String {
+            let line = match csv {
+                true => cells.join(","),
+                false => cells
+                    .iter()
+                    .zip([16, 15, 42, 34, 0])
+                    .map(|(c, w)| format!("{c:<w$}"))
+                    .collect(),
+            };
+            line + "\n"
+        };
+        let mut sections = Vec::new();
         for section in ["Default".to_string(), format!("Server {me}")] {
-            s += &format!("{section}\n");
-            s += &["Device Ordinal", "PCI IDs", "UUID", "Name", "Attributes"].join(sep);
-            s += "\n";
+            let mut s = format!("{section}\n");
+            s += &row(["Device Ordinal", "PCI IDs", "UUID", "Name", "Attributes"]);
             for (g, snap) in self.snapshots.iter().enumerate() {
-                s += &[
-                    g.to_string(),
-                    text_of(&snap.pci_bus_id),
-                    short_uuid(&snap.uuid),
-                    snap.name_str().to_string(),
-                    "M".to_string(),
-                ]
-                .join(sep);
-                s += "\n";
+                s += &row([
+                    &g.to_string(),
+                    &text_of(&snap.pci_bus_id),
+                    &uuid_text(&snap.uuid),
+                    snap.name_str(),
+                    "N/A",
+                ]);
             }
+            sections.push(s);
         }
-        (true, s)
+        (true, sections.join("\n"))
     }
 
     fn status_text(&self) -> String {
@@ -284,9 +310,20 @@ impl Server {
     /// server handled for it, the server's time on them, its QoS class and its PID in its
     /// own namespace. Clients still being torn down end in "(exiting)".
     fn ps_text(&self, only: Option<i32>) -> String {
-        let mut s = String::from(
-            "PID ID SERVER DEVICE NAMESPACE COMMAND MEM_BYTES LIMIT COMMANDS SERVER_MS QOS NS_PID\n",
-        );
+        let mut s = ps_row(&[
+            "PID",
+            "ID",
+            "SERVER",
+            "DEVICE",
+            "NAMESPACE",
+            "COMMAND",
+            "MEM_BYTES",
+            "LIMIT",
+            "COMMANDS",
+            "SERVER_MS",
+            "QOS",
+            "NS_PID",
+        ]);
         let mut rows: Vec<&Arc<ClientShared>> = self
             .clients
             .values()
@@ -322,20 +359,39 @@ impl Server {
                     ),
                     None => ("-".into(), 0, "-".into()),
                 };
-                s += &format!(
-                    "{} {} {me} {device} {} {command} {mem} {limit} {} {} {} {}{exiting}\n",
-                    c.pid,
-                    c.id,
-                    id.pid_ns,
-                    c.commands.load(Ordering::Relaxed),
-                    c.server_ns.load(Ordering::Relaxed) / 1_000_000,
+                s += &ps_row(&[
+                    &c.pid.to_string(),
+                    &c.id.to_string(),
+                    &me.to_string(),
+                    &device,
+                    &id.pid_ns.to_string(),
+                    &command,
+                    &mem.to_string(),
+                    &limit,
+                    &c.commands.load(Ordering::Relaxed).to_string(),
+                    &(c.server_ns.load(Ordering::Relaxed) / 1_000_000).to_string(),
                     c.qos().name(),
-                    id.ns_pid,
-                );
+                    &format!("{}{exiting}", id.ns_pid),
+                ]);
             }
         }
         s
     }
+}
+
+/// One line of `ps`: MPS's six columns at the widths its daemon pads them to, so that a
+/// script cutting them by position reads the same, then omps's, at least a space apart.
+fn ps_row(cells: &[&str]) -> String {
+    const WIDTHS: [usize; 12] = [10, 10, 15, 26, 15, 15, 12, 8, 10, 10, 17, 0];
+    let mut line = String::new();
+    for (i, (cell, w)) in cells.iter().zip(WIDTHS).enumerate() {
+        if i > 0 && !line.ends_with(' ') {
+            line.push(' ');
+        }
+        line += &format!("{cell:<w$}");
+    }
+    line.truncate(line.trim_end().len());
+    line + "\n"
 }
 
 /// Every command the server knows, for the error that names an unknown one.

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Faults and server death on the GPU (issue 10):
+#  1. A kernel that stores to an unmapped address: every client of the GPU is told (its
+#     next call fails), the server says FAULT, and once those clients are gone it is
+#     ACTIVE again by itself and a new client computes what it computes natively.
+#  2. SIGKILL of the server while clients work: each gets an error within 1 s of the kill
+#     (none hangs), and a server started again serves a new client at once.
+#   OMPS_BIN=target/release bash scripts/faults/run.sh     (GPU machine)
+set -u
+B=$(cd "${OMPS_BIN:-target/release}" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+W=${1:-/tmp/omps-faults}
+N=${FAULT_CLIENTS:-4}
+rm -rf "$W"; mkdir -p "$W/pipe"; chmod 700 "$W/pipe"
+nvcc -O2 -arch=sm_90 -o "$W/client" "$HERE/fault_client.cu" || exit 1
+"$W/client" once > "$W/native.txt"
+export OMPS_PIPE_DIRECTORY=$W/pipe
+ctl() { timeout 10 "$B/omps-ctl" "$@"; }
+serve() {
+    RUST_LOG=info "$B/omps-server" >> "$W/server.log" 2>&1 &
+    SP=$!
+    for _ in $(seq 200); do ctl get_server_list > /dev/null 2>&1 && break; sleep 0.05; done
+}
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+fail=0
+verdict() { if [ "$2" = PASS ]; then echo ">>> $1: PASS"; else echo ">>> $1: FAIL ($2)"; fail=1; fi; }
+start_loops() { # n: clients that work until an error, each waited for until ready
+    LOOPS=()
+    for i in $(seq "$1"); do
+        LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" loop > "$W/loop$i.out" 2>&1 &
+        LOOPS+=($!)
+    done
+    for i in $(seq "$1"); do
+        for _ in $(seq 200); do grep -q ready "$W/loop$i.out" && break; sleep 0.05; done
+    done
+}
+
+# 1. A fault.
+serve
+start_loops "$N"
+LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" fault > "$W/fault.out" 2>&1
+echo "faulting client: $(cat "$W/fault.out")"
+wait "${LOOPS[@]}"
+told=0
+for i in $(seq "$N"); do grep -q '^error ' "$W/loop$i.out" && told=$((told + 1)); echo "  client $i: $(tail -n 1 "$W/loop$i.out")"; done
+verdict "fault: every client of the GPU told ($told of $N)" "$([ $told = "$N" ] && echo PASS || echo "$told of $N")"
+t=$(date +%s%N); st=""
+for _ in $(seq 100); do st=$(ctl get_server_status "$SP"); [ "$st" = ACTIVE ] && break; sleep 0.1; done
+echo "server status $(ms_since "$t") ms after its clients left: $st"
+verdict "fault: ACTIVE again by itself" "$([ "$st" = ACTIVE ] && echo PASS || echo "$st")"
+LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" once > "$W/after_fault.txt" 2>&1
+verdict "fault: a new client computes as natively" "$(cmp -s "$W/native.txt" "$W/after_fault.txt" && echo PASS || cat "$W/after_fault.txt")"
+
+# 2. The server killed.
+start_loops "$N"
+kill -9 "$SP"; k=$(date +%s%N)
+wait "$SP" 2>/dev/null
+for i in $(seq "$N"); do wait "${LOOPS[$((i - 1))]}"; echo "  client $i exited rc $? $(ms_since "$k") ms after the kill: $(tail -n 1 "$W/loop$i.out")"; done
+slow=0
+for i in $(seq "$N"); do
+    at=$(awk '/^error / {print $NF}' "$W/loop$i.out")
+    if [ -z "$at" ] || [ $(( (at - k) / 1000000 )) -gt 1000 ]; then slow=$((slow + 1)); else echo "  client $i: error $(( (at - k) / 1000000 )) ms after the kill"; fi
+done
+verdict "server killed: every client gets an error within 1 s" "$([ $slow = 0 ] && echo PASS || echo "$slow late or none")"
+t=$(date +%s%N)
+serve
+LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" once > "$W/after_restart.txt" 2>&1
+echo "restarted server: a client done $(ms_since "$t") ms after the start"
+verdict "server restarted: serves a new client at once" "$(cmp -s "$W/native.txt" "$W/after_restart.txt" && echo PASS || cat "$W/after_restart.txt")"
+ctl quit > /dev/null; wait "$SP"
+grep -c panicked "$W/server.log" | sed 's/^/server log panics: /'
+[ $fail = 0 ] && echo "faults: PASS" || { echo "faults: FAIL"; tail -n 30 "$W/server.log"; exit 1; }

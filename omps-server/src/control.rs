@@ -46,6 +46,9 @@ pub struct ServerConfig {
     /// Where to serve Prometheus metrics over HTTP (`--metrics ADDR`, OMPS_METRICS);
     /// None: only `omps-ctl metrics` shows them.
     pub metrics: Option<std::net::SocketAddr>,
+    /// Whether the server may start itself again (exec, same PID) when a faulted GPU's
+    /// context cannot be recreated; never where the server runs inside another program.
+    pub restart_when_stuck: bool,
 }
 
 impl ServerConfig {
@@ -64,6 +67,7 @@ impl ServerConfig {
             default_thread_pct: None,
             default_mem_limit: None,
             metrics: None,
+            restart_when_stuck: false,
         }
     }
 
@@ -97,8 +101,22 @@ impl ServerConfig {
             metrics: std::env::var("OMPS_METRICS")
                 .ok()
                 .and_then(|a| a.parse().ok()),
+            restart_when_stuck: true,
         }
     }
+}
+
+/// Replaces this process by a new run of the same server (same PID, arguments and
+/// environment); returns only if that fails.
+fn restart_self(log: &mut control_log::ControlLog) -> io::Error {
+    use std::os::unix::process::CommandExt;
+    tracing::error!("a faulted GPU's context cannot be recreated; the server starts again");
+    log.line("Server restarting: a faulted GPU's context could not be recreated");
+    let e = std::process::Command::new("/proc/self/exe")
+        .args(std::env::args_os().skip(1))
+        .exec();
+    tracing::error!("restarting the server failed: {e}");
+    e
 }
 
 /// The PID file MPS's control daemon keeps in the pipe directory.
@@ -401,8 +419,13 @@ impl Server {
 
     /// Serves until `quit`.
     pub fn run(mut self) -> io::Result<()> {
+        let mut restart = false;
         while !self.quit {
             self.poll_once()?;
+            if self.cfg.restart_when_stuck && self.stuck_in_fault() {
+                restart = true;
+                self.quit = true;
+            }
         }
         for w in &mut self.workers {
             w.send(ToWorker::Quit);
@@ -414,9 +437,22 @@ impl Server {
         }
         let _ = std::fs::remove_file(&self.socket_path);
         let _ = std::fs::remove_file(self.cfg.pipe_dir.join(PID_FILE));
+        if restart {
+            return Err(restart_self(&mut self.control_log));
+        }
         self.control_log.line("Server exited");
         tracing::info!("omps server stopped");
         Ok(())
+    }
+
+    /// A faulted GPU whose context the driver will not recreate, with no client of the
+    /// server left to lose: the server is better started again.
+    fn stuck_in_fault(&self) -> bool {
+        self.clients.is_empty()
+            && self
+                .gpu_shared
+                .iter()
+                .any(|g| g.reset_failures.load(Ordering::SeqCst) >= worker::RESETS_BEFORE_RESTART)
     }
 
     fn poll_once(&mut self) -> io::Result<()> {

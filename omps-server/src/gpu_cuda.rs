@@ -495,25 +495,40 @@ impl Gpu for CudaGpu {
     }
 
     fn reset(&self) -> GpuResult<()> {
+        let step = |what: &'static str| {
+            move |e: CuError| {
+                tracing::error!("context reset: {what} failed: CUDA error {}", e.0);
+                e
+            }
+        };
+        // The confined streams and their green contexts first: the primary context's
+        // reset does not reach them.
+        for cell in &self.streams[self.layout.base()..] {
+            let st = cell.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            if !st.is_null() {
+                // SAFETY: a stream of a green context, used by no client (none is left).
+                let _ = unsafe { cu::cuStreamDestroy_v2(st) };
+            }
+        }
+        self.green.destroy_all();
         // SAFETY: called by the worker once no client of this GPU is left; the reset
         // destroys everything the context held, and the primary context stays current.
-        ck(unsafe { cu::cuDevicePrimaryCtxReset_v2(self.dev) })?;
+        ck(unsafe { cu::cuDevicePrimaryCtxReset_v2(self.dev) })
+            .map_err(step("cuDevicePrimaryCtxReset"))?;
         let mut ctx = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the reference from open() was dropped by the reset.
-        ck(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, self.dev) })?;
+        ck(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, self.dev) })
+            .map_err(step("cuDevicePrimaryCtxRetain"))?;
         if ctx != self.ctx {
             tracing::error!("the primary context changed handle across a reset");
             return Err(CuError(code::UNKNOWN));
         }
         // SAFETY: ctx is retained; make it current here again.
-        ck(unsafe { cu::cuCtxSetCurrent(ctx) })?;
-        // The confined streams went with their green contexts' work; made again at use.
-        for cell in &self.streams[self.layout.base()..] {
-            cell.store(std::ptr::null_mut(), Ordering::Release);
-        }
+        ck(unsafe { cu::cuCtxSetCurrent(ctx) }).map_err(step("cuCtxSetCurrent"))?;
+        // The confined streams are made again at use.
         self.green.remake();
         self.rebind();
-        self.create_streams()
+        self.create_streams().map_err(step("creating the streams"))
     }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {

@@ -54,6 +54,11 @@ struct Deferred {
     release: Release,
 }
 
+/// Failed context recreations after which the server starts itself again (about 0.1 s:
+/// a lane retries every 5 ms). A context the driver will not reset in a process is new in
+/// a new process, and by then no client is connected to lose.
+pub const RESETS_BEFORE_RESTART: u32 = 20;
+
 /// What the lanes of one GPU share. A GPU is served by several worker threads (lanes),
 /// each owning a subset of its clients, so that launches from many clients are submitted
 /// in parallel (one thread caps near 300k launches/s); what must be decided for the whole
@@ -66,6 +71,9 @@ pub struct GpuShared {
     pub faulted: Arc<std::sync::atomic::AtomicBool>,
     /// The sticky error of a fault, 0 when none: every lane fails its clients with it.
     fault_code: std::sync::atomic::AtomicI32,
+    /// Failed attempts to recreate the context after a fault, in a row (the control
+    /// thread restarts the server past [`RESETS_BEFORE_RESTART`]).
+    pub reset_failures: std::sync::atomic::AtomicU32,
     /// Sessions on all lanes; the context is recreated after a fault once it is 0.
     sessions: std::sync::atomic::AtomicUsize,
     /// Bumped when the context is recreated: every lane then remakes its events.
@@ -103,6 +111,7 @@ impl GpuShared {
             limits: Default::default(),
             faulted,
             fault_code: Default::default(),
+            reset_failures: Default::default(),
             sessions: Default::default(),
             generation,
             pass_lock: Default::default(),
@@ -264,17 +273,21 @@ impl WorkerCtx {
             Ok(events) => {
                 self.scratch_events = events;
                 self.fault = None;
+                self.shared.reset_failures.store(0, Ordering::SeqCst);
                 self.shared.faulted.store(false, Ordering::SeqCst);
                 tracing::info!(
                     gpu = dev,
                     "context recreated after the fault; accepting clients again"
                 );
             }
-            Err(e) => tracing::error!(
-                gpu = dev,
-                "recreating the context failed: CUDA error {}",
-                e.0
-            ),
+            Err(e) => {
+                self.shared.reset_failures.fetch_add(1, Ordering::SeqCst);
+                tracing::error!(
+                    gpu = dev,
+                    "recreating the context failed: CUDA error {}",
+                    e.0
+                );
+            }
         }
     }
 

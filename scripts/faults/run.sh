@@ -46,7 +46,8 @@ for i in $(seq "$N"); do grep -q '^error ' "$W/loop$i.out" && told=$((told + 1))
 verdict "fault: every client of the GPU told ($told of $N)" "$([ $told = "$N" ] && echo PASS || echo "$told of $N")"
 t=$(date +%s%N); st=""
 for _ in $(seq 100); do st=$(ctl get_server_status "$SP"); [ "$st" = ACTIVE ] && break; sleep 0.1; done
-echo "server status $(ms_since "$t") ms after its clients left: $st"
+echo "server status $(ms_since "$t") ms after its clients left: $st (how: $(grep -o 'context recreated after the fault\|the server starts again' "$W/server.log" | sort | uniq -c | tr '\n' ' '))"
+grep 'context reset: ' "$W/server.log" | head -n 3
 verdict "fault: ACTIVE again by itself" "$([ "$st" = ACTIVE ] && echo PASS || echo "$st")"
 LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" once > "$W/after_fault.txt" 2>&1
 verdict "fault: a new client computes as natively" "$(cmp -s "$W/native.txt" "$W/after_fault.txt" && echo PASS || cat "$W/after_fault.txt")"
@@ -58,7 +59,7 @@ wait "$SP" 2>/dev/null
 for i in $(seq "$N"); do wait "${LOOPS[$((i - 1))]}"; echo "  client $i exited rc $? $(ms_since "$k") ms after the kill: $(tail -n 1 "$W/loop$i.out")"; done
 slow=0
 for i in $(seq "$N"); do
-    at=$(awk '/^error / {print $NF}' "$W/loop$i.out")
+    at=$(awk '/^error .* at [0-9]+$/ {print $NF}' "$W/loop$i.out")
     if [ -z "$at" ] || [ $(( (at - k) / 1000000 )) -gt 1000 ]; then slow=$((slow + 1)); else echo "  client $i: error $(( (at - k) / 1000000 )) ms after the kill"; fi
 done
 verdict "server killed: every client gets an error within 1 s" "$([ $slow = 0 ] && echo PASS || echo "$slow late or none")"

@@ -112,6 +112,19 @@ fn restart_self(log: &mut control_log::ControlLog) -> io::Error {
     use std::os::unix::process::CommandExt;
     tracing::error!("a faulted GPU's context cannot be recreated; the server starts again");
     log.line("Server restarting: a faulted GPU's context could not be recreated");
+    // Nothing of this process may reach the new one: the driver's device files most of
+    // all, which would keep the broken context's memory.
+    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+        let fds: Vec<i32> = dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|&fd| fd > 2)
+            .collect();
+        for fd in fds {
+            // SAFETY: F_SETFD on a descriptor number changes only its close-on-exec flag;
+            // one that closed meanwhile just fails.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
     let e = std::process::Command::new("/proc/self/exe")
         .args(std::env::args_os().skip(1))
         .exec();

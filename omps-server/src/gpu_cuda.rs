@@ -501,16 +501,6 @@ impl Gpu for CudaGpu {
                 e
             }
         };
-        // The confined streams and their green contexts first: the primary context's
-        // reset does not reach them.
-        for cell in &self.streams[self.layout.base()..] {
-            let st = cell.swap(std::ptr::null_mut(), Ordering::AcqRel);
-            if !st.is_null() {
-                // SAFETY: a stream of a green context, used by no client (none is left).
-                let _ = unsafe { cu::cuStreamDestroy_v2(st) };
-            }
-        }
-        self.green.destroy_all();
         // SAFETY: called by the worker once no client of this GPU is left; the reset
         // destroys everything the context held, and the primary context stays current.
         ck(unsafe { cu::cuDevicePrimaryCtxReset_v2(self.dev) })
@@ -525,7 +515,10 @@ impl Gpu for CudaGpu {
         }
         // SAFETY: ctx is retained; make it current here again.
         ck(unsafe { cu::cuCtxSetCurrent(ctx) }).map_err(step("cuCtxSetCurrent"))?;
-        // The confined streams are made again at use.
+        // The confined streams went with their green contexts' work; made again at use.
+        for cell in &self.streams[self.layout.base()..] {
+            cell.store(std::ptr::null_mut(), Ordering::Release);
+        }
         self.green.remake();
         self.rebind();
         self.create_streams().map_err(step("creating the streams"))

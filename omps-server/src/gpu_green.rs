@@ -182,25 +182,6 @@ impl Green {
         Ok(s)
     }
 
-    /// Destroys every slot's green context (their streams must be gone first), before a
-    /// context reset: they are contexts of their own, which a primary context reset
-    /// leaves as they are, faulted too when the fault happened in one.
-    pub fn destroy_all(&self) {
-        for cell in &self.slots {
-            let g = cell.swap(std::ptr::null_mut(), Ordering::AcqRel);
-            if !g.is_null() {
-                // SAFETY: a green context this slot held; no stream of it is left, and no
-                // client is left to use it.
-                if let Err(e) = ck(unsafe { cu::cuGreenCtxDestroy(g) }) {
-                    tracing::warn!(
-                        "destroying a green context for the reset: CUDA error {}",
-                        e.0
-                    );
-                }
-            }
-        }
-    }
-
     /// After the primary context was reset (no client is left): remakes every slot.
     pub fn remake(&self) {
         let sets = self.sets.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -18,8 +18,9 @@
 #      LD_LIBRARY_PATH=$OMPS_LIBDIR, a temporary directory in which
 #      libcuda.so.1 and libcuda.so are symlinks to libomps_shim.so, so that
 #      cudart's dlopen("libcuda.so.1") finds the shim; diffs both against
-#      native. kernel_fault runs last and the omps server is restarted after
-#      each of its omps runs (a fault may leave the server's context broken);
+#      native. kernel_fault and device_assert run last; after each of their omps
+#      runs the server must be ACTIVE again by itself within 10 s (else it is
+#      restarted and the run fails);
 #  6b. device printf beside others: rt/device_printf under omps while 2
 #      bench_overhead clients run beside it; its output must match native;
 #   2. concurrency: N = 1, 4, 8 copies of spin_concurrency started at one
@@ -98,7 +99,7 @@ RT_PROGS="device_props error_names vector_add memset memcpy2d3d memcpy_default p
           texture_surface vmm_ipc dyn_parallel graph_queries conditional_nodes conditional_capture
           capture_modes graph_captured_child multi_gpu
           ipc_memory kernel_fault device_assert"
-RT_FAULT_PROGS="kernel_fault device_assert"          # the omps server is restarted after each omps run of these
+RT_FAULT_PROGS="kernel_fault device_assert"          # after each omps run of these the server must be ACTIVE again by itself
 RT_ARCH=${RT_ARCH:-sm_90}
 BENCH_KEYS="launch_async launch_sync sync_idle h2d_4b_pageable d2h_4b_pageable d2h_4b_pinned malloc_free_1mib h2d_bw_pinned h2d_bw_pageable"
 
@@ -185,6 +186,21 @@ ensure_omps() {
 }
 
 restart_omps() { stop_omps; start_omps || { log "omps-server failed to start"; note_fail; }; }
+
+# After a GPU fault the server recovers by itself once the faulting client is gone
+# (recreating its context, or starting itself again under the same PID).
+await_active() {
+    local t0 st; t0=$(now_ns)
+    while [ $(( $(now_ns) - t0 )) -lt 10000000000 ]; do
+        st=$(ctl get_server_status "$SERVER_PID" 2>/dev/null)
+        if [ "$st" = ACTIVE ]; then
+            log "omps-server ACTIVE again $(( ($(now_ns) - t0) / 1000000 )) ms after the faulting client ended"
+            return 0
+        fi
+        sleep 0.05
+    done
+    return 1
+}
 
 start_omps() {
     SERVER_N=$((SERVER_N + 1))
@@ -691,7 +707,9 @@ rt_omps_run() { # prog mode
             grep Assertion "$WORK/rt.$p.native.err" "$o.err" | head -n 10 | sed 's/^/    /'
             [ "$v" = PASS ] && v="PASS, assert message differs"
         fi
-        in_list "$p" "$RT_FAULT_PROGS" && restart_omps
+        if in_list "$p" "$RT_FAULT_PROGS" && ! await_active; then
+            v="$v; server not ACTIVE again within 10 s"; note_fail; restart_omps
+        fi
     fi
     if [ "$mode" = preload ]; then RT_PRE[$p]=$v; else RT_LIB[$p]=$v; fi
 }

@@ -46,9 +46,6 @@ pub struct ServerConfig {
     /// Where to serve Prometheus metrics over HTTP (`--metrics ADDR`, OMPS_METRICS);
     /// None: only `omps-ctl metrics` shows them.
     pub metrics: Option<std::net::SocketAddr>,
-    /// Whether the server may start itself again (exec, same PID) when a faulted GPU's
-    /// context cannot be recreated; never where the server runs inside another program.
-    pub restart_when_stuck: bool,
 }
 
 impl ServerConfig {
@@ -67,7 +64,6 @@ impl ServerConfig {
             default_thread_pct: None,
             default_mem_limit: None,
             metrics: None,
-            restart_when_stuck: false,
         }
     }
 
@@ -101,17 +97,23 @@ impl ServerConfig {
             metrics: std::env::var("OMPS_METRICS")
                 .ok()
                 .and_then(|a| a.parse().ok()),
-            restart_when_stuck: true,
         }
     }
 }
 
+/// How [`Server::run_to_end`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// `quit` (or `shutdown_server`).
+    Quit,
+    /// A faulted GPU's context could not be recreated: start the server again.
+    Restart,
+}
+
 /// Replaces this process by a new run of the same server (same PID, arguments and
 /// environment); returns only if that fails.
-fn restart_self(log: &mut control_log::ControlLog) -> io::Error {
+pub fn restart_self() -> io::Error {
     use std::os::unix::process::CommandExt;
-    tracing::error!("a faulted GPU's context cannot be recreated; the server starts again");
-    log.line("Server restarting: a faulted GPU's context could not be recreated");
     // Nothing of this process may reach the new one: the driver's device files most of
     // all, which would keep the broken context's memory.
     if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
@@ -125,11 +127,9 @@ fn restart_self(log: &mut control_log::ControlLog) -> io::Error {
             unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
     }
-    let e = std::process::Command::new("/proc/self/exe")
+    std::process::Command::new("/proc/self/exe")
         .args(std::env::args_os().skip(1))
-        .exec();
-    tracing::error!("restarting the server failed: {e}");
-    e
+        .exec()
 }
 
 /// The PID file MPS's control daemon keeps in the pipe directory.
@@ -430,13 +430,30 @@ impl Server {
         })
     }
 
-    /// Serves until `quit`.
-    pub fn run(mut self) -> io::Result<()> {
-        let mut restart = false;
+    /// Serves until `quit`; an error if a faulted GPU's context could not be recreated
+    /// ([`Server::run_to_end`] says so instead).
+    pub fn run(self) -> io::Result<()> {
+        match self.run_to_end()? {
+            Ending::Quit => Ok(()),
+            Ending::Restart => Err(io::Error::other(
+                "a faulted GPU's context could not be recreated; start the server again",
+            )),
+        }
+    }
+
+    /// Serves until `quit`, or until a faulted GPU's context cannot be recreated and no
+    /// client is left: then the server should start again ([`restart_self`]).
+    pub fn run_to_end(mut self) -> io::Result<Ending> {
+        let mut ending = Ending::Quit;
         while !self.quit {
             self.poll_once()?;
-            if self.cfg.restart_when_stuck && self.stuck_in_fault() {
-                restart = true;
+            if self.stuck_in_fault() {
+                tracing::error!(
+                    "a faulted GPU's context cannot be recreated; the server stops to start again"
+                );
+                self.control_log
+                    .line("Server restarting: a faulted GPU's context could not be recreated");
+                ending = Ending::Restart;
                 self.quit = true;
             }
         }
@@ -450,12 +467,11 @@ impl Server {
         }
         let _ = std::fs::remove_file(&self.socket_path);
         let _ = std::fs::remove_file(self.cfg.pipe_dir.join(PID_FILE));
-        if restart {
-            return Err(restart_self(&mut self.control_log));
+        if ending == Ending::Quit {
+            self.control_log.line("Server exited");
+            tracing::info!("omps server stopped");
         }
-        self.control_log.line("Server exited");
-        tracing::info!("omps server stopped");
-        Ok(())
+        Ok(ending)
     }
 
     /// A faulted GPU whose context the driver will not recreate, with no client of the

@@ -29,6 +29,7 @@ pub mod code {
     pub const NOT_READY: i32 = 600;
     pub const ILLEGAL_ADDRESS: i32 = 700;
     pub const ASSERT: i32 = 710;
+    pub const NOT_PERMITTED: i32 = 800;
     pub const LAUNCH_FAILED: i32 = 719;
     pub const NOT_SUPPORTED: i32 = 801;
     pub const MPS_CONNECTION_FAILED: i32 = 805;

@@ -179,6 +179,9 @@ pub struct HostGpu {
     /// recorded on a real GPU does for some microseconds; with how many each has had.
     fence_lag: AtomicU32,
     queried: Mutex<BTreeMap<u64, u32>>,
+    /// While set, context resets fail (CUDA_ERROR_NOT_PERMITTED), as the H100's did after
+    /// a fault.
+    resets_fail: std::sync::atomic::AtomicBool,
     /// Module loads asked of it.
     loads: std::sync::atomic::AtomicUsize,
     /// Launches asked of it.
@@ -196,6 +199,11 @@ impl HostGpu {
     pub fn stick_releases(&self, on: bool) {
         *self.stuck.lock().unwrap() = on;
         self.unstuck.notify_all();
+    }
+
+    /// Makes context resets fail while `on`.
+    pub fn fail_resets(&self, on: bool) {
+        self.resets_fail.store(on, Ordering::Relaxed);
     }
 
     /// Makes every event answer its first `n` queries with "not yet".
@@ -233,6 +241,7 @@ impl HostGpu {
             completions: std::sync::atomic::AtomicUsize::new(0),
             fence_lag: Default::default(),
             queried: Default::default(),
+            resets_fail: Default::default(),
             loads: Default::default(),
             launches: Default::default(),
             state: Mutex::new(State {
@@ -488,6 +497,9 @@ impl Gpu for HostGpu {
     }
 
     fn reset(&self) -> GpuResult<()> {
+        if self.resets_fail.load(Ordering::Relaxed) {
+            return Err(CuError(code::NOT_PERMITTED));
+        }
         let mut st = self.state.lock().unwrap();
         st.sticky = None;
         st.events.clear();

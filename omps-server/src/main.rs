@@ -119,8 +119,15 @@ fn main() -> ExitCode {
         "omps-server: serving {count} GPU(s) on {}",
         cfg.pipe_dir.join(omps_ring::sock::SOCKET_NAME).display()
     );
-    match server.run() {
-        Ok(()) => ExitCode::SUCCESS,
+    match server.run_to_end() {
+        Ok(omps_server::control::Ending::Quit) => ExitCode::SUCCESS,
+        Ok(omps_server::control::Ending::Restart) => {
+            // The driver would not recreate the context in this process; a new process
+            // gets a new one (same PID, so get_server_list and the PID file stay true).
+            let e = omps_server::control::restart_self();
+            omps_server::say!("omps-server: starting again failed: {e}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             omps_server::say!("omps-server: {e}");
             ExitCode::FAILURE

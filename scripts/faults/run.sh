@@ -46,7 +46,7 @@ for i in $(seq "$N"); do grep -q '^error ' "$W/loop$i.out" && told=$((told + 1))
 verdict "fault: every client of the GPU told ($told of $N)" "$([ $told = "$N" ] && echo PASS || echo "$told of $N")"
 t=$(date +%s%N); st=""
 for _ in $(seq 100); do st=$(ctl get_server_status "$SP"); [ "$st" = ACTIVE ] && break; sleep 0.1; done
-echo "server status $(ms_since "$t") ms after its clients left: $st (how: $(grep -o 'context recreated after the fault\|the server starts again' "$W/server.log" | sort | uniq -c | tr '\n' ' '))"
+echo "server status $(ms_since "$t") ms after its clients left: $st (how: $(grep -o 'context recreated after the fault\|the server stops to start again' "$W/server.log" | sort | uniq -c | tr '\n' ' '))"
 grep 'context reset: ' "$W/server.log" | head -n 3
 verdict "fault: ACTIVE again by itself" "$([ "$st" = ACTIVE ] && echo PASS || echo "$st")"
 LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" once > "$W/after_fault.txt" 2>&1

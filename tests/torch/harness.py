@@ -101,6 +101,20 @@ class OmpsServer:
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
+    def wait_active(self, timeout=10.0):
+        """Seconds until `get_server_status` says ACTIVE (after a fault the server recovers
+        by itself, under the same PID), or None if it does not within `timeout`."""
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            try:
+                r = self.ctl_run("get_server_status", str(self.proc.pid))
+                if r.stdout.strip() == "ACTIVE":
+                    return time.time() - t0
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(0.05)
+        return None
+
     def stop(self):
         """omps-ctl quit; returns a problem description, or "" if it stopped cleanly."""
         if self.proc is None:

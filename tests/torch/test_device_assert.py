@@ -1,6 +1,7 @@
 """A device-side assert in PyTorch's own (compressed) kernels: the process gets PyTorch's
 RuntimeError and the assert's message on its own stderr, as natively. An assert ends the
-GPU context, which under omps is the server's, so this test runs its own omps server."""
+GPU context, which under omps is the server's, so this test runs its own omps server; the
+server must be ACTIVE again by itself once the process is gone, and serve the next one."""
 
 import subprocess
 from pathlib import Path
@@ -46,8 +47,14 @@ def test_an_asserts_message_reaches_the_process(mode, workdir):
     srv.start()
     try:
         out, asserts = _run(mode.value, workdir, srv.client_env(mode))
+        # The assert faulted the server's context; once its client is gone it is ACTIVE
+        # again by itself, and serves the next PyTorch process as natively.
+        recovered = srv.wait_active()
+        again = _run(mode.value + "-after", workdir, srv.client_env(mode))[0] if recovered is not None else None
     finally:
         problem = srv.stop()
+    assert recovered is not None, f"not ACTIVE 10 s after the fault:\n{tail(srv.server_log, 20)}"
+    assert again == native_out, f"after the recovery:\n{again}\n--- native:\n{native_out}"
     assert out == native_out, f"stdout differs from native:\n{out}\n--- native:\n{native_out}"
     assert asserts == native_asserts, (
         f"assert messages differ from native:\n{asserts}\n--- native:\n{native_asserts}\n--- "

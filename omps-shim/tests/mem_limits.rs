@@ -146,41 +146,12 @@ fn pinned_host_memory_counts_on_every_gpu() {
     let srv = server("pinned", "0=256K");
     let c = connect(&srv, None);
     let len = 192 * KIB as usize;
-    let fd = omps_ring::shm::create_segment("pin-test", len).unwrap();
-    // An address nothing is mapped at (the server maps the client's memfd there; in this
-    // test both live in one process, whose other tests may map there meanwhile: retried).
-    let free_address = || {
-        // SAFETY: an anonymous reservation, given back at once; only its address is used.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            libc::munmap(p, len);
-            p as u64
-        }
-    };
-    use std::os::fd::AsRawFd;
-    const NOT_SUPPORTED: i32 = 801;
-    let mut addr = free_address();
-    let mut pinned = c.host_request(wire::hostmem::PIN, addr, len as u64, Some(fd.as_raw_fd()));
-    for _ in 0..20 {
-        if pinned != Err(NOT_SUPPORTED) {
-            break;
-        }
-        addr = free_address();
-        pinned = c.host_request(wire::hostmem::PIN, addr, len as u64, Some(fd.as_raw_fd()));
-    }
-    pinned.expect("pinned within the limit");
+    let (addr, _fd) = pin_somewhere(&c, len);
     assert_eq!(mem_info(&c).0, 64 * KIB, "pinned host memory counts");
     assert_eq!(try_alloc(&c, 128 * KIB), Err(OOM));
     try_alloc(&c, 64 * KIB).expect("what is left");
     let fd2 = omps_ring::shm::create_segment("pin-test-2", 4096).unwrap();
+    use std::os::fd::AsRawFd;
     assert_eq!(
         c.host_request(
             wire::hostmem::PIN,

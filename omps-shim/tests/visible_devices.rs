@@ -104,3 +104,52 @@ fn a_client_sees_the_gpus_it_names_in_its_order() {
     server.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The pinned bytes `omps-ctl metrics` shows for client `id`.
+fn pinned_bytes(dir: &std::path::Path, id: u32) -> Option<u64> {
+    let (_, m) = ctl_at(&dir.join(omps_ring::sock::SOCKET_NAME), "metrics");
+    let label = format!("client=\"{id}\"");
+    m.lines()
+        .find(|l| l.starts_with("omps_client_pinned_host_bytes{") && l.contains(&label))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn an_unpinned_range_waits_for_the_clients_work_on_every_gpu() {
+    let (dir, gpus, server) = two_gpus("unpin");
+    let c = connect(&dir, &[]).unwrap();
+    let len = 64 << 10;
+    let (addr, _fd) = pin_somewhere(&c, len);
+    c.ping(1).unwrap();
+    assert_eq!(pinned_bytes(&dir, c.client_id()), Some(len as u64));
+    // The client's work on GPU 1 has not finished (its fences answer "not yet"): a copy
+    // there may still read the range, so it stays registered, though GPU 0 is done.
+    gpus[1].stick_releases(true);
+    c.host_request(wire::hostmem::UNPIN, addr, 0, None)
+        .expect("unpin");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        pinned_bytes(&dir, c.client_id()),
+        Some(len as u64),
+        "given back before GPU 1's fence passed"
+    );
+    gpus[1].stick_releases(false);
+    let t = std::time::Instant::now();
+    while pinned_bytes(&dir, c.client_id()) != Some(0)
+        && t.elapsed() < std::time::Duration::from_secs(5)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        pinned_bytes(&dir, c.client_id()),
+        Some(0),
+        "never given back"
+    );
+    drop(c);
+    assert!(ctl_at(&dir.join(omps_ring::sock::SOCKET_NAME), "quit").0);
+    server.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

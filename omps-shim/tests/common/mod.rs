@@ -303,3 +303,44 @@ pub fn vmm_call(
     })?;
     Ok(ch.reply::<omps_ring::wire::U64Reply>().value)
 }
+
+/// Pins `len` bytes of a new memfd for client `c` at an address nothing is mapped at (the
+/// server maps the client's memfd there; in a test both live in one process, whose other
+/// tests may map there meanwhile: retried). Returns the address and the memfd.
+pub fn pin_somewhere(c: &omps_shim::conn::Conn, len: usize) -> (u64, std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    const NOT_SUPPORTED: i32 = 801;
+    let fd = omps_ring::shm::create_segment("pin-test", len).unwrap();
+    let free_address = || {
+        // SAFETY: an anonymous reservation, given back at once; only its address is used.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap(p, len);
+            p as u64
+        }
+    };
+    for _ in 0..20 {
+        let addr = free_address();
+        match c.host_request(
+            omps_ring::wire::hostmem::PIN,
+            addr,
+            len as u64,
+            Some(fd.as_raw_fd()),
+        ) {
+            Err(NOT_SUPPORTED) => continue,
+            r => {
+                r.expect("pinned");
+                return (addr, fd);
+            }
+        }
+    }
+    panic!("no free address to pin at");
+}

@@ -5,7 +5,6 @@
 
 mod common;
 use common::*;
-use omps_ring::wire::{self, Op};
 use omps_server::control::Ending;
 use omps_server::gpu::Gpu;
 use omps_server::gpu_host::HostGpu;
@@ -29,29 +28,9 @@ fn a_context_that_cannot_be_recreated_ends_the_server_for_a_restart_once_clients
     let sock = dir.join(omps_ring::sock::SOCKET_NAME);
     let bystander = Conn::connect_to(&sock).unwrap();
     let culprit = Conn::connect_to(&sock).unwrap();
-    let trap = load_image(&culprit, HOST_MODULE.as_bytes()).unwrap().1;
-    let trap = trap.iter().find(|f| f.0 == "trap").unwrap().1;
-    let launch = wire::Launch {
-        func: trap,
-        grid: [1; 3],
-        block: [1; 3],
-        ..Default::default()
-    };
-    culprit
-        .push(0, Op::Launch, &[bytemuck::bytes_of(&launch)])
-        .unwrap();
+    launch_trap(&culprit);
     // The fault surfaces at the culprit's next synchronization, and every client is told.
-    let mut ch = culprit.channel();
-    let synced = ch.call(0, Op::StreamSync, |call| {
-        bytemuck::bytes_of(&wire::HandleCall {
-            call,
-            id: 0,
-            _pad: 0,
-        })
-        .to_vec()
-    });
-    drop(ch);
-    assert!(synced.is_err());
+    assert!(sync_default_stream(&culprit).is_err());
     let t = std::time::Instant::now();
     while bystander.check_alive().is_ok() && t.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(5));

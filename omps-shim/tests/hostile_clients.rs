@@ -411,28 +411,8 @@ fn a_fault_fails_every_client_refuses_new_ones_and_recovers_once_they_are_gone()
     let srv = TestServer::start("fault");
     let bystander = Conn::connect_to(&srv.socket()).unwrap();
     let culprit = Conn::connect_to(&srv.socket()).unwrap();
-    let funcs = load_image(&culprit, HOST_MODULE.as_bytes()).unwrap().1;
-    let trap = funcs.iter().find(|f| f.0 == "trap").unwrap().1;
-    let launch = wire::Launch {
-        func: trap,
-        grid: [1; 3],
-        block: [1; 3],
-        ..Default::default()
-    };
-    culprit
-        .push(0, Op::Launch, &[bytemuck::bytes_of(&launch)])
-        .unwrap();
-    let sync = |c: &Conn| {
-        let mut ch = c.channel();
-        ch.call(0, Op::StreamSync, |call| {
-            bytemuck::bytes_of(&wire::HandleCall {
-                call,
-                id: 0,
-                _pad: 0,
-            })
-            .to_vec()
-        })
-    };
+    launch_trap(&culprit);
+    let sync = sync_default_stream;
     assert!(
         sync(&culprit).is_err(),
         "the fault surfaces at the next synchronization"

@@ -344,3 +344,36 @@ pub fn pin_somewhere(c: &omps_shim::conn::Conn, len: usize) -> (u64, std::os::fd
     }
     panic!("no free address to pin at");
 }
+
+/// Launches HOST_MODULE's `trap` on client `c`'s default stream: a kernel fault, which
+/// surfaces at its next synchronization.
+pub fn launch_trap(c: &omps_shim::conn::Conn) {
+    let funcs = load_image(c, HOST_MODULE.as_bytes()).unwrap().1;
+    let trap = funcs.iter().find(|f| f.0 == "trap").unwrap().1;
+    let launch = omps_ring::wire::Launch {
+        func: trap,
+        grid: [1; 3],
+        block: [1; 3],
+        ..Default::default()
+    };
+    c.push(
+        0,
+        omps_ring::wire::Op::Launch,
+        &[bytemuck::bytes_of(&launch)],
+    )
+    .unwrap();
+}
+
+/// Synchronizes client `c`'s default stream on GPU 0: the first error since, if any.
+pub fn sync_default_stream(c: &omps_shim::conn::Conn) -> Result<(), i32> {
+    let mut ch = c.channel();
+    ch.call(0, omps_ring::wire::Op::StreamSync, |call| {
+        bytemuck::bytes_of(&omps_ring::wire::HandleCall {
+            call,
+            id: 0,
+            _pad: 0,
+        })
+        .to_vec()
+    })
+    .map(drop)
+}

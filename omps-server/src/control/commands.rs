@@ -365,7 +365,7 @@ impl Server {
                     &me.to_string(),
                     &device,
                     &id.pid_ns.to_string(),
-                    &command,
+                    command,
                     &mem.to_string(),
                     &limit,
                     &c.commands.load(Ordering::Relaxed).to_string(),

@@ -24,9 +24,23 @@ pub fn connect() -> Result<UnixStream, String> {
     Ok(s)
 }
 
-/// Whether a server answers on the pipe directory's socket.
+/// Whether a server answers on the pipe directory's socket, or is starting itself again
+/// after a GPU fault (its PID file names a live omps-server; its socket is back within
+/// about a second).
 pub fn server_running() -> bool {
-    connect().is_ok()
+    connect().is_ok() || restarting()
+}
+
+fn restarting() -> bool {
+    let pid_file = sock::pipe_directory().join(sock::PID_FILE);
+    let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .is_ok_and(|exe| exe.file_name().is_some_and(|n| n == "omps-server"))
 }
 
 /// Sends each command in turn; prints replies. Fails if any command failed. After a

@@ -5,6 +5,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 pub const SOCKET_NAME: &str = "omps.sock";
+
+/// The PID file MPS's control daemon keeps in the pipe directory (the server's PID).
+pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 pub const DEFAULT_PIPE_DIRECTORY: &str = "/tmp/omps-pipe";
 /// Most descriptors one message carries: a segment and a doorbell per GPU.
 pub const MAX_FDS: usize = 1 + crate::segment::MAX_DEVICES;

@@ -114,9 +114,22 @@ pub enum Ending {
 /// environment); returns only if that fails.
 pub fn restart_self() -> io::Error {
     use std::os::unix::process::CommandExt;
-    // Nothing of this process may reach the new one: the driver's device files most of
-    // all, which would keep the broken context's memory.
-    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+    // The new process writes where this one started writing (fds 1 and 2 may be the
+    // printf router's pipes, whose readers end with this image).
+    crate::stdio::restore();
+    // Nothing else of this process may reach the new one: the driver's device files most
+    // of all, which would keep the broken context's memory. close_range (Linux 5.11) marks
+    // them all at once; older kernels get the scan of /proc/self/fd.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets close-on-exec flags.
+    let marked = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
+        )
+    } == 0;
+    if let (false, Ok(dir)) = (marked, std::fs::read_dir("/proc/self/fd")) {
         let fds: Vec<i32> = dir
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
             .filter(|&fd| fd > 2)
@@ -127,13 +140,19 @@ pub fn restart_self() -> io::Error {
             unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
     }
-    std::process::Command::new("/proc/self/exe")
-        .args(std::env::args_os().skip(1))
-        .exec()
+    let mut args = std::env::args_os();
+    // Its own path and name (not /proc/self/exe, whose name is "exe"), so that ps, pgrep
+    // and pidof still find it.
+    let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(name) = args.next() {
+        cmd.arg0(name);
+    }
+    cmd.args(args).exec()
 }
 
 /// The PID file MPS's control daemon keeps in the pipe directory.
-pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+pub const PID_FILE: &str = sock::PID_FILE;
 
 /// Worker threads per GPU by default. The driver's launch rate from one context grows to
 /// about 4 submitting threads (shared/reference/measured-anchors.md), but the workers share
@@ -447,7 +466,8 @@ impl Server {
         let mut ending = Ending::Quit;
         while !self.quit {
             self.poll_once()?;
-            if self.stuck_in_fault() {
+            // An operator's quit or shutdown stands: the server then ends, not restarts.
+            if !self.quit && self.draining.is_none() && self.stuck_in_fault() {
                 tracing::error!(
                     "a faulted GPU's context cannot be recreated; the server stops to start again"
                 );
@@ -466,8 +486,10 @@ impl Server {
             }
         }
         let _ = std::fs::remove_file(&self.socket_path);
-        let _ = std::fs::remove_file(self.cfg.pipe_dir.join(PID_FILE));
+        // A restart keeps the PID (exec), and so the PID file: `omps-ctl -d` meanwhile
+        // sees a server and starts none beside it.
         if ending == Ending::Quit {
+            let _ = std::fs::remove_file(self.cfg.pipe_dir.join(PID_FILE));
             self.control_log.line("Server exited");
             tracing::info!("omps server stopped");
         }

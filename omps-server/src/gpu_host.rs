@@ -175,10 +175,10 @@ pub struct HostGpu {
     stuck: std::sync::Mutex<bool>,
     unstuck: std::sync::Condvar,
     completions: std::sync::atomic::AtomicUsize,
-    /// How many queries each event answers "not yet" before it passes, as a fence just
-    /// recorded on a real GPU does for some microseconds; with how many each has had.
-    fence_lag: AtomicU32,
-    queried: Mutex<BTreeMap<u64, u32>>,
+    /// How long after it is recorded an event passes (microseconds; 0: at once), as a
+    /// fence a real GPU has not reached yet; and when each was recorded.
+    fence_lag_us: std::sync::atomic::AtomicU64,
+    recorded: Mutex<BTreeMap<u64, std::time::Instant>>,
     /// While set, context resets fail (CUDA_ERROR_NOT_PERMITTED), as the H100's did after
     /// a fault.
     resets_fail: std::sync::atomic::AtomicBool,
@@ -206,9 +206,10 @@ impl HostGpu {
         self.resets_fail.store(on, Ordering::Relaxed);
     }
 
-    /// Makes every event answer its first `n` queries with "not yet".
-    pub fn lag_fences(&self, n: u32) {
-        self.fence_lag.store(n, Ordering::Relaxed);
+    /// Makes every event pass only `lag` after it is recorded.
+    pub fn lag_fences(&self, lag: std::time::Duration) {
+        self.fence_lag_us
+            .store(lag.as_micros() as u64, Ordering::Relaxed);
     }
 
     fn wait_unless_stuck(&self) {
@@ -239,8 +240,8 @@ impl HostGpu {
             stuck: Default::default(),
             unstuck: Default::default(),
             completions: std::sync::atomic::AtomicUsize::new(0),
-            fence_lag: Default::default(),
-            queried: Default::default(),
+            fence_lag_us: Default::default(),
+            recorded: Default::default(),
             resets_fail: Default::default(),
             loads: Default::default(),
             launches: Default::default(),
@@ -1010,13 +1011,16 @@ impl Gpu for HostGpu {
     }
 
     fn event_destroy(&self, ev: u64) -> GpuResult<()> {
-        self.queried.lock().unwrap().remove(&ev);
+        self.recorded.lock().unwrap().remove(&ev);
         let mut st = self.state.lock().unwrap();
         st.events.remove(&ev).ok_or(CuError(code::INVALID_HANDLE))
     }
 
     fn event_record(&self, ev: u64, s: usize) -> GpuResult<()> {
-        self.queried.lock().unwrap().remove(&ev);
+        self.recorded
+            .lock()
+            .unwrap()
+            .insert(ev, std::time::Instant::now());
         let mut st = self.state.lock().unwrap();
         st.check()?;
         st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE))?;
@@ -1048,12 +1052,10 @@ impl Gpu for HostGpu {
             st.check()?;
             st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE))?;
         }
-        let lag = self.fence_lag.load(Ordering::Relaxed);
+        let lag = self.fence_lag_us.load(Ordering::Relaxed);
         if lag > 0 {
-            let mut q = self.queried.lock().unwrap();
-            let n = q.entry(ev).or_default();
-            if *n < lag {
-                *n += 1;
+            let recorded = self.recorded.lock().unwrap().get(&ev).copied();
+            if recorded.is_some_and(|t| (t.elapsed().as_micros() as u64) < lag) {
                 return Ok(false);
             }
         }

@@ -159,10 +159,10 @@ impl PrintfRouter {
         }
         let write_ends: [OwnedFd; 2] = write_ends.try_into().expect("two streams");
         if capture {
-            crate::stdio::keep_stderr()?;
+            crate::stdio::keep_stdio()?;
             for (stream, w) in STREAMS.iter().zip(&write_ends) {
                 // SAFETY: dup2 onto fd 1 or 2; the previous one is closed by it, which is
-                // intended (fd 2's original was kept by keep_stderr).
+                // intended (the originals were kept by keep_stdio).
                 if unsafe { libc::dup2(w.as_raw_fd(), *stream as i32 + 1) } < 0 {
                     return Err(io::Error::last_os_error());
                 }

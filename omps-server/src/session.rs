@@ -195,6 +195,18 @@ pub struct Release {
 
 impl Release {
     /// Whether this is one device allocation of `size` bytes and nothing else.
+    /// Whether releasing it gives device memory back.
+    pub fn gives_memory(&self) -> bool {
+        !self.allocs.is_empty()
+            || !self.ipc.is_empty()
+            || !self.ipc_close.is_empty()
+            || self.module_bytes > 0
+            || !self.vmm.handles.is_empty()
+            || self.vmm.released_mapped_bytes > 0
+            || !self.arrays.arrays.is_empty()
+            || !self.arrays.mipmaps.is_empty()
+    }
+
     pub fn is_one_alloc_of(&self, size: u64) -> bool {
         matches!(self.allocs[..], [(_, len)] if len == size)
             && self.pinned.is_empty()

@@ -54,8 +54,8 @@ struct Deferred {
     release: Release,
 }
 
-/// Failed context recreations after which the server starts itself again (about 0.1 s:
-/// a lane retries every 5 ms). A context the driver will not reset in a process is new in
+/// Failed context recreations after which the server starts itself again (0.1 s: lane 0
+/// tries every 5 ms). A context the driver will not reset in a process is new in
 /// a new process, and by then no client is connected to lose.
 pub const RESETS_BEFORE_RESTART: u32 = 20;
 
@@ -163,6 +163,8 @@ pub struct WorkerCtx {
     generation: u64,
     next_work: usize,
     last_fault_check: Instant,
+    /// When lane 0 last tried to recreate a faulted context (tries are 5 ms apart).
+    last_reset_try: Option<Instant>,
     pub fault: Option<i32>,
     /// Dead clients and the host-node slots of their graphs: acknowledged on every pass
     /// until the client's last fence has passed, so replays it queued run through.
@@ -189,6 +191,7 @@ impl WorkerCtx {
             scratch_events,
             next_work: 0,
             last_fault_check: Instant::now(),
+            last_reset_try: None,
             fault: None,
             dead_host_nodes: Vec::new(),
         })
@@ -249,9 +252,13 @@ impl WorkerCtx {
         if self.lane != 0
             || self.shared.sessions.load(Ordering::SeqCst) != 0
             || !self.shared.releaser.idle()
+            || self
+                .last_reset_try
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(5))
         {
             return;
         }
+        self.last_reset_try = Some(Instant::now());
         // No release runs across the reset: one sent meanwhile by a lane that has not seen
         // the reset yet carries the old generation and only settles the books.
         let shared = self.shared.clone();
@@ -281,12 +288,15 @@ impl WorkerCtx {
                 );
             }
             Err(e) => {
-                self.shared.reset_failures.fetch_add(1, Ordering::SeqCst);
-                tracing::error!(
-                    gpu = dev,
-                    "recreating the context failed: CUDA error {}",
-                    e.0
-                );
+                let n = self.shared.reset_failures.fetch_add(1, Ordering::SeqCst);
+                if n.is_multiple_of(100) {
+                    tracing::error!(
+                        gpu = dev,
+                        "recreating the context failed: CUDA error {} ({} tries)",
+                        e.0,
+                        n + 1
+                    );
+                }
             }
         }
     }
@@ -599,7 +609,9 @@ impl WorkerCtx {
     /// have come back. Only on that path does a worker wait (at most 200 ms).
     pub fn reclaim(&mut self) -> bool {
         let had = self.deferred_len > 0 || !self.shared.releaser.idle();
-        self.reclaim_until(Duration::from_millis(200), |_| true);
+        // Only releases that give memory back: a fence behind another client's long kernel
+        // that frees only events or modules is not worth the lane's wait.
+        self.reclaim_until(Duration::from_millis(200), |d| d.release.gives_memory());
         let _ = self.gpu.settle_frees();
         had
     }

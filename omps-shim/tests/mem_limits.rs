@@ -55,9 +55,9 @@ fn mem_info(c: &Conn) -> (u64, u64) {
 fn a_free_whose_fence_has_not_passed_yet_comes_back_for_the_next_allocation() {
     // PyTorch at its limit frees its cache and retries microseconds later, before the GPU
     // has reached the fence of the free: the worker must wait for it (briefly), not look
-    // once. Here each fence answers "not yet" to its first 100 queries.
+    // once. Here each fence passes 5 ms after it is recorded (the worker waits up to 20).
     let srv = server("fence-lag", "0=1M");
-    srv.gpu.lag_fences(100);
+    srv.gpu.lag_fences(std::time::Duration::from_millis(5));
     let c = connect(&srv, None);
     let a = try_alloc(&c, 768 * KIB).expect("within the limit");
     free(&c, a);

@@ -17,7 +17,7 @@ nvcc -O2 -arch=sm_90 -o "$W/client" "$HERE/fault_client.cu" || exit 1
 export OMPS_PIPE_DIRECTORY=$W/pipe
 ctl() { timeout 10 "$B/omps-ctl" "$@"; }
 serve() {
-    RUST_LOG=info "$B/omps-server" >> "$W/server.log" 2>&1 &
+    OMPS_LOG=info "$B/omps-server" >> "$W/server.log" 2>&1 &
     SP=$!
     for _ in $(seq 200); do ctl get_server_list > /dev/null 2>&1 && break; sleep 0.05; done
 }

@@ -19,7 +19,7 @@ SURV_ROUNDS=${SOAK_SURVIVOR_ROUNDS:-4000}
 "$W/client" --survivor "$SURV_ROUNDS" > "$W/native.txt" || { echo "native survivor failed"; exit 1; }
 
 export OMPS_PIPE_DIRECTORY=$W/pipe
-RUST_LOG=warn "$B/omps-server" > "$W/server.log" 2>&1 &
+OMPS_LOG=warn "$B/omps-server" > "$W/server.log" 2>&1 &
 SP=$!
 for _ in $(seq 100); do [ -e "$W/pipe/omps.sock" ] && break; sleep 0.1; done
 ctl() { timeout 10 "$B/omps-ctl" "$@"; }

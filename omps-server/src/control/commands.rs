@@ -28,7 +28,10 @@ impl Server {
             // client's PID.
             ["ps", "-p", pid] if *pid == me => (true, self.ps_text(None)),
             ["ps", "-p", pid] => match pid.parse::<i32>() {
-                Ok(p) if self.clients.values().any(|(c, _)| c.pid == p) => {
+                Ok(p)
+                    if self.clients.values().any(|(c, _)| c.pid == p)
+                        || self.exiting.iter().any(|c| c.pid == p) =>
+                {
                     (true, self.ps_text(Some(p)))
                 }
                 Ok(p) => (false, format!("ps: no server or client with PID {p} (this server is {me})\n")),

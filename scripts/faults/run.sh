@@ -49,6 +49,10 @@ for _ in $(seq 100); do st=$(ctl get_server_status "$SP"); [ "$st" = ACTIVE ] &&
 echo "server status $(ms_since "$t") ms after its clients left: $st (how: $(grep -o 'context recreated after the fault\|the server stops to start again' "$W/server.log" | sort | uniq -c | tr '\n' ' '))"
 grep 'context reset: ' "$W/server.log" | head -n 3
 verdict "fault: ACTIVE again by itself" "$([ "$st" = ACTIVE ] && echo PASS || echo "$st")"
+# If it started itself again: under its own name, and still writing its log.
+starts=$(grep -c 'omps server listening' "$W/server.log")
+echo "server process: pid $SP, name $(cat /proc/$SP/comm 2>/dev/null), $starts start(s) in its log"
+verdict "fault: the server keeps its name and its log" "$([ "$(cat /proc/$SP/comm 2>/dev/null)" = omps-server ] && [ "$starts" -ge 1 ] && echo PASS || echo "name or log lost")"
 LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" once > "$W/after_fault.txt" 2>&1
 verdict "fault: a new client computes as natively" "$(cmp -s "$W/native.txt" "$W/after_fault.txt" && echo PASS || cat "$W/after_fault.txt")"
 

@@ -194,7 +194,6 @@ pub struct Release {
 }
 
 impl Release {
-    /// Whether this is one device allocation of `size` bytes and nothing else.
     /// Whether releasing it gives device memory back.
     pub fn gives_memory(&self) -> bool {
         !self.allocs.is_empty()
@@ -207,6 +206,7 @@ impl Release {
             || !self.arrays.mipmaps.is_empty()
     }
 
+    /// Whether this is one device allocation of `size` bytes and nothing else.
     pub fn is_one_alloc_of(&self, size: u64) -> bool {
         matches!(self.allocs[..], [(_, len)] if len == size)
             && self.pinned.is_empty()

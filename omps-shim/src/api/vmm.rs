@@ -69,7 +69,17 @@ pub(crate) fn call_raw<T: bytemuck::Pod>(
     handle: u32,
     args: [u64; 3],
 ) -> Result<T, CUresult> {
-    let c = live()?;
+    call_on(live()?, dev, kind, handle, args)
+}
+
+/// A VMM call on connection `c` whose answer is a `T` (the tests' raw connections too).
+pub fn call_on<T: bytemuck::Pod>(
+    c: &crate::conn::Conn,
+    dev: usize,
+    kind: u32,
+    handle: u32,
+    args: [u64; 3],
+) -> Result<T, CUresult> {
     let mut ch = c.channel();
     ch.call(dev, Op::Vmm, |call| {
         bytemuck::bytes_of(&wire::Vmm {

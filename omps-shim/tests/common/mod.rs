@@ -291,17 +291,8 @@ pub fn vmm_call(
     handle: u32,
     args: [u64; 3],
 ) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, omps_ring::wire::Op::Vmm, |call| {
-        bytemuck::bytes_of(&omps_ring::wire::Vmm {
-            call,
-            kind,
-            handle,
-            args,
-        })
-        .to_vec()
-    })?;
-    Ok(ch.reply::<omps_ring::wire::U64Reply>().value)
+    omps_shim::api::vmm::call_on::<omps_ring::wire::U64Reply>(c, 0, kind, handle, args)
+        .map(|r| r.value)
 }
 
 /// Pins `len` bytes of a new memfd for client `c` at an address nothing is mapped at (the

@@ -59,6 +59,13 @@ impl RingHeader {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Where the producer has published records up to (bytes since the ring's start).
+    /// Written by the producer: a consumer takes it as a claim, never as a bound.
+    pub fn published_tail(&self) -> u64 {
+        // SYNC POINT A': pairs with the producer's Release store of `tail`.
+        self.tail.load(Ordering::Acquire)
+    }
 }
 
 /// Power of two, at least [`MIN_CAPACITY`], and small enough that every length fits
@@ -320,6 +327,11 @@ impl Consumer {
 
     pub fn max_payload(&self) -> usize {
         max_payload(self.capacity)
+    }
+
+    /// How far this consumer has read (bytes since the ring's start).
+    pub fn position(&self) -> u64 {
+        self.head
     }
 
     fn refresh_tail(&mut self) {

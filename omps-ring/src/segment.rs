@@ -263,7 +263,17 @@ pub struct DeviceSnapshot {
     pub tpc_vgpc: [u8; TPC_MAP_MAX],
     pub tpc_mtpc: [u8; TPC_MAP_MAX],
     pub tpc_map_len: [u32; 2],
+    /// Per peer device (numbered as this table numbers devices): cuDeviceGetP2PAttribute
+    /// `a` at index `a - 1` ([`P2P_ATTRIBUTES`] of them); access (attribute 2) is 1 where
+    /// the server has enabled access from this device to that one.
+    pub p2p: [[i32; P2P_ATTRIBUTES]; MAX_DEVICES],
 }
+
+/// cuDeviceGetP2PAttribute's attributes kept per pair of devices (1 to 5 in CUDA 13, the
+/// rest spare).
+pub const P2P_ATTRIBUTES: usize = 8;
+/// Of those, the ones the driver defines.
+pub const P2P_DEFINED: usize = 5;
 
 /// Bytes kept of each TPC map (a byte per TPC; an H100 has 66 TPCs).
 pub const TPC_MAP_MAX: usize = 512;

@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -55,6 +55,9 @@ ops! {
     // Calls: answered in a channel.
     MemAlloc = 32 => MemAlloc,
     MemGetInfo = 33 => CallHdr,
+    /// The client enabled direct peer access: from now on what it frees waits for its
+    /// work on every GPU (answered, so that no later free on another ring overtakes it).
+    PeerAccess = 62 => CallHdr,
     ModuleLoad = 34 => ModuleLoad,
     ModuleGetGlobal = 35 => ModuleGetGlobal,
     FuncGetAttribute = 36 => FuncGetAttribute,

@@ -158,6 +158,13 @@ pub struct ClientShared {
     /// Pinned ranges given back but still mapped and registered until every GPU fenced
     /// them (bytes, ranges): they count against the client's bounds until then.
     pub unpinning: std::sync::Mutex<(u64, usize)>,
+    /// It enabled direct peer access: its frees wait for its work on every GPU
+    /// (crate::peer_fence). Never cleared: disabling access leaves kernels in flight.
+    pub peer_access: AtomicBool,
+    /// Per server GPU: fences other GPUs' workers asked for (crate::peer_fence).
+    pub cross: [std::sync::Mutex<crate::peer_fence::CrossQueue>; MAX_DEVICES],
+    /// Per server GPU: its queue in `cross` may hold requests.
+    pub cross_waiting: [AtomicBool; MAX_DEVICES],
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -212,6 +219,9 @@ impl ClientShared {
             printf_level: AtomicU64::new(0),
             slow_pending: AtomicBool::new(false),
             unpinning: Default::default(),
+            peer_access: AtomicBool::new(false),
+            cross: Default::default(),
+            cross_waiting: Default::default(),
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,
@@ -346,6 +356,20 @@ impl ClientShared {
     /// The ring (its device number) through which it reaches the server's GPU `gpu`.
     pub fn ring_of(&self, gpu: usize) -> Option<usize> {
         self.visible.iter().position(|&g| g == gpu)
+    }
+
+    /// How far the client says it has written its ring for `gpu` (0 if it has none).
+    pub fn ring_tail(&self, gpu: usize) -> u64 {
+        let Some(ring) = self.ring_of(gpu) else {
+            return 0;
+        };
+        if ring >= self.seg.layout.params.num_rings as usize {
+            return 0;
+        }
+        let (hdr, _, _) = self.seg.ring_parts(ring);
+        // SAFETY: the header lies in the segment, mapped while this client lives; its
+        // counters are atomics, valid for any bit pattern the client writes.
+        unsafe { &*hdr }.published_tail()
     }
 
     pub fn total_mem(&self) -> u64 {

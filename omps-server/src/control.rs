@@ -340,7 +340,25 @@ impl Server {
                 printf.write_fd(crate::printf::Stream::Err),
             );
         }
-        let snapshots: Vec<DeviceSnapshot> = gpus.iter().map(|g| g.snapshot()).collect();
+        let mut snapshots: Vec<DeviceSnapshot> = gpus.iter().map(|g| g.snapshot()).collect();
+        // Direct access between every pair of GPUs that can reach each other: one
+        // context per GPU serves every client, so it is enabled once, for all of them.
+        for (a, g) in gpus.iter().enumerate() {
+            for (b, peer) in gpus.iter().enumerate() {
+                let pair = peer.ordinal();
+                if let Some(slot) = snapshots[a].p2p.get_mut(b).filter(|_| a != b) {
+                    *slot = g.enable_peer(pair);
+                }
+            }
+        }
+        let peers = snapshots
+            .iter()
+            .flat_map(|s| s.p2p.iter())
+            .filter(|p| p[1] == 1)
+            .count();
+        if peers > 0 {
+            tracing::info!(pairs = peers, "direct peer access enabled between GPUs");
+        }
         let policy = make_policy(&cfg, &gpus, &snapshots)?;
         let mut control_log = control_log::ControlLog::open(sock::log_directory().as_deref());
         control_log.line(&format!(
@@ -1003,6 +1021,11 @@ impl Server {
             snap.device_count = visible.len() as u32;
             for (d, &g) in snap.devices.iter_mut().zip(&visible) {
                 *d = self.snapshots[g];
+                // Numbered as the client numbers its devices.
+                d.p2p = Default::default();
+                for (slot, &h) in d.p2p.iter_mut().zip(&visible) {
+                    *slot = self.snapshots[g].p2p.get(h).copied().unwrap_or_default();
+                }
                 // Its compute limit's share, before it can ask (as under MPS).
                 if let Some(sms) = self.policy.visible_sms_settled(&settled, g, lc_present) {
                     d.attributes[crate::policy::MULTIPROCESSOR_COUNT] = sms as i32;

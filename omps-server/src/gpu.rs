@@ -92,6 +92,12 @@ pub trait Gpu: Send + Sync + 'static {
     fn layout(&self) -> crate::placement::Layout;
     /// Recreates the context after a fault (no client is left): every handle is gone.
     fn reset(&self) -> GpuResult<()>;
+    /// Enables direct access from this GPU's context to GPU `peer`'s memory where the two
+    /// can reach each other, and answers cuDeviceGetP2PAttribute for the pair (attribute
+    /// `a` at `a - 1`): all zero where there is no access.
+    fn enable_peer(&self, _peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
+        [0; omps_ring::segment::P2P_ATTRIBUTES]
+    }
     /// All streams: work, marker and high-priority work streams.
     fn stream_count(&self) -> usize {
         self.layout().total()

@@ -153,6 +153,9 @@ pub struct CudaGpu {
     get_limit_fn: RawGetLimitFn,
     set_limit_fn: RawSetLimitFn,
     cache_config_fn: RawCacheConfigFn,
+    /// The GPUs this one's context reaches directly: access is enabled again, both ways,
+    /// after a reset.
+    peers: std::sync::Mutex<Vec<cu::CUdevice>>,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -186,6 +189,7 @@ impl CudaGpu {
             get_limit_fn: raw_fn(b"cuCtxGetLimit\0")?,
             set_limit_fn: raw_fn(b"cuCtxSetLimit\0")?,
             cache_config_fn: raw_fn(b"cuFuncSetCacheConfig\0")?,
+            peers: Default::default(),
         };
         g.streams = (0..layout.total())
             .map(|_| AtomicPtr::new(std::ptr::null_mut()))
@@ -294,6 +298,29 @@ impl CudaGpu {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Enables access from context `from` (current on this thread afterwards) to the
+    /// primary context of device `to`.
+    fn peer_access(from: cu::CUcontext, to: cu::CUdevice) -> GpuResult<()> {
+        let mut peer = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `to` is a device of this machine. The peer's own
+        // CudaGpu holds a reference too, so the release below leaves it alive.
+        ck(unsafe { cu::cuDevicePrimaryCtxRetain(&mut peer, to) })?;
+        // SAFETY: `from` is a retained primary context; `peer` was just retained.
+        let r = unsafe {
+            CURRENT.with(|c| c.set(0));
+            cu::cuCtxSetCurrent(from);
+            cu::cuCtxEnablePeerAccess(peer, 0)
+        };
+        // SAFETY: the reference taken above.
+        unsafe { cu::cuDevicePrimaryCtxRelease_v2(to) };
+        match r {
+            cu::CUresult::CUDA_SUCCESS | cu::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                Ok(())
+            }
+            e => Err(CuError(e as i32)),
+        }
     }
 
     fn bind(&self) {
@@ -521,7 +548,72 @@ impl Gpu for CudaGpu {
         }
         self.green.remake();
         self.rebind();
-        self.create_streams().map_err(step("creating the streams"))
+        self.create_streams()
+            .map_err(step("creating the streams"))?;
+        // The old context's peer access went with it, both ways.
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for p in peers {
+            let mut pctx = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; the peer's CudaGpu keeps its context retained.
+            let back = ck(unsafe { cu::cuDevicePrimaryCtxRetain(&mut pctx, p) })
+                .and_then(|()| Self::peer_access(pctx, self.dev));
+            if !pctx.is_null() {
+                // SAFETY: the reference taken above.
+                unsafe { cu::cuDevicePrimaryCtxRelease_v2(p) };
+            }
+            if let Err(e) = Self::peer_access(self.ctx, p).and(back) {
+                tracing::warn!(
+                    peer = p,
+                    "peer access after a reset failed: CUDA error {}",
+                    e.0
+                );
+            }
+        }
+        self.rebind();
+        Ok(())
+    }
+
+    fn enable_peer(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
+        let mut out = [0; omps_ring::segment::P2P_ATTRIBUTES];
+        let (mut pdev, mut can) = (0, 0);
+        // SAFETY: valid out-pointers; the ordinal is checked by the driver.
+        let found = unsafe {
+            cu::cuDeviceGet(&mut pdev, peer as c_int) == cu::CUresult::CUDA_SUCCESS
+                && cu::cuDeviceCanAccessPeer(&mut can, self.dev, pdev) == cu::CUresult::CUDA_SUCCESS
+        };
+        if !found || can == 0 || pdev == self.dev {
+            return out;
+        }
+        let enabled = Self::peer_access(self.ctx, pdev);
+        self.rebind();
+        if let Err(e) = enabled {
+            tracing::warn!(
+                gpu = self.ordinal,
+                peer,
+                "enabling peer access failed: CUDA error {}",
+                e.0
+            );
+            return out;
+        }
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(pdev);
+        type RawP2pFn = unsafe extern "C" fn(*mut c_int, c_int, c_int, c_int) -> c_int;
+        if let Ok(f) = raw_fn::<RawP2pFn>(b"cuDeviceGetP2PAttribute\0") {
+            for (a, v) in out
+                .iter_mut()
+                .enumerate()
+                .take(omps_ring::segment::P2P_DEFINED)
+            {
+                let mut x = 0;
+                // SAFETY: cuDeviceGetP2PAttribute's C signature; valid out-pointer.
+                if unsafe { f(&mut x, a as c_int + 1, self.dev, pdev) } == 0 {
+                    *v = x;
+                }
+            }
+        }
+        out
     }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {

@@ -186,6 +186,8 @@ pub struct HostGpu {
     loads: std::sync::atomic::AtomicUsize,
     /// Launches asked of it.
     launches: std::sync::atomic::AtomicUsize,
+    /// Claims direct access to its server's other GPUs (`allow_peer_access`).
+    peer_ok: std::sync::atomic::AtomicBool,
     state: Mutex<State>,
 }
 
@@ -222,6 +224,12 @@ impl HostGpu {
         self.flushes.load(Ordering::Relaxed)
     }
 
+    /// Lets this GPU claim direct access to the other GPUs of its server (tests of what
+    /// peer access changes; its kernels still reach only its own memory).
+    pub fn allow_peer_access(&self) {
+        self.peer_ok.store(true, Ordering::Relaxed);
+    }
+
     /// Another GPU of `first`'s machine: host memory registered with either is reached by
     /// both, as portable registrations are.
     pub fn beside(first: &HostGpu, ordinal: usize, total: u64) -> Self {
@@ -245,6 +253,7 @@ impl HostGpu {
             resets_fail: Default::default(),
             loads: Default::default(),
             launches: Default::default(),
+            peer_ok: Default::default(),
             state: Mutex::new(State {
                 // As under unified addressing, each GPU's memory has addresses of its own.
                 next_addr: BASE + ((ordinal as u64) << 38),
@@ -495,6 +504,16 @@ impl Gpu for HostGpu {
             s.attr_valid[a] = 1;
         }
         s
+    }
+
+    fn enable_peer(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
+        let mut out = [0; omps_ring::segment::P2P_ATTRIBUTES];
+        if self.peer_ok.load(Ordering::Relaxed) && peer != self.ordinal {
+            // Rank 0, access, native atomics; no array access.
+            out[1] = 1;
+            out[2] = 1;
+        }
+        out
     }
 
     fn reset(&self) -> GpuResult<()> {

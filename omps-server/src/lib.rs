@@ -14,6 +14,7 @@
 //! * [`stats`]: the workers' counters of their own time (`omps-ctl stats`).
 //! * [`releaser`]: one thread per GPU that gives back what clients released.
 //! * [`unpin`]: dead clients' host memory, unregistered when the GPU is quiet.
+//! * [`peer_fence`]: frees of a client with peer access wait for its work on every GPU.
 //! * [`printf`]: device printf output, routed to the client that printed.
 //! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
 //!   memory, for tests without a GPU) implement it; [`gpu_green`] holds the driver's green
@@ -37,6 +38,7 @@ pub mod memlimit;
 pub mod metrics;
 pub mod module_cache;
 pub mod nvml;
+pub mod peer_fence;
 pub mod peers;
 pub mod placement;
 pub mod policy;

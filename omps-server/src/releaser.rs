@@ -240,6 +240,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
     for p in rel.pinned {
         p.done();
     }
+    rel.cross.passed(&client, dev);
     if final_for_client {
         client.released.fetch_add(1, Ordering::SeqCst);
         // A client's session frees many small and some large buffers (module images,

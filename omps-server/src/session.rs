@@ -191,6 +191,8 @@ pub struct Release {
     /// The GPU whose context limits the departed client had raised: they come back down
     /// once its work is done (crate::limits).
     pub limits: Option<Arc<crate::worker::GpuShared>>,
+    /// Releases on other GPUs that wait for this one's fence (crate::peer_fence).
+    pub cross: crate::peer_fence::CrossPart,
 }
 
 impl Release {
@@ -356,6 +358,11 @@ impl Session {
     }
 
     /// Takes the next record out of the ring: Ok(None) when empty.
+    /// How far its ring has been read (crate::peer_fence).
+    pub fn ring_position(&self) -> u64 {
+        self.consumer.position()
+    }
+
     pub fn pop(&mut self, buf: &mut Vec<u8>) -> Result<Option<u32>, Malformed> {
         self.consumer
             .pop_into(buf)
@@ -705,6 +712,7 @@ impl Session {
             | Op::CopyDtoHPinned
             | Op::MemFree
             | Op::MemAlloc
+            | Op::PeerAccess
             | Op::MemGetInfo => self.handle_memory(ctx, op, p, tail)?,
             Op::BlobAppend
             | Op::ModuleUnload
@@ -815,6 +823,7 @@ impl Session {
         let rel = Release {
             pinned: Vec::new(),
             limits: None,
+            cross: Default::default(),
             module_bytes,
             allocs,
             ipc,

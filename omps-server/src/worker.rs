@@ -518,49 +518,62 @@ impl WorkerCtx {
     fn free(
         &self,
         client: Arc<ClientShared>,
-        mut rel: Release,
+        rel: Release,
         final_for_client: bool,
         in_context: bool,
     ) {
-        // Exported allocations the owner is done with: freed now unless an importer
-        // holds one open (then the last importer to close frees it). Openings an importer
-        // closed, now that its work is done: the last user of a freed one frees it
-        // (counted as its own, since the releaser takes it off the count).
-        if !rel.ipc.is_empty() || !rel.ipc_close.is_empty() {
-            let mut ipc = self.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
-            for p in std::mem::take(&mut rel.ipc_close) {
-                if let Some(Some((ptr, n))) = ipc.close(p, client.id) {
-                    client.mem_bytes[self.gpu.ordinal()].fetch_add(n, Ordering::Relaxed);
-                    rel.allocs.push((ptr, n));
-                }
-            }
-            for (p, n) in std::mem::take(&mut rel.ipc) {
-                if ipc.owner_frees(p, client.id) {
-                    rel.allocs.push((p, n));
-                } else {
-                    client.mem_bytes[self.gpu.ordinal()].fetch_sub(n, Ordering::Relaxed);
-                }
-            }
-        }
-        // Physical memory shared with other clients goes with its last user; the books
-        // are settled here for what stays.
-        if !rel.vmm.handles.is_empty() {
-            let mut ipc = self.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
-            rel.vmm.handles.retain(|&(h, size)| {
-                let last = ipc.release_vmm(h);
-                if !last {
-                    client.mem_bytes[self.gpu.ordinal()].fetch_sub(size, Ordering::Relaxed);
-                }
-                last
-            });
-        }
-        self.shared.releaser.send(
-            &*self.gpu,
+        free_on(
+            &self.shared,
+            &self.gpu,
             client,
             rel,
             final_for_client,
             in_context.then_some(self.generation),
         );
+    }
+
+    /// Releases `rel` of session `s` once the client's work on every GPU it sees has
+    /// passed a fence (it enabled peer access: crate::peer_fence).
+    pub fn release_everywhere(&mut self, s: &mut Session, rel: Release) {
+        let token = crate::peer_fence::hold(
+            &self.shared,
+            &self.gpu,
+            self.generation,
+            &s.client,
+            rel,
+            false,
+        );
+        let cross = crate::peer_fence::CrossPart {
+            tokens: vec![token],
+            settles: false,
+        };
+        self.release_later(
+            s,
+            Release {
+                cross,
+                ..Default::default()
+            },
+        );
+    }
+
+    /// Fences other GPUs asked of session `s` (crate::peer_fence), once its ring has been
+    /// read as far as the client had written it when they asked.
+    pub fn fence_for_peers(&mut self, s: &mut Session) {
+        let dev = self.gpu.ordinal();
+        let tokens = crate::peer_fence::take(&s.client, dev, s.ring_position());
+        if !tokens.is_empty() {
+            let cross = crate::peer_fence::CrossPart {
+                tokens,
+                settles: false,
+            };
+            self.release_later(
+                s,
+                Release {
+                    cross,
+                    ..Default::default()
+                },
+            );
+        }
     }
 
     pub fn retire(&mut self, mut s: Session) {
@@ -585,7 +598,35 @@ impl WorkerCtx {
             rel.limits = Some(self.shared.clone());
         }
         self.markers.retain(|mk| mk.client.id != client.id);
-        self.defer(client, &fence_streams, &left, m, rel, true);
+        // Fences other GPUs asked of it pass with its last work; so does, for a client with
+        // peer access, what it held here, once its work on the other GPUs is done too.
+        let asked = crate::peer_fence::retire(&client, self.gpu.ordinal());
+        if client.peer_access.load(Ordering::SeqCst) && client.visible.len() > 1 {
+            let held = crate::peer_fence::hold(
+                &self.shared,
+                &self.gpu,
+                self.generation,
+                &client,
+                rel,
+                true,
+            );
+            let mut tokens = asked;
+            tokens.push(held);
+            let rel = Release {
+                cross: crate::peer_fence::CrossPart {
+                    tokens,
+                    settles: true,
+                },
+                ..Default::default()
+            };
+            self.defer(client, &fence_streams, &left, m, rel, false);
+        } else {
+            rel.cross = crate::peer_fence::CrossPart {
+                tokens: asked,
+                settles: true,
+            };
+            self.defer(client, &fence_streams, &left, m, rel, true);
+        }
         // Only now, its fence queued: a stream given back earlier could be bound (and
         // captured) by another client before the fence joins it. Handed out again only
         // once idle.
@@ -773,6 +814,53 @@ impl WorkerCtx {
     }
 }
 
+/// Frees what a client released once the GPU is done with it, on the GPU's releaser;
+/// `generation`: the context generation its handles belong to (None: none are left).
+pub fn free_on(
+    shared: &Arc<GpuShared>,
+    gpu: &Arc<dyn Gpu>,
+    client: Arc<ClientShared>,
+    mut rel: Release,
+    final_for_client: bool,
+    generation: Option<u64>,
+) {
+    // Exported allocations the owner is done with: freed now unless an importer
+    // holds one open (then the last importer to close frees it). Openings an importer
+    // closed, now that its work is done: the last user of a freed one frees it
+    // (counted as its own, since the releaser takes it off the count).
+    if !rel.ipc.is_empty() || !rel.ipc_close.is_empty() {
+        let mut ipc = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+        for p in std::mem::take(&mut rel.ipc_close) {
+            if let Some(Some((ptr, n))) = ipc.close(p, client.id) {
+                client.mem_bytes[gpu.ordinal()].fetch_add(n, Ordering::Relaxed);
+                rel.allocs.push((ptr, n));
+            }
+        }
+        for (p, n) in std::mem::take(&mut rel.ipc) {
+            if ipc.owner_frees(p, client.id) {
+                rel.allocs.push((p, n));
+            } else {
+                client.mem_bytes[gpu.ordinal()].fetch_sub(n, Ordering::Relaxed);
+            }
+        }
+    }
+    // Physical memory shared with other clients goes with its last user; the books
+    // are settled here for what stays.
+    if !rel.vmm.handles.is_empty() {
+        let mut ipc = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+        rel.vmm.handles.retain(|&(h, size)| {
+            let last = ipc.release_vmm(h);
+            if !last {
+                client.mem_bytes[gpu.ordinal()].fetch_sub(size, Ordering::Relaxed);
+            }
+            last
+        });
+    }
+    shared
+        .releaser
+        .send(&**gpu, client, rel, final_for_client, generation);
+}
+
 fn pin_to(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is valid; sched_setaffinity reads it for this thread.
     unsafe {
@@ -820,6 +908,7 @@ pub fn run(
             match msg {
                 ToWorker::Add(c) => {
                     shared.sessions.fetch_add(1, Ordering::SeqCst);
+                    crate::peer_fence::open(&c, dev);
                     // SAFETY: every client segment holds a ring per GPU (layout from the
                     // GPU count).
                     sessions.push(unsafe { Session::new(c, dev) })
@@ -897,6 +986,9 @@ pub fn run(
                         break;
                     }
                 }
+            }
+            if outcome.is_ok() {
+                ctx.fence_for_peers(&mut sessions[i]);
             }
             if let Err(e) = outcome {
                 let s = sessions.swap_remove(i);

@@ -189,6 +189,16 @@ pub struct Module {
     pub functions: Vec<&'static Function>,
     /// Its code calls device printf: a launch leaves text to collect at the next sync.
     pub prints: bool,
+    /// Set on the modules of a library (cuLibraryLoadData): the family it belongs to.
+    pub library: std::sync::OnceLock<std::sync::Arc<Library>>,
+}
+
+/// A library, which the driver loads in every context that uses it: the image, kept when
+/// the process sees more than one device, and its module on each device so far.
+pub struct Library {
+    pub image: Vec<u8>,
+    /// Per device: its module there (a leaked `Module`), 0 while not loaded.
+    pub on: std::sync::Mutex<Vec<usize>>,
 }
 
 /// Gives out a handle for `v`.

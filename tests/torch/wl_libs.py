@@ -298,3 +298,39 @@ def ipc_share():
     q_in.put(None)
     p.join(timeout=60)
     return out
+
+
+# ------------------------------------------------------------------ several GPUs
+
+@workload("two_gpus", exact=True)
+def two_gpus():
+    """Two GPUs from one process: whether they reach each other, a matmul on each, tensors
+    moved between them (contiguous: a peer copy; transposed: PyTorch's copy kernel, which
+    reads the other GPU's memory directly where peer access is on), and a model's layer run
+    on the second GPU with weights copied from the first."""
+    if DEV != "cuda" or torch.cuda.device_count() < 2:
+        raise SkipWorkload("needs two GPUs")
+    d0, d1 = torch.device("cuda:0"), torch.device("cuda:1")
+    a = torch.randn(512, 512, generator=gen(7)).to(d0)
+    b = torch.randn(512, 512, generator=gen(8)).to(d1)
+    on0 = a @ a
+    moved = on0.to(d1)
+    on1 = moved @ b
+    back = on1.to(d0)
+    transposed = on0.t().to(d1)  # not contiguous: a kernel on one GPU reads the other
+    strided = on1[::2, 1::3].to(d0)
+    layer = torch.nn.Linear(512, 256).to(d0)
+    layer1 = torch.nn.Linear(512, 256).to(d1)
+    layer1.load_state_dict(layer.state_dict())  # weights copied across GPUs
+    with torch.no_grad():
+        y0, y1 = layer(a), layer1(a.to(d1))
+    torch.cuda.synchronize(d0)
+    torch.cuda.synchronize(d1)
+    return {
+        "peer_0_1": int(torch.cuda.can_device_access_peer(0, 1)),
+        "peer_1_0": int(torch.cuda.can_device_access_peer(1, 0)),
+        "on0": cpu(on0), "on1": cpu(on1), "back": cpu(back),
+        "transposed": cpu(transposed), "strided": cpu(strided),
+        "y0": cpu(y0), "y1": cpu(y1),
+        "devices": f"{moved.device} {back.device} {transposed.device} {strided.device}",
+    }

@@ -135,7 +135,13 @@ impl Session {
                         } else {
                             rel.allocs.push((f.ptr, len));
                         }
-                        ctx.release_later(self, rel)
+                        if self.client.peer_access.load(Ordering::SeqCst)
+                            && self.client.visible.len() > 1
+                        {
+                            ctx.release_everywhere(self, rel)
+                        } else {
+                            ctx.release_later(self, rel)
+                        }
                     }
                     None => self.note_error(CuError(code::INVALID_VALUE)),
                 }
@@ -177,6 +183,11 @@ impl Session {
                     self.allocs.insert(p, a.size);
                 }
                 self.complete_pod(a.call, r.map(|value| wire::U64Reply { value }))?;
+            }
+            Op::PeerAccess => {
+                // Set before the answer: the client's next free, on any GPU, sees it.
+                self.client.peer_access.store(true, Ordering::SeqCst);
+                self.complete(rec::<CallHdr>(p), 0, &[])?;
             }
             Op::MemGetInfo => {
                 let c = rec::<CallHdr>(p);

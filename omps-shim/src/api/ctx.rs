@@ -77,6 +77,12 @@ fn with_stack(f: impl FnOnce(&mut Vec<usize>)) {
 }
 
 /// The device of the calling thread's current context.
+/// The current context's handle, or CUDA_ERROR_INVALID_CONTEXT.
+pub(crate) fn current_ctx_checked() -> Result<CUcontext, CUresult> {
+    live()?;
+    current().ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
 pub(crate) fn current_dev() -> Result<usize, CUresult> {
     live()?;
     let c = current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;

@@ -501,10 +501,17 @@ unsafe fn launch(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Result<(), CUresult> {
-    let func = function(f)?;
+    let target = resolve_stream(s)?;
+    // A library's kernel runs on the stream's device (the current one for the default
+    // stream), loaded there if it is not yet.
+    let func = match target {
+        Some(st) => super::module::function_on(f, st.dev)?,
+        None => super::module::function_here(f)?,
+    };
+    let f = func as *const Function as CUfunction;
     check_config(func, grid, block, shared)?;
     check_attrs(f, func, grid, block, shared, attrs)?;
-    let stream = match resolve_stream(s)? {
+    let stream = match target {
         Some(st) if st.dev != func.dev => return Err(CUDA_ERROR_INVALID_HANDLE),
         Some(st) => st.id,
         None => wire::STREAM_DEFAULT,

@@ -82,6 +82,7 @@ fn parse_module(r: &[u8], dev: usize, prints: bool) -> Option<CUmodule> {
         dev,
         functions: Vec::new(),
         prints,
+        library: Default::default(),
     });
     let mut functions = Vec::new();
     for i in 0..head.num_functions as usize {
@@ -327,7 +328,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
     const SHARED_SIZE_BYTES: c_int = 1;
     const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
     entry(|| {
-        let func = function(f)?;
+        let func = function_here(f)?;
         let v = match attrib {
             MAX_THREADS_PER_BLOCK => func.max_threads_per_block,
             SHARED_SIZE_BYTES => func.static_shared,
@@ -365,7 +366,7 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
 ) -> CUresult {
     const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
     entry(|| {
-        let func = function(f)?;
+        let func = function_here(f)?;
         let _one_set_at_a_time = func.attrs.setting();
         let unchanged = if attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES {
             func.max_dynamic_shared.load(Ordering::Relaxed) == value
@@ -406,7 +407,7 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     size: *mut usize,
 ) -> CUresult {
     entry(|| {
-        let func = function(f)?;
+        let func = function_here(f)?;
         let &(o, s) = func.params.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: the caller's pointers.
         unsafe {
@@ -421,7 +422,7 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetParamCount(f: CUfunction, count: *mut usize) -> CUresult {
     // SAFETY: the caller's pointer.
-    entry(|| unsafe { out(count, function(f)?.params.len()) })
+    entry(|| unsafe { out(count, function_here(f)?.params.len()) })
 }
 
 // ---- The library API: cudart registers every kernel this way. A library is loaded as a
@@ -430,6 +431,55 @@ pub unsafe extern "C" fn cuFuncGetParamCount(f: CUfunction, count: *mut usize) -
 
 pub type CUlibrary = *mut Module;
 pub type CUkernel = *mut Function;
+
+/// The device a context-independent handle (a library, a kernel) acts on now: the
+/// current context's, or `own` when there is none.
+fn here(own: usize) -> Result<usize, CUresult> {
+    match current_dev() {
+        Err(CUDA_ERROR_INVALID_CONTEXT) => Ok(own),
+        r => r,
+    }
+}
+
+/// The module of `m`'s library on `dev`, loaded there at its first use, as the driver
+/// loads a library into each context that uses it. A plain module is itself (it lives in
+/// one context; a use elsewhere fails where the devices are compared).
+pub(crate) fn module_on(m: &'static Module, dev: usize) -> Result<&'static Module, CUresult> {
+    let Some(lib) = m.library.get().filter(|_| m.dev != dev) else {
+        return Ok(m);
+    };
+    super::device::device(dev as CUdevice)?;
+    let mut on = lib.on.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = on.get_mut(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    if *slot == 0 {
+        let loaded = load_on(dev, &lib.image)?;
+        // SAFETY: just made by parse_module, live and never freed.
+        let _ = unsafe { &*loaded }.library.set(lib.clone());
+        *slot = loaded as usize;
+    }
+    module(*slot as CUmodule)
+}
+
+/// Function `f` as it runs on `dev`: a library's kernel resolves to its module there.
+pub(crate) fn function_on(f: CUfunction, dev: usize) -> Result<&'static Function, CUresult> {
+    let func = function(f)?;
+    if func.dev == dev {
+        return Ok(func);
+    }
+    // SAFETY: a live function's module is a leaked box, never freed.
+    let md = module_on(unsafe { &*func.module }, dev)?;
+    md.functions
+        .iter()
+        .copied()
+        .find(|x| x.name == func.name)
+        .ok_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// Function `f` as it runs in the current context.
+pub(crate) fn function_here(f: CUfunction) -> Result<&'static Function, CUresult> {
+    let own = function(f)?.dev;
+    function_on(f, here(own)?)
+}
 
 /// # Safety
 /// `lib` is null or writable; `code` is a module image; the option arrays hold the counts
@@ -452,22 +502,46 @@ pub unsafe extern "C" fn cuLibraryLoadData(
         // SAFETY: the caller passes a module image.
         let img = unsafe { crate::image::image_slice(code as *const u8) }
             .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
-        let dev = current_dev().or_else(|e| {
-            if e == CUDA_ERROR_INVALID_CONTEXT {
-                Ok(0)
-            } else {
-                Err(e)
-            }
-        })?;
+        let dev = here(0)?;
         let h = load_on(dev, img)?;
+        let devices = live()?.num_devices();
+        if devices > 1 {
+            // Other devices load it when they first use it: keep the image for them.
+            let mut on = vec![0; devices];
+            on[dev] = h as usize;
+            let family = std::sync::Arc::new(crate::handles::Library {
+                image: img.to_vec(),
+                on: std::sync::Mutex::new(on),
+            });
+            // SAFETY: just made by parse_module, live.
+            let _ = unsafe { &*h }.library.set(family);
+        }
         // SAFETY: checked non-null.
         unsafe { out(lib, h) }
     })
 }
 
+/// Unloads the library's module on every device that loaded it.
 #[no_mangle]
 pub extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
-    cuModuleUnload(lib)
+    entry(|| {
+        let md = module(lib)?;
+        let Some(family) = md.library.get() else {
+            return match cuModuleUnload(lib) {
+                CUDA_SUCCESS => Ok(()),
+                e => Err(e),
+            };
+        };
+        let loaded = std::mem::take(&mut *family.on.lock().unwrap_or_else(|e| e.into_inner()));
+        if !loaded.contains(&(lib as usize)) {
+            // A device's module of the family, not the library handle itself.
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        for m in loaded.into_iter().filter(|&m| m != 0) {
+            let _ = cuModuleUnload(m as CUmodule);
+        }
+        Ok(())
+    })
 }
 
 /// # Safety
@@ -478,7 +552,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     lib: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
-    // SAFETY: forwarded contract (a CUkernel is a function handle here).
+    // SAFETY: forwarded contract (a CUkernel is the function of the library's first
+    // module; function_on finds it on other devices).
     unsafe { cuModuleGetFunction(k, lib, name) }
 }
 
@@ -487,9 +562,10 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetModule(m: *mut CUmodule, lib: CUlibrary) -> CUresult {
     entry(|| {
-        module(lib)?;
+        let md = module(lib)?;
+        let here = module_on(md, here(md.dev)?)?;
         // SAFETY: the caller's pointer.
-        unsafe { out(m, lib) }
+        unsafe { out(m, here as *const Module as CUmodule) }
     })
 }
 
@@ -502,8 +578,12 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     lib: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
+    let md = match module(lib).and_then(|md| module_on(md, here(md.dev)?)) {
+        Ok(md) => md as *const Module as CUmodule,
+        Err(e) => return e,
+    };
     // SAFETY: forwarded contract.
-    unsafe { cuModuleGetGlobal_v2(dptr, bytes, lib, name) }
+    unsafe { cuModuleGetGlobal_v2(dptr, bytes, md, name) }
 }
 
 /// # Safety
@@ -511,9 +591,9 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUfunction, k: CUkernel) -> CUresult {
     entry(|| {
-        function(k)?;
+        let func = function_here(k)?;
         // SAFETY: the caller's pointer.
-        unsafe { out(f, k) }
+        unsafe { out(f, func as *const Function as CUfunction) }
     })
 }
 
@@ -524,10 +604,17 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
     pi: *mut c_int,
     attrib: c_int,
     k: CUkernel,
-    _dev: CUdevice,
+    dev: CUdevice,
 ) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { cuFuncGetAttribute(pi, attrib, k) }
+    let f = match usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE) {
+        Ok(d) => function_on(k, d),
+        Err(e) => Err(e),
+    };
+    match f {
+        // SAFETY: forwarded contract.
+        Ok(f) => unsafe { cuFuncGetAttribute(pi, attrib, f as *const Function as CUfunction) },
+        Err(e) => e,
+    }
 }
 
 /// # Safety
@@ -537,10 +624,17 @@ pub unsafe extern "C" fn cuKernelSetAttribute(
     attrib: c_int,
     value: c_int,
     k: CUkernel,
-    _dev: CUdevice,
+    dev: CUdevice,
 ) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { cuFuncSetAttribute(k, attrib, value) }
+    let f = match usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE) {
+        Ok(d) => function_on(k, d),
+        Err(e) => Err(e),
+    };
+    match f {
+        // SAFETY: forwarded contract.
+        Ok(f) => unsafe { cuFuncSetAttribute(f as *const Function as CUfunction, attrib, value) },
+        Err(e) => e,
+    }
 }
 
 /// # Safety

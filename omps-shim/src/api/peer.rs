@@ -1,25 +1,36 @@
-//! Copies between GPUs, and what a program asks about peer access.
+//! Copies between GPUs, and direct peer access.
 //!
-//! Each GPU's worker checks only the ranges its own session of the client holds, and a
-//! free on one GPU waits only for the client's work on that GPU: a direct copy queued on
-//! GPU B from GPU A's memory could outlive A's free and read what another client was
-//! given there next. So omps reports no direct peer access (kernels cannot reach another
-//! GPU's memory), and a copy between two GPUs' memory goes through this process's host
-//! memory: the source GPU copies a piece out, the destination GPU copies it in, each
-//! checked by its own session. Such a copy is ordered after the work of the stream it
-//! names (which it synchronizes first) and done when the call returns.
+//! The server enables direct access between every pair of its GPUs that can reach each
+//! other (one context per GPU serves every client), and the snapshot says which pairs do:
+//! `cuDeviceCanAccessPeer` and `cuDeviceGetP2PAttribute` answer from it. A context's
+//! `cuCtxEnablePeerAccess` is bookkeeping here (the already-enabled and not-enabled errors
+//! come from it), plus one call that tells the server: from then on what the client frees
+//! on one GPU waits for its work on every GPU, since a kernel of its elsewhere may use it.
+//!
+//! A copy between two GPUs' memory goes through this process's host memory: the source
+//! GPU copies a piece out, the destination GPU copies it in, each checked by its own
+//! session (each GPU's worker checks only the ranges the client holds there). Such a copy
+//! is ordered after the work of the stream it names (which it synchronizes first) and
+//! done when the call returns.
 
 use super::ctx::CUcontext;
 use super::device::device;
 use super::exec::{stream_sync, CUstream};
 use super::mem::{copy_dtoh, copy_htod};
-use super::{entry, out};
+use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{resolve, CTX_MAGIC};
+use omps_ring::wire::{CallHdr, Op};
 use std::ffi::c_int;
 
 const CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: CUresult = 217;
+const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 const CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: CUresult = 705;
+/// cuDeviceGetP2PAttribute's index of "access supported".
+const ACCESS: usize = 2;
+
+/// Pairs (context, peer context) with access enabled.
+static ENABLED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
 /// Bytes moved through host memory at a time.
 const PIECE: usize = 8 << 20;
 
@@ -64,6 +75,19 @@ fn check_ctx(c: CUcontext) -> Result<usize, CUresult> {
         .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)
 }
 
+/// P2P attribute `attr` (1-based, as the driver numbers them) from `src` to `dst`.
+fn p2p(src: CUdevice, dst: CUdevice, attr: usize) -> Result<i32, CUresult> {
+    let d = device(src)?;
+    device(dst)?;
+    if src == dst {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    if !(1..=omps_ring::segment::P2P_DEFINED).contains(&attr) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(d.p2p[dst as usize][attr - 1])
+}
+
 /// # Safety
 /// `can` is null or writable.
 #[no_mangle]
@@ -75,8 +99,9 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     entry(|| {
         device(dev)?;
         device(peer)?;
+        let yes = dev != peer && p2p(dev, peer, ACCESS)? == 1;
         // SAFETY: the caller's pointer.
-        unsafe { out(can, 0) }
+        unsafe { out(can, yes as c_int) }
     })
 }
 
@@ -85,30 +110,46 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
     value: *mut c_int,
-    _attrib: c_int,
+    attrib: c_int,
     src: CUdevice,
     dst: CUdevice,
 ) -> CUresult {
     entry(|| {
-        device(src)?;
-        device(dst)?;
-        if src == dst {
-            return Err(CUDA_ERROR_INVALID_DEVICE);
-        }
-        // Performance rank, access, native atomics, array access: none without direct access.
+        let v = p2p(src, dst, usize::try_from(attrib).unwrap_or(0))?;
         // SAFETY: the caller's pointer.
-        unsafe { out(value, 0) }
+        unsafe { out(value, v) }
     })
+}
+
+fn enabled() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
+    ENABLED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[no_mangle]
 pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: std::ffi::c_uint) -> CUresult {
     entry(|| {
-        check_ctx(peer)?;
+        let peer_dev = check_ctx(peer)?;
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+        let here = super::ctx::current_ctx_checked()?;
+        let dev = check_ctx(here)?;
+        if dev == peer_dev || p2p(dev as CUdevice, peer_dev as CUdevice, ACCESS)? != 1 {
+            return Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+        }
+        let pair = (here as usize, peer as usize);
+        let mut on = enabled();
+        if on.contains(&pair) {
+            return Err(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+        }
+        // Answered once the server has marked the client: no free sent after this call
+        // returns, on any GPU, is released before the client's work everywhere is done.
+        let c = live()?;
+        c.channel().call(dev, Op::PeerAccess, |call: CallHdr| {
+            bytemuck::bytes_of(&call).to_vec()
+        })?;
+        on.push(pair);
+        Ok(())
     })
 }
 
@@ -116,7 +157,14 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: std::ffi::c_uint
 pub extern "C" fn cuCtxDisablePeerAccess(peer: CUcontext) -> CUresult {
     entry(|| {
         check_ctx(peer)?;
-        Err(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+        let pair = (super::ctx::current_ctx_checked()? as usize, peer as usize);
+        let mut on = enabled();
+        let i = on
+            .iter()
+            .position(|&p| p == pair)
+            .ok_or(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)?;
+        on.swap_remove(i);
+        Ok(())
     })
 }
 

@@ -2,7 +2,7 @@
 //! cache preference. Each is one round trip, except a stable question asked before.
 
 use super::ctx::current_dev;
-use super::exec::{config_parts, function, CUfunction, LaunchConfig};
+use super::exec::{config_parts, CUfunction, LaunchConfig};
 use super::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::wire::{self, query, Op, Query};
@@ -109,7 +109,7 @@ pub(crate) fn occupancy(
     smem: usize,
     flags: c_uint,
 ) -> Result<i64, CUresult> {
-    let func = function(f)?;
+    let func = super::module::function_here(f)?;
     ask(
         func.dev,
         query::OCC_MAX_BLOCKS,
@@ -156,7 +156,7 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
     block: c_int,
 ) -> CUresult {
     entry(|| {
-        let func = function(f)?;
+        let func = super::module::function_here(f)?;
         let v = ask(
             func.dev,
             query::OCC_DYN_SMEM,
@@ -187,7 +187,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
     flags: c_uint,
 ) -> CUresult {
     entry(|| {
-        let func = function(f)?;
+        let func = super::module::function_here(f)?;
         let d = super::device::device(func.dev as CUdevice)?;
         const WARP_SIZE: usize = 10;
         const MULTIPROCESSOR_COUNT: usize = 16;
@@ -238,7 +238,7 @@ unsafe fn cluster_query(
     f: CUfunction,
     config: *const LaunchConfig,
 ) -> Result<i64, CUresult> {
-    let func = function(f)?;
+    let func = super::module::function_here(f)?;
     // SAFETY: the caller's config.
     let (c, attrs) = unsafe { config_parts(config) }?;
     let g = |x: c_uint| x as i64;
@@ -325,7 +325,7 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuFuncSetCacheConfig(f: CUfunction, config: c_int) -> CUresult {
     entry(|| {
-        let func = function(f)?;
+        let func = super::module::function_here(f)?;
         forget_answers();
         // The cache preference and the shared memory carveout are two views of one setting.
         const PREFERRED_SHARED_MEMORY_CARVEOUT: c_int = 9;

@@ -33,12 +33,13 @@ pub(super) unsafe fn kernel_node(
     kern: CUfunction,
 ) -> Result<KernelNode, CUresult> {
     let f = if p.func.is_null() { kern } else { p.func };
-    let func = function(f)?;
+    // A library's kernel: its function on the device the graph is built on.
+    let func = crate::api::module::function_here(f)?;
     let mut args = vec![0u8; func.args_size];
     // SAFETY: forwarded contract.
     unsafe { crate::api::exec::pack_args(func, p.kernel_params, p.extra, &mut args) }?;
     Ok(KernelNode {
-        func: f as usize,
+        func: func as *const crate::handles::Function as usize,
         grid: p.grid,
         block: p.block,
         shared: p.shared,

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Direct peer access on two GPUs (run on the two-GPU machine):
+#  1. rt/peer_access prints under omps what it prints natively (capabilities, enable and
+#     disable errors, kernels on one GPU reaching the other's memory, peer copies, memory
+#     freed on one GPU while the other's kernels read it), 3 clients at once;
+#  2. the copy bandwidth between the GPUs, native / NVIDIA MPS / omps, in one run.
+#   OMPS_BIN=target/release bash scripts/multi-gpu/peer.sh
+set -u
+B=$(cd "${OMPS_BIN:-target/release}" && pwd)
+R=$(cd "$(dirname "$0")/../.." && pwd)
+W=${1:-/tmp/omps-peer}
+MPS_BIN=${MPS_BIN:-/usr/local/nvidia/bin}
+rm -rf "$W"; mkdir -p "$W/bin" "$W/pipe" "$W/mps"; chmod 700 "$W/pipe" "$W/mps"
+nvcc -O2 -arch=sm_90 -I"$R/tests/cuda/rt" -o "$W/bin/peer_access" "$R/tests/cuda/rt/peer_access.cu" || exit 1
+nvcc -O2 -arch=sm_90 -o "$W/bin/peer_bw" "$R/scripts/multi-gpu/peer_bw.cu" || exit 1
+nvidia-smi topo -m 2>/dev/null | head -4
+fail=0
+check() { # name file-native file-omps
+    if cmp -s "$2" "$3"; then echo ">>> $1: PASS"; else echo ">>> $1: FAIL"; diff "$2" "$3" | head -20; fail=1; fi
+}
+timeout 60 "$W/bin/peer_access" > "$W/peer_access.native" 2>&1
+cat "$W/peer_access.native"
+timeout 60 "$W/bin/peer_bw" > "$W/bw.native" 2>&1
+
+# NVIDIA MPS, both GPUs.
+export CUDA_MPS_PIPE_DIRECTORY="$W/mps" CUDA_MPS_LOG_DIRECTORY="$W/mps"
+timeout 10 "$MPS_BIN/nvidia-cuda-mps-control" -d
+timeout 60 "$W/bin/peer_bw" > "$W/bw.mps" 2>&1
+timeout 60 "$W/bin/peer_access" > "$W/peer_access.mps" 2>&1
+echo quit | timeout 10 "$MPS_BIN/nvidia-cuda-mps-control"
+unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+sleep 1
+
+OMPS_PIPE_DIRECTORY="$W/pipe" "$B/omps-server" > "$W/server.log" 2>&1 &
+SP=$!
+for _ in $(seq 100); do [ -S "$W/pipe/omps.sock" ] && break; sleep 0.1; done
+omps() { OMPS_PIPE_DIRECTORY="$W/pipe" LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$@"; }
+pids=()
+for i in 1 2 3; do omps "$W/bin/peer_access" > "$W/peer_access.omps$i" 2>&1 & pids+=($!); done
+for p in "${pids[@]}"; do wait "$p"; done
+omps "$W/bin/peer_bw" > "$W/bw.omps" 2>&1
+OMPS_PIPE_DIRECTORY="$W/pipe" timeout 10 "$B/omps-ctl" quit > /dev/null; wait $SP
+
+check "peer_access under MPS (for reference)" "$W/peer_access.native" "$W/peer_access.mps"
+for i in 1 2 3; do check "peer_access client $i" "$W/peer_access.native" "$W/peer_access.omps$i"; done
+echo "copy bandwidth between GPUs, GB/s (native / MPS / omps; omps/MPS):"
+for k in memcpy_peer_0to1 memcpy_peer_1to0 kernel_reads_peer; do
+    n=$(awk -v k=$k '$2==k{print $3}' "$W/bw.native"); m=$(awk -v k=$k '$2==k{print $3}' "$W/bw.mps")
+    o=$(awk -v k=$k '$2==k{print $3}' "$W/bw.omps")
+    r=$(awk -v a="$o" -v b="$m" 'BEGIN{if (b+0>0 && a+0>0) printf "%.2f", a/b; else print "-"}')
+    echo "  $k: ${n:-?} / ${m:-?} / ${o:-?}; $r"
+done
+grep -h FAIL "$W"/bw.* 2>/dev/null
+grep -i -E "warn|error|panic" "$W/server.log" | head -10
+[ $fail = 0 ] && echo "peer: PASS" || { echo "peer: FAIL"; exit 1; }

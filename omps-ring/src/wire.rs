@@ -41,6 +41,9 @@ ops! {
     Launch = 1 => Launch,
     Memset = 2 => Memset,
     CopyDtoD = 3 => CopyDtoD,
+    /// A device-to-device copy whose far end lies on another GPU of the client's, run on
+    /// this GPU's stream over direct peer access (the client enabled it).
+    CopyPeer = 28 => CopyPeer,
     CopyHtoDChunk = 4 => ChunkCopy,
     CopyDtoHChunk = 5 => ChunkCopy,
     BlobAppend = 6 => ChunkCopy,
@@ -202,6 +205,20 @@ pub struct CopyDtoD {
     pub src: u64,
     pub len: u64,
     pub stream: u32,
+    pub _pad: u32,
+}
+
+/// A copy between this GPU's memory and the memory of the client's device `peer` (its
+/// own numbering); `far_is_src` says which end lies there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CopyPeer {
+    pub dst: u64,
+    pub src: u64,
+    pub len: u64,
+    pub stream: u32,
+    pub peer: u32,
+    pub far_is_src: u32,
     pub _pad: u32,
 }
 

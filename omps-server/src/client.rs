@@ -165,6 +165,9 @@ pub struct ClientShared {
     pub cross: [std::sync::Mutex<crate::peer_fence::CrossQueue>; MAX_DEVICES],
     /// Per server GPU: its queue in `cross` may hold requests.
     pub cross_waiting: [AtomicBool; MAX_DEVICES],
+    /// Per server GPU: its allocations there (start -> length), as the session there
+    /// holds them: another GPU's worker checks the far end of a peer copy against them.
+    allocs_on: [std::sync::Mutex<std::collections::BTreeMap<u64, u64>>; MAX_DEVICES],
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -222,6 +225,7 @@ impl ClientShared {
             peer_access: AtomicBool::new(false),
             cross: Default::default(),
             cross_waiting: Default::default(),
+            allocs_on: Default::default(),
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,
@@ -356,6 +360,37 @@ impl ClientShared {
     /// The ring (its device number) through which it reaches the server's GPU `gpu`.
     pub fn ring_of(&self, gpu: usize) -> Option<usize> {
         self.visible.iter().position(|&g| g == gpu)
+    }
+
+    /// Its session on `gpu` allocated `len` bytes at `ptr` (`len` 0: freed it).
+    pub fn note_alloc(&self, gpu: usize, ptr: u64, len: u64) {
+        if let Some(m) = self.allocs_on.get(gpu) {
+            let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+            if len == 0 {
+                m.remove(&ptr);
+            } else {
+                m.insert(ptr, len);
+            }
+        }
+    }
+
+    /// Its session on `gpu` has ended: none of its allocations there is its any more.
+    pub fn forget_allocs(&self, gpu: usize) {
+        if let Some(m) = self.allocs_on.get(gpu) {
+            m.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
+    /// Whether `[addr, addr+len)` lies inside one of its allocations on `gpu`.
+    pub fn holds_on(&self, gpu: usize, addr: u64, len: u64) -> bool {
+        let Some(m) = self.allocs_on.get(gpu) else {
+            return false;
+        };
+        let m = m.lock().unwrap_or_else(|e| e.into_inner());
+        let end = addr.checked_add(len);
+        m.range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, &n)| end.is_some_and(|e| e <= start.saturating_add(n)))
     }
 
     /// How far the client says it has written its ring for `gpu` (0 if it has none).

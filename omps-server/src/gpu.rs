@@ -98,6 +98,10 @@ pub trait Gpu: Send + Sync + 'static {
     fn enable_peer(&self, _peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
         [0; omps_ring::segment::P2P_ATTRIBUTES]
     }
+    /// Whether `enable_peer` gave this GPU's context direct access to GPU `peer`.
+    fn reaches(&self, _peer: usize) -> bool {
+        false
+    }
     /// All streams: work, marker and high-priority work streams.
     fn stream_count(&self) -> usize {
         self.layout().total()

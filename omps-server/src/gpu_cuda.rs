@@ -153,9 +153,9 @@ pub struct CudaGpu {
     get_limit_fn: RawGetLimitFn,
     set_limit_fn: RawSetLimitFn,
     cache_config_fn: RawCacheConfigFn,
-    /// The GPUs this one's context reaches directly: access is enabled again, both ways,
-    /// after a reset.
-    peers: std::sync::Mutex<Vec<cu::CUdevice>>,
+    /// The GPUs this one's context reaches directly (ordinal, device): access is enabled
+    /// again, both ways, after a reset.
+    peers: std::sync::Mutex<Vec<(usize, cu::CUdevice)>>,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -552,7 +552,7 @@ impl Gpu for CudaGpu {
             .map_err(step("creating the streams"))?;
         // The old context's peer access went with it, both ways.
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        for p in peers {
+        for (_, p) in peers {
             let mut pctx = std::ptr::null_mut();
             // SAFETY: valid out-pointer; the peer's CudaGpu keeps its context retained.
             let back = ck(unsafe { cu::cuDevicePrimaryCtxRetain(&mut pctx, p) })
@@ -571,6 +571,14 @@ impl Gpu for CudaGpu {
         }
         self.rebind();
         Ok(())
+    }
+
+    fn reaches(&self, peer: usize) -> bool {
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|&(o, _)| o == peer)
     }
 
     fn enable_peer(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
@@ -598,7 +606,7 @@ impl Gpu for CudaGpu {
         self.peers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(pdev);
+            .push((peer, pdev));
         type RawP2pFn = unsafe extern "C" fn(*mut c_int, c_int, c_int, c_int) -> c_int;
         if let Ok(f) = raw_fn::<RawP2pFn>(b"cuDeviceGetP2PAttribute\0") {
             for (a, v) in out

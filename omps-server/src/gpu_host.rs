@@ -186,8 +186,8 @@ pub struct HostGpu {
     loads: std::sync::atomic::AtomicUsize,
     /// Launches asked of it.
     launches: std::sync::atomic::AtomicUsize,
-    /// Claims direct access to its server's other GPUs (`allow_peer_access`).
-    peer_ok: std::sync::atomic::AtomicBool,
+    /// The GPUs of its machine it reaches directly (`link_peers`).
+    peers: Mutex<Vec<(usize, std::sync::Weak<HostGpu>)>>,
     state: Mutex<State>,
 }
 
@@ -224,10 +224,53 @@ impl HostGpu {
         self.flushes.load(Ordering::Relaxed)
     }
 
-    /// Lets this GPU claim direct access to the other GPUs of its server (tests of what
-    /// peer access changes; its kernels still reach only its own memory).
-    pub fn allow_peer_access(&self) {
-        self.peer_ok.store(true, Ordering::Relaxed);
+    /// Lets each of `gpus` reach the others' memory directly, as GPUs with peer access
+    /// do: copies on one may have an end on another.
+    pub fn link_peers(gpus: &[Arc<HostGpu>]) {
+        for g in gpus {
+            *g.peers.lock().unwrap() = gpus
+                .iter()
+                .filter(|p| !Arc::ptr_eq(p, g))
+                .map(|p| (p.ordinal, Arc::downgrade(p)))
+                .collect();
+        }
+    }
+
+    /// `len` bytes at `addr` of this GPU's memory or a linked peer's (each read under
+    /// that GPU's lock only, so two GPUs copying into each other cannot deadlock).
+    fn read_reachable(&self, addr: u64, len: usize) -> GpuResult<Vec<u8>> {
+        if let Ok(r) = self.state.lock().unwrap().range(addr, len) {
+            return Ok(r.to_vec());
+        }
+        for p in self.linked() {
+            if let Ok(r) = p.state.lock().unwrap().range(addr, len) {
+                return Ok(r.to_vec());
+            }
+        }
+        Err(CuError(code::INVALID_VALUE))
+    }
+
+    fn write_reachable(&self, addr: u64, bytes: &[u8]) -> GpuResult<()> {
+        if let Ok(r) = self.state.lock().unwrap().range(addr, bytes.len()) {
+            r.copy_from_slice(bytes);
+            return Ok(());
+        }
+        for p in self.linked() {
+            if let Ok(r) = p.state.lock().unwrap().range(addr, bytes.len()) {
+                r.copy_from_slice(bytes);
+                return Ok(());
+            }
+        }
+        Err(CuError(code::INVALID_VALUE))
+    }
+
+    fn linked(&self) -> Vec<Arc<HostGpu>> {
+        self.peers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, w)| w.upgrade())
+            .collect()
     }
 
     /// Another GPU of `first`'s machine: host memory registered with either is reached by
@@ -253,7 +296,7 @@ impl HostGpu {
             resets_fail: Default::default(),
             loads: Default::default(),
             launches: Default::default(),
-            peer_ok: Default::default(),
+            peers: Default::default(),
             state: Mutex::new(State {
                 // As under unified addressing, each GPU's memory has addresses of its own.
                 next_addr: BASE + ((ordinal as u64) << 38),
@@ -506,9 +549,13 @@ impl Gpu for HostGpu {
         s
     }
 
+    fn reaches(&self, peer: usize) -> bool {
+        self.peers.lock().unwrap().iter().any(|&(o, _)| o == peer)
+    }
+
     fn enable_peer(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
         let mut out = [0; omps_ring::segment::P2P_ATTRIBUTES];
-        if self.peer_ok.load(Ordering::Relaxed) && peer != self.ordinal {
+        if self.reaches(peer) {
             // Rank 0, access, native atomics; no array access.
             out[1] = 1;
             out[2] = 1;
@@ -748,9 +795,17 @@ impl Gpu for HostGpu {
         if st.captured(s, HostOp::Dtod { dst, src, len }) {
             return Ok(());
         }
-        let tmp = st.range(src, len)?.to_vec();
-        st.range(dst, len)?.copy_from_slice(&tmp);
-        Ok(())
+        if let (Ok(tmp), true) = (
+            st.range(src, len).map(|r| r.to_vec()),
+            st.range(dst, len).is_ok(),
+        ) {
+            st.range(dst, len)?.copy_from_slice(&tmp);
+            return Ok(());
+        }
+        // An end on a linked peer's memory.
+        drop(st);
+        let tmp = self.read_reachable(src, len)?;
+        self.write_reachable(dst, &tmp)
     }
 
     fn memset(

@@ -705,6 +705,7 @@ impl Session {
             Op::Launch | Op::Query | Op::TensorMap => self.handle_exec(ctx, op, p, tail)?,
             Op::Memset
             | Op::CopyDtoD
+            | Op::CopyPeer
             | Op::CopyHtoDChunk
             | Op::CopyDtoHChunk
             | Op::CopyHtoDInline

@@ -601,6 +601,7 @@ impl WorkerCtx {
         // Fences other GPUs asked of it pass with its last work; so does, for a client with
         // peer access, what it held here, once its work on the other GPUs is done too.
         let asked = crate::peer_fence::retire(&client, self.gpu.ordinal());
+        client.forget_allocs(self.gpu.ordinal());
         if client.peer_access.load(Ordering::SeqCst) && client.visible.len() > 1 {
             let held = crate::peer_fence::hold(
                 &self.shared,

@@ -37,8 +37,7 @@ fn two_gpus_with_peer_access_copy_launch_and_fence_frees_on_both() {
     let dir = temp_dir("peer");
     let first = Arc::new(HostGpu::new(0, 1 << 28));
     let second = Arc::new(HostGpu::beside(&first, 1, 1 << 28));
-    first.allow_peer_access();
-    second.allow_peer_access();
+    HostGpu::link_peers(&[first.clone(), second.clone()]);
     let gpus: Vec<Arc<dyn Gpu>> = vec![first.clone(), second.clone()];
     let server = Server::new(ServerConfig::minimal(dir.clone()), gpus, 13000).expect("server");
     let thread = std::thread::spawn(move || server.run().expect("server runs"));
@@ -127,7 +126,7 @@ fn two_gpus_with_peer_access_copy_launch_and_fence_frees_on_both() {
         ok(cuKernelGetFunction(&mut f1, kern));
         assert_ne!(f1, kern as CUfunction, "GPU 1's function of the library");
 
-        // Copies between the GPUs.
+        // Copies between the GPUs: directly now that peer access is on.
         let (mut a, mut b, mut c) = (0u64, 0u64, 0u64);
         ok(cuCtxSetCurrent(c0));
         ok(cuMemAlloc_v2(&mut a, n));

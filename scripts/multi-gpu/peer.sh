@@ -44,7 +44,7 @@ OMPS_PIPE_DIRECTORY="$W/pipe" timeout 10 "$B/omps-ctl" quit > /dev/null; wait $S
 check "peer_access under MPS (for reference)" "$W/peer_access.native" "$W/peer_access.mps"
 for i in 1 2 3; do check "peer_access client $i" "$W/peer_access.native" "$W/peer_access.omps$i"; done
 echo "copy bandwidth between GPUs, GB/s (native / MPS / omps; omps/MPS):"
-for k in memcpy_peer_0to1 memcpy_peer_1to0 kernel_reads_peer; do
+for k in memcpy_peer_0to1 memcpy_peer_1to0 memcpy_peer_0to1_enabled memcpy_peer_1to0_enabled kernel_reads_peer; do
     n=$(awk -v k=$k '$2==k{print $3}' "$W/bw.native"); m=$(awk -v k=$k '$2==k{print $3}' "$W/bw.mps")
     o=$(awk -v k=$k '$2==k{print $3}' "$W/bw.omps")
     r=$(awk -v a="$o" -v b="$m" 'BEGIN{if (b+0>0 && a+0>0) printf "%.2f", a/b; else print "-"}')

@@ -1,5 +1,5 @@
-// Copy bandwidth between two GPUs: cudaMemcpyPeer of 256 MiB, 0 -> 1 and 1 -> 0, and a
-// kernel on 0 reading 1's memory in place when peer access is there. Prints GB/s (the
+// Copy bandwidth between two GPUs: cudaMemcpyPeer of 256 MiB, 0 -> 1 and 1 -> 0, before
+// and after peer access is enabled, and a kernel on 0 reading 1's memory in place. Prints GB/s (the
 // best of 5) on stdout as "peer_bw <what> <GB/s>".
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -25,22 +25,29 @@ int main() {
     void *a, *b; float *out;
     CK(cudaSetDevice(0)); CK(cudaMalloc(&a, bytes)); CK(cudaMalloc(&out, 4)); CK(cudaMemset(a, 1, bytes));
     CK(cudaSetDevice(1)); CK(cudaMalloc(&b, bytes)); CK(cudaMemset(b, 2, bytes));
-    for (int dir = 0; dir < 2; dir++) {
-        double best = 1e9;
-        for (int r = 0; r < 6; r++) {
-            double t0 = now();
-            if (dir == 0) CK(cudaMemcpyPeer(b, 1, a, 0, bytes)); else CK(cudaMemcpyPeer(a, 0, b, 1, bytes));
-            CK(cudaDeviceSynchronize());
-            double t = now() - t0;
-            if (r > 0 && t < best) best = t;
-        }
-        printf("peer_bw memcpy_peer_%s %.1f\n", dir == 0 ? "0to1" : "1to0", bytes / best / 1e9);
-    }
     int can = 0;
     CK(cudaDeviceCanAccessPeer(&can, 0, 1));
+    for (int enabled = 0; enabled < 2; enabled++) {
+        if (enabled) {
+            if (!can) break;
+            CK(cudaSetDevice(0)); CK(cudaDeviceEnablePeerAccess(1, 0));
+            CK(cudaSetDevice(1)); CK(cudaDeviceEnablePeerAccess(0, 0));
+        }
+        for (int dir = 0; dir < 2; dir++) {
+            double best = 1e9;
+            for (int r = 0; r < 6; r++) {
+                double t0 = now();
+                if (dir == 0) CK(cudaMemcpyPeer(b, 1, a, 0, bytes)); else CK(cudaMemcpyPeer(a, 0, b, 1, bytes));
+                CK(cudaDeviceSynchronize());
+                double t = now() - t0;
+                if (r > 0 && t < best) best = t;
+            }
+            printf("peer_bw memcpy_peer_%s%s %.1f\n", dir == 0 ? "0to1" : "1to0",
+                   enabled ? "_enabled" : "", bytes / best / 1e9);
+        }
+    }
     if (can) {
         CK(cudaSetDevice(0));
-        CK(cudaDeviceEnablePeerAccess(1, 0));
         double best = 1e9;
         for (int r = 0; r < 6; r++) {
             double t0 = now();

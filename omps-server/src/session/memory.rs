@@ -123,6 +123,9 @@ impl Session {
                 let f = rec::<wire::MemFree>(p);
                 match self.allocs.remove(&f.ptr) {
                     Some(len) => {
+                        // Before the release is held: a peer copy read from here on is
+                        // refused (crate::peer_fence).
+                        self.client.note_alloc(self.dev, f.ptr, 0);
                         let exported = ctx
                             .shared
                             .ipc
@@ -181,8 +184,33 @@ impl Session {
                 }
                 if let Ok(p) = r {
                     self.allocs.insert(p, a.size);
+                    self.client.note_alloc(self.dev, p, a.size);
                 }
                 self.complete_pod(a.call, r.map(|value| wire::U64Reply { value }))?;
+            }
+            Op::CopyPeer => {
+                fixed_only(tail, "peer copy")?;
+                let c = rec::<wire::CopyPeer>(p);
+                let s = self.stream(ctx, c.stream)?;
+                let (near, far) = match c.far_is_src {
+                    0 => (c.src, c.dst),
+                    _ => (c.dst, c.src),
+                };
+                // The far end must be the client's on a GPU this one reaches, and the
+                // client's frees there must wait for its work here (peer access on).
+                let far_ok = self.client.visible.get(c.peer as usize).is_some_and(|&g| {
+                    g != self.dev
+                        && self.client.peer_access.load(Ordering::SeqCst)
+                        && gpu.reaches(g)
+                        && self.client.holds_on(g, far, c.len)
+                });
+                if !far_ok {
+                    self.note_error(CuError(code::INVALID_VALUE));
+                } else if self.check_range(near, c.len) {
+                    if let Err(e) = gpu.copy_dtod(c.dst, c.src, c.len as usize, s) {
+                        self.note_error(e);
+                    }
+                }
             }
             Op::PeerAccess => {
                 // Set before the answer: the client's next free, on any GPU, sees it.

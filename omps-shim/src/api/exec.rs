@@ -17,7 +17,7 @@ pub type CUevent = *mut Event;
 pub type CUfunction = *mut Function;
 
 pub(crate) const CU_STREAM_LEGACY: usize = 0x1;
-const CU_STREAM_PER_THREAD: usize = 0x2;
+pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;
 
 /// The wire id of a stream handle; 0 (and the legacy / per-thread handles) is the
 /// client's default stream.
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
 
 /// A call about stream or event `id`. After a synchronization, device printf output is
 /// delivered, as the driver writes it at such calls.
-fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
+pub(crate) fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
     use crate::printf::{before_sync, deliver, Covers};
     let c = live()?;
     let before = before_sync(dev);
@@ -207,7 +207,16 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> C
             EXTERNAL => Op::StreamWaitEvent,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
-        // A wait across devices would be a peer dependency: not supported.
+        let ev = event(e)?;
+        if stream_dev(s)?.1 != ev.dev {
+            // Across GPUs the wait is kept on the host: the event's last record has
+            // passed before anything queued after this call. A capture cannot hold that.
+            if super::capture::any_capture() {
+                crate::unsupported::unsupported("cuStreamWaitEvent across GPUs in a capture");
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            return handle_call(ev.dev, Op::EventSync, ev.id);
+        }
         event_on_stream(e, s, op, CUDA_ERROR_NOT_SUPPORTED)
     })
 }

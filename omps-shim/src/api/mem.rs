@@ -48,6 +48,17 @@ pub(crate) fn range_info(addr: u64) -> Option<(u64, u64, usize)> {
     (addr < start + n).then_some((start, n, dev))
 }
 
+/// Whether `[addr, addr+len)` lies inside one allocation of cuMemAlloc's (not a module
+/// variable, VMM mapping or another process's memory).
+pub(crate) fn plain_alloc(addr: u64, len: u64) -> bool {
+    let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+    r.range(..=addr)
+        .next_back()
+        .is_some_and(|(&start, &(n, _, freeable))| {
+            freeable && addr.checked_add(len).is_some_and(|end| end <= start + n)
+        })
+}
+
 /// The device of the memory holding `[addr, addr+len)`, or INVALID_VALUE. The range may
 /// run across adjacent ranges of one device: PyTorch's expandable segments map a
 /// reservation piece by piece and place tensors across the seams.

@@ -13,14 +13,17 @@
 //! is ordered after the work of the stream it names (which it synchronizes first) and
 //! done when the call returns.
 
+use super::ctx::current_dev;
 use super::ctx::CUcontext;
 use super::device::device;
-use super::exec::{stream_sync, CUstream};
-use super::mem::{copy_dtoh, copy_htod};
+use super::exec::{
+    handle_call, resolve_stream, stream_sync, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
+};
+use super::mem::{copy_dtoh, copy_htod, plain_alloc, range_dev};
 use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{resolve, CTX_MAGIC};
-use omps_ring::wire::{CallHdr, Op};
+use omps_ring::wire::{CallHdr, CopyPeer, Op};
 use std::ffi::c_int;
 
 const CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: CUresult = 217;
@@ -34,14 +37,22 @@ static ENABLED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Ve
 /// Bytes moved through host memory at a time.
 const PIECE: usize = 8 << 20;
 
-/// `len` bytes from `src` (on one GPU) to `dst` (on another), through host memory, after
-/// the work queued on `stream`.
+/// Set once a context of this process enabled peer access: the server then holds every
+/// free until the process's work on all its GPUs is done, so a copy may reach across.
+static PEER_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `len` bytes from `src` (on one GPU) to `dst` (on another): directly, over peer access,
+/// on the stream's GPU where the process enabled it and the far end is an allocation of
+/// its own; otherwise through host memory, after the work queued on `stream`.
 pub(crate) fn copy_between(
     dst: u64,
     src: u64,
     len: usize,
     stream: CUstream,
 ) -> Result<(), CUresult> {
+    if let Some(near) = direct_side(dst, src, len as u64, stream)? {
+        return copy_direct(near, dst, src, len as u64, stream);
+    }
     stream_sync(stream)?;
     let mut buf = vec![0u8; len.min(PIECE)];
     let mut off = 0;
@@ -64,6 +75,65 @@ pub(crate) fn copy_between(
             true,
         )?;
         off += n;
+    }
+    Ok(())
+}
+
+/// The GPU that runs a direct copy (the stream's, or for the default stream the current
+/// device if it holds an end, else the destination's), or None where it must be staged.
+fn direct_side(dst: u64, src: u64, len: u64, stream: CUstream) -> Result<Option<usize>, CUresult> {
+    if !PEER_ON.load(std::sync::atomic::Ordering::Acquire) {
+        return Ok(None);
+    }
+    let (dd, sd) = (range_dev(dst, len)?, range_dev(src, len)?);
+    let near = match resolve_stream(stream)? {
+        Some(st) => st.dev,
+        None => current_dev()
+            .ok()
+            .filter(|&d| d == dd || d == sd)
+            .unwrap_or(dd),
+    };
+    let (far, far_addr) = match near {
+        n if n == dd => (sd, src),
+        n if n == sd => (dd, dst),
+        _ => return Ok(None),
+    };
+    let reach = p2p(near as CUdevice, far as CUdevice, ACCESS)? == 1;
+    Ok((reach && plain_alloc(far_addr, len)).then_some(near))
+}
+
+/// A copy over peer access, queued on GPU `near`. On the default stream it keeps
+/// cuMemcpyPeer's promise: after the work already queued on both GPUs, and done before
+/// anything queued after it (the call waits for it).
+fn copy_direct(
+    near: usize,
+    dst: u64,
+    src: u64,
+    len: u64,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    let (dd, sd) = (range_dev(dst, len)?, range_dev(src, len)?);
+    let far = if near == dd { sd } else { dd };
+    let named = match stream as usize {
+        0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD => None,
+        _ => resolve_stream(stream)?,
+    };
+    if named.is_none() {
+        super::ctx::sync_device(far)?;
+    }
+    let id = named.map_or(omps_ring::wire::STREAM_DEFAULT, |st| st.id);
+    let rec = CopyPeer {
+        dst,
+        src,
+        len,
+        stream: id,
+        peer: far as u32,
+        far_is_src: (far == sd) as u32,
+        _pad: 0,
+    };
+    live()?.push(near, Op::CopyPeer, &[bytemuck::bytes_of(&rec)])?;
+    if named.is_none() {
+        handle_call(near, Op::StreamSync, id)?;
     }
     Ok(())
 }
@@ -149,6 +219,7 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: std::ffi::c_uint
             bytemuck::bytes_of(&call).to_vec()
         })?;
         on.push(pair);
+        PEER_ON.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     })
 }

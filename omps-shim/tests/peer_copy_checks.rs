@@ -1,0 +1,144 @@
+//! The server's checks of a copy over peer access (Op::CopyPeer), sent over raw
+//! connections: its far end must be the sender's own allocation on the other GPU, in
+//! bounds and not yet freed, and the sender must have enabled peer access. A copy that
+//! passes lands; one that fails is an error at the next synchronization and touches
+//! nothing. Two host GPUs that reach each other stand in for a machine's.
+
+mod common;
+use common::*;
+use omps_ring::wire::{self, CallHdr, CopyPeer, MemAlloc, MemFree, Op, U64Reply};
+use omps_server::gpu::Gpu;
+use omps_server::gpu_host::HostGpu;
+use omps_server::{Server, ServerConfig};
+use omps_shim::conn::{settings_from, Conn};
+use std::sync::Arc;
+
+fn alloc_on(c: &Conn, dev: usize, size: u64) -> u64 {
+    let mut ch = c.channel();
+    ch.call(dev, Op::MemAlloc, |call| {
+        bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
+    })
+    .expect("alloc");
+    ch.reply::<U64Reply>().value
+}
+
+/// Synchronizes `c`'s default stream on `dev`: the first error since, if any.
+fn sync_on(c: &Conn, dev: usize) -> Result<(), i32> {
+    let mut ch = c.channel();
+    ch.call(dev, Op::StreamSync, |call| {
+        bytemuck::bytes_of(&wire::HandleCall {
+            call,
+            id: 0,
+            _pad: 0,
+        })
+        .to_vec()
+    })
+    .map(drop)
+}
+
+/// Queues a copy on GPU 1's default stream with its far end (`far`) on GPU 0.
+fn copy_from_gpu0(c: &Conn, dst: u64, far: u64, len: u64) {
+    let rec = CopyPeer {
+        dst,
+        src: far,
+        len,
+        stream: wire::STREAM_DEFAULT,
+        peer: 0,
+        far_is_src: 1,
+        _pad: 0,
+    };
+    c.push(1, Op::CopyPeer, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+}
+
+fn fill(gpu: &HostGpu, c: &Conn, dev: usize, dst: u64, value: u32) {
+    let m = wire::Memset {
+        dst,
+        count: 16,
+        value,
+        elem_size: 4,
+        stream: 0,
+        _pad: 0,
+    };
+    c.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
+    sync_on(c, dev).unwrap();
+    assert_eq!(gpu.peek(dst, 4).unwrap(), value.to_le_bytes());
+}
+
+#[test]
+fn a_peer_copy_reaches_only_the_senders_own_live_memory() {
+    let dir = temp_dir("peer-checks");
+    let first = Arc::new(HostGpu::new(0, 1 << 28));
+    let second = Arc::new(HostGpu::beside(&first, 1, 1 << 28));
+    HostGpu::link_peers(&[first.clone(), second.clone()]);
+    let gpus: Vec<Arc<dyn Gpu>> = vec![first.clone(), second.clone()];
+    let server = Server::new(ServerConfig::minimal(dir.clone()), gpus, 13000).expect("server");
+    let thread = std::thread::spawn(move || server.run().expect("server runs"));
+    let settings = settings_from(|_| None).expect("settings");
+    let sock = dir.join(omps_ring::sock::SOCKET_NAME);
+    let a = Conn::connect_with(&sock, &settings).unwrap();
+    let b = Conn::connect_with(&sock, &settings).unwrap();
+    assert_eq!(a.snapshot.devices[1].p2p[0][1], 1, "GPU 1 reaches GPU 0");
+
+    let far = alloc_on(&a, 0, 64);
+    let near = alloc_on(&a, 1, 64);
+    let others = alloc_on(&b, 0, 64);
+    fill(&first, &a, 0, far, 0x1111_1111);
+    fill(&first, &b, 0, others, 0x2222_2222);
+    fill(&second, &a, 1, near, 0);
+
+    // Before the client enabled peer access, its frees on GPU 0 do not wait for GPU 1.
+    copy_from_gpu0(&a, near, far, 64);
+    assert_eq!(sync_on(&a, 1), Err(CUDA_ERROR_INVALID_VALUE_CODE));
+    assert_eq!(second.peek(near, 4).unwrap(), [0; 4]);
+
+    let mut ch = a.channel();
+    ch.call(1, Op::PeerAccess, |call: CallHdr| {
+        bytemuck::bytes_of(&call).to_vec()
+    })
+    .expect("peer access");
+    drop(ch);
+    copy_from_gpu0(&a, near, far, 64);
+    sync_on(&a, 1).expect("its own allocation on GPU 0");
+    assert_eq!(second.peek(near, 4).unwrap(), 0x1111_1111u32.to_le_bytes());
+
+    // Another client's memory, past the end of its own, and its own once freed: refused,
+    // and the far end is not written either.
+    copy_from_gpu0(&a, near, others, 64);
+    assert_eq!(sync_on(&a, 1), Err(CUDA_ERROR_INVALID_VALUE_CODE));
+    copy_from_gpu0(&a, near, far + 32, 64);
+    assert_eq!(sync_on(&a, 1), Err(CUDA_ERROR_INVALID_VALUE_CODE));
+    let into_others = CopyPeer {
+        dst: others,
+        src: near,
+        len: 64,
+        stream: wire::STREAM_DEFAULT,
+        peer: 0,
+        far_is_src: 0,
+        _pad: 0,
+    };
+    a.push(1, Op::CopyPeer, &[bytemuck::bytes_of(&into_others)])
+        .unwrap();
+    assert_eq!(sync_on(&a, 1), Err(CUDA_ERROR_INVALID_VALUE_CODE));
+    assert_eq!(first.peek(others, 4).unwrap(), 0x2222_2222u32.to_le_bytes());
+    a.push(0, Op::MemFree, &[bytemuck::bytes_of(&MemFree { ptr: far })])
+        .unwrap();
+    sync_on(&a, 0).unwrap();
+    copy_from_gpu0(&a, near, far, 64);
+    assert_eq!(sync_on(&a, 1), Err(CUDA_ERROR_INVALID_VALUE_CODE));
+    // A far end named by a device the client does not have.
+    let nowhere = CopyPeer {
+        peer: 7,
+        ..into_others
+    };
+    a.push(1, Op::CopyPeer, &[bytemuck::bytes_of(&nowhere)])
+        .unwrap();
+    assert_eq!(sync_on(&a, 1), Err(CUDA_ERROR_INVALID_VALUE_CODE));
+
+    drop((a, b));
+    assert!(ctl_at(&sock, "quit").0);
+    thread.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const CUDA_ERROR_INVALID_VALUE_CODE: i32 = 1;

@@ -310,6 +310,7 @@ def two_gpus():
     on the second GPU with weights copied from the first."""
     if DEV != "cuda" or torch.cuda.device_count() < 2:
         raise SkipWorkload("needs two GPUs")
+    torch.manual_seed(0)  # the layer's initial weights
     d0, d1 = torch.device("cuda:0"), torch.device("cuda:1")
     a = torch.randn(512, 512, generator=gen(7)).to(d0)
     b = torch.randn(512, 512, generator=gen(8)).to(d1)

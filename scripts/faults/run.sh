@@ -55,6 +55,13 @@ echo "server process: pid $SP, name $(cat /proc/$SP/comm 2>/dev/null), $starts s
 verdict "fault: the server keeps its name and its log" "$([ "$(cat /proc/$SP/comm 2>/dev/null)" = omps-server ] && [ "$starts" -ge 1 ] && echo PASS || echo "name or log lost")"
 LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" once > "$W/after_fault.txt" 2>&1
 verdict "fault: a new client computes as natively" "$(cmp -s "$W/native.txt" "$W/after_fault.txt" && echo PASS || cat "$W/after_fault.txt")"
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    # Several GPUs: the recreated context (or restarted server) reaches its peers again.
+    nvcc -O2 -arch=sm_90 -I"$HERE/../../tests/cuda/rt" -o "$W/peer_access" "$HERE/../../tests/cuda/rt/peer_access.cu" || exit 1
+    "$W/peer_access" > "$W/peer.native" 2>&1
+    LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/peer_access" > "$W/peer.omps" 2>&1
+    verdict "fault: peer access between the GPUs as natively after it" "$(cmp -s "$W/peer.native" "$W/peer.omps" && echo PASS || diff "$W/peer.native" "$W/peer.omps" | head -n 5)"
+fi
 
 # 2. The server killed.
 start_loops "$N"

@@ -135,7 +135,34 @@ fn a_peer_copy_reaches_only_the_senders_own_live_memory() {
         .unwrap();
     assert_eq!(sync_on(&a, 1), Err(CUDA_ERROR_INVALID_VALUE_CODE));
 
-    drop((a, b));
+    // A client with peer access that dies: what it held on GPU 0 stays until its work on
+    // GPU 1 has passed a fence, then goes (and nothing waits in a circle: the server
+    // settles every release and quits).
+    // Only the other client's 64 bytes are left on GPU 0 once `far` is back.
+    let t = std::time::Instant::now();
+    while first.bytes_allocated() != 64 && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let before = first.bytes_allocated();
+    assert_eq!(before, 64, "the freed allocation came back");
+    let kept = alloc_on(&a, 0, 1 << 20);
+    assert_ne!(kept, 0);
+    assert_eq!(first.bytes_allocated(), before + (1 << 20));
+    second.stick_releases(true);
+    drop(a);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        first.bytes_allocated() >= before + (1 << 20),
+        "a dead client's memory was freed before its work on GPU 1 passed its fence"
+    );
+    second.stick_releases(false);
+    let t = std::time::Instant::now();
+    let left = before;
+    while first.bytes_allocated() != left && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(first.bytes_allocated(), left, "a dead client's memory never came back");
+    drop(b);
     assert!(ctl_at(&sock, "quit").0);
     thread.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);

@@ -58,9 +58,11 @@ ops! {
     // Calls: answered in a channel.
     MemAlloc = 32 => MemAlloc,
     MemGetInfo = 33 => CallHdr,
-    /// The client enabled direct peer access: from now on what it frees waits for its
-    /// work on every GPU (answered, so that no later free on another ring overtakes it).
-    PeerAccess = 62 => CallHdr,
+    /// The client enables direct access from this GPU to its device `peer`: the server
+    /// enables it in its context if it has not yet, and from now on what the client frees
+    /// waits for its work on every GPU (answered, so that no later free on another ring
+    /// overtakes it).
+    PeerAccess = 62 => PeerAccess,
     ModuleLoad = 34 => ModuleLoad,
     ModuleGetGlobal = 35 => ModuleGetGlobal,
     FuncGetAttribute = 36 => FuncGetAttribute,
@@ -205,6 +207,15 @@ pub struct CopyDtoD {
     pub src: u64,
     pub len: u64,
     pub stream: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct PeerAccess {
+    pub call: CallHdr,
+    /// The device to reach, in the client's numbering.
+    pub peer: u32,
     pub _pad: u32,
 }
 

@@ -341,23 +341,14 @@ impl Server {
             );
         }
         let mut snapshots: Vec<DeviceSnapshot> = gpus.iter().map(|g| g.snapshot()).collect();
-        // Direct access between every pair of GPUs that can reach each other: one
-        // context per GPU serves every client, so it is enabled once, for all of them.
+        // Which GPUs can reach each other directly; access is enabled when a client asks.
         for (a, g) in gpus.iter().enumerate() {
             for (b, peer) in gpus.iter().enumerate() {
                 let pair = peer.ordinal();
                 if let Some(slot) = snapshots[a].p2p.get_mut(b).filter(|_| a != b) {
-                    *slot = g.enable_peer(pair);
+                    *slot = g.peer_attributes(pair);
                 }
             }
-        }
-        let peers = snapshots
-            .iter()
-            .flat_map(|s| s.p2p.iter())
-            .filter(|p| p[1] == 1)
-            .count();
-        if peers > 0 {
-            tracing::info!(pairs = peers, "direct peer access enabled between GPUs");
         }
         let policy = make_policy(&cfg, &gpus, &snapshots)?;
         let mut control_log = control_log::ControlLog::open(sock::log_directory().as_deref());

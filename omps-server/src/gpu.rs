@@ -32,6 +32,7 @@ pub mod code {
     pub const NOT_PERMITTED: i32 = 800;
     pub const LAUNCH_FAILED: i32 = 719;
     pub const NOT_SUPPORTED: i32 = 801;
+    pub const PEER_ACCESS_UNSUPPORTED: i32 = 217;
     pub const MPS_CONNECTION_FAILED: i32 = 805;
     pub const MPS_RPC_FAILURE: i32 = 806;
     pub const MPS_SERVER_NOT_READY: i32 = 807;
@@ -92,11 +93,17 @@ pub trait Gpu: Send + Sync + 'static {
     fn layout(&self) -> crate::placement::Layout;
     /// Recreates the context after a fault (no client is left): every handle is gone.
     fn reset(&self) -> GpuResult<()>;
-    /// Enables direct access from this GPU's context to GPU `peer`'s memory where the two
-    /// can reach each other, and answers cuDeviceGetP2PAttribute for the pair (attribute
-    /// `a` at `a - 1`): all zero where there is no access.
-    fn enable_peer(&self, _peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
+    /// What cuDeviceGetP2PAttribute says of this GPU and GPU `peer` (attribute `a` at
+    /// `a - 1`): all zero where this GPU cannot reach the other directly.
+    fn peer_attributes(&self, _peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
         [0; omps_ring::segment::P2P_ATTRIBUTES]
+    }
+    /// Enables direct access from this GPU's context to GPU `peer`'s memory (done once:
+    /// later calls answer at once). Every allocation in a context with peer access is
+    /// mapped on the peer too, which makes cuMemAlloc dearer, so it is enabled only when a
+    /// client asks.
+    fn enable_peer(&self, _peer: usize) -> GpuResult<()> {
+        Err(CuError(code::PEER_ACCESS_UNSUPPORTED))
     }
     /// Whether `enable_peer` gave this GPU's context direct access to GPU `peer`.
     fn reaches(&self, _peer: usize) -> bool {

@@ -323,6 +323,17 @@ impl CudaGpu {
         }
     }
 
+    /// The device of ordinal `peer`, if this GPU can reach it directly.
+    fn peer_device(&self, peer: usize) -> Option<cu::CUdevice> {
+        let (mut pdev, mut can) = (0, 0);
+        // SAFETY: valid out-pointers; the driver checks the ordinal.
+        let found = unsafe {
+            cu::cuDeviceGet(&mut pdev, peer as c_int) == cu::CUresult::CUDA_SUCCESS
+                && cu::cuDeviceCanAccessPeer(&mut can, self.dev, pdev) == cu::CUresult::CUDA_SUCCESS
+        };
+        (found && can != 0 && pdev != self.dev).then_some(pdev)
+    }
+
     fn bind(&self) {
         let want = self.ctx as usize;
         CURRENT.with(|c| {
@@ -581,32 +592,11 @@ impl Gpu for CudaGpu {
             .any(|&(o, _)| o == peer)
     }
 
-    fn enable_peer(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
+    fn peer_attributes(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
         let mut out = [0; omps_ring::segment::P2P_ATTRIBUTES];
-        let (mut pdev, mut can) = (0, 0);
-        // SAFETY: valid out-pointers; the ordinal is checked by the driver.
-        let found = unsafe {
-            cu::cuDeviceGet(&mut pdev, peer as c_int) == cu::CUresult::CUDA_SUCCESS
-                && cu::cuDeviceCanAccessPeer(&mut can, self.dev, pdev) == cu::CUresult::CUDA_SUCCESS
+        let Some(pdev) = self.peer_device(peer) else {
+            return out;
         };
-        if !found || can == 0 || pdev == self.dev {
-            return out;
-        }
-        let enabled = Self::peer_access(self.ctx, pdev);
-        self.rebind();
-        if let Err(e) = enabled {
-            tracing::warn!(
-                gpu = self.ordinal,
-                peer,
-                "enabling peer access failed: CUDA error {}",
-                e.0
-            );
-            return out;
-        }
-        self.peers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((peer, pdev));
         type RawP2pFn = unsafe extern "C" fn(*mut c_int, c_int, c_int, c_int) -> c_int;
         if let Ok(f) = raw_fn::<RawP2pFn>(b"cuDeviceGetP2PAttribute\0") {
             for (a, v) in out
@@ -622,6 +612,34 @@ impl Gpu for CudaGpu {
             }
         }
         out
+    }
+
+    fn enable_peer(&self, peer: usize) -> GpuResult<()> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if peers.iter().any(|&(o, _)| o == peer) {
+            return Ok(());
+        }
+        let pdev = self
+            .peer_device(peer)
+            .ok_or(CuError(code::PEER_ACCESS_UNSUPPORTED))?;
+        let enabled = Self::peer_access(self.ctx, pdev);
+        self.rebind();
+        if let Err(e) = enabled {
+            tracing::warn!(
+                gpu = self.ordinal,
+                peer,
+                "enabling peer access failed: CUDA error {}",
+                e.0
+            );
+            return Err(e);
+        }
+        tracing::info!(
+            gpu = self.ordinal,
+            peer,
+            "direct access to a peer GPU enabled"
+        );
+        peers.push((peer, pdev));
+        Ok(())
     }
 
     fn mem_alloc(&self, size: u64) -> GpuResult<u64> {

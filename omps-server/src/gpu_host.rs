@@ -186,8 +186,10 @@ pub struct HostGpu {
     loads: std::sync::atomic::AtomicUsize,
     /// Launches asked of it.
     launches: std::sync::atomic::AtomicUsize,
-    /// The GPUs of its machine it reaches directly (`link_peers`).
+    /// The GPUs of its machine it can reach directly (`link_peers`).
     peers: Mutex<Vec<(usize, std::sync::Weak<HostGpu>)>>,
+    /// Those a client has had access enabled to.
+    peers_enabled: Mutex<Vec<usize>>,
     state: Mutex<State>,
 }
 
@@ -297,6 +299,7 @@ impl HostGpu {
             loads: Default::default(),
             launches: Default::default(),
             peers: Default::default(),
+            peers_enabled: Default::default(),
             state: Mutex::new(State {
                 // As under unified addressing, each GPU's memory has addresses of its own.
                 next_addr: BASE + ((ordinal as u64) << 38),
@@ -549,18 +552,29 @@ impl Gpu for HostGpu {
         s
     }
 
-    fn reaches(&self, peer: usize) -> bool {
-        self.peers.lock().unwrap().iter().any(|&(o, _)| o == peer)
-    }
-
-    fn enable_peer(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
+    fn peer_attributes(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
         let mut out = [0; omps_ring::segment::P2P_ATTRIBUTES];
-        if self.reaches(peer) {
+        if self.peers.lock().unwrap().iter().any(|&(o, _)| o == peer) {
             // Rank 0, access, native atomics; no array access.
             out[1] = 1;
             out[2] = 1;
         }
         out
+    }
+
+    fn enable_peer(&self, peer: usize) -> GpuResult<()> {
+        if !self.peers.lock().unwrap().iter().any(|&(o, _)| o == peer) {
+            return Err(CuError(code::PEER_ACCESS_UNSUPPORTED));
+        }
+        let mut on = self.peers_enabled.lock().unwrap();
+        if !on.contains(&peer) {
+            on.push(peer);
+        }
+        Ok(())
+    }
+
+    fn reaches(&self, peer: usize) -> bool {
+        self.peers_enabled.lock().unwrap().contains(&peer)
     }
 
     fn reset(&self) -> GpuResult<()> {

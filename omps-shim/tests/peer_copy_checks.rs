@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use omps_ring::wire::{self, CallHdr, CopyPeer, MemAlloc, MemFree, Op, U64Reply};
+use omps_ring::wire::{self, CopyPeer, MemAlloc, MemFree, Op, U64Reply};
 use omps_server::gpu::Gpu;
 use omps_server::gpu_host::HostGpu;
 use omps_server::{Server, ServerConfig};
@@ -29,6 +29,20 @@ fn sync_on(c: &Conn, dev: usize) -> Result<(), i32> {
         bytemuck::bytes_of(&wire::HandleCall {
             call,
             id: 0,
+            _pad: 0,
+        })
+        .to_vec()
+    })
+    .map(drop)
+}
+
+/// Asks for access from `dev` to the client's device `peer`.
+fn peer_access(c: &Conn, dev: usize, peer: u32) -> Result<(), i32> {
+    let mut ch = c.channel();
+    ch.call(dev, Op::PeerAccess, |call| {
+        bytemuck::bytes_of(&wire::PeerAccess {
+            call,
+            peer,
             _pad: 0,
         })
         .to_vec()
@@ -92,12 +106,13 @@ fn a_peer_copy_reaches_only_the_senders_own_live_memory() {
     assert_eq!(sync_on(&a, 1), Err(CUDA_ERROR_INVALID_VALUE_CODE));
     assert_eq!(second.peek(near, 4).unwrap(), [0; 4]);
 
-    let mut ch = a.channel();
-    ch.call(1, Op::PeerAccess, |call: CallHdr| {
-        bytemuck::bytes_of(&call).to_vec()
-    })
-    .expect("peer access");
-    drop(ch);
+    // Access from GPU 1 to the client's device 0; a device itself or one it does not
+    // have is refused.
+    assert!(!second.reaches(0), "enabled only when a client asks");
+    assert_eq!(peer_access(&a, 1, 1), Err(CUDA_ERROR_INVALID_DEVICE_CODE));
+    assert_eq!(peer_access(&a, 1, 5), Err(CUDA_ERROR_INVALID_DEVICE_CODE));
+    peer_access(&a, 1, 0).expect("peer access");
+    assert!(second.reaches(0));
     copy_from_gpu0(&a, near, far, 64);
     sync_on(&a, 1).expect("its own allocation on GPU 0");
     assert_eq!(second.peek(near, 4).unwrap(), 0x1111_1111u32.to_le_bytes());
@@ -161,7 +176,11 @@ fn a_peer_copy_reaches_only_the_senders_own_live_memory() {
     while first.bytes_allocated() != left && t.elapsed() < std::time::Duration::from_secs(5) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    assert_eq!(first.bytes_allocated(), left, "a dead client's memory never came back");
+    assert_eq!(
+        first.bytes_allocated(),
+        left,
+        "a dead client's memory never came back"
+    );
     drop(b);
     assert!(ctl_at(&sock, "quit").0);
     thread.join().unwrap();
@@ -169,3 +188,4 @@ fn a_peer_copy_reaches_only_the_senders_own_live_memory() {
 }
 
 const CUDA_ERROR_INVALID_VALUE_CODE: i32 = 1;
+const CUDA_ERROR_INVALID_DEVICE_CODE: i32 = 101;

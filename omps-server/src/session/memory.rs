@@ -213,9 +213,19 @@ impl Session {
                 }
             }
             Op::PeerAccess => {
-                // Set before the answer: the client's next free, on any GPU, sees it.
-                self.client.peer_access.store(true, Ordering::SeqCst);
-                self.complete(rec::<CallHdr>(p), 0, &[])?;
+                let r = rec::<wire::PeerAccess>(p);
+                let status = match self.client.visible.get(r.peer as usize) {
+                    Some(&g) if g != self.dev => match gpu.enable_peer(g) {
+                        Ok(()) => {
+                            // Before the answer: the client's next free, on any GPU, sees it.
+                            self.client.peer_access.store(true, Ordering::SeqCst);
+                            0
+                        }
+                        Err(e) => e.0,
+                    },
+                    _ => code::INVALID_DEVICE,
+                };
+                self.complete(r.call, status, &[])?;
             }
             Op::MemGetInfo => {
                 let c = rec::<CallHdr>(p);

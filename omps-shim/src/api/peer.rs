@@ -1,11 +1,12 @@
 //! Copies between GPUs, and direct peer access.
 //!
-//! The server enables direct access between every pair of its GPUs that can reach each
-//! other (one context per GPU serves every client), and the snapshot says which pairs do:
-//! `cuDeviceCanAccessPeer` and `cuDeviceGetP2PAttribute` answer from it. A context's
-//! `cuCtxEnablePeerAccess` is bookkeeping here (the already-enabled and not-enabled errors
-//! come from it), plus one call that tells the server: from then on what the client frees
-//! on one GPU waits for its work on every GPU, since a kernel of its elsewhere may use it.
+//! The server runs each GPU's clients in one context per GPU. The snapshot says which
+//! pairs of GPUs can reach each other (`cuDeviceCanAccessPeer`, `cuDeviceGetP2PAttribute`
+//! answer from it); `cuCtxEnablePeerAccess` and `cuCtxDisablePeerAccess` keep the driver's
+//! errors per pair of contexts, and an enable asks the server, which enables access in its
+//! context the first time any client asks (every allocation in a context with peer access
+//! is mapped on the peer too, so it is not done for servers whose clients never ask) and
+//! from then on holds what this client frees until its work on every GPU is done.
 //!
 //! A copy between two GPUs' memory goes through this process's host memory: the source
 //! GPU copies a piece out, the destination GPU copies it in, each checked by its own
@@ -23,7 +24,7 @@ use super::mem::{copy_dtoh, copy_htod, plain_alloc, range_dev};
 use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{resolve, CTX_MAGIC};
-use omps_ring::wire::{CallHdr, CopyPeer, Op};
+use omps_ring::wire::{CopyPeer, Op, PeerAccess};
 use std::ffi::c_int;
 
 const CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: CUresult = 217;
@@ -32,8 +33,23 @@ const CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: CUresult = 705;
 /// cuDeviceGetP2PAttribute's index of "access supported".
 const ACCESS: usize = 2;
 
-/// Pairs (context, peer context) with access enabled.
-static ENABLED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+/// Pairs of contexts with access enabled: (context, peer context, their devices).
+static ENABLED: std::sync::Mutex<Vec<Enabled>> = std::sync::Mutex::new(Vec::new());
+
+#[derive(Clone, Copy, PartialEq)]
+struct Enabled {
+    ctx: usize,
+    peer: usize,
+    dev: usize,
+    peer_dev: usize,
+}
+
+/// Whether this process enabled access from device `dev` to device `peer_dev`.
+fn enabled_between(dev: usize, peer_dev: usize) -> bool {
+    enabled()
+        .iter()
+        .any(|e| e.dev == dev && e.peer_dev == peer_dev)
+}
 /// Bytes moved through host memory at a time.
 const PIECE: usize = 8 << 20;
 
@@ -93,13 +109,21 @@ fn direct_side(dst: u64, src: u64, len: u64, stream: CUstream) -> Result<Option<
             .filter(|&d| d == dd || d == sd)
             .unwrap_or(dd),
     };
-    let (far, far_addr) = match near {
-        n if n == dd => (sd, src),
-        n if n == sd => (dd, dst),
+    let default_stream = resolve_stream(stream)?.is_none();
+    let (near, far, far_addr) = match near {
+        n if n == dd => (dd, sd, src),
+        n if n == sd => (sd, dd, dst),
         _ => return Ok(None),
     };
-    let reach = p2p(near as CUdevice, far as CUdevice, ACCESS)? == 1;
-    Ok((reach && plain_alloc(far_addr, len)).then_some(near))
+    // Access is enabled per direction; on the default stream either GPU may run the copy.
+    if enabled_between(near, far) {
+        Ok(plain_alloc(far_addr, len).then_some(near))
+    } else if default_stream && enabled_between(far, near) {
+        let near_addr = if far_addr == src { dst } else { src };
+        Ok(plain_alloc(near_addr, len).then_some(far))
+    } else {
+        Ok(None)
+    }
 }
 
 /// A copy over peer access, queued on GPU `near`. On the default stream it keeps
@@ -191,7 +215,7 @@ pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
     })
 }
 
-fn enabled() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
+fn enabled() -> std::sync::MutexGuard<'static, Vec<Enabled>> {
     ENABLED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -207,16 +231,26 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: std::ffi::c_uint
         if dev == peer_dev || p2p(dev as CUdevice, peer_dev as CUdevice, ACCESS)? != 1 {
             return Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
         }
-        let pair = (here as usize, peer as usize);
+        let pair = Enabled {
+            ctx: here as usize,
+            peer: peer as usize,
+            dev,
+            peer_dev,
+        };
         let mut on = enabled();
-        if on.contains(&pair) {
+        if on.iter().any(|e| e.ctx == pair.ctx && e.peer == pair.peer) {
             return Err(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
         }
         // Answered once the server has marked the client: no free sent after this call
         // returns, on any GPU, is released before the client's work everywhere is done.
         let c = live()?;
-        c.channel().call(dev, Op::PeerAccess, |call: CallHdr| {
-            bytemuck::bytes_of(&call).to_vec()
+        c.channel().call(dev, Op::PeerAccess, |call| {
+            bytemuck::bytes_of(&PeerAccess {
+                call,
+                peer: peer_dev as u32,
+                _pad: 0,
+            })
+            .to_vec()
         })?;
         on.push(pair);
         PEER_ON.store(true, std::sync::atomic::Ordering::Release);
@@ -228,11 +262,11 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: std::ffi::c_uint
 pub extern "C" fn cuCtxDisablePeerAccess(peer: CUcontext) -> CUresult {
     entry(|| {
         check_ctx(peer)?;
-        let pair = (super::ctx::current_ctx_checked()? as usize, peer as usize);
+        let here = super::ctx::current_ctx_checked()? as usize;
         let mut on = enabled();
         let i = on
             .iter()
-            .position(|&p| p == pair)
+            .position(|e| e.ctx == here && e.peer == peer as usize)
             .ok_or(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)?;
         on.swap_remove(i);
         Ok(())

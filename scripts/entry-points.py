@@ -72,9 +72,10 @@ FAMILIES = [
      r"^(cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuMemPoolExport|"
      r"cuMemPoolImport|cuMemGetHandleForAddressRange|cuMemPoolSetAccess)"),
     ("Peer access and multicast",
-     "Copies between GPUs work through host memory, and no direct peer access is reported "
-     "(api/peer.rs says why); 3D peer copies, multi-device cooperative launches and NVLink "
-     "multicast objects are not built (no program of the suites asks).",
+     "Peer access between GPUs works: the server enables it in its contexts when a client "
+     "asks, and copies between GPUs run over it (api/peer.rs); 3D peer copies, "
+     "multi-device cooperative launches and NVLink multicast objects are not built (no "
+     "program of the suites asks; multicast can take a machine's GPUs out of service).",
      r"^(cuCtx(Enable|Disable)PeerAccess|cuDeviceCanAccessPeer|cuDeviceGetP2P|cuMemcpy(3D)?Peer|"
      r"cuMulticast|cuLaunchCooperativeKernelMultiDevice)"),
     ("Green contexts and device resources",

@@ -476,7 +476,8 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, p: CUmemoryPool) -> CUresult
     })
 }
 
-/// A pool's own device has read-write access; omps has no peer access yet.
+/// A pool's own device has read-write access; access from other GPUs to pool memory is
+/// not built (cuMemPoolSetAccess answers CUDA_ERROR_NOT_SUPPORTED).
 ///
 /// # Safety
 /// `flags` is null or writable; `loc` is null or a CUmemLocation.

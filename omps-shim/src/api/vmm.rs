@@ -258,7 +258,8 @@ pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     })
 }
 
-/// Read-write access from the GPU the memory lives on; omps has no peer access yet.
+/// Read-write access from the GPU the memory lives on; access from another GPU would need
+/// the server to map the memory there too, which is not built.
 ///
 /// # Safety
 /// `desc` is null or `count` access descriptors.

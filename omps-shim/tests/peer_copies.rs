@@ -7,13 +7,9 @@
 
 mod common;
 use common::*;
-use omps_server::gpu::Gpu;
-use omps_server::gpu_host::HostGpu;
-use omps_server::{Server, ServerConfig};
 use omps_shim::api::{ctx::*, device::*, exec::*, mem::*, module::*, peer::*};
 use omps_shim::cuda::*;
-use std::ffi::{c_void, CStr};
-use std::sync::Arc;
+use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 const PEER_ACCESS_UNSUPPORTED: CUresult = 217;
@@ -34,13 +30,7 @@ fn eventually(f: impl Fn() -> bool) -> bool {
 
 #[test]
 fn two_gpus_with_peer_access_copy_launch_and_fence_frees_on_both() {
-    let dir = temp_dir("peer");
-    let first = Arc::new(HostGpu::new(0, 1 << 28));
-    let second = Arc::new(HostGpu::beside(&first, 1, 1 << 28));
-    HostGpu::link_peers(&[first.clone(), second.clone()]);
-    let gpus: Vec<Arc<dyn Gpu>> = vec![first.clone(), second.clone()];
-    let server = Server::new(ServerConfig::minimal(dir.clone()), gpus, 13000).expect("server");
-    let thread = std::thread::spawn(move || server.run().expect("server runs"));
+    let (dir, first, second, thread) = linked_gpus_server("peer");
     // SAFETY: set before this test starts threads that read it; the shim reads it at cuInit.
     unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &dir) };
     let n = 3 << 20; // more than one piece of the host bounce
@@ -93,7 +83,7 @@ fn two_gpus_with_peer_access_copy_launch_and_fence_frees_on_both() {
             std::ptr::null_mut(),
             0,
         ));
-        let name = CStr::from_bytes_with_nul(b"fill_u32\0").unwrap();
+        let name = c"fill_u32";
         ok(cuLibraryGetKernel(&mut kern, lib, name.as_ptr()));
         ok(cuCtxSetCurrent(c1));
         let (mut on1, mut s1) = (0u64, std::ptr::null_mut());

@@ -9,9 +9,7 @@ use common::*;
 use omps_ring::wire::{self, CopyPeer, MemAlloc, MemFree, Op, U64Reply};
 use omps_server::gpu::Gpu;
 use omps_server::gpu_host::HostGpu;
-use omps_server::{Server, ServerConfig};
 use omps_shim::conn::{settings_from, Conn};
-use std::sync::Arc;
 
 fn alloc_on(c: &Conn, dev: usize, size: u64) -> u64 {
     let mut ch = c.channel();
@@ -81,13 +79,7 @@ fn fill(gpu: &HostGpu, c: &Conn, dev: usize, dst: u64, value: u32) {
 
 #[test]
 fn a_peer_copy_reaches_only_the_senders_own_live_memory() {
-    let dir = temp_dir("peer-checks");
-    let first = Arc::new(HostGpu::new(0, 1 << 28));
-    let second = Arc::new(HostGpu::beside(&first, 1, 1 << 28));
-    HostGpu::link_peers(&[first.clone(), second.clone()]);
-    let gpus: Vec<Arc<dyn Gpu>> = vec![first.clone(), second.clone()];
-    let server = Server::new(ServerConfig::minimal(dir.clone()), gpus, 13000).expect("server");
-    let thread = std::thread::spawn(move || server.run().expect("server runs"));
+    let (dir, first, second, thread) = linked_gpus_server("peer-checks");
     let settings = settings_from(|_| None).expect("settings");
     let sock = dir.join(omps_ring::sock::SOCKET_NAME);
     let a = Conn::connect_with(&sock, &settings).unwrap();

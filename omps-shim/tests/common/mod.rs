@@ -368,3 +368,25 @@ pub fn sync_default_stream(c: &omps_shim::conn::Conn) -> Result<(), i32> {
     })
     .map(drop)
 }
+
+/// A server of two host GPUs of one machine that reach each other directly (peer access),
+/// running on a thread: its pipe directory, the two GPUs, the thread.
+#[allow(dead_code)]
+pub fn linked_gpus_server(
+    tag: &str,
+) -> (
+    PathBuf,
+    Arc<HostGpu>,
+    Arc<HostGpu>,
+    std::thread::JoinHandle<()>,
+) {
+    let dir = temp_dir(tag);
+    let first = Arc::new(HostGpu::new(0, 1 << 28));
+    let second = Arc::new(HostGpu::beside(&first, 1, 1 << 28));
+    HostGpu::link_peers(&[first.clone(), second.clone()]);
+    let gpus: Vec<Arc<dyn Gpu>> = vec![first.clone(), second.clone()];
+    let server =
+        Server::new(ServerConfig::minimal(dir.clone()), gpus, 13000).expect("server starts");
+    let thread = std::thread::spawn(move || server.run().expect("server runs"));
+    (dir, first, second, thread)
+}

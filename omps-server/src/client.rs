@@ -113,6 +113,29 @@ pub fn container_of(cgroup: &str) -> (String, String) {
 /// A limit that is not set.
 pub const NO_LIMIT: u64 = u64::MAX;
 
+/// A client's allocations on one GPU, as peer copies from other GPUs see them.
+#[derive(Default)]
+pub struct AllocsOn {
+    /// Start -> length.
+    live: std::collections::BTreeMap<u64, u64>,
+    /// Freed with peer access on, release held: start -> (length, per server GPU the
+    /// client's ring position there when the free was read). A copy read on GPU g from
+    /// before that position was queued before the free, as the client sent them.
+    freed: std::collections::BTreeMap<u64, (u64, [u64; MAX_DEVICES])>,
+}
+
+/// The value of the range of `m` that holds all of `[addr, addr+len)`, if one does.
+fn inside<V>(
+    m: &std::collections::BTreeMap<u64, V>,
+    addr: u64,
+    len: u64,
+    size: impl Fn(&V) -> u64,
+) -> Option<&V> {
+    let end = addr.checked_add(len)?;
+    let (&start, v) = m.range(..=addr).next_back()?;
+    (end <= start.saturating_add(size(v))).then_some(v)
+}
+
 pub struct ClientShared {
     pub id: u32,
     /// Its PID in the server's PID namespace.
@@ -165,9 +188,10 @@ pub struct ClientShared {
     pub cross: [std::sync::Mutex<crate::peer_fence::CrossQueue>; MAX_DEVICES],
     /// Per server GPU: its queue in `cross` may hold requests.
     pub cross_waiting: [AtomicBool; MAX_DEVICES],
-    /// Per server GPU: its allocations there (start -> length), as the session there
-    /// holds them: another GPU's worker checks the far end of a peer copy against them.
-    allocs_on: [std::sync::Mutex<std::collections::BTreeMap<u64, u64>>; MAX_DEVICES],
+    /// Per server GPU: its allocations there, as the session there holds them, and those
+    /// it freed with peer access on whose release still waits for other GPUs' fences:
+    /// another GPU's worker checks the far end of a peer copy against them.
+    allocs_on: [std::sync::Mutex<AllocsOn>; MAX_DEVICES],
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -362,35 +386,59 @@ impl ClientShared {
         self.visible.iter().position(|&g| g == gpu)
     }
 
-    /// Its session on `gpu` allocated `len` bytes at `ptr` (`len` 0: freed it).
+    fn allocs_on(&self, gpu: usize) -> Option<std::sync::MutexGuard<'_, AllocsOn>> {
+        self.allocs_on
+            .get(gpu)
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Its session on `gpu` allocated `len` bytes at `ptr`.
     pub fn note_alloc(&self, gpu: usize, ptr: u64, len: u64) {
-        if let Some(m) = self.allocs_on.get(gpu) {
-            let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
-            if len == 0 {
-                m.remove(&ptr);
-            } else {
-                m.insert(ptr, len);
+        if let Some(mut m) = self.allocs_on(gpu) {
+            m.live.insert(ptr, len);
+        }
+    }
+
+    /// Its session on `gpu` freed `ptr`. With `held` (peer access on, the release waits
+    /// for other GPUs' fences), copies the client sent to other GPUs before the free may
+    /// still read it: they pass until `forget_freed`.
+    pub fn note_free(&self, gpu: usize, ptr: u64, held: bool) {
+        let tails: [u64; MAX_DEVICES] = std::array::from_fn(|g| self.ring_tail(g));
+        if let Some(mut m) = self.allocs_on(gpu) {
+            if let Some(len) = m.live.remove(&ptr) {
+                if held {
+                    m.freed.insert(ptr, (len, tails));
+                }
             }
+        }
+    }
+
+    /// The held release of `ptr` on `gpu` goes ahead.
+    pub fn forget_freed(&self, gpu: usize, ptr: u64) {
+        if let Some(mut m) = self.allocs_on(gpu) {
+            m.freed.remove(&ptr);
         }
     }
 
     /// Its session on `gpu` has ended: none of its allocations there is its any more.
     pub fn forget_allocs(&self, gpu: usize) {
-        if let Some(m) = self.allocs_on.get(gpu) {
-            m.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        if let Some(mut m) = self.allocs_on(gpu) {
+            *m = AllocsOn::default();
         }
     }
 
-    /// Whether `[addr, addr+len)` lies inside one of its allocations on `gpu`.
-    pub fn holds_on(&self, gpu: usize, addr: u64, len: u64) -> bool {
-        let Some(m) = self.allocs_on.get(gpu) else {
+    /// Whether `[addr, addr+len)` on `gpu` is the client's to copy from or to, for a
+    /// copy that GPU `reader`'s worker read with its ring at `read`.
+    pub fn holds_on(&self, gpu: usize, addr: u64, len: u64, reader: usize, read: u64) -> bool {
+        let Some(m) = self.allocs_on(gpu) else {
             return false;
         };
-        let m = m.lock().unwrap_or_else(|e| e.into_inner());
-        let end = addr.checked_add(len);
-        m.range(..=addr)
-            .next_back()
-            .is_some_and(|(&start, &n)| end.is_some_and(|e| e <= start.saturating_add(n)))
+        inside(&m.live, addr, len, |&n| n).is_some()
+            || inside(&m.freed, addr, len, |v| v.0).is_some_and(|(_, tails)| {
+                tails
+                    .get(reader)
+                    .is_some_and(|&t| read.wrapping_sub(t) as i64 <= 0)
+            })
     }
 
     /// How far the client says it has written its ring for `gpu` (0 if it has none).
@@ -598,6 +646,33 @@ impl Drop for Unmap {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_peer_copy_read_before_a_held_free_passes_and_none_read_after() {
+        let gpu: std::sync::Arc<dyn crate::gpu::Gpu> =
+            std::sync::Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 20));
+        let (c, _peer) = crate::testing::fake_client(&gpu, 1).expect("fake client");
+        c.note_alloc(1, 0x1000, 256);
+        assert!(c.holds_on(1, 0x1000, 256, 0, 0));
+        assert!(!c.holds_on(1, 0x1000, 257, 0, 0), "past its end");
+        assert!(!c.holds_on(1, u64::MAX - 8, 16, 0, 0), "wrapping");
+        // Freed with its release held; the client had written ring 0 up to 0 by then.
+        c.note_free(1, 0x1000, true);
+        assert!(c.holds_on(1, 0x1080, 16, 0, 0), "read before the free");
+        assert!(!c.holds_on(1, 0x1080, 16, 0, 8), "read after the free");
+        c.forget_freed(1, 0x1000);
+        assert!(!c.holds_on(1, 0x1080, 16, 0, 0), "its release went ahead");
+        c.note_alloc(1, 0x2000, 64);
+        c.note_free(1, 0x2000, false);
+        assert!(
+            !c.holds_on(1, 0x2000, 8, 0, 0),
+            "freed without peer access: gone at once"
+        );
+        c.note_alloc(2, 0x3000, 64);
+        c.forget_allocs(2);
+        assert!(!c.holds_on(2, 0x3000, 8, 0, 0), "its session there ended");
+        assert!(!c.holds_on(super::MAX_DEVICES, 0x3000, 8, 0, 0));
+    }
+
     use super::container_of;
 
     #[test]

@@ -1068,6 +1068,11 @@ impl Server {
         self.clients.insert(id, (c.clone(), stream));
         self.publish_placements();
         for &g in &c.visible {
+            // Open before any worker starts its session: a free on one GPU then always
+            // waits for the client's work on the others (crate::peer_fence).
+            crate::peer_fence::open(&c, g);
+        }
+        for &g in &c.visible {
             let w = self.lane_of(g, id);
             self.workers[w].send(ToWorker::Add(c.clone()));
         }

@@ -153,9 +153,6 @@ pub struct CudaGpu {
     get_limit_fn: RawGetLimitFn,
     set_limit_fn: RawSetLimitFn,
     cache_config_fn: RawCacheConfigFn,
-    /// The GPUs this one's context reaches directly (ordinal, device): access is enabled
-    /// again, both ways, after a reset.
-    peers: std::sync::Mutex<Vec<(usize, cu::CUdevice)>>,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -163,6 +160,21 @@ pub struct CudaGpu {
 unsafe impl Send for CudaGpu {}
 // SAFETY: as above; the driver API is thread safe.
 unsafe impl Sync for CudaGpu {}
+
+/// Pairs of GPUs (from, to, as ordinals) whose contexts have direct access enabled,
+/// process-wide: a reset of either end enables the pair again.
+fn peer_pairs() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
+    static PAIRS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    PAIRS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The device of ordinal `o`.
+fn device_of(o: usize) -> GpuResult<cu::CUdevice> {
+    let mut d = 0;
+    // SAFETY: valid out-pointer; the driver checks the ordinal.
+    ck(unsafe { cu::cuDeviceGet(&mut d, o as c_int) })?;
+    Ok(d)
+}
 
 impl CudaGpu {
     pub fn open(ordinal: usize, layout: crate::placement::Layout) -> GpuResult<CudaGpu> {
@@ -189,7 +201,6 @@ impl CudaGpu {
             get_limit_fn: raw_fn(b"cuCtxGetLimit\0")?,
             set_limit_fn: raw_fn(b"cuCtxSetLimit\0")?,
             cache_config_fn: raw_fn(b"cuFuncSetCacheConfig\0")?,
-            peers: Default::default(),
         };
         g.streams = (0..layout.total())
             .map(|_| AtomicPtr::new(std::ptr::null_mut()))
@@ -561,20 +572,30 @@ impl Gpu for CudaGpu {
         self.rebind();
         self.create_streams()
             .map_err(step("creating the streams"))?;
-        // The old context's peer access went with it, both ways.
-        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        for (_, p) in peers {
-            let mut pctx = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; the peer's CudaGpu keeps its context retained.
-            let back = ck(unsafe { cu::cuDevicePrimaryCtxRetain(&mut pctx, p) })
-                .and_then(|()| Self::peer_access(pctx, self.dev));
-            if !pctx.is_null() {
-                // SAFETY: the reference taken above.
-                unsafe { cu::cuDevicePrimaryCtxRelease_v2(p) };
-            }
-            if let Err(e) = Self::peer_access(self.ctx, p).and(back) {
+        // The old context's peer access went with it, both ways: every pair with this GPU
+        // at either end is enabled again.
+        let pairs = peer_pairs().clone();
+        for (from, to) in pairs
+            .into_iter()
+            .filter(|&(f, t)| f == self.ordinal || t == self.ordinal)
+        {
+            let again = if from == self.ordinal {
+                device_of(to).and_then(|d| Self::peer_access(self.ctx, d))
+            } else {
+                device_of(from).and_then(|d| {
+                    let mut pctx = std::ptr::null_mut();
+                    // SAFETY: valid out-pointer; the peer's CudaGpu keeps its context retained.
+                    ck(unsafe { cu::cuDevicePrimaryCtxRetain(&mut pctx, d) })?;
+                    let r = Self::peer_access(pctx, self.dev);
+                    // SAFETY: the reference taken above.
+                    unsafe { cu::cuDevicePrimaryCtxRelease_v2(d) };
+                    r
+                })
+            };
+            if let Err(e) = again {
                 tracing::warn!(
-                    peer = p,
+                    from,
+                    to,
                     "peer access after a reset failed: CUDA error {}",
                     e.0
                 );
@@ -585,11 +606,7 @@ impl Gpu for CudaGpu {
     }
 
     fn reaches(&self, peer: usize) -> bool {
-        self.peers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|&(o, _)| o == peer)
+        peer_pairs().contains(&(self.ordinal, peer))
     }
 
     fn peer_attributes(&self, peer: usize) -> [i32; omps_ring::segment::P2P_ATTRIBUTES] {
@@ -615,8 +632,11 @@ impl Gpu for CudaGpu {
     }
 
     fn enable_peer(&self, peer: usize) -> GpuResult<()> {
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        if peers.iter().any(|&(o, _)| o == peer) {
+        // Enabling maps every allocation of the context on the peer and may take a while:
+        // under its own lock, so that `reaches` on other lanes never waits for it.
+        static ENABLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ENABLING.lock().unwrap_or_else(|e| e.into_inner());
+        if self.reaches(peer) {
             return Ok(());
         }
         let pdev = self
@@ -638,7 +658,7 @@ impl Gpu for CudaGpu {
             peer,
             "direct access to a peer GPU enabled"
         );
-        peers.push((peer, pdev));
+        peer_pairs().push((self.ordinal, peer));
         Ok(())
     }
 

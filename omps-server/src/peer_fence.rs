@@ -50,6 +50,13 @@ impl CrossRelease {
         }
         let job = self.job.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(j) = job {
+            let g = j.gpu.ordinal();
+            // Every copy read before the free has been queued before a fence that has
+            // passed: the ranges are no longer the client's to copy from.
+            for &(p, _) in j.release.allocs.iter().chain(&j.release.ipc) {
+                j.client.forget_freed(g, p);
+            }
+            let shared = j.shared.clone();
             crate::worker::free_on(
                 &j.shared,
                 &j.gpu,
@@ -58,6 +65,7 @@ impl CrossRelease {
                 j.final_for_client,
                 Some(j.generation),
             );
+            shared.held.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -65,8 +73,9 @@ impl CrossRelease {
 /// Per client and GPU: the fences other GPUs asked this GPU's worker for.
 #[derive(Debug, Default)]
 pub enum CrossQueue {
-    /// The session runs: its worker takes each once it has read the client's ring up to
-    /// the position given with it.
+    /// The session runs (or is about to: the control thread opens the queue before it
+    /// hands the client to the workers): its worker takes each once it has read the
+    /// client's ring up to the position given with it.
     Open(Vec<(Arc<CrossRelease>, u64)>),
     /// The session ended; these pass when the fence of its last work does.
     Retired(Vec<Arc<CrossRelease>>),
@@ -97,6 +106,7 @@ pub fn hold(
     final_for_client: bool,
 ) -> Arc<CrossRelease> {
     let own = gpu.ordinal();
+    shared.held.fetch_add(1, Ordering::SeqCst);
     let others: Vec<usize> = client
         .visible
         .iter()

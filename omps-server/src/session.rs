@@ -206,11 +206,13 @@ impl Release {
             || self.vmm.released_mapped_bytes > 0
             || !self.arrays.arrays.is_empty()
             || !self.arrays.mipmaps.is_empty()
+            || !self.cross.tokens.is_empty()
     }
 
     /// Whether this is one device allocation of `size` bytes and nothing else.
     pub fn is_one_alloc_of(&self, size: u64) -> bool {
         matches!(self.allocs[..], [(_, len)] if len == size)
+            && self.cross.is_empty()
             && self.pinned.is_empty()
             && self.modules.is_empty()
             && self.module_bytes == 0

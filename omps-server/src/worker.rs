@@ -90,6 +90,10 @@ pub struct GpuShared {
     pub modules: crate::module_cache::ModuleCache,
     /// Allocations exported for IPC.
     pub ipc: std::sync::Mutex<crate::ipc::Registry>,
+    /// Releases of this GPU's memory held until other GPUs' fences pass
+    /// (crate::peer_fence): the context is not reset, and an allocation that ran out of
+    /// memory does not give up, while any is held.
+    pub held: std::sync::atomic::AtomicUsize,
 }
 
 impl GpuShared {
@@ -119,6 +123,7 @@ impl GpuShared {
             stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
             layout: gpu.layout(),
             ipc: Default::default(),
+            held: Default::default(),
             modules: crate::module_cache::ModuleCache::new({
                 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
                 let snap = gpu.snapshot();
@@ -650,7 +655,9 @@ impl WorkerCtx {
     /// allocation that ran out of memory retries after it. Returns whether anything could
     /// have come back. Only on that path does a worker wait (at most 200 ms).
     pub fn reclaim(&mut self) -> bool {
-        let had = self.deferred_len > 0 || !self.shared.releaser.idle();
+        let had = self.deferred_len > 0
+            || !self.shared.releaser.idle()
+            || self.shared.held.load(Ordering::SeqCst) > 0;
         // Only releases that give memory back: a fence behind another client's long kernel
         // that frees only events or modules is not worth the lane's wait.
         self.reclaim_until(Duration::from_millis(200), |d| d.release.gives_memory());
@@ -665,7 +672,10 @@ impl WorkerCtx {
     /// other clients of its lane; it gets CUDA_ERROR_OUT_OF_MEMORY sooner instead.
     pub fn reclaim_for(&mut self, client: u32) -> bool {
         let own = |d: &Deferred| d.client.id == client;
-        if !self.deferred.iter().flatten().any(own) && self.shared.releaser.idle() {
+        if !self.deferred.iter().flatten().any(own)
+            && self.shared.releaser.idle()
+            && self.shared.held.load(Ordering::SeqCst) == 0
+        {
             return false;
         }
         self.reclaim_until(Duration::from_millis(20), own);
@@ -677,11 +687,15 @@ impl WorkerCtx {
     /// the worker recorded a moment ago (the free just before a retried allocation) has
     /// not passed yet: one look would find it not done (PyTorch's empty_cache and retry
     /// come microseconds apart), so it is looked at again until the limit.
+    /// Releases held for other GPUs' fences (crate::peer_fence) are waited for too: their
+    /// fences pass on other threads.
     fn reclaim_until(&mut self, limit: Duration, wanted: impl Fn(&Deferred) -> bool) {
         let t = Instant::now();
         loop {
             self.poll_deferred();
-            if !self.deferred.iter().flatten().any(&wanted) || t.elapsed() >= limit {
+            let waiting = self.deferred.iter().flatten().any(&wanted)
+                || self.shared.held.load(Ordering::SeqCst) > 0;
+            if !waiting || t.elapsed() >= limit {
                 break;
             }
             std::thread::sleep(Duration::from_micros(50));
@@ -909,7 +923,6 @@ pub fn run(
             match msg {
                 ToWorker::Add(c) => {
                     shared.sessions.fetch_add(1, Ordering::SeqCst);
-                    crate::peer_fence::open(&c, dev);
                     // SAFETY: every client segment holds a ring per GPU (layout from the
                     // GPU count).
                     sessions.push(unsafe { Session::new(c, dev) })
@@ -1012,7 +1025,10 @@ pub fn run(
                     s.client.set_state(state::FAULT, e);
                 }
             }
-            if sessions.is_empty() && ctx.deferred_len == 0 {
+            if sessions.is_empty()
+                && ctx.deferred_len == 0
+                && shared.held.load(Ordering::SeqCst) == 0
+            {
                 ctx.recover();
             }
         }

@@ -193,12 +193,19 @@ pub struct Module {
     pub library: std::sync::OnceLock<std::sync::Arc<Library>>,
 }
 
-/// A library, which the driver loads in every context that uses it: the image, kept when
-/// the process sees more than one device, and its module on each device so far.
+/// A library, which the driver loads in every context that uses it, kept when the
+/// process sees more than one device.
 pub struct Library {
-    pub image: Vec<u8>,
+    /// The handle cuLibraryLoadData gave out (its module on the first device).
+    pub root: usize,
+    pub state: std::sync::Mutex<LibraryState>,
+}
+
+pub struct LibraryState {
+    /// The image, to load on other devices; None once the library is unloaded.
+    pub image: Option<Vec<u8>>,
     /// Per device: its module there (a leaked `Module`), 0 while not loaded.
-    pub on: std::sync::Mutex<Vec<usize>>,
+    pub on: Vec<usize>,
 }
 
 /// Gives out a handle for `v`.

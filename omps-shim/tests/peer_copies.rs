@@ -166,7 +166,18 @@ fn two_gpus_with_peer_access_copy_launch_and_fence_frees_on_both() {
 
         ok(cuCtxDisablePeerAccess(c1));
         assert_eq!(cuCtxDisablePeerAccess(c1), PEER_ACCESS_NOT_ENABLED);
+        // Only the library's own handle unloads it, on every device.
+        ok(cuCtxSetCurrent(c1));
+        let mut m1 = std::ptr::null_mut();
+        ok(cuLibraryGetModule(&mut m1, lib));
+        assert_ne!(m1, lib, "GPU 1's module of the library");
+        assert_eq!(cuLibraryUnload(m1), CUDA_ERROR_INVALID_HANDLE);
         ok(cuLibraryUnload(lib));
+        assert_eq!(
+            cuKernelGetFunction(&mut f1, kern),
+            CUDA_ERROR_INVALID_HANDLE,
+            "its kernels went with it"
+        );
         assert_eq!(
             cuLibraryUnload(lib),
             CUDA_ERROR_INVALID_HANDLE,

@@ -123,9 +123,11 @@ impl Session {
                 let f = rec::<wire::MemFree>(p);
                 match self.allocs.remove(&f.ptr) {
                     Some(len) => {
-                        // Before the release is held: a peer copy read from here on is
-                        // refused (crate::peer_fence).
-                        self.client.note_alloc(self.dev, f.ptr, 0);
+                        let everywhere = self.client.peer_access.load(Ordering::SeqCst)
+                            && self.client.visible.len() > 1;
+                        // Before the release is held: a peer copy the client sent after
+                        // the free is refused (crate::peer_fence).
+                        self.client.note_free(self.dev, f.ptr, everywhere);
                         let exported = ctx
                             .shared
                             .ipc
@@ -138,9 +140,7 @@ impl Session {
                         } else {
                             rel.allocs.push((f.ptr, len));
                         }
-                        if self.client.peer_access.load(Ordering::SeqCst)
-                            && self.client.visible.len() > 1
-                        {
+                        if everywhere {
                             ctx.release_everywhere(self, rel)
                         } else {
                             ctx.release_later(self, rel)
@@ -192,6 +192,7 @@ impl Session {
                 fixed_only(tail, "peer copy")?;
                 let c = rec::<wire::CopyPeer>(p);
                 let s = self.stream(ctx, c.stream)?;
+                let read = self.ring_position();
                 let (near, far) = match c.far_is_src {
                     0 => (c.src, c.dst),
                     _ => (c.dst, c.src),
@@ -202,7 +203,7 @@ impl Session {
                     g != self.dev
                         && self.client.peer_access.load(Ordering::SeqCst)
                         && gpu.reaches(g)
-                        && self.client.holds_on(g, far, c.len)
+                        && self.client.holds_on(g, far, c.len, self.dev, read)
                 });
                 if !far_ok {
                     self.note_error(CuError(code::INVALID_VALUE));

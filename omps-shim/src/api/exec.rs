@@ -211,10 +211,13 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> C
         if stream_dev(s)?.1 != ev.dev {
             // Across GPUs the wait is kept on the host: the event's last record has
             // passed before anything queued after this call. A capture cannot hold that.
-            if super::capture::any_capture() {
+            if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
                 crate::unsupported::unsupported("cuStreamWaitEvent across GPUs in a capture");
                 return Err(CUDA_ERROR_NOT_SUPPORTED);
             }
+            // A wait on the host where another thread's capture forbids one, as the
+            // driver refuses cuEventSynchronize there.
+            super::capture::unsafe_call_allowed()?;
             return handle_call(ev.dev, Op::EventSync, ev.id);
         }
         event_on_stream(e, s, op, CUDA_ERROR_NOT_SUPPORTED)

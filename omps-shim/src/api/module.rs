@@ -6,7 +6,9 @@ use super::exec::{function, CUfunction};
 use super::mem::add_range;
 use super::{entry, live, out};
 use crate::cuda::*;
-use crate::handles::{leak, resolve, retire, Function, Module, FUNC_MAGIC, MODULE_MAGIC};
+use crate::handles::{
+    leak, resolve, retire, Function, LibraryState, Module, FUNC_MAGIC, MODULE_MAGIC,
+};
 use omps_ring::wire::{
     self, ChunkCopy, FuncGetAttribute, FunctionDesc, ModuleGetGlobal, ModuleLoad, ModuleReply, Op,
     ParamDesc,
@@ -449,10 +451,12 @@ pub(crate) fn module_on(m: &'static Module, dev: usize) -> Result<&'static Modul
         return Ok(m);
     };
     super::device::device(dev as CUdevice)?;
-    let mut on = lib.on.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = lib.state.lock().unwrap_or_else(|e| e.into_inner());
+    let LibraryState { image, on } = &mut *st;
+    let image = image.as_deref().ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     let slot = on.get_mut(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
     if *slot == 0 {
-        let loaded = load_on(dev, &lib.image)?;
+        let loaded = load_on(dev, image)?;
         // SAFETY: just made by parse_module, live and never freed.
         let _ = unsafe { &*loaded }.library.set(lib.clone());
         *slot = loaded as usize;
@@ -510,8 +514,11 @@ pub unsafe extern "C" fn cuLibraryLoadData(
             let mut on = vec![0; devices];
             on[dev] = h as usize;
             let family = std::sync::Arc::new(crate::handles::Library {
-                image: img.to_vec(),
-                on: std::sync::Mutex::new(on),
+                root: h as usize,
+                state: std::sync::Mutex::new(LibraryState {
+                    image: Some(img.to_vec()),
+                    on,
+                }),
             });
             // SAFETY: just made by parse_module, live.
             let _ = unsafe { &*h }.library.set(family);
@@ -532,11 +539,16 @@ pub extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
                 e => Err(e),
             };
         };
-        let loaded = std::mem::take(&mut *family.on.lock().unwrap_or_else(|e| e.into_inner()));
-        if !loaded.contains(&(lib as usize)) {
+        if family.root != lib as usize {
             // A device's module of the family, not the library handle itself.
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
+        let loaded = {
+            let mut st = family.state.lock().unwrap_or_else(|e| e.into_inner());
+            // The image goes with the library; a late use on another device is refused.
+            st.image = None;
+            std::mem::take(&mut st.on)
+        };
         for m in loaded.into_iter().filter(|&m| m != 0) {
             let _ = cuModuleUnload(m as CUmodule);
         }

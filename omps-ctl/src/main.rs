@@ -1,11 +1,13 @@
 //! omps-ctl: the omps server's control program, a drop-in for nvidia-cuda-mps-control.
 //!
-//! `omps-ctl -d` starts the server in the background, `-f` in the foreground. With a
+//! `omps-ctl -d` starts the server in the background, `-f` in the foreground (with
+//! OMPS_MULTIUSER=1, as root: a daemon that starts one server per user, `multiuser`). With a
 //! command (`omps-ctl ps`) it sends that one; with none it reads commands from standard
 //! input, one per line (`echo ps | omps-ctl`), as MPS's does. `omps-ctl run -- CMD ARGS...`
 //! starts a server if none runs and runs CMD with the shim preloaded.
 
 mod daemon;
+mod multiuser;
 mod talk;
 mod top;
 
@@ -75,6 +77,15 @@ fn exit(r: Result<bool, String>) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.daemon && multiuser::wanted() {
+        return exit(multiuser::start_background().map(|()| true));
+    }
+    if cli.foreground && multiuser::wanted() {
+        return exit(match multiuser::run_foreground() {
+            e if e.is_empty() => Ok(true),
+            e => Err(e),
+        });
+    }
     if cli.daemon {
         return exit(daemon::start_background().map(|()| true));
     }

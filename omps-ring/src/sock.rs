@@ -5,6 +5,8 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 pub const SOCKET_NAME: &str = "omps.sock";
+/// Where a server takes connections a control daemon accepted for it (SCM_RIGHTS).
+pub const HANDOFF_NAME: &str = "omps-handoff.sock";
 
 /// The PID file MPS's control daemon keeps in the pipe directory (the server's PID).
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";

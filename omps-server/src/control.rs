@@ -194,6 +194,8 @@ impl WorkerHandle {
 pub struct Server {
     cfg: ServerConfig,
     listener: UnixListener,
+    /// Connections a control daemon hands over (`bind_handoff`).
+    handoff: Option<UnixListener>,
     socket_path: PathBuf,
     gpus: Vec<Arc<dyn Gpu>>,
     snapshots: Vec<DeviceSnapshot>,
@@ -319,6 +321,17 @@ fn bind(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
     Ok((UnixListener::bind(&path)?, path))
 }
 
+/// The handoff socket of pipe directory `dir`: a control daemon serving several users
+/// (omps-ctl, OMPS_MULTIUSER) accepts connections on its own socket and passes each to
+/// the server of the connecting user through this one.
+fn bind_handoff(dir: &std::path::Path) -> io::Result<UnixListener> {
+    let path = dir.join(sock::HANDOFF_NAME);
+    let _ = std::fs::remove_file(&path);
+    let l = UnixListener::bind(&path)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
 impl Server {
     pub fn new(
         mut cfg: ServerConfig,
@@ -326,6 +339,11 @@ impl Server {
         driver_version: i32,
     ) -> io::Result<Server> {
         let (listener, socket_path) = bind(&cfg.pipe_dir)?;
+        // Without it (a pipe directory whose path leaves no room for the name, say) the
+        // server serves its own socket only.
+        let handoff = bind_handoff(&cfg.pipe_dir)
+            .inspect_err(|e| tracing::warn!("no handoff socket: {e}"))
+            .ok();
         // Where MPS's control daemon leaves its PID, which tools read (the server is the
         // daemon here).
         std::fs::write(
@@ -432,6 +450,7 @@ impl Server {
         Ok(Server {
             cfg,
             listener,
+            handoff,
             socket_path,
             gpus,
             snapshots,
@@ -495,6 +514,7 @@ impl Server {
             }
         }
         let _ = std::fs::remove_file(&self.socket_path);
+        let _ = std::fs::remove_file(self.cfg.pipe_dir.join(sock::HANDOFF_NAME));
         // A restart keeps the PID (exec), and so the PID file: `omps-ctl -d` meanwhile
         // sees a server and starts none beside it.
         if ending == Ending::Quit {
@@ -538,6 +558,11 @@ impl Server {
                 revents: 0,
             });
         }
+        fds.push(libc::pollfd {
+            fd: self.handoff.as_ref().map_or(-1, |h| h.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         // SAFETY: fds is a valid array of pollfd of the given length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
         if n < 0 {
@@ -560,11 +585,15 @@ impl Server {
                 self.printf.declare(id, level);
             }
         }
+        let handed = fds.pop().is_some_and(|p| p.revents & libc::POLLIN != 0);
         let ready: Vec<bool> = fds[1 + ids.len()..]
             .iter()
             .map(|p| p.revents != 0)
             .collect();
         self.serve_peers(&ready);
+        if handed {
+            self.take_handoff();
+        }
         if fds[0].revents & libc::POLLIN != 0 {
             match self.listener.accept() {
                 Ok((stream, _)) => {
@@ -585,6 +614,43 @@ impl Server {
             }
         }
         Ok(())
+    }
+
+    /// A control daemon passes a connection it accepted: one message, one descriptor.
+    /// Only root's daemon or this server's own user may pass one; the connection itself
+    /// is then checked like any other (its peer must be this server's user, or root).
+    fn take_handoff(&mut self) {
+        let Some(handoff) = &self.handoff else { return };
+        let (conn, _) = match handoff.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => return self.accept_failed(e),
+        };
+        let from = match peer_cred(&conn) {
+            Ok(c) if c.uid == 0 || c.uid == self.uid => c,
+            Ok(c) => {
+                tracing::warn!(uid = c.uid, "a handoff from another user refused");
+                return;
+            }
+            Err(e) => return tracing::warn!("handoff: {e}"),
+        };
+        // The daemon writes its one message right after connecting.
+        let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut byte = [0u8; 1];
+        match sock::recv_with_fds(conn.as_raw_fd(), &mut byte) {
+            Ok((1, fds)) if fds.len() == 1 => {
+                let fd = fds.into_iter().next().expect("one descriptor");
+                let stream = UnixStream::from(fd);
+                if let Err(e) = stream
+                    .set_nonblocking(false)
+                    .and_then(|()| self.accept(stream))
+                {
+                    tracing::warn!(daemon = from.pid, "handed-over connection refused: {e}");
+                }
+            }
+            Ok(_) => tracing::warn!(daemon = from.pid, "a handoff without one connection"),
+            Err(e) => tracing::warn!(daemon = from.pid, "handoff: {e}"),
+        }
     }
 
     /// accept() failed. Out of descriptors, the listener stays readable and poll would

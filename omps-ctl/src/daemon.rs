@@ -5,7 +5,7 @@ use crate::talk::server_running;
 use omps_ring::sock;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The omps-server next to this program (or OMPS_SERVER, or on PATH).
@@ -69,24 +69,56 @@ pub fn ensure_running() -> Result<(), String> {
     wait_listening(cmd)
 }
 
-fn wait_listening(mut cmd: Command) -> Result<(), String> {
+fn wait_listening(cmd: Command) -> Result<(), String> {
     let server = server_binary();
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", server.display()))?;
-    let t = Instant::now();
-    while !server_running() {
-        if let Ok(Some(st)) = child.try_wait() {
-            return Err(format!(
-                "omps-server exited at start ({st}); see server.log in the log directory, or run `omps-ctl -f` to see why"
-            ));
-        }
-        if t.elapsed() > Duration::from_secs(30) {
-            return Err("omps-server did not start listening within 30 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    Starting {
+        what: "omps-server",
+        program: &server,
+        hint: "; see server.log in the log directory, or run `omps-ctl -f` to see why",
+        limit: Duration::from_secs(30),
+        kill_late: false,
     }
-    Ok(())
+    .run(cmd, server_running)
+    .map(drop)
+}
+
+/// A program started to serve, and how long it has to start answering.
+pub struct Starting<'a> {
+    /// Its name in messages.
+    pub what: &'a str,
+    pub program: &'a std::path::Path,
+    /// Added to the message when it exits at start.
+    pub hint: &'a str,
+    pub limit: Duration,
+    /// Whether one that is not answering by the limit is killed.
+    pub kill_late: bool,
+}
+
+impl Starting<'_> {
+    /// Spawns `cmd` and waits until `ready`: the running child, or why not.
+    pub fn run(&self, mut cmd: Command, ready: impl Fn() -> bool) -> Result<Child, String> {
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.program.display()))?;
+        let t = Instant::now();
+        while !ready() {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Err(format!("{} exited at start ({st}){}", self.what, self.hint));
+            }
+            if t.elapsed() > self.limit {
+                if self.kill_late {
+                    let _ = child.kill();
+                }
+                return Err(format!(
+                    "{} did not start listening within {} s",
+                    self.what,
+                    self.limit.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(child)
+    }
 }
 
 /// `-f`: becomes the server, in the foreground.

@@ -12,7 +12,7 @@
 //! later; a command naming a PID goes to the server it names or that holds that client;
 //! the rest go to root's server, which the daemon starts with it.
 
-use crate::daemon::server_binary;
+use crate::daemon::{server_binary, Starting};
 use omps_ring::sock;
 use omps_ring::wire::{self, Hello};
 use std::collections::HashMap;
@@ -41,7 +41,7 @@ pub fn start_background() -> Result<(), String> {
         ));
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find omps-ctl: {e}"))?;
-    let mut cmd = Command::new(exe);
+    let mut cmd = Command::new(&exe);
     cmd.arg("-f")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -53,22 +53,15 @@ pub fn start_background() -> Result<(), String> {
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the daemon: {e}"))?;
-    let t = Instant::now();
-    while !crate::talk::server_running() {
-        if let Ok(Some(st)) = child.try_wait() {
-            return Err(format!(
-                "the daemon exited at start ({st}); run `OMPS_MULTIUSER=1 omps-ctl -f` to see why"
-            ));
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            return Err("the daemon did not start listening within 60 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    Starting {
+        what: "the daemon",
+        program: &exe,
+        hint: "; run `OMPS_MULTIUSER=1 omps-ctl -f` to see why",
+        limit: Duration::from_secs(60),
+        kill_late: false,
     }
-    Ok(())
+    .run(cmd, crate::talk::server_running)
+    .map(drop)
 }
 
 /// A user's server.
@@ -150,7 +143,7 @@ impl Daemon {
     }
 
     fn serve_connection(&self, conn: UnixStream) {
-        let Ok((uid, gid)) = peer_ids(&conn) else {
+        let Ok(libc::ucred { uid, gid, .. }) = sock::peer_cred(conn.as_raw_fd()) else {
             return;
         };
         let Some(kind) = peek_kind(&conn) else {
@@ -242,23 +235,16 @@ impl Daemon {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", server_binary().display()))?;
         let socket = dir.join(sock::SOCKET_NAME);
-        let t = Instant::now();
-        while UnixStream::connect(&socket).is_err() {
-            if let Ok(Some(st)) = child.try_wait() {
-                return Err(format!("omps-server for uid {uid} exited at start ({st})"));
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                let _ = child.kill();
-                return Err(format!(
-                    "omps-server for uid {uid} did not listen within 60 s"
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let what = format!("omps-server for uid {uid}");
+        let child = Starting {
+            what: &what,
+            program: &server_binary(),
+            hint: "",
+            limit: Duration::from_secs(60),
+            kill_late: true,
         }
+        .run(cmd, || UnixStream::connect(&socket).is_ok())?;
         self.log(&format!("Server {} started for uid {uid}", child.id()));
         for c in self
             .defaults
@@ -402,51 +388,16 @@ impl Daemon {
 
 /// One command to the server of pipe directory `dir`, as root (its operator).
 fn ask(dir: &Path, cmd: &str) -> (bool, String) {
-    let r = (|| -> std::io::Result<(bool, String)> {
-        let s = UnixStream::connect(dir.join(sock::SOCKET_NAME))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let hello = Hello {
-            magic: wire::HELLO_MAGIC,
-            version: wire::PROTOCOL_VERSION,
-            kind: wire::kind::CONTROL,
-        };
-        (&s).write_all(bytemuck::bytes_of(&hello))?;
-        sock::write_frame(&mut &s, cmd.as_bytes())?;
-        let reply = sock::read_frame(&mut &s, 16 << 20)?.unwrap_or_default();
-        let (status, text) = reply.split_first().unwrap_or((&1, &[]));
-        Ok((*status == 0, String::from_utf8_lossy(text).into_owned()))
-    })();
-    r.unwrap_or_else(|e| (false, format!("{}: {e}\n", dir.display())))
+    match crate::talk::ask_at(dir, cmd) {
+        Ok(text) => (true, text),
+        Err(text) => (false, text),
+    }
 }
 
 /// Passes `conn` to the server of pipe directory `dir`.
 fn hand_over(dir: &Path, conn: &UnixStream) -> std::io::Result<()> {
     let h = UnixStream::connect(dir.join(sock::HANDOFF_NAME))?;
     sock::send_with_fds(h.as_raw_fd(), b"h", &[conn.as_raw_fd()])
-}
-
-/// The connecting process's uid and gid.
-fn peer_ids(s: &UnixStream) -> std::io::Result<(u32, u32)> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: a valid socket and out-buffer of the size given.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((cred.uid, cred.gid))
 }
 
 /// The kind of connection its hello announces, read without taking it off the socket

@@ -8,19 +8,23 @@ use std::time::{Duration, Instant};
 
 pub fn connect() -> Result<UnixStream, String> {
     let dir = sock::pipe_directory();
-    let s = UnixStream::connect(dir.join(sock::SOCKET_NAME)).map_err(|e| {
+    connect_at(&dir).map_err(|e| {
         format!(
             "no omps server is running for pipe directory {} ({e}); start one with `omps-ctl -d`",
             dir.display()
         )
-    })?;
+    })
+}
+
+/// A control connection to the server of pipe directory `dir`.
+pub fn connect_at(dir: &std::path::Path) -> std::io::Result<UnixStream> {
+    let s = UnixStream::connect(dir.join(sock::SOCKET_NAME))?;
     let hello = Hello {
         magic: wire::HELLO_MAGIC,
         version: wire::PROTOCOL_VERSION,
         kind: wire::kind::CONTROL,
     };
-    (&s).write_all(bytemuck::bytes_of(&hello))
-        .map_err(|e| format!("talking to the server: {e}"))?;
+    (&s).write_all(bytemuck::bytes_of(&hello))?;
     Ok(s)
 }
 
@@ -78,7 +82,18 @@ pub fn send(commands: &[String]) -> Result<bool, String> {
 
 /// One command's answer (its text), or why it failed.
 pub fn ask(cmd: &str) -> Result<String, String> {
-    let s = connect()?;
+    ask_on(connect()?, cmd)
+}
+
+/// One command to the server of pipe directory `dir`.
+pub fn ask_at(dir: &std::path::Path, cmd: &str) -> Result<String, String> {
+    ask_on(
+        connect_at(dir).map_err(|e| format!("{}: {e}\n", dir.display()))?,
+        cmd,
+    )
+}
+
+fn ask_on(s: UnixStream, cmd: &str) -> Result<String, String> {
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
     sock::write_frame(&mut &s, cmd.as_bytes()).map_err(|e| format!("sending '{cmd}': {e}"))?;
     let reply = sock::read_frame(&mut &s, 16 << 20)

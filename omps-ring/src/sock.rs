@@ -37,6 +37,30 @@ pub fn socket_path() -> PathBuf {
     pipe_directory().join(SOCKET_NAME)
 }
 
+/// Who is at the other end of a Unix socket, as it connected (SO_PEERCRED).
+pub fn peer_cred(sock: RawFd) -> io::Result<libc::ucred> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `c`, a valid ucred.
+    let r = unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut c as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(c)
+}
+
 /// Sends `bytes` in one message with `fds` attached (SCM_RIGHTS).
 pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     assert!(fds.len() <= MAX_FDS);

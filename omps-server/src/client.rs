@@ -403,13 +403,12 @@ impl ClientShared {
     /// for other GPUs' fences), copies the client sent to other GPUs before the free may
     /// still read it: they pass until `forget_freed`.
     pub fn note_free(&self, gpu: usize, ptr: u64, held: bool) {
-        let tails: [u64; MAX_DEVICES] = std::array::from_fn(|g| self.ring_tail(g));
-        if let Some(mut m) = self.allocs_on(gpu) {
-            if let Some(len) = m.live.remove(&ptr) {
-                if held {
-                    m.freed.insert(ptr, (len, tails));
-                }
-            }
+        let Some(mut m) = self.allocs_on(gpu) else {
+            return;
+        };
+        if let Some(len) = m.live.remove(&ptr).filter(|_| held) {
+            let tails = std::array::from_fn(|g| self.ring_tail(g));
+            m.freed.insert(ptr, (len, tails));
         }
     }
 
@@ -439,6 +438,12 @@ impl ClientShared {
                     .get(reader)
                     .is_some_and(|&t| read.wrapping_sub(t) as i64 <= 0)
             })
+    }
+
+    /// Whether what it frees waits for its work on every GPU it sees (it enabled peer
+    /// access and sees more than one: crate::peer_fence).
+    pub fn frees_wait_everywhere(&self) -> bool {
+        self.peer_access.load(Ordering::SeqCst) && self.visible.len() > 1
     }
 
     /// How far the client says it has written its ring for `gpu` (0 if it has none).

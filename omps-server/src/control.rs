@@ -1248,23 +1248,8 @@ struct Cred {
 }
 
 fn peer_cred(s: &UnixStream) -> io::Result<Cred> {
-    // SAFETY: a zeroed ucred is valid; getsockopt writes at most `len` bytes into it.
-    unsafe {
-        let mut c: libc::ucred = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        if libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut c as *mut _ as *mut _,
-            &mut len,
-        ) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Cred {
-            pid: c.pid,
-            uid: c.uid,
-        })
-    }
+    sock::peer_cred(s.as_raw_fd()).map(|c| Cred {
+        pid: c.pid,
+        uid: c.uid,
+    })
 }

@@ -336,13 +336,11 @@ impl CudaGpu {
 
     /// The device of ordinal `peer`, if this GPU can reach it directly.
     fn peer_device(&self, peer: usize) -> Option<cu::CUdevice> {
-        let (mut pdev, mut can) = (0, 0);
-        // SAFETY: valid out-pointers; the driver checks the ordinal.
-        let found = unsafe {
-            cu::cuDeviceGet(&mut pdev, peer as c_int) == cu::CUresult::CUDA_SUCCESS
-                && cu::cuDeviceCanAccessPeer(&mut can, self.dev, pdev) == cu::CUresult::CUDA_SUCCESS
-        };
-        (found && can != 0 && pdev != self.dev).then_some(pdev)
+        let pdev = device_of(peer).ok()?;
+        let mut can = 0;
+        // SAFETY: valid out-pointer; both are devices of this machine.
+        ck(unsafe { cu::cuDeviceCanAccessPeer(&mut can, self.dev, pdev) }).ok()?;
+        (can != 0 && pdev != self.dev).then_some(pdev)
     }
 
     fn bind(&self) {

@@ -71,7 +71,7 @@ impl CrossRelease {
 }
 
 /// Per client and GPU: the fences other GPUs asked this GPU's worker for.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub enum CrossQueue {
     /// The session runs (or is about to: the control thread opens the queue before it
     /// hands the client to the workers): its worker takes each once it has read the
@@ -82,16 +82,6 @@ pub enum CrossQueue {
     /// The session's last work is done: nothing of the client runs on this GPU.
     #[default]
     Released,
-}
-
-impl std::fmt::Debug for CrossRelease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "CrossRelease({} left)",
-            self.left.load(Ordering::Relaxed)
-        )
-    }
 }
 
 /// Holds `release` of `client` (its session on `shared`'s GPU) until the client's work on
@@ -155,8 +145,12 @@ fn ask(client: &ClientShared, g: usize, token: &Arc<CrossRelease>) {
 /// The requests waiting for this GPU's worker (`g`) that its reading of the client's ring
 /// (up to `read`) has caught up with.
 pub fn take(client: &ClientShared, g: usize, read: u64) -> Vec<Arc<CrossRelease>> {
-    // SYNC POINT: pairs with the Release store in `ask`; the queue's lock orders the rest.
-    if !client.cross_waiting[g].swap(false, Ordering::Acquire) {
+    // Read before it is cleared: on every pass of every session, a write would bounce
+    // the line between workers. SYNC POINT: pairs with the Release store in `ask`; the
+    // queue's lock orders the rest.
+    if !client.cross_waiting[g].load(Ordering::Relaxed)
+        || !client.cross_waiting[g].swap(false, Ordering::Acquire)
+    {
         return Vec::new();
     }
     let mut q = client.cross[g].lock().unwrap_or_else(|e| e.into_inner());

@@ -196,6 +196,15 @@ pub struct Release {
 }
 
 impl Release {
+    /// Nothing but fences for releases held elsewhere (crate::peer_fence); `settles`: its
+    /// passing also means the session's last work here is done.
+    pub fn fencing(tokens: Vec<Arc<crate::peer_fence::CrossRelease>>, settles: bool) -> Self {
+        Release {
+            cross: crate::peer_fence::CrossPart { tokens, settles },
+            ..Default::default()
+        }
+    }
+
     /// Whether releasing it gives device memory back.
     pub fn gives_memory(&self) -> bool {
         !self.allocs.is_empty()

@@ -548,36 +548,15 @@ impl WorkerCtx {
             rel,
             false,
         );
-        let cross = crate::peer_fence::CrossPart {
-            tokens: vec![token],
-            settles: false,
-        };
-        self.release_later(
-            s,
-            Release {
-                cross,
-                ..Default::default()
-            },
-        );
+        self.release_later(s, Release::fencing(vec![token], false));
     }
 
     /// Fences other GPUs asked of session `s` (crate::peer_fence), once its ring has been
     /// read as far as the client had written it when they asked.
     pub fn fence_for_peers(&mut self, s: &mut Session) {
-        let dev = self.gpu.ordinal();
-        let tokens = crate::peer_fence::take(&s.client, dev, s.ring_position());
+        let tokens = crate::peer_fence::take(&s.client, self.gpu.ordinal(), s.ring_position());
         if !tokens.is_empty() {
-            let cross = crate::peer_fence::CrossPart {
-                tokens,
-                settles: false,
-            };
-            self.release_later(
-                s,
-                Release {
-                    cross,
-                    ..Default::default()
-                },
-            );
+            self.release_later(s, Release::fencing(tokens, false));
         }
     }
 
@@ -607,7 +586,7 @@ impl WorkerCtx {
         // peer access, what it held here, once its work on the other GPUs is done too.
         let asked = crate::peer_fence::retire(&client, self.gpu.ordinal());
         client.forget_allocs(self.gpu.ordinal());
-        if client.peer_access.load(Ordering::SeqCst) && client.visible.len() > 1 {
+        if client.frees_wait_everywhere() {
             let held = crate::peer_fence::hold(
                 &self.shared,
                 &self.gpu,
@@ -618,13 +597,7 @@ impl WorkerCtx {
             );
             let mut tokens = asked;
             tokens.push(held);
-            let rel = Release {
-                cross: crate::peer_fence::CrossPart {
-                    tokens,
-                    settles: true,
-                },
-                ..Default::default()
-            };
+            let rel = Release::fencing(tokens, true);
             self.defer(client, &fence_streams, &left, m, rel, false);
         } else {
             rel.cross = crate::peer_fence::CrossPart {

@@ -6,33 +6,10 @@
 
 mod common;
 use common::*;
-use omps_ring::wire::{self, CopyPeer, MemAlloc, MemFree, Op, U64Reply};
+use omps_ring::wire::{self, CopyPeer, MemFree, Op};
 use omps_server::gpu::Gpu;
 use omps_server::gpu_host::HostGpu;
 use omps_shim::conn::{settings_from, Conn};
-
-fn alloc_on(c: &Conn, dev: usize, size: u64) -> u64 {
-    let mut ch = c.channel();
-    ch.call(dev, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
-    })
-    .expect("alloc");
-    ch.reply::<U64Reply>().value
-}
-
-/// Synchronizes `c`'s default stream on `dev`: the first error since, if any.
-fn sync_on(c: &Conn, dev: usize) -> Result<(), i32> {
-    let mut ch = c.channel();
-    ch.call(dev, Op::StreamSync, |call| {
-        bytemuck::bytes_of(&wire::HandleCall {
-            call,
-            id: 0,
-            _pad: 0,
-        })
-        .to_vec()
-    })
-    .map(drop)
-}
 
 /// Asks for access from `dev` to the client's device `peer`.
 fn peer_access(c: &Conn, dev: usize, peer: u32) -> Result<(), i32> {
@@ -173,7 +150,15 @@ fn a_peer_copy_reaches_only_the_senders_own_live_memory() {
         left,
         "a dead client's memory never came back"
     );
-    drop(b);
+    // A peer-copy record cut short is malformed: that client is cut off, the other goes on.
+    let c = Conn::connect_with(&sock, &settings).unwrap();
+    let short = bytemuck::bytes_of(&into_others);
+    c.push(1, Op::CopyPeer, &[&short[..short.len() - 8]])
+        .unwrap();
+    assert!(wait_disconnected(&c), "a truncated peer copy was taken");
+    sync_on(&b, 0).expect("the other client is served");
+    assert_eq!(first.peek(others, 4).unwrap(), 0x2222_2222u32.to_le_bytes());
+    drop((b, c));
     assert!(ctl_at(&sock, "quit").0);
     thread.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);

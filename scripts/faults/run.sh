@@ -7,6 +7,7 @@
 #     (none hangs), and a server started again serves a new client at once.
 #   OMPS_BIN=target/release bash scripts/faults/run.sh     (GPU machine)
 set -u
+. "$(dirname "$0")/../common.sh"
 B=$(cd "${OMPS_BIN:-target/release}" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 W=${1:-/tmp/omps-faults}
@@ -55,10 +56,10 @@ echo "server process: pid $SP, name $(cat /proc/$SP/comm 2>/dev/null), $starts s
 verdict "fault: the server keeps its name and its log" "$([ "$(cat /proc/$SP/comm 2>/dev/null)" = omps-server ] && [ "$starts" -ge 1 ] && echo PASS || echo "name or log lost")"
 LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" once > "$W/after_fault.txt" 2>&1
 verdict "fault: a new client computes as natively" "$(cmp -s "$W/native.txt" "$W/after_fault.txt" && echo PASS || cat "$W/after_fault.txt")"
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+if [ "$(timeout 20 nvidia-smi -L | wc -l)" -ge 2 ]; then
     # Several GPUs: the recreated context (or restarted server) reaches its peers again.
-    nvcc -O2 -arch=sm_90 -I"$HERE/../../tests/cuda/rt" -o "$W/peer_access" "$HERE/../../tests/cuda/rt/peer_access.cu" || exit 1
-    "$W/peer_access" > "$W/peer.native" 2>&1
+    timeout 300 nvcc -O2 -arch=sm_90 -I"$HERE/../../tests/cuda/rt" -o "$W/peer_access" "$HERE/../../tests/cuda/rt/peer_access.cu" || exit 1
+    timeout 60 "$W/peer_access" > "$W/peer.native" 2>&1
     LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/peer_access" > "$W/peer.omps" 2>&1
     verdict "fault: peer access between the GPUs as natively after it" "$(cmp -s "$W/peer.native" "$W/peer.omps" && echo PASS || diff "$W/peer.native" "$W/peer.omps" | head -n 5)"
 fi
@@ -79,6 +80,6 @@ serve
 LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" once > "$W/after_restart.txt" 2>&1
 echo "restarted server: a client done $(ms_since "$t") ms after the start"
 verdict "server restarted: serves a new client at once" "$(cmp -s "$W/native.txt" "$W/after_restart.txt" && echo PASS || cat "$W/after_restart.txt")"
-ctl quit > /dev/null; wait "$SP"
+ctl quit > /dev/null; wait_server "$SP"
 grep -c panicked "$W/server.log" | sed 's/^/server log panics: /'
 [ $fail = 0 ] && echo "faults: PASS" || { echo "faults: FAIL"; tail -n 30 "$W/server.log"; exit 1; }

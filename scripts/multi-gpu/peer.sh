@@ -9,16 +9,17 @@
 #     the peer too), beside native.
 #   OMPS_BIN=target/release bash scripts/multi-gpu/peer.sh
 set -u
+. "$(dirname "$0")/../common.sh"
 B=$(cd "${OMPS_BIN:-target/release}" && pwd)
 R=$(cd "$(dirname "$0")/../.." && pwd)
 W=${1:-/tmp/omps-peer}
 MPS_BIN=${MPS_BIN:-/usr/local/nvidia/bin}
 rm -rf "$W"; mkdir -p "$W/bin" "$W/pipe" "$W/mps"; chmod 700 "$W/pipe" "$W/mps"
-nvcc -O2 -arch=sm_90 -I"$R/tests/cuda/rt" -o "$W/bin/peer_access" "$R/tests/cuda/rt/peer_access.cu" || exit 1
-nvcc -O2 -arch=sm_90 -o "$W/bin/peer_bw" "$R/scripts/multi-gpu/peer_bw.cu" || exit 1
-nvcc -O2 -arch=sm_90 -I"$R/tests/cuda/rt" -o "$W/bin/bench" "$R/tests/cuda/rt/bench_overhead.cu" || exit 1
+timeout 300 nvcc -O2 -arch=sm_90 -I"$R/tests/cuda/rt" -o "$W/bin/peer_access" "$R/tests/cuda/rt/peer_access.cu" || exit 1
+timeout 300 nvcc -O2 -arch=sm_90 -o "$W/bin/peer_bw" "$R/scripts/multi-gpu/peer_bw.cu" || exit 1
+timeout 300 nvcc -O2 -arch=sm_90 -I"$R/tests/cuda/rt" -o "$W/bin/bench" "$R/tests/cuda/rt/bench_overhead.cu" || exit 1
 malloc_us() { awk '$1=="BENCH" && $2=="malloc_free_1mib" {print $3}' "$1"; }
-nvidia-smi topo -m 2>/dev/null | head -4
+timeout 20 nvidia-smi topo -m 2>/dev/null | head -4
 fail=0
 check() { # name file-native file-omps
     if cmp -s "$2" "$3"; then echo ">>> $1: PASS"; else echo ">>> $1: FAIL"; diff "$2" "$3" | head -20; fail=1; fi
@@ -47,7 +48,7 @@ for i in 1 2 3; do omps "$W/bin/peer_access" > "$W/peer_access.omps$i" 2>&1 & pi
 for p in "${pids[@]}"; do wait "$p"; done
 omps "$W/bin/peer_bw" > "$W/bw.omps" 2>&1
 omps "$W/bin/bench" > "$W/bench.omps-after" 2>&1
-OMPS_PIPE_DIRECTORY="$W/pipe" timeout 10 "$B/omps-ctl" quit > /dev/null; wait $SP
+OMPS_PIPE_DIRECTORY="$W/pipe" timeout 10 "$B/omps-ctl" quit > /dev/null; wait_server "$SP"
 
 check "peer_access under MPS (for reference)" "$W/peer_access.native" "$W/peer_access.mps"
 for i in 1 2 3; do check "peer_access client $i" "$W/peer_access.native" "$W/peer_access.omps$i"; done

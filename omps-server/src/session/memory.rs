@@ -123,8 +123,7 @@ impl Session {
                 let f = rec::<wire::MemFree>(p);
                 match self.allocs.remove(&f.ptr) {
                     Some(len) => {
-                        let everywhere = self.client.peer_access.load(Ordering::SeqCst)
-                            && self.client.visible.len() > 1;
+                        let everywhere = self.client.frees_wait_everywhere();
                         // Before the release is held: a peer copy the client sent after
                         // the free is refused (crate::peer_fence).
                         self.client.note_free(self.dev, f.ptr, everywhere);

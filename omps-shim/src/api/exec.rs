@@ -208,7 +208,8 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> C
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         let ev = event(e)?;
-        if stream_dev(s)?.1 != ev.dev {
+        let (id, dev) = stream_dev(s)?;
+        if dev != ev.dev {
             // Across GPUs the wait is kept on the host: the event's last record has
             // passed before anything queued after this call. A capture cannot hold that.
             if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
@@ -220,7 +221,7 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> C
             super::capture::unsafe_call_allowed()?;
             return handle_call(ev.dev, Op::EventSync, ev.id);
         }
-        event_on_stream(e, s, op, CUDA_ERROR_NOT_SUPPORTED)
+        queue_event_op(ev, id, dev, op)
     })
 }
 
@@ -269,17 +270,22 @@ pub extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
-    entry(|| event_on_stream(e, s, Op::EventRecord, CUDA_ERROR_INVALID_HANDLE))
+    entry(|| record_on_stream(e, s, Op::EventRecord))
 }
 
-/// Queues `op` (a record of, or a wait for, event `e`) on stream `s`; `other_dev` is the
-/// answer when they belong to different devices.
-fn event_on_stream(e: CUevent, s: CUstream, op: Op, other_dev: CUresult) -> Result<(), CUresult> {
+/// Queues `op`, a record of event `e`, on stream `s` (of the event's device, as the
+/// driver requires).
+fn record_on_stream(e: CUevent, s: CUstream, op: Op) -> Result<(), CUresult> {
     let ev = event(e)?;
     let (id, dev) = stream_dev(s)?;
     if dev != ev.dev {
-        return Err(other_dev);
+        return Err(CUDA_ERROR_INVALID_HANDLE);
     }
+    queue_event_op(ev, id, dev, op)
+}
+
+/// Queues `op` for event `ev` on stream `id` of its device `dev`.
+fn queue_event_op(ev: &Event, id: u32, dev: usize, op: Op) -> Result<(), CUresult> {
     live()?.push(
         dev,
         op,
@@ -804,9 +810,7 @@ pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint)
     match flags {
         0 => cuEventRecord(e, s),
         EXTERNAL if !super::capture::any_capture() => cuEventRecord(e, s),
-        EXTERNAL => {
-            entry(|| event_on_stream(e, s, Op::EventRecordExternal, CUDA_ERROR_INVALID_HANDLE))
-        }
+        EXTERNAL => entry(|| record_on_stream(e, s, Op::EventRecordExternal)),
         _ => CUDA_ERROR_INVALID_VALUE,
     }
 }

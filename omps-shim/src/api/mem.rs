@@ -515,8 +515,9 @@ pub(crate) fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Res
         return Ok(());
     }
     let dev = range_dev(dst, len as u64)?;
-    if range_dev(src, len as u64)? != dev {
-        return super::peer::copy_between(dst, src, len, stream);
+    let src_dev = range_dev(src, len as u64)?;
+    if src_dev != dev {
+        return super::peer::copy_between(dst, src, len, (dev, src_dev), stream);
     }
     let s = stream_of(stream)?;
     let rec = CopyDtoD {

@@ -464,9 +464,8 @@ pub(crate) fn module_on(m: &'static Module, dev: usize) -> Result<&'static Modul
     module(*slot as CUmodule)
 }
 
-/// Function `f` as it runs on `dev`: a library's kernel resolves to its module there.
-pub(crate) fn function_on(f: CUfunction, dev: usize) -> Result<&'static Function, CUresult> {
-    let func = function(f)?;
+/// Function `func` as it runs on `dev`: a library's kernel resolves to its module there.
+fn resolve_on(func: &'static Function, dev: usize) -> Result<&'static Function, CUresult> {
     if func.dev == dev {
         return Ok(func);
     }
@@ -479,10 +478,30 @@ pub(crate) fn function_on(f: CUfunction, dev: usize) -> Result<&'static Function
         .ok_or(CUDA_ERROR_NOT_FOUND)
 }
 
-/// Function `f` as it runs in the current context.
+/// Whether `func` belongs to a library another device may load (a process of several
+/// devices): only then does the device a launch runs on matter to which function runs.
+fn in_library(func: &Function) -> bool {
+    // SAFETY: a live function's module is a leaked box, never freed.
+    unsafe { &*func.module }.library.get().is_some()
+}
+
+/// Function `f` as it runs on `dev`.
+pub(crate) fn function_on(f: CUfunction, dev: usize) -> Result<&'static Function, CUresult> {
+    let func = function(f)?;
+    if !in_library(func) {
+        return Ok(func);
+    }
+    resolve_on(func, dev)
+}
+
+/// Function `f` as it runs in the current context (a process of one device, or a plain
+/// module's function: itself, with no look at the context).
 pub(crate) fn function_here(f: CUfunction) -> Result<&'static Function, CUresult> {
-    let own = function(f)?.dev;
-    function_on(f, here(own)?)
+    let func = function(f)?;
+    if !in_library(func) {
+        return Ok(func);
+    }
+    resolve_on(func, here(func.dev)?)
 }
 
 /// # Safety

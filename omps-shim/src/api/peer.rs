@@ -20,10 +20,10 @@ use super::device::device;
 use super::exec::{
     handle_call, resolve_stream, stream_sync, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
 };
-use super::mem::{copy_dtoh, copy_htod, plain_alloc, range_dev};
+use super::mem::{copy_dtoh, copy_htod, plain_alloc};
 use super::{entry, live, out};
 use crate::cuda::*;
-use crate::handles::{resolve, CTX_MAGIC};
+use crate::handles::{resolve, Stream, CTX_MAGIC};
 use omps_ring::wire::{CopyPeer, Op, PeerAccess};
 use std::ffi::c_int;
 
@@ -53,21 +53,19 @@ fn enabled_between(dev: usize, peer_dev: usize) -> bool {
 /// Bytes moved through host memory at a time.
 const PIECE: usize = 8 << 20;
 
-/// Set once a context of this process enabled peer access: the server then holds every
-/// free until the process's work on all its GPUs is done, so a copy may reach across.
-static PEER_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// `len` bytes from `src` (on one GPU) to `dst` (on another): directly, over peer access,
-/// on the stream's GPU where the process enabled it and the far end is an allocation of
-/// its own; otherwise through host memory, after the work queued on `stream`.
+/// `len` bytes from `src` (on GPU `sd`) to `dst` (on GPU `dd`): directly, over peer
+/// access, on the stream's GPU where the process enabled it and the far end is an
+/// allocation of its own; otherwise through host memory, after the work queued on `stream`.
 pub(crate) fn copy_between(
     dst: u64,
     src: u64,
     len: usize,
+    (dd, sd): (usize, usize),
     stream: CUstream,
 ) -> Result<(), CUresult> {
-    if let Some(near) = direct_side(dst, src, len as u64, stream)? {
-        return copy_direct(near, dst, src, len as u64, stream);
+    let target = resolve_stream(stream)?;
+    if let Some((near, far)) = direct_side(dst, src, len as u64, (dd, sd), target) {
+        return copy_direct(near, far, dst, src, len as u64, far == sd, stream);
     }
     stream_sync(stream)?;
     let mut buf = vec![0u8; len.min(PIECE)];
@@ -95,34 +93,34 @@ pub(crate) fn copy_between(
     Ok(())
 }
 
-/// The GPU that runs a direct copy (the stream's, or for the default stream the current
-/// device if it holds an end, else the destination's), or None where it must be staged.
-fn direct_side(dst: u64, src: u64, len: u64, stream: CUstream) -> Result<Option<usize>, CUresult> {
-    if !PEER_ON.load(std::sync::atomic::Ordering::Acquire) {
-        return Ok(None);
-    }
-    let (dd, sd) = (range_dev(dst, len)?, range_dev(src, len)?);
-    let near = match resolve_stream(stream)? {
+/// The GPUs (near, far) of a direct copy: near runs it (the stream's GPU, or for the
+/// default stream the current device if it holds an end, else the destination's, or the
+/// other GPU where only that direction has access); None where it must be staged.
+fn direct_side(
+    dst: u64,
+    src: u64,
+    len: u64,
+    (dd, sd): (usize, usize),
+    target: Option<&Stream>,
+) -> Option<(usize, usize)> {
+    let near = match target {
         Some(st) => st.dev,
         None => current_dev()
             .ok()
             .filter(|&d| d == dd || d == sd)
             .unwrap_or(dd),
     };
-    let default_stream = resolve_stream(stream)?.is_none();
-    let (near, far, far_addr) = match near {
-        n if n == dd => (dd, sd, src),
-        n if n == sd => (sd, dd, dst),
-        _ => return Ok(None),
+    let (far, far_addr, near_addr) = match near {
+        n if n == dd => (sd, src, dst),
+        n if n == sd => (dd, dst, src),
+        _ => return None,
     };
-    // Access is enabled per direction; on the default stream either GPU may run the copy.
     if enabled_between(near, far) {
-        Ok(plain_alloc(far_addr, len).then_some(near))
-    } else if default_stream && enabled_between(far, near) {
-        let near_addr = if far_addr == src { dst } else { src };
-        Ok(plain_alloc(near_addr, len).then_some(far))
+        plain_alloc(far_addr, len).then_some((near, far))
+    } else if target.is_none() && enabled_between(far, near) {
+        plain_alloc(near_addr, len).then_some((far, near))
     } else {
-        Ok(None)
+        None
     }
 }
 
@@ -131,13 +129,13 @@ fn direct_side(dst: u64, src: u64, len: u64, stream: CUstream) -> Result<Option<
 /// anything queued after it (the call waits for it).
 fn copy_direct(
     near: usize,
+    far: usize,
     dst: u64,
     src: u64,
     len: u64,
+    far_is_src: bool,
     stream: CUstream,
 ) -> Result<(), CUresult> {
-    let (dd, sd) = (range_dev(dst, len)?, range_dev(src, len)?);
-    let far = if near == dd { sd } else { dd };
     let named = match stream as usize {
         0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD => None,
         _ => resolve_stream(stream)?,
@@ -152,7 +150,7 @@ fn copy_direct(
         len,
         stream: id,
         peer: far as u32,
-        far_is_src: (far == sd) as u32,
+        far_is_src: far_is_src as u32,
         _pad: 0,
     };
     live()?.push(near, Op::CopyPeer, &[bytemuck::bytes_of(&rec)])?;
@@ -253,7 +251,6 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: std::ffi::c_uint
             .to_vec()
         })?;
         on.push(pair);
-        PEER_ON.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     })
 }

@@ -138,9 +138,14 @@ pub const HOST_MODULE: &str =
 
 /// Allocates `size` bytes of device memory on GPU 0 through a raw connection.
 pub fn alloc(c: &omps_shim::conn::Conn, size: u64) -> u64 {
+    alloc_on(c, 0, size)
+}
+
+/// Allocates `size` bytes of device memory on the client's device `dev`.
+pub fn alloc_on(c: &omps_shim::conn::Conn, dev: usize, size: u64) -> u64 {
     use omps_ring::wire::{MemAlloc, Op, U64Reply};
     let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| {
+    ch.call(dev, Op::MemAlloc, |call| {
         bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
     })
     .expect("alloc");
@@ -357,8 +362,13 @@ pub fn launch_trap(c: &omps_shim::conn::Conn) {
 
 /// Synchronizes client `c`'s default stream on GPU 0: the first error since, if any.
 pub fn sync_default_stream(c: &omps_shim::conn::Conn) -> Result<(), i32> {
+    sync_on(c, 0)
+}
+
+/// Synchronizes client `c`'s default stream on its device `dev`: the first error since.
+pub fn sync_on(c: &omps_shim::conn::Conn, dev: usize) -> Result<(), i32> {
     let mut ch = c.channel();
-    ch.call(0, omps_ring::wire::Op::StreamSync, |call| {
+    ch.call(dev, omps_ring::wire::Op::StreamSync, |call| {
         bytemuck::bytes_of(&omps_ring::wire::HandleCall {
             call,
             id: 0,
@@ -371,7 +381,6 @@ pub fn sync_default_stream(c: &omps_shim::conn::Conn) -> Result<(), i32> {
 
 /// A server of two host GPUs of one machine that reach each other directly (peer access),
 /// running on a thread: its pipe directory, the two GPUs, the thread.
-#[allow(dead_code)]
 pub fn linked_gpus_server(
     tag: &str,
 ) -> (

@@ -585,6 +585,11 @@ impl ClientShared {
     }
 
     /// Unregisters and unmaps a pinned range once nothing uses it.
+    /// Pinned ranges given back whose fences have not all passed yet.
+    pub fn unpinning_ranges(&self) -> usize {
+        self.unpinning.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+
     pub fn release_pinned(&self, addr: u64, len: u64) {
         if let Some(gpu) = &self.registered_on {
             // SAFETY: the range was registered by pin(); the caller fenced the client's work.

@@ -275,7 +275,7 @@ fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc:
                         let status = if client.gone.load(Ordering::Acquire) {
                             code::MPS_CLIENT_TERMINATED
                         } else {
-                            client.pin(fd.as_fd(), addr, len).err().unwrap_or(0)
+                            pin_after_unpins(&client, fd.as_fd(), addr, len)
                         };
                         client.slow_pending.store(false, Ordering::Release);
                         Server::reply(&sock, status, &[]);
@@ -284,6 +284,29 @@ fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc:
             }
         })?;
     Ok(tx)
+}
+
+/// Pins a client's range; one it gave back a moment ago may still be mapped at the same
+/// address until its fences pass on every GPU (cudaHostUnregister returns before then), and
+/// a range pinned there again waits for it (2 s at most), as natively the first is gone by
+/// the time the call returns. The status to answer.
+fn pin_after_unpins(
+    client: &ClientShared,
+    fd: std::os::fd::BorrowedFd,
+    addr: u64,
+    len: u64,
+) -> i32 {
+    let t = Instant::now();
+    loop {
+        match client.pin(fd, addr, len) {
+            Err(code::NOT_SUPPORTED)
+                if client.unpinning_ranges() > 0 && t.elapsed() < Duration::from_secs(2) =>
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            r => return r.err().unwrap_or(0),
+        }
+    }
 }
 
 /// Creates the pipe directory (0700, ours) and binds the socket, refusing to steal the

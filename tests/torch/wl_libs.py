@@ -4,7 +4,7 @@ numbers, torch.compile, allocator variants, memory queries, CUDA graphs."""
 import torch
 
 from models import SmallConvNet
-from registry import DEV, cpu, gen, randn, workload
+from registry import DEV, SkipWorkload, cpu, gen, randn, workload
 
 
 # ------------------------------------------------------------------ CUDA libraries

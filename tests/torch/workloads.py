@@ -19,6 +19,7 @@ from registry import DEV, REGISTRY, SkipWorkload, setup_determinism
 import torch  # noqa: E402
 import wl_models  # noqa: E402,F401  (importing registers the workloads, in this order)
 import wl_libs  # noqa: E402,F401
+import wl_semantics  # noqa: E402,F401
 
 
 def run(name):

@@ -13,6 +13,10 @@ def show(name, a):
 
 
 def main():
+    if not hasattr(np, "row_stack"):
+        # numba-cuda 0.30 registers np.row_stack, which NumPy 2.4 removed: an import error
+        # natively too, nothing to do with omps.
+        np.row_stack = np.vstack
     from numba import cuda, float32, int32
 
     print("gpus:", len(cuda.gpus), flush=True)

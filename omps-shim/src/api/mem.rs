@@ -63,7 +63,25 @@ pub(crate) fn plain_alloc(addr: u64, len: u64) -> bool {
 /// run across adjacent ranges of one device: PyTorch's expandable segments map a
 /// reservation piece by piece and place tensors across the seams.
 pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
-    let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+    let found = range_dev_in(&RANGES.lock().unwrap_or_else(|p| p.into_inner()), addr, len);
+    if found.is_err() && crate::trace_enabled() {
+        // Which memory a program names that this process never allocated (or freed) is
+        // the first thing to know when a copy or memset is refused.
+        let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
+        let below = r.range(..=addr).next_back().map(|(s, v)| (*s, v.0));
+        let above = r.range(addr.saturating_add(1)..).next().map(|(s, v)| (*s, v.0));
+        eprintln!(
+            "omps trace: [{addr:#x}, +{len}) is no allocation of this process (below: {below:x?}, above: {above:x?})"
+        );
+    }
+    found
+}
+
+fn range_dev_in(
+    r: &BTreeMap<u64, (u64, usize, bool)>,
+    addr: u64,
+    len: u64,
+) -> Result<usize, CUresult> {
     let end = addr.checked_add(len).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let (&start, &(n, dev, _)) = r
         .range(..=addr)

@@ -69,7 +69,10 @@ pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
         // the first thing to know when a copy or memset is refused.
         let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
         let below = r.range(..=addr).next_back().map(|(s, v)| (*s, v.0));
-        let above = r.range(addr.saturating_add(1)..).next().map(|(s, v)| (*s, v.0));
+        let above = r
+            .range(addr.saturating_add(1)..)
+            .next()
+            .map(|(s, v)| (*s, v.0));
         eprintln!(
             "omps trace: [{addr:#x}, +{len}) is no allocation of this process (below: {below:x?}, above: {above:x?})"
         );
@@ -240,7 +243,14 @@ fn memset(
     if !dst.is_multiple_of(elem_size as u64) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let dev = range_dev(dst, bytes)?;
+    // Page-locked memory is device-visible natively (XLA's autotuner memsets it): the
+    // shared kind is mapped at this address in the server, which checks it as the
+    // client's; the stream names the GPU that writes it.
+    let dev = match range_dev(dst, bytes) {
+        Ok(dev) => dev,
+        Err(e) if !super::hostmem::is_shared(dst, bytes as usize) => return Err(e),
+        Err(_) => super::exec::stream_dev(stream)?.1,
+    };
     let s = stream_of(stream)?;
     let m = Memset {
         dst,

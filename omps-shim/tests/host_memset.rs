@@ -1,0 +1,87 @@
+//! Memsets of page-locked host memory: natively the GPU writes it through its unified
+//! address (XLA's autotuner memsets pinned words), so omps must not refuse them.
+
+mod common;
+use common::*;
+use omps_shim::api::ctx::*;
+use omps_shim::api::device::*;
+use omps_shim::api::exec::*;
+use omps_shim::api::hostmem::*;
+use omps_shim::api::mem::*;
+use omps_shim::cuda::*;
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+fn ok(r: CUresult) {
+    assert_eq!(r, CUDA_SUCCESS, "CUDA call failed");
+}
+
+/// Set in the child process that plays the client.
+const CLIENT: &str = "OMPS_TEST_HOST_MEMSET_CLIENT";
+
+/// The server runs here; the client is this test run again in a child process, so its
+/// page-locked memory is shared with the server as between two processes (in one process
+/// the server cannot map it at the client's address, which is taken).
+#[test]
+fn memsets_reach_page_locked_memory() {
+    if std::env::var_os(CLIENT).is_some() {
+        return client();
+    }
+    let srv = TestServer::start("host-memset");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "memsets_reach_page_locked_memory", "--nocapture"])
+        .env(CLIENT, "1")
+        .env("OMPS_PIPE_DIRECTORY", &srv.dir)
+        .status()
+        .expect("the client runs");
+    assert!(status.success(), "the client failed: {status}");
+}
+
+fn client() {
+    // SAFETY (whole test): every pointer passed below is a valid local or the page-locked
+    // allocation, which lives until cuMemFreeHost at the end.
+    unsafe {
+        ok(cuInit(0));
+        let mut ctx = null_mut();
+        ok(cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        ok(cuCtxSetCurrent(ctx));
+        let mut s = null_mut();
+        ok(cuStreamCreate(&mut s, 1));
+        let mut host: *mut c_void = null_mut();
+        ok(cuMemHostAlloc(&mut host, 4096, 0));
+        let mut devptr = 0u64;
+        ok(cuMemHostGetDevicePointer_v2(&mut devptr, host, 0));
+        assert_eq!(
+            devptr, host as u64,
+            "the server maps the memory at its address"
+        );
+        let words = std::slice::from_raw_parts_mut(host as *mut u32, 1024);
+        words.fill(7);
+
+        // 8 bytes in the middle, as a stream-ordered memset: the words around stay.
+        ok(cuMemsetD32Async(host as u64 + 16, 0xdead_beef, 2, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(&words[3..7], &[7, 0xdead_beef, 0xdead_beef, 7]);
+        // The synchronous forms, bytes and halves.
+        ok(cuMemsetD8_v2(host as u64 + 1000, 0xab, 3));
+        let bytes = std::slice::from_raw_parts(host as *const u8, 4096);
+        assert_eq!(&bytes[996..1004], &[7, 0, 0, 0, 0xab, 0xab, 0xab, 0]);
+        ok(cuMemsetD16_v2(host as u64 + 2048, 0x1234, 4));
+        assert_eq!(&words[512..515], &[0x1234_1234, 0x1234_1234, 7]);
+
+        // Past the allocation's end, or memory this process never pinned: refused, as
+        // before, and nothing outside the allocation is written.
+        assert_eq!(
+            cuMemsetD32Async(host as u64 + 4092, 1, 2, s),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        let mut own = vec![5u32; 16];
+        assert_eq!(
+            cuMemsetD32_v2(own.as_mut_ptr() as u64, 1, 16),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert!(own.iter().all(|&w| w == 5));
+        ok(cuStreamSynchronize(s));
+        ok(cuMemFreeHost(host));
+    }
+}

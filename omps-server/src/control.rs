@@ -392,6 +392,9 @@ impl Server {
             }
         }
         let policy = make_policy(&cfg, &gpus, &snapshots)?;
+        for (g, snap) in snapshots.iter().enumerate() {
+            crate::features::Features::of(snap, policy.confines(g)).log(gpus[g].ordinal());
+        }
         let mut control_log = control_log::ControlLog::open(sock::log_directory().as_deref());
         control_log.line(&format!(
             "Starting omps server {} using socket {}",

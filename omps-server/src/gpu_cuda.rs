@@ -147,6 +147,10 @@ pub struct CudaGpu {
     printf_stream: AtomicPtr<cu::CUstream_st>,
     /// Never given work either: frees are queued on it, so they wait for nothing.
     release_stream: AtomicPtr<cu::CUstream_st>,
+    /// Whether the device has the stream-ordered allocator (CU_DEVICE_ATTRIBUTE_MEMORY_
+    /// POOLS_SUPPORTED), whose cuMemFreeAsync the releaser's frees use; without it (Pascal-
+    /// like GPUs) they are plain cuMemFree.
+    pools: bool,
     attr_fn: RawAttrFn,
     func_attr_fn: RawFuncAttrFn,
     func_set_attr_fn: RawFuncSetAttrFn,
@@ -195,6 +199,7 @@ impl CudaGpu {
             green: crate::gpu_green::Green::open(dev, layout.confined),
             printf_stream: AtomicPtr::new(std::ptr::null_mut()),
             release_stream: AtomicPtr::new(std::ptr::null_mut()),
+            pools: false,
             attr_fn: raw_fn(b"cuDeviceGetAttribute\0")?,
             func_attr_fn: raw_fn(b"cuFuncGetAttribute\0")?,
             func_set_attr_fn: raw_fn(b"cuFuncSetAttribute\0")?,
@@ -202,6 +207,11 @@ impl CudaGpu {
             set_limit_fn: raw_fn(b"cuCtxSetLimit\0")?,
             cache_config_fn: raw_fn(b"cuFuncSetCacheConfig\0")?,
         };
+        const MEMORY_POOLS_SUPPORTED: c_int = 115;
+        let mut pools = 0;
+        // SAFETY: cuDeviceGetAttribute's C signature; valid out-pointer and device.
+        g.pools =
+            unsafe { (g.attr_fn)(&mut pools, MEMORY_POOLS_SUPPORTED, dev) } == 0 && pools != 0;
         g.streams = (0..layout.total())
             .map(|_| AtomicPtr::new(std::ptr::null_mut()))
             .collect();
@@ -675,6 +685,9 @@ impl Gpu for CudaGpu {
     }
 
     fn mem_free_async(&self, ptr: u64) -> GpuResult<()> {
+        if !self.pools {
+            return self.mem_free(ptr);
+        }
         self.bind();
         let st = self.release_stream.load(Ordering::Acquire);
         // SAFETY: as mem_free; a stream of this context with no work, so the free happens
@@ -684,6 +697,9 @@ impl Gpu for CudaGpu {
     }
 
     fn settle_frees(&self) -> GpuResult<()> {
+        if !self.pools {
+            return Ok(());
+        }
         self.bind();
         let st = self.release_stream.load(Ordering::Acquire);
         // SAFETY: a live stream of this context that holds only frees.

@@ -51,7 +51,7 @@ impl Green {
         };
         if let Err(e) = g.split() {
             tracing::warn!(
-                "GPU {dev}: no SM confinement (green contexts: CUDA error {}); thread limits and partitions are refused",
+                "GPU {dev}: no SM confinement (green contexts: CUDA error {}); thread limits, SM partitions and the latency-critical SM reserve are refused",
                 e.0
             );
         }
@@ -59,6 +59,12 @@ impl Green {
     }
 
     fn split(&mut self) -> GpuResult<()> {
+        // A driver older than green contexts (CUDA 12.4, R550) lacks the entry points, and
+        // cudarc would panic at the first call: none, as on a GPU whose driver refuses.
+        // SAFETY: only looks the symbol up; the library stays loaded (cudarc's static).
+        if unsafe { cu::culib().get::<unsafe extern "C" fn()>(b"cuGreenCtxCreate\0") }.is_err() {
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
         // SAFETY: zeroed C structs are valid out-parameters.
         let mut all: cu::CUdevResource = unsafe { std::mem::zeroed() };
         // SAFETY: valid out-pointer; dev is a device handle.

@@ -11,10 +11,14 @@
 //! a device assert does; [`Gpu::flush_printf`] writes both to the descriptors of
 //! `set_printf_output`; `set_cond(handle u64, value u32)` sets a conditional handle, as
 //! `cudaGraphSetConditional` in a kernel does.
+//!
+//! It plays one GPU generation ([`HostProfile`]): the attributes its driver reports, and
+//! the features it lacks refused as that driver refuses them.
 
 use crate::gpu::{
     code, ArrayShape, CopyPlace, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule, Resource,
 };
+pub use crate::gpu_profile::HostProfile;
 use omps_ring::segment::DeviceSnapshot;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -168,6 +172,7 @@ impl State {
 pub struct HostGpu {
     ordinal: usize,
     total: u64,
+    profile: HostProfile,
     printf_fd: std::sync::atomic::AtomicI32,
     assert_fd: std::sync::atomic::AtomicI32,
     flushes: std::sync::atomic::AtomicU64,
@@ -278,15 +283,21 @@ impl HostGpu {
     /// Another GPU of `first`'s machine: host memory registered with either is reached by
     /// both, as portable registrations are.
     pub fn beside(first: &HostGpu, ordinal: usize, total: u64) -> Self {
-        let g = HostGpu::new(ordinal, total);
+        let g = HostGpu::with_profile(ordinal, total, first.profile);
         g.state.lock().unwrap().registered = first.state.lock().unwrap().registered.clone();
         g
     }
 
+    /// A GPU of the profile `OMPS_HOST_GPU_PROFILE` names (sm90 when unset).
     pub fn new(ordinal: usize, total: u64) -> Self {
+        HostGpu::with_profile(ordinal, total, HostProfile::from_env())
+    }
+
+    pub fn with_profile(ordinal: usize, total: u64, profile: HostProfile) -> Self {
         HostGpu {
             ordinal,
             total,
+            profile,
             printf_fd: std::sync::atomic::AtomicI32::new(-1),
             assert_fd: std::sync::atomic::AtomicI32::new(-1),
             flushes: Default::default(),
@@ -368,6 +379,19 @@ impl HostGpu {
 
     pub fn events_live(&self) -> usize {
         self.state.lock().unwrap().events.len()
+    }
+
+    pub fn profile(&self) -> HostProfile {
+        self.profile
+    }
+
+    /// Ok where its GPU has VMM; else what the driver answers cuMemCreate and the other
+    /// VMM calls on one without (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 0).
+    fn vmm_here(&self) -> GpuResult<()> {
+        match self.profile.vmm() {
+            true => Ok(()),
+            false => Err(CuError(code::NOT_SUPPORTED)),
+        }
     }
 }
 
@@ -533,19 +557,7 @@ impl Gpu for HostGpu {
         let bus = format!("0000:{:02x}:00.0", 0x10 + self.ordinal);
         s.pci_bus_id[..bus.len()].copy_from_slice(bus.as_bytes());
         s.total_mem = self.total;
-        // Max threads per block, block and grid dimensions, SM count, shared memory.
-        for (a, v) in [
-            (1, 1024),
-            (2, 1024),
-            (3, 1024),
-            (4, 64),
-            (5, i32::MAX),
-            (6, 65535),
-            (7, 65535),
-            (8, 49152),
-            (16, 4),
-            (97, 232448),
-        ] {
+        for (a, v) in self.profile.attributes() {
             s.attributes[a] = v;
             s.attr_valid[a] = 1;
         }
@@ -612,15 +624,20 @@ impl Gpu for HostGpu {
     }
 
     fn sm_chunks(&self) -> crate::confine::SmChunks {
-        // Its 4 SMs (attribute 16 above), one per chunk.
+        // sm90: its 4 SMs, one per chunk. Without green contexts the split fails, and
+        // gpu_green leaves no chunks, as here.
         crate::confine::SmChunks {
-            total: 4,
+            total: self.profile.sms(),
             chunk: 1,
-            chunks: 4,
+            chunks: if self.profile.green_contexts() { 4 } else { 0 },
         }
     }
 
     fn confine(&self, slot: usize, set: &crate::confine::SmSet) -> GpuResult<u32> {
+        if !self.profile.green_contexts() {
+            // What gpu_green's create answers where the device split failed.
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
         if slot >= self.layout().confined || set.chunks.iter().any(|&c| c >= 4) {
             return Err(CuError(code::INVALID_VALUE));
         }
@@ -651,6 +668,10 @@ impl Gpu for HostGpu {
     }
 
     fn mem_free_async(&self, ptr: u64) -> GpuResult<()> {
+        // cuMemFreeAsync is the stream-ordered allocator's: refused where it has no pools.
+        if !self.profile.memory_pools() {
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
         let mut st = self.state.lock().unwrap();
         let v = st.mem.remove(&ptr).ok_or(CuError(code::INVALID_VALUE))?;
         st.held_by_frees += v.len() as u64;
@@ -663,6 +684,7 @@ impl Gpu for HostGpu {
     }
 
     fn vmm_reserve(&self, size: u64, align: u64, _hint: u64) -> GpuResult<u64> {
+        self.vmm_here()?;
         let g = VMM_GRANULE;
         if size == 0 || !size.is_multiple_of(g) || (align != 0 && !align.is_power_of_two()) {
             return Err(CuError(code::INVALID_VALUE));
@@ -680,6 +702,7 @@ impl Gpu for HostGpu {
     }
 
     fn vmm_address_free(&self, ptr: u64, size: u64) -> GpuResult<()> {
+        self.vmm_here()?;
         let mut st = self.state.lock().unwrap();
         match st.reservations.get(&ptr) {
             Some(b) if b.len() as u64 == size => {
@@ -691,6 +714,7 @@ impl Gpu for HostGpu {
     }
 
     fn vmm_create(&self, size: u64) -> GpuResult<u64> {
+        self.vmm_here()?;
         if size == 0 || !size.is_multiple_of(VMM_GRANULE) {
             return Err(CuError(code::INVALID_VALUE));
         }
@@ -702,6 +726,7 @@ impl Gpu for HostGpu {
     }
 
     fn vmm_release(&self, handle: u64) -> GpuResult<()> {
+        self.vmm_here()?;
         let mut st = self.state.lock().unwrap();
         st.vmm_handles
             .remove(&handle)
@@ -710,6 +735,7 @@ impl Gpu for HostGpu {
     }
 
     fn vmm_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> GpuResult<()> {
+        self.vmm_here()?;
         let mut st = self.state.lock().unwrap();
         let hsize = *st
             .vmm_handles
@@ -723,6 +749,7 @@ impl Gpu for HostGpu {
     }
 
     fn vmm_unmap(&self, ptr: u64, _size: u64) -> GpuResult<()> {
+        self.vmm_here()?;
         let mut st = self.state.lock().unwrap();
         st.mappings
             .remove(&ptr)
@@ -731,10 +758,12 @@ impl Gpu for HostGpu {
     }
 
     fn vmm_set_access(&self, _ptr: u64, _size: u64) -> GpuResult<()> {
+        self.vmm_here()?;
         Ok(())
     }
 
     fn vmm_granularity(&self, _recommended: bool) -> GpuResult<u64> {
+        self.vmm_here()?;
         Ok(VMM_GRANULE)
     }
 
@@ -763,6 +792,10 @@ impl Gpu for HostGpu {
         old: Option<&[u8; 128]>,
     ) -> GpuResult<[u8; 128]> {
         use omps_ring::wire::tensor_map as k;
+        // Tensor maps are for compute capability 9.0 and newer (the driver API's words).
+        if !self.profile.tensor_maps() {
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
         if !(1..=5).contains(&t.rank) || !t.global_address.is_multiple_of(16) {
             return Err(CuError(code::INVALID_VALUE));
         }
@@ -997,7 +1030,7 @@ impl Gpu for HostGpu {
 
     fn func_set_attribute(&self, _func: u64, attr: i32, value: i32) -> GpuResult<()> {
         match attr {
-            8 if (0..=232448).contains(&value) => Ok(()),
+            8 if (0..=self.profile.shared_optin()).contains(&value) => Ok(()),
             _ => Err(CuError(code::INVALID_VALUE)),
         }
     }
@@ -1029,9 +1062,19 @@ impl Gpu for HostGpu {
         _block: [u32; 3],
         _shared: u32,
         s: usize,
-        _attrs: &[u8],
+        attrs: &[u8],
         args: &[u8],
     ) -> GpuResult<()> {
+        let clustered = attrs
+            .chunks_exact(omps_ring::wire::LAUNCH_ATTR_BYTES)
+            .any(|a| {
+                crate::gpu_profile::is_cluster_launch_attr(u32::from_le_bytes([
+                    a[0], a[1], a[2], a[3],
+                ]))
+            });
+        if clustered && !self.profile.clusters() {
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
         let mut st = self.state.lock().unwrap();
         st.check()?;
         let op = HostOp::Launch {

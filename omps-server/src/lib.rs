@@ -17,8 +17,9 @@
 //! * [`peer_fence`]: frees of a client with peer access wait for its work on every GPU.
 //! * [`printf`]: device printf output, routed to the client that printed.
 //! * [`gpu`]: the interface to the GPU; [`gpu_cuda`] (the driver) and [`gpu_host`] (host
-//!   memory, for tests without a GPU) implement it; [`gpu_green`] holds the driver's green
-//!   contexts.
+//!   memory, for tests without a GPU, playing a GPU generation of [`gpu_profile`]) implement
+//!   it; [`gpu_green`] holds the driver's green contexts.
+//! * [`features`]: what a GPU lacks of the features omps uses from newer GPUs.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -26,12 +27,14 @@ pub mod bounds;
 pub mod client;
 pub mod confine;
 pub mod control;
+pub mod features;
 pub mod fuzz_sequences;
 pub mod gpu;
 pub mod gpu_arrays;
 pub mod gpu_cuda;
 pub mod gpu_green;
 pub mod gpu_host;
+pub mod gpu_profile;
 pub mod ipc;
 pub mod limits;
 pub mod memlimit;

@@ -85,14 +85,44 @@ impl Policy {
     /// `gpus`: each GPU's chunks and UUID; `reserve`: the chunks kept for
     /// latency-critical clients; `default_milli_pct`: the server's default thread limit.
     pub fn new(gpus: Vec<(SmChunks, String)>, reserve: u32, default_milli_pct: u32) -> Self {
-        Policy {
+        let p = Policy {
             default_qos: Qos::Normal,
             default_milli_pct: default_milli_pct.clamp(1, NO_LIMIT),
             gpus,
             reserve,
             partitions: Vec::new(),
             next_partition: 1,
+        };
+        if p.default_milli_pct < NO_LIMIT {
+            if let Some(why) = p.limits_unenforced() {
+                tracing::warn!(
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}: {why}",
+                    pct_text(p.default_milli_pct)
+                );
+            }
         }
+        p
+    }
+
+    /// Whether GPU `gpu`'s SMs can be confined (it has green contexts).
+    pub fn confines(&self, gpu: usize) -> bool {
+        self.gpus.get(gpu).is_some_and(|g| g.0.chunks > 0)
+    }
+
+    /// Why thread-percentage limits cannot hold on some GPU, if so: the GPUs without
+    /// green contexts.
+    fn limits_unenforced(&self) -> Option<String> {
+        let without: Vec<&str> = (0..self.gpus.len())
+            .filter(|&g| !self.confines(g))
+            .map(|g| self.gpus[g].1.as_str())
+            .collect();
+        (!without.is_empty()).then(|| {
+            format!(
+                "thread-percentage limits need {}, which {} lacks",
+                crate::features::GREEN_NEEDS,
+                without.join(" and ")
+            )
+        })
     }
 
     /// Settles a connecting client's QoS, thread limit and partition from what it asked
@@ -120,6 +150,14 @@ impl Policy {
                 ))
             }
         };
+        if s.thread_milli_pct != ClientSettings::UNSET && pct < NO_LIMIT {
+            if let Some(why) = self.limits_unenforced() {
+                tracing::warn!(
+                    "a connecting client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={} is not enforced: {why}",
+                    pct_text(pct)
+                );
+            }
+        }
         let partition = match s.partition_text() {
             None => None,
             Some(t) => Some(
@@ -246,12 +284,15 @@ impl Policy {
                 };
                 of_pid(clients, pid).map_or_else(fail, |cs| {
                     cs.iter().for_each(|c| c.set_qos(q));
-                    ok("")
+                    ok(&self.reserve_note(q))
                 })
             }
             ("get_client_qos", [pid]) => of_pid(clients, pid)
                 .map_or_else(fail, |cs| ok(&format!("{}\n", cs[0].qos().name()))),
             ("set_default_active_thread_percentage", [v]) => match wire::parse_percentage(v) {
+                Some(p) if p < NO_LIMIT && self.limits_unenforced().is_some() => {
+                    fail(self.limits_unenforced().unwrap_or_default())
+                }
                 Some(p) => {
                     // MPS's daemon answers a set with the value it now holds.
                     self.default_milli_pct = p;
@@ -268,6 +309,11 @@ impl Policy {
                 let Some(p) = wire::parse_percentage(v) else {
                     return fail(format!("'{v}' is not a percentage in (0, 100]"));
                 };
+                if p < NO_LIMIT {
+                    if let Some(why) = self.limits_unenforced() {
+                        return fail(why);
+                    }
+                }
                 let set = |cs: &[Arc<ClientShared>]| {
                     cs.iter()
                         .for_each(|c| c.thread_milli_pct.store(p, Ordering::Relaxed))
@@ -303,6 +349,26 @@ impl Policy {
         }
     }
 
+    /// What a client made latency-critical gets without the SM reserve: a note naming the
+    /// GPUs that cannot keep one (its streams still run at the greatest priority there).
+    fn reserve_note(&self, q: Qos) -> String {
+        if q != Qos::LatencyCritical || self.reserve == 0 {
+            return String::new();
+        }
+        let without: Vec<&str> = (0..self.gpus.len())
+            .filter(|&g| !self.confines(g))
+            .map(|g| self.gpus[g].1.as_str())
+            .collect();
+        match without.is_empty() {
+            true => String::new(),
+            false => format!(
+                "note: no latency-critical SM reserve on {} (it needs {}); the client's streams run at the greatest priority only\n",
+                without.join(" and "),
+                crate::features::GREEN_NEEDS
+            ),
+        }
+    }
+
     fn gpu_of(&self, uuid: &str) -> Result<usize, String> {
         let hits: Vec<usize> = (0..self.gpus.len())
             .filter(|&g| self.gpus[g].1.starts_with(uuid) || self.gpus[g].1[4..].starts_with(uuid))
@@ -334,6 +400,13 @@ impl Policy {
             return fail(format!("'{n}' is not a chunk count"));
         };
         let chunks = self.gpus[g].0;
+        if chunks.chunks == 0 {
+            return fail(format!(
+                "SM partitions need {}, which {} lacks; error CUDA_ERROR_NOT_SUPPORTED",
+                crate::features::GREEN_NEEDS,
+                self.gpus[g].1
+            ));
+        }
         let used: Vec<u32> = self
             .partitions
             .iter()

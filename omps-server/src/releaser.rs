@@ -168,6 +168,16 @@ impl Drop for Releaser {
     }
 }
 
+/// Frees `p` without holding up other threads where the GPU has the stream-ordered
+/// allocator; where it has none (no memory pools: Pascal-like GPUs), cuMemFreeAsync is
+/// refused and the plain free, which waits for the GPU, is the only one.
+fn free(gpu: &dyn Gpu, p: u64) -> crate::gpu::GpuResult<()> {
+    match gpu.mem_free_async(p) {
+        Err(crate::gpu::CuError(crate::gpu::code::NOT_SUPPORTED)) => gpu.mem_free(p),
+        r => r,
+    }
+}
+
 /// Frees what a client released and settles its books; the handles only if they belong
 /// to the context of generation `now`. Returns whether device memory was freed (and is
 /// still to be settled).
@@ -182,7 +192,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
     let gpu = (generation == Some(now)).then_some(gpu);
     let freed = gpu.is_some() && !rel.allocs.is_empty();
     for (p, len) in rel.allocs {
-        if let Some(Err(e)) = gpu.map(|g| g.mem_free_async(p)) {
+        if let Some(Err(e)) = gpu.map(|g| free(g, p)) {
             tracing::warn!(client = client.id, "freeing device memory failed: {}", e.0);
         }
         client.mem_bytes[dev].fetch_sub(len, Ordering::Relaxed);

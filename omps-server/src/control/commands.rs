@@ -217,6 +217,10 @@ impl Server {
                 snap.total_mem >> 20,
                 mem >> 20
             );
+            s += &format!(
+                "  {}\n",
+                crate::features::Features::of(snap, self.policy.confines(i)).summary()
+            );
         }
         let unattributed = self.printf.unattributed();
         if unattributed > 0 {

@@ -445,8 +445,15 @@ fn check_attrs(
     let word = |a: &[u8], i: usize| {
         u32::from_le_bytes(a[8 + 4 * i..12 + 4 * i].try_into().expect("4 bytes"))
     };
+    // A GPU without clusters (before compute capability 9.0) refuses the cluster
+    // attributes at the launch, as the driver does, rather than at the next sync.
+    const CLUSTER_LAUNCH: usize = 120;
+    let clusters =
+        super::device::device(func.dev as CUdevice)?.attribute(CLUSTER_LAUNCH) != Some(0);
     for a in attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
         match u32::from_le_bytes(a[..4].try_into().expect("4 bytes")) {
+            // Cluster dimension, cluster scheduling policy, preferred cluster dimension.
+            4 | 5 | 11 if !clusters => return Err(CUDA_ERROR_NOT_SUPPORTED),
             CLUSTER_DIMENSION => {
                 let cluster = [word(a, 0), word(a, 1), word(a, 2)];
                 if (0..3).any(|i| cluster[i] == 0 || !grid[i].is_multiple_of(cluster[i])) {

@@ -88,6 +88,18 @@ fn devices() -> Result<&'static Devices, CUresult> {
     }))
 }
 
+/// What the driver answers the stream-ordered allocator's calls on a device without it
+/// (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 0, as on Pascal-like GPUs):
+/// CUDA_ERROR_NOT_SUPPORTED. The pools here are the shim's own, so no driver says it.
+pub(crate) fn pools_on(dev: usize) -> Result<(), CUresult> {
+    const MEMORY_POOLS_SUPPORTED: usize = 115;
+    let d = super::device::device(CUdevice::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?)?;
+    match d.attribute(MEMORY_POOLS_SUPPORTED) {
+        Some(0) => Err(CUDA_ERROR_NOT_SUPPORTED),
+        _ => Ok(()),
+    }
+}
+
 fn pool(p: CUmemoryPool) -> Result<&'static Pool, CUresult> {
     // SAFETY: a handle from this shim, as the API requires.
     unsafe { resolve(p, POOL_MAGIC) }
@@ -180,7 +192,8 @@ pub(crate) fn forget(ptr: u64) {
 }
 
 fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
-    let (key, _) = stream_key(s)?;
+    let (key, dev) = stream_key(s)?;
+    pools_on(dev)?;
     if super::graph_mem::is_graph_alloc(ptr) {
         // A free during a capture (a free node), or graph memory freed outside its
         // graph: its graphs free it.
@@ -231,6 +244,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> CUresult {
     entry(|| {
         let (_, dev) = stream_key(s)?;
+        pools_on(dev)?;
         if let Some(p) = captured_alloc(dev, size, s)? {
             // SAFETY: the caller's pointer.
             return unsafe { out(dptr, p) };
@@ -331,6 +345,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         super::device::device(pr.location_id)?;
+        pools_on(pr.location_id as usize)?;
         let p = new_pool(pr.location_id as usize, false);
         // SAFETY: the caller's pointer.
         unsafe { out(out_pool, p as *const Pool as CUmemoryPool) }
@@ -443,6 +458,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
 ) -> CUresult {
     entry(|| {
         super::device::device(dev)?;
+        pools_on(dev as usize)?;
         let p = devices()?.default[dev as usize];
         // SAFETY: the caller's pointer.
         unsafe { out(out_pool, p as *const Pool as CUmemoryPool) }
@@ -458,6 +474,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
 ) -> CUresult {
     entry(|| {
         super::device::device(dev)?;
+        pools_on(dev as usize)?;
         let p = lock(&devices()?.current)[dev as usize];
         // SAFETY: the caller's pointer.
         unsafe { out(out_pool, p as CUmemoryPool) }
@@ -468,6 +485,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
 pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, p: CUmemoryPool) -> CUresult {
     entry(|| {
         super::device::device(dev)?;
+        pools_on(dev as usize)?;
         if pool(p)?.dev != dev as usize {
             return Err(CUDA_ERROR_INVALID_DEVICE);
         }

@@ -31,8 +31,16 @@ impl TestServer {
 
     /// As `start`, with `edit` changing the configuration first.
     pub fn start_with(tag: &str, edit: impl FnOnce(&mut ServerConfig)) -> TestServer {
+        Self::start_on(tag, Arc::new(HostGpu::new(0, 1 << 30)), edit)
+    }
+
+    /// As `start_with`, on `gpu` (a host GPU of a chosen generation, say).
+    pub fn start_on(
+        tag: &str,
+        gpu: Arc<HostGpu>,
+        edit: impl FnOnce(&mut ServerConfig),
+    ) -> TestServer {
         let dir = temp_dir(tag);
-        let gpu = Arc::new(HostGpu::new(0, 1 << 30));
         let mut cfg = ServerConfig {
             // Two lanes, so consecutive clients land on different worker threads.
             lanes: 2,
@@ -89,8 +97,18 @@ impl Drop for TestServer {
 /// initialized, device 0's primary context current. The shim connects once per process,
 /// so each test binary that uses this has one test.
 pub fn start_as_client(tag: &str) -> TestServer {
+    client_of(TestServer::start(tag))
+}
+
+/// As `start_as_client`, on a host GPU playing `profile`'s generation.
+pub fn start_as_client_on(tag: &str, profile: omps_server::gpu_host::HostProfile) -> TestServer {
+    let gpu = Arc::new(HostGpu::with_profile(0, 1 << 30, profile));
+    client_of(TestServer::start_on(tag, gpu, |_| {}))
+}
+
+/// Makes this process `srv`'s client through the shim.
+fn client_of(srv: TestServer) -> TestServer {
     use omps_shim::api::{ctx::*, device::*};
-    let srv = TestServer::start(tag);
     // SAFETY: called before the test starts threads; the shim reads this at cuInit.
     unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
     let mut ctx = std::ptr::null_mut();

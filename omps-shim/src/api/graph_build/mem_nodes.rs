@@ -55,6 +55,8 @@ pub(crate) unsafe fn mem_alloc_kind(
     const LOCATION_DEVICE: u32 = 1;
     const READ_WRITE: u32 = 3;
     let dev = graph_ref(g)?.dev;
+    // Graph memory comes from the device's stream-ordered allocator.
+    crate::api::pool::pools_on(dev)?;
     let own = |ty: u32, id: u32| ty == LOCATION_DEVICE && id as usize == dev;
     // Pinned device memory on the graph's device, not exportable (IPC is refused for
     // graph memory natively too).

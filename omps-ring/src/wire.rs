@@ -376,6 +376,8 @@ pub mod query {
     pub const CTX_SET_LIMIT: u32 = 6;
     /// (cache config) for a function.
     pub const FUNC_CACHE_CONFIG: u32 = 7;
+    /// () -> 0: persisting L2 lines become normal (cuCtxResetPersistingL2Cache).
+    pub const CTX_RESET_PERSISTING_L2: u32 = 8;
 }
 
 /// A virtual memory call; the answer is a [`U64Reply`].

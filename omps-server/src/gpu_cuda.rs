@@ -1183,6 +1183,10 @@ impl Gpu for CudaGpu {
                 // SAFETY: the driver checks the limit number and value.
                 raw(unsafe { (self.set_limit_fn)(a[0] as c_int, a[1] as usize) }).map(|_| 0)
             }
+            query::CTX_RESET_PERSISTING_L2 => {
+                // SAFETY: no arguments; acts on the bound context.
+                ck(unsafe { cu::cuCtxResetPersistingL2Cache() }).map(|_| 0)
+            }
             query::FUNC_CACHE_CONFIG => {
                 // SAFETY: f is a live function; the driver checks the config.
                 raw(unsafe { (self.cache_config_fn)(f, a[0] as c_int) }).map(|_| 0)

@@ -89,8 +89,13 @@ impl Drop for TestServer {
 /// initialized, device 0's primary context current. The shim connects once per process,
 /// so each test binary that uses this has one test.
 pub fn start_as_client(tag: &str) -> TestServer {
+    start_as_client_with(tag, |_| {})
+}
+
+/// As `start_as_client`, with `edit` changing the server's configuration first.
+pub fn start_as_client_with(tag: &str, edit: impl FnOnce(&mut ServerConfig)) -> TestServer {
     use omps_shim::api::{ctx::*, device::*};
-    let srv = TestServer::start(tag);
+    let srv = TestServer::start_with(tag, edit);
     // SAFETY: called before the test starts threads; the shim reads this at cuInit.
     unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };
     let mut ctx = std::ptr::null_mut();

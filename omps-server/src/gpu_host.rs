@@ -771,6 +771,23 @@ impl Gpu for HostGpu {
         (Ok(out), info, String::new())
     }
 
+    /// Compiles as a load does; the info log names the options, so tests see which
+    /// reached the compile, and text that is no module fails as bad PTX would.
+    fn module_load_jit(
+        &self,
+        ptx: &[u8],
+        options: &[(u32, u64)],
+    ) -> (GpuResult<LoadedModule>, String, String) {
+        let info: Vec<String> = options
+            .iter()
+            .map(|(o, v)| format!("option {o} = {v}"))
+            .collect();
+        match self.module_load(ptx) {
+            Ok(m) => (Ok(m), info.join("\n"), String::new()),
+            Err(_) => (Err(CuError(218)), info.join("\n"), "not a module".into()),
+        }
+    }
+
     /// Not the driver's encoding: the fields laid out in order, enough for tests to see
     /// that a descriptor comes back and that ReplaceAddress edits only the address.
     fn tensor_map(

@@ -2,12 +2,14 @@
 //! cuCtxCreate with a zeroed CUctxCreateParams (every driver-API and NVRTC sample), the
 //! answers to what it cannot grant (execution affinity, CIG), cuCtxResetPersistingL2Cache
 //! (simpleAttributes), and a malloc heap set after another client's malloc code fixed the
-//! shared context's heap (newdelete).
+//! shared context's heap (newdelete), and PTX loaded with JIT options whose logs come
+//! back into the program's buffers (matrixMulDynlinkJIT).
 
 mod common;
 use common::*;
 use omps_shim::api::ctx::*;
 use omps_shim::api::ctx_params::*;
+use omps_shim::api::module::*;
 use omps_shim::api::query::*;
 use omps_shim::conn::Conn;
 use omps_shim::cuda::*;
@@ -131,5 +133,79 @@ fn calls_the_samples_make() {
         ok(cuCtxGetLimit(&mut v, MALLOC_HEAP_SIZE));
         assert_eq!(v, 512 << 10, "a refused set changes nothing");
         drop(other);
+
+        jit_options_and_logs();
     }
+}
+
+/// cuModuleLoadDataEx of PTX with the options matrixMulDynlinkJIT passes (an info log
+/// and its size, a register limit) and an error log: the server's driver compiles it
+/// with the value options (the host GPU names them in its info log) and the logs land in
+/// the program's buffers, truncated to their room, the size slots given what was written.
+///
+/// # Safety
+/// Calls the shim's entry points with valid locals.
+unsafe fn jit_options_and_logs() {
+    const MAX_REGISTERS: i32 = 0;
+    const INFO_LOG_BUFFER: i32 = 3;
+    const INFO_LOG_SIZE: i32 = 4;
+    const ERROR_LOG_BUFFER: i32 = 5;
+    const ERROR_LOG_SIZE: i32 = 6;
+    const INVALID_PTX: CUresult = 218;
+    let load = |image: &[u8], info_room: usize| {
+        let (mut info, mut error) = (vec![b'x'; info_room], vec![b'x'; 64]);
+        let mut opts = [
+            INFO_LOG_SIZE,
+            INFO_LOG_BUFFER,
+            MAX_REGISTERS,
+            ERROR_LOG_SIZE,
+            ERROR_LOG_BUFFER,
+        ];
+        let mut vals: [*mut c_void; 5] = [
+            info_room as *mut c_void,
+            info.as_mut_ptr() as *mut c_void,
+            32 as *mut c_void,
+            64 as *mut c_void,
+            error.as_mut_ptr() as *mut c_void,
+        ];
+        let mut m = null_mut();
+        // SAFETY: the option arrays hold 5 entries; the buffers the room given.
+        let r = unsafe {
+            cuModuleLoadDataEx(
+                &mut m,
+                image.as_ptr() as *const c_void,
+                5,
+                opts.as_mut_ptr(),
+                vals.as_mut_ptr(),
+            )
+        };
+        let text = |b: &[u8]| {
+            let end = b.iter().position(|&c| c == 0).expect("NUL-terminated");
+            String::from_utf8(b[..end].to_vec()).unwrap()
+        };
+        (
+            r,
+            m,
+            text(&info),
+            vals[0] as usize,
+            text(&error),
+            vals[3] as usize,
+        )
+    };
+    let (r, m, info, info_len, error, error_len) = load(HOST_MODULE.as_bytes(), 1024);
+    ok(r);
+    assert!(info.contains("option 0 = 32"), "the register limit: {info}");
+    assert_eq!(info_len, info.len());
+    assert_eq!((error.as_str(), error_len), ("", 0));
+    let mut f = null_mut();
+    // SAFETY: valid out-pointer; a module and name of this test.
+    unsafe { ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr())) };
+    // A log longer than its buffer: cut to the room, NUL-terminated.
+    let (r, _, info, info_len, _, _) = load(HOST_MODULE.as_bytes(), 8);
+    ok(r);
+    assert_eq!((info.as_str(), info_len), ("option ", 7));
+    // PTX that does not compile: the driver's error and its error log.
+    let (r, _, _, _, error, error_len) = load(b"not a module\0", 64);
+    assert_eq!(r, INVALID_PTX);
+    assert_eq!((error.as_str(), error_len), ("not a module", 12));
 }

@@ -89,10 +89,11 @@ FAMILIES = [
      r"^(cuStreamWaitValue|cuStreamWriteValue|cuStreamBatchMemOp)"),
     ("Settings of the one shared context",
      "Every client's work runs in one context per GPU: a cache or shared-memory "
-     "configuration, context flags or a persisting-L2 reset set by one client would change "
-     "every client's.",
+     "configuration or context flags set by one client would change every client's. No "
+     "context has an execution affinity (cuDeviceGetExecAffinitySupport answers 0 and "
+     "cuCtxCreate refuses one, api/ctx_params.rs).",
      r"^(cuCtx(Get|Set)CacheConfig|cuCtx(Get|Set)SharedMemConfig|cuFuncSetSharedMemConfig|"
-     r"cuCtxSetFlags|cuCtxResetPersistingL2Cache|cuCtxGetExecAffinity|cuDeviceGetExecAffinitySupport)"),
+     r"cuCtxSetFlags|cuCtxGetExecAffinity)"),
     ("Facilities of the driver's own process",
      "Checkpoints, core dumps, the debugger's and profiler's hooks and the driver's log "
      "callbacks act on the process that holds the context, which is the server: a client "

@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -90,6 +90,11 @@ ops! {
     /// JIT-links the [`link`] container uploaded into this channel's blob; the answer is
     /// a [`LinkReply`], the output stays in the server for BlobFetch.
     Link = 48 => ModuleLoad,
+    /// Loads the PTX of the [`link`] container uploaded into this channel's blob (value
+    /// options, one PTX input) as cuModuleLoadDataEx compiles it: the function table in
+    /// chunk 0 as for ModuleLoad, the answer a [`LinkReply`] with the logs' lengths (on
+    /// failure too); the logs stay in the server for BlobFetch.
+    ModuleLoadJit = 63 => ModuleLoad,
     /// Copies `len` bytes of this channel's link output from offset `dev` into a chunk.
     BlobFetch = 18 => ChunkCopy,
     /// Graphs (see [`graph`]): launches and releases are fire-and-forget, like kernels.
@@ -376,6 +381,8 @@ pub mod query {
     pub const CTX_SET_LIMIT: u32 = 6;
     /// (cache config) for a function.
     pub const FUNC_CACHE_CONFIG: u32 = 7;
+    /// () -> 0: persisting L2 lines become normal (cuCtxResetPersistingL2Cache).
+    pub const CTX_RESET_PERSISTING_L2: u32 = 8;
 }
 
 /// A virtual memory call; the answer is a [`U64Reply`].

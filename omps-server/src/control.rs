@@ -46,7 +46,16 @@ pub struct ServerConfig {
     /// Where to serve Prometheus metrics over HTTP (`--metrics ADDR`, OMPS_METRICS);
     /// None: only `omps-ctl metrics` shows them.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The shared context's device malloc heap, set at start (OMPS_MALLOC_HEAP_SIZE, a
+    /// size such as 256M; "0": the driver's default), as given; checked at start.
+    pub malloc_heap: Option<String>,
 }
+
+/// The heap every client's device malloc shares unless OMPS_MALLOC_HEAP_SIZE says
+/// otherwise: natively each process has 8 MiB of its own; this is 32 such heaps, and what
+/// a program sets before its first malloc up to it succeeds (crate::limits). The driver
+/// allocates it only when code that calls malloc is first loaded.
+pub const DEFAULT_MALLOC_HEAP: &str = "256M";
 
 impl ServerConfig {
     /// A server on `pipe_dir` with nothing else set: one lane, no spare segments, no
@@ -64,6 +73,7 @@ impl ServerConfig {
             default_thread_pct: None,
             default_mem_limit: None,
             metrics: None,
+            malloc_heap: None,
         }
     }
 
@@ -97,6 +107,10 @@ impl ServerConfig {
             metrics: std::env::var("OMPS_METRICS")
                 .ok()
                 .and_then(|a| a.parse().ok()),
+            malloc_heap: Some(
+                std::env::var("OMPS_MALLOC_HEAP_SIZE")
+                    .unwrap_or_else(|_| DEFAULT_MALLOC_HEAP.into()),
+            ),
         }
     }
 }
@@ -408,7 +422,7 @@ impl Server {
         let mem_limits =
             crate::memlimit::MemLimits::new(cfg.default_mem_limit.as_deref(), &snapshots)
                 .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
-        presize_stacks(&gpus)?;
+        let presized = presizes(&cfg)?;
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
         let mut gpu_shared = Vec::new();
@@ -417,6 +431,7 @@ impl Server {
         for (i, gpu) in gpus.iter().enumerate() {
             let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let shared = worker::GpuShared::new(gpu, lanes, faulted.clone());
+            presize(&**gpu, &shared, &presized)?;
             gpu_shared.push(shared.clone());
             for lane in 0..lanes {
                 let bell_fd = shm::create_segment("omps-doorbell", wire::DOORBELL_PAGE)?;
@@ -1226,28 +1241,55 @@ fn make_policy(
 /// launches meanwhile; the context's stack only grows (crate::limits), so each new largest
 /// stack a client asks for costs one such stall. OMPS_STACK_SIZE (bytes per thread) sets
 /// it at start, before any client runs, for operators who know what their clients need
-/// (it costs that much device memory per resident thread).
-fn presize_stacks(gpus: &[Arc<dyn Gpu>]) -> io::Result<()> {
-    let Ok(v) = std::env::var("OMPS_STACK_SIZE") else {
-        return Ok(());
-    };
-    let bytes: i64 = v.trim().parse().ok().filter(|&b| b > 0).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("OMPS_STACK_SIZE={v}: must be a stack size in bytes"),
-        )
-    })?;
-    const STACK_SIZE: i64 = 0;
-    for g in gpus {
-        g.query(
-            wire::query::CTX_SET_LIMIT,
-            0,
-            [STACK_SIZE, bytes, 0, 0, 0, 0, 0],
-            &[],
-        )
-        .map_err(|e| {
+/// (it costs that much device memory per resident thread). The malloc heap is set at
+/// start too ([`ServerConfig::malloc_heap`]): once code that calls malloc is loaded its
+/// size is fixed. (limit, value, what the operator wrote) for each.
+fn presizes(cfg: &ServerConfig) -> io::Result<Vec<(i32, u64, String)>> {
+    const STACK_SIZE: i32 = 0;
+    const MALLOC_HEAP_SIZE: i32 = 2;
+    let mut out = Vec::new();
+    if let Ok(v) = std::env::var("OMPS_STACK_SIZE") {
+        let bytes: u64 = v.trim().parse().ok().filter(|&b| b > 0).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("OMPS_STACK_SIZE={v}: must be a stack size in bytes"),
+            )
+        })?;
+        out.push((STACK_SIZE, bytes, format!("OMPS_STACK_SIZE={v}")));
+    }
+    if let Some(v) = &cfg.malloc_heap {
+        let bytes = match v.trim() {
+            "0" => 0,
+            t => omps_ring::memlimit::parse_size(t).map_err(|why| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("OMPS_MALLOC_HEAP_SIZE={v}: {why}"),
+                )
+            })?,
+        };
+        if bytes > 0 {
+            out.push((
+                MALLOC_HEAP_SIZE,
+                bytes,
+                format!("OMPS_MALLOC_HEAP_SIZE={v}"),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Sets the [`presizes`] on one GPU's context, through its limits so that clients still
+/// read the driver's defaults and no client's departure lowers them.
+fn presize(
+    g: &dyn Gpu,
+    shared: &worker::GpuShared,
+    presized: &[(i32, u64, String)],
+) -> io::Result<()> {
+    let mut limits = shared.limits.lock().unwrap_or_else(|e| e.into_inner());
+    for (limit, bytes, given) in presized {
+        limits.presize(g, *limit, *bytes).map_err(|e| {
             io::Error::other(format!(
-                "OMPS_STACK_SIZE={v} on GPU {}: CUDA error {}",
+                "{given} on GPU {}: CUDA error {}",
                 g.ordinal(),
                 e.0
             ))

@@ -153,6 +153,15 @@ pub trait Gpu: Send + Sync + 'static {
         inputs: &[(u32, &str, &[u8])],
     ) -> (GpuResult<Vec<u8>>, String, String);
 
+    /// Loads NUL-terminated `ptx` compiled with value `options`, as cuModuleLoadDataEx
+    /// does (a whole program, where a link compiles relocatable code, which old PTX
+    /// cannot be); the module, or the error, and the info and error logs.
+    fn module_load_jit(
+        &self,
+        ptx: &[u8],
+        options: &[(u32, u64)],
+    ) -> (GpuResult<LoadedModule>, String, String);
+
     /// A TMA descriptor, encoded by the driver (`old` is the one ReplaceAddress edits).
     fn tensor_map(
         &self,

@@ -410,6 +410,34 @@ impl CudaGpu {
         }
     }
 
+    /// A module just loaded, with its functions described; unloaded again if that fails.
+    fn loaded(&self, m: cu::CUmodule) -> GpuResult<LoadedModule> {
+        let result = (|| {
+            let mut n = 0u32;
+            // SAFETY: m is a loaded module; valid out-pointer.
+            ck(unsafe { cu::cuModuleGetFunctionCount(&mut n, m) })
+                .inspect_err(|e| tracing::warn!("cuModuleGetFunctionCount: {}", e.0))?;
+            let mut fs = vec![std::ptr::null_mut(); n as usize];
+            // SAFETY: the buffer holds n handles.
+            ck(unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) })
+                .inspect_err(|e| tracing::warn!("cuModuleEnumerateFunctions({n}): {}", e.0))?;
+            fs.into_iter()
+                .map(|f| self.describe(f))
+                .collect::<GpuResult<Vec<_>>>()
+        })();
+        match result {
+            Ok(functions) => Ok(LoadedModule {
+                handle: m as u64,
+                functions,
+            }),
+            Err(e) => {
+                // SAFETY: unloading the module loaded above.
+                unsafe { cu::cuModuleUnload(m) };
+                Err(e)
+            }
+        }
+    }
+
     fn describe(&self, f: cu::CUfunction) -> GpuResult<FunctionInfo> {
         // Under lazy loading (the default) a function's name, parameters and attributes
         // are only known once it is loaded.
@@ -443,6 +471,53 @@ impl CudaGpu {
             max_dynamic_shared: self.func_attr(f, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
             params,
         })
+    }
+}
+
+/// A JIT compile's options: the client's value options, then our own info and error log
+/// buffers and their sizes, which the driver fills.
+struct JitOptions {
+    opts: Vec<u32>,
+    vals: Vec<*mut c_void>,
+    info: Vec<u8>,
+    error: Vec<u8>,
+}
+
+impl JitOptions {
+    const LOG: usize = 64 << 10;
+
+    fn new(options: &[(u32, u64)]) -> Self {
+        const INFO_BUF: u32 = 3;
+        const INFO_SIZE: u32 = 4;
+        const ERROR_BUF: u32 = 5;
+        const ERROR_SIZE: u32 = 6;
+        let (mut info, mut error) = (vec![0u8; Self::LOG], vec![0u8; Self::LOG]);
+        let mut opts: Vec<u32> = options.iter().map(|o| o.0).collect();
+        let mut vals: Vec<*mut c_void> = options.iter().map(|o| o.1 as *mut c_void).collect();
+        for (o, v) in [
+            (INFO_BUF, info.as_mut_ptr() as *mut c_void),
+            (INFO_SIZE, Self::LOG as *mut c_void),
+            (ERROR_BUF, error.as_mut_ptr() as *mut c_void),
+            (ERROR_SIZE, Self::LOG as *mut c_void),
+        ] {
+            opts.push(o);
+            vals.push(v);
+        }
+        JitOptions {
+            opts,
+            vals,
+            info,
+            error,
+        }
+    }
+
+    /// The info and error logs as the driver left them (up to their NUL).
+    fn logs(&self) -> (String, String) {
+        let text = |b: &[u8]| {
+            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+            String::from_utf8_lossy(&b[..end]).into_owned()
+        };
+        (text(&self.info), text(&self.error))
     }
 }
 
@@ -777,11 +852,6 @@ impl Gpu for CudaGpu {
         options: &[(u32, u64)],
         inputs: &[(u32, &str, &[u8])],
     ) -> (GpuResult<Vec<u8>>, String, String) {
-        const LOG: usize = 64 << 10;
-        const INFO_BUF: u32 = 3;
-        const INFO_SIZE: u32 = 4;
-        const ERROR_BUF: u32 = 5;
-        const ERROR_SIZE: u32 = 6;
         type Create =
             unsafe extern "C" fn(u32, *mut u32, *mut *mut c_void, *mut *mut c_void) -> c_int;
         type Add = unsafe extern "C" fn(
@@ -797,25 +867,7 @@ impl Gpu for CudaGpu {
         type Complete = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> c_int;
         type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
         self.bind();
-        let (mut info, mut error) = (vec![0u8; LOG], vec![0u8; LOG]);
-        let mut opts: Vec<u32> = options.iter().map(|o| o.0).collect();
-        let mut vals: Vec<*mut c_void> = options.iter().map(|o| o.1 as *mut c_void).collect();
-        for (o, v) in [
-            (INFO_BUF, info.as_mut_ptr() as *mut c_void),
-            (INFO_SIZE, LOG as *mut c_void),
-            (ERROR_BUF, error.as_mut_ptr() as *mut c_void),
-            (ERROR_SIZE, LOG as *mut c_void),
-        ] {
-            opts.push(o);
-            vals.push(v);
-        }
-        let logs = |info: &[u8], error: &[u8]| {
-            let text = |b: &[u8]| {
-                let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-                String::from_utf8_lossy(&b[..end]).into_owned()
-            };
-            (text(info), text(error))
-        };
+        let mut o = JitOptions::new(options);
         let fns = (|| -> GpuResult<(Create, Add, Complete, Destroy)> {
             Ok((
                 raw_fn(b"cuLinkCreate_v2\0")?,
@@ -833,14 +885,14 @@ impl Gpu for CudaGpu {
         // session) and our own log buffers with their sizes; the state is destroyed below.
         let r = unsafe {
             create(
-                opts.len() as u32,
-                opts.as_mut_ptr(),
-                vals.as_mut_ptr(),
+                o.opts.len() as u32,
+                o.opts.as_mut_ptr(),
+                o.vals.as_mut_ptr(),
                 &mut state,
             )
         };
         if r != 0 {
-            let (i, e) = logs(&info, &error);
+            let (i, e) = o.logs();
             return (Err(CuError(r)), i, e);
         }
         let mut result = Ok(Vec::new());
@@ -877,7 +929,7 @@ impl Gpu for CudaGpu {
         }
         // SAFETY: the state from create, destroyed once.
         unsafe { destroy(state) };
-        let (i, e) = logs(&info, &error);
+        let (i, e) = o.logs();
         (result, i, e)
     }
 
@@ -1065,30 +1117,46 @@ impl Gpu for CudaGpu {
         // SAFETY: the image is a server-owned copy; the driver parses it (fatbin, cubin, or
         // NUL-terminated PTX, which the session checks).
         ck(unsafe { cu::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) })?;
-        let result = (|| {
-            let mut n = 0u32;
-            // SAFETY: m is a loaded module; valid out-pointer.
-            ck(unsafe { cu::cuModuleGetFunctionCount(&mut n, m) })
-                .inspect_err(|e| tracing::warn!("cuModuleGetFunctionCount: {}", e.0))?;
-            let mut fs = vec![std::ptr::null_mut(); n as usize];
-            // SAFETY: the buffer holds n handles.
-            ck(unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) })
-                .inspect_err(|e| tracing::warn!("cuModuleEnumerateFunctions({n}): {}", e.0))?;
-            fs.into_iter()
-                .map(|f| self.describe(f))
-                .collect::<GpuResult<Vec<_>>>()
-        })();
-        match result {
-            Ok(functions) => Ok(LoadedModule {
-                handle: m as u64,
-                functions,
-            }),
-            Err(e) => {
-                // SAFETY: unloading the module loaded above.
-                unsafe { cu::cuModuleUnload(m) };
-                Err(e)
-            }
-        }
+        self.loaded(m)
+    }
+
+    fn module_load_jit(
+        &self,
+        ptx: &[u8],
+        options: &[(u32, u64)],
+    ) -> (GpuResult<LoadedModule>, String, String) {
+        type LoadEx = unsafe extern "C" fn(
+            *mut cu::CUmodule,
+            *const c_void,
+            u32,
+            *mut u32,
+            *mut *mut c_void,
+        ) -> c_int;
+        self.bind();
+        let mut o = JitOptions::new(options);
+        let load: LoadEx = match raw_fn(b"cuModuleLoadDataEx\0") {
+            Ok(f) => f,
+            Err(e) => return (Err(e), String::new(), String::new()),
+        };
+        let mut m = std::ptr::null_mut();
+        // SAFETY: NUL-terminated PTX (the session checks), a server-owned copy; options
+        // and values are parallel arrays of value options and our own log buffers.
+        let r = unsafe {
+            load(
+                &mut m,
+                ptx.as_ptr() as *const c_void,
+                o.opts.len() as u32,
+                o.opts.as_mut_ptr(),
+                o.vals.as_mut_ptr(),
+            )
+        };
+        let result = if r == 0 {
+            self.loaded(m)
+        } else {
+            Err(CuError(r))
+        };
+        let (i, e) = o.logs();
+        (result, i, e)
     }
 
     fn image_data_bytes(&self, image: &[u8]) -> u64 {
@@ -1198,6 +1266,10 @@ impl Gpu for CudaGpu {
             query::CTX_SET_LIMIT => {
                 // SAFETY: the driver checks the limit number and value.
                 raw(unsafe { (self.set_limit_fn)(a[0] as c_int, a[1] as usize) }).map(|_| 0)
+            }
+            query::CTX_RESET_PERSISTING_L2 => {
+                // SAFETY: no arguments; acts on the bound context.
+                ck(unsafe { cu::cuCtxResetPersistingL2Cache() }).map(|_| 0)
             }
             query::FUNC_CACHE_CONFIG => {
                 // SAFETY: f is a live function; the driver checks the config.

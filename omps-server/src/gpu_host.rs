@@ -3,7 +3,8 @@
 //! Every stream operation runs at once, in the caller's thread, so "stream order" is
 //! trivially kept. Device memory is a map of byte vectors at made-up addresses. A module
 //! image is text: `omps-host-module` on the first line, then `fn NAME OFF:SIZE ...` or
-//! `global NAME SIZE` lines, and `extern NAME` for a function the code calls (`vprintf`).
+//! `global NAME SIZE` lines, and `extern NAME` for a function the code calls (`vprintf`;
+//! `malloc` or `free` fix the heap's size, as the driver's first load of such code does).
 //! Known kernels: `fill_u32(ptr u64, value u32, count u32)`, `trap()`, which makes the
 //! context's error sticky as a device fault would, and `print(ptr u64, len u32)`, which
 //! puts `len` bytes of device memory into the printf buffer, as device printf would, and
@@ -43,6 +44,11 @@ struct State {
     assert_buffer: Vec<u8>,
     /// Context limits that were set (CUlimit 0..=6 exist; each defaults to 1024).
     limits: BTreeMap<i64, i64>,
+    /// A module whose code calls `malloc` or `free` was loaded: the driver allocated the
+    /// heap then, and its size (CU_LIMIT_MALLOC_HEAP_SIZE) no longer changes.
+    heap_fixed: bool,
+    /// cuCtxResetPersistingL2Cache calls.
+    l2_resets: usize,
     /// VMM: a reservation is one zeroed buffer (so copies may cross the seam of two
     /// mappings, as on a GPU); mappings (start -> size) count as allocated memory.
     /// Handles are not shared between mappings here.
@@ -392,6 +398,16 @@ impl HostGpu {
             true => Ok(()),
             false => Err(CuError(code::NOT_SUPPORTED)),
         }
+    }
+
+    /// What texture object `t` was made over, if it lives.
+    pub fn texture(&self, t: u64) -> Option<Resource> {
+        self.state.lock().unwrap().textures.get(&t).copied()
+    }
+
+    /// Persisting-L2 resets asked of it.
+    pub fn l2_resets(&self) -> usize {
+        self.state.lock().unwrap().l2_resets
     }
 }
 
@@ -784,6 +800,23 @@ impl Gpu for HostGpu {
         (Ok(out), info, String::new())
     }
 
+    /// Compiles as a load does; the info log names the options, so tests see which
+    /// reached the compile, and text that is no module fails as bad PTX would.
+    fn module_load_jit(
+        &self,
+        ptx: &[u8],
+        options: &[(u32, u64)],
+    ) -> (GpuResult<LoadedModule>, String, String) {
+        let info: Vec<String> = options
+            .iter()
+            .map(|(o, v)| format!("option {o} = {v}"))
+            .collect();
+        match self.module_load(ptx) {
+            Ok(m) => (Ok(m), info.join("\n"), String::new()),
+            Err(_) => (Err(CuError(218)), info.join("\n"), "not a module".into()),
+        }
+    }
+
     /// Not the driver's encoding: the fields laid out in order, enough for tests to see
     /// that a descriptor comes back and that ReplaceAddress edits only the address.
     fn tensor_map(
@@ -956,6 +989,9 @@ impl Gpu for HostGpu {
         let (fns, globals) =
             parse_module(text.trim_end_matches('\0')).ok_or(CuError(code::INVALID_IMAGE))?;
         let mut st = self.state.lock().unwrap();
+        st.heap_fixed |= text
+            .lines()
+            .any(|l| matches!(l.trim(), "extern malloc" | "extern free"));
         let handle = st.next_handle;
         st.next_handle += 1;
         let functions: Vec<FunctionInfo> = fns
@@ -1047,7 +1083,17 @@ impl Gpu for HostGpu {
                 Ok(st.limits.get(&args[0]).copied().unwrap_or(1024))
             }
             query::CTX_SET_LIMIT => {
-                self.state.lock().unwrap().limits.insert(args[0], args[1]);
+                const MALLOC_HEAP_SIZE: i64 = 2;
+                let mut st = self.state.lock().unwrap();
+                let now = st.limits.get(&args[0]).copied().unwrap_or(1024);
+                if args[0] == MALLOC_HEAP_SIZE && st.heap_fixed && args[1] != now {
+                    return Err(CuError(code::INVALID_VALUE));
+                }
+                st.limits.insert(args[0], args[1]);
+                Ok(0)
+            }
+            query::CTX_RESET_PERSISTING_L2 => {
+                self.state.lock().unwrap().l2_resets += 1;
                 Ok(0)
             }
             query::FUNC_CACHE_CONFIG => Ok(0),

@@ -5,6 +5,16 @@
 //! client asked for: what one client sets never shrinks another's. When the last client
 //! that needed a raise goes, the context comes back down to what those left need (or
 //! the default), so one client's large heap or stack does not outlive it.
+//!
+//! The malloc heap (and the printf FIFO) can change only until the context first loads
+//! code that uses it; after that the driver refuses any change (CUDA_ERROR_INVALID_VALUE).
+//! Natively each process's heap is its own, so a client sets it before its own first
+//! malloc and succeeds; here one client's malloc fixes the heap for all. So the server
+//! sizes the heap at start (`OMPS_MALLOC_HEAP_SIZE`, [`ContextLimits::presize`]; the
+//! driver allocates it only when malloc code is first loaded): a client asking for up to
+//! that much succeeds without touching the context, and reads back its own value. A
+//! client asking for more gets the driver's answer, which is a refusal once the heap is
+//! fixed (logged, naming the knob). Presized values are floors: lowering stops there.
 
 /// CUlimit values the context comes back down from: stack size, printf FIFO, malloc heap
 /// (the others are small, or not the client's to grow).
@@ -18,10 +28,31 @@ use std::collections::HashMap;
 #[derive(Default)]
 pub struct ContextLimits {
     defaults: HashMap<i32, u64>,
+    /// What the server set at start: the context never comes down below it.
+    floors: HashMap<i32, u64>,
     by_client: HashMap<u32, HashMap<i32, u64>>,
 }
 
+/// CU_LIMIT_PRINTF_FIFO_SIZE and CU_LIMIT_MALLOC_HEAP_SIZE: fixed once code using them
+/// is loaded.
+const FIXED_AFTER_USE: [i32; 2] = [1, 2];
+
 impl ContextLimits {
+    /// Sets `limit` of the context to `value` before any client runs; clients still read
+    /// the driver's default until they set their own.
+    pub fn presize(&mut self, gpu: &dyn Gpu, limit: i32, value: u64) -> GpuResult<()> {
+        self.default_of(gpu, limit)?;
+        gpu.query(
+            query::CTX_SET_LIMIT,
+            0,
+            [limit as i64, value as i64, 0, 0, 0, 0, 0],
+            &[],
+        )?;
+        // The driver may round the value; the floor is what the context holds.
+        self.floors.insert(limit, context_value(gpu, limit)?);
+        Ok(())
+    }
+
     fn default_of(&mut self, gpu: &dyn Gpu, limit: i32) -> GpuResult<u64> {
         if let Some(&v) = self.defaults.get(&limit) {
             return Ok(v);
@@ -50,12 +81,23 @@ impl ContextLimits {
         self.default_of(gpu, limit)?;
         let now = context_value(gpu, limit)?;
         if value > now {
-            gpu.query(
+            let r = gpu.query(
                 query::CTX_SET_LIMIT,
                 0,
                 [limit as i64, value as i64, 0, 0, 0, 0, 0],
                 &[],
-            )?;
+            );
+            if let (Err(e), true) = (&r, FIXED_AFTER_USE.contains(&limit)) {
+                tracing::warn!(
+                    gpu = gpu.ordinal(),
+                    "a client asked for {value} bytes of context limit {limit}; the shared \
+                     context has {now} and the driver refused to change it (CUDA error {}): \
+                     code using it was loaded already. Start the server with \
+                     OMPS_MALLOC_HEAP_SIZE (heap) at least this large",
+                    e.0
+                );
+            }
+            r?;
         }
         client.insert(limit, value);
         Ok(())
@@ -76,6 +118,7 @@ impl ContextLimits {
             let Some(&default) = self.defaults.get(&limit) else {
                 continue;
             };
+            let default = default.max(self.floors.get(&limit).copied().unwrap_or(0));
             let need = self
                 .by_client
                 .values()
@@ -107,6 +150,7 @@ fn context_value(gpu: &dyn Gpu, limit: i32) -> GpuResult<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::code;
     use crate::gpu_host::HostGpu;
 
     #[test]
@@ -154,6 +198,43 @@ mod tests {
             context_value(&gpu, heap).unwrap(),
             default,
             "back to the default"
+        );
+    }
+
+    #[test]
+    fn a_presized_heap_serves_clients_after_it_is_fixed() {
+        let gpu = HostGpu::new(0, 1 << 30);
+        let mut ctx = ContextLimits::default();
+        let heap = 2;
+        let default = context_value(&gpu, heap).unwrap();
+        ctx.presize(&gpu, heap, default * 64).unwrap();
+        // Another client's malloc code is loaded: the driver fixes the heap's size.
+        let malloc = b"omps-host-module\nfn k\nextern malloc\n\0";
+        gpu.module_load(malloc).unwrap();
+        let (mut a, b) = (HashMap::new(), HashMap::new());
+        assert_eq!(
+            ctx.get(&gpu, &b, heap).unwrap(),
+            default,
+            "the driver's default"
+        );
+        ctx.set(&gpu, &mut a, heap, default * 32)
+            .expect("within the presized heap");
+        assert_eq!(
+            ctx.get(&gpu, &a, heap).unwrap(),
+            default * 32,
+            "a's own value"
+        );
+        assert_eq!(
+            ctx.set(&gpu, &mut a, heap, default * 128).unwrap_err().0,
+            code::INVALID_VALUE,
+            "beyond it the driver's refusal"
+        );
+        ctx.note(1, &a);
+        ctx.gone(&gpu, 1);
+        assert_eq!(
+            context_value(&gpu, heap).unwrap(),
+            default * 64,
+            "never below what the server set"
         );
     }
 

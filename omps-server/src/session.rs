@@ -750,6 +750,10 @@ impl Session {
             | Op::HostFunc
             | Op::Ping => self.handle_sync(ctx, op, p, tail)?,
             Op::Link => self.handle_link(ctx, rec::<wire::ModuleLoad>(p))?,
+            Op::ModuleLoadJit => {
+                fixed_only(tail, "jit load")?;
+                self.handle_jit_load(ctx, rec::<wire::ModuleLoad>(p))?;
+            }
             Op::BlobFetch => {
                 fixed_only(tail, "blob fetch")?;
                 self.handle_blob_fetch(rec::<wire::ChunkCopy>(p))?;

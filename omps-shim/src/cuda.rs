@@ -21,6 +21,7 @@ pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_CONTEXT_ALREADY_IN_USE: CUresult = 216;
+pub const CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY: CUresult = 224;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_MPS_CONNECTION_FAILED: CUresult = 805;
 pub const CUDA_ERROR_MPS_RPC_FAILURE: CUresult = 806;

@@ -155,11 +155,31 @@ fn arrays_copies_and_texture_objects() {
         lin.res[..3].copy_from_slice(&[dev, FLOAT as u64 | 1 << 32, 64]);
         let mut tl = 0u64;
         ok(cuTexObjectCreate(&mut tl, &lin, &texd, std::ptr::null()));
-        lin.res[2] = 1 << 20; // past the allocation
+        // A size past the allocation, as convolutionFFT2D gives: the texture ends with the
+        // allocation (what lies past it may be another client's), the query answers the
+        // size given.
+        lin.res[2] = 1 << 20;
+        let mut past = 0u64;
+        ok(cuTexObjectCreate(&mut past, &lin, &texd, std::ptr::null()));
+        assert!(
+            matches!(
+                srv.gpu.texture(past),
+                Some(omps_server::gpu::Resource::Linear { size: 64, .. })
+            ),
+            "the server's texture covers the 64 bytes allocated"
+        );
+        let mut r3 = lin;
+        r3.res[2] = 0;
+        ok(cuTexObjectGetResourceDesc(&mut r3, past));
+        assert_eq!(r3.res[2], 1 << 20);
+        ok(cuTexObjectDestroy(past));
+        // Starting outside the client's memory is still refused.
+        lin.res[0] = dev + (1 << 40);
         assert_eq!(
-            cuTexObjectCreate(&mut tl, &lin, &texd, std::ptr::null()),
+            cuTexObjectCreate(&mut past, &lin, &texd, std::ptr::null()),
             CUDA_ERROR_INVALID_VALUE
         );
+        lin.res[0] = dev;
         let mut surf = 0u64;
         ok(cuSurfObjectCreate(&mut surf, &res));
         assert_eq!(

@@ -158,6 +158,10 @@ fn records_that_lie_disconnect_the_client() {
             bytemuck::bytes_of(&wire::ModuleLoad::default()).to_vec(),
         ),
         (
+            Op::ModuleLoadJit,
+            bytemuck::bytes_of(&wire::ModuleLoad::default()).to_vec(),
+        ),
+        (
             Op::BlobFetch,
             bytemuck::bytes_of(&wire::ChunkCopy {
                 len: 16,

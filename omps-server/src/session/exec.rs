@@ -61,7 +61,9 @@ impl Session {
                     }
                 }
                 let func = match q.kind {
-                    wire::query::CTX_GET_LIMIT | wire::query::CTX_SET_LIMIT => 0,
+                    wire::query::CTX_GET_LIMIT
+                    | wire::query::CTX_SET_LIMIT
+                    | wire::query::CTX_RESET_PERSISTING_L2 => 0,
                     _ => {
                         self.functions
                             .get(&q.func)

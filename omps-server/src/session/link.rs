@@ -9,6 +9,7 @@ use crate::gpu::code;
 use crate::worker::WorkerCtx;
 use omps_ring::segment::Word;
 use omps_ring::wire::{self, link};
+use std::sync::atomic::Ordering;
 
 /// A parsed container: value options and (kind, name, data) inputs borrowing the blob.
 type Parsed<'a> = (Vec<(u32, u64)>, Vec<(u32, &'a str, &'a [u8])>);
@@ -76,6 +77,55 @@ impl Session {
         self.link_out[l.call.channel as usize] = out;
         // The logs come back even when the link failed, as the driver fills them then too.
         self.complete(l.call, r, bytemuck::bytes_of(&reply))
+    }
+
+    /// PTX with JIT options, as cuModuleLoadDataEx gets it (a container of value options
+    /// and one PTX input): the driver's module load compiles it with those options, the
+    /// function table goes into chunk 0 as for ModuleLoad, and the logs wait for BlobFetch,
+    /// their lengths in the answer (a LinkReply with no image), on failure too.
+    pub(super) fn handle_jit_load(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        l: wire::ModuleLoad,
+    ) -> Result<(), Malformed> {
+        const PTX: u32 = 1;
+        self.channel(l.call.channel)?;
+        let blob = match self.take_blob(l.call.channel, l.blob_len, code::INVALID_VALUE) {
+            Ok(b) => b,
+            Err(e) => return self.complete(l.call, e, &[]),
+        };
+        let (options, inputs) = parse(&blob).map_err(Malformed)?;
+        let [(PTX, _, ptx)] = inputs[..] else {
+            return bad("jit load: not one PTX input");
+        };
+        // The driver reads PTX up to its NUL.
+        if !omps_ring::image::is_ptx(ptx) || !ptx.contains(&0) {
+            return self.complete(l.call, code::INVALID_IMAGE, &[]);
+        }
+        let gpu = ctx.gpu.clone();
+        let need = gpu.image_data_bytes(ptx);
+        if let Err(e) = self.charge(ctx, need) {
+            return self.complete(l.call, e.0, &[]);
+        }
+        let (r, info, error) = gpu.module_load_jit(ptx, &options);
+        let answer = wire::LinkReply {
+            image_len: 0,
+            info_len: info.len() as u64,
+            error_len: error.len() as u64,
+        };
+        let mut out = info.into_bytes();
+        out.extend_from_slice(error.as_bytes());
+        self.link_out[l.call.channel as usize] = out;
+        match r {
+            Ok(loaded) => {
+                self.uses_printf(omps_ring::image::printf_use(ptx, ctx.shared.modules.cc()));
+                self.finish_module_load(ctx, l.call, loaded, None, need, Some(answer))
+            }
+            Err(e) => {
+                self.client.mem_bytes[self.dev].fetch_sub(need, Ordering::Relaxed);
+                self.complete(l.call, e.0, bytemuck::bytes_of(&answer))
+            }
+        }
     }
 
     pub(super) fn handle_blob_fetch(&mut self, c: wire::ChunkCopy) -> Result<(), Malformed> {

@@ -54,7 +54,7 @@ impl Session {
                 let hit = share.then(|| ctx.shared.modules.get(&blob)).flatten();
                 if let Some((loaded, d, printf)) = hit {
                     self.uses_printf(printf);
-                    return self.finish_module_load(ctx, m.call, loaded, Some(d), 0);
+                    return self.finish_module_load(ctx, m.call, loaded, Some(d), 0, None);
                 }
                 // Its variables count against the client's memory limit, before anything
                 // is loaded (a shareable image has none).
@@ -77,7 +77,7 @@ impl Session {
                         if let Some(d) = &d {
                             cache.insert(blob, loaded.clone(), d.clone(), printf);
                         }
-                        self.finish_module_load(ctx, m.call, loaded, d, need)?
+                        self.finish_module_load(ctx, m.call, loaded, d, need, None)?
                     }
                     Err(e) => {
                         self.client.mem_bytes[self.dev].fetch_sub(need, Ordering::Relaxed);
@@ -166,18 +166,20 @@ impl Session {
     }
 
     /// The client loaded code of printf level `level` (wire::printf_use).
-    fn uses_printf(&self, level: u64) {
+    pub(super) fn uses_printf(&self, level: u64) {
         self.client.printf_level.fetch_max(level, Ordering::Relaxed);
     }
 
-    /// Registers the module's functions and writes the function table into chunk 0.
-    fn finish_module_load(
+    /// Registers the module's functions and writes the function table into chunk 0; the
+    /// answer is its head, or `answer` where given (a JIT load's log lengths).
+    pub(super) fn finish_module_load(
         &mut self,
         ctx: &mut WorkerCtx,
         call: CallHdr,
         loaded: crate::gpu::LoadedModule,
         defaults: Option<Defaults>,
         charged: u64,
+        answer: Option<wire::LinkReply>,
     ) -> Result<(), Malformed> {
         let shared = defaults.is_some();
         let nf = loaded.functions.len();
@@ -273,7 +275,10 @@ impl Session {
             total_len: total as u32,
             _pad: 0,
         };
-        self.complete(call, 0, bytemuck::bytes_of(&head))
+        match answer {
+            Some(a) => self.complete(call, 0, bytemuck::bytes_of(&a)),
+            None => self.complete(call, 0, bytemuck::bytes_of(&head)),
+        }
     }
 }
 

@@ -532,6 +532,17 @@ fn objects(surface: bool) -> std::sync::MutexGuard<'static, HashMap<u64, Made>> 
         .unwrap_or_else(|e| e.into_inner())
 }
 
+/// How much of a linear texture's size the server is asked for, given the `room` left in
+/// the allocation it starts in. The driver does not hold the size to the allocation
+/// (convolutionFFT2D makes a texture larger than its buffer and fetches only inside it);
+/// in the shared context the bytes past it may be another client's, so the texture ends
+/// with the allocation, in whole elements: a fetch past it reads 0, not what lies there.
+/// The descriptor queries still answer the size the program gave.
+fn linear_room(room: u64, format: c_uint, channels: c_uint) -> u64 {
+    let elem = array::format_bytes(format).map_or(1, |b| b * u64::from(channels.max(1)));
+    room - room % elem
+}
+
 fn make_object(
     kind: u32,
     res: &ResourceDesc,
@@ -574,7 +585,14 @@ fn make_object(
                 (t.width, t.height, t.pitch) = (res.res[2], res.res[3], res.res[4]);
             }
             match range_info(t.dev) {
-                Some((_, _, dev)) => dev,
+                Some((start, n, dev)) => {
+                    if res.ty == RES_LINEAR {
+                        t.size = t
+                            .size
+                            .min(linear_room(start + n - t.dev, t.format, t.channels));
+                    }
+                    dev
+                }
                 // Mapped page-locked memory, which the server checks as the client's.
                 None if super::hostmem::is_shared(t.dev, 1) => super::ctx::current_dev()?,
                 None => return Err(CUDA_ERROR_INVALID_VALUE),

@@ -164,26 +164,6 @@ pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) ->
     })
 }
 
-/// CUDA 13's cuCtxCreate: (ctx, params, flags, dev). Params (execution affinity, CIG)
-/// are not supported yet and refused rather than ignored.
-///
-/// # Safety
-/// `pctx` is null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v4(
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    _flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    entry(|| {
-        if !params.is_null() {
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
-        create(pctx, dev)
-    })
-}
-
 /// # Safety
 /// `pctx` is null or writable.
 #[no_mangle]
@@ -195,7 +175,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     entry(|| create(pctx, dev))
 }
 
-fn create(pctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
+pub(crate) fn create(pctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
     device(dev)?;
     let c = leak(Ctx {
         magic: AtomicU32::new(CTX_MAGIC),

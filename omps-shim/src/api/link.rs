@@ -4,6 +4,8 @@
 //! the shim fetches the image and the logs back. The image stays valid until
 //! cuLinkDestroy, as natively; the program's log buffers are filled as the driver fills
 //! them (truncated to their size, NUL-terminated), and the log sizes written back.
+//! cuModuleLoadDataEx of PTX with options ([`jit_load`]) sends the same container with one
+//! PTX input, which the server loads with the driver's own module load.
 
 use super::ctx::current_dev;
 use super::module::upload;
@@ -236,6 +238,17 @@ fn link_remote(dev: usize, blob: &[u8]) -> Result<(CUresult, wire::LinkReply, Ve
     };
     let reply = ch.reply::<wire::LinkReply>();
     let total = (reply.image_len + reply.info_len + reply.error_len) as usize;
+    let bytes = fetch_output(c, &mut ch, dev, total)?;
+    Ok((result, reply, bytes))
+}
+
+/// The `total` bytes of this channel's link output, through its staging chunks.
+fn fetch_output(
+    c: &crate::conn::Conn,
+    ch: &mut crate::conn::ChanGuard<'_>,
+    dev: usize,
+    total: usize,
+) -> Result<Vec<u8>, CUresult> {
     let mut bytes = vec![0u8; total];
     let chunk = c.params().chunk_bytes as usize;
     for (i, piece) in bytes.chunks_mut(chunk).enumerate() {
@@ -257,7 +270,41 @@ fn link_remote(dev: usize, blob: &[u8]) -> Result<(CUresult, wire::LinkReply, Ve
         // SAFETY: the server filled piece.len() bytes of the chunk before signalling it.
         unsafe { std::ptr::copy_nonoverlapping(p, piece.as_mut_ptr(), piece.len()) };
     }
-    Ok((result, reply, bytes))
+    Ok(bytes)
+}
+
+/// Writes the logs, their sizes and the wall time into the program's option slots, as
+/// the driver does: each log truncated to its buffer's room, NUL-terminated, and the
+/// size slots given what was written.
+///
+/// # Safety
+/// The slots are the program's, still valid (the API keeps them so); log buffers hold
+/// the room their size options gave.
+unsafe fn write_outputs(inputs: &Inputs, logs: &[Vec<u8>; 2], ms: f32) {
+    for &(o, slot) in &inputs.outputs {
+        // SAFETY: per the contract.
+        unsafe {
+            match o {
+                WALL_TIME => *(slot as *mut f32) = ms,
+                INFO_LOG_SIZE | ERROR_LOG_SIZE => {
+                    let which = usize::from(o == ERROR_LOG_SIZE);
+                    let room = inputs.log_room[which];
+                    *slot = logs[which].len().min(room.saturating_sub(1)) as *mut c_void;
+                }
+                INFO_LOG_BUFFER | ERROR_LOG_BUFFER => {
+                    let which = usize::from(o == ERROR_LOG_BUFFER);
+                    let (buf, room) = (*slot as *mut u8, inputs.log_room[which]);
+                    if !buf.is_null() && room > 0 {
+                        let text = &logs[which];
+                        let k = text.len().min(room - 1);
+                        std::ptr::copy_nonoverlapping(text.as_ptr(), buf, k);
+                        *buf.add(k) = 0;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// # Safety
@@ -286,31 +333,9 @@ pub unsafe extern "C" fn cuLinkComplete(
             bytes[n + reply.info_len as usize..].to_vec(),
         ];
         bytes.truncate(n);
-        for &(o, slot) in &inputs.outputs {
-            // SAFETY: the program's option slots from cuLinkCreate, still valid for the
-            // state's life per the API; log buffers hold the room it gave.
-            unsafe {
-                match o {
-                    WALL_TIME => *(slot as *mut f32) = ms,
-                    INFO_LOG_SIZE | ERROR_LOG_SIZE => {
-                        let which = usize::from(o == ERROR_LOG_SIZE);
-                        let room = inputs.log_room[which];
-                        *slot = logs[which].len().min(room.saturating_sub(1)) as *mut c_void;
-                    }
-                    INFO_LOG_BUFFER | ERROR_LOG_BUFFER => {
-                        let which = usize::from(o == ERROR_LOG_BUFFER);
-                        let (buf, room) = (*slot as *mut u8, inputs.log_room[which]);
-                        if !buf.is_null() && room > 0 {
-                            let text = &logs[which];
-                            let k = text.len().min(room - 1);
-                            std::ptr::copy_nonoverlapping(text.as_ptr(), buf, k);
-                            *buf.add(k) = 0;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
+        // SAFETY: the program's option slots from cuLinkCreate, still valid for the
+        // state's life per the API; log buffers hold the room it gave.
+        unsafe { write_outputs(&inputs, &logs, ms) };
         if r != CUDA_SUCCESS {
             return Err(r);
         }
@@ -381,51 +406,59 @@ pub unsafe extern "C" fn cuLinkAddFile(
     unsafe { cuLinkAddFile_v2(s, kind, path, n, opts, vals) }
 }
 
-/// PTX with JIT options, as cuModuleLoadDataEx gets it: compiled by the server's driver
-/// with those options (a one-input link), so the logs and wall time are the compiler's.
+/// PTX with JIT options, as cuModuleLoadDataEx gets it: the server's driver loads it
+/// with those options (op ModuleLoadJit), compiling it as a whole program as natively (a
+/// one-input link would compile relocatable code, which PTX as old as the samples'
+/// `.version 1.4` cannot be), and the logs, their sizes and the wall time come back into
+/// the program's slots, on failure too. `parse` reads the function table from chunk 0.
 ///
 /// # Safety
 /// `ptx` is NUL-terminated PTX; `opts` and `vals` hold `n` entries.
-pub(crate) unsafe fn jit_ptx(
+pub(crate) unsafe fn jit_load<T>(
+    dev: usize,
     ptx: &[u8],
     n: c_uint,
     opts: *mut u32,
     vals: *mut *mut c_void,
-) -> Result<Vec<u8>, CUresult> {
-    let mut s = std::ptr::null_mut();
+    parse: impl FnOnce(&[u8]) -> Option<T>,
+) -> Result<T, CUresult> {
+    let mut inputs = Inputs::default();
     // SAFETY: forwarded contract.
-    let r = unsafe { cuLinkCreate_v2(n, opts, vals, &mut s) };
-    if r != CUDA_SUCCESS {
-        return Err(r);
-    }
-    let result = (|| {
-        // SAFETY: ptx is a live slice; the name is a static C string.
-        let r = unsafe {
-            cuLinkAddData_v2(
-                s,
-                1,
-                ptx.as_ptr() as *const c_void,
-                ptx.len(),
-                c"ptx".as_ptr(),
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        };
-        if r != CUDA_SUCCESS {
-            return Err(r);
+    unsafe { read_options(n, opts, vals, &mut inputs)? };
+    inputs.pieces.push((1, String::new(), ptx.to_vec()));
+    let blob = container(&inputs);
+    let c = live()?;
+    let t = std::time::Instant::now();
+    let mut ch = c.channel();
+    upload(c, &mut ch, dev, &blob)?;
+    // The function table lands in chunk 0: make sure no transfer still uses it.
+    ch.wait_chunk(0)?;
+    let r = ch.call(dev, Op::ModuleLoadJit, |call| {
+        bytemuck::bytes_of(&wire::ModuleLoad {
+            call,
+            blob_len: blob.len() as u64,
+        })
+        .to_vec()
+    });
+    let ms = t.elapsed().as_secs_f32() * 1e3;
+    let loaded = match r {
+        Ok(()) => {
+            let (p, cap) = ch.chunk_ptr(0);
+            // SAFETY: the server wrote the function table into chunk 0 before answering.
+            let table = unsafe { std::slice::from_raw_parts(p as *const u8, cap) };
+            Ok(parse(table).ok_or(CUDA_ERROR_INVALID_IMAGE)?)
         }
-        let (mut img, mut len) = (std::ptr::null_mut(), 0usize);
-        // SAFETY: valid out-pointers.
-        match unsafe { cuLinkComplete(s, &mut img, &mut len) } {
-            CUDA_SUCCESS => {
-                // SAFETY: the image lives in the state until it is destroyed below.
-                let bytes = unsafe { std::slice::from_raw_parts(img as *const u8, len) };
-                Ok(bytes.to_vec())
-            }
-            e => Err(e),
+        Err(e) if e == CUDA_ERROR_MPS_RPC_FAILURE || e == CUDA_ERROR_MPS_CONNECTION_FAILED => {
+            return Err(e)
         }
-    })();
-    cuLinkDestroy(s);
-    result
+        Err(e) => Err(e),
+    };
+    let reply = ch.reply::<wire::LinkReply>();
+    let info = reply.info_len as usize;
+    let mut bytes = fetch_output(c, &mut ch, dev, info + reply.error_len as usize)?;
+    let error = bytes.split_off(info);
+    // SAFETY: the program's option slots, valid for this call; log buffers hold the room
+    // their size options gave.
+    unsafe { write_outputs(&inputs, &[bytes, error], ms) };
+    loaded
 }

@@ -4,6 +4,7 @@
 pub mod array;
 pub mod capture;
 pub mod ctx;
+pub mod ctx_params;
 pub mod device;
 pub mod exec;
 pub mod graph;

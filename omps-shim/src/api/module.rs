@@ -144,9 +144,9 @@ pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void
     })
 }
 
-/// PTX with options is compiled by the server's driver with those options (a one-input
-/// JIT link), so the info and error logs, their sizes and the wall time are the
-/// compiler's own. Other images need no compiling; their output options are answered as
+/// PTX with options is compiled by the server's driver with those options (its own
+/// cuModuleLoadDataEx, api/link.rs `jit_load`), so the info and error logs, their sizes
+/// and the wall time are the compiler's own. Other images need no compiling; their output options are answered as
 /// the driver does when nothing was compiled: empty logs, size 0, the load's wall time.
 ///
 /// # Safety
@@ -169,9 +169,14 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         if let Some(img) = unsafe { crate::image::image_slice(image as *const u8) } {
             if crate::image::is_ptx(img) {
                 return entry(|| {
+                    let dev = current_dev()?;
+                    let prints = crate::printf::note_image(live()?, dev, img);
                     // SAFETY: forwarded contract.
-                    let cubin = unsafe { super::link::jit_ptx(img, n, opts as *mut u32, vals)? };
-                    let h = load(&cubin)?;
+                    let h = unsafe {
+                        super::link::jit_load(dev, img, n, opts as *mut u32, vals, |table| {
+                            parse_module(table, dev, prints)
+                        })?
+                    };
                     // SAFETY: checked non-null.
                     unsafe { out(m, h) }
                 });

@@ -322,6 +322,23 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
     })
 }
 
+/// Persisting L2 lines go back to normal. The server's context does it: the lines are
+/// the GPU's L2, which every client of the GPU shares (under MPS too), and the reset
+/// changes only what stays cached, never what a kernel reads.
+#[no_mangle]
+pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
+    entry(|| {
+        ask(
+            current_dev()?,
+            query::CTX_RESET_PERSISTING_L2,
+            0,
+            [0; 7],
+            &[],
+        )
+        .map(drop)
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn cuFuncSetCacheConfig(f: CUfunction, config: c_int) -> CUresult {
     entry(|| {

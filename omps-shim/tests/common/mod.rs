@@ -97,7 +97,12 @@ impl Drop for TestServer {
 /// initialized, device 0's primary context current. The shim connects once per process,
 /// so each test binary that uses this has one test.
 pub fn start_as_client(tag: &str) -> TestServer {
-    client_of(TestServer::start(tag))
+    start_as_client_with(tag, |_| {})
+}
+
+/// As `start_as_client`, with `edit` changing the server's configuration first.
+pub fn start_as_client_with(tag: &str, edit: impl FnOnce(&mut ServerConfig)) -> TestServer {
+    client_of(TestServer::start_with(tag, edit))
 }
 
 /// As `start_as_client`, on a host GPU playing `profile`'s generation.

@@ -78,11 +78,6 @@ FAMILIES = [
      "program of the suites asks; multicast can take a machine's GPUs out of service).",
      r"^(cuCtx(Enable|Disable)PeerAccess|cuDeviceCanAccessPeer|cuDeviceGetP2P|cuMemcpy(3D)?Peer|"
      r"cuMulticast|cuLaunchCooperativeKernelMultiDevice)"),
-    ("Green contexts and device resources",
-     "The server owns the GPU's SM partitioning (client QoS, thread percentages, SM "
-     "partitions, its own green contexts); a client that carved its own would bypass it.",
-     r"^(cuGreenCtx|cuCtxFromGreenCtx|cuStreamGetGreenCtx|cuDevResource|cuDevSmResource|"
-     r"cuDeviceGetDevResource|cuCtxGetDevResource)"),
     ("Stream memory operations",
      "Not built yet: every address must be checked against the client's own memory "
      "(device and registered host); the server uses these operations itself.",

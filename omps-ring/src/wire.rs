@@ -141,6 +141,9 @@ ops! {
     TexObject = 60 => TexCall,
     /// Conditional graph nodes and captures into a given graph (see [`graph`]'s COND_*).
     GraphCond = 61 => GraphCond,
+    /// Green contexts (see [`green`]): the GPU's SM granularity, a green context made or
+    /// destroyed, a stream made in one. Answered.
+    Green = 90 => GreenCall,
 }
 
 /// Where an answer goes.
@@ -811,6 +814,42 @@ pub struct ParamDesc {
 }
 
 // ---- socket handshake ----
+
+/// A client's green contexts: bookkeeping of the shim that the server needs to confine the
+/// work of their streams to SMs ([`GreenCall`]'s `kind`).
+pub mod green {
+    /// Answers a [`super::GreenInfo`]: how the GPU's SMs divide (no chunks: no green
+    /// contexts on this GPU).
+    pub const QUERY: u32 = 0;
+    /// Green context `green` of `sms` SMs, with `stream` as its legacy default stream.
+    pub const CREATE: u32 = 1;
+    /// Green context `green` goes, with every stream made in it.
+    pub const DESTROY: u32 = 2;
+    /// Stream `stream` (`flags`, `priority` as StreamCreate's) made in green context `green`.
+    pub const STREAM: u32 = 3;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GreenCall {
+    pub call: CallHdr,
+    pub kind: u32,
+    pub green: u32,
+    pub sms: u32,
+    pub stream: u32,
+    pub flags: u32,
+    pub priority: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GreenInfo {
+    pub total: u32,
+    /// SMs per chunk: the granularity of a confinement.
+    pub chunk: u32,
+    pub chunks: u32,
+    pub _pad: u32,
+}
 
 pub mod kind {
     pub const CLIENT: u32 = 0;

@@ -197,6 +197,8 @@ pub struct HostGpu {
     loads: std::sync::atomic::AtomicUsize,
     /// Launches asked of it.
     launches: std::sync::atomic::AtomicUsize,
+    /// The work stream of the last launch (where confined work ran).
+    last_launch_stream: std::sync::atomic::AtomicUsize,
     /// The GPUs of its machine it can reach directly (`link_peers`).
     peers: Mutex<Vec<(usize, std::sync::Weak<HostGpu>)>>,
     /// Those a client has had access enabled to.
@@ -315,6 +317,7 @@ impl HostGpu {
             resets_fail: Default::default(),
             loads: Default::default(),
             launches: Default::default(),
+            last_launch_stream: Default::default(),
             peers: Default::default(),
             peers_enabled: Default::default(),
             state: Mutex::new(State {
@@ -349,6 +352,11 @@ impl HostGpu {
     /// Launches so far.
     pub fn launches(&self) -> usize {
         self.launches.load(Ordering::Relaxed)
+    }
+
+    /// The work stream the last launch ran on.
+    pub fn last_launch_stream(&self) -> usize {
+        self.last_launch_stream.load(Ordering::Relaxed)
     }
 
     /// Streams being captured now.
@@ -1131,6 +1139,7 @@ impl Gpu for HostGpu {
             return Ok(());
         }
         self.launches.fetch_add(1, Ordering::Relaxed);
+        self.last_launch_stream.store(s, Ordering::Relaxed);
         let name = st
             .modules
             .get(&(func >> 16))

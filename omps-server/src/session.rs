@@ -28,6 +28,7 @@ mod conditional;
 mod depth;
 mod exec;
 mod graphs;
+mod green;
 mod ipc;
 mod link;
 mod memory;
@@ -88,6 +89,8 @@ struct ClientStream {
     depth: depth::Depth,
     /// Its work stream is being captured (graphs.rs).
     capturing: bool,
+    /// The green context it was made in (green.rs), 0 for none.
+    green: u32,
 }
 
 impl ClientStream {
@@ -102,6 +105,7 @@ impl ClientStream {
             synced: None,
             depth: Default::default(),
             capturing: false,
+            green: 0,
         }
     }
 }
@@ -307,6 +311,8 @@ pub struct Session {
     depth_checked: Option<std::time::Instant>,
     vmm: vmm::VmmState,
     arrays: arrays::ArrayState,
+    /// Its green contexts (green.rs).
+    greens: HashMap<u32, green::GreenCtx>,
 }
 
 impl Session {
@@ -358,6 +364,7 @@ impl Session {
             depth_checked: None,
             vmm: Default::default(),
             arrays: Default::default(),
+            greens: HashMap::new(),
         };
         s.streams
             .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));
@@ -398,6 +405,8 @@ impl Session {
             self.move_to(ctx, place);
         }
         let client = self.client.id;
+        let group = self.streams.get(&id).map_or(0, |s| s.green);
+        let (place, legacy_id) = self.green_place(ctx, group);
         let Some(st) = self.streams.get_mut(&id) else {
             return bad(format!("unknown stream {id}"));
         };
@@ -414,11 +423,20 @@ impl Session {
             self.deep.push(id);
         }
         // Work on a blocking stream is ordered after legacy work only once there is some,
-        // and then the legacy stream is bound.
-        let legacy = self.streams[&wire::STREAM_DEFAULT].pool.unwrap_or(pool);
+        // and then the legacy stream is bound. A green context has its own legacy stream,
+        // ordered against its own blocking streams only, as a context's is natively.
+        let legacy = self
+            .streams
+            .get(&legacy_id)
+            .and_then(|s| s.pool)
+            .unwrap_or(pool);
         let mut r = Ok(());
-        if id == wire::STREAM_DEFAULT {
-            for b in self.streams.values_mut().filter(|b| b.blocking) {
+        if id == legacy_id {
+            for b in self
+                .streams
+                .values_mut()
+                .filter(|b| b.blocking && b.green == group)
+            {
                 match b.pool {
                     // A capturing stream joins no implicit ordering: it would pull the
                     // legacy stream into its graph.
@@ -447,12 +465,18 @@ impl Session {
     /// later work goes to a work stream there, after what the old one still holds.
     fn move_to(&mut self, ctx: &mut WorkerCtx, place: placement::Placement) {
         self.placement = place;
+        let greens: HashMap<u32, placement::Placement> = self
+            .greens
+            .keys()
+            .map(|&g| (g, self.green_place(ctx, g).0))
+            .collect();
         let mut r = Ok(());
         for st in self.streams.values_mut() {
             // A capturing stream stays where its capture is.
             let Some(old) = st.pool.filter(|_| !st.capturing) else {
                 continue;
             };
+            let place = greens.get(&st.green).copied().unwrap_or(place);
             let new = ctx.bind_work_stream(self.client.id, place, st.priority);
             r = r.and(ctx.order(old, new));
             ctx.unbind_work_stream(old);
@@ -781,6 +805,10 @@ impl Session {
             | Op::IpcCloseMemHandle
             | Op::IpcGetEventHandle
             | Op::IpcOpenEventHandle => self.handle_ipc(ctx, op, p, tail)?,
+            Op::Green => {
+                fixed_only(tail, "green context call")?;
+                self.handle_green(ctx, rec::<wire::GreenCall>(p))?;
+            }
         }
         Ok(())
     }

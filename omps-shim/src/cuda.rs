@@ -27,6 +27,8 @@ pub const CUDA_ERROR_MPS_CONNECTION_FAILED: CUresult = 805;
 pub const CUDA_ERROR_MPS_RPC_FAILURE: CUresult = 806;
 pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const CUDA_ERROR_INVALID_RESOURCE_TYPE: CUresult = 914;
+pub const CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION: CUresult = 915;
 
 fn table() -> &'static Vec<(i32, &'static CStr, &'static CStr)> {
     static TABLE: OnceLock<Vec<(i32, &'static CStr, &'static CStr)>> = OnceLock::new();

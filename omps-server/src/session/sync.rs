@@ -3,6 +3,60 @@
 use super::*;
 
 impl Session {
+    /// Client stream `id`, made in green context `green` (0: none).
+    pub(super) fn new_stream(
+        &mut self,
+        id: u32,
+        flags: u32,
+        priority: i32,
+        green: u32,
+    ) -> Result<(), Malformed> {
+        if id == wire::STREAM_DEFAULT || self.streams.contains_key(&id) {
+            return bad(format!("stream id {id} reused"));
+        }
+        // The welcome told the shim the bound (it refuses beyond): a lie.
+        if self.streams.len() > crate::bounds::bounds().streams as usize {
+            return bad("more streams than OMPS_MAX_STREAMS");
+        }
+        const NON_BLOCKING: u32 = 1;
+        let mut st = ClientStream::new(priority, flags & NON_BLOCKING == 0);
+        st.green = green;
+        self.streams.insert(id, st);
+        Ok(())
+    }
+
+    pub(super) fn destroy_stream(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<(), Malformed> {
+        if id == wire::STREAM_DEFAULT {
+            return bad("destroying the default stream");
+        }
+        let gpu = ctx.gpu.clone();
+        if self.streams.get(&id).is_some_and(|s| s.capturing) {
+            if !self.cond.is_capturing_into(id) {
+                self.end_body_captures(ctx);
+            }
+            if let Some(pool) = self.streams.get(&id).and_then(|s| s.pool) {
+                self.abandon_capture(&*gpu, pool);
+            }
+            self.refresh_capture_flags(ctx);
+            self.prune_homes(ctx);
+        }
+        match self.streams.remove(&id) {
+            // Its queued work still runs; the pool stream is handed to another
+            // client only once it is idle (WorkerCtx::bind_work_stream), and this
+            // client's fences wait for that work through an event (leave_pool).
+            Some(mut st) => {
+                for ev in st.depth.take_events() {
+                    let _ = ctx.gpu.event_destroy(ev);
+                }
+                if let Some(p) = st.pool {
+                    self.leave_pool(ctx, p);
+                }
+                Ok(())
+            }
+            None => bad(format!("destroying unknown stream {id}")),
+        }
+    }
+
     pub(super) fn handle_sync(
         &mut self,
         ctx: &mut WorkerCtx,
@@ -14,48 +68,11 @@ impl Session {
         match op {
             Op::StreamCreate => {
                 let c = rec::<wire::StreamCreate>(p);
-                if c.id == wire::STREAM_DEFAULT || self.streams.contains_key(&c.id) {
-                    return bad(format!("stream id {} reused", c.id));
-                }
-                // The welcome told the shim the bound (it refuses beyond): a lie.
-                if self.streams.len() > crate::bounds::bounds().streams as usize {
-                    return bad("more streams than OMPS_MAX_STREAMS");
-                }
-                const NON_BLOCKING: u32 = 1;
-                self.streams.insert(
-                    c.id,
-                    ClientStream::new(c.priority, c.flags & NON_BLOCKING == 0),
-                );
+                self.new_stream(c.id, c.flags, c.priority, 0)?;
             }
             Op::StreamDestroy => {
                 let h = rec::<wire::Handle>(p);
-                if h.id == wire::STREAM_DEFAULT {
-                    return bad("destroying the default stream");
-                }
-                if self.streams.get(&h.id).is_some_and(|s| s.capturing) {
-                    if !self.cond.is_capturing_into(h.id) {
-                        self.end_body_captures(ctx);
-                    }
-                    if let Some(pool) = self.streams.get(&h.id).and_then(|s| s.pool) {
-                        self.abandon_capture(&*gpu, pool);
-                    }
-                    self.refresh_capture_flags(ctx);
-                    self.prune_homes(ctx);
-                }
-                match self.streams.remove(&h.id) {
-                    // Its queued work still runs; the pool stream is handed to another
-                    // client only once it is idle (WorkerCtx::bind_work_stream), and this
-                    // client's fences wait for that work through an event (leave_pool).
-                    Some(mut st) => {
-                        for ev in st.depth.take_events() {
-                            let _ = ctx.gpu.event_destroy(ev);
-                        }
-                        if let Some(p) = st.pool {
-                            self.leave_pool(ctx, p);
-                        }
-                    }
-                    None => return bad(format!("destroying unknown stream {}", h.id)),
-                }
+                self.destroy_stream(ctx, h.id)?;
             }
             Op::EventCreate => {
                 let c = rec::<wire::EventCreate>(p);

@@ -29,7 +29,8 @@ pub(crate) fn resolve_stream(s: CUstream) -> Result<Option<&'static Stream>, CUr
     match s as usize {
         0 if PER_THREAD.get() => per_thread_stream().map(Some),
         CU_STREAM_PER_THREAD => per_thread_stream().map(Some),
-        0 | CU_STREAM_LEGACY => Ok(None),
+        // While a green context is current, its own legacy stream.
+        0 | CU_STREAM_LEGACY => Ok(super::green::legacy_stream()),
         // SAFETY: the caller passed a stream handle, as the API requires.
         _ => unsafe { resolve(s as *const Stream, STREAM_MAGIC) }.map(Some),
     }
@@ -103,6 +104,10 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<()
     // Out-of-range priorities are clamped into the device's range, as the driver does.
     let [least, greatest] = super::device::device(dev as CUdevice)?.stream_priority;
     let priority = priority.clamp(greatest.min(least), least.max(greatest));
+    if let Some(h) = super::green::stream_in_current(flags, priority)? {
+        // SAFETY: ph checked non-null; the caller's pointer.
+        return unsafe { out(ph, h as *const Stream as CUstream) };
+    }
     let id = next_id();
     let rec = StreamCreate {
         id,
@@ -135,6 +140,9 @@ pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUr
 /// `s` is a stream handle from this shim.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
+    if let Some(r) = super::green::destroy_detached(s) {
+        return r;
+    }
     entry(|| {
         let st = resolve_stream(s)?.ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         retire(&st.magic, STREAM_MAGIC)?;
@@ -827,7 +835,12 @@ pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint)
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetCtx(s: CUstream, pctx: *mut *mut c_void) -> CUresult {
     entry(|| {
-        let dev = match resolve_stream(s)? {
+        let st = resolve_stream(s)?;
+        if let Some(g) = st.and_then(super::green::green_of_stream) {
+            // SAFETY: the caller's pointer.
+            return unsafe { out(pctx, g.ctx as *const _ as *mut c_void) };
+        }
+        let dev = match st {
             Some(st) => st.dev,
             None => current_dev()?,
         };
@@ -878,8 +891,13 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
     // SAFETY: forwarded contract.
     let r = unsafe { cuStreamGetCtx(s, pctx) };
     if r == CUDA_SUCCESS && !pgreen.is_null() {
+        let g = resolve_stream(s)
+            .ok()
+            .flatten()
+            .and_then(super::green::green_of_stream)
+            .map_or(std::ptr::null_mut(), |g| g as *const _ as *mut c_void);
         // SAFETY: checked non-null; the caller's pointer.
-        unsafe { pgreen.write(std::ptr::null_mut()) };
+        unsafe { pgreen.write(g) };
     }
     r
 }

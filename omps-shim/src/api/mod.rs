@@ -10,6 +10,8 @@ pub mod exec;
 pub mod graph;
 pub mod graph_build;
 pub mod graph_mem;
+pub mod green;
+pub mod green_res;
 pub mod hostmem;
 pub mod ipc;
 pub mod link;

@@ -1,0 +1,496 @@
+//! Green contexts. A client's green context is a shim context (as cuCtxCreate's) marked
+//! with its SM count; the server confines the work of its streams (those made while it is
+//! current, by cuGreenCtxStreamCreate, and its own legacy default stream) to the
+//! confinement slot of that many SMs, rounded up to whole chunks and never wider than the
+//! client's own share (omps-server/src/session/green.rs). The resources it is made of are
+//! answered in the shim (api/green_res.rs).
+//!
+//! Its legacy default stream is a stream of its own: stream 0 while its context is current
+//! names it, and it orders against the green context's blocking streams only, as a
+//! context's NULL stream does natively (not against the primary context's).
+
+use super::exec::{event, resolve_stream, CUevent, CUstream};
+use super::green_res::{answer, share, ResourceDesc, DESC_MAGIC};
+use super::{entry, live, out};
+use crate::cuda::*;
+use crate::handles::{leak, next_id, resolve, retire, Ctx, Stream, CTX_MAGIC, STREAM_MAGIC};
+use omps_ring::wire::{self, CallHdr, EventCreate, EventRecord, Handle, Op};
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+
+pub const GREEN_MAGIC: u32 = 0x6772_6e21;
+/// A stream of a destroyed green context: only cuStreamDestroy takes it.
+pub const DETACHED_MAGIC: u32 = 0x6474_6368;
+const CU_GREEN_CTX_DEFAULT_STREAM: c_uint = 1;
+const NON_BLOCKING: c_uint = 1;
+
+#[repr(C)]
+pub struct GreenCtx {
+    pub magic: AtomicU32,
+    /// Its id on the wire.
+    pub id: u32,
+    pub dev: usize,
+    pub sms: u32,
+    /// What cuCtxFromGreenCtx gives.
+    pub ctx: &'static Ctx,
+    /// Its legacy default stream.
+    pub legacy: &'static Stream,
+    /// cuGreenCtxGetId's answer.
+    pub uid: u64,
+    /// Streams made in it (besides its legacy stream), destroyed or not.
+    streams: Mutex<Vec<&'static Stream>>,
+    /// A stream of its own that cuGreenCtxRecordEvent joins its streams in, made at first use.
+    join: Mutex<Option<u32>>,
+}
+
+/// The live green contexts, looked up by context and by stream. Empty in nearly every
+/// process, which `ANY` tells the stream lookups without a lock.
+static GREENS: RwLock<Vec<&'static GreenCtx>> = RwLock::new(Vec::new());
+static ANY: AtomicBool = AtomicBool::new(false);
+
+fn greens() -> std::sync::RwLockReadGuard<'static, Vec<&'static GreenCtx>> {
+    GREENS.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The green context whose context is current on this thread, if any.
+pub(crate) fn current_green() -> Option<&'static GreenCtx> {
+    if !ANY.load(Ordering::Acquire) {
+        return None;
+    }
+    let c = super::ctx::current_ctx();
+    greens()
+        .iter()
+        .find(|g| std::ptr::eq(g.ctx as *const Ctx, c as *const Ctx))
+        .copied()
+}
+
+/// The green context of context `c`, if it is one's.
+fn green_of_ctx(c: *const Ctx) -> Option<&'static GreenCtx> {
+    if !ANY.load(Ordering::Acquire) {
+        return None;
+    }
+    greens()
+        .iter()
+        .find(|g| std::ptr::eq(g.ctx as *const Ctx, c))
+        .copied()
+}
+
+/// The green context stream `s` was made in, if any.
+pub(crate) fn green_of_stream(s: &Stream) -> Option<&'static GreenCtx> {
+    if !ANY.load(Ordering::Acquire) {
+        return None;
+    }
+    greens()
+        .iter()
+        .find(|g| {
+            std::ptr::eq(g.legacy, s)
+                || g.streams
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .any(|&x| std::ptr::eq(x, s))
+        })
+        .copied()
+}
+
+fn call(dev: usize, rec: wire::GreenCall) -> Result<(), CUresult> {
+    let c = live()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::Green, |call: CallHdr| {
+        bytemuck::bytes_of(&wire::GreenCall { call, ..rec }).to_vec()
+    })
+}
+
+/// A new stream in green context `g`, with its quota taken.
+fn make_stream(g: &GreenCtx, flags: c_uint, priority: c_int) -> Result<&'static Stream, CUresult> {
+    let [least, greatest] = super::device::device(g.dev as CUdevice)?.stream_priority;
+    let priority = priority.clamp(greatest.min(least), least.max(greatest));
+    let id = next_id();
+    let c = live()?;
+    c.streams.take()?;
+    let rec = wire::GreenCall {
+        kind: wire::green::STREAM,
+        green: g.id,
+        stream: id,
+        flags,
+        priority,
+        ..Default::default()
+    };
+    if let Err(e) = call(g.dev, rec) {
+        c.streams.give_back();
+        return Err(e);
+    }
+    Ok(new_handle(id, g.dev, flags, priority))
+}
+
+fn new_handle(id: u32, dev: usize, flags: c_uint, priority: c_int) -> &'static Stream {
+    // SAFETY: freshly leaked, never freed.
+    unsafe {
+        &*leak(Stream {
+            magic: AtomicU32::new(STREAM_MAGIC),
+            id,
+            dev,
+            flags,
+            priority,
+        })
+    }
+}
+
+/// cuStreamCreate while a green context is current: the stream is made in it. None when
+/// no green context is current (the caller makes an ordinary stream).
+pub(crate) fn stream_in_current(
+    flags: c_uint,
+    priority: c_int,
+) -> Result<Option<&'static Stream>, CUresult> {
+    let Some(g) = current_green() else {
+        return Ok(None);
+    };
+    let s = make_stream(g, flags, priority)?;
+    g.streams.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+    Ok(Some(s))
+}
+
+/// The legacy stream that stream 0 names on this thread: the current green context's, or
+/// None for the client's own.
+pub(crate) fn legacy_stream() -> Option<&'static Stream> {
+    current_green().map(|g| g.legacy)
+}
+
+fn green(g: *mut GreenCtx) -> Result<&'static GreenCtx, CUresult> {
+    // SAFETY: a handle from this shim, as the API requires.
+    unsafe { resolve(g as *const GreenCtx, GREEN_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// # Safety
+/// `ph` is null or writable; `desc` is null or a descriptor from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuGreenCtxCreate(
+    ph: *mut *mut GreenCtx,
+    desc: *mut ResourceDesc,
+    dev: CUdevice,
+    flags: c_uint,
+) -> CUresult {
+    static IDS: AtomicU32 = AtomicU32::new(1);
+    static UIDS: AtomicU64 = AtomicU64::new(1);
+    entry(|| {
+        if ph.is_null() || flags != CU_GREEN_CTX_DEFAULT_STREAM {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        super::device::device(dev)?;
+        // SAFETY: a descriptor from this shim, as the API requires.
+        let d = unsafe { resolve(desc as *const ResourceDesc, DESC_MAGIC) }
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        if d.dev != dev as usize {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        let dev = dev as usize;
+        super::green_res::granularity(dev)?.ok_or(CUDA_ERROR_NOT_SUPPORTED)?;
+        let (id, legacy) = (IDS.fetch_add(1, Ordering::Relaxed), next_id());
+        let c = live()?;
+        c.streams.take()?;
+        let rec = wire::GreenCall {
+            kind: wire::green::CREATE,
+            green: id,
+            sms: d.sms,
+            stream: legacy,
+            ..Default::default()
+        };
+        if let Err(e) = call(dev, rec) {
+            c.streams.give_back();
+            return Err(e);
+        }
+        // The driver retains the primary context for the green context's life.
+        let mut primary = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { super::ctx::cuDevicePrimaryCtxRetain(&mut primary, dev as CUdevice) };
+        // SAFETY: freshly leaked, never freed.
+        let ctx = unsafe {
+            &*leak(Ctx {
+                magic: AtomicU32::new(CTX_MAGIC),
+                dev,
+                primary: false,
+            })
+        };
+        // SAFETY: freshly leaked, never freed.
+        let g: &'static GreenCtx = unsafe {
+            &*leak(GreenCtx {
+                magic: AtomicU32::new(GREEN_MAGIC),
+                id,
+                dev,
+                sms: d.sms,
+                ctx,
+                legacy: new_handle(legacy, dev, 0, 0),
+                uid: UIDS.fetch_add(1, Ordering::Relaxed),
+                streams: Mutex::new(Vec::new()),
+                join: Mutex::new(None),
+            })
+        };
+        GREENS.write().unwrap_or_else(|e| e.into_inner()).push(g);
+        ANY.store(true, Ordering::Release);
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(ph, g as *const GreenCtx as *mut GreenCtx) }
+    })
+}
+
+/// # Safety
+/// `g` is a green context handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuGreenCtxDestroy(g: *mut GreenCtx) -> CUresult {
+    entry(|| {
+        let gc = green(g)?;
+        retire(&gc.magic, GREEN_MAGIC).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+        GREENS
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|x| !std::ptr::eq(*x, gc));
+        let c = live()?;
+        // The server destroys every stream made in it; the program's handles of them are
+        // detached (only cuStreamDestroy takes them, as the driver has it).
+        let r = call(
+            gc.dev,
+            wire::GreenCall {
+                kind: wire::green::DESTROY,
+                green: gc.id,
+                ..Default::default()
+            },
+        );
+        c.streams.give_back();
+        if gc.join.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            c.streams.give_back();
+        }
+        for s in gc.streams.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            if s.magic
+                .compare_exchange(
+                    STREAM_MAGIC,
+                    DETACHED_MAGIC,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                c.streams.give_back();
+            }
+        }
+        let _ = retire(&gc.ctx.magic, CTX_MAGIC);
+        super::ctx::cuDevicePrimaryCtxRelease_v2(gc.dev as CUdevice);
+        r
+    })
+}
+
+/// cuStreamDestroy of a stream whose green context is gone: Some(result) if it was one.
+pub(crate) fn destroy_detached(s: CUstream) -> Option<CUresult> {
+    if s.is_null() || (s as usize) <= 2 {
+        return None;
+    }
+    // SAFETY: a stream handle from this shim (a leaked box whose first field is its magic).
+    let m = unsafe { &(*s).magic };
+    (m.load(Ordering::Acquire) == DETACHED_MAGIC)
+        .then(|| retire(m, DETACHED_MAGIC).map_or_else(|e| e, |_| CUDA_SUCCESS))
+}
+
+/// # Safety
+/// `pctx` is null or writable; `g` is a green context handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxFromGreenCtx(pctx: *mut *mut Ctx, g: *mut GreenCtx) -> CUresult {
+    entry(|| {
+        let gc = green(g)?;
+        // SAFETY: the caller's pointer.
+        unsafe { out(pctx, gc.ctx as *const Ctx as *mut Ctx) }
+    })
+}
+
+/// # Safety
+/// `ph` is null or writable; `g` is a green context handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuGreenCtxStreamCreate(
+    ph: *mut CUstream,
+    g: *mut GreenCtx,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    entry(|| {
+        let gc = green(g)?;
+        if ph.is_null() || flags != NON_BLOCKING {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let s = make_stream(gc, flags, priority)?;
+        gc.streams.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+        // SAFETY: checked non-null; the caller's pointer.
+        unsafe { out(ph, s as *const Stream as CUstream) }
+    })
+}
+
+/// # Safety
+/// `res` is null or writable for a CUdevResource; `g` a green context handle.
+#[no_mangle]
+pub unsafe extern "C" fn cuGreenCtxGetDevResource(
+    g: *mut GreenCtx,
+    res: *mut super::green_res::CUdevResource,
+    ty: c_int,
+) -> CUresult {
+    entry(|| {
+        let gc = green(g)?;
+        // SAFETY: forwarded contract.
+        unsafe { answer(res, ty, gc.dev, gc.sms) }
+    })
+}
+
+/// # Safety
+/// `res` is null or writable for a CUdevResource; `ctx` a context handle.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevResource(
+    ctx: *mut Ctx,
+    res: *mut super::green_res::CUdevResource,
+    ty: c_int,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: a handle from this shim, as the API requires.
+        let c = unsafe { resolve(ctx as *const Ctx, CTX_MAGIC) }
+            .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+        let sms = match green_of_ctx(c) {
+            Some(g) => g.sms,
+            None => share(c.dev)?,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { answer(res, ty, c.dev, sms) }
+    })
+}
+
+/// # Safety
+/// `pg` is null or writable; `s` a stream handle.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetGreenCtx(s: CUstream, pg: *mut *mut GreenCtx) -> CUresult {
+    entry(|| {
+        let g = resolve_stream(s)?
+            .and_then(green_of_stream)
+            .map_or(std::ptr::null_mut(), |g| {
+                g as *const GreenCtx as *mut GreenCtx
+            });
+        // SAFETY: the caller's pointer.
+        unsafe { out(pg, g) }
+    })
+}
+
+/// # Safety
+/// `id` is null or writable; `g` null or a green context handle.
+#[no_mangle]
+pub unsafe extern "C" fn cuGreenCtxGetId(g: *mut GreenCtx, id: *mut u64) -> CUresult {
+    entry(|| {
+        let gc = if g.is_null() {
+            current_green().ok_or(CUDA_ERROR_INVALID_CONTEXT)?
+        } else {
+            green(g)?
+        };
+        // SAFETY: the caller's pointer.
+        unsafe { out(id, gc.uid) }
+    })
+}
+
+/// Every stream of `g` still live, its legacy stream first.
+fn streams_of(g: &GreenCtx) -> Vec<u32> {
+    let mut v = vec![g.legacy.id];
+    v.extend(
+        g.streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|s| s.magic.load(Ordering::Acquire) == STREAM_MAGIC)
+            .map(|s| s.id),
+    );
+    v
+}
+
+/// Records `e` after all work queued so far in green context `g`: each of its streams'
+/// work is joined in a stream of its own (so that none of them waits for another, which
+/// they would natively not), and `e` recorded there.
+#[no_mangle]
+pub extern "C" fn cuGreenCtxRecordEvent(g: *mut GreenCtx, e: CUevent) -> CUresult {
+    entry(|| {
+        let gc = green(g)?;
+        let ev = event(e)?;
+        if ev.dev != gc.dev {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        let c = live()?;
+        let join = {
+            let mut j = gc.join.lock().unwrap_or_else(|e| e.into_inner());
+            match *j {
+                Some(id) => id,
+                None => {
+                    let id = next_id();
+                    c.streams.take()?;
+                    let rec = wire::GreenCall {
+                        kind: wire::green::STREAM,
+                        green: gc.id,
+                        stream: id,
+                        flags: NON_BLOCKING,
+                        ..Default::default()
+                    };
+                    if let Err(e) = call(gc.dev, rec) {
+                        c.streams.give_back();
+                        return Err(e);
+                    }
+                    *j.insert(id)
+                }
+            }
+        };
+        // A timing-free event per stream, destroyed once waited for (the server defers a
+        // recorded event's release until it completes, as the driver does).
+        const DISABLE_TIMING: u32 = 2;
+        for s in streams_of(gc) {
+            let tmp = next_id();
+            c.events.take()?;
+            let r = EventRecord {
+                event: tmp,
+                stream: s,
+            };
+            let w = EventRecord {
+                event: tmp,
+                stream: join,
+            };
+            let created = EventCreate {
+                id: tmp,
+                flags: DISABLE_TIMING,
+            };
+            c.push(gc.dev, Op::EventCreate, &[bytemuck::bytes_of(&created)])
+                .and_then(|_| c.push(gc.dev, Op::EventRecord, &[bytemuck::bytes_of(&r)]))
+                .and_then(|_| c.push(gc.dev, Op::StreamWaitEvent, &[bytemuck::bytes_of(&w)]))
+                .and_then(|_| {
+                    c.push(
+                        gc.dev,
+                        Op::EventDestroy,
+                        &[bytemuck::bytes_of(&Handle { id: tmp, _pad: 0 })],
+                    )
+                })?;
+            c.events.give_back();
+        }
+        let r = EventRecord {
+            event: ev.id,
+            stream: join,
+        };
+        c.push(gc.dev, Op::EventRecord, &[bytemuck::bytes_of(&r)])
+    })
+}
+
+/// Makes later work of green context `g` wait for `e`: every stream of it waits (as
+/// cuStreamWaitEvent, so an event of another device works as it does there).
+#[no_mangle]
+pub extern "C" fn cuGreenCtxWaitEvent(g: *mut GreenCtx, e: CUevent) -> CUresult {
+    entry(|| {
+        let gc = green(g)?;
+        event(e)?;
+        let mut all = vec![gc.legacy];
+        all.extend(gc.streams.lock().unwrap_or_else(|e| e.into_inner()).iter());
+        for s in all {
+            if s.magic.load(Ordering::Acquire) != STREAM_MAGIC {
+                continue;
+            }
+            let r = super::exec::cuStreamWaitEvent(s as *const Stream as CUstream, e, 0);
+            if r != CUDA_SUCCESS {
+                return Err(r);
+            }
+        }
+        Ok(())
+    })
+}

@@ -28,9 +28,9 @@ pub fn connect_at(dir: &std::path::Path) -> std::io::Result<UnixStream> {
     Ok(s)
 }
 
-/// Whether a server answers on the pipe directory's socket, or is starting itself again
-/// after a GPU fault (its PID file names a live omps-server; its socket is back within
-/// about a second).
+/// Whether a server answers on the pipe directory's socket, or its PID file names a live
+/// omps-server (one that has not bound its socket yet; a restart after a GPU fault keeps
+/// the socket, and the server beside which a second one would fail on its lock anyway).
 pub fn server_running() -> bool {
     connect().is_ok() || restarting()
 }

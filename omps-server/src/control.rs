@@ -12,8 +12,8 @@ use omps_ring::wire::{self, Welcome};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -116,53 +116,13 @@ impl ServerConfig {
 }
 
 /// How [`Server::run_to_end`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Ending {
     /// `quit` (or `shutdown_server`).
     Quit,
-    /// A faulted GPU's context could not be recreated: start the server again.
-    Restart,
-}
-
-/// Replaces this process by a new run of the same server (same PID, arguments and
-/// environment); returns only if that fails.
-pub fn restart_self() -> io::Error {
-    use std::os::unix::process::CommandExt;
-    // The new process writes where this one started writing (fds 1 and 2 may be the
-    // printf router's pipes, whose readers end with this image).
-    crate::stdio::restore();
-    // Nothing else of this process may reach the new one: the driver's device files most
-    // of all, which would keep the broken context's memory. close_range (Linux 5.11) marks
-    // them all at once; older kernels get the scan of /proc/self/fd.
-    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets close-on-exec flags.
-    let marked = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
-        )
-    } == 0;
-    if let (false, Ok(dir)) = (marked, std::fs::read_dir("/proc/self/fd")) {
-        let fds: Vec<i32> = dir
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .filter(|&fd| fd > 2)
-            .collect();
-        for fd in fds {
-            // SAFETY: F_SETFD on a descriptor number changes only its close-on-exec flag;
-            // one that closed meanwhile just fails.
-            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-        }
-    }
-    let mut args = std::env::args_os();
-    // Its own path and name (not /proc/self/exe, whose name is "exe"), so that ps, pgrep
-    // and pidof still find it.
-    let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
-    let mut cmd = std::process::Command::new(exe);
-    if let Some(name) = args.next() {
-        cmd.arg0(name);
-    }
-    cmd.args(args).exec()
+    /// A faulted GPU's context could not be recreated: start the server again, on these
+    /// sockets ([`crate::restart::restart_self`]).
+    Restart(crate::listen::Sockets),
 }
 
 /// The PID file MPS's control daemon keeps in the pipe directory.
@@ -207,10 +167,11 @@ impl WorkerHandle {
 
 pub struct Server {
     cfg: ServerConfig,
-    listener: UnixListener,
-    /// Connections a control daemon hands over (`bind_handoff`).
-    handoff: Option<UnixListener>,
-    socket_path: PathBuf,
+    /// The socket, the handoff socket and the pipe directory's lock (crate::listen).
+    sockets: crate::listen::Sockets,
+    /// Since when the server has been ending to start again: it accepts no connection
+    /// (they wait for the new process) and finishes the handshakes under way.
+    restarting: Option<Instant>,
     gpus: Vec<Arc<dyn Gpu>>,
     snapshots: Vec<DeviceSnapshot>,
     driver_version: i32,
@@ -323,64 +284,24 @@ fn pin_after_unpins(
     }
 }
 
-/// Creates the pipe directory (0700, ours) and binds the socket, refusing to steal the
-/// socket of a server that still answers.
-fn bind(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let md = std::fs::metadata(dir)?;
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    if md.uid() != uid {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "pipe directory {} belongs to uid {}, not {uid}",
-                dir.display(),
-                md.uid()
-            ),
-        ));
-    }
-    if md.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    let path = dir.join(sock::SOCKET_NAME);
-    if UnixStream::connect(&path).is_ok() {
-        return Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            format!("an omps server already listens on {}", path.display()),
-        ));
-    }
-    let _ = std::fs::remove_file(&path);
-    Ok((UnixListener::bind(&path)?, path))
-}
-
-/// The handoff socket of pipe directory `dir`: a control daemon serving several users
-/// (omps-ctl, OMPS_MULTIUSER) accepts connections on its own socket and passes each to
-/// the server of the connecting user through this one.
-fn bind_handoff(dir: &std::path::Path) -> io::Result<UnixListener> {
-    let path = dir.join(sock::HANDOFF_NAME);
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path)?;
-    l.set_nonblocking(true)?;
-    Ok(l)
-}
-
 impl Server {
+    /// A server on the pipe directory of `cfg`, which it locks and binds its sockets in.
     pub fn new(
-        mut cfg: ServerConfig,
+        cfg: ServerConfig,
         gpus: Vec<Arc<dyn Gpu>>,
         driver_version: i32,
     ) -> io::Result<Server> {
-        let (listener, socket_path) = bind(&cfg.pipe_dir)?;
-        // Without it (a pipe directory whose path leaves no room for the name, say) the
-        // server serves its own socket only.
-        let handoff = bind_handoff(&cfg.pipe_dir)
-            .inspect_err(|e| tracing::warn!("no handoff socket: {e}"))
-            .ok();
+        let sockets = crate::listen::lock(&cfg.pipe_dir)?.bind()?;
+        Self::with_sockets(cfg, gpus, driver_version, sockets)
+    }
+
+    /// A server on sockets already made (or kept through a restart).
+    pub fn with_sockets(
+        mut cfg: ServerConfig,
+        gpus: Vec<Arc<dyn Gpu>>,
+        driver_version: i32,
+        sockets: crate::listen::Sockets,
+    ) -> io::Result<Server> {
         // Where MPS's control daemon leaves its PID, which tools read (the server is the
         // daemon here).
         std::fs::write(
@@ -490,9 +411,8 @@ impl Server {
         tracing::info!(pipe_dir = %cfg.pipe_dir.display(), gpus = gpus.len(), "omps server listening");
         Ok(Server {
             cfg,
-            listener,
-            handoff,
-            socket_path,
+            sockets,
+            restarting: None,
             gpus,
             snapshots,
             driver_version,
@@ -523,27 +443,41 @@ impl Server {
     pub fn run(self) -> io::Result<()> {
         match self.run_to_end()? {
             Ending::Quit => Ok(()),
-            Ending::Restart => Err(io::Error::other(
+            Ending::Restart(_) => Err(io::Error::other(
                 "a faulted GPU's context could not be recreated; start the server again",
             )),
         }
     }
 
     /// Serves until `quit`, or until a faulted GPU's context cannot be recreated and no
-    /// client is left: then the server should start again ([`restart_self`]).
+    /// client is left: then the server should start again on the sockets it returns
+    /// ([`crate::restart::restart_self`]).
     pub fn run_to_end(mut self) -> io::Result<Ending> {
-        let mut ending = Ending::Quit;
+        let mut restart = false;
         while !self.quit {
             self.poll_once()?;
             // An operator's quit or shutdown stands: the server then ends, not restarts.
-            if !self.quit && self.draining.is_none() && self.stuck_in_fault() {
-                tracing::error!(
-                    "a faulted GPU's context cannot be recreated; the server stops to start again"
-                );
-                self.control_log
-                    .line("Server restarting: a faulted GPU's context could not be recreated");
-                ending = Ending::Restart;
-                self.quit = true;
+            if self.quit || self.draining.is_some() {
+                continue;
+            }
+            match self.restarting {
+                None if self.stuck_in_fault() => {
+                    tracing::error!(
+                        "a faulted GPU's context cannot be recreated; the server stops to start again"
+                    );
+                    self.control_log
+                        .line("Server restarting: a faulted GPU's context could not be recreated");
+                    self.restarting = Some(Instant::now());
+                }
+                // Connections in their handshake are answered (refused: the GPU is in
+                // FAULT) before the process goes; new ones wait for the next.
+                Some(since)
+                    if self.peers.is_empty() || since.elapsed() > crate::peers::HANDSHAKE_TIME =>
+                {
+                    restart = true;
+                    self.quit = true;
+                }
+                _ => {}
             }
         }
         for w in &mut self.workers {
@@ -554,16 +488,21 @@ impl Server {
                 let _ = t.join();
             }
         }
-        let _ = std::fs::remove_file(&self.socket_path);
-        let _ = std::fs::remove_file(self.cfg.pipe_dir.join(sock::HANDOFF_NAME));
-        // A restart keeps the PID (exec), and so the PID file: `omps-ctl -d` meanwhile
-        // sees a server and starts none beside it.
-        if ending == Ending::Quit {
-            let _ = std::fs::remove_file(self.cfg.pipe_dir.join(PID_FILE));
-            self.control_log.line("Server exited");
-            tracing::info!("omps server stopped");
+        if restart {
+            // The sockets, the lock and the PID file (a restart keeps the PID) stay: the
+            // new process serves on them.
+            return Ok(Ending::Restart(self.sockets));
         }
-        Ok(ending)
+        self.sockets.release();
+        self.control_log.line("Server exited");
+        tracing::info!("omps server stopped");
+        Ok(Ending::Quit)
+    }
+
+    /// Connections the restarted server's doorman had not finished with
+    /// (crate::restart): their handshakes go on here.
+    pub fn adopt(&mut self, peers: Vec<crate::peers::Peer>) {
+        self.peers.extend(peers);
     }
 
     /// A faulted GPU whose context the driver will not recreate, with no client of the
@@ -579,8 +518,14 @@ impl Server {
     fn poll_once(&mut self) -> io::Result<()> {
         let ids: Vec<u32> = self.clients.keys().copied().collect();
         let mut fds = Vec::with_capacity(ids.len() + 1);
+        // Restarting, new connections wait in the backlog for the new process.
+        let accepting = self.restarting.is_none();
         fds.push(libc::pollfd {
-            fd: self.listener.as_raw_fd(),
+            fd: if accepting {
+                self.sockets.listener.as_raw_fd()
+            } else {
+                -1
+            },
             events: libc::POLLIN,
             revents: 0,
         });
@@ -600,7 +545,10 @@ impl Server {
             });
         }
         fds.push(libc::pollfd {
-            fd: self.handoff.as_ref().map_or(-1, |h| h.as_raw_fd()),
+            fd: match &self.sockets.handoff {
+                Some(h) if accepting => h.as_raw_fd(),
+                _ => -1,
+            },
             events: libc::POLLIN,
             revents: 0,
         });
@@ -636,7 +584,7 @@ impl Server {
             self.take_handoff();
         }
         if fds[0].revents & libc::POLLIN != 0 {
-            match self.listener.accept() {
+            match self.sockets.listener.accept() {
                 Ok((stream, _)) => {
                     if let Err(e) = self.accept(stream) {
                         tracing::warn!("connection refused: {e}");
@@ -661,36 +609,17 @@ impl Server {
     /// Only root's daemon or this server's own user may pass one; the connection itself
     /// is then checked like any other (its peer must be this server's user, or root).
     fn take_handoff(&mut self) {
-        let Some(handoff) = &self.handoff else { return };
-        let (conn, _) = match handoff.accept() {
-            Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-            Err(e) => return self.accept_failed(e),
+        let Some(handoff) = &self.sockets.handoff else {
+            return;
         };
-        let from = match peer_cred(&conn) {
-            Ok(c) if c.uid == 0 || c.uid == self.uid => c,
-            Ok(c) => {
-                tracing::warn!(uid = c.uid, "a handoff from another user refused");
-                return;
-            }
-            Err(e) => return tracing::warn!("handoff: {e}"),
-        };
-        // The daemon writes its one message right after connecting.
-        let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
-        let mut byte = [0u8; 1];
-        match sock::recv_with_fds(conn.as_raw_fd(), &mut byte) {
-            Ok((1, fds)) if fds.len() == 1 => {
-                let fd = fds.into_iter().next().expect("one descriptor");
-                let stream = UnixStream::from(fd);
-                if let Err(e) = stream
-                    .set_nonblocking(false)
-                    .and_then(|()| self.accept(stream))
-                {
-                    tracing::warn!(daemon = from.pid, "handed-over connection refused: {e}");
+        match crate::listen::handed_over(handoff, self.uid) {
+            Ok(Some(stream)) => {
+                if let Err(e) = self.accept(stream) {
+                    tracing::warn!("handed-over connection refused: {e}");
                 }
             }
-            Ok(_) => tracing::warn!(daemon = from.pid, "a handoff without one connection"),
-            Err(e) => tracing::warn!(daemon = from.pid, "handoff: {e}"),
+            Ok(None) => {}
+            Err(e) => self.accept_failed(e),
         }
     }
 
@@ -998,22 +927,8 @@ impl Server {
     /// commands (quit, terminate_client, limits) belong to those who may open the pipe
     /// directory: the server's user and root, as with MPS's control pipe.
     fn accept(&mut self, stream: UnixStream) -> io::Result<()> {
-        let cred = peer_cred(&stream)?;
-        if cred.uid != self.uid && cred.uid != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("peer uid {} is not the server's uid {}", cred.uid, self.uid),
-            ));
-        }
-        if self.peers.len() >= crate::bounds::bounds().handshakes {
-            // Dropping it closes it: the peer sees the connection fail.
-            return Err(io::Error::other(
-                "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
-            ));
-        }
-        let operator_only = cred.uid != self.uid;
-        self.peers
-            .push(crate::peers::Peer::new(stream, cred.pid, operator_only)?);
+        let peer = crate::peers::Peer::admit(stream, self.uid, self.peers.len())?;
+        self.peers.push(peer);
         Ok(())
     }
 
@@ -1308,16 +1223,4 @@ pub fn uuid_text(u: &[u8; 16]) -> String {
         h[8..10].concat(),
         h[10..16].concat()
     )
-}
-
-struct Cred {
-    pid: i32,
-    uid: u32,
-}
-
-fn peer_cred(s: &UnixStream) -> io::Result<Cred> {
-    sock::peer_cred(s.as_raw_fd()).map(|c| Cred {
-        pid: c.pid,
-        uid: c.uid,
-    })
 }

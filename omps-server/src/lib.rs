@@ -1,6 +1,8 @@
 //! The omps server: one CUDA context per GPU, shared by every client.
 //!
 //! * [`control`]: the socket, the handshake, omps-ctl requests, client death.
+//! * [`listen`]: the listening sockets, the pipe directory's lock, the files a server owns.
+//! * [`restart`]: a server process from start to end, and its restart by exec after a fault.
 //! * [`worker`]: one thread per GPU that runs every client's commands for that GPU.
 //! * [`segpool`]: client segments made and registered ahead of connections.
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
@@ -37,6 +39,7 @@ pub mod gpu_host;
 pub mod gpu_profile;
 pub mod ipc;
 pub mod limits;
+pub mod listen;
 pub mod memlimit;
 pub mod metrics;
 pub mod module_cache;
@@ -47,6 +50,7 @@ pub mod placement;
 pub mod policy;
 pub mod printf;
 pub mod releaser;
+pub mod restart;
 pub mod segpool;
 pub mod session;
 pub mod stats;

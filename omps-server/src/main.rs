@@ -9,7 +9,7 @@
 
 use omps_server::gpu::Gpu;
 use omps_server::gpu_cuda::{self, CudaGpu};
-use omps_server::{Server, ServerConfig};
+use omps_server::ServerConfig;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -55,46 +55,6 @@ fn main() -> ExitCode {
         omps_server::say!("omps-server: refusing to run with libomps_shim.so preloaded (the server needs the real driver)");
         return ExitCode::FAILURE;
     }
-    if !gpu_cuda::driver_present() {
-        omps_server::say!("omps-server: the CUDA driver library libcuda.so (libcuda.so.1) was not found; install the NVIDIA driver or add its directory to LD_LIBRARY_PATH");
-        return ExitCode::FAILURE;
-    }
-    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
-        // SAFETY: still single-threaded; the driver reads this at cuInit.
-        unsafe {
-            std::env::set_var(
-                "CUDA_DEVICE_MAX_CONNECTIONS",
-                omps_server::placement::Layout::SERVER
-                    .connections
-                    .to_string(),
-            )
-        };
-    }
-    let (driver_version, count) = match gpu_cuda::init() {
-        Ok(v) => v,
-        Err(e) => {
-            omps_server::say!("omps-server: cuInit failed with CUDA error {}", e.0);
-            return ExitCode::FAILURE;
-        }
-    };
-    if count == 0 {
-        omps_server::say!("omps-server: no CUDA device found");
-        return ExitCode::FAILURE;
-    }
-    let count = count.min(omps_ring::segment::MAX_DEVICES);
-    let mut gpus: Vec<Arc<dyn Gpu>> = Vec::new();
-    for i in 0..count {
-        match CudaGpu::open(i, omps_server::placement::Layout::SERVER) {
-            Ok(g) => gpus.push(Arc::new(g)),
-            Err(e) => {
-                omps_server::say!(
-                    "omps-server: opening GPU {i} failed with CUDA error {}",
-                    e.0
-                );
-                return ExitCode::FAILURE;
-            }
-        }
-    }
     let mut cfg = ServerConfig::from_env();
     if let Some(addr) = args.windows(2).find(|w| w[0] == "--metrics").map(|w| &w[1]) {
         match addr.parse() {
@@ -105,32 +65,37 @@ fn main() -> ExitCode {
             }
         }
     }
-    let server = match Server::new(cfg.clone(), gpus, driver_version) {
-        Ok(s) => s,
-        Err(e) => {
-            omps_server::say!(
-                "omps-server: cannot listen in {}: {e}",
-                cfg.pipe_dir.display()
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    omps_server::say!(
-        "omps-server: serving {count} GPU(s) on {}",
-        cfg.pipe_dir.join(omps_ring::sock::SOCKET_NAME).display()
-    );
-    match server.run_to_end() {
-        Ok(omps_server::control::Ending::Quit) => ExitCode::SUCCESS,
-        Ok(omps_server::control::Ending::Restart) => {
-            // The driver would not recreate the context in this process; a new process
-            // gets a new one (same PID, so get_server_list and the PID file stay true).
-            let e = omps_server::control::restart_self();
-            omps_server::say!("omps-server: starting again failed: {e}");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            omps_server::say!("omps-server: {e}");
-            ExitCode::FAILURE
-        }
+    omps_server::restart::serve(cfg, open_gpus)
+}
+
+/// The driver and every GPU it shows, or why not.
+fn open_gpus() -> Result<(Vec<Arc<dyn Gpu>>, i32), String> {
+    if !gpu_cuda::driver_present() {
+        return Err("the CUDA driver library libcuda.so (libcuda.so.1) was not found; install the NVIDIA driver or add its directory to LD_LIBRARY_PATH".into());
     }
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // SAFETY: a first start, still single-threaded (a restarted image inherits the
+        // variable, so only there does a doorman thread run); the driver reads it at cuInit.
+        unsafe {
+            std::env::set_var(
+                "CUDA_DEVICE_MAX_CONNECTIONS",
+                omps_server::placement::Layout::SERVER
+                    .connections
+                    .to_string(),
+            )
+        };
+    }
+    let (driver_version, count) =
+        gpu_cuda::init().map_err(|e| format!("cuInit failed with CUDA error {}", e.0))?;
+    if count == 0 {
+        return Err("no CUDA device found".into());
+    }
+    let count = count.min(omps_ring::segment::MAX_DEVICES);
+    let mut gpus: Vec<Arc<dyn Gpu>> = Vec::new();
+    for i in 0..count {
+        let g = CudaGpu::open(i, omps_server::placement::Layout::SERVER)
+            .map_err(|e| format!("opening GPU {i} failed with CUDA error {}", e.0))?;
+        gpus.push(Arc::new(g));
+    }
+    Ok((gpus, driver_version))
 }

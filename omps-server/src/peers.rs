@@ -52,6 +52,25 @@ pub enum Progress {
 }
 
 impl Peer {
+    /// A new connection, of the server's user `uid` (or root, which may only control it,
+    /// as an operator); `in_progress` connections are already in their handshake.
+    pub fn admit(stream: UnixStream, uid: u32, in_progress: usize) -> io::Result<Peer> {
+        let cred = omps_ring::sock::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&stream))?;
+        if cred.uid != uid && cred.uid != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("peer uid {} is not the server's uid {uid}", cred.uid),
+            ));
+        }
+        if in_progress >= crate::bounds::bounds().handshakes {
+            // Dropping it closes it: the peer sees the connection fail.
+            return Err(io::Error::other(
+                "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
+            ));
+        }
+        Peer::new(stream, cred.pid, cred.uid != uid)
+    }
+
     pub fn new(stream: UnixStream, pid: i32, operator_only: bool) -> io::Result<Peer> {
         stream.set_nonblocking(true)?;
         Ok(Peer {

@@ -3,7 +3,12 @@
 #  1. A kernel that stores to an unmapped address: every client of the GPU is told (its
 #     next call fails), the server says FAULT, and once those clients are gone it is
 #     ACTIVE again by itself and a new client computes what it computes natively.
-#  2. SIGKILL of the server while clients work: each gets an error within 1 s of the kill
+#  2. Clients arriving back to back, no pause, before, during and after a fault (and the
+#     restart it brings where the context cannot be recreated): each is served, refused
+#     with CUDA_ERROR_MPS_SERVER_NOT_READY (807), or, if it was connected when the fault
+#     came, told of the fault; none fails to reach the server, the socket file is there
+#     throughout, the server keeps its PID, and once ACTIVE again every client is served.
+#  3. SIGKILL of the server while clients work: each gets an error within 1 s of the kill
 #     (none hangs), and a server started again serves a new client at once.
 #   OMPS_BIN=target/release bash scripts/faults/run.sh     (GPU machine)
 set -u
@@ -64,7 +69,46 @@ if [ "$(timeout 20 nvidia-smi -L | wc -l)" -ge 2 ]; then
     verdict "fault: peer access between the GPUs as natively after it" "$(cmp -s "$W/peer.native" "$W/peer.omps" && echo PASS || diff "$W/peer.native" "$W/peer.omps" | head -n 5)"
 fi
 
-# 2. The server killed.
+# 2. Clients back to back through a fault and the restart.
+arrivals() { # "once" clients one after another until $W/arr.stop exists
+    local i=0
+    while [ ! -e "$W/arr.stop" ]; do
+        i=$((i + 1)); local s0; s0=$(date +%s%N)
+        LD_PRELOAD="$B/libomps_shim.so" timeout 30 "$W/client" once > "$W/arr$i.out" 2>&1
+        echo "$? $s0" > "$W/arr$i.rc"
+    done
+}
+rm -f "$W"/arr* "$W/sock.missing"
+( while [ ! -e "$W/arr.stop" ]; do [ -S "$W/pipe/omps.sock" ] || echo "$(date +%s%N)" >> "$W/sock.missing"; sleep 0.005; done ) &
+WATCH=$!
+arrivals & ARR=$!
+sleep 1
+LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" fault > "$W/fault2.out" 2>&1; f=$(date +%s%N)
+st=""
+for _ in $(seq 100); do st=$(ctl get_server_status "$SP" 2>/dev/null); [ "$st" = ACTIVE ] && break; sleep 0.1; done
+active=$(date +%s%N)
+echo "back to back: $(cat "$W/fault2.out"); server $st $(( (active - f) / 1000000 )) ms after it"
+sleep 3; touch "$W/arr.stop"; wait "$ARR"; wait "$WATCH"
+served=0 refused=0 told=0 lost=0 late=0
+for r in "$W"/arr*.rc; do
+    o=${r%.rc}.out; read -r rc began < "$r"
+    ok=0; [ "$rc" = 0 ] && cmp -s "$W/native.txt" "$o" && ok=1
+    # Started once the server was ACTIVE again: must be served.
+    [ "$began" -gt "$active" ] && [ $ok = 0 ] && late=$((late + 1))
+    if [ $ok = 1 ]; then served=$((served + 1))
+    elif grep -q 'CUDA error 807\|cudaErrorMpsServerNotReady' "$o"; then refused=$((refused + 1))
+    elif [ "$rc" = 124 ] || grep -q 'cannot reach\|handshake\|CUDA error 80[5689]\|cudaErrorMps' "$o"; then
+        lost=$((lost + 1)); echo "  lost: $(basename "$o"): $(head -c 300 "$o")"
+    else told=$((told + 1)); fi
+done
+missing=$(wc -l < "$W/sock.missing" 2>/dev/null || echo 0)
+echo "back to back: $served served, $refused refused (807), $told told of the fault, $lost lost; socket missing $missing times; server pid $SP $(cat /proc/$SP/comm 2>/dev/null), $(grep -c 'omps server listening' "$W/server.log") start(s) in its log"
+verdict "back to back: no client fails to reach the server" "$([ $lost = 0 ] && echo PASS || echo "$lost lost")"
+verdict "back to back: the socket file is always there" "$([ "$missing" = 0 ] && echo PASS || echo "missing $missing times")"
+verdict "back to back: clients came during the fault, were refused (807), and are served after it" "$([ $refused -gt 0 ] && [ "$st" = ACTIVE ] && [ $late = 0 ] && [ $served -gt 0 ] && echo PASS || echo "refused $refused, status $st, $late not served after ACTIVE")"
+verdict "back to back: the server keeps its PID" "$(kill -0 "$SP" 2>/dev/null && [ "$(cat /proc/$SP/comm 2>/dev/null)" = omps-server ] && echo PASS || echo "server $SP gone")"
+
+# 3. The server killed.
 start_loops "$N"
 kill -9 "$SP"; k=$(date +%s%N)
 wait "$SP" 2>/dev/null

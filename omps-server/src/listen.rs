@@ -334,3 +334,42 @@ pub fn handed_over(handoff: &UnixListener, uid: u32) -> Result<Option<UnixStream
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_server_takes_nothing_and_a_server_removes_only_its_own_files() {
+        let dir = std::env::temp_dir().join(format!("omps-listen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join(sock::SOCKET_NAME);
+        let first = lock(&dir).unwrap().bind().unwrap();
+        let pid_file = dir.join(sock::PID_FILE);
+        std::fs::write(&pid_file, format!("{}\n", std::process::id())).unwrap();
+        let before = identity(&path);
+        let e = lock(&dir).expect_err("a second server beside a live one");
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}");
+        assert_eq!(identity(&path), before, "the live socket was touched");
+        assert!(pid_file.exists());
+        // Someone else's socket now stands at the path: the first server leaves it.
+        std::fs::remove_file(&path).unwrap();
+        let other = UnixListener::bind(&path).unwrap();
+        first.release();
+        assert!(
+            path.exists(),
+            "a socket the server did not bind was removed"
+        );
+        assert!(!pid_file.exists(), "its own PID file stayed");
+        assert!(
+            !dir.join(sock::HANDOFF_NAME).exists(),
+            "its handoff socket stayed"
+        );
+        drop(other);
+        // Its lock went with it: the next server starts (and replaces the dead socket).
+        let next = lock(&dir).unwrap().bind().unwrap();
+        assert!(UnixStream::connect(&path).is_ok());
+        next.release();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

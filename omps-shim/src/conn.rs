@@ -85,7 +85,7 @@ static CONN: OnceLock<Result<Conn, CUresult>> = OnceLock::new();
 /// The process's connection, made on first use.
 pub fn conn() -> Result<&'static Conn, CUresult> {
     CONN.get_or_init(|| {
-        Conn::connect().map_err(|(code, why)| {
+        connect_waiting(&sock::socket_path(), connect_wait()).map_err(|(code, why)| {
             eprintln!("omps: {why}");
             code
         })
@@ -99,6 +99,44 @@ pub fn connected() -> Option<&'static Conn> {
 }
 
 pub type ConnectError = (CUresult, String);
+
+/// How long a program's first CUDA call waits for a server that answers "not ready"
+/// (CUDA_ERROR_MPS_SERVER_NOT_READY: in FAULT until its clients are gone, or starting
+/// again after a fault), as an MPS client waits for its server: OMPS_CONNECT_WAIT seconds,
+/// default 30; 0 returns the refusal at once.
+pub fn connect_wait() -> std::time::Duration {
+    let secs = std::env::var("OMPS_CONNECT_WAIT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(30.0);
+    std::time::Duration::from_secs_f64(secs.min(86_400.0))
+}
+
+/// [`Conn::connect_to`], tried again every 20 ms while the server answers "not ready" and
+/// `wait` has not passed; any other failure, or the last refusal, is the answer.
+pub fn connect_waiting(
+    path: &std::path::Path,
+    wait: std::time::Duration,
+) -> Result<Conn, ConnectError> {
+    let start = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        match Conn::connect_to(path) {
+            Err((code, why)) if code == CUDA_ERROR_MPS_SERVER_NOT_READY => {
+                if start.elapsed() >= wait {
+                    return Err((code, why));
+                }
+                if !said && crate::trace_enabled() {
+                    eprintln!("omps trace: the server is not ready; waiting up to {wait:?}");
+                    said = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
 
 impl Conn {
     /// A new connection to the server of the pipe directory. Programs use the process's

@@ -170,9 +170,25 @@ fn clients_arriving_during_a_restart_are_refused_or_served() {
             seen
         })
     };
+    // A program's first call arriving now waits for the new process (as an MPS client
+    // waits for its server) and is served by it, where a bare handshake is refused.
+    let patient = {
+        let (dir, sock) = (dir.clone(), sock.clone());
+        std::thread::spawn(move || {
+            let c = omps_shim::conn::connect_waiting(&sock, Duration::from_secs(20))?;
+            let by_new = starts(&dir).len() >= 2;
+            c.ping(0).map_err(|e| (e, "ping".to_string()))?;
+            Ok::<bool, (i32, String)>(by_new)
+        })
+    };
     std::thread::sleep(Duration::from_millis(50));
     drop(culprit);
     let seen = arrivals.join().unwrap();
+    assert_eq!(
+        patient.join().unwrap(),
+        Ok(true),
+        "a waiting client is served by the restarted server"
+    );
     stop.store(true, Ordering::Relaxed);
     watcher.join().unwrap();
     let pid = server.0.id();

@@ -73,9 +73,11 @@ fi
 arrivals() { # "once" clients one after another until $W/arr.stop exists
     local i=0
     while [ ! -e "$W/arr.stop" ]; do
-        i=$((i + 1)); local s0; s0=$(date +%s%N)
-        LD_PRELOAD="$B/libomps_shim.so" timeout 30 "$W/client" once > "$W/arr$i.out" 2>&1
-        echo "$? $s0" > "$W/arr$i.rc"
+        i=$((i + 1)); local s0 wait=$(( i % 2 ? 0 : 30 )); s0=$(date +%s%N)
+        # Every other client returns the refusal at once (OMPS_CONNECT_WAIT=0), the
+        # others wait for the server as MPS clients do (the default).
+        OMPS_CONNECT_WAIT=$wait LD_PRELOAD="$B/libomps_shim.so" timeout 40 "$W/client" once > "$W/arr$i.out" 2>&1
+        echo "$? $s0 $wait" > "$W/arr$i.rc"
     done
 }
 rm -f "$W"/arr* "$W/sock.missing"
@@ -89,10 +91,15 @@ for _ in $(seq 100); do st=$(ctl get_server_status "$SP" 2>/dev/null); [ "$st" =
 active=$(date +%s%N)
 echo "back to back: $(cat "$W/fault2.out"); server $st $(( (active - f) / 1000000 )) ms after it"
 sleep 3; touch "$W/arr.stop"; wait "$ARR"; wait "$WATCH"
-served=0 refused=0 told=0 lost=0 late=0
+served=0 refused=0 told=0 lost=0 late=0 waited=0 unserved_waiters=0
 for r in "$W"/arr*.rc; do
-    o=${r%.rc}.out; read -r rc began < "$r"
+    o=${r%.rc}.out; read -r rc began waits < "$r"
     ok=0; [ "$rc" = 0 ] && cmp -s "$W/native.txt" "$o" && ok=1
+    # A waiting client is served, unless it was connected when the fault came.
+    if [ "$waits" != 0 ]; then
+        waited=$((waited + 1))
+        [ $ok = 0 ] && grep -q 'CUDA error 807\|cudaErrorMpsServerNotReady\|cannot reach' "$o" && unserved_waiters=$((unserved_waiters + 1))
+    fi
     # Started once the server was ACTIVE again: must be served.
     [ "$began" -gt "$active" ] && [ $ok = 0 ] && late=$((late + 1))
     if [ $ok = 1 ]; then served=$((served + 1))
@@ -106,6 +113,7 @@ echo "back to back: $served served, $refused refused (807), $told told of the fa
 verdict "back to back: no client fails to reach the server" "$([ $lost = 0 ] && echo PASS || echo "$lost lost")"
 verdict "back to back: the socket file is always there" "$([ "$missing" = 0 ] && echo PASS || echo "missing $missing times")"
 verdict "back to back: clients came during the fault, were refused (807), and are served after it" "$([ $refused -gt 0 ] && [ "$st" = ACTIVE ] && [ $late = 0 ] && [ $served -gt 0 ] && echo PASS || echo "refused $refused, status $st, $late not served after ACTIVE")"
+verdict "back to back: clients that wait (OMPS_CONNECT_WAIT, default 30 s) are served, never refused" "$([ $waited -gt 0 ] && [ $unserved_waiters = 0 ] && echo PASS || echo "$unserved_waiters of $waited refused")"
 verdict "back to back: the server keeps its PID" "$(kill -0 "$SP" 2>/dev/null && [ "$(cat /proc/$SP/comm 2>/dev/null)" = omps-server ] && echo PASS || echo "server $SP gone")"
 
 # 3. The server killed.

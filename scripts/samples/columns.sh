@@ -43,7 +43,7 @@ for c in $cols; do
 export CUDA_MPS_PIPE_DIRECTORY=\$OMPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=\$OMPS_LOG_DIRECTORY
 $MPSCTL -d || exit 1
 trap 'echo quit | $MPSCTL; exit 0' TERM INT
-while pgrep -x nvidia-cuda-mps-control > /dev/null; do sleep 0.3; done
+while pgrep -f nvidia-cuda-mps-control > /dev/null; do sleep 0.3; done
 EOS
             cat > "$d/omps/omps-ctl" <<EOS
 #!/bin/sh

@@ -20,6 +20,8 @@ impl Drop for ServerGraph {
         // SAFETY: a handle made in `copy_of`, never freed (handles stay readable).
         let h = unsafe { &*(self.handle as *const GraphHandle) };
         let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
+        // What the copy held (its staged copies' buffers) goes with it.
+        crate::api::user_object::graph_gone(self.handle);
         let rec = wire::Handle {
             id: self.id,
             _pad: 0,
@@ -43,16 +45,25 @@ pub(crate) fn copy_of(g: &GraphHandle) -> Result<(u32, CUgraph), CUresult> {
 /// A child node's kind for graph `child`, which the server captured.
 pub(crate) fn server_child_kind(child: &GraphHandle) -> Result<Kind, CUresult> {
     let (id, handle) = copy_of(child)?;
-    Ok(Kind::ServerChild(Arc::new(ServerGraph {
-        dev: child.dev,
-        id,
-        handle: handle as usize,
-    })))
+    // The copy replays what the original does: it holds the same objects (the buffers of
+    // its staged copies).
+    crate::api::user_object::share(child as *const GraphHandle as usize, handle as usize);
+    Ok(server_graph(child.dev, id, handle as usize))
+}
+
+/// A child node's graph: server graph `id` under graph handle `handle`, both the node's.
+pub(crate) fn server_graph(dev: usize, id: u32, handle: usize) -> Kind {
+    Kind::ServerChild(Arc::new(ServerGraph { dev, id, handle }))
 }
 
 /// Issues child node `c` where stream `s`'s capture stands.
 pub(super) fn issue_server_child(c: &ServerGraph, s: CUstream) -> Result<(), CUresult> {
     let (stream, dev) = crate::api::exec::stream_dev(s)?;
+    // The capture's graph replays the child: it holds what the child holds.
+    let capture = crate::api::staged::capturing(s)?;
+    if let Some(g) = capture.and_then(crate::api::capture::capture_graph) {
+        crate::api::user_object::share(c.handle, g);
+    }
     cond_call(dev, wg::CHILD_NODE, |g| {
         g.stream = stream;
         g.graph = c.id;

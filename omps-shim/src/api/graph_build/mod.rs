@@ -35,6 +35,7 @@ pub(crate) use emit::capture_then;
 pub use mem_nodes::*;
 pub use nodes::*;
 pub use queries::*;
+pub(crate) use server_child::{add_captured, check_deps};
 
 /// CUgraphNodeType values.
 pub(crate) mod node_type {
@@ -471,38 +472,6 @@ unsafe fn dep_indices(
         }
     }
     Ok(out)
-}
-
-/// The node handles of a dependency list of built graph `g`, checked.
-///
-/// # Safety
-/// `deps` is null or holds `n` node handles.
-pub(crate) unsafe fn check_deps(
-    g: CUgraph,
-    deps: *const *mut GraphNode,
-    n: usize,
-) -> Result<Vec<usize>, CUresult> {
-    // SAFETY: forwarded contract.
-    unsafe { dep_indices(g, deps, n) }?;
-    // SAFETY: as above; n readable handles.
-    Ok((0..n).map(|k| unsafe { *deps.add(k) } as usize).collect())
-}
-
-/// What a capture into built graph `g` captured (server graph `id`, named by `handle`)
-/// becomes a child-graph node of `g` after nodes `deps`, which owns that graph.
-pub(crate) fn add_captured(
-    g: CUgraph,
-    deps: &[usize],
-    dev: usize,
-    id: u32,
-    handle: *mut GraphHandle,
-) -> Result<(), CUresult> {
-    let kind = server_child::server_graph(dev, id, handle as usize);
-    let deps: Vec<*mut GraphNode> = deps.iter().map(|&d| d as *mut GraphNode).collect();
-    let mut node = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer and `deps.len()` handles; a refused node drops its
-    // kind, and with it the server graph.
-    unsafe { add(&mut node, g, deps.as_ptr(), deps.len(), kind) }
 }
 
 /// Adds a node to built graph `g` and writes its handle.

@@ -78,7 +78,11 @@ fn graphs_copy_host_memory_when_they_run() {
     }
     let srv = TestServer::start("graph-host");
     let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "graphs_copy_host_memory_when_they_run", "--nocapture"])
+        .args([
+            "--exact",
+            "graphs_copy_host_memory_when_they_run",
+            "--nocapture",
+        ])
         .env(CLIENT, "1")
         .env("OMPS_PIPE_DIRECTORY", &srv.dir)
         .status()
@@ -97,7 +101,10 @@ fn client() {
     }
     // The pinned memory is the server's to reach, or this test tests nothing.
     let pin = pinned();
-    assert!(is_pinned(pin.as_ptr()), "cuMemHostAlloc gave memory the server reaches");
+    assert!(
+        is_pinned(pin.as_ptr()),
+        "cuMemHostAlloc gave memory the server reaches"
+    );
     let mut s = null_mut();
     // SAFETY: a valid out-pointer.
     ok(unsafe { cuStreamCreate(&mut s, 1) });
@@ -121,13 +128,38 @@ fn captured_copies(s: CUstream) {
     // SAFETY (whole block): every pointer is a live buffer of BYTES bytes or a handle.
     unsafe {
         ok(cuStreamBeginCapture_v2(s, 0));
-        ok(cuMemcpyHtoDAsync_v2(p, page_in.as_ptr() as *const c_void, BYTES, s));
+        ok(cuMemcpyHtoDAsync_v2(
+            p,
+            page_in.as_ptr() as *const c_void,
+            BYTES,
+            s,
+        ));
         ok(cuMemcpyDtoDAsync_v2(q, p, BYTES, s));
-        ok(cuMemcpyDtoHAsync_v2(page_out.as_mut_ptr() as *mut c_void, q, BYTES, s));
+        ok(cuMemcpyDtoHAsync_v2(
+            page_out.as_mut_ptr() as *mut c_void,
+            q,
+            BYTES,
+            s,
+        ));
         // Host to host through cuMemcpyAsync (unified addressing: the pointers tell).
-        ok(cuMemcpyAsync(host_out.as_mut_ptr() as u64, page_in.as_ptr() as u64, BYTES, s));
-        ok(cuMemcpyHtoDAsync_v2(r, pin_in.as_ptr() as *const c_void, BYTES, s));
-        ok(cuMemcpyDtoHAsync_v2(pin_out.as_mut_ptr() as *mut c_void, r, BYTES, s));
+        ok(cuMemcpyAsync(
+            host_out.as_mut_ptr() as u64,
+            page_in.as_ptr() as u64,
+            BYTES,
+            s,
+        ));
+        ok(cuMemcpyHtoDAsync_v2(
+            r,
+            pin_in.as_ptr() as *const c_void,
+            BYTES,
+            s,
+        ));
+        ok(cuMemcpyDtoHAsync_v2(
+            pin_out.as_mut_ptr() as *mut c_void,
+            r,
+            BYTES,
+            s,
+        ));
         ok(cuMemcpyDtoHAsync_v2(reg as *mut c_void, r, BYTES, s));
         let mut g = null_mut();
         ok(cuStreamEndCapture(s, &mut g));
@@ -145,7 +177,11 @@ fn captured_copies(s: CUstream) {
             ok(cuStreamSynchronize(s));
             assert_eq!(page_out, pattern(k), "pageable in and out, launch {k}");
             assert_eq!(host_out, pattern(k), "host to host, launch {k}");
-            assert_eq!(pin_out, &pattern(k + 10)[..], "pinned in and out, launch {k}");
+            assert_eq!(
+                pin_out,
+                &pattern(k + 10)[..],
+                "pinned in and out, launch {k}"
+            );
             let regd = std::slice::from_raw_parts(reg, WORDS);
             assert_eq!(regd, &pattern(k + 10)[..], "registered, launch {k}");
         }
@@ -205,14 +241,25 @@ fn built_memcpy_nodes(s: CUstream) {
         let cout = copy3d(page_out.as_mut_ptr(), q, false);
         ok(cuGraphAddMemcpyNode(&mut c, g, &b, 1, &cout, null_mut()));
         let mut hh: Memcpy3D = std::mem::zeroed();
-        (hh.src_type, hh.src_host, hh.dst_type, hh.dst_host) =
-            (1, page_in.as_ptr() as *const c_void, 1, host_out.as_mut_ptr() as *mut c_void);
+        (hh.src_type, hh.src_host, hh.dst_type, hh.dst_host) = (
+            1,
+            page_in.as_ptr() as *const c_void,
+            1,
+            host_out.as_mut_ptr() as *mut c_void,
+        );
         (hh.width, hh.height, hh.depth) = (BYTES, 1, 1);
         let mut d = null_mut();
         ok(cuGraphAddMemcpyNode(&mut d, g, null(), 0, &hh, null_mut()));
         let mut pn = null_mut();
         let cpin = copy3d(pin_in.as_mut_ptr(), r, true);
-        ok(cuGraphAddMemcpyNode(&mut pn, g, null(), 0, &cpin, null_mut()));
+        ok(cuGraphAddMemcpyNode(
+            &mut pn,
+            g,
+            null(),
+            0,
+            &cpin,
+            null_mut(),
+        ));
         let mut e = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
         assert_eq!(page_out, vec![0; WORDS], "instantiation copies nothing");
@@ -270,7 +317,12 @@ fn capture_into_built_graphs(s: CUstream) {
         ok(cuGraphAddMemsetNode(&mut a, g, null(), 0, &ms, null_mut()));
         ok(cuStreamBeginCaptureToGraph(s, g, &a, null(), 1, 0));
         ok(cuMemcpyDtoDAsync_v2(q, p, BYTES, s));
-        ok(cuMemcpyDtoHAsync_v2(page_out.as_mut_ptr() as *mut c_void, q, BYTES, s));
+        ok(cuMemcpyDtoHAsync_v2(
+            page_out.as_mut_ptr() as *mut c_void,
+            q,
+            BYTES,
+            s,
+        ));
         let mut got = null_mut();
         ok(cuStreamEndCapture(s, &mut got));
         assert_eq!(got, g, "the capture ends in the graph it went into");
@@ -306,9 +358,33 @@ fn capture_into_built_graphs(s: CUstream) {
         ok(cuStreamBeginCaptureToGraph(s, body, null(), null(), 0, 0));
         let (mut qq, mut nine, mut words, mut zero) = (q, 9u32, WORDS as u32, 0u32);
         let mut args = [ptr(&mut qq), ptr(&mut nine), ptr(&mut words)];
-        ok(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s, args.as_mut_ptr(), null_mut()));
+        ok(cuLaunchKernel(
+            fill,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            s,
+            args.as_mut_ptr(),
+            null_mut(),
+        ));
         let mut cargs = [ptr(&mut h), ptr(&mut zero)];
-        ok(cuLaunchKernel(set, 1, 1, 1, 1, 1, 1, 0, s, cargs.as_mut_ptr(), null_mut()));
+        ok(cuLaunchKernel(
+            set,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            s,
+            cargs.as_mut_ptr(),
+            null_mut(),
+        ));
         ok(cuStreamEndCapture(s, null_mut()));
         let mut e = null_mut();
         ok(cuGraphInstantiateWithFlags(&mut e, g, 0));

@@ -320,6 +320,14 @@ fn host_node_words_lie_in_the_clients_pinned_memory() {
     a.push(0, Op::GraphLaunch, &[bytemuck::bytes_of(&l)])
         .unwrap();
     sync(&a, Op::StreamSync, S).unwrap();
-    assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 1, "done set");
-    assert_eq!(ack.load(std::sync::atomic::Ordering::SeqCst), 0, "ack cleared");
+    assert_eq!(
+        done.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "done set"
+    );
+    assert_eq!(
+        ack.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "ack cleared"
+    );
 }

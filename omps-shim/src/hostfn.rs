@@ -213,6 +213,12 @@ pub fn enqueue_node_at(
     r
 }
 
+/// Host nodes on pinned words that are live now (tests).
+pub fn word_nodes() -> usize {
+    let g = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+    g.as_ref().map_or(0, |s| s.word_nodes.len())
+}
+
 /// The host node on `words` runs no more (its graphs and their launches are done).
 pub fn drop_node_at(words: &NodeWords) {
     let at = words as *const NodeWords as usize;

@@ -297,7 +297,7 @@ fn host_node_words_lie_in_the_clients_pinned_memory() {
     };
     node(addr);
     assert_eq!(sync(&a, Op::CtxSync, 0), Err(401), "outside a capture");
-    for bad in [addr + 4, 0x10_0000, addr + len as u64 - 4] {
+    for bad in [addr + 4, 0x10_0000, addr + len as u64 - 4, u64::MAX - 7] {
         capture(&a, Op::CaptureBegin, S).unwrap();
         node(bad);
         capture(&a, Op::CaptureEnd, S).unwrap();

@@ -187,10 +187,10 @@ impl Session {
                     self.note_error(CuError(code::ILLEGAL_STATE));
                     return Ok(());
                 }
-                let known = self.host_words.contains(&(h.words + 4));
                 if !h.words.is_multiple_of(8)
                     || !self.client.pinned_contains(h.words, 8)
-                    || (!known && self.host_words.len() >= MAX_HOST_WORDS)
+                    || (!self.host_words.contains(&(h.words + 4))
+                        && self.host_words.len() >= MAX_HOST_WORDS)
                 {
                     self.note_error(CuError(code::INVALID_VALUE));
                     return Ok(());

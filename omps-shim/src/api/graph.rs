@@ -477,6 +477,9 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<c_uint, CUresult> {
         _ => return Ok(UPDATE_TOPOLOGY_CHANGED),
     };
     rebind(ex, id)?;
+    // It replays `g`'s staged copies now: it holds their buffers, and lets its old ones go
+    // after its last launch.
+    super::user_object::exec_remade(ex, super::user_object::internal_of(g as usize));
     Ok(UPDATE_SUCCESS)
 }
 

@@ -239,6 +239,24 @@ pub(crate) fn drop_taken(list: Vec<(usize, u64)>) {
     release_all(list);
 }
 
+/// New references to graph `g`'s internal objects (for an executable graph updated to it).
+pub(crate) fn internal_of(g: usize) -> Vec<(usize, u64)> {
+    let h = held();
+    let list: Vec<(usize, u64)> = h
+        .get(&g)
+        .into_iter()
+        .flatten()
+        .copied()
+        // SAFETY: recorded from a live object, whose handle stays readable.
+        .filter(|&(o, _)| unsafe { &*(o as *const UserObject) }.internal)
+        .collect();
+    for &(o, n) in &list {
+        // SAFETY: as above.
+        retain(unsafe { &*(o as *const UserObject) }, n);
+    }
+    list
+}
+
 /// Executable graph `e` made anew from its source (an update or new node parameters): the
 /// internal objects of the old one go after its last launch, and `new` ones (taken from
 /// the new instantiation) take their place. The program's user objects stay.

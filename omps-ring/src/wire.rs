@@ -113,6 +113,10 @@ ops! {
     /// `slot`, which the graph keeps for the client's life (`seq` unused): on every replay
     /// the GPU writes `done = 1`, waits for `ack == 1`, then writes `ack = 0`.
     HostNode = 26 => HostFunc,
+    /// A host node as [`Op::HostNode`] whose two words (`done`, then `ack`) lie at
+    /// `words` in the client's pinned memory instead of a host-function slot: the graphs
+    /// that stage pageable copies hold one each, as many as they like.
+    HostNodeAt = 64 => HostNodeAt,
     /// Stream capture begins, or ends with the graph's id as a [`U64Reply`].
     CaptureBegin = 49 => CaptureCall,
     CaptureEnd = 50 => CaptureCall,
@@ -757,6 +761,15 @@ pub struct HostFunc {
     pub slot: u32,
     pub seq: u32,
     pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HostNodeAt {
+    pub stream: u32,
+    pub _pad: u32,
+    /// 8-aligned: `done` at `words`, `ack` at `words + 4`.
+    pub words: u64,
 }
 
 #[repr(C)]

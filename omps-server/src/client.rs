@@ -516,6 +516,18 @@ impl ClientShared {
             .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
     }
 
+    /// Runs `f` with the pinned ranges held still: `f` gets a test of whether a range lies
+    /// in one, true as long as `f` runs (a range leaves the list before it is unmapped).
+    pub fn with_pinned<R>(&self, f: impl FnOnce(&dyn Fn(u64, u64) -> bool) -> R) -> R {
+        let p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        let inside = |addr: u64, len: u64| {
+            p.range(..=addr)
+                .next_back()
+                .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
+        };
+        f(&inside)
+    }
+
     /// Maps the client's memfd at `addr` (never over anything already mapped here) and
     /// registers it, so the GPU reaches the same pages at the same address.
     pub fn pin(&self, fd: std::os::fd::BorrowedFd, addr: u64, len: u64) -> Result<(), i32> {

@@ -114,6 +114,23 @@ enum HostOp {
         addr: usize,
         value: u32,
     },
+    /// A wait until a registered host word holds `value` (a graph's host node): a replay
+    /// waits for the client's host-function thread, as a GPU does.
+    WaitEq {
+        addr: usize,
+        value: u32,
+    },
+    /// Copies between device memory and registered host memory.
+    Htod {
+        dst: u64,
+        src: usize,
+        len: usize,
+    },
+    Dtoh {
+        dst: usize,
+        src: u64,
+        len: usize,
+    },
     /// A conditional node: its handle, CUgraphConditionalNodeType and body graphs, whose
     /// work an instantiation copies into `run`.
     Cond {
@@ -536,6 +553,27 @@ impl HostGpu {
                 &HostOp::Word { addr, value } => unsafe {
                     self.write_u32(addr as *mut u32, value, s)?
                 },
+                &HostOp::WaitEq { addr, value } => {
+                    // The host GPU runs a launch on the server's thread: it waits there,
+                    // for a while (a client that never answers fails the launch).
+                    let t = std::time::Instant::now();
+                    // SAFETY: a word of registered memory, as when it was captured.
+                    let word = unsafe { &*(addr as *const AtomicU32) };
+                    while word.load(Ordering::Acquire) != value {
+                        if t.elapsed() > std::time::Duration::from_secs(10) {
+                            return Err(CuError(code::LAUNCH_FAILED));
+                        }
+                        std::thread::sleep(std::time::Duration::from_micros(20));
+                    }
+                }
+                // SAFETY: registered host memory, as when it was captured.
+                &HostOp::Htod { dst, src, len } => unsafe {
+                    self.copy_htod(dst, src as *const u8, len, s)?
+                },
+                // SAFETY: as above.
+                &HostOp::Dtoh { dst, src, len } => unsafe {
+                    self.copy_dtoh(dst as *mut u8, src, len, s)?
+                },
                 HostOp::Cond {
                     handle, kind, run, ..
                 } => {
@@ -853,11 +891,20 @@ impl Gpu for HostGpu {
         Ok((self.total - self.bytes_allocated(), self.total))
     }
 
-    unsafe fn copy_htod(&self, dst: u64, src: *const u8, len: usize, _s: usize) -> GpuResult<()> {
+    unsafe fn copy_htod(&self, dst: u64, src: *const u8, len: usize, s: usize) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         st.check()?;
         if !st.is_registered(src as usize, len) {
             return Err(CuError(code::INVALID_VALUE));
+        }
+        st.range(dst, len)?;
+        let op = HostOp::Htod {
+            dst,
+            src: src as usize,
+            len,
+        };
+        if st.captured(s, op) {
+            return Ok(());
         }
         let d = st.range(dst, len)?;
         // SAFETY: the caller guarantees src..src+len is readable; d is a distinct Vec.
@@ -865,15 +912,24 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
-    unsafe fn copy_dtoh(&self, dst: *mut u8, src: u64, len: usize, _s: usize) -> GpuResult<()> {
+    unsafe fn copy_dtoh(&self, dst: *mut u8, src: u64, len: usize, s: usize) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
         st.check()?;
         if !st.is_registered(dst as usize, len) {
             return Err(CuError(code::INVALID_VALUE));
         }
-        let s = st.range(src, len)?;
-        // SAFETY: the caller guarantees dst..dst+len is writable; s is a distinct Vec.
-        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), dst, len) };
+        st.range(src, len)?;
+        let op = HostOp::Dtoh {
+            dst: dst as usize,
+            src,
+            len,
+        };
+        if st.captured(s, op) {
+            return Ok(());
+        }
+        let from = st.range(src, len)?;
+        // SAFETY: the caller guarantees dst..dst+len is writable; from is a distinct Vec.
+        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), dst, len) };
         Ok(())
     }
 
@@ -932,6 +988,16 @@ impl Gpu for HostGpu {
     }
 
     unsafe fn wait_u32_eq(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
+        {
+            let mut st = self.state.lock().unwrap();
+            let op = HostOp::WaitEq {
+                addr: addr as usize,
+                value,
+            };
+            if st.captured(s, op) {
+                return Ok(());
+            }
+        }
         // SAFETY: forwarded contract.
         unsafe { self.wait_u32(addr, value, s) }
     }
@@ -1374,9 +1440,9 @@ impl Gpu for HostGpu {
         // CUgraphNodeType: kernel 0, memcpy 1, memset 2, batch memory operation 12.
         Ok(match op {
             HostOp::Launch { .. } => 0,
-            HostOp::Dtod { .. } => 1,
+            HostOp::Dtod { .. } | HostOp::Htod { .. } | HostOp::Dtoh { .. } => 1,
             HostOp::Memset { .. } => 2,
-            HostOp::Word { .. } => 12,
+            HostOp::Word { .. } | HostOp::WaitEq { .. } => 12,
             HostOp::Cond { .. } => 13,
         })
     }

@@ -298,6 +298,8 @@ pub struct Session {
     hostfn_last: HashMap<u32, u32>,
     /// Host-function slots its graphs' host nodes hold.
     host_nodes: std::collections::BTreeSet<u32>,
+    /// The `ack` words in its pinned memory that its graphs' other host nodes wait on.
+    host_words: std::collections::BTreeSet<u64>,
     /// The last work of streams it gave up (see `left_events`).
     left: Vec<u64>,
     /// Its events to destroy as it goes (set by into_release: shared ones stay).
@@ -359,6 +361,7 @@ impl Session {
             left: Vec::new(),
             hostfn_last: HashMap::new(),
             host_nodes: Default::default(),
+            host_words: Default::default(),
             deep: Vec::new(),
             held_since: None,
             depth_checked: None,
@@ -765,6 +768,7 @@ impl Session {
             | Op::EventRecordExternal
             | Op::StreamWaitEventExternal
             | Op::HostNode
+            | Op::HostNodeAt
             | Op::StreamSync
             | Op::StreamQuery
             | Op::EventSync
@@ -916,6 +920,11 @@ impl Session {
     /// The host-node slots its graphs hold (for acknowledging them once it is dead).
     pub fn take_host_nodes(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.host_nodes).into_iter().collect()
+    }
+
+    /// The `ack` words in pinned memory its graphs' host nodes wait on (as above).
+    pub fn take_host_words(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.host_words).into_iter().collect()
     }
 
     pub fn release_host_functions(&mut self) {

@@ -173,7 +173,7 @@ pub struct WorkerCtx {
     pub fault: Option<i32>,
     /// Dead clients and the host-node slots of their graphs: acknowledged on every pass
     /// until the client's last fence has passed, so replays it queued run through.
-    dead_host_nodes: Vec<(Arc<ClientShared>, Vec<u32>)>,
+    dead_host_nodes: Vec<(Arc<ClientShared>, Vec<u32>, Vec<u64>)>,
 }
 
 impl WorkerCtx {
@@ -565,9 +565,10 @@ impl WorkerCtx {
         // never ran are acknowledged.
         s.end_captures(self);
         s.release_host_functions();
-        let host_nodes = s.take_host_nodes();
-        if !host_nodes.is_empty() {
-            self.dead_host_nodes.push((s.client.clone(), host_nodes));
+        let (host_nodes, host_words) = (s.take_host_nodes(), s.take_host_words());
+        if !host_nodes.is_empty() || !host_words.is_empty() {
+            self.dead_host_nodes
+                .push((s.client.clone(), host_nodes, host_words));
         }
         let _ = self
             .shared
@@ -772,7 +773,7 @@ impl WorkerCtx {
     /// waits for `ack == 1` and then clears it, so the slots are set again on every pass
     /// until the client is released (its last fence passed: nothing of it runs any more).
     fn ack_dead_host_nodes(&mut self) {
-        self.dead_host_nodes.retain(|(client, slots)| {
+        self.dead_host_nodes.retain(|(client, slots, words)| {
             if client.released.load(Ordering::SeqCst) > 0 {
                 return false;
             }
@@ -780,6 +781,20 @@ impl WorkerCtx {
                 if let Some(w) = client.seg.hostfn(i as usize) {
                     w.ack.store(1, Ordering::Release);
                 }
+            }
+            if !words.is_empty() {
+                client.with_pinned(|pinned| {
+                    for &a in words {
+                        if pinned(a, 4) {
+                            // SAFETY: a word of the client's pinned memory, which stays
+                            // mapped while it is listed (the lock held keeps it listed).
+                            unsafe {
+                                (*(a as *const std::sync::atomic::AtomicU32))
+                                    .store(1, Ordering::Release)
+                            };
+                        }
+                    }
+                });
             }
             true
         });

@@ -57,6 +57,9 @@ struct Slots {
     pending: Vec<Option<(u32, Call)>>,
     /// Slots held by host nodes of captured graphs.
     nodes: Vec<Option<HostNode>>,
+    /// Host nodes whose words lie in pinned memory (staged copies, api/staged.rs): the
+    /// `done` word's address -> the node. They are given back when their graphs go.
+    word_nodes: std::collections::HashMap<usize, HostNode>,
     /// The last sequence number each slot used (never 0: the words start at 0).
     seq: Vec<u32>,
     running: bool,
@@ -114,6 +117,7 @@ fn slots(guard: &mut Option<Slots>) -> Result<&mut Slots, CUresult> {
     let s = guard.get_or_insert_with(|| Slots {
         pending: (0..HOSTFN_SLOTS).map(|_| None).collect(),
         nodes: vec![None; HOSTFN_SLOTS],
+        word_nodes: Default::default(),
         seq: vec![0; HOSTFN_SLOTS],
         running: false,
     });
@@ -165,6 +169,65 @@ pub fn enqueue_node(
     r
 }
 
+/// The two words of a host node in pinned memory: the GPU sets `done` to 1 and waits
+/// for `ack == 1`, then clears `ack`.
+#[repr(C, align(8))]
+pub struct NodeWords {
+    pub done: std::sync::atomic::AtomicU32,
+    pub ack: std::sync::atomic::AtomicU32,
+}
+
+/// Makes `f(data)` a host node of the graph being captured on `stream`, through `words`
+/// (pinned memory shared with the server, which outlives the node) rather than a slot:
+/// such nodes are not limited in number. [`drop_node_at`] gives it back.
+pub fn enqueue_node_at(
+    dev: usize,
+    stream: u32,
+    words: &'static NodeWords,
+    f: unsafe extern "C" fn(*mut std::ffi::c_void),
+    data: usize,
+) -> Result<(), CUresult> {
+    let c = crate::api::live()?;
+    words.done.store(0, Ordering::Release);
+    words.ack.store(0, Ordering::Release);
+    let at = words as *const NodeWords as usize;
+    {
+        let mut guard = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+        slots(&mut guard)?
+            .word_nodes
+            .insert(at, HostNode { f, data });
+    }
+    CHANGED.notify_all();
+    let r = c.push(
+        dev,
+        Op::HostNodeAt,
+        &[bytemuck::bytes_of(&wire::HostNodeAt {
+            stream,
+            _pad: 0,
+            words: at as u64,
+        })],
+    );
+    if r.is_err() {
+        drop_node_at(words);
+    }
+    r
+}
+
+/// Host nodes on pinned words that are live now (tests).
+pub fn word_nodes() -> usize {
+    let g = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+    g.as_ref().map_or(0, |s| s.word_nodes.len())
+}
+
+/// The host node on `words` runs no more (its graphs and their launches are done).
+pub fn drop_node_at(words: &NodeWords) {
+    let at = words as *const NodeWords as usize;
+    let mut g = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = g.as_mut() {
+        s.word_nodes.remove(&at);
+    }
+}
+
 /// Runs each queued function once the GPU reached it, then lets its stream go on.
 fn run() {
     let Ok(c) = crate::api::live() else { return };
@@ -173,10 +236,13 @@ fn run() {
     loop {
         let mut ready = Vec::new();
         let mut nodes = Vec::new();
+        let mut word_ready = Vec::new();
         {
             let mut g = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
             while g.as_ref().is_some_and(|s| {
-                s.pending.iter().all(Option::is_none) && s.nodes.iter().all(Option::is_none)
+                s.pending.iter().all(Option::is_none)
+                    && s.nodes.iter().all(Option::is_none)
+                    && s.word_nodes.is_empty()
             }) {
                 g = CHANGED.wait(g).unwrap_or_else(|e| e.into_inner());
             }
@@ -186,6 +252,14 @@ fn run() {
                     if w.done.load(Ordering::Acquire) == 1 {
                         nodes.push((i, *n));
                     }
+                }
+            }
+            for (&at, n) in &s.word_nodes {
+                // SAFETY: listed words are live pinned memory (dropped from the list
+                // before they are freed).
+                let w = unsafe { &*(at as *const NodeWords) };
+                if w.done.load(Ordering::Acquire) == 1 {
+                    word_ready.push((at, *n));
                 }
             }
             for (i, p) in s.pending.iter_mut().enumerate() {
@@ -206,7 +280,16 @@ fn run() {
             unsafe { (n.f)(n.data as *mut std::ffi::c_void) };
             w.ack.store(1, Ordering::Release);
         }
-        if ready.is_empty() && nodes.is_empty() {
+        for &(at, n) in &word_ready {
+            // SAFETY: as above; the node's graph holds the words until its launches are
+            // done, and this runs inside one.
+            let w = unsafe { &*(at as *const NodeWords) };
+            w.done.store(0, Ordering::Release);
+            // SAFETY: the function and data the node was made with (api/staged.rs).
+            unsafe { (n.f)(n.data as *mut std::ffi::c_void) };
+            w.ack.store(1, Ordering::Release);
+        }
+        if ready.is_empty() && nodes.is_empty() && word_ready.is_empty() {
             // Spin briefly after the last function, then poll gently; a process whose
             // graphs hold host nodes polls for ever, so after a while, more gently still.
             let idle = idle_since.elapsed();

@@ -497,9 +497,9 @@ fn conditional_nodes_choose_and_repeat() {
         );
         ok(cuStreamUpdateCaptureDependencies(s, &cnode, 1, 1));
         assert_eq!(
-            cuStreamBeginCaptureToGraph(body_stream, g, null(), null(), 0, 2),
+            cuStreamBeginCaptureToGraph(body_stream, captured, null(), null(), 0, 2),
             CUDA_ERROR_NOT_SUPPORTED,
-            "capturing into a graph built by hand"
+            "capturing into a graph the server captured, not a body"
         );
         ok(cuStreamBeginCaptureToGraph(
             body_stream,

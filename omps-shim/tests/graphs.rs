@@ -275,3 +275,59 @@ fn a_fork_takes_in_no_other_clients_work() {
     );
     let _ = capture(&a, Op::CaptureEnd, origin);
 }
+
+/// A host node on two words of pinned memory (HostNodeAt, the staged copies of
+/// api/staged.rs): only inside a capture, only on 8-aligned words of the client's own
+/// pinned memory; its replay writes `done`, waits for `ack == 1` and clears it.
+#[test]
+fn host_node_words_lie_in_the_clients_pinned_memory() {
+    let srv = TestServer::start("hostwords");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    stream_create(&a, S);
+    let len = 64 << 10;
+    let (addr, _fd) = pin_somewhere(&a, len);
+    let node = |words: u64| {
+        let h = wire::HostNodeAt {
+            stream: S,
+            _pad: 0,
+            words,
+        };
+        a.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)])
+            .unwrap();
+    };
+    node(addr);
+    assert_eq!(sync(&a, Op::CtxSync, 0), Err(401), "outside a capture");
+    for bad in [addr + 4, 0x10_0000, addr + len as u64 - 4, u64::MAX - 7] {
+        capture(&a, Op::CaptureBegin, S).unwrap();
+        node(bad);
+        capture(&a, Op::CaptureEnd, S).unwrap();
+        assert_eq!(sync(&a, Op::CtxSync, 0), Err(1), "words at {bad:#x}");
+    }
+    capture(&a, Op::CaptureBegin, S).unwrap();
+    node(addr);
+    let g = capture(&a, Op::CaptureEnd, S).unwrap() as u32;
+    let e = instantiate(&a, g).unwrap();
+    // The server in this process mapped the pinned range at its address.
+    // SAFETY: two words of that mapping, which stays until the client goes.
+    let (done, ack) = unsafe {
+        (
+            &*(addr as *const std::sync::atomic::AtomicU32),
+            &*((addr + 4) as *const std::sync::atomic::AtomicU32),
+        )
+    };
+    ack.store(1, std::sync::atomic::Ordering::SeqCst);
+    let l = wire::GraphLaunch { exec: e, stream: S };
+    a.push(0, Op::GraphLaunch, &[bytemuck::bytes_of(&l)])
+        .unwrap();
+    sync(&a, Op::StreamSync, S).unwrap();
+    assert_eq!(
+        done.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "done set"
+    );
+    assert_eq!(
+        ack.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "ack cleared"
+    );
+}

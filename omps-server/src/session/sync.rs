@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// Host nodes on pinned words (HostNodeAt) one client's graphs may hold: a dead client's
+/// are acknowledged on every worker pass.
+const MAX_HOST_WORDS: usize = 1 << 16;
+
 impl Session {
     /// Client stream `id`, made in green context `green` (0: none).
     pub(super) fn new_stream(
@@ -192,6 +196,36 @@ impl Session {
                     self.note_error(e);
                 }
                 self.host_nodes.insert(h.slot);
+            }
+            Op::HostNodeAt => {
+                let h = rec::<wire::HostNodeAt>(p);
+                let s = self.stream(ctx, h.stream)?;
+                if !self.streams.get(&h.stream).is_some_and(|st| st.capturing) {
+                    self.note_error(CuError(code::ILLEGAL_STATE));
+                    return Ok(());
+                }
+                if !h.words.is_multiple_of(8)
+                    || !self.client.pinned_contains(h.words, 8)
+                    || (!self.host_words.contains(&(h.words + 4))
+                        && self.host_words.len() >= MAX_HOST_WORDS)
+                {
+                    self.note_error(CuError(code::INVALID_VALUE));
+                    return Ok(());
+                }
+                let (done, ack) = (h.words as *mut u32, (h.words + 4) as *mut u32);
+                // As HostNode, on two words of the client's pinned memory.
+                // SAFETY: the words lie in this client's pinned memory, mapped and
+                // registered here until a fence after its work has passed (unpin defers);
+                // a dead client's are acknowledged only while still pinned.
+                let r = unsafe {
+                    gpu.write_u32(done, 1, s)
+                        .and_then(|_| gpu.wait_u32_eq(ack, 1, s))
+                        .and_then(|_| gpu.write_u32(ack, 0, s))
+                };
+                if let Err(e) = r {
+                    self.note_error(e);
+                }
+                self.host_words.insert(h.words + 4);
             }
             Op::StreamSync => {
                 let h = rec::<wire::HandleCall>(p);

@@ -50,7 +50,7 @@ fn begin(s: CUstream, mode: c_uint) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     capture_call(Op::CaptureBegin, s, mode)?;
-    begun(s, None, mode)
+    begun(s, None, mode, None)
 }
 
 /// Stream `s` begins capturing into the server's graph `graph` (a conditional node's
@@ -74,12 +74,18 @@ pub(crate) fn begin_to(
         })
         .to_vec()
     })?;
-    begun(s, handle, mode)
+    begun(s, handle, mode, None)
 }
 
 /// The books of a capture the server began on stream `s` in `mode`, which ends in
-/// `handle` (a graph the caller holds) or in a handle made now.
-fn begun(s: CUstream, handle: Option<CUgraph>, mode: c_uint) -> Result<(), CUresult> {
+/// `handle` (a graph the caller holds) or in a handle made now; `into` names the graph
+/// built by hand that receives what it captured (cuStreamBeginCaptureToGraph).
+fn begun(
+    s: CUstream,
+    handle: Option<CUgraph>,
+    mode: c_uint,
+    into: Option<IntoBuilt>,
+) -> Result<(), CUresult> {
     CAPTURES.fetch_add(1, Ordering::AcqRel);
     // The capture's id (for the graph memory it allocates: an invalidated capture no
     // longer tells its id at its end) and the graph handle it ends in, which
@@ -101,9 +107,17 @@ fn begun(s: CUstream, handle: Option<CUgraph>, mode: c_uint) -> Result<(), CUres
             given,
             mode,
             thread: thread_id(),
+            into,
         },
     );
     Ok(())
+}
+
+/// A capture into a graph built by hand: the graph and the nodes (handles) that what it
+/// captured follows.
+struct IntoBuilt {
+    graph: usize,
+    deps: Vec<usize>,
 }
 
 fn thread_id() -> i32 {
@@ -179,6 +193,7 @@ struct Capture {
     /// Its CUstreamCaptureMode and the thread that began it, for unsafe_call_allowed.
     mode: c_uint,
     thread: i32,
+    into: Option<IntoBuilt>,
 }
 
 /// Capturing origin stream (device, the server's stream id: the per-thread default
@@ -221,7 +236,7 @@ pub extern "C" fn cuStreamBeginCapture_ptsz(s: CUstream) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) -> CUresult {
     entry(|| {
-        if graph.is_null() {
+        if graph.is_null() && !ends_in_given_graph(s) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let r = capture_call(Op::CaptureEnd, s, 0);
@@ -241,8 +256,28 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
             None
         };
         let (id, h) = match r {
-            Ok((dev, id)) => match capture.map(|c| (c.id, c.graph)) {
-                Some((c, h)) => {
+            Ok((dev, id)) => match capture.map(|c| (c.id, c.graph, c.into)) {
+                Some((c, h, Some(into))) => {
+                    super::graph_mem::capture_ended(c, Some(h));
+                    // SAFETY: a handle made at the capture's start, never freed.
+                    unsafe { &*(h as *const GraphHandle) }
+                        .id
+                        .store(id as u32, Ordering::Release);
+                    let g = into.graph as CUgraph;
+                    super::graph_build::add_captured(
+                        g,
+                        &into.deps,
+                        dev,
+                        id as u32,
+                        h as *mut GraphHandle,
+                    )?;
+                    if graph.is_null() {
+                        return Ok(());
+                    }
+                    // SAFETY: checked non-null; the caller's pointer.
+                    return unsafe { out(graph, g) };
+                }
+                Some((c, h, None)) => {
                     super::graph_mem::capture_ended(c, Some(h));
                     (id, h as *mut GraphHandle)
                 }
@@ -272,9 +307,24 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
         };
         // SAFETY: a handle made at the capture's start, never freed.
         unsafe { &*h }.id.store(id as u32, Ordering::Release);
+        if graph.is_null() {
+            // A capture into a conditional body: the body is the caller's already.
+            return Ok(());
+        }
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(graph, h) }
     })
+}
+
+/// Whether stream `s`'s capture was begun into a graph the caller holds
+/// (cuStreamBeginCaptureToGraph), for which cuStreamEndCapture needs no out-pointer.
+fn ends_in_given_graph(s: CUstream) -> bool {
+    let Ok((stream, dev)) = stream_dev(s) else {
+        return false;
+    };
+    lock_ids()
+        .get(&(dev, stream))
+        .is_some_and(|c| c.given || c.into.is_some())
 }
 
 /// # Safety
@@ -301,8 +351,10 @@ pub(crate) fn capture_info(s: CUstream) -> Result<(c_uint, u64), CUresult> {
 }
 
 /// Capturing into an existing graph: the bodies of a conditional node added to a capture
-/// (how the CUDA guide and PyTorch fill them), with no dependencies. Graphs built by hand
-/// and graphs the server captured are not captured into.
+/// (how the CUDA guide and PyTorch fill them), with no dependencies; or a graph built by
+/// hand, which receives what was captured as one child-graph node after `deps` (the
+/// capture is an ordinary one on the server, and its graph the node's). Graphs the server
+/// captured are not captured into.
 fn begin_to_graph(
     s: CUstream,
     g: CUgraph,
@@ -315,6 +367,20 @@ fn begin_to_graph(
     }
     // SAFETY: the caller passed a graph handle, as the API requires.
     let h = unsafe { crate::handles::resolve(g as *const GraphHandle, GRAPH_MAGIC) }?;
+    if super::graph_build::is_built(g) {
+        // SAFETY: forwarded contract: n node handles.
+        let deps = unsafe { super::graph_build::check_deps(g, deps, n) }?;
+        let (_, dev) = stream_dev(s)?;
+        if dev != h.dev {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        capture_call(Op::CaptureBegin, s, mode)?;
+        let into = IntoBuilt {
+            graph: g as usize,
+            deps,
+        };
+        return begun(s, None, mode, Some(into));
+    }
     if !super::graph_build::is_captured_body(g) {
         return Err(crate::unsupported::unsupported(
             "cuStreamBeginCaptureToGraph into a graph other than a conditional node's body",

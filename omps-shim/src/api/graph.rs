@@ -62,8 +62,22 @@ fn release(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
 
 /// An executable graph of built graph `b`: captured on the server, instantiated, and the
 /// captured graph let go.
-fn instantiate_built(dev: usize, b: &build::Built, flags: u64) -> Result<u32, CUresult> {
-    build::capture_then(b, |g| instantiate_id(dev, g, flags))
+/// What the capture held (api/staged.rs) goes with the executable graph: the caller
+/// gives it to its handle.
+fn instantiate_built(
+    dev: usize,
+    b: &build::Built,
+    flags: u64,
+) -> Result<(u32, Vec<(usize, u64)>), CUresult> {
+    let r = build::capture_then(b, |g| instantiate_id(dev, g, flags));
+    let held = super::staged::take_adopted();
+    match r {
+        Ok(id) => Ok((id, held)),
+        Err(e) => {
+            super::user_object::drop_taken(held);
+            Err(e)
+        }
+    }
 }
 
 fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CUresult> {
@@ -80,12 +94,13 @@ fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Result<(), CU
     }
     let gr = graph(g)?;
     let source = build::built(g);
-    let id = match &source {
+    let (id, held) = match &source {
         Some(b) => instantiate_built(gr.dev, b, flags)?,
-        None => instantiate_id(gr.dev, gr.id(), flags)?,
+        None => (instantiate_id(gr.dev, gr.id(), flags)?, Vec::new()),
     };
     let h = leak(GraphHandle::new(EXEC_MAGIC, id, gr.dev));
     super::user_object::share(g as usize, h as usize);
+    super::user_object::give(h as usize, held);
     match source {
         Some(b) => {
             super::graph_mem::note_exec(h as usize, build::unfreed(&b), flags);
@@ -315,18 +330,31 @@ fn order_after_last_launch(ex: &GraphHandle) {
 /// captured again and given to the same executable graph by the driver's update.
 fn remake_built(ex: &GraphHandle, b: &build::Built, flags: u64) -> Result<(), CUresult> {
     if !build::has_conditionals(b) {
-        let id = instantiate_built(ex.dev, b, flags)?;
-        return rebind(ex, id);
+        let (id, held) = instantiate_built(ex.dev, b, flags)?;
+        rebind(ex, id)?;
+        // The old one's staged copies go after its last launch.
+        super::user_object::exec_remade(ex, held);
+        return Ok(());
     }
-    build::capture_then(b, |g| {
+    let r = build::capture_then(b, |g| {
         let e = ex.id();
         build::cond_call(ex.dev, wire::graph::EXEC_UPDATE, |c| {
             c.graph = g;
             c.handle = e as u64;
         })?;
         Ok(e)
-    })
-    .map(drop)
+    });
+    let held = super::staged::take_adopted();
+    match r {
+        Ok(_) => {
+            super::user_object::exec_remade(ex, held);
+            Ok(())
+        }
+        Err(e) => {
+            super::user_object::drop_taken(held);
+            Err(e)
+        }
+    }
 }
 
 fn rebind(ex: &GraphHandle, id: u32) -> Result<(), CUresult> {
@@ -449,6 +477,9 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<c_uint, CUresult> {
         _ => return Ok(UPDATE_TOPOLOGY_CHANGED),
     };
     rebind(ex, id)?;
+    // It replays `g`'s staged copies now: it holds their buffers, and lets its old ones go
+    // after its last launch.
+    super::user_object::exec_remade(ex, super::user_object::internal_of(g as usize));
     Ok(UPDATE_SUCCESS)
 }
 

@@ -375,6 +375,20 @@ fn copy_any(dst: u64, src: u64, len: usize, s: CUstream, sync: bool) -> Result<(
         (true, false) => copy_htod(dst, src as *const u8, len, s, sync),
         (false, true) => copy_dtoh(dst as *mut u8, src, len, s, sync),
         (false, false) => {
+            if !sync && len > 0 {
+                if let Some(id) = super::staged::capturing(s)? {
+                    // In a capture: a host node copying on every replay.
+                    return super::staged::capture_copy(
+                        None,
+                        0,
+                        dst as usize,
+                        src as usize,
+                        len,
+                        s,
+                        id,
+                    );
+                }
+            }
             if len > 0 {
                 // SAFETY: both are host memory of len bytes, per cuMemcpy's contract.
                 unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };

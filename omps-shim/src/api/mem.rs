@@ -344,6 +344,13 @@ pub(crate) fn copy_htod(
     stream: CUstream,
     sync: bool,
 ) -> Result<(), CUresult> {
+    if !sync && len > 0 && !is_shared(src as u64, len) {
+        if let Some(id) = super::staged::capturing(stream)? {
+            // A pageable source in a capture: read on every replay (api/staged.rs).
+            range_dev(dst, len as u64)?;
+            return super::staged::capture_copy(Some(true), dst, src as usize, 0, len, stream, id);
+        }
+    }
     let r = copy_htod_queued(dst, src, len, stream, sync);
     if sync {
         deliver_printf(dst, len, r.is_err());
@@ -359,6 +366,13 @@ pub(crate) fn copy_dtoh(
     stream: CUstream,
     sync: bool,
 ) -> Result<(), CUresult> {
+    if !sync && len > 0 && !is_shared(dst as u64, len) {
+        if let Some(id) = super::staged::capturing(stream)? {
+            // A pageable destination in a capture: written on every replay.
+            range_dev(src, len as u64)?;
+            return super::staged::capture_copy(Some(false), src, dst as usize, 0, len, stream, id);
+        }
+    }
     let r = copy_dtoh_queued(dst, src, len, stream, sync);
     if sync {
         deliver_printf(src, len, r.is_err());

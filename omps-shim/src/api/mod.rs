@@ -23,6 +23,7 @@ pub mod pool;
 pub mod proc;
 pub mod ptds;
 pub mod query;
+pub mod staged;
 pub mod stream_info;
 pub mod tensor_map;
 pub mod user_object;

@@ -23,6 +23,9 @@ pub struct UserObject {
     refs: AtomicU64,
     ptr: usize,
     destroy: Destructor,
+    /// omps' own (a staged copy's buffers, api/staged.rs), not the program's: an
+    /// executable graph made anew gives up its old ones.
+    internal: bool,
 }
 
 pub type CUuserObject = *mut UserObject;
@@ -92,6 +95,7 @@ pub unsafe extern "C" fn cuUserObjectCreate(
             refs: AtomicU64::new(initial as u64),
             ptr: ptr as usize,
             destroy,
+            internal: false,
         });
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(obj, h) }
@@ -203,11 +207,88 @@ pub(crate) fn graph_gone(g: usize) {
     release_all(list.unwrap_or_default());
 }
 
+/// An object of omps' own, whose `destroy(ptr)` runs once no graph holds it: one
+/// reference, held by graph (or executable graph) `g`, which shares it as it shares the
+/// program's user objects.
+pub(crate) fn hold_internal(g: usize, ptr: usize, destroy: Destructor) {
+    let o = leak(UserObject {
+        magic: AtomicU32::new(USER_OBJECT_MAGIC),
+        refs: AtomicU64::new(1),
+        ptr,
+        destroy,
+        internal: true,
+    });
+    held().entry(g).or_default().push((o as usize, 1));
+}
+
+/// The references graph `g` holds, taken from it (the graph a built graph's instantiation
+/// captured is only a vehicle: its references go to the executable graph).
+pub(crate) fn take(g: usize) -> Vec<(usize, u64)> {
+    held().remove(&g).unwrap_or_default()
+}
+
+/// References taken from a graph, held now by `to`.
+pub(crate) fn give(to: usize, list: Vec<(usize, u64)>) {
+    if !list.is_empty() {
+        held().entry(to).or_default().extend(list);
+    }
+}
+
+/// References taken from a graph that no graph is to hold: released.
+pub(crate) fn drop_taken(list: Vec<(usize, u64)>) {
+    release_all(list);
+}
+
+/// New references to graph `g`'s internal objects (for an executable graph updated to it).
+pub(crate) fn internal_of(g: usize) -> Vec<(usize, u64)> {
+    let h = held();
+    let list: Vec<(usize, u64)> = h
+        .get(&g)
+        .into_iter()
+        .flatten()
+        .copied()
+        // SAFETY: recorded from a live object, whose handle stays readable.
+        .filter(|&(o, _)| unsafe { &*(o as *const UserObject) }.internal)
+        .collect();
+    for &(o, n) in &list {
+        // SAFETY: as above.
+        retain(unsafe { &*(o as *const UserObject) }, n);
+    }
+    list
+}
+
+/// Executable graph `e` made anew from its source (an update or new node parameters): the
+/// internal objects of the old one go after its last launch, and `new` ones (taken from
+/// the new instantiation) take their place. The program's user objects stay.
+pub(crate) fn exec_remade(e: &GraphHandle, new: Vec<(usize, u64)>) {
+    let key = e as *const GraphHandle as usize;
+    let old = {
+        let mut h = held();
+        let list = h.entry(key).or_default();
+        let (internal, keep): (Vec<_>, Vec<_>) = list.drain(..).partition(|&(o, _)| {
+            // SAFETY: recorded from a live object, whose handle stays readable.
+            unsafe { &*(o as *const UserObject) }.internal
+        });
+        *list = keep;
+        list.extend(new);
+        internal
+    };
+    release_after_last_launch(e, old);
+}
+
 /// Executable graph `e` destroyed: its references go once its last launch is done.
 pub(crate) fn exec_gone(e: &GraphHandle) {
     let Some(list) = held().remove(&(e as *const GraphHandle as usize)) else {
         return;
     };
+    release_after_last_launch(e, list);
+}
+
+/// Releases `list` once the last launch of executable graph `e` is done.
+fn release_after_last_launch(e: &GraphHandle, list: Vec<(usize, u64)>) {
+    if list.is_empty() {
+        return;
+    }
     let last = e.last_stream.load(Ordering::Acquire);
     if last != crate::handles::NEVER {
         if let Ok((id, dev)) = super::exec::stream_dev(last as super::exec::CUstream) {

@@ -356,6 +356,8 @@ fn capture_flat(flat: &[Flat], target: Target) -> Result<u32, CUresult> {
     if ended.is_ok() {
         let h = graph_ref(g)?;
         let id = h.id();
+        // What the graph holds (staged copies' buffers) goes to the executable graph.
+        crate::api::staged::adopt_from(g as usize);
         // The handle was only the vehicle; the server's graph is the caller's to release.
         let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
         if let Err(e) = issued {

@@ -35,6 +35,7 @@ pub(crate) use emit::capture_then;
 pub use mem_nodes::*;
 pub use nodes::*;
 pub use queries::*;
+pub(crate) use server_child::{add_captured, check_deps};
 
 /// CUgraphNodeType values.
 pub(crate) mod node_type {

@@ -367,14 +367,9 @@ pub unsafe extern "C" fn cuGraphHostNodeGetParams(
     })
 }
 
-/// A memcpy node; host to host is refused: the shim would copy at once, not on replay.
+/// A memcpy node. Its host sides are read or written when it runs, on every replay: a
+/// pageable one (host to host too) is staged by host nodes (api/staged.rs).
 pub(crate) fn copy_kind(p: &Memcpy3D) -> Result<Kind, CUresult> {
-    const HOST: c_uint = 1;
-    if p.src_type == HOST && p.dst_type == HOST {
-        return Err(crate::unsupported::unsupported(
-            "a host-to-host memcpy node",
-        ));
-    }
     Ok(Kind::Memcpy(CopyNode(*p)))
 }
 

@@ -1,6 +1,8 @@
 //! A graph the server captured, as a child node of a graph built here: the node owns a
 //! copy the server made when the node was (as the driver copies a child graph), and at
-//! instantiation the server adds it as a child-graph node where the capture stands.
+//! instantiation the server adds it as a child-graph node where the capture stands. A
+//! capture into a graph built here (cuStreamBeginCaptureToGraph) ends in such a node too,
+//! owning the graph the capture made.
 
 use super::cond::cond_call;
 use super::*;
@@ -20,6 +22,8 @@ impl Drop for ServerGraph {
         // SAFETY: a handle made in `copy_of`, never freed (handles stay readable).
         let h = unsafe { &*(self.handle as *const GraphHandle) };
         let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
+        // What the copy held (its staged copies' buffers) goes with it.
+        crate::api::user_object::graph_gone(self.handle);
         let rec = wire::Handle {
             id: self.id,
             _pad: 0,
@@ -43,19 +47,60 @@ pub(crate) fn copy_of(g: &GraphHandle) -> Result<(u32, CUgraph), CUresult> {
 /// A child node's kind for graph `child`, which the server captured.
 pub(crate) fn server_child_kind(child: &GraphHandle) -> Result<Kind, CUresult> {
     let (id, handle) = copy_of(child)?;
-    Ok(Kind::ServerChild(Arc::new(ServerGraph {
-        dev: child.dev,
-        id,
-        handle: handle as usize,
-    })))
+    // The copy replays what the original does: it holds the same objects (the buffers of
+    // its staged copies).
+    crate::api::user_object::share(child as *const GraphHandle as usize, handle as usize);
+    Ok(server_graph(child.dev, id, handle as usize))
+}
+
+/// A child node's graph: server graph `id` under graph handle `handle`, both the node's.
+pub(crate) fn server_graph(dev: usize, id: u32, handle: usize) -> Kind {
+    Kind::ServerChild(Arc::new(ServerGraph { dev, id, handle }))
 }
 
 /// Issues child node `c` where stream `s`'s capture stands.
 pub(super) fn issue_server_child(c: &ServerGraph, s: CUstream) -> Result<(), CUresult> {
     let (stream, dev) = crate::api::exec::stream_dev(s)?;
+    // The capture's graph replays the child: it holds what the child holds.
+    let capture = crate::api::staged::capturing(s)?;
+    if let Some(g) = capture.and_then(crate::api::capture::capture_graph) {
+        crate::api::user_object::share(c.handle, g);
+    }
     cond_call(dev, wg::CHILD_NODE, |g| {
         g.stream = stream;
         g.graph = c.id;
     })
     .map(drop)
+}
+
+/// The node handles of a dependency list of built graph `g`, checked.
+///
+/// # Safety
+/// `deps` is null or holds `n` node handles.
+pub(crate) unsafe fn check_deps(
+    g: CUgraph,
+    deps: *const *mut GraphNode,
+    n: usize,
+) -> Result<Vec<usize>, CUresult> {
+    // SAFETY: forwarded contract.
+    unsafe { dep_indices(g, deps, n) }?;
+    // SAFETY: as above; n readable handles.
+    Ok((0..n).map(|k| unsafe { *deps.add(k) } as usize).collect())
+}
+
+/// What a capture into built graph `g` captured (server graph `id`, named by `handle`)
+/// becomes a child-graph node of `g` after nodes `deps`, which owns that graph.
+pub(crate) fn add_captured(
+    g: CUgraph,
+    deps: &[usize],
+    dev: usize,
+    id: u32,
+    handle: *mut GraphHandle,
+) -> Result<(), CUresult> {
+    let kind = server_graph(dev, id, handle as usize);
+    let deps: Vec<*mut GraphNode> = deps.iter().map(|&d| d as *mut GraphNode).collect();
+    let mut node = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer and `deps.len()` handles; a refused node drops its
+    // kind, and with it the server graph.
+    unsafe { add(&mut node, g, deps.as_ptr(), deps.len(), kind) }
 }

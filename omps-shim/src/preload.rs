@@ -8,11 +8,42 @@ use std::sync::OnceLock;
 
 type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
 
+/// The base address of the object holding `p` (dladdr), 0 if none.
+fn object_of(p: usize) -> usize {
+    // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(p as *const c_void, &mut info) == 0 {
+            return 0;
+        }
+        info.dli_fbase as usize
+    }
+}
+
 fn real_dlopen() -> DlopenFn {
     static REAL: OnceLock<usize> = OnceLock::new();
     let p = *REAL.get_or_init(|| {
+        // Our own object, to never take the interposer below for libc's (a reference to
+        // `dlopen` here may resolve to either, whichever comes first in the global scope).
+        let own = object_of(real_dlopen as *const () as usize);
+        let foreign = |p: usize| p != 0 && object_of(p) != own;
         // SAFETY: RTLD_NEXT lookup of a libc symbol; the name is NUL-terminated.
-        unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) as usize }
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) as usize };
+        if foreign(next) {
+            return next;
+        }
+        // Loaded as libcuda.so.1 by name (LD_LIBRARY_PATH) by a program that links libc
+        // before libcuda, nothing after the shim defines dlopen: ask for libc's by its
+        // versions (2.34 merged libdl into libc; 2.2.5 before).
+        [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+            .iter()
+            .map(|v| {
+                // SAFETY: a versioned lookup in the global scope; names are NUL-terminated.
+                let f = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, c"dlopen".as_ptr(), v.as_ptr()) };
+                f as usize
+            })
+            .find(|&p| foreign(p))
+            .unwrap_or(0)
     });
     assert!(p != 0, "omps: libc's dlopen not found");
     // SAFETY: p is libc's dlopen, whose signature this is.

@@ -41,6 +41,7 @@ pub mod code {
     pub const ILLEGAL_STATE: i32 = 401;
     pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
     pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
+    pub const STREAM_CAPTURE_UNMATCHED: i32 = 903;
     pub const UNKNOWN: i32 = 999;
 }
 

@@ -1329,6 +1329,14 @@ impl Gpu for HostGpu {
 
     fn capture_end(&self, s: usize) -> GpuResult<u64> {
         let mut st = self.state.lock().unwrap();
+        if let Some(&origin) = st.joined.get(&s) {
+            // As the driver: ending the capture from a stream it forked into is refused
+            // and invalidates the whole capture.
+            if let Some(c) = st.capturing.get_mut(&origin) {
+                c.1 = true;
+            }
+            return Err(CuError(code::STREAM_CAPTURE_UNMATCHED));
+        }
         let (id, invalid, ops) = st
             .capturing
             .remove(&s)

@@ -89,6 +89,8 @@ struct ClientStream {
     depth: depth::Depth,
     /// Its work stream is being captured (graphs.rs).
     capturing: bool,
+    /// The capture was begun on this stream (it did not fork into it from another).
+    origin: bool,
     /// The green context it was made in (green.rs), 0 for none.
     green: u32,
 }
@@ -105,6 +107,7 @@ impl ClientStream {
             synced: None,
             depth: Default::default(),
             capturing: false,
+            origin: false,
             green: 0,
         }
     }
@@ -253,6 +256,10 @@ pub struct Session {
     /// Whether `client.used_gpus` has this GPU's bit (set at its first record here).
     marked_used: bool,
     streams: HashMap<u32, ClientStream>,
+    /// Streams the client destroyed while a capture that forked into them still goes: the
+    /// driver keeps them in the capture until its origin ends it, so their work streams
+    /// stay this client's until then (graphs.rs, `refresh_capture_flags`).
+    parked: Vec<ClientStream>,
     events: HashMap<u32, u64>,
     modules: HashMap<u32, Module>,
     functions: HashMap<u32, Function>,
@@ -334,6 +341,7 @@ impl Session {
             dev,
             marked_used: false,
             streams: HashMap::new(),
+            parked: Vec::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
@@ -835,7 +843,11 @@ impl Session {
 
     /// The work streams this client's streams are bound to, one entry per binding.
     pub fn bound_work_streams(&self) -> Vec<usize> {
-        self.streams.values().filter_map(|s| s.pool).collect()
+        self.streams
+            .values()
+            .chain(&self.parked)
+            .filter_map(|s| s.pool)
+            .collect()
     }
 
     /// Everything the client still holds on this GPU, for release once its work is done.
@@ -890,6 +902,7 @@ impl Session {
                 .chain(
                     self.streams
                         .values_mut()
+                        .chain(self.parked.iter_mut())
                         .flat_map(|st| st.depth.take_events()),
                 )
                 .collect(),

@@ -331,3 +331,60 @@ fn host_node_words_lie_in_the_clients_pinned_memory() {
         "ack cleared"
     );
 }
+
+/// A stream the capture forked into, destroyed after it joined back (graphMemoryNodes
+/// does this inside its capture): the capture goes on, as natively, and the graph holds
+/// the forked stream's work. The work stream stays the client's until the capture ends.
+#[test]
+fn a_forked_stream_destroyed_after_it_joined_keeps_the_capture() {
+    let srv = TestServer::start("graph-fork-destroy");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let f = load_image(&a, HOST_MODULE.as_bytes()).unwrap().1;
+    let fill = f.iter().find(|f| f.0 == "fill_u32").unwrap().1;
+    let p = alloc(&a, 4096);
+    let (origin, forked) = (31, 32);
+    stream_create(&a, origin);
+    stream_create(&a, forked);
+    capture(&a, Op::CaptureBegin, origin).unwrap();
+    let event = |id: u32, op: Op, stream: u32| {
+        let r = wire::EventRecord { event: id, stream };
+        a.push(0, op, &[bytemuck::bytes_of(&r)]).unwrap();
+    };
+    for id in [60, 61] {
+        let ev = wire::EventCreate { id, flags: 2 };
+        a.push(0, Op::EventCreate, &[bytemuck::bytes_of(&ev)])
+            .unwrap();
+    }
+    event(60, Op::EventRecord, origin);
+    event(60, Op::StreamWaitEvent, forked); // the fork
+    launch_fill(&a, fill, forked, p);
+    event(61, Op::EventRecord, forked);
+    event(61, Op::StreamWaitEvent, origin); // the join
+    let h = wire::Handle {
+        id: forked,
+        _pad: 0,
+    };
+    a.push(0, Op::StreamDestroy, &[bytemuck::bytes_of(&h)])
+        .unwrap();
+    a.ping(0).unwrap();
+    assert_eq!(
+        status(&a, origin).status,
+        graph::STATUS_ACTIVE,
+        "the capture goes on"
+    );
+    let before = srv.gpu.launches();
+    let g = capture(&a, Op::CaptureEnd, origin).expect("the capture ends in a graph") as u32;
+    let e = instantiate(&a, g).unwrap();
+    let l = wire::GraphLaunch {
+        exec: e,
+        stream: origin,
+    };
+    a.push(0, Op::GraphLaunch, &[bytemuck::bytes_of(&l)])
+        .unwrap();
+    sync(&a, Op::StreamSync, origin).unwrap();
+    assert_eq!(
+        srv.gpu.launches() - before,
+        1,
+        "the replay ran the forked stream's launch"
+    );
+}

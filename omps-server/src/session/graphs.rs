@@ -203,6 +203,7 @@ impl Session {
             Ok(()) => {
                 let st = self.streams.get_mut(&id).expect("looked up above");
                 st.capturing = true;
+                st.origin = true;
                 self.capturing += 1;
                 code::SUCCESS
             }
@@ -255,6 +256,7 @@ impl Session {
             .streams
             .values()
             .filter(|s| s.capturing)
+            .chain(&self.parked)
             .filter_map(|s| s.pool)
             .collect();
         for s in pools {
@@ -321,9 +323,31 @@ impl Session {
                 }
             }
             if !st.capturing {
+                st.origin = false;
                 self.cond.capture_over(*id);
             }
             n += st.capturing as usize;
+        }
+        // Parked streams leave once their capture is over, as a destroyed stream does.
+        let parked = std::mem::take(&mut self.parked);
+        for mut st in parked {
+            let still = st.pool.is_some_and(|s| {
+                ctx.gpu
+                    .capture_status(s)
+                    .is_ok_and(|(status, _)| status != graph::STATUS_NONE)
+            });
+            if still {
+                n += 1;
+                self.parked.push(st);
+                continue;
+            }
+            for ev in st.depth.take_events() {
+                let _ = ctx.gpu.event_destroy(ev);
+            }
+            if let Some(p) = st.pool {
+                ctx.share_again(p);
+                self.leave_pool(ctx, p);
+            }
         }
         self.capturing = n;
     }

@@ -34,6 +34,18 @@ impl Session {
             return bad("destroying the default stream");
         }
         let gpu = ctx.gpu.clone();
+        if self
+            .streams
+            .get(&id)
+            .is_some_and(|s| s.capturing && !s.origin)
+        {
+            // A stream the capture forked into (graphMemoryNodes destroys one after it
+            // joined back): natively the capture goes on, and ending it here would
+            // invalidate it. Its work stream stays in the capture until the origin ends.
+            let st = self.streams.remove(&id).expect("looked up above");
+            self.parked.push(st);
+            return Ok(());
+        }
         if self.streams.get(&id).is_some_and(|s| s.capturing) {
             if !self.cond.is_capturing_into(id) {
                 self.end_body_captures(ctx);

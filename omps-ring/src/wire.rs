@@ -11,7 +11,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -395,7 +395,8 @@ pub mod vmm {
     pub const RESERVE: u32 = 1;
     /// (address, size) of a whole reservation with nothing mapped in it.
     pub const ADDRESS_FREE: u32 = 2;
-    /// (size) -> handle id of new physical memory on this GPU.
+    /// (size, CUmemAllocationCompType: 0 none, 1 generic) -> [handle id, granted
+    /// compression type] (two u64) of new physical memory on this GPU.
     pub const CREATE: u32 = 3;
     /// handle.
     pub const RELEASE: u32 = 4;
@@ -405,12 +406,12 @@ pub mod vmm {
     pub const UNMAP: u32 = 6;
     /// (address, size) inside mappings: read-write access from this GPU.
     pub const SET_ACCESS: u32 = 7;
-    /// (recommended?) -> the allocation granularity in bytes.
+    /// (recommended?, compression type) -> the allocation granularity in bytes.
     pub const GRANULARITY: u32 = 8;
     /// handle -> a 16-byte token another client of this server can import it by.
     pub const EXPORT: u32 = 9;
-    /// (token as two words) -> [handle id, size] (two u64) of another client's exported
-    /// physical memory, now this client's too.
+    /// (token as two words) -> [handle id, size, compression type] (three u64) of another
+    /// client's exported physical memory, now this client's too.
     pub const IMPORT: u32 = 10;
 }
 

@@ -533,7 +533,8 @@ impl Gpu for HostGpu {
         let bus = format!("0000:{:02x}:00.0", 0x10 + self.ordinal);
         s.pci_bus_id[..bus.len()].copy_from_slice(bus.as_bytes());
         s.total_mem = self.total;
-        // Max threads per block, block and grid dimensions, SM count, shared memory.
+        // Max threads per block, block and grid dimensions, SM count, shared memory,
+        // generic compression (vmm_create grants it).
         for (a, v) in [
             (1, 1024),
             (2, 1024),
@@ -545,6 +546,7 @@ impl Gpu for HostGpu {
             (8, 49152),
             (16, 4),
             (97, 232448),
+            (107, 1),
         ] {
             s.attributes[a] = v;
             s.attr_valid[a] = 1;
@@ -690,7 +692,8 @@ impl Gpu for HostGpu {
         }
     }
 
-    fn vmm_create(&self, size: u64) -> GpuResult<u64> {
+    /// Grants compression whenever asked, as a GPU with compressible memory to spare.
+    fn vmm_create(&self, size: u64, compressible: bool) -> GpuResult<(u64, bool)> {
         if size == 0 || !size.is_multiple_of(VMM_GRANULE) {
             return Err(CuError(code::INVALID_VALUE));
         }
@@ -698,7 +701,7 @@ impl Gpu for HostGpu {
         let h = st.next_handle;
         st.next_handle += 1;
         st.vmm_handles.insert(h, size);
-        Ok(h)
+        Ok((h, compressible))
     }
 
     fn vmm_release(&self, handle: u64) -> GpuResult<()> {
@@ -734,7 +737,7 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
-    fn vmm_granularity(&self, _recommended: bool) -> GpuResult<u64> {
+    fn vmm_granularity(&self, _recommended: bool, _compressible: bool) -> GpuResult<u64> {
         Ok(VMM_GRANULE)
     }
 

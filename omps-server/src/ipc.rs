@@ -26,6 +26,8 @@ struct Entry {
 struct HandleEntry {
     handle: u64,
     size: u64,
+    /// VMM memory the driver made compressible (its importers report it).
+    compressed: bool,
     owner: u32,
     /// Clients holding it (the owner, then each opening), each release or death one less.
     users: u32,
@@ -44,6 +46,7 @@ impl SharedHandles {
         owner: u32,
         handle: u64,
         size: u64,
+        compressed: bool,
         token: impl FnOnce() -> Token,
     ) -> Token {
         if let Some(t) = self.tokens.get(&handle) {
@@ -56,6 +59,7 @@ impl SharedHandles {
             HandleEntry {
                 handle,
                 size,
+                compressed,
                 owner,
                 users: 1,
             },
@@ -64,13 +68,18 @@ impl SharedHandles {
     }
 
     /// Opens an exported handle; `own_too`: its owner may open it as well.
-    fn open(&mut self, token: &Token, client: u32, own_too: bool) -> Result<(u64, u64), OpenError> {
+    fn open(
+        &mut self,
+        token: &Token,
+        client: u32,
+        own_too: bool,
+    ) -> Result<(u64, u64, bool), OpenError> {
         let e = self.by_token.get_mut(token).ok_or(OpenError::Unknown)?;
         if e.owner == client && !own_too {
             return Err(OpenError::Own);
         }
         e.users += 1;
-        Ok((e.handle, e.size))
+        Ok((e.handle, e.size, e.compressed))
     }
 
     /// Whether the driver's handle is to go now (true for one never exported).
@@ -209,12 +218,12 @@ impl Registry {
     /// The token for `owner`'s event `handle`: the same one each time.
     pub fn export_event(&mut self, owner: u32, handle: u64) -> Token {
         let t = self.new_token();
-        self.events.export(owner, handle, 0, || t)
+        self.events.export(owner, handle, 0, false, || t)
     }
 
     /// Another client opens an exported event: the driver's handle, now shared with it.
     pub fn open_event(&mut self, token: &Token, client: u32) -> Result<u64, OpenError> {
-        self.events.open(token, client, false).map(|(h, _)| h)
+        self.events.open(token, client, false).map(|(h, ..)| h)
     }
 
     /// A client is done with event `handle` (destroyed it, or died): whether to destroy
@@ -224,14 +233,14 @@ impl Registry {
     }
 
     /// The token for `owner`'s VMM physical memory `handle` of `size` bytes.
-    pub fn export_vmm(&mut self, owner: u32, handle: u64, size: u64) -> Token {
+    pub fn export_vmm(&mut self, owner: u32, handle: u64, size: u64, compressed: bool) -> Token {
         let t = self.new_token();
-        self.vmm.export(owner, handle, size, || t)
+        self.vmm.export(owner, handle, size, compressed, || t)
     }
 
     /// A client imports exported physical memory (its owner may too, as natively): the
-    /// driver's handle and size.
-    pub fn open_vmm(&mut self, token: &Token, client: u32) -> Result<(u64, u64), OpenError> {
+    /// driver's handle, its size and whether it is compressible.
+    pub fn open_vmm(&mut self, token: &Token, client: u32) -> Result<(u64, u64, bool), OpenError> {
         self.vmm.open(token, client, true)
     }
 
@@ -263,12 +272,16 @@ mod tests {
     #[test]
     fn exported_physical_memory_goes_with_its_last_user() {
         let mut r = Registry::default();
-        let t = r.export_vmm(1, 0xabc, 4096);
-        assert_eq!(r.export_vmm(1, 0xabc, 4096), t, "the same token again");
-        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096)));
+        let t = r.export_vmm(1, 0xabc, 4096, true);
+        assert_eq!(
+            r.export_vmm(1, 0xabc, 4096, true),
+            t,
+            "the same token again"
+        );
+        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096, true)));
         assert_eq!(
             r.open_vmm(&t, 1),
-            Ok((0xabc, 4096)),
+            Ok((0xabc, 4096, true)),
             "its owner may import it too"
         );
         assert!(!r.release_vmm(0xabc), "the importers still hold it");

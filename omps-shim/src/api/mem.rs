@@ -69,7 +69,10 @@ pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
         // the first thing to know when a copy or memset is refused.
         let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
         let below = r.range(..=addr).next_back().map(|(s, v)| (*s, v.0));
-        let above = r.range(addr.saturating_add(1)..).next().map(|(s, v)| (*s, v.0));
+        let above = r
+            .range(addr.saturating_add(1)..)
+            .next()
+            .map(|(s, v)| (*s, v.0));
         eprintln!(
             "omps trace: [{addr:#x}, +{len}) is no allocation of this process (below: {below:x?}, above: {above:x?})"
         );

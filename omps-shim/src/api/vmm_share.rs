@@ -37,7 +37,7 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
                 "cuMemExportToShareableHandle of a handle type other than a POSIX descriptor",
             ));
         }
-        let (dev, _, _, types) =
+        let (dev, _, _, types, _) =
             books(|b| b.handles.get(&h).copied()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // The memory must have been made exportable this way, as natively.
         if types & POSIX_FD == 0 {
@@ -88,9 +88,13 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
         let dev = u64::from_le_bytes(content[8..16].try_into().expect("8 bytes")) as usize;
         super::device::device(dev as c_int)?;
         let word = |at: usize| u64::from_le_bytes(content[at..at + 8].try_into().expect("8 bytes"));
-        let [id, size]: [u64; 2] = call_raw(dev, vmm::IMPORT, 0, [word(16), word(24), 0])?;
+        let [id, size, compression]: [u64; 3] =
+            call_raw(dev, vmm::IMPORT, 0, [word(16), word(24), 0])?;
         let handle = ((dev as u64 + 1) << 32) | id;
-        books(|b| b.handles.insert(handle, (dev, size, 1, POSIX_FD)));
+        books(|b| {
+            b.handles
+                .insert(handle, (dev, size, 1, POSIX_FD, compression as u8))
+        });
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(h, handle) }
     })

@@ -95,11 +95,11 @@ fn exported_memory_is_imported_by_its_descriptor() {
         ok(cuMemRelease(h));
         mem(0);
     }
+    compressible_memory_reports_what_the_gpu_granted();
 }
 
-#[test]
+/// Run by the test above: the shim connects to one server per process.
 fn compressible_memory_reports_what_the_gpu_granted() {
-    let _srv = start_as_client("vmm-compress");
     const SIZE: usize = 2 << 20;
     /// Byte of CUmemAllocationProp holding allocFlags.compressionType.
     const COMPRESSION: usize = 24;

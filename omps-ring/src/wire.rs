@@ -83,7 +83,8 @@ ops! {
     CopyDtoHPinned = 16 => PinnedCopy,
     /// Host to device of a few bytes carried in the record (see [`InlineCopy`]).
     CopyHtoDInline = 17 => InlineCopy,
-    /// Virtual memory management: reservations, physical handles, mappings (see [`vmm`]).
+    /// Virtual memory management: reservations, physical handles, mappings, and memory
+    /// shared between clients as physical handles or pools (see [`vmm`]).
     Vmm = 46 => Vmm,
     /// Encodes a TMA descriptor with the driver; the answer is its 128 bytes.
     TensorMap = 47 => TensorMap,
@@ -413,6 +414,20 @@ pub mod vmm {
     /// (token as two words) -> [handle id, size, compression type] (three u64) of another
     /// client's exported physical memory, now this client's too.
     pub const IMPORT: u32 = 10;
+    /// Memory pools shared between clients (cuMemPoolExportToShareableHandle and the rest):
+    /// a pool is the client's number for it in `handle`, an imported pool the key the
+    /// server answered. Pool `handle` -> [token (16 bytes), key] of the client's pool.
+    pub const POOL_EXPORT: u32 = 11;
+    /// (token as two words) -> key of another client's exported pool, now imported.
+    pub const POOL_IMPORT: u32 = 12;
+    /// (key): the client is done with a pool it exported or imported.
+    pub const POOL_RELEASE: u32 = 13;
+    /// (pointer) of pool `handle`: [token (16 bytes), size] naming the allocation that
+    /// starts there, which an importer of the pool may open.
+    pub const POOL_EXPORT_PTR: u32 = 14;
+    /// (key of an imported pool, token as two words) -> [pointer, size] of the exporter's
+    /// allocation, opened as an IPC handle is (closed by IpcCloseMemHandle).
+    pub const POOL_IMPORT_PTR: u32 = 15;
 }
 
 /// cuTensorMapEncode{Tiled,Im2col,Im2colWide} and cuTensorMapReplaceAddress, their

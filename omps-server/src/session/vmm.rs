@@ -32,6 +32,8 @@ pub struct VmmState {
     /// it until then. Handle id -> size.
     released_mapped: HashMap<u32, u64>,
     next_handle: u32,
+    /// Memory pools it shares with other clients (pool_share.rs).
+    pub(super) pools: super::pool_share::PoolShareState,
 }
 
 /// What a departed client's virtual memory leaves to release, in this order.
@@ -92,6 +94,9 @@ impl Session {
         let [a0, a1, a2] = v.args;
         if matches!(v.kind, vmm::EXPORT | vmm::IMPORT) {
             return self.vmm_share(ctx, v);
+        }
+        if (vmm::POOL_EXPORT..=vmm::POOL_IMPORT_PTR).contains(&v.kind) {
+            return self.pool_share(ctx, v);
         }
         // CUmemAllocationCompType: none or generic, as the driver knows.
         if matches!(v.kind, vmm::CREATE | vmm::GRANULARITY) && a1 > 1 {

@@ -83,7 +83,8 @@ ops! {
     CopyDtoHPinned = 16 => PinnedCopy,
     /// Host to device of a few bytes carried in the record (see [`InlineCopy`]).
     CopyHtoDInline = 17 => InlineCopy,
-    /// Virtual memory management: reservations, physical handles, mappings (see [`vmm`]).
+    /// Virtual memory management: reservations, physical handles, mappings, and memory
+    /// shared between clients as physical handles or pools (see [`vmm`]).
     Vmm = 46 => Vmm,
     /// Encodes a TMA descriptor with the driver; the answer is its 128 bytes.
     TensorMap = 47 => TensorMap,
@@ -409,7 +410,8 @@ pub mod vmm {
     pub const RESERVE: u32 = 1;
     /// (address, size) of a whole reservation with nothing mapped in it.
     pub const ADDRESS_FREE: u32 = 2;
-    /// (size) -> handle id of new physical memory on this GPU.
+    /// (size, CUmemAllocationCompType: 0 none, 1 generic) -> [handle id, granted
+    /// compression type] (two u64) of new physical memory on this GPU.
     pub const CREATE: u32 = 3;
     /// handle.
     pub const RELEASE: u32 = 4;
@@ -419,13 +421,27 @@ pub mod vmm {
     pub const UNMAP: u32 = 6;
     /// (address, size) inside mappings: read-write access from this GPU.
     pub const SET_ACCESS: u32 = 7;
-    /// (recommended?) -> the allocation granularity in bytes.
+    /// (recommended?, compression type) -> the allocation granularity in bytes.
     pub const GRANULARITY: u32 = 8;
     /// handle -> a 16-byte token another client of this server can import it by.
     pub const EXPORT: u32 = 9;
-    /// (token as two words) -> [handle id, size] (two u64) of another client's exported
-    /// physical memory, now this client's too.
+    /// (token as two words) -> [handle id, size, compression type] (three u64) of another
+    /// client's exported physical memory, now this client's too.
     pub const IMPORT: u32 = 10;
+    /// Memory pools shared between clients (cuMemPoolExportToShareableHandle and the rest):
+    /// a pool is the client's number for it in `handle`, an imported pool the key the
+    /// server answered. Pool `handle` -> [token (16 bytes), key] of the client's pool.
+    pub const POOL_EXPORT: u32 = 11;
+    /// (token as two words) -> key of another client's exported pool, now imported.
+    pub const POOL_IMPORT: u32 = 12;
+    /// (key): the client is done with a pool it exported or imported.
+    pub const POOL_RELEASE: u32 = 13;
+    /// (pointer) of pool `handle`: [token (16 bytes), size] naming the allocation that
+    /// starts there, which an importer of the pool may open.
+    pub const POOL_EXPORT_PTR: u32 = 14;
+    /// (key of an imported pool, token as two words) -> [pointer, size] of the exporter's
+    /// allocation, opened as an IPC handle is (closed by IpcCloseMemHandle).
+    pub const POOL_IMPORT_PTR: u32 = 15;
 }
 
 /// cuTensorMapEncode{Tiled,Im2col,Im2colWide} and cuTensorMapReplaceAddress, their

@@ -139,12 +139,14 @@ pub trait Gpu: Send + Sync + 'static {
     /// Virtual memory (cuMemAddressReserve and friends), on this GPU only, read-write.
     fn vmm_reserve(&self, size: u64, align: u64, hint: u64) -> GpuResult<u64>;
     fn vmm_address_free(&self, ptr: u64, size: u64) -> GpuResult<()>;
-    fn vmm_create(&self, size: u64) -> GpuResult<u64>;
+    /// New physical memory, compressible if asked and the GPU grants it: the handle and
+    /// whether it is compressible (what cuMemGetAllocationPropertiesFromHandle reports).
+    fn vmm_create(&self, size: u64, compressible: bool) -> GpuResult<(u64, bool)>;
     fn vmm_release(&self, handle: u64) -> GpuResult<()>;
     fn vmm_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> GpuResult<()>;
     fn vmm_unmap(&self, ptr: u64, size: u64) -> GpuResult<()>;
     fn vmm_set_access(&self, ptr: u64, size: u64) -> GpuResult<()>;
-    fn vmm_granularity(&self, recommended: bool) -> GpuResult<u64>;
+    fn vmm_granularity(&self, recommended: bool, compressible: bool) -> GpuResult<u64>;
 
     /// JIT-links `inputs` (CUjitInputType, name, bytes) with value `options`; the image,
     /// or the error, and the info and error logs.

@@ -795,13 +795,26 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuMemAddressFree(ptr, size as usize) })
     }
 
-    fn vmm_create(&self, size: u64) -> GpuResult<u64> {
+    fn vmm_create(&self, size: u64, compressible: bool) -> GpuResult<(u64, bool)> {
         self.bind();
-        let prop = self.vmm_prop();
+        let prop = self.vmm_prop(compressible);
         let mut h = 0;
         // SAFETY: valid out-pointer and property block.
         ck(unsafe { cu::cuMemCreate(&mut h, size as usize, &prop, 0) })?;
-        Ok(h)
+        if !compressible {
+            return Ok((h, false));
+        }
+        // The driver may make the memory without compression (no compression on this GPU,
+        // or none left): what it granted is in the handle's properties.
+        // SAFETY: all-zero is a valid CUmemAllocationProp (plain integers, a null pointer).
+        let mut got: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out-pointer; a handle just made.
+        if let Err(e) = ck(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut got, h) }) {
+            // SAFETY: the handle just made, released once.
+            unsafe { cu::cuMemRelease(h) };
+            return Err(e);
+        }
+        Ok((h, got.allocFlags.compressionType != 0))
     }
 
     fn vmm_release(&self, handle: u64) -> GpuResult<()> {
@@ -826,16 +839,16 @@ impl Gpu for CudaGpu {
     fn vmm_set_access(&self, ptr: u64, size: u64) -> GpuResult<()> {
         self.bind();
         let desc = cu::CUmemAccessDesc {
-            location: self.vmm_prop().location,
+            location: self.vmm_prop(false).location,
             flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: the session checked the range lies in the client's mappings.
         ck(unsafe { cu::cuMemSetAccess(ptr, size as usize, &desc, 1) })
     }
 
-    fn vmm_granularity(&self, recommended: bool) -> GpuResult<u64> {
+    fn vmm_granularity(&self, recommended: bool, compressible: bool) -> GpuResult<u64> {
         self.bind();
-        let prop = self.vmm_prop();
+        let prop = self.vmm_prop(compressible);
         let option = if recommended {
             cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
         } else {
@@ -1726,8 +1739,9 @@ impl Gpu for CudaGpu {
 }
 
 impl CudaGpu {
-    /// Pinned device memory of this GPU, not exportable: what omps' clients may create.
-    fn vmm_prop(&self) -> cu::CUmemAllocationProp {
+    /// Pinned device memory of this GPU, not exportable (clients share it through the
+    /// server's tokens, ipc.rs), compressible if asked: what omps' clients may create.
+    fn vmm_prop(&self, compressible: bool) -> cu::CUmemAllocationProp {
         cu::CUmemAllocationProp {
             type_: cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             requestedHandleTypes: cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
@@ -1737,7 +1751,7 @@ impl CudaGpu {
             },
             win32HandleMetaData: std::ptr::null_mut(),
             allocFlags: cu::CUmemAllocationProp_st__bindgen_ty_1 {
-                compressionType: 0,
+                compressionType: u8::from(compressible),
                 gpuDirectRDMACapable: 0,
                 usage: 0,
                 reserved: [0; 4],

@@ -619,7 +619,10 @@ impl Gpu for HostGpu {
         let bus = format!("0000:{:02x}:00.0", 0x10 + self.ordinal);
         s.pci_bus_id[..bus.len()].copy_from_slice(bus.as_bytes());
         s.total_mem = self.total;
-        for (a, v) in self.profile.attributes() {
+        // The profile's attributes, and generic compression (vmm_create grants it) where
+        // the GPU has VMM.
+        let compression = self.profile.vmm().then_some((107, 1));
+        for (a, v) in self.profile.attributes().into_iter().chain(compression) {
             s.attributes[a] = v;
             s.attr_valid[a] = 1;
         }
@@ -775,7 +778,8 @@ impl Gpu for HostGpu {
         }
     }
 
-    fn vmm_create(&self, size: u64) -> GpuResult<u64> {
+    /// Grants compression whenever asked, as a GPU with compressible memory to spare.
+    fn vmm_create(&self, size: u64, compressible: bool) -> GpuResult<(u64, bool)> {
         self.vmm_here()?;
         if size == 0 || !size.is_multiple_of(VMM_GRANULE) {
             return Err(CuError(code::INVALID_VALUE));
@@ -784,7 +788,7 @@ impl Gpu for HostGpu {
         let h = st.next_handle;
         st.next_handle += 1;
         st.vmm_handles.insert(h, size);
-        Ok(h)
+        Ok((h, compressible))
     }
 
     fn vmm_release(&self, handle: u64) -> GpuResult<()> {
@@ -824,7 +828,7 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
-    fn vmm_granularity(&self, _recommended: bool) -> GpuResult<u64> {
+    fn vmm_granularity(&self, _recommended: bool, _compressible: bool) -> GpuResult<u64> {
         self.vmm_here()?;
         Ok(VMM_GRANULE)
     }

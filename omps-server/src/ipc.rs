@@ -5,6 +5,9 @@
 //! allocation by an unguessable token; only a client that was given the handle can open
 //! it, and the memory lives until its owner freed it and every importer closed it (a
 //! killed exporter frees nothing an importer still holds open).
+//!
+//! Memory pools are shared the same way: a pool's token names the exporter's pool, and an
+//! allocation exported from it is opened only by a client that imported that pool.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -19,6 +22,9 @@ struct Entry {
     importers: HashMap<u32, u32>,
     /// The owner freed it (or died) while it was open elsewhere.
     owner_gone: bool,
+    /// The exportable pool (its key) it was exported from: only that pool's importers
+    /// may open it, and not as a plain IPC handle.
+    pool: Option<u64>,
 }
 
 /// An exported driver handle (an event, or VMM physical memory): shared by its owner and
@@ -26,6 +32,8 @@ struct Entry {
 struct HandleEntry {
     handle: u64,
     size: u64,
+    /// VMM memory the driver made compressible (its importers report it).
+    compressed: bool,
     owner: u32,
     /// Clients holding it (the owner, then each opening), each release or death one less.
     users: u32,
@@ -44,6 +52,7 @@ impl SharedHandles {
         owner: u32,
         handle: u64,
         size: u64,
+        compressed: bool,
         token: impl FnOnce() -> Token,
     ) -> Token {
         if let Some(t) = self.tokens.get(&handle) {
@@ -56,6 +65,7 @@ impl SharedHandles {
             HandleEntry {
                 handle,
                 size,
+                compressed,
                 owner,
                 users: 1,
             },
@@ -64,13 +74,18 @@ impl SharedHandles {
     }
 
     /// Opens an exported handle; `own_too`: its owner may open it as well.
-    fn open(&mut self, token: &Token, client: u32, own_too: bool) -> Result<(u64, u64), OpenError> {
+    fn open(
+        &mut self,
+        token: &Token,
+        client: u32,
+        own_too: bool,
+    ) -> Result<(u64, u64, bool), OpenError> {
         let e = self.by_token.get_mut(token).ok_or(OpenError::Unknown)?;
         if e.owner == client && !own_too {
             return Err(OpenError::Own);
         }
         e.users += 1;
-        Ok((e.handle, e.size))
+        Ok((e.handle, e.size, e.compressed))
     }
 
     /// Whether the driver's handle is to go now (true for one never exported).
@@ -97,6 +112,7 @@ pub struct Registry {
     by_ptr: HashMap<u64, Token>,
     events: SharedHandles,
     vmm: SharedHandles,
+    pools: SharedHandles,
     keys: std::collections::hash_map::RandomState,
     counter: u64,
 }
@@ -150,6 +166,7 @@ impl Registry {
                 owner,
                 importers: HashMap::new(),
                 owner_gone: false,
+                pool: None,
             },
         );
         t
@@ -164,8 +181,18 @@ impl Registry {
     }
 
     pub fn open(&mut self, token: &Token, client: u32) -> Result<Opened, OpenError> {
+        self.open_from(token, client, None)
+    }
+
+    /// Opens an allocation exported from pool `pool` (None: a plain IPC handle's).
+    fn open_from(
+        &mut self,
+        token: &Token,
+        client: u32,
+        pool: Option<u64>,
+    ) -> Result<Opened, OpenError> {
         let e = self.by_token.get_mut(token).ok_or(OpenError::Unknown)?;
-        if e.owner_gone {
+        if e.owner_gone || e.pool != pool {
             return Err(OpenError::Unknown);
         }
         if e.owner == client {
@@ -209,12 +236,12 @@ impl Registry {
     /// The token for `owner`'s event `handle`: the same one each time.
     pub fn export_event(&mut self, owner: u32, handle: u64) -> Token {
         let t = self.new_token();
-        self.events.export(owner, handle, 0, || t)
+        self.events.export(owner, handle, 0, false, || t)
     }
 
     /// Another client opens an exported event: the driver's handle, now shared with it.
     pub fn open_event(&mut self, token: &Token, client: u32) -> Result<u64, OpenError> {
-        self.events.open(token, client, false).map(|(h, _)| h)
+        self.events.open(token, client, false).map(|(h, ..)| h)
     }
 
     /// A client is done with event `handle` (destroyed it, or died): whether to destroy
@@ -224,14 +251,14 @@ impl Registry {
     }
 
     /// The token for `owner`'s VMM physical memory `handle` of `size` bytes.
-    pub fn export_vmm(&mut self, owner: u32, handle: u64, size: u64) -> Token {
+    pub fn export_vmm(&mut self, owner: u32, handle: u64, size: u64, compressed: bool) -> Token {
         let t = self.new_token();
-        self.vmm.export(owner, handle, size, || t)
+        self.vmm.export(owner, handle, size, compressed, || t)
     }
 
     /// A client imports exported physical memory (its owner may too, as natively): the
-    /// driver's handle and size.
-    pub fn open_vmm(&mut self, token: &Token, client: u32) -> Result<(u64, u64), OpenError> {
+    /// driver's handle, its size and whether it is compressible.
+    pub fn open_vmm(&mut self, token: &Token, client: u32) -> Result<(u64, u64, bool), OpenError> {
         self.vmm.open(token, client, true)
     }
 
@@ -239,6 +266,48 @@ impl Registry {
     /// the driver now (true for memory never exported).
     pub fn release_vmm(&mut self, handle: u64) -> bool {
         self.vmm.release(handle)
+    }
+
+    /// The token for `owner`'s pool `key` (the same one each time): whoever is given it
+    /// may import the pool.
+    pub fn export_pool(&mut self, owner: u32, key: u64) -> Token {
+        let t = self.new_token();
+        self.pools.export(owner, key, 0, false, || t)
+    }
+
+    /// Another client imports an exported pool: its key. The pool's entry lives until its
+    /// owner and every importer released it.
+    pub fn open_pool(&mut self, token: &Token, client: u32) -> Result<u64, OpenError> {
+        self.pools.open(token, client, false).map(|(key, ..)| key)
+    }
+
+    /// A client is done with pool `key` it exported or imported.
+    pub fn release_pool(&mut self, key: u64) {
+        self.pools.release(key);
+    }
+
+    /// The token for `owner`'s allocation at `ptr` from its pool `pool`: None if the
+    /// allocation was exported from another pool, or as a plain IPC handle.
+    pub fn export_pool_ptr(&mut self, owner: u32, ptr: u64, size: u64, pool: u64) -> Option<Token> {
+        let t = self.export(owner, ptr, size);
+        let e = self.by_token.get_mut(&t)?;
+        match e.pool {
+            None if e.importers.is_empty() => e.pool = Some(pool),
+            Some(p) if p == pool => {}
+            _ => return None,
+        }
+        Some(t)
+    }
+
+    /// Opens an allocation exported from pool `pool`, which the caller checked `client`
+    /// imported.
+    pub fn open_pool_ptr(
+        &mut self,
+        token: &Token,
+        client: u32,
+        pool: u64,
+    ) -> Result<Opened, OpenError> {
+        self.open_from(token, client, Some(pool))
     }
 
     /// Forgets an entry whose owner is gone and that no one holds open: the allocation to
@@ -261,14 +330,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pools_allocation_opens_only_through_that_pool() {
+        let mut r = Registry::default();
+        let pool = r.export_pool(1, 7);
+        assert_eq!(r.open_pool(&pool, 1), Err(OpenError::Own));
+        assert_eq!(r.open_pool(&[0; 16], 2), Err(OpenError::Unknown));
+        assert_eq!(r.open_pool(&pool, 2), Ok(7));
+        let t = r.export_pool_ptr(1, 0x1000, 64, 7).unwrap();
+        assert_eq!(
+            r.export_pool_ptr(1, 0x1000, 64, 7),
+            Some(t),
+            "the same token"
+        );
+        assert_eq!(r.export_pool_ptr(1, 0x1000, 64, 8), None, "another pool's");
+        assert_eq!(
+            r.open(&t, 2),
+            Err(OpenError::Unknown),
+            "not a plain IPC handle"
+        );
+        assert_eq!(r.open_pool_ptr(&t, 2, 8), Err(OpenError::Unknown));
+        assert_eq!(r.open_pool_ptr(&t, 2, 7).unwrap().ptr, 0x1000);
+        // Freed by its owner while imported: it stays until the importer frees it.
+        assert!(!r.owner_frees(0x1000, 1));
+        assert_eq!(r.open_pool_ptr(&t, 3, 7), Err(OpenError::Unknown));
+        assert_eq!(r.close(0x1000, 2), Some(Some((0x1000, 64))));
+        // A plain IPC handle's allocation is not a pool's.
+        let plain = r.export(1, 0x2000, 64);
+        assert_eq!(r.open_pool_ptr(&plain, 2, 7), Err(OpenError::Unknown));
+        r.open(&plain, 2).unwrap();
+        assert_eq!(r.export_pool_ptr(1, 0x2000, 64, 7), None, "already open");
+        // The pool goes with its last user.
+        r.release_pool(7);
+        assert_eq!(r.open_pool(&pool, 3), Ok(7), "its importer still holds it");
+        r.release_pool(7);
+        r.release_pool(7);
+        assert_eq!(r.open_pool(&pool, 3), Err(OpenError::Unknown));
+    }
+
+    #[test]
     fn exported_physical_memory_goes_with_its_last_user() {
         let mut r = Registry::default();
-        let t = r.export_vmm(1, 0xabc, 4096);
-        assert_eq!(r.export_vmm(1, 0xabc, 4096), t, "the same token again");
-        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096)));
+        let t = r.export_vmm(1, 0xabc, 4096, true);
+        assert_eq!(
+            r.export_vmm(1, 0xabc, 4096, true),
+            t,
+            "the same token again"
+        );
+        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096, true)));
         assert_eq!(
             r.open_vmm(&t, 1),
-            Ok((0xabc, 4096)),
+            Ok((0xabc, 4096, true)),
             "its owner may import it too"
         );
         assert!(!r.release_vmm(0xabc), "the importers still hold it");

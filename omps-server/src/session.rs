@@ -33,6 +33,7 @@ mod ipc;
 mod link;
 mod memory;
 mod modules;
+mod pool_share;
 mod sync;
 mod vmm;
 
@@ -870,6 +871,7 @@ impl Session {
                 .into_iter()
                 .filter(|&e| reg.release_event(e))
                 .collect();
+            self.vmm.pools.release_all(&mut reg);
             (ipc, own)
         };
         allocs.sort_unstable();

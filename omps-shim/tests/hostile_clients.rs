@@ -506,6 +506,12 @@ fn a_client_cannot_reach_anothers_reservations_or_handles() {
         "not its handle"
     );
     let th = vmm_call(&thief, vmm::CREATE, 0, [g, 0, 0]).unwrap() as u32;
+    // A compression type the driver does not know (the shim checks it too).
+    assert_eq!(vmm_call(&thief, vmm::CREATE, 0, [g, 2, 0]), Err(1));
+    assert_eq!(
+        vmm_call(&thief, vmm::GRANULARITY, 0, [0, u64::MAX, 0]),
+        Err(1)
+    );
     assert_eq!(
         vmm_call(&thief, vmm::MAP, th, [va, g, 0]),
         Err(1),

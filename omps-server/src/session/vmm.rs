@@ -11,7 +11,7 @@ use super::{bad, Malformed, Session};
 use crate::gpu::{code, CuError, GpuResult};
 use crate::worker::WorkerCtx;
 use omps_ring::wire::{self, vmm};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 /// Bounds a client's tables, so it cannot make the server's grow without end.
@@ -23,6 +23,8 @@ pub struct VmmState {
     reservations: BTreeMap<u64, u64>,
     /// Handle id -> (driver handle, size).
     handles: HashMap<u32, (u64, u64)>,
+    /// Handle ids whose memory the driver made compressible: importers learn it too.
+    compressed: HashSet<u32>,
     /// Mapping start -> (size, handle id).
     pub(super) mappings: BTreeMap<u64, (u64, u32)>,
     /// Handles released while still mapped (PyTorch releases right after mapping): the
@@ -30,6 +32,8 @@ pub struct VmmState {
     /// it until then. Handle id -> size.
     released_mapped: HashMap<u32, u64>,
     next_handle: u32,
+    /// Memory pools it shares with other clients (pool_share.rs).
+    pub(super) pools: super::pool_share::PoolShareState,
 }
 
 /// What a departed client's virtual memory leaves to release, in this order.
@@ -91,6 +95,13 @@ impl Session {
         if matches!(v.kind, vmm::EXPORT | vmm::IMPORT) {
             return self.vmm_share(ctx, v);
         }
+        if (vmm::POOL_EXPORT..=vmm::POOL_IMPORT_PTR).contains(&v.kind) {
+            return self.pool_share(ctx, v);
+        }
+        // CUmemAllocationCompType: none or generic, as the driver knows.
+        if matches!(v.kind, vmm::CREATE | vmm::GRANULARITY) && a1 > 1 {
+            return self.complete(v.call, code::INVALID_VALUE, &[]);
+        }
         if v.kind == vmm::CREATE {
             if let Err(e) = self.charge(ctx, a0) {
                 return self.complete(v.call, e.0, &[]);
@@ -107,6 +118,22 @@ impl Session {
             }
             return self.complete(v.call, code::OUT_OF_MEMORY, &[]);
         }
+        if v.kind == vmm::CREATE {
+            let r = gpu
+                .vmm_create(a0, a1 == 1)
+                .map(|(h, compressed)| {
+                    st.next_handle += 1;
+                    st.handles.insert(st.next_handle, (h, a0));
+                    if compressed {
+                        st.compressed.insert(st.next_handle);
+                    }
+                    [st.next_handle as u64, u64::from(compressed)]
+                })
+                .inspect_err(|_| {
+                    uncharge(a0);
+                });
+            return self.complete_pod(v.call, r);
+        }
         let r: GpuResult<u64> = match v.kind {
             vmm::RESERVE => gpu.vmm_reserve(a0, a1, a2).inspect(|&p| {
                 st.reservations.insert(p, a0);
@@ -119,18 +146,9 @@ impl Session {
                     gpu.vmm_address_free(a0, a1).map(|()| 0)
                 }
             }
-            vmm::CREATE => gpu
-                .vmm_create(a0)
-                .map(|h| {
-                    st.next_handle += 1;
-                    st.handles.insert(st.next_handle, (h, a0));
-                    st.next_handle as u64
-                })
-                .inspect_err(|_| {
-                    uncharge(a0);
-                }),
             vmm::RELEASE => match st.handles.remove(&v.handle) {
                 Some((h, size)) => {
+                    st.compressed.remove(&v.handle);
                     if size > 0 && st.mappings.values().any(|&(_, id)| id == v.handle) {
                         st.released_mapped.insert(v.handle, size);
                     } else {
@@ -177,7 +195,7 @@ impl Session {
             },
             vmm::SET_ACCESS if st.mapped(a0, a1) => gpu.vmm_set_access(a0, a1).map(|()| 0),
             vmm::SET_ACCESS => Err(CuError(code::INVALID_VALUE)),
-            vmm::GRANULARITY => gpu.vmm_granularity(a0 != 0),
+            vmm::GRANULARITY => gpu.vmm_granularity(a0 != 0, a1 == 1),
             k => return bad(format!("unknown vmm call {k}")),
         };
         self.complete_pod(v.call, r.map(|value| wire::U64Reply { value }))
@@ -192,7 +210,10 @@ impl Session {
         let mut reg = ctx.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
         if v.kind == vmm::EXPORT {
             let r = match self.vmm.handles.get(&v.handle) {
-                Some(&(h, size)) if size > 0 => Ok(reg.export_vmm(me, h, size)),
+                Some(&(h, size)) if size > 0 => {
+                    let compressed = self.vmm.compressed.contains(&v.handle);
+                    Ok(reg.export_vmm(me, h, size, compressed))
+                }
                 // Unknown, or imported from another client: not this client's to export.
                 _ => Err(CuError(code::INVALID_VALUE)),
             };
@@ -207,11 +228,14 @@ impl Session {
             return self.complete(v.call, code::OUT_OF_MEMORY, &[]);
         }
         let r = match reg.open_vmm(&token, me) {
-            Ok((h, size)) => {
+            Ok((h, size, compressed)) => {
                 self.vmm.next_handle += 1;
                 // Charged nothing here: recorded with size 0, released through the books.
                 self.vmm.handles.insert(self.vmm.next_handle, (h, 0));
-                Ok([self.vmm.next_handle as u64, size])
+                if compressed {
+                    self.vmm.compressed.insert(self.vmm.next_handle);
+                }
+                Ok([self.vmm.next_handle as u64, size, u64::from(compressed)])
             }
             Err(_) => Err(CuError(code::INVALID_VALUE)),
         };

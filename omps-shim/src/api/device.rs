@@ -122,6 +122,10 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     /// answered 0, so programs share memory as POSIX descriptors (api/vmm_share.rs), as
     /// PyTorch's expandable segments then do.
     const HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
+    /// Pools share as POSIX descriptors only (api/pool_share.rs): other handle types the
+    /// driver offers are left out.
+    const MEMPOOL_SUPPORTED_HANDLE_TYPES: c_int = 119;
+    const POSIX_FD: c_int = 1;
     entry(|| {
         let d = device(dev)?;
         if attrib == HANDLE_TYPE_FABRIC_SUPPORTED {
@@ -133,6 +137,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
             .and_then(|a| d.attribute(a))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let v = match attrib {
+            MEMPOOL_SUPPORTED_HANDLE_TYPES => v & POSIX_FD,
             MULTIPROCESSOR_COUNT => live()?
                 .seg()
                 .read_attribute(dev as usize, attrib as usize)

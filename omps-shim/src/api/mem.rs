@@ -189,6 +189,9 @@ pub(crate) fn free(ptr: CUdeviceptr) -> Result<(), CUresult> {
     if let Some(r) = super::managed::free(ptr) {
         return r;
     }
+    if let Some(r) = super::pool_share::free_imported(ptr) {
+        return r;
+    }
     free_block(ptr)
 }
 

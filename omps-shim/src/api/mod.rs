@@ -20,6 +20,7 @@ pub mod mem;
 pub mod module;
 pub mod peer;
 pub mod pool;
+pub mod pool_share;
 pub mod proc;
 pub mod ptds;
 pub mod query;

@@ -9,6 +9,10 @@
 //! one stream is never reused on another. Cached blocks beyond the threshold are freed at
 //! once (the server frees them after the client's queued work), where the driver would
 //! trim at the next synchronization.
+//!
+//! A pool made exportable (a POSIX descriptor handle type) is shared with other processes
+//! through the server (pool_share.rs); its freed blocks are not kept, since another
+//! process may still hold them.
 
 use super::exec::{per_thread, resolve_stream, CUstream};
 use super::mem::alloc;
@@ -47,14 +51,19 @@ impl PoolState {
 #[repr(C)]
 pub struct Pool {
     magic: AtomicU32,
-    dev: usize,
+    pub(crate) dev: usize,
     is_default: bool,
     state: Mutex<PoolState>,
+    pub(crate) share: super::pool_share::Share,
 }
 
 pub type CUmemoryPool = *mut Pool;
 
-fn new_pool(dev: usize, is_default: bool) -> &'static Pool {
+pub(crate) fn new_pool(
+    dev: usize,
+    is_default: bool,
+    share: super::pool_share::Share,
+) -> &'static Pool {
     let reuse = [1, 1, 1]; // the driver's defaults
                            // SAFETY: freshly leaked, never freed (handles stay readable, see handles.rs).
     unsafe {
@@ -66,6 +75,7 @@ fn new_pool(dev: usize, is_default: bool) -> &'static Pool {
                 reuse,
                 ..Default::default()
             }),
+            share,
         })
     }
 }
@@ -79,7 +89,9 @@ fn devices() -> Result<&'static Devices, CUresult> {
     static D: OnceLock<Devices> = OnceLock::new();
     let n = super::live()?.num_devices();
     Ok(D.get_or_init(|| {
-        let default: Vec<_> = (0..n).map(|d| new_pool(d, true)).collect();
+        let default: Vec<_> = (0..n)
+            .map(|d| new_pool(d, true, Default::default()))
+            .collect();
         let current = default.iter().map(|p| *p as *const Pool as usize).collect();
         Devices {
             default,
@@ -100,7 +112,7 @@ pub(crate) fn pools_on(dev: usize) -> Result<(), CUresult> {
     }
 }
 
-fn pool(p: CUmemoryPool) -> Result<&'static Pool, CUresult> {
+pub(crate) fn pool(p: CUmemoryPool) -> Result<&'static Pool, CUresult> {
     // SAFETY: a handle from this shim, as the API requires.
     unsafe { resolve(p, POOL_MAGIC) }
 }
@@ -126,7 +138,8 @@ fn alloc_from(p: &'static Pool, size: usize, s: CUstream) -> Result<u64, CUresul
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (key, dev) = stream_key(s)?;
-    if dev != p.dev {
+    // An imported pool's memory is its exporter's to allocate.
+    if dev != p.dev || p.share.imported.is_some() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let size = size as u64;
@@ -212,6 +225,11 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     let threshold = {
         let mut st = lock(&p.state);
         st.used = st.used.saturating_sub(len);
+        if p.share.exportable() {
+            // Another process may hold it: the server frees it after the last importer.
+            drop(st);
+            return super::mem::free(ptr);
+        }
         st.cached.push((ptr, len, key));
         st.release_threshold
     };
@@ -339,14 +357,10 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         if pr.alloc_type != ALLOC_PINNED || pr.location_type != LOCATION_DEVICE {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if pr.handle_types != 0 {
-            // Exportable pools would hand the client's memory to other processes.
-            crate::unsupported::unsupported("cuMemPoolCreate with shareable handle types");
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
+        let share = super::pool_share::Share::new(pr.handle_types)?;
         super::device::device(pr.location_id)?;
         pools_on(pr.location_id as usize)?;
-        let p = new_pool(pr.location_id as usize, false);
+        let p = new_pool(pr.location_id as usize, false, share);
         // SAFETY: the caller's pointer.
         unsafe { out(out_pool, p as *const Pool as CUmemoryPool) }
     })
@@ -361,6 +375,7 @@ pub extern "C" fn cuMemPoolDestroy(p: CUmemoryPool) -> CUresult {
         }
         trim(pl, 0);
         retire(&pl.magic, POOL_MAGIC)?;
+        super::pool_share::destroyed(pl);
         // A destroyed current pool leaves its device with the default one.
         let d = devices()?;
         let mut cur = lock(&d.current);

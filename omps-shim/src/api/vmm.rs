@@ -36,13 +36,16 @@ pub struct AccessDesc {
 }
 
 const PINNED: c_uint = 1;
+/// CU_MEM_ALLOCATION_COMP_GENERIC: compressible memory.
+const COMP_GENERIC: u8 = 1;
 const LOCATION_DEVICE: c_uint = 1;
 const ACCESS_READWRITE: c_uint = 3;
 
 #[derive(Default)]
 pub(crate) struct Books {
-    /// Program handle -> (device, size, references, requested handle types).
-    pub(crate) handles: HashMap<u64, (usize, u64, u32, c_uint)>,
+    /// Program handle -> (device, size, references, requested handle types, granted
+    /// compression type).
+    pub(crate) handles: HashMap<u64, (usize, u64, u32, c_uint, u8)>,
     /// Mapping start -> (size, program handle, read-write access set).
     mappings: BTreeMap<u64, (u64, u64, bool)>,
     /// Reservation start -> the device whose worker holds it.
@@ -106,9 +109,10 @@ unsafe fn prop_device(prop: *const AllocProp) -> Result<usize, CUresult> {
     if p.kind != PINNED || p.location_type != LOCATION_DEVICE {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if p.compression != 0 {
-        crate::unsupported::unsupported("cuMemCreate of compressible memory");
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    // CU_MEM_ALLOCATION_COMP_GENERIC is passed to the driver, which grants it or not
+    // (the server checks the value too).
+    if p.compression > COMP_GENERIC {
+        return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // Shareable handle types may be asked for: POSIX descriptors are shared between this
     // server's clients (vmm_share.rs). Fabric handles are refused as the driver refuses
@@ -177,12 +181,14 @@ pub unsafe extern "C" fn cuMemCreate(
         if flags != 0 || size == 0 || handle.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let id = call(dev, vmm::CREATE, 0, [size as u64, 0, 0])?;
+        // SAFETY: checked by prop_device.
+        let p = unsafe { *prop };
+        let [id, granted]: [u64; 2] =
+            call_raw(dev, vmm::CREATE, 0, [size as u64, p.compression as u64, 0])?;
         // The device rides in the high half, so the handle names its worker.
         let h = ((dev as u64 + 1) << 32) | id;
-        // SAFETY: checked by prop_device.
-        let types = unsafe { (*prop).handle_types };
-        books(|b| b.handles.insert(h, (dev, size as u64, 1, types)));
+        let entry = (dev, size as u64, 1, p.handle_types, granted as u8);
+        books(|b| b.handles.insert(h, entry));
         // SAFETY: the caller's pointer, non-null.
         unsafe { out(handle, h) }
     })
@@ -343,7 +349,9 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
         if option > 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let v = call(dev, vmm::GRANULARITY, 0, [option as u64, 0, 0])?;
+        // SAFETY: checked by prop_device.
+        let comp = unsafe { (*prop).compression };
+        let v = call(dev, vmm::GRANULARITY, 0, [option as u64, comp as u64, 0])?;
         // SAFETY: the caller's pointer.
         unsafe { out(g, v as usize) }
     })
@@ -357,13 +365,15 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
     h: u64,
 ) -> CUresult {
     entry(|| {
-        let (dev, _, _, types) =
+        let (dev, _, _, types, compression) =
             books(|b| b.handles.get(&h).copied()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // What the driver granted, which may be less than was asked.
         let p = AllocProp {
             kind: PINNED,
             handle_types: types,
             location_type: LOCATION_DEVICE,
             location_id: dev as c_int,
+            compression,
             ..Default::default()
         };
         // SAFETY: the caller's pointer.

@@ -19,6 +19,42 @@ const MAGIC: [u8; 8] = *b"omps-vmm";
 /// What the descriptor holds: the magic, the device, the token.
 const CONTENT: usize = 32;
 
+/// A new descriptor holding `magic`, `dev` and `token` (a shareable handle of omps's).
+pub(crate) fn write_descriptor(
+    magic: [u8; 8],
+    dev: usize,
+    token: &[u8; 16],
+) -> Result<c_int, CUresult> {
+    let fd = omps_ring::shm::create_segment("omps-handle", CONTENT)
+        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    let mut content = [0u8; CONTENT];
+    content[..8].copy_from_slice(&magic);
+    content[8..16].copy_from_slice(&(dev as u64).to_le_bytes());
+    content[16..].copy_from_slice(token);
+    // SAFETY: a descriptor of ours; the buffer holds CONTENT bytes.
+    let n = unsafe { libc::pwrite(fd.as_raw_fd(), content.as_ptr().cast(), CONTENT, 0) };
+    if n != CONTENT as isize {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(fd.into_raw_fd())
+}
+
+/// The device (one this process sees) and the token of a descriptor `write_descriptor`
+/// made with `magic`; INVALID_VALUE for anything else.
+pub(crate) fn read_descriptor(fd: c_int, magic: [u8; 8]) -> Result<(usize, [u64; 2]), CUresult> {
+    let mut content = [0u8; CONTENT];
+    // SAFETY: reads into our buffer of CONTENT bytes from the caller's descriptor.
+    let n = unsafe { libc::pread(fd, content.as_mut_ptr().cast(), CONTENT, 0) };
+    // Not one of omps's descriptors (or not readable): not a shareable handle.
+    if n != CONTENT as isize || content[..8] != magic {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let word = |at: usize| u64::from_le_bytes(content[at..at + 8].try_into().expect("8 bytes"));
+    let dev = usize::try_from(word(8)).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    super::device::device(c_int::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_VALUE)?)?;
+    Ok((dev, [word(16), word(24)]))
+}
+
 /// # Safety
 /// `shareable` is null or a writable int.
 #[no_mangle]
@@ -37,26 +73,16 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
                 "cuMemExportToShareableHandle of a handle type other than a POSIX descriptor",
             ));
         }
-        let (dev, _, _, types) =
+        let (dev, _, _, types, _) =
             books(|b| b.handles.get(&h).copied()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // The memory must have been made exportable this way, as natively.
         if types & POSIX_FD == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let token: [u8; 16] = call_raw(dev, vmm::EXPORT, h as u32, [0; 3])?;
-        let fd = omps_ring::shm::create_segment("omps-vmm-handle", CONTENT)
-            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-        let mut content = [0u8; CONTENT];
-        content[..8].copy_from_slice(&MAGIC);
-        content[8..16].copy_from_slice(&(dev as u64).to_le_bytes());
-        content[16..].copy_from_slice(&token);
-        // SAFETY: a descriptor of ours; the buffer holds CONTENT bytes.
-        let n = unsafe { libc::pwrite(fd.as_raw_fd(), content.as_ptr().cast(), CONTENT, 0) };
-        if n != CONTENT as isize {
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
-        }
+        let fd = write_descriptor(MAGIC, dev, &token)?;
         // SAFETY: the caller's int.
-        unsafe { out(shareable as *mut c_int, fd.into_raw_fd()) }
+        unsafe { out(shareable as *mut c_int, fd) }
     })
 }
 
@@ -77,20 +103,13 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
                 "cuMemImportFromShareableHandle of a handle type other than a POSIX descriptor",
             ));
         }
-        let fd = os as usize as c_int;
-        let mut content = [0u8; CONTENT];
-        // SAFETY: reads into our buffer of CONTENT bytes from the caller's descriptor.
-        let n = unsafe { libc::pread(fd, content.as_mut_ptr().cast(), CONTENT, 0) };
-        // Not one of omps's descriptors (or not readable): not a shareable handle.
-        if n != CONTENT as isize || content[..8] != MAGIC {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let dev = u64::from_le_bytes(content[8..16].try_into().expect("8 bytes")) as usize;
-        super::device::device(dev as c_int)?;
-        let word = |at: usize| u64::from_le_bytes(content[at..at + 8].try_into().expect("8 bytes"));
-        let [id, size]: [u64; 2] = call_raw(dev, vmm::IMPORT, 0, [word(16), word(24), 0])?;
+        let (dev, [lo, hi]) = read_descriptor(os as usize as c_int, MAGIC)?;
+        let [id, size, compression]: [u64; 3] = call_raw(dev, vmm::IMPORT, 0, [lo, hi, 0])?;
         let handle = ((dev as u64 + 1) << 32) | id;
-        books(|b| b.handles.insert(handle, (dev, size, 1, POSIX_FD)));
+        books(|b| {
+            b.handles
+                .insert(handle, (dev, size, 1, POSIX_FD, compression as u8))
+        });
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(h, handle) }
     })

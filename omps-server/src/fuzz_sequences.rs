@@ -416,4 +416,49 @@ mod tests {
             "{done:?}"
         );
     }
+
+    /// The bystander check means something only if no host mapping can be device memory:
+    /// the host GPU reaches registered host memory (a client's segment, page-locked memory)
+    /// at its host address, so a segment over a device address would be that memory. Its
+    /// addresses were once where ASLR maps, and now and then the fuzzed client's segment
+    /// covered the bystander's allocation and this fuzz failed. Whatever the GPU or kind of
+    /// allocation, no host page can be mapped at its address.
+    #[test]
+    fn no_host_mapping_can_be_made_at_a_device_address() {
+        use crate::gpu::Gpu;
+        use crate::gpu_host::{HostGpu, HostProfile, VMM_GRANULE};
+        for ordinal in 0..4 {
+            let gpu = HostGpu::with_profile(ordinal, 1 << 26, HostProfile::Sm90);
+            let alloc = gpu.mem_alloc(4096).expect("alloc");
+            let reserved = gpu.vmm_reserve(VMM_GRANULE, 0, 0).expect("reserve");
+            for a in [alloc, reserved] {
+                // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping; a page made here
+                // is unmapped before the check.
+                let p = unsafe {
+                    libc::mmap(
+                        a as *mut libc::c_void,
+                        4096,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                        -1,
+                        0,
+                    )
+                };
+                let err = (p == libc::MAP_FAILED).then(std::io::Error::last_os_error);
+                if p != libc::MAP_FAILED {
+                    // SAFETY: the page this test just mapped, used by nothing.
+                    unsafe { libc::munmap(p, 4096) };
+                }
+                assert!(
+                    p == libc::MAP_FAILED || p as u64 != a,
+                    "GPU {ordinal}: a host page was mapped at device address {a:#x}"
+                );
+                assert_ne!(
+                    err.and_then(|e| e.raw_os_error()),
+                    Some(libc::EEXIST),
+                    "GPU {ordinal}: device address {a:#x} is inside a host mapping"
+                );
+            }
+        }
+    }
 }

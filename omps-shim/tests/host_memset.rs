@@ -1,5 +1,6 @@
 //! Memsets of page-locked host memory: natively the GPU writes it through its unified
-//! address (XLA's autotuner memsets pinned words), so omps must not refuse them.
+//! address (XLA's autotuner memsets pinned words), so omps must not refuse them, whether
+//! the server reaches the memory (cuMemHostAlloc) or not (registered pieces of pages).
 
 mod common;
 use common::*;
@@ -83,5 +84,24 @@ fn client() {
         assert!(own.iter().all(|&w| w == 5));
         ok(cuStreamSynchronize(s));
         ok(cuMemFreeHost(host));
+
+        // Program memory registered in pieces that are not whole pages (the server cannot
+        // map it): the memset is done here, after the stream's earlier work.
+        let mut mine = vec![9u32; 100];
+        let base = mine.as_mut_ptr().add(3) as *mut c_void;
+        ok(cuMemHostRegister_v2(base, 40 * 4, 0));
+        ok(cuMemsetD32Async(base as u64 + 8, 0x5151_5151, 4, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(
+            &mine[4..11],
+            &[9, 0x5151_5151, 0x5151_5151, 0x5151_5151, 0x5151_5151, 9, 9]
+        );
+        // Past the registered piece: refused, nothing written.
+        assert_eq!(
+            cuMemsetD32Async(base as u64 + 38 * 4, 1, 4, s),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(mine[41..46], [9; 5]);
+        ok(cuMemHostUnregister(base));
     }
 }

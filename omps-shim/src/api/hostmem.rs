@@ -51,6 +51,17 @@ pub(crate) fn is_shared(p: u64, len: usize) -> bool {
         .is_some_and(|(s, r)| r.kind == Kind::Shared && p as usize + len <= s + r.len)
 }
 
+/// Whether `[p, p+len)` lies in one page-locked range the server cannot reach (the
+/// shim's own fallback memory, or program memory registered in place of nothing).
+pub(crate) fn is_unshared_host(p: u64, len: usize) -> bool {
+    host_range(p as usize).is_some_and(|(s, r)| {
+        r.kind != Kind::Shared
+            && (p as usize)
+                .checked_add(len)
+                .is_some_and(|e| e <= s + r.len)
+    })
+}
+
 /// With unified addressing every page-locked allocation is mapped: the driver reports
 /// CU_MEMHOSTALLOC_DEVICEMAP whether or not it was asked for.
 const DEVICEMAP: u32 = 2;

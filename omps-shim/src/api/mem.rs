@@ -251,8 +251,13 @@ fn memset(
     // client's; the stream names the GPU that writes it.
     let dev = match range_dev(dst, bytes) {
         Ok(dev) => dev,
-        Err(e) if !super::hostmem::is_shared(dst, bytes as usize) => return Err(e),
-        Err(_) => super::exec::stream_dev(stream)?.1,
+        Err(_) if super::hostmem::is_shared(dst, bytes as usize) => {
+            super::exec::stream_dev(stream)?.1
+        }
+        Err(_) if super::hostmem::is_unshared_host(dst, bytes as usize) => {
+            return memset_on_host(dst, value, elem_size, count, stream);
+        }
+        Err(e) => return Err(e),
     };
     let s = stream_of(stream)?;
     let m = Memset {
@@ -264,6 +269,32 @@ fn memset(
         _pad: 0,
     };
     live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])
+}
+
+/// A memset of page-locked memory the server cannot reach (registered program memory
+/// that is not whole pages, the shim's fallback memory): the stream's earlier work is
+/// waited for, then this process writes the values, so what the stream does next sees
+/// them, as it would the GPU's. Not in a capture, which would have to replay it.
+fn memset_on_host(
+    dst: u64,
+    value: u32,
+    elem_size: u32,
+    count: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    if super::capture::any_capture() {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    super::exec::stream_sync(stream)?;
+    let n = elem_size as usize;
+    let bytes = &value.to_le_bytes()[..n];
+    // SAFETY: [dst, dst + count * n) lies in one page-locked range of this process
+    // (is_unshared_host), which the program keeps mapped and writable while registered.
+    let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, count * n) };
+    for c in d.chunks_exact_mut(n) {
+        c.copy_from_slice(bytes);
+    }
+    Ok(())
 }
 
 /// A synchronous memset or device-to-device copy that touches page-locked or managed

@@ -252,26 +252,34 @@ def pinned_register_capture():
 @workload("mempool_empty_cache", exact=True)
 def mempool_empty_cache():
     """torch.cuda.MemPool: allocations routed to a pool of the program's own, the pool
-    released, then empty_cache, from one thread and from several."""
+    released, then empty_cache, from one thread and from several. PyTorch itself asserts
+    (natively too) if a pool is destroyed or the cache emptied while any thread still
+    routes allocations to a pool, so the threads meet at a barrier between the two."""
     import threading
     if not hasattr(torch.cuda, "MemPool"):
         raise SkipWorkload("this PyTorch has no torch.cuda.MemPool")
     out = {}
 
-    def one(tag, results):
+    def one(tag, results, barrier=None):
         pool = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(pool):
             a = torch.arange(1 << 20, device=DEV, dtype=torch.float32)
             b = a * 2
         results[f"{tag}.b"] = cpu(b[:16])
         results[f"{tag}.segments"] = len(pool.snapshot())
+        if barrier is not None:
+            barrier.wait()
         del a, b
+        torch.cuda.synchronize()
         del pool
+        if barrier is not None:
+            barrier.wait()
         torch.cuda.empty_cache()
 
     one("single", out)
     results = {}
-    threads = [threading.Thread(target=one, args=(f"t{i}", results)) for i in range(4)]
+    barrier = threading.Barrier(4)
+    threads = [threading.Thread(target=one, args=(f"t{i}", results, barrier)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:

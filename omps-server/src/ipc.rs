@@ -269,10 +269,18 @@ impl Registry {
     }
 
     /// The token for `owner`'s pool `key` (the same one each time): whoever is given it
-    /// may import the pool.
-    pub fn export_pool(&mut self, owner: u32, key: u64) -> Token {
+    /// may import the pool. `again`: the owner had released its export, which importers
+    /// still hold; it holds the pool once more (one more release to come).
+    pub fn export_pool(&mut self, owner: u32, key: u64, again: bool) -> Token {
         let t = self.new_token();
-        self.pools.export(owner, key, 0, false, || t)
+        let had = self.pools.tokens.contains_key(&key);
+        let token = self.pools.export(owner, key, 0, false, || t);
+        if again && had {
+            if let Some(e) = self.pools.by_token.get_mut(&token) {
+                e.users += 1;
+            }
+        }
+        token
     }
 
     /// Another client imports an exported pool: its key. The pool's entry lives until its
@@ -332,7 +340,7 @@ mod tests {
     #[test]
     fn a_pools_allocation_opens_only_through_that_pool() {
         let mut r = Registry::default();
-        let pool = r.export_pool(1, 7);
+        let pool = r.export_pool(1, 7, true);
         assert_eq!(r.open_pool(&pool, 1), Err(OpenError::Own));
         assert_eq!(r.open_pool(&[0; 16], 2), Err(OpenError::Unknown));
         assert_eq!(r.open_pool(&pool, 2), Ok(7));
@@ -365,6 +373,22 @@ mod tests {
         r.release_pool(7);
         r.release_pool(7);
         assert_eq!(r.open_pool(&pool, 3), Err(OpenError::Unknown));
+    }
+
+    #[test]
+    fn a_pool_exported_again_after_its_release_is_held_again() {
+        let mut r = Registry::default();
+        let t = r.export_pool(1, 7, true);
+        assert_eq!(r.open_pool(&t, 2), Ok(7));
+        // The owner lets go while client 2 holds it, then exports it once more: the same
+        // token, and one more hold, so its next release leaves client 2's in place.
+        r.release_pool(7);
+        assert_eq!(r.export_pool(1, 7, true), t);
+        r.release_pool(7);
+        assert_eq!(r.open_pool(&t, 3), Ok(7), "client 2 still holds it");
+        r.release_pool(7);
+        r.release_pool(7);
+        assert_eq!(r.open_pool(&t, 4), Err(OpenError::Unknown));
     }
 
     #[test]

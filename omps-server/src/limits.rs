@@ -87,7 +87,12 @@ impl ContextLimits {
                 [limit as i64, value as i64, 0, 0, 0, 0, 0],
                 &[],
             );
-            if let (Err(e), true) = (&r, FIXED_AFTER_USE.contains(&limit)) {
+            // Said once per limit: a client asking again and again cannot fill the log.
+            static SAID: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+            let first = |l: i32| {
+                SAID.fetch_or(1 << l, std::sync::atomic::Ordering::Relaxed) & (1 << l) == 0
+            };
+            if let (Err(e), true) = (&r, FIXED_AFTER_USE.contains(&limit) && first(limit)) {
                 tracing::warn!(
                     gpu = gpu.ordinal(),
                     "a client asked for {value} bytes of context limit {limit}; the shared \

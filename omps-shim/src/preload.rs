@@ -34,8 +34,9 @@ fn real_dlopen() -> DlopenFn {
         }
         // Loaded as libcuda.so.1 by name (LD_LIBRARY_PATH) by a program that links libc
         // before libcuda, nothing after the shim defines dlopen: ask for libc's by its
-        // versions (2.34 merged libdl into libc; 2.2.5 before).
-        [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+        // versions (2.34 merged libdl into libc; before, 2.2.5 on x86-64 and 2.17, the
+        // first glibc of aarch64, there).
+        [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"]
             .iter()
             .map(|v| {
                 // SAFETY: a versioned lookup in the global scope; names are NUL-terminated.

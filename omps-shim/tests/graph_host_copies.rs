@@ -77,17 +77,7 @@ fn graphs_copy_host_memory_when_they_run() {
         return client();
     }
     let srv = TestServer::start("graph-host");
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "graphs_copy_host_memory_when_they_run",
-            "--nocapture",
-        ])
-        .env(CLIENT, "1")
-        .env("OMPS_PIPE_DIRECTORY", &srv.dir)
-        .status()
-        .expect("the client runs");
-    assert!(status.success(), "the client failed: {status}");
+    run_client_child(&srv, "graphs_copy_host_memory_when_they_run", CLIENT);
 }
 
 fn client() {

@@ -29,13 +29,7 @@ fn memsets_reach_page_locked_memory() {
         return client();
     }
     let srv = TestServer::start("host-memset");
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "memsets_reach_page_locked_memory", "--nocapture"])
-        .env(CLIENT, "1")
-        .env("OMPS_PIPE_DIRECTORY", &srv.dir)
-        .status()
-        .expect("the client runs");
-    assert!(status.success(), "the client failed: {status}");
+    run_client_child(&srv, "memsets_reach_page_locked_memory", CLIENT);
 }
 
 fn client() {

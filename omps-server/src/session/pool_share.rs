@@ -75,8 +75,9 @@ impl Session {
                 Err(CuError(code::OUT_OF_MEMORY))
             }
             vmm::POOL_EXPORT => {
-                st.exported.insert(own_key);
-                Ok(token_and(reg.export_pool(me, own_key), own_key))
+                // Exported again after its release: the owner holds it once more.
+                let again = st.exported.insert(own_key);
+                Ok(token_and(reg.export_pool(me, own_key, again), own_key))
             }
             vmm::POOL_IMPORT if full => Err(CuError(code::OUT_OF_MEMORY)),
             vmm::POOL_IMPORT => match reg.open_pool(&token_of(a0, a1), me) {

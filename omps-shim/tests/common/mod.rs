@@ -24,6 +24,20 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
+/// Runs test `name` of this test binary again in a child process with `flag` set, as the
+/// client of `srv` (the server then maps the client's pinned memory at the client's own
+/// address, as between two processes; in one process that address is taken), and checks
+/// that it passed. The test returns into its client part when it sees `flag`.
+pub fn run_client_child(srv: &TestServer, name: &str, flag: &str) {
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture"])
+        .env(flag, "1")
+        .env("OMPS_PIPE_DIRECTORY", &srv.dir)
+        .status()
+        .expect("the client runs");
+    assert!(status.success(), "the client failed: {status}");
+}
+
 impl TestServer {
     pub fn start(tag: &str) -> TestServer {
         Self::start_with(tag, |_| {})

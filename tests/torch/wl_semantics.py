@@ -353,3 +353,44 @@ def green_context():
     finally:
         gctx.pop_context()
     return {"y": cpu(y), "after": cpu(a.sum())}
+
+
+@workload("graph_after_failed_capture", exact=True)
+def graph_after_failed_capture():
+    """A capture that fails the way PyTorch's own tests make it fail (a synchronize inside
+    it), then, in the same process, captures that must work as natively: the test suites
+    run many tests in one process, so what a failed capture leaves behind (the stream's
+    capture state, the generator's graph state, the allocator's private pool) matters to
+    every later test."""
+    out = {}
+    x = randn(64, 64, seed=650)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(s):
+            g.capture_begin()
+            y = x @ x
+            torch.cuda.synchronize()  # illegal while capturing: raises
+            g.capture_end()
+        out["failed"] = "no error"
+    except RuntimeError as e:
+        out["failed"] = "operation not permitted" in str(e) or "capture" in str(e)
+        try:
+            g.capture_end()
+        except RuntimeError:
+            pass
+    torch.cuda.synchronize()
+    out["capturing_after"] = torch.cuda.is_current_stream_capturing()
+    torch.manual_seed(3)
+    probs = torch.softmax(randn(2, 100, seed=651), dim=-1)
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        tokens = torch.multinomial(probs, 4, replacement=True)
+        z = torch.relu(x @ x) + torch.rand(64, 64, device=DEV)
+    for i in range(2):
+        g2.replay()
+        out[f"tokens{i}"] = cpu(tokens)
+        out[f"z{i}"] = cpu(z)
+    out["eager_rand"] = cpu(torch.rand(4, device=DEV))
+    return out

@@ -459,9 +459,7 @@ impl ClientShared {
             })
     }
 
-    fn vmm_reach(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, VmmReach>> {
+    fn vmm_reach(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, VmmReach>> {
         self.vmm_reach.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -845,9 +845,7 @@ impl Gpu for CudaGpu {
             .map(|&g| {
                 let dev = match g == self.ordinal {
                     true => self.dev,
-                    false => self
-                        .peer_device(g)
-                        .ok_or(CuError(code::INVALID_DEVICE))?,
+                    false => self.peer_device(g).ok_or(CuError(code::INVALID_DEVICE))?,
                 };
                 Ok(cu::CUmemAccessDesc {
                     location: cu::CUmemLocation {

@@ -367,9 +367,7 @@ impl HostGpu {
     pub fn bytes_allocated(&self) -> u64 {
         let st = self.state.lock().unwrap();
         let mapped = st.vmm.lock().unwrap().mapped_via(self.ordinal);
-        st.mem.values().map(|v| v.len() as u64).sum::<u64>()
-            + mapped
-            + st.held_by_frees
+        st.mem.values().map(|v| v.len() as u64).sum::<u64>() + mapped + st.held_by_frees
     }
 
     /// Completion words written in stream order so far ([`Gpu::write_u32`]).

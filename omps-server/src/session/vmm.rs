@@ -258,7 +258,9 @@ impl Session {
         let [addr, len, mask] = v.args;
         let visible = self.client.visible.len().min(64);
         if mask >> visible != 0 {
-            return bad(format!("vmm access for devices {mask:#x} beyond its {visible}"));
+            return bad(format!(
+                "vmm access for devices {mask:#x} beyond its {visible}"
+            ));
         }
         let gpus: Vec<usize> = match mask {
             0 => vec![self.dev],
@@ -355,7 +357,12 @@ impl Session {
                 // Where it lives, as the client numbers its devices (u64::MAX: one it
                 // does not see).
                 let home = self.client.ring_of(home).map_or(u64::MAX, |d| d as u64);
-                Ok([self.vmm.next_handle as u64, size, u64::from(compressed), home])
+                Ok([
+                    self.vmm.next_handle as u64,
+                    size,
+                    u64::from(compressed),
+                    home,
+                ])
             }
             Err(_) => Err(CuError(code::INVALID_VALUE)),
         };

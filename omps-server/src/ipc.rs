@@ -386,16 +386,16 @@ mod tests {
     #[test]
     fn exported_physical_memory_goes_with_its_last_user() {
         let mut r = Registry::default();
-        let t = r.export_vmm(1, 0xabc, 4096, true);
+        let t = r.export_vmm(1, 0xabc, 4096, true, 1);
         assert_eq!(
-            r.export_vmm(1, 0xabc, 4096, true),
+            r.export_vmm(1, 0xabc, 4096, true, 1),
             t,
             "the same token again"
         );
-        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096, true)));
+        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096, true, 1)));
         assert_eq!(
             r.open_vmm(&t, 1),
-            Ok((0xabc, 4096, true)),
+            Ok((0xabc, 4096, true, 1)),
             "its owner may import it too"
         );
         assert!(!r.release_vmm(0xabc), "the importers still hold it");

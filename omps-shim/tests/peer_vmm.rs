@@ -9,7 +9,6 @@
 mod common;
 use common::*;
 use omps_ring::wire::{self, vmm, Op};
-use omps_server::gpu::Gpu;
 use omps_shim::api::vmm::call_on;
 use omps_shim::conn::{settings_from, Conn};
 use std::time::{Duration, Instant};

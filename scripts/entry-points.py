@@ -66,9 +66,10 @@ FAMILIES = [
      r"^(cuImportExternal|cuDestroyExternal|cuExternalMemory|cuSignalExternalSemaphores|"
      r"cuWaitExternalSemaphores|cuDeviceGetNvSciSyncAttributes)"),
     ("Shareable memory handles",
-     "Not built yet: dma-buf handles of address ranges, and access to a pool from another "
-     "GPU. IPC memory and event handles, VMM memory and memory pools shared as POSIX "
-     "descriptors work (api/ipc.rs, api/vmm_share.rs, api/pool_share.rs).",
+     "Not built yet: dma-buf handles of address ranges. IPC memory and event handles, VMM "
+     "memory and memory pools shared as POSIX descriptors work (api/ipc.rs, "
+     "api/vmm_share.rs, api/pool_share.rs), as does access to VMM memory and pools from "
+     "another GPU (api/vmm.rs, api/pool.rs).",
      r"^(cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuMemPoolExport|"
      r"cuMemPoolImport|cuMemGetHandleForAddressRange|cuMemPoolSetAccess)"),
     ("Peer access and multicast",

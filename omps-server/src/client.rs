@@ -124,6 +124,17 @@ pub struct AllocsOn {
     freed: std::collections::BTreeMap<u64, (u64, [u64; MAX_DEVICES])>,
 }
 
+/// A VMM mapping of the client's that GPUs other than its session's may reach: where
+/// copies on those GPUs may name it (`ClientShared::vmm_reaches`).
+struct VmmReach {
+    len: u64,
+    /// The server GPUs with access (bit per ordinal).
+    gpus: u64,
+    /// Unmapped, the unmap held for those GPUs' fences: per server GPU the client's ring
+    /// position there when the unmap was read (as `AllocsOn::freed`).
+    unmapped: Option<[u64; MAX_DEVICES]>,
+}
+
 /// The value of the range of `m` that holds all of `[addr, addr+len)`, if one does.
 fn inside<V>(
     m: &std::collections::BTreeMap<u64, V>,
@@ -192,6 +203,12 @@ pub struct ClientShared {
     /// it freed with peer access on whose release still waits for other GPUs' fences:
     /// another GPU's worker checks the far end of a peer copy against them.
     allocs_on: [std::sync::Mutex<AllocsOn>; MAX_DEVICES],
+    /// Its VMM mappings with access for a GPU other than the one whose session made them:
+    /// start -> what reaches them (session/vmm.rs). Never shrinks while the unmap waits.
+    vmm_reach: std::sync::Mutex<std::collections::BTreeMap<u64, VmmReach>>,
+    /// It gave another GPU access to VMM memory: what it leaves behind waits for its work
+    /// on every GPU (crate::peer_fence). Never cleared.
+    pub vmm_peer: AtomicBool,
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -250,6 +267,8 @@ impl ClientShared {
             cross: Default::default(),
             cross_waiting: Default::default(),
             allocs_on: Default::default(),
+            vmm_reach: Default::default(),
+            vmm_peer: AtomicBool::new(false),
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,
@@ -438,6 +457,60 @@ impl ClientShared {
                     .get(reader)
                     .is_some_and(|&t| read.wrapping_sub(t) as i64 <= 0)
             })
+    }
+
+    fn vmm_reach(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, VmmReach>> {
+        self.vmm_reach.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Its mapping at `start` (`len` bytes) has access for the server GPUs `gpus` (bits)
+    /// besides its session's own.
+    pub fn note_vmm_access(&self, start: u64, len: u64, gpus: u64) {
+        let mut m = self.vmm_reach();
+        let e = m.entry(start).or_insert(VmmReach {
+            len,
+            gpus: 0,
+            unmapped: None,
+        });
+        e.gpus |= gpus;
+    }
+
+    /// Its mapping at `start` is unmapped; `held`: the unmap waits for other GPUs' fences,
+    /// and copies read on them before the client's positions now still pass.
+    pub fn note_vmm_unmap(&self, start: u64, held: bool) {
+        let tails = std::array::from_fn(|g| self.ring_tail(g));
+        let mut m = self.vmm_reach();
+        match (m.get_mut(&start), held) {
+            (Some(e), true) => e.unmapped = Some(tails),
+            _ => drop(m.remove(&start)),
+        }
+    }
+
+    /// The held unmap of `start` went ahead.
+    pub fn forget_vmm(&self, start: u64) {
+        self.vmm_reach().remove(&start);
+    }
+
+    /// Whether `[addr, addr+len)` lies in one mapping of the client's with access for
+    /// server GPU `gpu`, for a copy `gpu`'s worker read with its ring at `read`.
+    pub fn vmm_reaches(&self, gpu: usize, addr: u64, len: u64, read: u64) -> bool {
+        let m = self.vmm_reach();
+        gpu < 64
+            && inside(&m, addr, len, |v| v.len).is_some_and(|v| {
+                v.gpus & (1 << gpu) != 0
+                    && v.unmapped.is_none_or(|tails| {
+                        tails
+                            .get(gpu)
+                            .is_some_and(|&t| read.wrapping_sub(t) as i64 <= 0)
+                    })
+            })
+    }
+
+    /// Whether what it leaves behind waits for its work on every GPU it sees (it enabled
+    /// peer access or gave another GPU access to its VMM memory).
+    pub fn leaves_wait_everywhere(&self) -> bool {
+        (self.peer_access.load(Ordering::SeqCst) || self.vmm_peer.load(Ordering::SeqCst))
+            && self.visible.len() > 1
     }
 
     /// Whether what it frees waits for its work on every GPU it sees (it enabled peer

@@ -349,9 +349,10 @@ impl Server {
         let mut gpu_shared = Vec::new();
         cfg.lanes = cfg.lanes.max(1);
         let lanes = cfg.lanes;
+        let vmm_ipc: Arc<std::sync::Mutex<crate::ipc::Registry>> = Default::default();
         for (i, gpu) in gpus.iter().enumerate() {
             let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let shared = worker::GpuShared::new(gpu, lanes, faulted.clone());
+            let shared = worker::GpuShared::new(gpu, lanes, faulted.clone(), vmm_ipc.clone());
             presize(&**gpu, &shared, &presized)?;
             gpu_shared.push(shared.clone());
             for lane in 0..lanes {

@@ -145,7 +145,8 @@ pub trait Gpu: Send + Sync + 'static {
     fn vmm_release(&self, handle: u64) -> GpuResult<()>;
     fn vmm_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> GpuResult<()>;
     fn vmm_unmap(&self, ptr: u64, size: u64) -> GpuResult<()>;
-    fn vmm_set_access(&self, ptr: u64, size: u64) -> GpuResult<()>;
+    /// Read-write access to the mapped range for each of the server's GPUs `gpus`.
+    fn vmm_set_access(&self, ptr: u64, size: u64, gpus: &[usize]) -> GpuResult<()>;
     fn vmm_granularity(&self, recommended: bool, compressible: bool) -> GpuResult<u64>;
 
     /// JIT-links `inputs` (CUjitInputType, name, bytes) with value `options`; the image,

@@ -836,14 +836,29 @@ impl Gpu for CudaGpu {
         ck(unsafe { cu::cuMemUnmap(ptr, size as usize) })
     }
 
-    fn vmm_set_access(&self, ptr: u64, size: u64) -> GpuResult<()> {
+    fn vmm_set_access(&self, ptr: u64, size: u64, gpus: &[usize]) -> GpuResult<()> {
         self.bind();
-        let desc = cu::CUmemAccessDesc {
-            location: self.vmm_prop(false).location,
-            flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the session checked the range lies in the client's mappings.
-        ck(unsafe { cu::cuMemSetAccess(ptr, size as usize, &desc, 1) })
+        // Another GPU's location needs no peer access between the contexts: the driver
+        // checks that the two devices can reach each other.
+        let descs = gpus
+            .iter()
+            .map(|&g| {
+                let dev = match g == self.ordinal {
+                    true => self.dev,
+                    false => self.peer_device(g).ok_or(CuError(code::INVALID_DEVICE))?,
+                };
+                Ok(cu::CUmemAccessDesc {
+                    location: cu::CUmemLocation {
+                        type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                        id: dev,
+                    },
+                    flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                })
+            })
+            .collect::<GpuResult<Vec<_>>>()?;
+        // SAFETY: the session checked the range lies in the client's mappings; `descs`
+        // holds as many descriptors as passed.
+        ck(unsafe { cu::cuMemSetAccess(ptr, size as usize, descs.as_ptr(), descs.len()) })
     }
 
     fn vmm_granularity(&self, recommended: bool, compressible: bool) -> GpuResult<u64> {

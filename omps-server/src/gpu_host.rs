@@ -52,12 +52,10 @@ struct State {
     heap_fixed: bool,
     /// cuCtxResetPersistingL2Cache calls.
     l2_resets: usize,
-    /// VMM: a reservation is one zeroed buffer (so copies may cross the seam of two
-    /// mappings, as on a GPU); mappings (start -> size) count as allocated memory.
-    /// Handles are not shared between mappings here.
-    reservations: BTreeMap<u64, Vec<u8>>,
-    mappings: BTreeMap<u64, u64>,
-    vmm_handles: BTreeMap<u64, u64>,
+    /// VMM, shared by the GPUs of one machine (crate::gpu_host_vmm).
+    vmm: Arc<Mutex<crate::gpu_host_vmm::VmmSpace>>,
+    /// This GPU's ordinal: which access of a mapping is its own.
+    ordinal: usize,
     /// Confinement slot -> the SM set its streams are held to.
     confined: BTreeMap<usize, crate::confine::SmSet>,
     /// Streams being captured: capture id, whether invalidated, the work recorded.
@@ -218,7 +216,11 @@ impl HostGpu {
     /// both, as portable registrations are.
     pub fn beside(first: &HostGpu, ordinal: usize, total: u64) -> Self {
         let g = HostGpu::with_profile(ordinal, total, first.profile);
-        g.state.lock().unwrap().registered = first.state.lock().unwrap().registered.clone();
+        {
+            let (mut st, fst) = (g.state.lock().unwrap(), first.state.lock().unwrap());
+            st.registered = fst.registered.clone();
+            st.vmm = fst.vmm.clone();
+        }
         g
     }
 
@@ -250,6 +252,7 @@ impl HostGpu {
                 // As under unified addressing, each GPU's memory has addresses of its own.
                 next_addr: BASE + ((ordinal as u64) << 38),
                 next_handle: 1,
+                ordinal,
                 ..Default::default()
             }),
         }
@@ -265,9 +268,8 @@ impl HostGpu {
 
     pub fn bytes_allocated(&self) -> u64 {
         let st = self.state.lock().unwrap();
-        st.mem.values().map(|v| v.len() as u64).sum::<u64>()
-            + st.mappings.values().sum::<u64>()
-            + st.held_by_frees
+        let mapped = st.vmm.lock().unwrap().mapped_via(self.ordinal);
+        st.mem.values().map(|v| v.len() as u64).sum::<u64>() + mapped + st.held_by_frees
     }
 
     /// Completion words written in stream order so far ([`Gpu::write_u32`]).
@@ -359,17 +361,18 @@ impl State {
             // the client's address) until unregistered, which needs this state's lock.
             return Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) });
         }
-        let in_reservation = self
-            .reservations
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(&s, b)| addr < s + b.len() as u64);
-        let map = if in_reservation {
-            &mut self.reservations
-        } else {
-            &mut self.mem
-        };
-        let (&start, buf) = map
+        {
+            let space = self.vmm.lock().unwrap();
+            if space.reserved(addr) {
+                let (p, n) = space.bytes(addr, len, self.ordinal)?;
+                // SAFETY: mapped memory of the machine's VMM space, with access for this
+                // GPU; an unmap puts anonymous pages in its place, never a hole, and a
+                // reservation is freed only once nothing is mapped in it.
+                return Ok(unsafe { std::slice::from_raw_parts_mut(p, n) });
+            }
+        }
+        let (&start, buf) = self
+            .mem
             .range_mut(..=addr)
             .next_back()
             .ok_or(CuError(code::INVALID_VALUE))?;
@@ -578,78 +581,70 @@ impl Gpu for HostGpu {
         if size == 0 || !size.is_multiple_of(g) || (align != 0 && !align.is_power_of_two()) {
             return Err(CuError(code::INVALID_VALUE));
         }
-        // This GPU backs a reservation with host bytes: one larger than the GPU is out of
-        // memory here (the driver would give address space; nothing could be mapped).
+        // One larger than the GPU is refused here (the driver would give address space;
+        // nothing could be mapped), so a test's reservation stays small.
         if size > self.total || align > self.total {
             return Err(CuError(code::OUT_OF_MEMORY));
         }
         let mut st = self.state.lock().unwrap();
         let a = st.next_addr.next_multiple_of(align.max(g));
+        st.vmm.lock().unwrap().reserve(a, size)?;
         st.next_addr = a + size + g;
-        st.reservations.insert(a, vec![0; size as usize]);
         Ok(a)
     }
 
     fn vmm_address_free(&self, ptr: u64, size: u64) -> GpuResult<()> {
         self.vmm_here()?;
-        let mut st = self.state.lock().unwrap();
-        match st.reservations.get(&ptr) {
-            Some(b) if b.len() as u64 == size => {
-                st.reservations.remove(&ptr);
-                Ok(())
-            }
-            _ => Err(CuError(code::INVALID_VALUE)),
-        }
+        let st = self.state.lock().unwrap();
+        let r = st.vmm.lock().unwrap().address_free(ptr, size);
+        r
     }
 
     /// Grants compression whenever asked, as a GPU with compressible memory to spare.
     fn vmm_create(&self, size: u64, compressible: bool) -> GpuResult<(u64, bool)> {
         self.vmm_here()?;
-        if size == 0 || !size.is_multiple_of(VMM_GRANULE) {
+        if size == 0 || !size.is_multiple_of(VMM_GRANULE) || size > self.total {
             return Err(CuError(code::INVALID_VALUE));
         }
-        let mut st = self.state.lock().unwrap();
-        let h = st.next_handle;
-        st.next_handle += 1;
-        st.vmm_handles.insert(h, size);
+        let st = self.state.lock().unwrap();
+        let h = st.vmm.lock().unwrap().create(size, self.ordinal)?;
         Ok((h, compressible))
     }
 
     fn vmm_release(&self, handle: u64) -> GpuResult<()> {
         self.vmm_here()?;
-        let mut st = self.state.lock().unwrap();
-        st.vmm_handles
-            .remove(&handle)
-            .map(drop)
-            .ok_or(CuError(code::INVALID_HANDLE))
+        let st = self.state.lock().unwrap();
+        let r = st.vmm.lock().unwrap().release(handle);
+        r
     }
 
     fn vmm_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> GpuResult<()> {
         self.vmm_here()?;
-        let mut st = self.state.lock().unwrap();
-        let hsize = *st
-            .vmm_handles
-            .get(&handle)
-            .ok_or(CuError(code::INVALID_HANDLE))?;
-        if offset.checked_add(size).is_none_or(|e| e > hsize) || st.mappings.contains_key(&ptr) {
-            return Err(CuError(code::INVALID_VALUE));
-        }
-        st.mappings.insert(ptr, size);
-        Ok(())
+        let st = self.state.lock().unwrap();
+        let r = st
+            .vmm
+            .lock()
+            .unwrap()
+            .map(ptr, size, offset, handle, self.ordinal);
+        r
     }
 
     fn vmm_unmap(&self, ptr: u64, _size: u64) -> GpuResult<()> {
         self.vmm_here()?;
-        let mut st = self.state.lock().unwrap();
-        st.mappings
-            .remove(&ptr)
-            .map(drop)
-            .ok_or(CuError(code::INVALID_VALUE))
+        let st = self.state.lock().unwrap();
+        let r = st.vmm.lock().unwrap().unmap(ptr);
+        r
     }
 
-    fn vmm_set_access(&self, _ptr: u64, _size: u64) -> GpuResult<()> {
+    /// Access for another GPU needs the memory's GPU and that one linked (`link_peers`).
+    fn vmm_set_access(&self, ptr: u64, size: u64, gpus: &[usize]) -> GpuResult<()> {
         self.vmm_here()?;
-        Ok(())
+        let mut linked: Vec<usize> = self.peers.lock().unwrap().iter().map(|p| p.0).collect();
+        linked.push(self.ordinal);
+        let reaches = |a: usize, b: usize| a == b || (linked.contains(&a) && linked.contains(&b));
+        let st = self.state.lock().unwrap();
+        let r = st.vmm.lock().unwrap().set_access(ptr, size, gpus, reaches);
+        r
     }
 
     fn vmm_granularity(&self, _recommended: bool, _compressible: bool) -> GpuResult<u64> {
@@ -1045,11 +1040,27 @@ impl Gpu for HostGpu {
                 let ptr = u64::from_le_bytes(args[0..8].try_into().unwrap());
                 let value = u32::from_le_bytes(args[8..12].try_into().unwrap());
                 let n = u32::from_le_bytes(args[12..16].try_into().unwrap()) as usize;
-                match st.range(ptr, n * 4) {
-                    Ok(d) => d
-                        .chunks_exact_mut(4)
-                        .for_each(|c| c.copy_from_slice(&value.to_le_bytes())),
-                    Err(_) => st.sticky = Some(code::ILLEGAL_ADDRESS),
+                let bytes = value.to_le_bytes().repeat(n);
+                if let Ok(d) = st.range(ptr, n * 4) {
+                    d.copy_from_slice(&bytes);
+                    return Ok(());
+                }
+                // A peer's plain memory, once access to that peer is enabled (VMM memory
+                // is reached only where its own access was set for this GPU).
+                let vmm = st.vmm.lock().unwrap().reserved(ptr);
+                drop(st);
+                let on_peer = !vmm
+                    && self.linked().iter().any(|p| {
+                        self.reaches(p.ordinal)
+                            && p.state
+                                .lock()
+                                .unwrap()
+                                .range(ptr, n * 4)
+                                .map(|d| d.copy_from_slice(&bytes))
+                                .is_ok()
+                    });
+                if !on_peer {
+                    self.state.lock().unwrap().sticky = Some(code::ILLEGAL_ADDRESS);
                 }
             }
             "trap" => st.sticky = Some(code::LAUNCH_FAILED),

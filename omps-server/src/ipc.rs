@@ -37,6 +37,8 @@ struct HandleEntry {
     owner: u32,
     /// Clients holding it (the owner, then each opening), each release or death one less.
     users: u32,
+    /// The server GPU the memory lives on (VMM memory, imported on any GPU's worker).
+    home: usize,
 }
 
 /// Driver handles of one kind that clients exported: token -> entry, handle -> token.
@@ -53,6 +55,7 @@ impl SharedHandles {
         handle: u64,
         size: u64,
         compressed: bool,
+        home: usize,
         token: impl FnOnce() -> Token,
     ) -> Token {
         if let Some(t) = self.tokens.get(&handle) {
@@ -68,6 +71,7 @@ impl SharedHandles {
                 compressed,
                 owner,
                 users: 1,
+                home,
             },
         );
         t
@@ -79,13 +83,13 @@ impl SharedHandles {
         token: &Token,
         client: u32,
         own_too: bool,
-    ) -> Result<(u64, u64, bool), OpenError> {
+    ) -> Result<(u64, u64, bool, usize), OpenError> {
         let e = self.by_token.get_mut(token).ok_or(OpenError::Unknown)?;
         if e.owner == client && !own_too {
             return Err(OpenError::Own);
         }
         e.users += 1;
-        Ok((e.handle, e.size, e.compressed))
+        Ok((e.handle, e.size, e.compressed, e.home))
     }
 
     /// Whether the driver's handle is to go now (true for one never exported).
@@ -236,7 +240,7 @@ impl Registry {
     /// The token for `owner`'s event `handle`: the same one each time.
     pub fn export_event(&mut self, owner: u32, handle: u64) -> Token {
         let t = self.new_token();
-        self.events.export(owner, handle, 0, false, || t)
+        self.events.export(owner, handle, 0, false, 0, || t)
     }
 
     /// Another client opens an exported event: the driver's handle, now shared with it.
@@ -250,15 +254,27 @@ impl Registry {
         self.events.release(handle)
     }
 
-    /// The token for `owner`'s VMM physical memory `handle` of `size` bytes.
-    pub fn export_vmm(&mut self, owner: u32, handle: u64, size: u64, compressed: bool) -> Token {
+    /// The token for `owner`'s VMM physical memory `handle` of `size` bytes on server GPU
+    /// `home`.
+    pub fn export_vmm(
+        &mut self,
+        owner: u32,
+        handle: u64,
+        size: u64,
+        compressed: bool,
+        home: usize,
+    ) -> Token {
         let t = self.new_token();
-        self.vmm.export(owner, handle, size, compressed, || t)
+        self.vmm.export(owner, handle, size, compressed, home, || t)
     }
 
     /// A client imports exported physical memory (its owner may too, as natively): the
-    /// driver's handle, its size and whether it is compressible.
-    pub fn open_vmm(&mut self, token: &Token, client: u32) -> Result<(u64, u64, bool), OpenError> {
+    /// driver's handle, its size, whether it is compressible and the GPU it lives on.
+    pub fn open_vmm(
+        &mut self,
+        token: &Token,
+        client: u32,
+    ) -> Result<(u64, u64, bool, usize), OpenError> {
         self.vmm.open(token, client, true)
     }
 
@@ -274,7 +290,7 @@ impl Registry {
     pub fn export_pool(&mut self, owner: u32, key: u64, again: bool) -> Token {
         let t = self.new_token();
         let had = self.pools.tokens.contains_key(&key);
-        let token = self.pools.export(owner, key, 0, false, || t);
+        let token = self.pools.export(owner, key, 0, false, 0, || t);
         if again && had {
             if let Some(e) = self.pools.by_token.get_mut(&token) {
                 e.users += 1;
@@ -394,16 +410,16 @@ mod tests {
     #[test]
     fn exported_physical_memory_goes_with_its_last_user() {
         let mut r = Registry::default();
-        let t = r.export_vmm(1, 0xabc, 4096, true);
+        let t = r.export_vmm(1, 0xabc, 4096, true, 1);
         assert_eq!(
-            r.export_vmm(1, 0xabc, 4096, true),
+            r.export_vmm(1, 0xabc, 4096, true, 1),
             t,
             "the same token again"
         );
-        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096, true)));
+        assert_eq!(r.open_vmm(&t, 2), Ok((0xabc, 4096, true, 1)));
         assert_eq!(
             r.open_vmm(&t, 1),
-            Ok((0xabc, 4096, true)),
+            Ok((0xabc, 4096, true, 1)),
             "its owner may import it too"
         );
         assert!(!r.release_vmm(0xabc), "the importers still hold it");

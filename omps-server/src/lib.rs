@@ -36,6 +36,7 @@ pub mod gpu_arrays;
 pub mod gpu_cuda;
 pub mod gpu_green;
 pub mod gpu_host;
+pub mod gpu_host_vmm;
 pub mod gpu_profile;
 pub mod ipc;
 pub mod limits;

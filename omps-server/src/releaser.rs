@@ -204,6 +204,9 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
             .unwrap_or_else(|e| e.into_inner())
             .gone(g, client.id);
     }
+    // A held cuMemUnmap's result (crate::session::vmm): the driver's, or success where
+    // the context it was mapped in is gone.
+    let mut unmapped = 0;
     if let Some(g) = gpu {
         for m in rel.modules {
             let _ = g.module_unload(m);
@@ -229,8 +232,10 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         for &(m, _) in &rel.arrays.mipmaps {
             let _ = g.mipmap_destroy(m);
         }
-        for (p, n) in rel.vmm.unmap {
-            let _ = g.vmm_unmap(p, n);
+        for &(p, n) in &rel.vmm.unmap {
+            if let Err(e) = g.vmm_unmap(p, n) {
+                unmapped = e.0;
+            }
         }
         for &(h, _) in &rel.vmm.handles {
             let _ = g.vmm_release(h);
@@ -238,6 +243,18 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         for (p, n) in rel.vmm.reservations {
             let _ = g.vmm_address_free(p, n);
         }
+    }
+    for start in rel.vmm.reach {
+        client.forget_vmm(start);
+    }
+    if let Some((channel, seq)) = rel.vmm.answer {
+        let done = omps_ring::wire::U64Reply { value: 0 };
+        let reply = if unmapped == 0 {
+            bytemuck::bytes_of(&done)
+        } else {
+            &[]
+        };
+        crate::session::answer_later(&client, channel, seq, unmapped, reply);
     }
     client.mem_bytes[dev].fetch_sub(rel.module_bytes, Ordering::Relaxed);
     client.mem_bytes[dev].fetch_sub(rel.vmm.released_mapped_bytes, Ordering::Relaxed);

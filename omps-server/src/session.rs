@@ -574,6 +574,10 @@ impl Session {
             || covers(&self.imported, addr, len, |&(n, _)| n)
             || self.vmm.mapped(addr, len)
             || self.client.pinned_contains(addr, len)
+            // Its VMM memory mapped through another GPU's session with access for this one.
+            || self
+                .client
+                .vmm_reaches(self.dev, addr, len, self.consumer.position())
     }
 
     /// The image uploaded into `channel` for a load or a link (which checked the channel),
@@ -991,6 +995,21 @@ impl Session {
     pub fn dev(&self) -> usize {
         self.dev
     }
+}
+
+/// Answers `client`'s call (`channel`, `seq`) off its session, once what it waited for
+/// is done (a VMM unmap held for other GPUs' fences, session/vmm.rs): as
+/// `Session::complete` does.
+pub fn answer_later(client: &ClientShared, channel: u32, seq: u32, result: i32, reply: &[u8]) {
+    let Some(ch) = client.seg.channel(channel as usize) else {
+        return;
+    };
+    ch.write_reply(reply);
+    ch.reply_len.store(reply.len() as u32, Ordering::Relaxed);
+    ch.result.store(result, Ordering::Relaxed);
+    // SYNC POINT: pairs with the client's Acquire load of `done`.
+    ch.done.store(seq, Ordering::Release);
+    wake_if_waiting(ch, &ch.done);
 }
 
 fn wake_if_waiting(ch: &Channel, w: &std::sync::atomic::AtomicU32) {

@@ -90,6 +90,10 @@ pub struct GpuShared {
     pub modules: crate::module_cache::ModuleCache,
     /// Allocations exported for IPC.
     pub ipc: std::sync::Mutex<crate::ipc::Registry>,
+    /// VMM memory exported as shareable handles: one registry for all GPUs, since a
+    /// client imports memory into its own device's session (session/vmm.rs), whichever
+    /// GPU it lives on.
+    pub vmm_ipc: Arc<std::sync::Mutex<crate::ipc::Registry>>,
     /// Releases of this GPU's memory held until other GPUs' fences pass
     /// (crate::peer_fence): the context is not reset, and an allocation that ran out of
     /// memory does not give up, while any is held.
@@ -106,6 +110,7 @@ impl GpuShared {
         gpu: &Arc<dyn Gpu>,
         lanes: usize,
         faulted: Arc<std::sync::atomic::AtomicBool>,
+        vmm_ipc: Arc<std::sync::Mutex<crate::ipc::Registry>>,
     ) -> Arc<Self> {
         let streams = gpu.stream_count();
         let generation: Arc<std::sync::atomic::AtomicU64> = Default::default();
@@ -123,6 +128,7 @@ impl GpuShared {
             stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
             layout: gpu.layout(),
             ipc: Default::default(),
+            vmm_ipc,
             held: Default::default(),
             modules: crate::module_cache::ModuleCache::new({
                 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
@@ -179,7 +185,7 @@ pub struct WorkerCtx {
 impl WorkerCtx {
     /// A lone worker for `gpu` (tests and fuzzing).
     pub fn new(gpu: Arc<dyn Gpu>) -> GpuResult<Self> {
-        let shared = GpuShared::new(&gpu, 1, Default::default());
+        let shared = GpuShared::new(&gpu, 1, Default::default(), Default::default());
         Self::lane(gpu, shared, 0)
     }
 
@@ -587,7 +593,7 @@ impl WorkerCtx {
         // peer access, what it held here, once its work on the other GPUs is done too.
         let asked = crate::peer_fence::retire(&client, self.gpu.ordinal());
         client.forget_allocs(self.gpu.ordinal());
-        if client.frees_wait_everywhere() {
+        if client.leaves_wait_everywhere() {
             let held = crate::peer_fence::hold(
                 &self.shared,
                 &self.gpu,
@@ -850,7 +856,7 @@ pub fn free_on(
     // Physical memory shared with other clients goes with its last user; the books
     // are settled here for what stays.
     if !rel.vmm.handles.is_empty() {
-        let mut ipc = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ipc = shared.vmm_ipc.lock().unwrap_or_else(|e| e.into_inner());
         rel.vmm.handles.retain(|&(h, size)| {
             let last = ipc.release_vmm(h);
             if !last {

@@ -152,6 +152,10 @@ fn compressible_memory_reports_what_the_gpu_granted() {
         let mut p = 0u64;
         ok(cuMemAddressReserve(&mut p, SIZE, 0, 0, 0));
         ok(cuMemMap(p, SIZE, 0, h2, 0));
+        // Read-write on device 0 (CUmemAccessDesc: location type and id, flags): a new
+        // mapping has no access, as natively.
+        let access: [u32; 3] = [1, 0, 3];
+        ok(cuMemSetAccess(p, SIZE, access.as_ptr().cast(), 1));
         ok(omps_shim::api::mem::cuMemsetD8_v2(p, 7, SIZE));
         let mut back = vec![0u8; 16];
         ok(omps_shim::api::mem::cuMemcpyDtoH_v2(

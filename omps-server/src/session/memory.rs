@@ -198,11 +198,14 @@ impl Session {
                 };
                 // The far end must be the client's on a GPU this one reaches, and the
                 // client's frees there must wait for its work here (peer access on).
+                // Or VMM memory of its own mapped with access for this GPU (its unmap
+                // waits for this GPU's fence).
                 let far_ok = self.client.visible.get(c.peer as usize).is_some_and(|&g| {
                     g != self.dev
-                        && self.client.peer_access.load(Ordering::SeqCst)
-                        && gpu.reaches(g)
-                        && self.client.holds_on(g, far, c.len, self.dev, read)
+                        && ((self.client.peer_access.load(Ordering::SeqCst)
+                            && gpu.reaches(g)
+                            && self.client.holds_on(g, far, c.len, self.dev, read))
+                            || self.client.vmm_reaches(self.dev, far, c.len, read))
                 });
                 if !far_ok {
                     self.note_error(CuError(code::INVALID_VALUE));

@@ -6,6 +6,12 @@
 //! Physical memory counts as the client's memory from creation to release. Mapped ranges
 //! join the ranges the client may copy to and from. What a client leaves behind is
 //! unmapped, released and freed once its work is done (`crate::releaser`).
+//!
+//! Access from another GPU (`cuMemSetAccess` naming a peer device, as NCCL's cuMem
+//! transport asks) is passed to the driver for whole mappings of the client's; the
+//! mapping joins the client's table other GPUs' sessions check copies against
+//! (`ClientShared::vmm_reaches`), and its unmap waits for the client's work on every GPU
+//! (crate::peer_fence) before the driver unmaps it and the call is answered (R14).
 
 use super::{bad, Malformed, Session};
 use crate::gpu::{code, CuError, GpuResult};
@@ -25,8 +31,9 @@ pub struct VmmState {
     handles: HashMap<u32, (u64, u64)>,
     /// Handle ids whose memory the driver made compressible: importers learn it too.
     compressed: HashSet<u32>,
-    /// Mapping start -> (size, handle id).
-    pub(super) mappings: BTreeMap<u64, (u64, u32)>,
+    /// Mapping start -> (size, handle id, the server GPUs other than this session's with
+    /// access to it, bit per ordinal).
+    pub(super) mappings: BTreeMap<u64, (u64, u32, u64)>,
     /// Handles released while still mapped (PyTorch releases right after mapping): the
     /// driver keeps their memory until the last unmap, and the client stays charged for
     /// it until then. Handle id -> size.
@@ -44,6 +51,10 @@ pub struct VmmRelease {
     pub reservations: Vec<(u64, u64)>,
     /// Memory of handles released but still mapped: charged until the unmaps above.
     pub released_mapped_bytes: u64,
+    /// Mappings other GPUs reached: out of the client's table once unmapped.
+    pub reach: Vec<u64>,
+    /// A call (channel, sequence) answered once the unmaps are done: a held cuMemUnmap.
+    pub answer: Option<(u32, u32)>,
 }
 
 impl VmmState {
@@ -59,7 +70,7 @@ impl VmmState {
         self.mappings
             .range(..end)
             .next_back()
-            .is_some_and(|(&s, &(n, _))| s + n > addr)
+            .is_some_and(|(&s, &(n, ..))| s + n > addr)
     }
 
     /// Whether `[addr, addr+len)` lies inside mappings of this client.
@@ -67,19 +78,53 @@ impl VmmState {
         let (mut at, end) = (addr, addr.saturating_add(len));
         while at < end {
             match self.mappings.range(..=at).next_back() {
-                Some((&s, &(n, _))) if s + n > at => at = s + n,
+                Some((&s, &(n, ..))) if s + n > at => at = s + n,
                 _ => return false,
             }
         }
         true
     }
 
+    /// Handle `id`'s mapping went: if it was its last and the handle was released, the
+    /// driver frees the memory with it, and what the client was charged comes back.
+    fn unmapped_last(&mut self, id: u32) -> Option<u64> {
+        if self.mappings.values().any(|&(_, other, _)| other == id) {
+            return None;
+        }
+        self.released_mapped.remove(&id)
+    }
+
+    /// The mappings `[addr, addr+len)` consists of, whole: their starts.
+    fn whole_mappings(&self, addr: u64, len: u64) -> Option<Vec<u64>> {
+        let end = addr.checked_add(len)?;
+        let parts: Vec<(u64, u64)> = self
+            .mappings
+            .range(addr..end)
+            .map(|(&s, &(n, ..))| (s, n))
+            .collect();
+        let mut at = addr;
+        for &(s, n) in &parts {
+            if s != at {
+                return None;
+            }
+            at = s + n;
+        }
+        (at == end && !parts.is_empty()).then(|| parts.into_iter().map(|p| p.0).collect())
+    }
+
     pub fn into_release(self) -> VmmRelease {
         VmmRelease {
-            unmap: self.mappings.iter().map(|(&s, &(n, _))| (s, n)).collect(),
+            unmap: self.mappings.iter().map(|(&s, &(n, ..))| (s, n)).collect(),
+            reach: self
+                .mappings
+                .iter()
+                .filter(|m| m.1 .2 != 0)
+                .map(|m| *m.0)
+                .collect(),
             handles: self.handles.values().copied().collect(),
             reservations: self.reservations.into_iter().collect(),
             released_mapped_bytes: self.released_mapped.values().sum(),
+            answer: None,
         }
     }
 }
@@ -97,6 +142,15 @@ impl Session {
         }
         if (vmm::POOL_EXPORT..=vmm::POOL_IMPORT_PTR).contains(&v.kind) {
             return self.pool_share(ctx, v);
+        }
+        if v.kind == vmm::SET_ACCESS {
+            return self.vmm_set_access(ctx, v);
+        }
+        if v.kind == vmm::UNMAP
+            && matches!(self.vmm.mappings.get(&a0), Some(&(n, _, peers)) if n == a1 && peers != 0)
+        {
+            self.unmap_held(ctx, v);
+            return Ok(());
         }
         // CUmemAllocationCompType: none or generic, as the driver knows.
         if matches!(v.kind, vmm::CREATE | vmm::GRANULARITY) && a1 > 1 {
@@ -149,7 +203,7 @@ impl Session {
             vmm::RELEASE => match st.handles.remove(&v.handle) {
                 Some((h, size)) => {
                     st.compressed.remove(&v.handle);
-                    if size > 0 && st.mappings.values().any(|&(_, id)| id == v.handle) {
+                    if size > 0 && st.mappings.values().any(|&(_, id, _)| id == v.handle) {
                         st.released_mapped.insert(v.handle, size);
                     } else {
                         uncharge(size);
@@ -157,7 +211,7 @@ impl Session {
                     // Memory another client imported goes with its last user.
                     let last = ctx
                         .shared
-                        .ipc
+                        .vmm_ipc
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .release_vmm(h);
@@ -175,30 +229,95 @@ impl Session {
                     Err(CuError(code::INVALID_VALUE))
                 }
                 Some(&(h, _)) => gpu.vmm_map(a0, a1, a2, h).map(|()| {
-                    st.mappings.insert(a0, (a1, v.handle));
+                    st.mappings.insert(a0, (a1, v.handle, 0));
                     0
                 }),
             },
             vmm::UNMAP => match st.mappings.get(&a0) {
-                // The program promised nothing uses the range any more, as natively.
-                Some(&(n, id)) if n == a1 => gpu.vmm_unmap(a0, a1).map(|()| {
+                // The program promised nothing uses the range any more, as natively; only
+                // this GPU reaches it (else `unmap_held`).
+                Some(&(n, id, _)) if n == a1 => gpu.vmm_unmap(a0, a1).map(|()| {
                     st.mappings.remove(&a0);
-                    // The last mapping of released memory: the driver frees it now.
-                    if !st.mappings.values().any(|&(_, other)| other == id) {
-                        if let Some(size) = st.released_mapped.remove(&id) {
-                            uncharge(size);
-                        }
+                    if let Some(size) = st.unmapped_last(id) {
+                        uncharge(size);
                     }
                     0
                 }),
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
-            vmm::SET_ACCESS if st.mapped(a0, a1) => gpu.vmm_set_access(a0, a1).map(|()| 0),
-            vmm::SET_ACCESS => Err(CuError(code::INVALID_VALUE)),
             vmm::GRANULARITY => gpu.vmm_granularity(a0 != 0, a1 == 1),
             k => return bad(format!("unknown vmm call {k}")),
         };
         self.complete_pod(v.call, r.map(|value| wire::U64Reply { value }))
+    }
+
+    /// cuMemSetAccess: read-write for this GPU (`args[2]` 0), or for the client's devices
+    /// whose bits `args[2]` sets. Access for another GPU is for whole mappings only, so
+    /// that what other GPUs' sessions accept is exactly what the driver maps there.
+    fn vmm_set_access(&mut self, ctx: &mut WorkerCtx, v: wire::Vmm) -> Result<(), Malformed> {
+        let [addr, len, mask] = v.args;
+        let visible = self.client.visible.len().min(64);
+        if mask >> visible != 0 {
+            return bad(format!(
+                "vmm access for devices {mask:#x} beyond its {visible}"
+            ));
+        }
+        let gpus: Vec<usize> = match mask {
+            0 => vec![self.dev],
+            _ => (0..visible)
+                .filter(|d| mask & (1 << d) != 0)
+                .map(|d| self.client.visible[d])
+                .collect(),
+        };
+        let others = gpus
+            .iter()
+            .filter(|&&g| g != self.dev && g < 64)
+            .fold(0u64, |a, &g| a | 1 << g);
+        let starts = match others {
+            0 => self.vmm.mapped(addr, len).then(Vec::new),
+            _ => self.vmm.whole_mappings(addr, len),
+        };
+        let Some(starts) = starts else {
+            return self.complete(v.call, code::INVALID_VALUE, &[]);
+        };
+        if let Err(e) = ctx.gpu.vmm_set_access(addr, len, &gpus) {
+            return self.complete(v.call, e.0, &[]);
+        }
+        if others != 0 {
+            // Before the answer: what the client unmaps or leaves from now on waits for
+            // its work on the other GPUs, whose sessions accept the range from now on.
+            self.client.vmm_peer.store(true, Ordering::SeqCst);
+            for s in starts {
+                if let Some(m) = self.vmm.mappings.get_mut(&s) {
+                    m.2 |= others;
+                    self.client.note_vmm_access(s, m.0, m.2);
+                }
+            }
+        }
+        self.complete_pod(v.call, Ok(wire::U64Reply { value: 0 }))
+    }
+
+    /// The unmap of a mapping other GPUs reach: out of the books now (a copy the client
+    /// sends after it is refused), unmapped by the driver once the client's work on every
+    /// GPU has passed a fence, and answered then.
+    fn unmap_held(&mut self, ctx: &mut WorkerCtx, v: wire::Vmm) {
+        let [addr, len, _] = v.args;
+        let Some((_, id, _)) = self.vmm.mappings.remove(&addr) else {
+            return;
+        };
+        let freed = self.vmm.unmapped_last(id).unwrap_or(0);
+        self.client.note_vmm_unmap(addr, true);
+        let rel = super::Release {
+            vmm: VmmRelease {
+                unmap: vec![(addr, len)],
+                reach: vec![addr],
+                released_mapped_bytes: freed,
+                answer: Some((v.call.channel, v.call.seq)),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        ctx.release_everywhere(self, rel);
     }
 
     /// Physical memory shared between clients (cuMemExportToShareableHandle and
@@ -207,12 +326,12 @@ impl Session {
     /// is not charged for it (the exporter is, until it releases it).
     fn vmm_share(&mut self, ctx: &mut WorkerCtx, v: wire::Vmm) -> Result<(), Malformed> {
         let me = self.client.id;
-        let mut reg = ctx.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reg = ctx.shared.vmm_ipc.lock().unwrap_or_else(|e| e.into_inner());
         if v.kind == vmm::EXPORT {
             let r = match self.vmm.handles.get(&v.handle) {
                 Some(&(h, size)) if size > 0 => {
                     let compressed = self.vmm.compressed.contains(&v.handle);
-                    Ok(reg.export_vmm(me, h, size, compressed))
+                    Ok(reg.export_vmm(me, h, size, compressed, self.dev))
                 }
                 // Unknown, or imported from another client: not this client's to export.
                 _ => Err(CuError(code::INVALID_VALUE)),
@@ -228,14 +347,22 @@ impl Session {
             return self.complete(v.call, code::OUT_OF_MEMORY, &[]);
         }
         let r = match reg.open_vmm(&token, me) {
-            Ok((h, size, compressed)) => {
+            Ok((h, size, compressed, home)) => {
                 self.vmm.next_handle += 1;
                 // Charged nothing here: recorded with size 0, released through the books.
                 self.vmm.handles.insert(self.vmm.next_handle, (h, 0));
                 if compressed {
                     self.vmm.compressed.insert(self.vmm.next_handle);
                 }
-                Ok([self.vmm.next_handle as u64, size, u64::from(compressed)])
+                // Where it lives, as the client numbers its devices (u64::MAX: one it
+                // does not see).
+                let home = self.client.ring_of(home).map_or(u64::MAX, |d| d as u64);
+                Ok([
+                    self.vmm.next_handle as u64,
+                    size,
+                    u64::from(compressed),
+                    home,
+                ])
             }
             Err(_) => Err(CuError(code::INVALID_VALUE)),
         };

@@ -239,20 +239,30 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: std::ffi::c_uint
         if on.iter().any(|e| e.ctx == pair.ctx && e.peer == pair.peer) {
             return Err(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
         }
-        // Answered once the server has marked the client: no free sent after this call
-        // returns, on any GPU, is released before the client's work everywhere is done.
-        let c = live()?;
-        c.channel().call(dev, Op::PeerAccess, |call| {
-            bytemuck::bytes_of(&PeerAccess {
-                call,
-                peer: peer_dev as u32,
-                _pad: 0,
-            })
-            .to_vec()
-        })?;
+        ask_server(dev, peer_dev)?;
         on.push(pair);
         Ok(())
     })
+}
+
+/// Has the server give its context on `dev` access to `peer_dev`'s memory (once, for every
+/// client) and mark this process: answered once it has, so that no free sent after this
+/// returns, on any GPU, is released before the process's work everywhere is done.
+pub(crate) fn ask_server(dev: usize, peer_dev: usize) -> Result<(), CUresult> {
+    live()?.channel().call(dev, Op::PeerAccess, |call| {
+        bytemuck::bytes_of(&PeerAccess {
+            call,
+            peer: peer_dev as u32,
+            _pad: 0,
+        })
+        .to_vec()
+    })?;
+    Ok(())
+}
+
+/// Whether the server's GPU behind `dev` can reach `peer_dev`'s memory directly.
+pub(crate) fn can_reach(dev: usize, peer_dev: usize) -> bool {
+    dev != peer_dev && p2p(dev as CUdevice, peer_dev as CUdevice, ACCESS).is_ok_and(|a| a == 1)
 }
 
 #[no_mangle]

@@ -36,6 +36,8 @@ struct PoolState {
     used: u64,
     used_high: u64,
     reserved_high: u64,
+    /// Other devices given read-write access (cuMemPoolSetAccess), bit per device.
+    peers: u64,
 }
 
 impl PoolState {
@@ -509,8 +511,57 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, p: CUmemoryPool) -> CUresult
     })
 }
 
-/// A pool's own device has read-write access; access from other GPUs to pool memory is
-/// not built (cuMemPoolSetAccess answers CUDA_ERROR_NOT_SUPPORTED).
+/// Access to a pool's memory from another device. Its blocks are the server's allocations
+/// on the pool's GPU, which another GPU's kernels reach once the server's context there
+/// has peer access to it: so access is asked as cuCtxEnablePeerAccess asks it, and from
+/// then on what the process frees waits for its work on every GPU (R14). Read-only access
+/// and taking access away are not built.
+///
+/// # Safety
+/// `map` is null or `count` access descriptors.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAccess(
+    p: CUmemoryPool,
+    map: *const super::vmm::AccessDesc,
+    count: usize,
+) -> CUresult {
+    entry(|| {
+        let pl = pool(p)?;
+        if count == 0 {
+            return Ok(());
+        }
+        if map.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null; `count` descriptors, per the contract.
+        let descs = unsafe { std::slice::from_raw_parts(map, count) };
+        let mut peers = Vec::new();
+        for d in descs {
+            if d.location_type != LOCATION_DEVICE {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            super::device::device(d.location_id)?;
+            let dev = d.location_id as usize;
+            match (dev == pl.dev, d.flags) {
+                (true, 3) => {}
+                // The pool's own device keeps its access, as natively.
+                (true, _) => return Err(CUDA_ERROR_INVALID_VALUE),
+                (false, 3) if super::peer::can_reach(dev, pl.dev) => peers.push(dev),
+                (false, 3) => return Err(CUDA_ERROR_INVALID_DEVICE),
+                (false, _) => return Err(crate::unsupported::unsupported(
+                    "cuMemPoolSetAccess other than read-write (read-only, or taking access away)",
+                )),
+            }
+        }
+        for dev in peers {
+            super::peer::ask_server(dev, pl.dev)?;
+            lock(&pl.state).peers |= 1 << dev;
+        }
+        Ok(())
+    })
+}
+
+/// A pool's own device has read-write access, and the devices cuMemPoolSetAccess gave it.
 ///
 /// # Safety
 /// `flags` is null or writable; `loc` is null or a CUmemLocation.
@@ -527,8 +578,10 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
         }
         // SAFETY: non-null; the caller's CUmemLocation {type, id}.
         let [ty, id] = unsafe { *loc };
-        let own = ty == LOCATION_DEVICE as c_int && id as usize == pl.dev;
+        let peers = lock(&pl.state).peers;
+        let has = ty == LOCATION_DEVICE as c_int
+            && (id as usize == pl.dev || ((0..64).contains(&id) && peers & (1 << id) != 0));
         // SAFETY: the caller's pointer. CU_MEM_ACCESS_FLAGS_PROT_READWRITE is 3.
-        unsafe { out(flags, if own { 3 } else { 0 }) }
+        unsafe { out(flags, if has { 3 } else { 0 }) }
     })
 }

@@ -3,6 +3,8 @@
 //! shared context and keeps each client's reservations and handles apart; the shim keeps
 //! what the program may ask back (properties, which handle backs an address, reference
 //! counts) and the mapped ranges, so copies into them are checked like any allocation.
+//! Access may be set for the process's other devices too (NCCL's cuMem transport): the
+//! server checks and grants it for whole mappings (omps-server/src/session/vmm.rs).
 
 use super::mem::{add_range, range_info, remove_range};
 use super::{entry, live, out};
@@ -30,9 +32,9 @@ pub struct AllocProp {
 /// CUmemAccessDesc: a location and access flags.
 #[repr(C)]
 pub struct AccessDesc {
-    location_type: c_uint,
-    location_id: c_int,
-    flags: c_uint,
+    pub(crate) location_type: c_uint,
+    pub(crate) location_id: c_int,
+    pub(crate) flags: c_uint,
 }
 
 const PINNED: c_uint = 1;
@@ -46,8 +48,12 @@ pub(crate) struct Books {
     /// Program handle -> (device, size, references, requested handle types, granted
     /// compression type).
     pub(crate) handles: HashMap<u64, (usize, u64, u32, c_uint, u8)>,
-    /// Mapping start -> (size, program handle, read-write access set).
-    mappings: BTreeMap<u64, (u64, u64, bool)>,
+    /// Mapping start -> (size, program handle, devices with read-write access, bit per
+    /// device).
+    mappings: BTreeMap<u64, (u64, u64, u64)>,
+    /// Imported handles whose memory lives on another device than the one whose session
+    /// holds them: handle -> that device.
+    pub(crate) homes: HashMap<u64, usize>,
     /// Reservation start -> the device whose worker holds it.
     reservations: BTreeMap<u64, usize>,
 }
@@ -203,6 +209,7 @@ pub extern "C" fn cuMemRelease(h: u64) -> CUresult {
             let dev = e.0;
             if e.2 == 0 {
                 b.handles.remove(&h);
+                b.homes.remove(&h);
             }
             Ok::<_, CUresult>((dev, !b.handles.contains_key(&h)))
         })?;
@@ -226,8 +233,16 @@ pub extern "C" fn cuMemMap(
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        // Each device's session keeps its own reservations and handles: a handle made (or
+        // imported) while one device was current maps only into a reservation made while
+        // the same one was. NCCL and PyTorch keep to one device per pair.
+        if reservation_dev(ptr).is_ok_and(|r| r != dev) {
+            return Err(crate::unsupported::unsupported(
+                "cuMemMap of a handle into a reservation made while another device was current",
+            ));
+        }
         call(dev, vmm::MAP, h as u32, [ptr, size as u64, offset as u64])?;
-        books(|b| b.mappings.insert(ptr, (size as u64, h, false)));
+        books(|b| b.mappings.insert(ptr, (size as u64, h, 0)));
         add_range(ptr, size as u64, dev, false);
         Ok(())
     })
@@ -264,8 +279,9 @@ pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     })
 }
 
-/// Read-write access from the GPU the memory lives on; access from another GPU would need
-/// the server to map the memory there too, which is not built.
+/// Read-write access for any of the process's devices (the memory's own, or another the
+/// server's GPUs reach it from, as NCCL asks for its peers); read-only access and taking
+/// access away are not built. Access for another device is granted for whole mappings.
 ///
 /// # Safety
 /// `desc` is null or `count` access descriptors.
@@ -283,21 +299,25 @@ pub unsafe extern "C" fn cuMemSetAccess(
         let (_, _, dev) = range_info(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: non-null; `count` descriptors, per the contract.
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+        let mut mask = 0u64;
         for d in descs {
             if d.location_type != LOCATION_DEVICE {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            if d.location_id as usize != dev || d.flags != ACCESS_READWRITE {
-                crate::unsupported::unsupported(
-                    "cuMemSetAccess other than read-write on its own GPU",
-                );
-                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            super::device::device(d.location_id)?;
+            if d.flags != ACCESS_READWRITE {
+                return Err(crate::unsupported::unsupported(
+                    "cuMemSetAccess other than read-write (read-only, or taking access away)",
+                ));
             }
+            mask |= 1 << d.location_id;
         }
-        call(dev, vmm::SET_ACCESS, 0, [ptr, size as u64, 0])?;
+        // Its own device alone is the server's default (0).
+        let asked = if mask == 1 << dev { 0 } else { mask };
+        call(dev, vmm::SET_ACCESS, 0, [ptr, size as u64, asked])?;
         books(|b| {
             for (_, m) in b.mappings.range_mut(ptr..ptr.saturating_add(size as u64)) {
-                m.2 = true;
+                m.2 |= mask;
             }
         });
         Ok(())
@@ -318,20 +338,12 @@ pub unsafe extern "C" fn cuMemGetAccess(
         }
         // SAFETY: non-null; the caller's CUmemLocation.
         let [ty, id] = unsafe { *loc };
-        let (start, _, dev) = range_info(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (start, _, _) = range_info(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let set = books(|b| b.mappings.get(&start).map(|m| m.2)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let own = ty == LOCATION_DEVICE as c_int && id as usize == dev;
+        let has =
+            ty == LOCATION_DEVICE as c_int && (0..64).contains(&id) && set & (1u64 << id) != 0;
         // SAFETY: the caller's pointer.
-        unsafe {
-            out(
-                flags,
-                if own && set {
-                    ACCESS_READWRITE as u64
-                } else {
-                    0
-                },
-            )
-        }
+        unsafe { out(flags, if has { ACCESS_READWRITE as u64 } else { 0 }) }
     })
 }
 
@@ -365,14 +377,16 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
     h: u64,
 ) -> CUresult {
     entry(|| {
-        let (dev, _, _, types, compression) =
-            books(|b| b.handles.get(&h).copied()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        // What the driver granted, which may be less than was asked.
+        let ((dev, _, _, types, compression), home) =
+            books(|b| Some((*b.handles.get(&h)?, b.homes.get(&h).copied())))
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // What the driver granted, which may be less than was asked; where the memory
+        // lives (an imported handle's may be another device than its session's).
         let p = AllocProp {
             kind: PINNED,
             handle_types: types,
             location_type: LOCATION_DEVICE,
-            location_id: dev as c_int,
+            location_id: home.unwrap_or(dev) as c_int,
             compression,
             ..Default::default()
         };

@@ -2,7 +2,8 @@
 //! cuMemImportFromShareableHandle with POSIX file descriptors, as PyTorch's expandable
 //! segments share CUDA tensors between processes. The descriptor is a small memfd that
 //! holds the server's token for the memory (and its device); a process that was given
-//! the descriptor (over a socket, or with pidfd_getfd) imports the memory by it. Only the
+//! the descriptor (over a socket, or with pidfd_getfd) imports the memory by it, into
+//! its current device's session whichever GPU the memory lives on. Only the
 //! server's clients can use the token, and the memory lives until its last user
 //! releases it (omps-server/src/ipc.rs).
 
@@ -103,12 +104,19 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
                 "cuMemImportFromShareableHandle of a handle type other than a POSIX descriptor",
             ));
         }
-        let (dev, [lo, hi]) = read_descriptor(os as usize as c_int, MAGIC)?;
-        let [id, size, compression]: [u64; 3] = call_raw(dev, vmm::IMPORT, 0, [lo, hi, 0])?;
+        let (_, [lo, hi]) = read_descriptor(os as usize as c_int, MAGIC)?;
+        // Imported into the current device's session, whichever GPU the memory lives on:
+        // a process maps it into reservations it makes there (NCCL's peers do).
+        let dev = super::ctx::current_dev()?;
+        let [id, size, compression, home]: [u64; 4] = call_raw(dev, vmm::IMPORT, 0, [lo, hi, 0])?;
         let handle = ((dev as u64 + 1) << 32) | id;
         books(|b| {
             b.handles
-                .insert(handle, (dev, size, 1, POSIX_FD, compression as u8))
+                .insert(handle, (dev, size, 1, POSIX_FD, compression as u8));
+            match usize::try_from(home) {
+                Ok(h) if h != dev => b.homes.insert(handle, h),
+                _ => None,
+            }
         });
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(h, handle) }

@@ -193,6 +193,16 @@ pub fn alloc_on(c: &omps_shim::conn::Conn, dev: usize, size: u64) -> u64 {
 /// and its functions (name, id), or the CUDA error.
 #[allow(dead_code)]
 pub fn load_image(c: &omps_shim::conn::Conn, img: &[u8]) -> Result<(u32, Vec<(String, u32)>), i32> {
+    load_image_on(c, 0, img)
+}
+
+/// `load_image` on the client's device `dev`.
+#[allow(dead_code)]
+pub fn load_image_on(
+    c: &omps_shim::conn::Conn,
+    dev: usize,
+    img: &[u8],
+) -> Result<(u32, Vec<(String, u32)>), i32> {
     use omps_ring::wire::{ChunkCopy, FunctionDesc, ModuleLoad, ModuleReply, Op};
     let mut ch = c.channel();
     ch.wait_chunk(0).unwrap();
@@ -208,10 +218,10 @@ pub fn load_image(c: &omps_shim::conn::Conn, img: &[u8]) -> Result<(u32, Vec<(St
         seq,
         ..Default::default()
     };
-    c.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
+    c.push(dev, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
         .unwrap();
     ch.wait_chunk(0).unwrap();
-    ch.call(0, Op::ModuleLoad, |call| {
+    ch.call(dev, Op::ModuleLoad, |call| {
         bytemuck::bytes_of(&ModuleLoad {
             call,
             blob_len: img.len() as u64,

@@ -41,15 +41,7 @@ fn copy_from_gpu0(c: &Conn, dst: u64, far: u64, len: u64) {
 }
 
 fn fill(gpu: &HostGpu, c: &Conn, dev: usize, dst: u64, value: u32) {
-    let m = wire::Memset {
-        dst,
-        count: 16,
-        value,
-        elem_size: 4,
-        stream: 0,
-        _pad: 0,
-    };
-    c.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
+    memset_words(c, dev, dst, value);
     sync_on(c, dev).unwrap();
     assert_eq!(gpu.peek(dst, 4).unwrap(), value.to_le_bytes());
 }

@@ -8,7 +8,7 @@
 
 mod common;
 use common::*;
-use omps_ring::wire::{self, vmm, Op};
+use omps_ring::wire::{self, vmm};
 use omps_shim::api::vmm::call_on;
 use omps_shim::conn::{settings_from, Conn};
 use std::time::{Duration, Instant};
@@ -17,35 +17,6 @@ const INVALID_VALUE: i32 = 1;
 
 fn vmm_on(c: &Conn, dev: usize, kind: u32, handle: u32, args: [u64; 3]) -> Result<u64, i32> {
     call_on::<wire::U64Reply>(c, dev, kind, handle, args).map(|r| r.value)
-}
-
-/// Queues a memset of 16 words at `dst` to `value` on the client's device `dev`.
-fn memset_on(c: &Conn, dev: usize, dst: u64, value: u32) {
-    let m = wire::Memset {
-        dst,
-        count: 16,
-        value,
-        elem_size: 4,
-        stream: 0,
-        _pad: 0,
-    };
-    c.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
-}
-
-/// Launches HOST_MODULE's fill_u32 (16 words of `value` at `ptr`) on device `dev`.
-fn fill_on(c: &Conn, dev: usize, fill: u32, ptr: u64, value: u32) {
-    let mut args = ptr.to_le_bytes().to_vec();
-    args.extend_from_slice(&value.to_le_bytes());
-    args.extend_from_slice(&16u32.to_le_bytes());
-    let launch = wire::Launch {
-        func: fill,
-        grid: [1; 3],
-        block: [1; 3],
-        args_len: args.len() as u32,
-        ..Default::default()
-    };
-    c.push(dev, Op::Launch, &[bytemuck::bytes_of(&launch), &args])
-        .unwrap();
 }
 
 fn word(v: u32) -> Vec<u8> {
@@ -66,11 +37,11 @@ fn vmm_memory_is_reached_from_another_gpu_only_as_granted() {
     let h = vmm_on(&a, 0, vmm::CREATE, 0, [g, 0, 0]).unwrap() as u32;
     vmm_on(&a, 0, vmm::MAP, h, [va, g, 0]).unwrap();
     vmm_on(&a, 0, vmm::SET_ACCESS, 0, [va, g, 0]).unwrap();
-    memset_on(&a, 0, va, 0x1111_1111);
+    memset_words(&a, 0, va, 0x1111_1111);
     sync_on(&a, 0).unwrap();
     assert_eq!(first.peek(va, 4).unwrap(), word(0x1111_1111));
     // GPU 1 may not reach it yet: the server refuses a memset there, the GPU a read.
-    memset_on(&a, 1, va, 0x2222_2222);
+    memset_words(&a, 1, va, 0x2222_2222);
     assert_eq!(sync_on(&a, 1), Err(INVALID_VALUE));
     assert_eq!(second.peek(va, 4), None, "GPU 1 reaches it without access");
 
@@ -81,12 +52,12 @@ fn vmm_memory_is_reached_from_another_gpu_only_as_granted() {
         "part of a mapping"
     );
     vmm_on(&a, 0, vmm::SET_ACCESS, 0, [va, g, 0b11]).unwrap();
-    memset_on(&a, 1, va, 0x2222_2222);
+    memset_words(&a, 1, va, 0x2222_2222);
     sync_on(&a, 1).expect("a memset on GPU 1 of memory with access for it");
     assert_eq!(first.peek(va, 4).unwrap(), word(0x2222_2222));
     let fill = load_image_on(&a, 1, HOST_MODULE.as_bytes()).unwrap().1;
     let fill = fill.iter().find(|f| f.0 == "fill_u32").unwrap().1;
-    fill_on(&a, 1, fill, va + 64, 0x3333_3333);
+    launch_fill_words(&a, 1, fill, 0, va + 64, 0x3333_3333);
     sync_on(&a, 1).expect("a kernel on GPU 1 writes GPU 0's memory");
     assert_eq!(first.peek(va + 64, 4).unwrap(), word(0x3333_3333));
     assert_eq!(second.peek(va + 64, 4).unwrap(), word(0x3333_3333));
@@ -96,7 +67,7 @@ fn vmm_memory_is_reached_from_another_gpu_only_as_granted() {
         vmm_on(&b, 0, vmm::SET_ACCESS, 0, [va, g, 0b11]),
         Err(INVALID_VALUE)
     );
-    memset_on(&b, 1, va, 0x4444_4444);
+    memset_words(&b, 1, va, 0x4444_4444);
     assert_eq!(sync_on(&b, 1), Err(INVALID_VALUE));
     assert_eq!(first.peek(va, 4).unwrap(), word(0x2222_2222));
 
@@ -111,7 +82,7 @@ fn vmm_memory_is_reached_from_another_gpu_only_as_granted() {
     assert_eq!(second.peek(bva, 4), None, "no access before it is set");
     vmm_on(&b, 1, vmm::SET_ACCESS, 0, [bva, g, 0]).unwrap();
     assert_eq!(second.peek(bva + 64, 4).unwrap(), word(0x3333_3333));
-    memset_on(&b, 1, bva + 128, 0x5555_5555);
+    memset_words(&b, 1, bva + 128, 0x5555_5555);
     sync_on(&b, 1).unwrap();
     assert_eq!(first.peek(va + 128, 4).unwrap(), word(0x5555_5555));
 
@@ -144,7 +115,7 @@ fn vmm_memory_is_reached_from_another_gpu_only_as_granted() {
     assert!(unmapped.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(first.peek(va, 4), None, "still mapped");
     // Copies on GPU 1 sent after the unmap are refused; B's mapping still holds the bytes.
-    memset_on(&a, 1, va, 0x6666_6666);
+    memset_words(&a, 1, va, 0x6666_6666);
     assert_eq!(sync_on(&a, 1), Err(INVALID_VALUE));
     assert_eq!(second.peek(bva + 128, 4).unwrap(), word(0x5555_5555));
 

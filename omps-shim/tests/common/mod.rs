@@ -248,16 +248,53 @@ pub fn load_image_on(
 /// Queues a memset of 16 words of `dst` to 7 on the default stream of GPU 0.
 #[allow(dead_code)]
 pub fn memset(c: &omps_shim::conn::Conn, dst: u64) {
+    memset_words(c, 0, dst, 7);
+}
+
+/// Queues a memset of 16 words at `dst` to `value` on the default stream of the client's
+/// device `dev`.
+#[allow(dead_code)]
+pub fn memset_words(c: &omps_shim::conn::Conn, dev: usize, dst: u64, value: u32) {
     let m = omps_ring::wire::Memset {
         dst,
         count: 16,
-        value: 7,
+        value,
         elem_size: 4,
         stream: 0,
         _pad: 0,
     };
-    c.push(0, omps_ring::wire::Op::Memset, &[bytemuck::bytes_of(&m)])
+    c.push(dev, omps_ring::wire::Op::Memset, &[bytemuck::bytes_of(&m)])
         .unwrap();
+}
+
+/// Launches HOST_MODULE's `fill_u32` (function id `fill`: 16 words of `value` at `ptr`)
+/// on stream `stream` of the client's device `dev`.
+#[allow(dead_code)]
+pub fn launch_fill_words(
+    c: &omps_shim::conn::Conn,
+    dev: usize,
+    fill: u32,
+    stream: u32,
+    ptr: u64,
+    value: u32,
+) {
+    let mut args = ptr.to_le_bytes().to_vec();
+    args.extend_from_slice(&value.to_le_bytes());
+    args.extend_from_slice(&16u32.to_le_bytes());
+    let launch = omps_ring::wire::Launch {
+        func: fill,
+        stream,
+        grid: [1; 3],
+        block: [1; 3],
+        args_len: args.len() as u32,
+        ..Default::default()
+    };
+    c.push(
+        dev,
+        omps_ring::wire::Op::Launch,
+        &[bytemuck::bytes_of(&launch), &args],
+    )
+    .unwrap();
 }
 
 /// Asserts a CUDA call through the shim's entry points succeeded.

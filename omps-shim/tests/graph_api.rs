@@ -190,6 +190,19 @@ fn capture_instantiate_launch() {
                 }
             }
         }
+        // The invalidated capture, not yet ended, forbids nothing more (as natively:
+        // tests/cuda/rt/capture_modes.cu): PyTorch's tests leave one behind and go on.
+        ok(cuStreamBeginCapture_v2(s, 0));
+        fill(s, 5);
+        assert_eq!(try_alloc(), UNSUPPORTED, "the first unsafe call is refused");
+        let mut status = 9;
+        ok(cuStreamIsCapturing(s, &mut status));
+        assert_eq!(status, 2, "invalidated, not ended");
+        ok(try_alloc());
+        ok(elsewhere());
+        ok(omps_shim::api::ctx::cuCtxSynchronize());
+        let mut g = null_mut();
+        assert_eq!(cuStreamEndCapture(s, &mut g), 901);
         ok(cuStreamDestroy_v2(s));
     }
 }

@@ -1,4 +1,4 @@
-//! Memsets of page-locked host memory: natively the GPU writes it through its unified
+//! Memsets of and copies to page-locked host memory: natively the GPU writes it through its unified
 //! address (XLA's autotuner memsets pinned words), so omps must not refuse them, whether
 //! the server reaches the memory (cuMemHostAlloc) or not (registered pieces of pages).
 
@@ -97,5 +97,67 @@ fn client() {
         );
         assert_eq!(mine[41..46], [9; 5]);
         ok(cuMemHostUnregister(base));
+
+        copies_that_name_the_wrong_side(s);
+    }
+}
+
+/// XLA's autotuner copies a word into a pinned buffer with cuMemcpyDtoD: under unified
+/// addressing the driver takes page-locked memory on either side of a copy whatever the
+/// copy's name says, so omps must too (it answered INVALID_VALUE).
+///
+/// # Safety
+/// `s` is a live stream of the current context.
+unsafe fn copies_that_name_the_wrong_side(s: CUstream) {
+    // SAFETY (whole function): every pointer is a live local, the device allocation, or
+    // the page-locked allocation, which live until freed at the end.
+    unsafe {
+        let mut pinned: *mut c_void = null_mut();
+        ok(cuMemHostAlloc(&mut pinned, 4096, 0));
+        let pw = std::slice::from_raw_parts_mut(pinned as *mut u32, 1024);
+        pw.fill(1);
+        let mut d = 0u64;
+        ok(cuMemAlloc_v2(&mut d, 64));
+        let src: Vec<u32> = (100..116).collect();
+        ok(cuMemcpyHtoD_v2(d, src.as_ptr() as *const c_void, 64));
+
+        // Device to pinned, named DtoD, in stream order and at once.
+        ok(cuMemcpyDtoDAsync_v2(pinned as u64 + 8, d, 8, s));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(&pw[1..5], &[1, 100, 101, 1]);
+        ok(cuMemcpyDtoD_v2(pinned as u64 + 64, d + 8, 8));
+        assert_eq!(&pw[15..19], &[1, 102, 103, 1]);
+        // Pinned to device, named DtoD; then read back with the right name.
+        pw[32] = 0xfeed;
+        ok(cuMemcpyDtoD_v2(d, pinned as u64 + 128, 4));
+        let mut back = [0u32; 2];
+        ok(cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, d, 8));
+        assert_eq!(back, [0xfeed, 101]);
+        // Pinned where HtoD and DtoH name the device side: pinned to pageable and back.
+        let mut own = [0u32; 2];
+        ok(cuMemcpyDtoH_v2(
+            own.as_mut_ptr() as *mut c_void,
+            pinned as u64 + 8,
+            8,
+        ));
+        assert_eq!(own, [100, 101]);
+        let word = [0x77u32];
+        ok(cuMemcpyHtoDAsync_v2(
+            pinned as u64 + 256,
+            word.as_ptr() as *const c_void,
+            4,
+            s,
+        ));
+        ok(cuStreamSynchronize(s));
+        assert_eq!(pw[64], 0x77);
+        // Memory that is neither the client's device memory nor page-locked: still refused.
+        let mut plain = vec![3u32; 4];
+        assert_eq!(
+            cuMemcpyDtoD_v2(plain.as_mut_ptr() as u64, d, 8),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(plain, [3; 4]);
+        ok(cuMemFree_v2(d));
+        ok(cuMemFreeHost(pinned));
     }
 }

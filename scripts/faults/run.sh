@@ -70,27 +70,29 @@ if [ "$(timeout 20 nvidia-smi -L | wc -l)" -ge 2 ]; then
 fi
 
 # 2. Clients back to back through a fault and the restart.
-arrivals() { # "once" clients one after another until $W/arr.stop exists
-    local i=0
+arrivals() { # "once" clients one after another until $W/arr.stop exists; $1: OMPS_CONNECT_WAIT
+    # Two loops run at once: one whose clients take the refusal at once (0), one whose
+    # clients wait for the server as MPS clients do (the default, 30 s). Apart, a waiting
+    # client would hold its loop through the whole restart and none would be refused.
+    local i=0 wait=$1
     while [ ! -e "$W/arr.stop" ]; do
-        i=$((i + 1)); local s0 wait=$(( i % 2 ? 0 : 30 )); s0=$(date +%s%N)
-        # Every other client returns the refusal at once (OMPS_CONNECT_WAIT=0), the
-        # others wait for the server as MPS clients do (the default).
-        OMPS_CONNECT_WAIT=$wait LD_PRELOAD="$B/libomps_shim.so" timeout 40 "$W/client" once > "$W/arr$i.out" 2>&1
-        echo "$? $s0 $wait" > "$W/arr$i.rc"
+        i=$((i + 1)); local s0; s0=$(date +%s%N)
+        OMPS_CONNECT_WAIT=$wait LD_PRELOAD="$B/libomps_shim.so" timeout 40 "$W/client" once > "$W/arr$wait-$i.out" 2>&1
+        echo "$? $s0 $wait" > "$W/arr$wait-$i.rc"
     done
 }
 rm -f "$W"/arr* "$W/sock.missing"
 ( while [ ! -e "$W/arr.stop" ]; do [ -S "$W/pipe/omps.sock" ] || echo "$(date +%s%N)" >> "$W/sock.missing"; sleep 0.005; done ) &
 WATCH=$!
-arrivals & ARR=$!
+arrivals 0 & ARR=$!
+arrivals 30 & ARR2=$!
 sleep 1
 LD_PRELOAD="$B/libomps_shim.so" timeout 60 "$W/client" fault > "$W/fault2.out" 2>&1; f=$(date +%s%N)
 st=""
 for _ in $(seq 100); do st=$(ctl get_server_status "$SP" 2>/dev/null); [ "$st" = ACTIVE ] && break; sleep 0.1; done
 active=$(date +%s%N)
 echo "back to back: $(cat "$W/fault2.out"); server $st $(( (active - f) / 1000000 )) ms after it"
-sleep 3; touch "$W/arr.stop"; wait "$ARR"; wait "$WATCH"
+sleep 3; touch "$W/arr.stop"; wait "$ARR"; wait "$ARR2"; wait "$WATCH"
 served=0 refused=0 told=0 lost=0 late=0 waited=0 unserved_waiters=0
 for r in "$W"/arr*.rc; do
     o=${r%.rc}.out; read -r rc began waits < "$r"
@@ -108,7 +110,7 @@ for r in "$W"/arr*.rc; do
         lost=$((lost + 1)); echo "  lost: $(basename "$o"): $(head -c 300 "$o")"
     else told=$((told + 1)); fi
 done
-missing=$(wc -l < "$W/sock.missing" 2>/dev/null || echo 0)
+missing=0; [ -e "$W/sock.missing" ] && missing=$(wc -l < "$W/sock.missing")
 echo "back to back: $served served, $refused refused (807), $told told of the fault, $lost lost; socket missing $missing times; server pid $SP $(cat /proc/$SP/comm 2>/dev/null), $(grep -c 'omps server listening' "$W/server.log") start(s) in its log"
 verdict "back to back: no client fails to reach the server" "$([ $lost = 0 ] && echo PASS || echo "$lost lost")"
 verdict "back to back: the socket file is always there" "$([ "$missing" = 0 ] && echo PASS || echo "missing $missing times")"

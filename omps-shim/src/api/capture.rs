@@ -108,6 +108,7 @@ fn begun(
             mode,
             thread: thread_id(),
             into,
+            invalidated: false,
         },
     );
     Ok(())
@@ -144,12 +145,16 @@ pub(crate) fn unsafe_call_allowed() -> Result<(), CUresult> {
     }
     let me = thread_id();
     let forbidding: Vec<(usize, u32)> = lock_ids()
-        .iter()
+        .iter_mut()
         .filter(|(_, c)| {
-            c.mode != MODE_RELAXED
+            !c.invalidated
+                && c.mode != MODE_RELAXED
                 && (c.thread == me || (mode == MODE_GLOBAL && c.mode == MODE_GLOBAL))
         })
-        .map(|(&k, _)| k)
+        .map(|(&k, c)| {
+            c.invalidated = true;
+            k
+        })
         .collect();
     if forbidding.is_empty() {
         return Ok(());
@@ -194,6 +199,9 @@ struct Capture {
     mode: c_uint,
     thread: i32,
     into: Option<IntoBuilt>,
+    /// An unsafe call it forbade invalidated it: until it ends it forbids nothing more
+    /// (PyTorch's tests leave such a capture unended and go on synchronizing).
+    invalidated: bool,
 }
 
 /// Capturing origin stream (device, the server's stream id: the per-thread default

@@ -62,6 +62,13 @@ pub(crate) fn is_unshared_host(p: u64, len: usize) -> bool {
     })
 }
 
+/// Whether `[p, p+len)` lies in one page-locked range of any kind: under unified
+/// addressing such memory is a valid "device" pointer for the copies that name a
+/// direction (cuMemcpyDtoD with a pinned buffer on one side, as XLA's autotuner does).
+pub(crate) fn is_pinned_host(p: u64, len: usize) -> bool {
+    is_shared(p, len) || is_unshared_host(p, len)
+}
+
 /// With unified addressing every page-locked allocation is mapped: the driver reports
 /// CU_MEMHOSTALLOC_DEVICEMAP whether or not it was asked for.
 const DEVICEMAP: u32 = 2;
@@ -266,8 +273,14 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let (_, r) = host_range(p as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (start, r) = host_range(p as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if r.kind != Kind::Shared {
+            if crate::trace_enabled() {
+                eprintln!(
+                    "omps trace: cuMemHostGetDevicePointer({p:?}): in {:?} range {start:#x}+{:#x}, which the server cannot reach",
+                    r.kind, r.len
+                );
+            }
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         // SAFETY: the caller's pointer.
@@ -297,6 +310,11 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uin
         } else {
             Kind::Registered
         };
+        if crate::trace_enabled() {
+            eprintln!(
+                "omps trace: cuMemHostRegister({p:?}, {size:#x}, flags {flags:#x}): {kind:?}"
+            );
+        }
         HOST.lock().unwrap_or_else(|e| e.into_inner()).insert(
             p as usize,
             HostRange {
@@ -373,7 +391,13 @@ fn is_device(p: u64) -> bool {
     range_info(p).is_some()
 }
 
-fn copy_any(dst: u64, src: u64, len: usize, s: CUstream, sync: bool) -> Result<(), CUresult> {
+pub(crate) fn copy_any(
+    dst: u64,
+    src: u64,
+    len: usize,
+    s: CUstream,
+    sync: bool,
+) -> Result<(), CUresult> {
     match (is_device(dst), is_device(src)) {
         (true, true) => {
             copy_dtod(dst, src, len, s)?;
@@ -399,6 +423,11 @@ fn copy_any(dst: u64, src: u64, len: usize, s: CUstream, sync: bool) -> Result<(
                         id,
                     );
                 }
+            }
+            if len > 0 && !sync {
+                // In stream order: what the stream's earlier work writes to either buffer
+                // (page-locked memory kernels reach) lands before the bytes move.
+                super::exec::stream_sync(s)?;
             }
             if len > 0 {
                 // SAFETY: both are host memory of len bytes, per cuMemcpy's contract.

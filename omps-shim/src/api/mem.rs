@@ -606,6 +606,25 @@ pub(crate) fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Res
     live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])
 }
 
+/// A copy that names its direction but has page-locked host memory where it says device:
+/// valid under unified addressing (the driver looks at the pointers, not the name), so it
+/// goes the way cuMemcpy goes. `None` when the named direction is the real one.
+fn uva_copy(
+    dst: u64,
+    src: u64,
+    n: usize,
+    s: CUstream,
+    sync: bool,
+    dst_dev: bool,
+    src_dev: bool,
+) -> Option<Result<(), CUresult>> {
+    let pinned = |p: u64, named_dev: bool| {
+        named_dev && range_info(p).is_none() && super::hostmem::is_pinned_host(p, n)
+    };
+    (pinned(dst, dst_dev) || pinned(src, src_dev))
+        .then(|| super::hostmem::copy_any(dst, src, n, s, sync))
+}
+
 /// # Safety
 /// `src` is readable for `n` bytes.
 #[no_mangle]
@@ -614,7 +633,11 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    entry(|| copy_htod(dst, src as *const u8, n, std::ptr::null_mut(), true))
+    entry(|| {
+        let null = std::ptr::null_mut();
+        uva_copy(dst, src as u64, n, null, true, true, false)
+            .unwrap_or_else(|| copy_htod(dst, src as *const u8, n, null, true))
+    })
 }
 
 /// # Safety
@@ -626,14 +649,21 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    entry(|| copy_htod(dst, src as *const u8, n, s, false))
+    entry(|| {
+        uva_copy(dst, src as u64, n, s, false, true, false)
+            .unwrap_or_else(|| copy_htod(dst, src as *const u8, n, s, false))
+    })
 }
 
 /// # Safety
 /// `dst` is writable for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| copy_dtoh(dst as *mut u8, src, n, std::ptr::null_mut(), true))
+    entry(|| {
+        let null = std::ptr::null_mut();
+        uva_copy(dst as u64, src, n, null, true, false, true)
+            .unwrap_or_else(|| copy_dtoh(dst as *mut u8, src, n, null, true))
+    })
 }
 
 /// # Safety
@@ -645,12 +675,18 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    entry(|| copy_dtoh(dst as *mut u8, src, n, s, false))
+    entry(|| {
+        uva_copy(dst as u64, src, n, s, false, false, true)
+            .unwrap_or_else(|| copy_dtoh(dst as *mut u8, src, n, s, false))
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
     entry(|| {
+        if let Some(r) = uva_copy(dst, src, n, std::ptr::null_mut(), true, true, true) {
+            return r;
+        }
         copy_dtod(dst, src, n, std::ptr::null_mut())?;
         // Managed memory the CPU touches next: done before the return.
         finish_if_host(dst, src)
@@ -664,5 +700,7 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    entry(|| copy_dtod(dst, src, n, s))
+    entry(|| {
+        uva_copy(dst, src, n, s, false, true, true).unwrap_or_else(|| copy_dtod(dst, src, n, s))
+    })
 }

@@ -85,6 +85,33 @@ int main() {
             }
         }
     }
+    // An unsafe call invalidates the capture that forbade it, which stays unended (PyTorch's
+    // tests leave such a capture behind and go on): what may the process do until it ends?
+    for (cudaStreamCaptureMode mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal}) {
+        CHECK(cudaStreamBeginCapture(s, mode));
+        k<<<1, 1, 0, s>>>((int *)dev_buf);
+        cudaError_t first = cudaDeviceSynchronize();
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        cudaError_t is = cudaStreamIsCapturing(s, &st);
+        cudaError_t again = cudaDeviceSynchronize();
+        void *p = nullptr;
+        cudaError_t m = cudaMalloc(&p, 256);
+        if (m == cudaSuccess) cudaFree(p);
+        cudaError_t other = cudaSuccess;
+        std::thread t([&] { other = cudaDeviceSynchronize(); });
+        t.join();
+        k<<<1, 1, 0, s>>>((int *)dev_buf);
+        cudaError_t launch = cudaGetLastError();
+        cudaGraph_t g = nullptr;
+        cudaError_t end = cudaStreamEndCapture(s, &g);
+        if (g) cudaGraphDestroy(g);
+        printf("%s capture invalidated by a sync: %s; status %d (%s); sync again %s; malloc %s; "
+               "other thread's sync %s; launch into it %s; capture ended %s\n",
+               mode_name(mode), cudaGetErrorName(first), (int)st, cudaGetErrorName(is), cudaGetErrorName(again),
+               cudaGetErrorName(m), cudaGetErrorName(other), cudaGetErrorName(launch), cudaGetErrorName(end));
+        cudaGetLastError();
+        CHECK(cudaDeviceSynchronize());
+    }
     // The exchange returns the mode it replaces.
     cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
     CHECK(cudaThreadExchangeStreamCaptureMode(&m));

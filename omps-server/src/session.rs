@@ -544,6 +544,11 @@ impl Session {
 
     fn note_error(&mut self, e: CuError) {
         tracing::debug!(client = self.client.id, "asynchronous error {}", e.0);
+        if e.0 == code::STREAM_CAPTURE_INVALIDATED {
+            // Work queued into an invalidated capture: natively the call fails at once and
+            // leaves nothing behind, and the capture's end reports it (901) here too.
+            return;
+        }
         if self.pending_error == 0 {
             self.pending_error = e.0;
         }

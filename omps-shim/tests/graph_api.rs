@@ -190,19 +190,28 @@ fn capture_instantiate_launch() {
                 }
             }
         }
-        // The invalidated capture, not yet ended, forbids nothing more (as natively:
-        // tests/cuda/rt/capture_modes.cu): PyTorch's tests leave one behind and go on.
+        // The invalidated capture, until it ends, still forbids unsafe calls, and a launch
+        // into it fails at once (as natively: tests/cuda/rt/capture_modes.cu); once it
+        // ends nothing of it is left to report.
+        let before = read();
         ok(cuStreamBeginCapture_v2(s, 0));
         fill(s, 5);
         assert_eq!(try_alloc(), UNSUPPORTED, "the first unsafe call is refused");
         let mut status = 9;
         ok(cuStreamIsCapturing(s, &mut status));
         assert_eq!(status, 2, "invalidated, not ended");
-        ok(try_alloc());
-        ok(elsewhere());
-        ok(omps_shim::api::ctx::cuCtxSynchronize());
+        assert_eq!(try_alloc(), UNSUPPORTED, "and the next");
+        assert_eq!(elsewhere(), UNSUPPORTED, "and another thread's");
+        assert_eq!(omps_shim::api::ctx::cuCtxSynchronize(), UNSUPPORTED);
+        assert_eq!(
+            try_fill_kernel(p, 6, 16, s),
+            901,
+            "a launch into it fails at once"
+        );
         let mut g = null_mut();
         assert_eq!(cuStreamEndCapture(s, &mut g), 901);
+        ok(omps_shim::api::ctx::cuCtxSynchronize());
+        assert_eq!(read(), before, "nothing captured ran");
         ok(cuStreamDestroy_v2(s));
     }
 }

@@ -99,6 +99,56 @@ fn client() {
         ok(cuMemHostUnregister(base));
 
         copies_that_name_the_wrong_side(s);
+        registered_piece_device_pointer(s);
+    }
+}
+
+/// NPP registers a 4-byte stack variable, asks for its device pointer and has a kernel
+/// write a count there: a piece of a page, which the server cannot map, gets a mirror
+/// (api/host_mirror.rs) whose writes the program sees once it synchronizes, and whose
+/// reads see the program's writes.
+///
+/// # Safety
+/// `s` is a live stream of the current context.
+unsafe fn registered_piece_device_pointer(s: CUstream) {
+    // SAFETY (whole function): every pointer is a live local or the registered piece,
+    // which stays registered until the end.
+    unsafe {
+        let mut mine = vec![5u32; 64];
+        let base = mine.as_mut_ptr().add(3) as *mut c_void;
+        ok(cuMemHostRegister_v2(base, 8 * 4, 2));
+        let mut devptr = 0u64;
+        ok(cuMemHostGetDevicePointer_v2(&mut devptr, base, 0));
+        assert_ne!(devptr, base as u64, "a mirror, not the program's address");
+        let mut again = 0u64;
+        ok(cuMemHostGetDevicePointer_v2(
+            &mut again,
+            (base as *mut u32).add(2) as *mut c_void,
+            0,
+        ));
+        assert_eq!(again, devptr + 8, "one mirror for the piece");
+        // A kernel writes through the device pointer; after the sync the program sees it.
+        fill_kernel(devptr + 4, 0xabcd, 2, s);
+        ok(cuStreamSynchronize(s));
+        assert_eq!(&mine[2..8], &[5, 5, 0xabcd, 0xabcd, 5, 5]);
+        // The program writes its memory; the GPU reads it through the device pointer.
+        mine[9] = 0x600d;
+        let mut d = 0u64;
+        ok(cuMemAlloc_v2(&mut d, 64));
+        ok(cuMemcpyDtoD_v2(d, devptr + 24, 4));
+        let mut back = 0u32;
+        ok(cuMemcpyDtoH_v2(&mut back as *mut u32 as *mut c_void, d, 4));
+        assert_eq!(back, 0x600d);
+        ok(cuMemHostUnregister(base));
+        // Past the unregistration the mirror is gone: the program's memory is its own.
+        assert_eq!(
+            cuMemHostGetDevicePointer_v2(&mut again, base, 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        fill_kernel(d, 1, 1, s);
+        ok(cuStreamSynchronize(s));
+        assert_eq!(mine[4], 0xabcd);
+        ok(cuMemFree_v2(d));
     }
 }
 

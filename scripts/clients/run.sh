@@ -44,6 +44,12 @@ for p in "${progs[@]}"; do
     if [ "$p" = nccl ] && [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then echo "nccl: SKIP (needs two GPUs)"; continue; fi
     nrc=$(run_one "$p" native)
     if [ "$nrc" != 0 ]; then echo "$p: native FAILED (rc $nrc): $(tail -n 3 "$LOG/$p.native.err" | tr '\n' ' ')"; rc=1; continue; fi
+    # A second native run: a program whose output differs from itself natively cannot be
+    # compared line for line, and says so.
+    cp "$LOG/$p.native.txt" "$LOG/$p.native1.txt"
+    if [ "$(run_one "$p" native)" = 0 ] && ! diff <(norm "$LOG/$p.native1.txt") <(norm "$LOG/$p.native.txt") > "$LOG/$p.native.diff"; then
+        echo "$p: native runs differ from each other: $(head -c 300 "$LOG/$p.native.diff")"; rc=1
+    fi
     for way in preload libpath; do
         wrc=$(run_one "$p" $way)
         if [ "$wrc" = 0 ] && diff <(norm "$LOG/$p.native.txt") <(norm "$LOG/$p.$way.txt") > "$LOG/$p.$way.diff"; then

@@ -28,7 +28,7 @@ def test_stress_all_at_once(native, run_workload, results_tsv):
     refs = {n: native(n) for n in NAMES}
     jobs = [(n, i) for n in NAMES for i in range(COPIES) if "__skip__" not in refs[n].result]
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        futures = {job: pool.submit(run_workload, job[0], Mode.PRELOAD, f".stress{job[1]}") for job in jobs}
+        futures = {job: pool.submit(run_workload, job[0], Mode.OMPS_PRELOAD, f".stress{job[1]}") for job in jobs}
     failures = []
     for (n, i), f in futures.items():
         try:

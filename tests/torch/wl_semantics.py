@@ -376,10 +376,14 @@ def graph_after_failed_capture():
         out["failed"] = "no error"
     except RuntimeError as e:
         out["failed"] = "operation not permitted" in str(e) or "capture" in str(e)
-        try:
-            g.capture_end()
-        except RuntimeError:
-            pass
+        # The capture is invalidated, not ended: until it ends, synchronizing still fails
+        # (natively too). It must end on the stream it began on.
+        with torch.cuda.stream(s):
+            try:
+                g.capture_end()
+                out["ended"] = "no error"
+            except RuntimeError as e2:
+                out["ended"] = "invalidated" in str(e2) or "previous error" in str(e2)
     torch.cuda.synchronize()
     out["capturing_after"] = torch.cuda.is_current_stream_capturing()
     torch.manual_seed(3)

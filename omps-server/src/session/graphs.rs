@@ -401,26 +401,13 @@ impl Session {
                 self.complete(h.call, CAPTURED_EVENT, &[])?;
             }
             Op::CtxSync if self.capturing > 0 => {
-                // A capture an unsafe call already invalidated forbids nothing more, as
-                // natively (PyTorch's tests leave one unended and synchronize again).
-                const INVALIDATED: u32 = 2;
                 let c = rec::<CallHdr>(p);
                 let ids: Vec<u32> = self
                     .streams
                     .iter()
                     .filter(|(_, s)| s.capturing)
-                    .filter(|(_, s)| {
-                        s.pool.is_some_and(|w| {
-                            ctx.gpu
-                                .capture_status(w)
-                                .map_or(true, |(st, _)| st != INVALIDATED)
-                        })
-                    })
                     .map(|(&id, _)| id)
                     .collect();
-                if ids.is_empty() {
-                    return Ok(None);
-                }
                 ids.iter().for_each(|&id| invalidate(self, id));
                 self.complete(c, UNSUPPORTED, &[])?;
             }

@@ -147,8 +147,7 @@ pub(crate) fn unsafe_call_allowed() -> Result<(), CUresult> {
     let forbidding: Vec<(usize, u32)> = lock_ids()
         .iter_mut()
         .filter(|(_, c)| {
-            !c.invalidated
-                && c.mode != MODE_RELAXED
+            c.mode != MODE_RELAXED
                 && (c.thread == me || (mode == MODE_GLOBAL && c.mode == MODE_GLOBAL))
         })
         .map(|(&k, c)| {
@@ -175,6 +174,21 @@ pub(crate) fn unsafe_call_allowed() -> Result<(), CUresult> {
     Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 }
 
+/// A launch into stream `s` fails at once, as natively, if this process invalidated the
+/// capture `s` is the origin of (an unsafe call it forbade); the server would only note
+/// the driver's error for a later call.
+pub(crate) fn launch_allowed(s: CUstream) -> Result<(), CUresult> {
+    const INVALIDATED: CUresult = 901;
+    if !any_capture() {
+        return Ok(());
+    }
+    let (stream, dev) = stream_dev(s)?;
+    match lock_ids().get(&(dev, stream)) {
+        Some(c) if c.invalidated => Err(INVALIDATED),
+        _ => Ok(()),
+    }
+}
+
 /// The capturing origin stream (device, server stream id) whose capture will end in
 /// graph handle `g`.
 pub(crate) fn capture_stream_of(g: CUgraph) -> Option<(usize, u32)> {
@@ -199,8 +213,8 @@ struct Capture {
     mode: c_uint,
     thread: i32,
     into: Option<IntoBuilt>,
-    /// An unsafe call it forbade invalidated it: until it ends it forbids nothing more
-    /// (PyTorch's tests leave such a capture unended and go on synchronizing).
+    /// An unsafe call it forbade invalidated it: until it ends, it still forbids them,
+    /// and launches into it fail at once with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
     invalidated: bool,
 }
 

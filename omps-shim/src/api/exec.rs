@@ -534,6 +534,7 @@ unsafe fn launch(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Result<(), CUresult> {
+    super::capture::launch_allowed(s)?;
     let target = resolve_stream(s)?;
     // A library's kernel runs on the stream's device (the current one for the default
     // stream), loaded there if it is not yet.

@@ -274,6 +274,24 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (start, r) = host_range(p as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if r.kind == Kind::Registered {
+            // A piece of the program's pages: a mirror the server reaches.
+            let alloc = |n: usize| {
+                let m = host_alloc(n, 0).ok()? as usize;
+                if is_shared(m as u64, n) {
+                    Some(m)
+                } else {
+                    let _ = free_host(m, false);
+                    None
+                }
+            };
+            // SAFETY: [start, start+len) is registered, the program's memory while it is.
+            let m = unsafe { super::host_mirror::device_pointer(start, r.len, p as usize, alloc) };
+            if let Some(m) = m {
+                // SAFETY: the caller's pointer.
+                return unsafe { out(d, m) };
+            }
+        }
         if r.kind != Kind::Shared {
             if crate::trace_enabled() {
                 eprintln!(
@@ -377,6 +395,9 @@ pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
                 _ => return Err(HOST_MEMORY_NOT_REGISTERED),
             }
         };
+        if let Some(m) = super::host_mirror::forget(p as usize) {
+            free_host(m, false)?;
+        }
         // The pages stay shared (the program keeps its memory and contents); the server
         // lets go of them once this client's queued work is done.
         if r.kind == Kind::Shared {

@@ -12,6 +12,7 @@ pub mod graph_build;
 pub mod graph_mem;
 pub mod green;
 pub mod green_res;
+pub mod host_mirror;
 pub mod hostmem;
 pub mod ipc;
 pub mod link;
@@ -45,11 +46,19 @@ pub(crate) fn mark_initialized() {
 /// a library's vague "internal error" is traced back to the call that failed.
 #[track_caller]
 pub(crate) fn entry(f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
+    // Registered pieces the server cannot map: the GPU's writes and the program's meet
+    // around every call (api/host_mirror.rs).
+    if host_mirror::any() {
+        host_mirror::merge_all();
+    }
     let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => 999,
     };
+    if host_mirror::any() {
+        host_mirror::merge_all();
+    }
     if r != CUDA_SUCCESS && crate::trace_enabled() {
         let at = std::panic::Location::caller();
         eprintln!("omps trace: {}:{} returned {r}", at.file(), at.line());

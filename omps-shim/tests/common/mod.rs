@@ -297,6 +297,53 @@ pub fn launch_fill_words(
     .unwrap();
 }
 
+/// Launches HOST_MODULE's `fill_u32` through the shim's cuLaunchKernel: `count` words at
+/// `p` set to `value`, on stream `s`; returns the launch's result.
+///
+/// # Safety
+/// `s` is a live stream of the current context.
+#[allow(dead_code)]
+pub unsafe fn try_fill_kernel(
+    p: u64,
+    value: u32,
+    count: u32,
+    s: omps_shim::api::exec::CUstream,
+) -> omps_shim::cuda::CUresult {
+    let f = host_function(c"fill_u32");
+    let (mut ptr, mut val, mut n) = (p, value, count);
+    let mut args = [
+        &mut ptr as *mut _ as *mut std::ffi::c_void,
+        &mut val as *mut _ as *mut std::ffi::c_void,
+        &mut n as *mut _ as *mut std::ffi::c_void,
+    ];
+    // SAFETY: the arguments match fill_u32's; the caller's stream.
+    unsafe {
+        omps_shim::api::exec::cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            s,
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// As try_fill_kernel, asserting the launch succeeded.
+///
+/// # Safety
+/// `s` is a live stream of the current context.
+#[allow(dead_code)]
+pub unsafe fn fill_kernel(p: u64, value: u32, count: u32, s: omps_shim::api::exec::CUstream) {
+    // SAFETY: the caller's contract.
+    ok(unsafe { try_fill_kernel(p, value, count, s) });
+}
+
 /// Asserts a CUDA call through the shim's entry points succeeded.
 #[allow(dead_code)]
 pub fn ok(r: omps_shim::cuda::CUresult) {

@@ -20,7 +20,7 @@ export NCCL_DEBUG=${NCCL_DEBUG:-INFO} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 fail=0
 run() { # name, then env assignments for the program
     local name=$1; shift
-    env "$@" timeout 300 python3 "$R/tests/clients/nccl_prog.py" > "$W/$name.txt" 2> "$W/$name.err"
+    env "$@" timeout "${NCCL_RUN_TIMEOUT:-300}" python3 "$R/tests/clients/nccl_prog.py" > "$W/$name.txt" 2> "$W/$name.err"
     echo $?
 }
 transport() { grep -o -E 'via (P2P|SHM|NET)[^ ]*( [^ ]*)?' "$1" | sort | uniq -c | head -5; }

@@ -19,7 +19,7 @@ NAMES = [n.strip() for n in os.environ.get("TORCH_SUITE_STRESS_WORKLOADS", DEFAU
 COPIES = int(os.environ.get("TORCH_SUITE_STRESS_COPIES", "2"))
 
 
-def test_stress_all_at_once(native, run_workload, results_tsv):
+def test_stress_all_at_once(native, run_workload, results_tsv, omps_server):
     """Every named workload, COPIES copies each, all at once through LD_PRELOAD: every
     copy's result must equal the native one bit for bit."""
     for n in NAMES:

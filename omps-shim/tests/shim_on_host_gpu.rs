@@ -219,6 +219,27 @@ fn driver_api_through_the_server() {
         let mut w = [0u32; 4];
         ok(cuMemcpyDtoH_v2(w.as_mut_ptr() as *mut c_void, q, 16));
         assert_eq!(&w[..3], &[7, 7, 7]);
+        // A buffer shorter than the parameters, as NCCL passes its 4 KiB argument struct:
+        // taken, the missing bytes zero (here the count: nothing is written).
+        packed[8..12].copy_from_slice(&9u32.to_le_bytes());
+        let mut short = 12usize;
+        extra[3] = &mut short as *mut usize as *mut c_void;
+        ok(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            null_mut(),
+            null_mut(),
+            extra.as_mut_ptr(),
+        ));
+        ok(cuCtxSynchronize());
+        ok(cuMemcpyDtoH_v2(w.as_mut_ptr() as *mut c_void, q, 16));
+        assert_eq!(&w[..3], &[7, 7, 7], "count 0: nothing filled");
 
         // Globals are copyable ranges.
         let (mut g, mut gsize) = (0u64, 0usize);

@@ -379,6 +379,11 @@ def graph_after_failed_capture():
 
     x = randn(64, 64, seed=650)
     s = torch.cuda.Stream()
+    # cuBLAS makes its handle on first use, which a capture forbids: warm it up first, on
+    # the stream the capture uses, as torch.cuda.graph's users do.
+    with torch.cuda.stream(s):
+        x @ x
+    torch.cuda.synchronize()
     s.wait_stream(torch.cuda.current_stream())
     g = torch.cuda.CUDAGraph()
     with torch.cuda.stream(s):

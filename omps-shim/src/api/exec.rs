@@ -425,9 +425,13 @@ pub(crate) unsafe fn pack_args(
         i += 2;
     }
     match size {
-        Some(n) if !ptr.is_null() && n >= f.args_size => {
-            // SAFETY: the caller's buffer holds n >= args_size bytes.
-            unsafe { std::ptr::copy_nonoverlapping(ptr, buf.as_mut_ptr(), f.args_size) };
+        // A buffer shorter than the parameters is taken as the driver takes it: NCCL's
+        // kernels declare a 4 KiB argument struct and pass only the bytes in use. The
+        // rest stays zero (buf comes zeroed).
+        Some(n) if !ptr.is_null() => {
+            let n = n.min(f.args_size);
+            // SAFETY: the caller's buffer holds n bytes; buf holds args_size >= n.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, buf.as_mut_ptr(), n) };
             Ok(())
         }
         _ => Err(CUDA_ERROR_INVALID_VALUE),

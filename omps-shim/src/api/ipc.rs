@@ -28,7 +28,12 @@ pub struct CUipcMemHandle {
 }
 
 fn ipc_call(op: Op, ptr: u64) -> Result<Option<IpcHandle>, CUresult> {
-    let dev = current_dev()?;
+    // The session of the GPU the memory is on (an opened handle may be another GPU's);
+    // memory this process does not know is the current GPU's session's to refuse.
+    let dev = match super::mem::range_dev(ptr, 1) {
+        Ok(d) => d,
+        Err(_) => current_dev()?,
+    };
     let c = live()?;
     let mut ch = c.channel();
     ch.call(dev, op, |call| {
@@ -59,25 +64,42 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
     handle: CUipcMemHandle,
     flags: c_uint,
 ) -> CUresult {
-    // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS is the one flag; peers do not arise in one context.
+    // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS is the one flag: memory on another GPU of the
+    // process gets its GPU's peer access, as natively.
     const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
     entry(|| {
         if dptr.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let dev = current_dev()?;
+        let here = current_dev()?;
         let c = live()?;
-        let mut ch = c.channel();
-        ch.call(dev, Op::IpcOpenMemHandle, |call| {
-            bytemuck::bytes_of(&IpcOpen {
-                call,
-                handle: IpcHandle {
-                    bytes: handle.reserved,
-                },
-            })
-            .to_vec()
-        })?;
-        let p = ch.reply::<wire::U64Reply>().value;
+        let open_on = |dev: usize| -> Result<u64, CUresult> {
+            let mut ch = c.channel();
+            ch.call(dev, Op::IpcOpenMemHandle, |call| {
+                bytemuck::bytes_of(&IpcOpen {
+                    call,
+                    handle: IpcHandle {
+                        bytes: handle.reserved,
+                    },
+                })
+                .to_vec()
+            })?;
+            Ok(ch.reply::<wire::U64Reply>().value)
+        };
+        // The memory may live on another of this process's GPUs (NCCL's legacy transport
+        // opens its peer's buffer): each GPU's session knows the handles exported there.
+        let devices = (c.snapshot.device_count as usize).min(c.num_devices());
+        let (p, dev) = match open_on(here) {
+            Ok(p) => (p, here),
+            Err(first) => (0..devices)
+                .filter(|&d| d != here)
+                .find_map(|d| open_on(d).ok().map(|p| (p, d)))
+                .ok_or(first)?,
+        };
+        if dev != here && flags & LAZY_ENABLE_PEER_ACCESS != 0 {
+            // As the driver: the current context gets access to the memory's GPU.
+            super::peer::ask_server(here, dev)?;
+        }
         let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
         let n = opened
             .get_or_insert_with(HashMap::new)

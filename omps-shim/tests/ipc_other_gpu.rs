@@ -1,0 +1,66 @@
+//! An IPC handle of memory on another of the process's GPUs, as NCCL's legacy transport
+//! opens its peer's buffer (`cudaIpcOpenMemHandle` with lazy peer access, the peer's
+//! buffer on the peer's GPU): each GPU's session knows the handles exported there, so the
+//! shim asks the others when the current GPU's does not know it, and the current GPU gets
+//! access to the memory's GPU. A kernel on GPU 0 then writes the memory of GPU 1.
+
+mod common;
+use common::*;
+use omps_shim::api::ipc::*;
+use omps_shim::api::{ctx::*, device::*, exec::*, mem::*};
+use omps_shim::conn::Conn;
+use omps_shim::cuda::*;
+
+#[test]
+fn a_handle_of_another_gpus_memory_opens_and_is_reached() {
+    let (dir, _first, _second, _thread) = linked_gpus_server("ipc-other-gpu");
+    // SAFETY: set before this test starts threads that read it; the shim reads it at cuInit.
+    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &dir) };
+    // The exporter, another client: 4 KiB on its GPU 1, filled with 7s, exported.
+    let exporter = Conn::connect_to(&dir.join("omps.sock")).unwrap();
+    let p = alloc_on(&exporter, 1, 4096);
+    memset_words(&exporter, 1, p, 7);
+    exporter.ping(1).unwrap();
+    let mut ch = exporter.channel();
+    ch.call(1, omps_ring::wire::Op::IpcGetMemHandle, |call| {
+        bytemuck::bytes_of(&omps_ring::wire::IpcCall { call, ptr: p }).to_vec()
+    })
+    .unwrap();
+    let h: omps_ring::wire::IpcHandle = ch.reply();
+    drop(ch);
+    let handle = CUipcMemHandle { reserved: h.bytes };
+
+    // SAFETY (whole block): valid out-pointers and buffers of the sizes passed.
+    unsafe {
+        ok(cuInit(0));
+        let mut c0 = std::ptr::null_mut();
+        ok(cuDevicePrimaryCtxRetain(&mut c0, 0));
+        ok(cuCtxSetCurrent(c0));
+        let mut q = 0u64;
+        ok(cuIpcOpenMemHandle_v2(&mut q, handle, 1));
+        assert_eq!(q, p, "the exporter's pointer, on GPU 1");
+        let mut words = [0u32; 16];
+        ok(cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q, 64));
+        assert_eq!(words, [7; 16], "the exporter's data");
+        // A kernel on GPU 0 (the current one) writes GPU 1's memory through peer access.
+        let mut s0 = std::ptr::null_mut();
+        ok(cuStreamCreate(&mut s0, 0));
+        fill_kernel(q, 0x5eed, 16, s0);
+        ok(cuStreamSynchronize(s0));
+        ok(cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q, 64));
+        assert_eq!(words, [0x5eed; 16], "GPU 0's kernel wrote GPU 1's memory");
+        ok(cuIpcCloseMemHandle(q));
+        assert_eq!(
+            cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q, 64),
+            CUDA_ERROR_INVALID_VALUE,
+            "closed: gone"
+        );
+        // A handle no GPU knows is still refused.
+        let mut bogus = handle;
+        bogus.reserved[8] ^= 0xff;
+        assert_eq!(
+            cuIpcOpenMemHandle_v2(&mut q, bogus, 1),
+            CUDA_ERROR_INVALID_VALUE
+        );
+    }
+}

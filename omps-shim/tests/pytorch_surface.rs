@@ -220,9 +220,10 @@ fn pools_limits_and_stream_queries() {
             &mut st,
         ));
         let (a, b) = (b"first piece ".to_vec(), vec![7u8; 3 << 20]);
+        // Two objects (CU_JIT_INPUT_OBJECT): the linker bounds them by their lengths.
         ok(cuLinkAddData_v2(
             st,
-            0,
+            3,
             a.as_ptr() as *const c_void,
             a.len(),
             c"a".as_ptr(),
@@ -258,6 +259,51 @@ fn pools_limits_and_stream_queries() {
         assert_eq!(vals[1] as usize, log.len(), "the log size is written back");
         ok(cuLinkDestroy(st));
         assert_eq!(cuLinkDestroy(st), CUDA_ERROR_INVALID_HANDLE);
+        // A cubin or fatbin shorter than its headers: the driver would read past the
+        // server's copy; refused (issue 23, finding 1), and the server serves on. (PTX with
+        // no NUL gets one in the server's copy: session/link.rs.)
+        for (kind, bad) in [
+            (0u32, b"\x7fELF\x02".to_vec()),
+            (2, vec![0x50, 0xed, 0x55, 0xba]),
+        ] {
+            ok(cuLinkCreate_v2(0, null_mut(), null_mut(), &mut st));
+            ok(cuLinkAddData_v2(
+                st,
+                kind,
+                bad.as_ptr() as *const c_void,
+                bad.len(),
+                c"bad".as_ptr(),
+                0,
+                null_mut(),
+                null_mut(),
+            ));
+            let (mut img, mut len) = (null_mut(), 0usize);
+            assert_eq!(
+                cuLinkComplete(st, &mut img, &mut len),
+                CUDA_ERROR_INVALID_IMAGE,
+                "input kind {kind}"
+            );
+            ok(cuLinkDestroy(st));
+        }
+        // PTX sent with a length of strlen (no NUL), which the driver takes: the server's
+        // copy gets the NUL the driver reads up to.
+        ok(cuLinkCreate_v2(0, null_mut(), null_mut(), &mut st));
+        let ptx = b".version 8.0";
+        ok(cuLinkAddData_v2(
+            st,
+            1,
+            ptx.as_ptr() as *const c_void,
+            ptx.len(),
+            c"p".as_ptr(),
+            0,
+            null_mut(),
+            null_mut(),
+        ));
+        let (mut img, mut len) = (null_mut(), 0usize);
+        ok(cuLinkComplete(st, &mut img, &mut len));
+        let img = std::slice::from_raw_parts(img as *const u8, len);
+        assert!(img.ends_with(b".version 8.0\0"), "the PTX went with a NUL");
+        ok(cuLinkDestroy(st));
         let mut err = [0u8; 32];
         let mut eopts = [5u32, 6];
         let mut evals = [err.as_mut_ptr() as *mut c_void, 32 as *mut c_void];
@@ -269,7 +315,7 @@ fn pools_limits_and_stream_queries() {
         ));
         ok(cuLinkAddData_v2(
             st,
-            1,
+            3,
             a.as_ptr() as *const c_void,
             a.len(),
             c"bad".as_ptr(),

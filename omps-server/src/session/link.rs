@@ -49,6 +49,24 @@ fn parse(blob: &[u8]) -> Result<Parsed<'_>, String> {
     Ok((options, inputs))
 }
 
+/// CU_JIT_INPUT_PTX.
+const PTX_INPUT: u32 = 1;
+
+/// Why a link input must not reach the driver, if it must not. CUjitInputType: text kinds
+/// (PTX, NVVM IR, LTO IR as text) are read up to their NUL; cubins and fatbins by their
+/// headers, as module images; objects and libraries are archives and ELF files the
+/// linker bounds by the length given.
+fn input_unsafe(kind: u32, data: &[u8]) -> Option<&'static str> {
+    const CUBIN: u32 = 0;
+    const FATBINARY: u32 = 2;
+    match kind {
+        PTX_INPUT if !data.contains(&0) => Some("PTX text with no NUL"),
+        CUBIN | FATBINARY => omps_ring::image::check_image(data).err(),
+        _ if data.is_empty() => Some("an empty input"),
+        _ => None,
+    }
+}
+
 impl Session {
     pub(super) fn handle_link(
         &mut self,
@@ -61,6 +79,35 @@ impl Session {
             Err(e) => return self.complete(l.call, e, &[]),
         };
         let (options, inputs) = parse(&blob).map_err(Malformed)?;
+        // The driver reads PTX up to its NUL: text sent without one (a length of strlen,
+        // which the driver takes natively, reading on into the program's buffer) gets one
+        // here, so the driver stops inside the server's copy.
+        let terminated: Vec<Vec<u8>> = inputs
+            .iter()
+            .filter(|i| i.0 == PTX_INPUT && !i.2.contains(&0))
+            .map(|i| [i.2, &[0u8][..]].concat())
+            .collect();
+        let mut extra = terminated.iter();
+        let inputs: Vec<(u32, &str, &[u8])> = inputs
+            .iter()
+            .map(|&(kind, name, data)| match kind {
+                PTX_INPUT if !data.contains(&0) => {
+                    (kind, name, extra.next().expect("one each").as_slice())
+                }
+                _ => (kind, name, data),
+            })
+            .collect();
+        // The driver reads binary inputs by what they say of themselves: a lie would have
+        // it read past the server's copy (issue 23, finding 1).
+        if let Some(why) = inputs
+            .iter()
+            .find_map(|&(kind, _, data)| input_unsafe(kind, data))
+        {
+            self.log_refusal(format_args!("link input refused: {why}"));
+            let reply = wire::LinkReply::default();
+            self.link_out[l.call.channel as usize] = Vec::new();
+            return self.complete(l.call, code::INVALID_IMAGE, bytemuck::bytes_of(&reply));
+        }
         let (image, info, error) = ctx.gpu.link(&options, &inputs);
         let (r, image) = match image {
             Ok(img) => (0, img),
@@ -172,6 +219,21 @@ mod tests {
             v.extend_from_slice(data);
         }
         v
+    }
+
+    #[test]
+    fn link_inputs_the_driver_would_read_past_are_refused() {
+        assert_eq!(
+            input_unsafe(1, b".version 8.0"),
+            Some("PTX text with no NUL")
+        );
+        assert_eq!(input_unsafe(1, b".version 8.0\0"), None);
+        assert!(
+            input_unsafe(0, b"\x7fELF\x02\x01\x01").is_some(),
+            "a truncated cubin"
+        );
+        assert!(input_unsafe(2, &[0x50, 0xed, 0x55, 0xba, 1, 0, 16, 0]).is_some());
+        assert_eq!(input_unsafe(3, b""), Some("an empty input"));
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub struct ServerConfig {
     /// The shared context's device malloc heap, set at start (OMPS_MALLOC_HEAP_SIZE, a
     /// size such as 256M; "0": the driver's default), as given; checked at start.
     pub malloc_heap: Option<String>,
+    /// The process that loads each new module image first ([`crate::verifier`]); None:
+    /// images go straight to the driver (OMPS_VERIFY_IMAGES=0, and in-process tests).
+    pub verifier: Option<crate::verifier::Spec>,
 }
 
 /// The heap every client's device malloc shares unless OMPS_MALLOC_HEAP_SIZE says
@@ -74,6 +77,7 @@ impl ServerConfig {
             default_mem_limit: None,
             metrics: None,
             malloc_heap: None,
+            verifier: None,
         }
     }
 
@@ -111,6 +115,11 @@ impl ServerConfig {
                 std::env::var("OMPS_MALLOC_HEAP_SIZE")
                     .unwrap_or_else(|_| DEFAULT_MALLOC_HEAP.into()),
             ),
+            verifier: if std::env::var("OMPS_VERIFY_IMAGES").is_ok_and(|v| v == "0") {
+                None
+            } else {
+                crate::verifier::Spec::this_binary(sock::log_directory())
+            },
         }
     }
 }
@@ -344,6 +353,7 @@ impl Server {
             crate::memlimit::MemLimits::new(cfg.default_mem_limit.as_deref(), &snapshots)
                 .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
         let presized = presizes(&cfg)?;
+        crate::verifier::install(cfg.verifier.clone().map(crate::verifier::Verifier::new));
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
         let mut gpu_shared = Vec::new();

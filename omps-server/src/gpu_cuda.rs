@@ -124,6 +124,50 @@ pub fn init() -> GpuResult<(i32, usize)> {
     }
 }
 
+/// The image verifier's load (crate::verifier, in its own process): `image` loaded on GPU
+/// `ordinal` in that GPU's primary context, then unloaded; the CUresult, or
+/// [`crate::verifier::NO_CONTEXT`] when the GPU cannot be opened.
+pub fn verify_load(ordinal: usize, image: &[u8]) -> i32 {
+    use std::sync::OnceLock;
+    static INIT: OnceLock<bool> = OnceLock::new();
+    static CONTEXTS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    if !*INIT.get_or_init(|| init().is_ok()) {
+        return crate::verifier::NO_CONTEXT;
+    }
+    let mut ctxs = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    let ctx = match ctxs.iter().find(|c| c.0 == ordinal) {
+        Some(&(_, c)) => c as cu::CUcontext,
+        None => {
+            let (mut dev, mut ctx) = (0, std::ptr::null_mut());
+            // SAFETY: valid out-pointers; a bad ordinal is the driver's to refuse.
+            let r = unsafe {
+                match cu::cuDeviceGet(&mut dev, ordinal as c_int) {
+                    cu::CUresult::CUDA_SUCCESS => cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                    e => e,
+                }
+            };
+            if r != cu::CUresult::CUDA_SUCCESS {
+                return crate::verifier::NO_CONTEXT;
+            }
+            ctxs.push((ordinal, ctx as usize));
+            ctx
+        }
+    };
+    let mut m = std::ptr::null_mut();
+    // SAFETY: a context this process retained; the image is this process's copy, whole
+    // per check_image (the server checked it before sending).
+    unsafe {
+        if cu::cuCtxSetCurrent(ctx) != cu::CUresult::CUDA_SUCCESS {
+            return crate::verifier::NO_CONTEXT;
+        }
+        let r = cu::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void);
+        if r == cu::CUresult::CUDA_SUCCESS {
+            cu::cuModuleUnload(m);
+        }
+        r as i32
+    }
+}
+
 /// `extra` keys of cuLaunchKernel (cuda.h: CU_LAUNCH_PARAM_*).
 const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;

@@ -82,6 +82,10 @@ struct State {
     cond_bound: std::collections::BTreeSet<u64>,
 }
 
+/// An image holding these bytes kills the process that loads it on the host GPU, as an
+/// image made to crash the driver's parser would (tests of crate::verifier).
+pub const PARSER_CRASH: &[u8] = b"omps-host-parser-crash";
+
 /// Bytes per row of an array of `s`: unknown formats count 4 bytes a channel.
 fn row_bytes(s: &ArrayShape) -> u64 {
     s.width
@@ -869,6 +873,11 @@ impl Gpu for HostGpu {
     }
 
     fn module_load(&self, image: &[u8]) -> GpuResult<LoadedModule> {
+        if image.windows(PARSER_CRASH.len()).any(|w| w == PARSER_CRASH) {
+            // Plays a driver whose parser dies on an image (issue 23, finding 1): only the
+            // image verifier's child process (crate::verifier) is to meet it.
+            std::process::abort();
+        }
         self.loads.fetch_add(1, Ordering::Relaxed);
         if image.starts_with(&omps_ring::image::ELF_MAGIC) {
             // A cubin: code this device cannot run, loaded as a module of no functions

@@ -58,6 +58,7 @@ pub mod stats;
 pub mod stdio;
 pub mod testing;
 pub mod unpin;
+pub mod verifier;
 pub mod visible;
 pub mod worker;
 

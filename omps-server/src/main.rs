@@ -43,6 +43,17 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "--verify-images") {
+        // The image verifier the server starts (omps_server::verifier); `--host` plays the
+        // driver with the host GPU, for tests.
+        if args.get(2).is_some_and(|a| a == "--host") {
+            return omps_server::verifier::child_main(|ordinal, image| {
+                let g = omps_server::gpu_host::HostGpu::new(ordinal, 1 << 20);
+                g.module_load(image).map_or_else(|e| e.0, |_| 0)
+            });
+        }
+        return omps_server::verifier::child_main(gpu_cuda::verify_load);
+    }
     if args.iter().any(|a| a == "-v" || a == "--version") {
         println!("omps-server {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;

@@ -149,6 +149,11 @@ impl Session {
         if !omps_ring::image::is_ptx(ptx) || !ptx.contains(&0) {
             return self.complete(l.call, code::INVALID_IMAGE, &[]);
         }
+        // Compiled first where a crash of the driver's compiler harms no one.
+        if crate::verifier::check(ctx.gpu.ordinal(), ptx) == crate::verifier::Verdict::Crashed {
+            self.log_refusal(format_args!("PTX refused: it stopped the verifier"));
+            return self.complete(l.call, code::INVALID_IMAGE, &[]);
+        }
         let gpu = ctx.gpu.clone();
         let need = gpu.image_data_bytes(ptx);
         if let Err(e) = self.charge(ctx, need) {

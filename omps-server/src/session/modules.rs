@@ -56,6 +56,17 @@ impl Session {
                     self.uses_printf(printf);
                     return self.finish_module_load(ctx, m.call, loaded, Some(d), 0, None);
                 }
+                // A new image is loaded first where a crash of the driver's parser harms
+                // no one (crate::verifier).
+                match crate::verifier::check(gpu.ordinal(), &blob) {
+                    crate::verifier::Verdict::Good | crate::verifier::Verdict::Unverified => {}
+                    crate::verifier::Verdict::Crashed => {
+                        self.log_refusal(format_args!(
+                            "module image refused: it stopped the verifier"
+                        ));
+                        return self.complete(m.call, code::INVALID_IMAGE, &[]);
+                    }
+                }
                 // Its variables count against the client's memory limit, before anything
                 // is loaded (a shareable image has none).
                 let need = if share {

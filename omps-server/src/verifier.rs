@@ -1,0 +1,369 @@
+//! Module images are loaded first in a process of their own (issue 23, finding 1).
+//!
+//! `check_image` (omps-ring) bounds what an image says of itself, but its contents go to
+//! the driver's parser, inside the server: an image made to crash that parser would end
+//! the server and every client of every GPU. So an image the server has not seen before
+//! is loaded first by a verifier, a child process (`omps-server --verify-images`) with a
+//! context of its own: an image that kills the child, or hangs it past [`DEADLINE`], is
+//! refused with CUDA_ERROR_INVALID_IMAGE and never reaches the server's driver; one the
+//! child's driver parses and lives through (loaded or refused) goes on to the server's,
+//! which answers as it would have. Verdicts
+//! are kept by the image's SHA-256, for every client and, in a file of the operator's log
+//! directory, across restarts; so each image costs one load in the child, once. The
+//! child's context (some hundreds of MiB of GPU memory) goes with the child, which exits
+//! after [`IDLE`] without work.
+//!
+//! Protocol, over the child's stdin and stdout: a request is the GPU ordinal (u32 LE),
+//! the image's length (u64 LE) and its bytes; the answer is the load's CUresult (i32 LE).
+
+use sha2::{Digest, Sha256};
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long the child may take over one image before it counts as hung.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+/// How long an idle child is kept (its context holds GPU memory).
+pub const IDLE: Duration = Duration::from_secs(20);
+
+/// How the server starts its verifier, and where it keeps verdicts.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// Hashes of images found good, one hex line each (None: kept in memory only).
+    pub known_file: Option<PathBuf>,
+}
+
+impl Spec {
+    /// This server binary as its own verifier, verdicts in `log_dir` (None: in memory).
+    pub fn this_binary(log_dir: Option<PathBuf>) -> Option<Spec> {
+        Some(Spec {
+            program: std::env::current_exe().ok()?,
+            args: vec!["--verify-images".into()],
+            known_file: log_dir.map(|d| d.join("verified-images")),
+        })
+    }
+}
+
+/// What the verifier says of an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The child's driver parsed it and lived (whether it loaded it or said why not), or
+    /// it was seen so before: the server's driver may have it.
+    Good,
+    /// It killed or hung the child: never to reach the driver here.
+    Crashed,
+    /// The child could not open the GPU (a compute mode of one process per GPU, or no
+    /// memory for a second context): the image goes to the driver unverified, as without
+    /// a verifier (said once in the log).
+    Unverified,
+}
+
+/// The child's answer when it cannot open the GPU asked for.
+pub const NO_CONTEXT: i32 = i32::MIN;
+
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+    last: Instant,
+}
+
+pub struct Verifier {
+    spec: Spec,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    good: HashSet<[u8; 32]>,
+    /// Images that killed or hung the child: refused without a load.
+    bad: HashSet<[u8; 32]>,
+    child: Option<Running>,
+    /// Children started (tests read it).
+    spawned: u64,
+    /// Whether the log has said that images load unverified.
+    warned: bool,
+}
+
+impl Verifier {
+    pub fn new(spec: Spec) -> Verifier {
+        let mut state = State::default();
+        if let Some(f) = &spec.known_file {
+            if let Ok(text) = std::fs::read_to_string(f) {
+                state.good.extend(text.lines().filter_map(parse_hex));
+            }
+        }
+        Verifier {
+            spec,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// Children started so far.
+    pub fn spawned(&self) -> u64 {
+        self.lock().spawned
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The verdict on `image` for GPU `ordinal`: remembered, or from a load in the child.
+    pub fn check(&self, ordinal: usize, image: &[u8]) -> Verdict {
+        let hash: [u8; 32] = Sha256::digest(image).into();
+        let mut st = self.lock();
+        if st.good.contains(&hash) {
+            return Verdict::Good;
+        }
+        if st.bad.contains(&hash) {
+            return Verdict::Crashed;
+        }
+        if st.child.as_ref().is_some_and(|c| c.last.elapsed() > IDLE) {
+            stop(st.child.take());
+        }
+        let verdict = match self.ask(&mut st, ordinal, image) {
+            Ok(NO_CONTEXT) => {
+                if !st.warned {
+                    st.warned = true;
+                    tracing::warn!(
+                        "the image verifier cannot open GPU {ordinal} (compute mode, or memory): images load unverified"
+                    );
+                }
+                return Verdict::Unverified;
+            }
+            Ok(_) => Verdict::Good,
+            Err(why) => {
+                tracing::warn!("an image stopped the verifier ({why}): refused");
+                stop(st.child.take());
+                Verdict::Crashed
+            }
+        };
+        if verdict == Verdict::Good {
+            st.good.insert(hash);
+            self.remember(&hash);
+        } else {
+            st.bad.insert(hash);
+        }
+        verdict
+    }
+
+    /// One request to the child, started first if none runs: its answer, or why none came.
+    fn ask(&self, st: &mut State, ordinal: usize, image: &[u8]) -> Result<i32, String> {
+        if st.child.is_none() {
+            st.child = Some(self.spawn().map_err(|e| format!("cannot start: {e}"))?);
+            st.spawned += 1;
+        }
+        let c = st.child.as_mut().expect("started above");
+        c.last = Instant::now();
+        let mut head = (ordinal as u32).to_le_bytes().to_vec();
+        head.extend_from_slice(&(image.len() as u64).to_le_bytes());
+        c.stdin
+            .write_all(&head)
+            .and_then(|_| c.stdin.write_all(image))
+            .and_then(|_| c.stdin.flush())
+            .map_err(|e| format!("writing the image: {e}"))?;
+        read_answer(&mut c.stdout, &mut c.child)
+    }
+
+    fn spawn(&self) -> std::io::Result<Running> {
+        let mut child = Command::new(&self.spec.program)
+            .args(&self.spec.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            // Not a client of anything: the real driver, never the shim.
+            .env_remove("LD_PRELOAD")
+            .spawn()?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        Ok(Running {
+            child,
+            stdin,
+            stdout,
+            last: Instant::now(),
+        })
+    }
+
+    fn remember(&self, hash: &[u8; 32]) {
+        let Some(f) = &self.spec.known_file else {
+            return;
+        };
+        let line: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        let r = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(f)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(e) = r {
+            tracing::warn!(
+                "cannot keep a verified image's hash in {}: {e}",
+                f.display()
+            );
+        }
+    }
+}
+
+impl Drop for Verifier {
+    fn drop(&mut self) {
+        stop(self.lock().child.take());
+    }
+}
+
+fn stop(c: Option<Running>) {
+    if let Some(mut c) = c {
+        let _ = c.child.kill();
+        let _ = c.child.wait();
+    }
+}
+
+/// The child's 4-byte answer within [`DEADLINE`]; a child that dies or stays silent
+/// gives none.
+fn read_answer(out: &mut ChildStdout, child: &mut Child) -> Result<i32, String> {
+    use std::os::fd::AsRawFd;
+    let deadline = Instant::now() + DEADLINE;
+    let mut got = [0u8; 4];
+    let mut n = 0;
+    while n < 4 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let _ = child.kill();
+            return Err(format!("no answer in {DEADLINE:?}"));
+        }
+        let mut pfd = libc::pollfd {
+            fd: out.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().min(1000) as libc::c_int;
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
+            continue;
+        }
+        match out.read(&mut got[n..]) {
+            Ok(0) => {
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                return Err(format!("the verifier ended: {status}"));
+            }
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("reading its answer: {e}")),
+        }
+    }
+    Ok(i32::from_le_bytes(got))
+}
+
+fn parse_hex(line: &str) -> Option<[u8; 32]> {
+    let line = line.trim();
+    if line.len() != 64 {
+        return None;
+    }
+    let mut h = [0u8; 32];
+    for (i, b) in h.iter_mut().enumerate() {
+        *b = u8::from_str_radix(line.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(h)
+}
+
+/// The server's verifier, set by [`crate::Server::new`] from its configuration (None in
+/// servers that tests run in their own process).
+static INSTALLED: Mutex<Option<std::sync::Arc<Verifier>>> = Mutex::new(None);
+
+pub fn install(v: Option<Verifier>) {
+    *INSTALLED.lock().unwrap_or_else(|e| e.into_inner()) = v.map(std::sync::Arc::new);
+}
+
+/// The verdict of the installed verifier; Good where none is installed.
+pub fn check(ordinal: usize, image: &[u8]) -> Verdict {
+    let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    v.map_or(Verdict::Good, |v| v.check(ordinal, image))
+}
+
+/// The child's side: answers requests until its stdin closes or it has been idle for
+/// [`IDLE`]. `load` loads an image on GPU `ordinal` and unloads it: the CUresult.
+pub fn child_main(mut load: impl FnMut(usize, &[u8]) -> i32) -> std::process::ExitCode {
+    // What the server keeps open across its restart (listening sockets, the pipe
+    // directory's lock) is not the child's to hold should it outlive the server.
+    // SAFETY: close_range on descriptors this process does not use (only 0-2 are).
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    let mut input = std::io::stdin().lock();
+    let mut output = std::io::stdout().lock();
+    loop {
+        let mut head = [0u8; 12];
+        if input.read_exact(&mut head).is_err() {
+            return std::process::ExitCode::SUCCESS;
+        }
+        let ordinal = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+        let len = u64::from_le_bytes(head[4..].try_into().expect("8 bytes"));
+        let Ok(len) = usize::try_from(len) else {
+            return std::process::ExitCode::FAILURE;
+        };
+        let mut image = vec![0u8; len];
+        if input.read_exact(&mut image).is_err() {
+            return std::process::ExitCode::FAILURE;
+        }
+        let r = load(ordinal, &image);
+        if output
+            .write_all(&r.to_le_bytes())
+            .and_then(|_| output.flush())
+            .is_err()
+        {
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_read_back_as_written() {
+        let h: [u8; 32] = Sha256::digest(b"image").into();
+        let line: String = h.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(parse_hex(&line), Some(h));
+        assert_eq!(parse_hex("zz"), None);
+        assert_eq!(parse_hex(&line[..62]), None);
+    }
+
+    #[test]
+    fn a_verifier_that_dies_refuses_the_image_and_remembers() {
+        // A stand-in child that reads nothing and dies at once: every image it is asked
+        // about counts as one that killed the parser.
+        let v = Verifier::new(Spec {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), "exit 3".into()],
+            known_file: None,
+        });
+        assert_eq!(v.check(0, b"one"), Verdict::Crashed);
+        assert_eq!(v.spawned(), 1);
+        assert_eq!(v.check(0, b"one"), Verdict::Crashed, "remembered");
+        assert_eq!(v.spawned(), 1, "no second child for a known image");
+        // A stand-in that answers every request with 0 after reading it: good, and kept.
+        let dir = std::env::temp_dir().join(format!("omps-verifier-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let known = dir.join("verified-images");
+        let _ = std::fs::remove_file(&known);
+        let answering = Spec {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                // 12-byte head (ordinal, length 3) and the 3 bytes, then answer 0.
+                "while head -c 15 > /dev/null && [ -n x ]; do printf '\\000\\000\\000\\000'; done"
+                    .into(),
+            ],
+            known_file: Some(known.clone()),
+        };
+        let ok = Verifier::new(answering.clone());
+        assert_eq!(ok.check(0, b"two"), Verdict::Good);
+        drop(ok);
+        let again = Verifier::new(answering);
+        assert_eq!(again.check(0, b"two"), Verdict::Good, "known from the file");
+        assert_eq!(again.spawned(), 0, "without a load");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

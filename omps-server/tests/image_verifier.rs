@@ -1,0 +1,47 @@
+//! The image verifier (omps-server/src/verifier.rs) with the real server binary as its
+//! child, playing the driver with the host GPU (`--verify-images --host`): an image that
+//! kills the driver's parser is refused and remembered, the child is started again for
+//! the next image, and images found good are known from the verdict file after a
+//! restart, without a load.
+
+use omps_server::verifier::{Spec, Verdict, Verifier};
+
+fn spec(known: &std::path::Path) -> Spec {
+    Spec {
+        program: env!("CARGO_BIN_EXE_omps-server").into(),
+        args: vec!["--verify-images".into(), "--host".into()],
+        known_file: Some(known.to_path_buf()),
+    }
+}
+
+#[test]
+fn an_image_that_kills_the_parser_never_reaches_the_server() {
+    let dir = std::env::temp_dir().join(format!("omps-image-verifier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let known = dir.join("verified-images");
+    let good = b"omps-host-module\nfn fill_u32 0:8 8:4 12:4\n\0".to_vec();
+    let mut evil = b"omps-host-module\nfn x\n".to_vec();
+    evil.extend_from_slice(omps_server::gpu_host::PARSER_CRASH);
+    evil.push(0);
+    let other = b"omps-host-module\nfn trap\n\0".to_vec();
+
+    let v = Verifier::new(spec(&known));
+    assert_eq!(v.check(0, &good), Verdict::Good);
+    assert_eq!(v.check(0, &evil), Verdict::Crashed, "the child died on it");
+    assert_eq!(v.check(0, &evil), Verdict::Crashed, "remembered");
+    assert_eq!(v.spawned(), 1, "no child asked twice about the same image");
+    assert_eq!(
+        v.check(0, &other),
+        Verdict::Good,
+        "a new child for the next image"
+    );
+    assert_eq!(v.spawned(), 2);
+    drop(v);
+
+    // After a restart the good images are known from the file: no child at all.
+    let again = Verifier::new(spec(&known));
+    assert_eq!(again.check(0, &good), Verdict::Good);
+    assert_eq!(again.check(0, &other), Verdict::Good);
+    assert_eq!(again.spawned(), 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

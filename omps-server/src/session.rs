@@ -164,9 +164,7 @@ impl PinnedRelease {
     pub fn done(self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.client.release_pinned(self.addr, self.len);
-            self.client
-                .pinned_bytes
-                .fetch_sub(self.len, Ordering::Relaxed);
+            self.client.unpinned(self.len);
             let mut u = self
                 .client
                 .unpinning

@@ -162,7 +162,7 @@ impl Session {
             }
         }
         let client = self.client.clone();
-        let uncharge = |n: u64| client.mem_bytes[self.dev].fetch_sub(n, Ordering::Relaxed);
+        let uncharge = |n: u64| client.uncharge(self.dev, n);
         let st = &mut self.vmm;
         if st.reservations.len() + st.handles.len() + st.mappings.len() >= MAX_ENTRIES
             && matches!(v.kind, vmm::RESERVE | vmm::CREATE | vmm::MAP)

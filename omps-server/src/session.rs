@@ -23,6 +23,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// Unfinished events of streams a client gave up, before they are folded into one
+/// (`Session::fold_left`).
+const MAX_LEFT: usize = 64;
+
 mod arrays;
 mod conditional;
 mod depth;
@@ -306,7 +310,7 @@ pub struct Session {
     host_nodes: std::collections::BTreeSet<u32>,
     /// The `ack` words in its pinned memory that its graphs' other host nodes wait on.
     host_words: std::collections::BTreeSet<u64>,
-    /// The last work of streams it gave up (see `left_events`).
+    /// The last work of streams it gave up (see `left_events`), at most [`MAX_LEFT`] + 1.
     left: Vec<u64>,
     /// Its events to destroy as it goes (set by into_release: shared ones stay).
     events_to_destroy: Vec<u64>,
@@ -993,6 +997,39 @@ impl Session {
             Err(_) => {}
         }
         ctx.unbind_work_stream(pool);
+        if self.left.len() > MAX_LEFT {
+            self.fold_left(ctx);
+        }
+    }
+
+    /// Streams given up behind work that does not end (a client creating and destroying
+    /// streams in a loop) would each leave a driver event, scanned at every fence: past
+    /// [`MAX_LEFT`] unfinished ones, the client's sync stream waits for them all and one
+    /// event recorded there stands for them. The sync stream carries only waits that
+    /// cover that work anyway (fences, context synchronizations).
+    fn fold_left(&mut self, ctx: &mut WorkerCtx) {
+        self.left_events(ctx);
+        if self.left.len() <= MAX_LEFT / 2 {
+            return;
+        }
+        let m = self.sync_stream(ctx);
+        let gpu = ctx.gpu.clone();
+        let Ok(one) = gpu.event_create(0x2) else {
+            return;
+        };
+        let joined = self
+            .left
+            .iter()
+            .try_for_each(|&e| gpu.stream_wait_event(m, e))
+            .and_then(|()| gpu.event_record(one, m));
+        if joined.is_err() {
+            let _ = gpu.event_destroy(one);
+            return;
+        }
+        for e in std::mem::replace(&mut self.left, vec![one]) {
+            // The wait is queued: the event may go.
+            let _ = gpu.event_destroy(e);
+        }
     }
 
     pub fn dev(&self) -> usize {

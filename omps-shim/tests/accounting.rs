@@ -132,3 +132,81 @@ fn another_process_has_a_budget_of_its_own() {
         OTHER_PROCESS,
     );
 }
+
+#[test]
+fn streams_given_up_behind_endless_work_leave_a_bounded_number_of_events() {
+    let srv = TestServer::start("left-events");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&c, 64);
+    c.ping(0).unwrap();
+    let before = srv.gpu.events_live();
+    // Work that never ends: nothing recorded after it completes.
+    srv.gpu.stick_releases(true);
+    for id in 1..=1000u32 {
+        stream_create(&c, id);
+        let m = wire::Memset {
+            dst: p,
+            count: 16,
+            value: id,
+            elem_size: 4,
+            stream: id,
+            _pad: 0,
+        };
+        c.push(0, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
+        c.push(
+            0,
+            Op::StreamDestroy,
+            &[bytemuck::bytes_of(&wire::Handle { id, _pad: 0 })],
+        )
+        .unwrap();
+    }
+    c.ping(0).unwrap();
+    let live = srv.gpu.events_live() - before;
+    srv.gpu.stick_releases(false);
+    assert!(
+        live <= 200,
+        "{live} driver events for 1000 streams given up"
+    );
+    c.ping(0).unwrap();
+}
+
+fn instantiate(c: &Conn, graph: u32, flags: u64) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::GraphInstantiate, |call| {
+        bytemuck::bytes_of(&wire::GraphInstantiate {
+            call,
+            graph,
+            _pad: 0,
+            flags,
+        })
+        .to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+#[test]
+fn graph_instantiate_flags_the_driver_does_not_know_are_refused() {
+    let srv = TestServer::start("instantiate-flags");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&c, 64);
+    stream_create(&c, 1);
+    capture(&c, Op::CaptureBegin, 1).unwrap();
+    let m = wire::Memset {
+        dst: p,
+        count: 16,
+        value: 3,
+        elem_size: 4,
+        stream: 1,
+        _pad: 0,
+    };
+    c.push(0, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
+    let g = capture(&c, Op::CaptureEnd, 1).unwrap() as u32;
+    const INVALID_VALUE: i32 = 1;
+    for flags in [2, 16, 1 << 40, u64::MAX] {
+        assert_eq!(instantiate(&c, g, flags), Err(INVALID_VALUE), "{flags:#x}");
+    }
+    for flags in [0, 1, 4, 8, 1 | 8] {
+        instantiate(&c, g, flags).unwrap_or_else(|e| panic!("{flags:#x}: {e}"));
+    }
+    c.ping(0).unwrap();
+}

@@ -257,6 +257,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         crate::session::answer_later(&client, channel, seq, unmapped, reply);
     }
     client.uncharge(dev, rel.module_bytes);
+    client.uncharge(dev, rel.limit_bytes);
     client.uncharge(dev, rel.vmm.released_mapped_bytes);
     for (_, size) in rel.vmm.handles {
         client.uncharge(dev, size);

@@ -189,6 +189,9 @@ pub struct Release {
     pub modules: Vec<u64>,
     /// What the modules' variables took of the client's memory (given back with them).
     pub module_bytes: u64,
+    /// What the context limits it raised took of its memory (given back once they come
+    /// down: crate::limits).
+    pub limit_bytes: u64,
     pub events: Vec<u64>,
     pub graphs: Vec<u64>,
     pub execs: Vec<u64>,
@@ -291,6 +294,9 @@ pub struct Session {
     ctx_synced: Option<SyncMark>,
     /// Context limits it set (crate::limits).
     limits: HashMap<i32, u64>,
+    /// Per limit, the device memory its value costs beyond the context's default, charged
+    /// to it (session/exec.rs).
+    limit_charges: HashMap<i32, u64>,
     /// Attributes it set on shared modules' functions: (function, attribute) -> value.
     fn_attrs: HashMap<(u32, i32), i32>,
     /// Its graphs and executable graphs: id -> the driver's handle.
@@ -360,6 +366,7 @@ impl Session {
             submits: 0,
             ctx_synced: None,
             limits: HashMap::new(),
+            limit_charges: HashMap::new(),
             fn_attrs: HashMap::new(),
             graphs: HashMap::new(),
             execs: HashMap::new(),
@@ -898,6 +905,7 @@ impl Session {
             limits: None,
             cross: Default::default(),
             module_bytes,
+            limit_bytes: self.limit_charges.values().sum(),
             allocs,
             ipc,
             ipc_close,

@@ -210,3 +210,36 @@ fn graph_instantiate_flags_the_driver_does_not_know_are_refused() {
     }
     c.ping(0).unwrap();
 }
+
+fn set_limit(c: &Conn, limit: i64, value: i64) -> Result<(), i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::Query, |call| {
+        bytemuck::bytes_of(&wire::Query {
+            call,
+            kind: wire::query::CTX_SET_LIMIT,
+            args: [limit, value, 0, 0, 0, 0, 0],
+            ..Default::default()
+        })
+        .to_vec()
+    })?;
+    ch.reply::<wire::U64Reply>();
+    Ok(())
+}
+
+#[test]
+fn raising_a_context_limit_is_charged_to_the_client_that_asks() {
+    let srv = TestServer::start_with("limit-charge", |c| {
+        c.default_mem_limit = Some("0=64M".into())
+    });
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    const STACK: i64 = 0;
+    const HEAP: i64 = 2;
+    // A 64 KiB stack for every thread the GPU holds resident is far beyond 64M.
+    assert_eq!(set_limit(&c, STACK, 64 << 10), Err(OOM));
+    // A heap of 48M fits, and then counts: 32M more of memory does not.
+    set_limit(&c, HEAP, 48 << 20).expect("within the limit");
+    assert_eq!(try_alloc(&c, 32 << 20), Err(OOM));
+    // Lowered again, it is given back.
+    set_limit(&c, HEAP, 1024).expect("lowered");
+    try_alloc(&c, 32 << 20).expect("given back");
+}

@@ -19,6 +19,10 @@ pub struct Bounds {
     /// server's, and vm.max_map_count bounds those for all clients together.
     pub pinned_bytes: u64,
     pub pinned_ranges: usize,
+    /// Page-locked host memory all clients together may register: bytes and ranges
+    /// (OMPS_MAX_PINNED_TOTAL, OMPS_MAX_PINNED_RANGES_TOTAL; crate::account::Totals).
+    pub pinned_total: u64,
+    pub pinned_ranges_total: u64,
     /// Clients at once (OMPS_MAX_CLIENTS), and connections still in their handshake or
     /// holding a control connection (OMPS_MAX_HANDSHAKES).
     pub clients: usize,
@@ -56,6 +60,9 @@ pub fn bounds() -> &'static Bounds {
         image_bytes: env("OMPS_MAX_IMAGE_BYTES", 2 << 30),
         pinned_bytes: env("OMPS_MAX_PINNED_BYTES", half_of_memory()),
         pinned_ranges: env("OMPS_MAX_PINNED_RANGES", 16_384),
+        pinned_total: env("OMPS_MAX_PINNED_TOTAL", half_of_memory()),
+        // vm.max_map_count is 65,530 by default, and the server maps more than pins.
+        pinned_ranges_total: env("OMPS_MAX_PINNED_RANGES_TOTAL", 32_768),
         clients: env("OMPS_MAX_CLIENTS", 1024),
         handshakes: env("OMPS_MAX_HANDSHAKES", 64),
         graphs: env("OMPS_MAX_GRAPHS", 1 << 16),

@@ -162,20 +162,22 @@ pub struct ClientShared {
     pub visible: Vec<usize>,
     pub seg: SegmentView,
     pub socket: OwnedFd,
-    /// Device memory in use, per GPU, in bytes.
+    /// Device memory in use through this connection, per GPU, in bytes (ps, metrics);
+    /// changed only through [`ClientShared::charge`], [`ClientShared::add_mem`] and
+    /// [`ClientShared::uncharge`], which keep its process's account in step.
     pub mem_bytes: [AtomicU64; MAX_DEVICES],
-    /// Per GPU, the memory limit the operator gave it (the server's default when it
-    /// connected, or `set_device_pinned_mem_limit` since), and the one its own
-    /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT asked for; the lower holds ([`NO_LIMIT`]: none).
-    pub mem_limit: [AtomicU64; MAX_DEVICES],
+    /// Its process's charges and operator limits, shared by all its connections
+    /// (crate::account): a limit holds for the process, not per connection.
+    pub account: Arc<crate::account::Account>,
+    /// Per GPU, the limit its own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT asked for; the lower
+    /// of it and its process's ([`crate::account::Account::limit`]) holds ([`NO_LIMIT`]:
+    /// none).
     pub mem_limit_own: [AtomicU64; MAX_DEVICES],
-    /// Host memory pinned for it (its cuMemHostAlloc / cuMemHostRegister), which counts
-    /// against every GPU's limit: each GPU reaches it.
+    /// Host memory pinned through this connection (its cuMemHostAlloc /
+    /// cuMemHostRegister), which counts against every GPU's limit: each GPU reaches it.
     pub pinned_bytes: AtomicU64,
     /// Per GPU, whether going over its limit has been logged.
     limit_logged: [AtomicBool; MAX_DEVICES],
-    /// Held across a limited charge's check and update (see [`ClientShared::charge`]).
-    charge_lock: std::sync::Mutex<()>,
     /// Records served, all GPUs.
     pub commands: AtomicU64,
     /// Kernel and graph launches, all GPUs.
@@ -252,11 +254,10 @@ impl ClientShared {
             seg,
             socket,
             mem_bytes: Default::default(),
-            mem_limit: std::array::from_fn(|_| AtomicU64::new(NO_LIMIT)),
+            account: Arc::new(crate::account::Account::standalone(pid)),
             mem_limit_own: std::array::from_fn(|_| AtomicU64::new(NO_LIMIT)),
             pinned_bytes: AtomicU64::new(0),
             limit_logged: Default::default(),
-            charge_lock: Default::default(),
             commands: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             server_ns: AtomicU64::new(0),
@@ -302,79 +303,90 @@ impl ClientShared {
         }
     }
 
-    /// Its memory limit on GPU `dev`, if any.
+    /// Its memory limit on GPU `dev`, if any: its process's, or its own if lower.
     pub fn limit(&self, dev: usize) -> Option<u64> {
-        let (Some(a), Some(b)) = (self.mem_limit.get(dev), self.mem_limit_own.get(dev)) else {
+        let (Some(a), Some(b)) = (self.account.limit.get(dev), self.mem_limit_own.get(dev)) else {
             return None;
         };
         Some(a.load(Ordering::Relaxed).min(b.load(Ordering::Relaxed))).filter(|&l| l != NO_LIMIT)
     }
 
-    /// What counts against its limit on GPU `dev`: its device memory there and its pinned
-    /// host memory.
+    /// What counts against its limit on GPU `dev`: its process's device memory there and
+    /// its pinned host memory, over all the process's connections.
     pub fn mem_use(&self, dev: usize) -> u64 {
-        self.mem_bytes
-            .get(dev)
-            .map_or(0, |m| m.load(Ordering::Relaxed))
-            .saturating_add(self.pinned_bytes.load(Ordering::Relaxed))
+        self.account.used(dev)
     }
 
-    /// Counts `n` more bytes of device memory on GPU `dev`, unless that would take it over
-    /// its limit there: then CUDA_ERROR_OUT_OF_MEMORY, logged once per GPU.
+    /// Counts `n` more bytes of device memory on GPU `dev`, unless that would take its
+    /// process over its limit there: then CUDA_ERROR_OUT_OF_MEMORY, logged once per GPU.
     pub fn charge(&self, dev: usize, n: u64) -> Result<(), crate::gpu::CuError> {
-        let Some(m) = self.mem_bytes.get(dev) else {
+        let (Some(m), Some(all)) = (self.mem_bytes.get(dev), self.account.mem.get(dev)) else {
             return Err(crate::gpu::CuError(crate::gpu::code::INVALID_DEVICE));
         };
         let oom = crate::gpu::CuError(crate::gpu::code::OUT_OF_MEMORY);
-        let Some(limit) = self.limit(dev) else {
-            return m
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
-                    cur.checked_add(n)
-                })
-                .map(drop)
-                .map_err(|_| oom);
-        };
-        // Pinned host memory counts too: one lock keeps a pin (on the slow-request thread)
-        // and an allocation (on a worker) from both passing the check.
-        let _one = self.charge_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let pinned = self.pinned_bytes.load(Ordering::Relaxed);
-        m.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
-            cur.checked_add(pinned)
-                .and_then(|u| u.checked_add(n))
-                .filter(|&u| u <= limit)
-                .map(|_| cur + n)
-        })
-        .map(drop)
-        .map_err(|cur| {
-            self.log_limit(dev, limit, cur.saturating_add(pinned), n);
-            oom
-        })
+        // Pinned host memory counts too: the process's lock keeps a pin (on the
+        // slow-request thread) and allocations (on workers, through any connection) from
+        // all passing the check.
+        let _one = self.account.lock();
+        let limit = self.limit(dev).unwrap_or(NO_LIMIT);
+        let pinned = self.account.pinned.load(Ordering::Relaxed);
+        let cur = all.load(Ordering::Relaxed);
+        let fits = cur
+            .checked_add(n)
+            .filter(|&u| limit == NO_LIMIT || u.saturating_add(pinned) <= limit);
+        if fits.is_none() {
+            if limit != NO_LIMIT {
+                self.log_limit(dev, limit, cur.saturating_add(pinned), n);
+            }
+            return Err(oom);
+        }
+        all.fetch_add(n, Ordering::Relaxed);
+        m.fetch_add(n, Ordering::Relaxed);
+        Ok(())
     }
 
-    /// Counts `n` more bytes of pinned host memory, unless that would take it over its
-    /// limit on any GPU.
+    /// Counts `n` bytes of device memory on GPU `dev` whatever its limit (memory the
+    /// client holds already, moved to it).
+    pub fn add_mem(&self, dev: usize, n: u64) {
+        if let (Some(m), Some(all)) = (self.mem_bytes.get(dev), self.account.mem.get(dev)) {
+            m.fetch_add(n, Ordering::Relaxed);
+            all.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// `n` bytes of device memory on GPU `dev` it was charged for are given back.
+    pub fn uncharge(&self, dev: usize, n: u64) {
+        if let (Some(m), Some(all)) = (self.mem_bytes.get(dev), self.account.mem.get(dev)) {
+            m.fetch_sub(n, Ordering::Relaxed);
+            all.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `n` more bytes of pinned host memory, unless that would take its process
+    /// over its limit on any GPU.
     pub fn charge_pinned(&self, n: u64, gpus: usize) -> Result<(), i32> {
-        let over = |pinned: u64| {
-            (0..gpus.min(MAX_DEVICES)).find_map(|d| {
-                let l = self.limit(d)?;
-                let used = self.mem_bytes[d]
-                    .load(Ordering::Relaxed)
-                    .saturating_add(pinned);
-                (used.saturating_add(n) > l).then_some((d, l, used))
-            })
-        };
-        let _one = self.charge_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.pinned_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
-                over(p).is_none().then(|| p.saturating_add(n))
-            })
-            .map(drop)
-            .map_err(|p| {
-                if let Some((d, l, used)) = over(p) {
-                    self.log_limit(d, l, used, n);
-                }
-                crate::gpu::code::OUT_OF_MEMORY
-            })
+        let a = &self.account;
+        let _one = a.lock();
+        let pinned = a.pinned.load(Ordering::Relaxed);
+        let over = (0..gpus.min(MAX_DEVICES)).find_map(|d| {
+            let l = self.limit(d)?;
+            let used = a.mem[d].load(Ordering::Relaxed).saturating_add(pinned);
+            (used.saturating_add(n) > l).then_some((d, l, used))
+        });
+        if let Some((d, l, used)) = over {
+            self.log_limit(d, l, used, n);
+            return Err(crate::gpu::code::OUT_OF_MEMORY);
+        }
+        a.pinned.fetch_add(n, Ordering::Relaxed);
+        self.pinned_bytes.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `n` bytes of pinned host memory in one range are given back.
+    pub fn unpinned(&self, n: u64) {
+        self.pinned_bytes.fetch_sub(n, Ordering::Relaxed);
+        self.account.pinned.fetch_sub(n, Ordering::Relaxed);
+        self.account.totals.give_pinned(n);
     }
 
     fn log_limit(&self, dev: usize, limit: u64, used: u64, n: u64) {
@@ -612,9 +624,10 @@ impl ClientShared {
         {
             let b = crate::bounds::bounds();
             let p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
-            let (gone_bytes, gone_ranges) =
-                *self.unpinning.lock().unwrap_or_else(|e| e.into_inner());
-            let held: u64 = p.values().sum::<u64>() + gone_bytes;
+            let (_, gone_ranges) = *self.unpinning.lock().unwrap_or_else(|e| e.into_inner());
+            // Bytes are bounded per process (what it holds through any connection, ranges
+            // given back but not yet unregistered included), ranges per connection.
+            let held = self.account.pinned.load(Ordering::Relaxed);
             if p.len() + gone_ranges >= b.pinned_ranges || held.saturating_add(len) > b.pinned_bytes
             {
                 return Err(code::OUT_OF_MEMORY);
@@ -622,10 +635,16 @@ impl ClientShared {
         }
         omps_ring::shm::check_segment(fd, len as usize).map_err(|_| code::INVALID_VALUE)?;
         let gpu = self.registered_on.as_ref().ok_or(code::NOT_SUPPORTED)?;
-        self.charge_pinned(len, MAX_DEVICES)?;
-        self.map_and_register(gpu, fd, addr, len).inspect_err(|_| {
-            self.pinned_bytes.fetch_sub(len, Ordering::Relaxed);
-        })
+        // And every client together: N clients may not pin N times the per-client bound.
+        if !self.account.totals.take_pinned(len) {
+            return Err(code::OUT_OF_MEMORY);
+        }
+        if let Err(e) = self.charge_pinned(len, MAX_DEVICES) {
+            self.account.totals.give_pinned(len);
+            return Err(e);
+        }
+        self.map_and_register(gpu, fd, addr, len)
+            .inspect_err(|_| self.unpinned(len))
     }
 
     fn map_and_register(
@@ -697,6 +716,9 @@ impl Drop for ClientShared {
         // is quiet, since unregistering waits for every running kernel and holds up every
         // client's launches meanwhile.
         let pinned = std::mem::take(&mut *self.pinned.lock().unwrap_or_else(|e| e.into_inner()));
+        for &len in pinned.values() {
+            self.unpinned(len);
+        }
         let mapping = self.mapping.take();
         let Some(gpu) = self.registered_on.clone() else {
             for (addr, len) in pinned {

@@ -200,6 +200,8 @@ pub struct Server {
     policy: crate::policy::Policy,
     /// Memory limits for clients (crate::memlimit).
     mem_limits: crate::memlimit::MemLimits,
+    /// Each client process's account, shared by its connections (crate::account).
+    accounts: crate::account::Accounts,
     /// What `omps-ctl metrics` and the HTTP endpoint read (crate::metrics).
     board: Arc<crate::metrics::Board>,
     /// Operators' commands and their answers (control.log).
@@ -437,6 +439,7 @@ impl Server {
             exiting: Vec::new(),
             policy,
             mem_limits,
+            accounts: Default::default(),
             control_log,
             board,
             draining: None,
@@ -819,10 +822,10 @@ impl Server {
                     None => code::INVALID_VALUE,
                 }
             }
-            (wire::hostmem::PRINTF_USE, []) if req.len <= wire::printf_use::YES => {
-                self.printf.declare(id, req.len);
-                0
-            }
+            // Answered, never taken: the level is what the server read from the client's
+            // images. A declaration of its own would make it a second printing client and
+            // send everyone's text to the log (crate::printf).
+            (wire::hostmem::PRINTF_USE, []) if req.len <= wire::printf_use::YES => 0,
             (wire::hostmem::PRINTF_FLUSH, []) => {
                 let seen = usize::try_from(req.addr)
                     .ok()
@@ -1077,6 +1080,8 @@ impl Server {
             .unwrap_or_default();
         let mut c = ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on);
         c.identity = crate::client::Identity::of(pid, settings.ns_pid);
+        let (account, first) = self.accounts.of(pid);
+        c.account = account;
         c.visible = visible.clone();
         let c = Arc::new(c);
         crate::client::read_command_later(&c);
@@ -1091,7 +1096,7 @@ impl Server {
         // Its placement (and everyone's, if it is latency-critical) before any worker
         // sees it, so its first work already runs where it belongs.
         settled.apply(&c);
-        self.mem_limits.apply(&c, &own_limits);
+        self.mem_limits.apply(&c, &own_limits, first);
         tracing::info!(
             client = id,
             pid,

@@ -8,6 +8,7 @@
 //! * [`session`]: one client's state on one GPU; decoding and validation of its commands.
 //! * [`ipc`]: memory one client exports and others open.
 //! * [`limits`]: context limits, per client.
+//! * [`account`]: what one client process is charged for over its connections.
 //! * [`module_cache`]: one loaded module for every client that loads the same image.
 //! * [`confine`]: SM confinements (green contexts): thread limits, partitions, the QoS reserve.
 //! * [`placement`]: which work stream (and hardware queue) carries a client stream.
@@ -25,6 +26,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod account;
 pub mod bounds;
 pub mod client;
 pub mod confine;

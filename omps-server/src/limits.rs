@@ -108,6 +108,20 @@ impl ContextLimits {
         Ok(())
     }
 
+    /// The device memory `value` of `limit` costs beyond the context's default: the stack
+    /// (per thread) for every thread the GPU can hold resident, the printf FIFO and the
+    /// malloc heap once; the other limits take nothing a client could grow without end.
+    pub fn cost(&mut self, gpu: &dyn Gpu, limit: i32, value: u64) -> GpuResult<u64> {
+        const STACK_SIZE: i32 = 0;
+        let per = match limit {
+            STACK_SIZE => resident_threads(gpu),
+            1 | 2 => 1,
+            _ => return Ok(0),
+        };
+        let default = self.default_of(gpu, limit)?;
+        Ok(value.saturating_sub(default).saturating_mul(per))
+    }
+
     /// Records what client `id` set (its session's values), for [`ContextLimits::gone`].
     pub fn note(&mut self, id: u32, client: &HashMap<i32, u64>) {
         self.by_client.insert(id, client.clone());
@@ -139,6 +153,14 @@ impl ContextLimits {
             }
         }
     }
+}
+
+/// Threads the GPU can hold resident at once: its SMs times the threads each holds.
+fn resident_threads(gpu: &dyn Gpu) -> u64 {
+    use crate::gpu_profile::attr;
+    let a = gpu.snapshot().attributes;
+    let of = |i: usize| a.get(i).map_or(0, |&v| v.max(0) as u64);
+    (of(attr::MULTIPROCESSOR_COUNT) * of(attr::MAX_THREADS_PER_MULTIPROCESSOR)).max(1)
 }
 
 fn context_value(gpu: &dyn Gpu, limit: i32) -> GpuResult<u64> {

@@ -7,7 +7,8 @@
 //! `set_device_pinned_mem_limit <server PID> …` sets the limit of every client of the
 //! server and of those to come, `set_device_pinned_mem_limit <client PID> …` that one
 //! client's (its own variable still caps it). A lowered limit takes nothing away: the
-//! client's next allocation fails instead.
+//! client's next allocation fails instead. A limit is the process's, over all its
+//! connections (crate::account).
 //!
 //! Everything a client holds on a GPU counts (crate::client::ClientShared::charge):
 //! cuMemAlloc and pitch allocations, pools and graph memory (which the shim makes of
@@ -95,10 +96,14 @@ impl MemLimits {
         }
     }
 
-    /// Gives a connecting client its limits: the server's, and `own` ([`MemLimits::own`]).
-    pub fn apply(&self, c: &ClientShared, own: &[u64; MAX_DEVICES]) {
+    /// Gives a connecting client its limits: its process's (the server's, for a process's
+    /// first connection: `first`), and `own` ([`MemLimits::own`]). A later connection
+    /// keeps what the operator set for the process since.
+    pub fn apply(&self, c: &ClientShared, own: &[u64; MAX_DEVICES], first: bool) {
         for (d, &mine) in own.iter().enumerate() {
-            c.mem_limit[d].store(self.server[d], Ordering::Relaxed);
+            if first {
+                c.account.limit[d].store(self.server[d], Ordering::Relaxed);
+            }
             c.mem_limit_own[d].store(mine, Ordering::Relaxed);
         }
     }
@@ -138,11 +143,11 @@ impl MemLimits {
                         self.server[d] = bytes;
                         clients
                             .iter()
-                            .for_each(|c| c.mem_limit[d].store(bytes, Ordering::Relaxed));
+                            .for_each(|c| c.account.limit[d].store(bytes, Ordering::Relaxed));
                     }
                     Named::Clients(v) => v
                         .iter()
-                        .for_each(|c| c.mem_limit[d].store(bytes, Ordering::Relaxed)),
+                        .for_each(|c| c.account.limit[d].store(bytes, Ordering::Relaxed)),
                 }
                 Ok(String::new())
             }

@@ -215,21 +215,134 @@ fn ptx_data_bytes(ptx: &str) -> u64 {
                 .take_while(|w| !w.starts_with('='))
                 .copied()
                 .collect();
+            // A dimension is a constant expression, in any base PTX takes (`[0x40000000]`);
+            // one left empty takes its size from the initializer. One the server cannot
+            // read counts as all memory: the driver may make it as large as it likes.
+            let init = stmt.split_once('=').map(|(_, i)| i);
             let count = decl
                 .split('[')
                 .skip(1)
                 .map(|d| {
-                    d.split(']')
-                        .next()
-                        .unwrap_or("")
-                        .trim()
-                        .parse::<u64>()
-                        .unwrap_or(0)
+                    let d = d.split(']').next().unwrap_or("").trim();
+                    match d {
+                        "" => init.map_or(0, initializer_len),
+                        d => ptx_const(d).unwrap_or(u64::MAX),
+                    }
                 })
                 .fold(1u64, u64::saturating_mul);
             Some(count.saturating_mul(elem * lanes))
         })
         .fold(0, u64::saturating_add)
+}
+
+/// The elements of a PTX initializer (`{1, 2, {3, 4}}`), at most: its commas, plus one.
+fn initializer_len(init: &str) -> u64 {
+    init.bytes().filter(|&b| b == b',').count() as u64 + 1
+}
+
+/// The value of a PTX integer constant expression: literals in decimal, hex (`0x`), octal
+/// (leading `0`) or binary (`0b`), with an optional `U` suffix, combined by `+ - * / % <<
+/// >> & | ^` and parentheses; None for anything else, or a result out of range.
+fn ptx_const(text: &str) -> Option<u64> {
+    let toks = ptx_tokens(text)?;
+    let mut at = 0;
+    let v = ptx_expr(&toks, &mut at, 0)?;
+    (at == toks.len() && v >= 0).then_some(v as u64)
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Tok {
+    Num(i128),
+    Op(&'static str),
+}
+
+fn ptx_tokens(text: &str) -> Option<Vec<Tok>> {
+    const OPS: [&str; 12] = ["<<", ">>", "+", "-", "*", "/", "%", "&", "|", "^", "(", ")"];
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_whitespace() {
+            i += 1;
+        } else if b[i].is_ascii_digit() {
+            let start = i;
+            while i < b.len() && b[i].is_ascii_alphanumeric() {
+                i += 1;
+            }
+            let lit = text[start..i].trim_end_matches(['U', 'u']);
+            let (digits, radix) = if let Some(h) = lit.strip_prefix("0x").or(lit.strip_prefix("0X"))
+            {
+                (h, 16)
+            } else if let Some(h) = lit.strip_prefix("0b").or(lit.strip_prefix("0B")) {
+                (h, 2)
+            } else if lit.len() > 1 && lit.starts_with('0') {
+                (&lit[1..], 8)
+            } else {
+                (lit, 10)
+            };
+            out.push(Tok::Num(u64::from_str_radix(digits, radix).ok()? as i128));
+        } else {
+            let op = OPS.iter().find(|o| text[i..].starts_with(**o))?;
+            out.push(Tok::Op(op));
+            i += op.len();
+        }
+    }
+    Some(out)
+}
+
+/// Precedence climbing over `toks` from `at`, for operators binding tighter than `min`.
+fn ptx_expr(toks: &[Tok], at: &mut usize, min: u8) -> Option<i128> {
+    let prec = |op: &str| match op {
+        "|" => Some(1),
+        "^" => Some(2),
+        "&" => Some(3),
+        "<<" | ">>" => Some(4),
+        "+" | "-" => Some(5),
+        "*" | "/" | "%" => Some(6),
+        _ => None,
+    };
+    let mut lhs = match toks.get(*at)? {
+        Tok::Num(n) => {
+            *at += 1;
+            *n
+        }
+        Tok::Op("(") => {
+            *at += 1;
+            let v = ptx_expr(toks, at, 0)?;
+            (toks.get(*at)? == &Tok::Op(")")).then_some(())?;
+            *at += 1;
+            v
+        }
+        Tok::Op("-") => {
+            *at += 1;
+            -ptx_expr(toks, at, 7)?
+        }
+        Tok::Op(_) => return None,
+    };
+    while let Some(&Tok::Op(op)) = toks.get(*at) {
+        let Some(p) = prec(op).filter(|&p| p > min) else {
+            break;
+        };
+        *at += 1;
+        let rhs = ptx_expr(toks, at, p)?;
+        lhs = match op {
+            "+" => lhs.checked_add(rhs)?,
+            "-" => lhs.checked_sub(rhs)?,
+            "*" => lhs.checked_mul(rhs)?,
+            "/" => lhs.checked_div(rhs)?,
+            "%" => lhs.checked_rem(rhs)?,
+            "<<" => lhs.checked_shl(u32::try_from(rhs).ok().filter(|&s| s < 64)?)?,
+            ">>" => lhs.checked_shr(u32::try_from(rhs).ok().filter(|&s| s < 64)?)?,
+            "&" => lhs & rhs,
+            "|" => lhs | rhs,
+            _ => lhs ^ rhs,
+        };
+        // Kept within what a size can be, so no step overflows.
+        if lhs.unsigned_abs() > u64::MAX as u128 {
+            return None;
+        }
+    }
+    Some(lhs)
 }
 
 /// Whether a module loaded from `image` holds no data a client could write or set: the
@@ -481,5 +594,31 @@ mod tests {
             4_000_000_000 + 4 + 8 * 16 + 15 * 8
         );
         assert_eq!(data_bytes(b".version 8.0\n.target sm_90\n", 90), 0);
+    }
+
+    #[test]
+    fn ptx_sizes_in_any_base_or_as_expressions_are_counted() {
+        let bytes = |decl: &str| {
+            let ptx = format!(".version 8.0\n.target sm_90\n{decl}\n");
+            data_bytes(ptx.as_bytes(), 90)
+        };
+        assert_eq!(bytes(".global .b8 big[0x40000000];"), 1 << 30);
+        assert_eq!(bytes(".global .b8 big[0X10U];"), 16);
+        assert_eq!(bytes(".global .u32 o[010];"), 32, "octal");
+        assert_eq!(bytes(".global .b8 b[0b101];"), 5);
+        assert_eq!(
+            bytes(".global .b8 e[(1 << 20) * 4 + 0x10];"),
+            (4 << 20) + 16
+        );
+        assert_eq!(bytes(".global .u32 i[] = {1, 2, 3};"), 12);
+        assert_eq!(
+            bytes(".global .b8 what[SIZE];"),
+            u64::MAX,
+            "unreadable: as large as can be"
+        );
+        assert_eq!(bytes(".global .b8 neg[1 - 2];"), u64::MAX);
+        assert_eq!(ptx_const("7 - 2 - 1"), Some(4), "left to right");
+        assert_eq!(ptx_const("2 + 3 * 4"), Some(14));
+        assert_eq!(ptx_const("0xffffffffffffffff + 1"), None);
     }
 }

@@ -195,7 +195,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         if let Some(Err(e)) = gpu.map(|g| free(g, p)) {
             tracing::warn!(client = client.id, "freeing device memory failed: {}", e.0);
         }
-        client.mem_bytes[dev].fetch_sub(len, Ordering::Relaxed);
+        client.uncharge(dev, len);
     }
     if let (Some(g), Some(shared)) = (gpu, &rel.limits) {
         shared
@@ -256,13 +256,14 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         };
         crate::session::answer_later(&client, channel, seq, unmapped, reply);
     }
-    client.mem_bytes[dev].fetch_sub(rel.module_bytes, Ordering::Relaxed);
-    client.mem_bytes[dev].fetch_sub(rel.vmm.released_mapped_bytes, Ordering::Relaxed);
+    client.uncharge(dev, rel.module_bytes);
+    client.uncharge(dev, rel.limit_bytes);
+    client.uncharge(dev, rel.vmm.released_mapped_bytes);
     for (_, size) in rel.vmm.handles {
-        client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
+        client.uncharge(dev, size);
     }
     for (_, size) in rel.arrays.arrays.into_iter().chain(rel.arrays.mipmaps) {
-        client.mem_bytes[dev].fetch_sub(size, Ordering::Relaxed);
+        client.uncharge(dev, size);
     }
     for p in rel.pinned {
         p.done();

@@ -23,6 +23,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// Unfinished events of streams a client gave up, before they are folded into one
+/// (`Session::fold_left`).
+const MAX_LEFT: usize = 64;
+
 mod arrays;
 mod conditional;
 mod depth;
@@ -164,9 +168,7 @@ impl PinnedRelease {
     pub fn done(self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.client.release_pinned(self.addr, self.len);
-            self.client
-                .pinned_bytes
-                .fetch_sub(self.len, Ordering::Relaxed);
+            self.client.unpinned(self.len);
             let mut u = self
                 .client
                 .unpinning
@@ -187,6 +189,9 @@ pub struct Release {
     pub modules: Vec<u64>,
     /// What the modules' variables took of the client's memory (given back with them).
     pub module_bytes: u64,
+    /// What the context limits it raised took of its memory (given back once they come
+    /// down: crate::limits).
+    pub limit_bytes: u64,
     pub events: Vec<u64>,
     pub graphs: Vec<u64>,
     pub execs: Vec<u64>,
@@ -289,6 +294,9 @@ pub struct Session {
     ctx_synced: Option<SyncMark>,
     /// Context limits it set (crate::limits).
     limits: HashMap<i32, u64>,
+    /// Per limit, the device memory its value costs beyond the context's default, charged
+    /// to it (session/exec.rs).
+    limit_charges: HashMap<i32, u64>,
     /// Attributes it set on shared modules' functions: (function, attribute) -> value.
     fn_attrs: HashMap<(u32, i32), i32>,
     /// Its graphs and executable graphs: id -> the driver's handle.
@@ -308,7 +316,7 @@ pub struct Session {
     host_nodes: std::collections::BTreeSet<u32>,
     /// The `ack` words in its pinned memory that its graphs' other host nodes wait on.
     host_words: std::collections::BTreeSet<u64>,
-    /// The last work of streams it gave up (see `left_events`).
+    /// The last work of streams it gave up (see `left_events`), at most [`MAX_LEFT`] + 1.
     left: Vec<u64>,
     /// Its events to destroy as it goes (set by into_release: shared ones stay).
     events_to_destroy: Vec<u64>,
@@ -358,6 +366,7 @@ impl Session {
             submits: 0,
             ctx_synced: None,
             limits: HashMap::new(),
+            limit_charges: HashMap::new(),
             fn_attrs: HashMap::new(),
             graphs: HashMap::new(),
             execs: HashMap::new(),
@@ -896,6 +905,7 @@ impl Session {
             limits: None,
             cross: Default::default(),
             module_bytes,
+            limit_bytes: self.limit_charges.values().sum(),
             allocs,
             ipc,
             ipc_close,
@@ -995,6 +1005,39 @@ impl Session {
             Err(_) => {}
         }
         ctx.unbind_work_stream(pool);
+        if self.left.len() > MAX_LEFT {
+            self.fold_left(ctx);
+        }
+    }
+
+    /// Streams given up behind work that does not end (a client creating and destroying
+    /// streams in a loop) would each leave a driver event, scanned at every fence: past
+    /// [`MAX_LEFT`] unfinished ones, the client's sync stream waits for them all and one
+    /// event recorded there stands for them. The sync stream carries only waits that
+    /// cover that work anyway (fences, context synchronizations).
+    fn fold_left(&mut self, ctx: &mut WorkerCtx) {
+        self.left_events(ctx);
+        if self.left.len() <= MAX_LEFT / 2 {
+            return;
+        }
+        let m = self.sync_stream(ctx);
+        let gpu = ctx.gpu.clone();
+        let Ok(one) = gpu.event_create(0x2) else {
+            return;
+        };
+        let joined = self
+            .left
+            .iter()
+            .try_for_each(|&e| gpu.stream_wait_event(m, e))
+            .and_then(|()| gpu.event_record(one, m));
+        if joined.is_err() {
+            let _ = gpu.event_destroy(one);
+            return;
+        }
+        for e in std::mem::replace(&mut self.left, vec![one]) {
+            // The wait is queued: the event may go.
+            let _ = gpu.event_destroy(e);
+        }
     }
 
     pub fn dev(&self) -> usize {

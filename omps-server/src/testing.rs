@@ -178,7 +178,7 @@ mod tests {
         // SAFETY: the fake clients' segments have ring 0 and outlive the sessions.
         let (mut sa, sb) = unsafe { (Session::new(a.clone(), 0), Session::new(b.clone(), 0)) };
         let p = gpu.mem_alloc(4096).unwrap();
-        a.mem_bytes[0].fetch_add(4096, Ordering::Relaxed);
+        a.add_mem(0, 4096);
         let free = |ptr| Release {
             allocs: vec![(ptr, 4096)],
             ..Default::default()
@@ -199,7 +199,7 @@ mod tests {
         assert_eq!(ctx.reuse_freed(&a, 4096), None, "handed back once");
         // What is not reused is freed once its fence has passed.
         let q = gpu.mem_alloc(4096).unwrap();
-        a.mem_bytes[0].fetch_add(4096, Ordering::Relaxed);
+        a.add_mem(0, 4096);
         ctx.release_later(&mut sa, free(q));
         ctx.poll();
         assert_eq!(ctx.reuse_freed(&a, 4096), None);

@@ -519,7 +519,7 @@ impl WorkerCtx {
         self.deferred_len -= 1;
         let _ = self.gpu.event_destroy(d.fence);
         let (p, len) = d.release.allocs[0];
-        client.mem_bytes[self.gpu.ordinal()].fetch_sub(len, Ordering::Relaxed);
+        client.uncharge(self.gpu.ordinal(), len);
         Some(p)
     }
 
@@ -841,7 +841,7 @@ pub fn free_on(
         let mut ipc = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
         for p in std::mem::take(&mut rel.ipc_close) {
             if let Some(Some((ptr, n))) = ipc.close(p, client.id) {
-                client.mem_bytes[gpu.ordinal()].fetch_add(n, Ordering::Relaxed);
+                client.add_mem(gpu.ordinal(), n);
                 rel.allocs.push((ptr, n));
             }
         }
@@ -849,7 +849,7 @@ pub fn free_on(
             if ipc.owner_frees(p, client.id) {
                 rel.allocs.push((p, n));
             } else {
-                client.mem_bytes[gpu.ordinal()].fetch_sub(n, Ordering::Relaxed);
+                client.uncharge(gpu.ordinal(), n);
             }
         }
     }
@@ -860,7 +860,7 @@ pub fn free_on(
         rel.vmm.handles.retain(|&(h, size)| {
             let last = ipc.release_vmm(h);
             if !last {
-                client.mem_bytes[gpu.ordinal()].fetch_sub(size, Ordering::Relaxed);
+                client.uncharge(gpu.ordinal(), size);
             }
             last
         });

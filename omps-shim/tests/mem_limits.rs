@@ -109,10 +109,15 @@ fn allocations_stop_at_the_limit_and_mem_get_info_reports_it() {
     free(&c, b);
     vmm_call(&c, vmm::CREATE, 0, [64 * KIB, 0, 0]).expect("a VMM handle within the limit");
     assert_eq!(mem_info(&c).0, 960 * KIB);
-    // The client's neighbour in another server process would be unaffected; here a
-    // second client of the same server has its own count.
+    // A second connection of the same process shares its count (crate::account): the
+    // limit is the process's.
     let other = connect(&srv, None);
-    try_alloc(&other, 1024 * KIB).expect("a neighbour's allocation counts as its own");
+    assert_eq!(
+        try_alloc(&other, 1024 * KIB),
+        Err(OOM),
+        "one process, one limit"
+    );
+    try_alloc(&other, 512 * KIB).expect("what the process has left");
     c.ping(0).unwrap();
 }
 
@@ -228,10 +233,13 @@ fn operators_change_limits_of_running_clients() {
     assert!(srv.ctl("set_default_device_pinned_mem_limit 0 2G").0);
     assert_eq!(srv.ctl("get_default_device_pinned_mem_limit 0").1, "2G\n");
     assert!(srv.ctl("set_default_device_pinned_mem_limit 0 512M").0);
+    // (Connections of this process keep the process's limit: the default is for other
+    // processes, which `a_memory_limit_holds_for_a_process_over_all_its_connections`
+    // and the script tests see.)
     assert_eq!(
         mem_info(&connect(&srv, None)).1,
-        512 << 20,
-        "a new client gets it"
+        512 * KIB,
+        "a new connection of a running process gets the process's"
     );
     assert_eq!(mem_info(&c).1, 512 * KIB, "a running one keeps its own");
     assert!(srv.ctl("set_default_device_pinned_mem_limit 0 none").0);

@@ -140,7 +140,7 @@ impl Session {
                                 Ok(id as u64)
                             }
                             Err(e) => {
-                                self.client.mem_bytes[dev].fetch_sub(need, Ordering::Relaxed);
+                                self.client.uncharge(dev, need);
                                 Err(e)
                             }
                         }

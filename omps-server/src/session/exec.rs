@@ -78,7 +78,23 @@ impl Session {
                     wire::query::CTX_GET_LIMIT => limits().get(&*gpu, &self.limits, limit),
                     wire::query::CTX_SET_LIMIT => {
                         let mut l = limits();
-                        let r = l.set(&*gpu, &mut self.limits, limit, q.args[1] as u64);
+                        let value = q.args[1] as u64;
+                        // What the value costs the GPU counts against the client asking,
+                        // before the context grows (a 64 KiB stack for every resident
+                        // thread of an H100 is 17 GB).
+                        let r = l.cost(&*gpu, limit, value).and_then(|cost| {
+                            let had = self.limit_charges.get(&limit).copied().unwrap_or(0);
+                            if cost > had {
+                                self.client.charge(self.dev, cost - had)?;
+                            }
+                            let r = l.set(&*gpu, &mut self.limits, limit, value);
+                            let kept = if r.is_ok() { cost } else { had };
+                            if kept < cost.max(had) {
+                                self.client.uncharge(self.dev, cost.max(had) - kept);
+                            }
+                            self.limit_charges.insert(limit, kept);
+                            r
+                        });
                         l.note(self.client.id, &self.limits);
                         r.map(|()| 0)
                     }

@@ -17,6 +17,11 @@
 use super::*;
 use omps_ring::wire::graph;
 
+/// CUgraphInstantiate_flags cuGraphInstantiateWithFlags takes: AUTO_FREE_ON_LAUNCH,
+/// DEVICE_LAUNCH, USE_NODE_PRIORITY (UPLOAD belongs to cuGraphInstantiateWithParams, whose
+/// upload the shim queues itself).
+const INSTANTIATE_FLAGS: u64 = 1 | 4 | 8;
+
 impl Session {
     pub(super) fn handle_graphs(
         &mut self,
@@ -93,6 +98,10 @@ impl Session {
             Op::GraphInstantiate => {
                 let g = rec::<wire::GraphInstantiate>(p);
                 let r = match self.graphs.get(&g.graph) {
+                    // Only the flags cuGraphInstantiateWithFlags knows reach the driver:
+                    // what a newer driver would make of others is not the client's to pick
+                    // in a context it shares.
+                    _ if g.flags & !INSTANTIATE_FLAGS != 0 => Err(CuError(code::INVALID_VALUE)),
                     Some(&h) => gpu.graph_instantiate(h, g.flags),
                     None => Err(CuError(code::INVALID_HANDLE)),
                 };

@@ -9,7 +9,6 @@ use crate::gpu::code;
 use crate::worker::WorkerCtx;
 use omps_ring::segment::Word;
 use omps_ring::wire::{self, link};
-use std::sync::atomic::Ordering;
 
 /// A parsed container: value options and (kind, name, data) inputs borrowing the blob.
 type Parsed<'a> = (Vec<(u32, u64)>, Vec<(u32, &'a str, &'a [u8])>);
@@ -155,10 +154,10 @@ impl Session {
             return self.complete(l.call, code::INVALID_IMAGE, &[]);
         }
         let gpu = ctx.gpu.clone();
-        let need = gpu.image_data_bytes(ptx);
-        if let Err(e) = self.charge(ctx, need) {
-            return self.complete(l.call, e.0, &[]);
-        }
+        let need = match self.charge_image(ctx, gpu.image_data_bytes(ptx)) {
+            Ok(n) => n,
+            Err(e) => return self.complete(l.call, e.0, &[]),
+        };
         let (r, info, error) = gpu.module_load_jit(ptx, &options);
         let answer = wire::LinkReply {
             image_len: 0,
@@ -174,7 +173,7 @@ impl Session {
                 self.finish_module_load(ctx, l.call, loaded, None, need, Some(answer))
             }
             Err(e) => {
-                self.client.mem_bytes[self.dev].fetch_sub(need, Ordering::Relaxed);
+                self.client.uncharge(self.dev, need);
                 self.complete(l.call, e.0, bytemuck::bytes_of(&answer))
             }
         }

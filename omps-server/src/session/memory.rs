@@ -155,7 +155,7 @@ impl Session {
                 } else if let Some(p) = ctx.reuse_freed(&self.client, a.size) {
                     // A block of its own it freed, whose fence has passed: still counted
                     // (reuse_freed took it off), counted again, so never over its limit.
-                    self.client.mem_bytes[self.dev].fetch_add(a.size, Ordering::Relaxed);
+                    self.client.add_mem(self.dev, a.size);
                     Ok(p)
                 } else if let Err(e) = self.charge(ctx, a.size) {
                     Err(e)
@@ -167,7 +167,7 @@ impl Session {
                         r => r,
                     };
                     if r.is_err() {
-                        self.client.mem_bytes[self.dev].fetch_sub(a.size, Ordering::Relaxed);
+                        self.client.uncharge(self.dev, a.size);
                     }
                     r
                 };

@@ -74,9 +74,10 @@ impl Session {
                 } else {
                     gpu.image_data_bytes(&blob)
                 };
-                if let Err(e) = self.charge(ctx, need) {
-                    return self.complete(m.call, e.0, &[]);
-                }
+                let need = match self.charge_image(ctx, need) {
+                    Ok(n) => n,
+                    Err(e) => return self.complete(m.call, e.0, &[]),
+                };
                 match gpu.module_load(&blob) {
                     Ok(loaded) => {
                         // Whether its code prints, read by the server: the client's own
@@ -91,7 +92,7 @@ impl Session {
                         self.finish_module_load(ctx, m.call, loaded, d, need, None)?
                     }
                     Err(e) => {
-                        self.client.mem_bytes[self.dev].fetch_sub(need, Ordering::Relaxed);
+                        self.client.uncharge(self.dev, need);
                         self.complete(m.call, e.0, &[])?
                     }
                 }
@@ -174,6 +175,22 @@ impl Session {
                 },
             );
         }
+    }
+
+    /// Charges the variables of an image about to be loaded (`need` bytes; u64::MAX: sizes
+    /// the server cannot read, so any size): the bytes charged. Unreadable sizes are
+    /// refused to a client with a limit, and charge nothing to one without.
+    pub(super) fn charge_image(&mut self, ctx: &mut WorkerCtx, need: u64) -> Result<u64, CuError> {
+        if need == u64::MAX {
+            if self.client.limit(self.dev).is_some() {
+                self.log_refusal(format_args!(
+                    "module refused: PTX variable sizes the server cannot read, over a limit"
+                ));
+                return Err(CuError(code::OUT_OF_MEMORY));
+            }
+            return Ok(0);
+        }
+        self.charge(ctx, need).map(|()| need)
     }
 
     /// The client loaded code of printf level `level` (wire::printf_use).

@@ -162,10 +162,14 @@ impl Session {
             }
         }
         let client = self.client.clone();
-        let uncharge = |n: u64| client.mem_bytes[self.dev].fetch_sub(n, Ordering::Relaxed);
+        let uncharge = |n: u64| client.uncharge(self.dev, n);
         let st = &mut self.vmm;
-        if st.reservations.len() + st.handles.len() + st.mappings.len() >= MAX_ENTRIES
-            && matches!(v.kind, vmm::RESERVE | vmm::CREATE | vmm::MAP)
+        // Handle ids are never reused while the session lives: one that made 2^32
+        // handles gets no more, rather than an id that names another handle.
+        let ids_left = v.kind != vmm::CREATE || st.next_handle < u32::MAX;
+        if (st.reservations.len() + st.handles.len() + st.mappings.len() >= MAX_ENTRIES
+            && matches!(v.kind, vmm::RESERVE | vmm::CREATE | vmm::MAP))
+            || !ids_left
         {
             if v.kind == vmm::CREATE {
                 uncharge(a0);
@@ -342,7 +346,7 @@ impl Session {
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&v.args[0].to_le_bytes());
         token[8..].copy_from_slice(&v.args[1].to_le_bytes());
-        if self.vmm.handles.len() >= MAX_ENTRIES {
+        if self.vmm.handles.len() >= MAX_ENTRIES || self.vmm.next_handle == u32::MAX {
             drop(reg);
             return self.complete(v.call, code::OUT_OF_MEMORY, &[]);
         }
@@ -368,5 +372,43 @@ impl Session {
         };
         drop(reg);
         self.complete_pod(v.call, r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::Gpu;
+    use std::sync::Arc;
+
+    #[test]
+    fn handle_ids_never_wrap_onto_ones_in_use() {
+        let gpu: Arc<dyn Gpu> = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 26));
+        let (client, _peer) = crate::testing::fake_client(&gpu, 1).expect("fake client");
+        let mut ctx = WorkerCtx::new(gpu.clone()).expect("worker ctx");
+        // SAFETY: the fake client's segment has ring 0 and outlives the session.
+        let mut s = unsafe { Session::new(client, 0) };
+        s.vmm.next_handle = u32::MAX - 1;
+        let g = gpu.vmm_granularity(false, false).expect("granularity");
+        let create = wire::Vmm {
+            kind: vmm::CREATE,
+            args: [g, 0, 0],
+            ..Default::default()
+        };
+        s.handle_vmm(&mut ctx, create).expect("well formed");
+        assert_eq!(s.vmm.handles.len(), 1);
+        let first = s.vmm.handles[&u32::MAX];
+        s.handle_vmm(&mut ctx, create).expect("well formed");
+        assert_eq!(s.vmm.handles.len(), 1, "no id left: refused");
+        assert_eq!(
+            s.vmm.handles[&u32::MAX],
+            first,
+            "the last id still names its handle"
+        );
+        assert_eq!(
+            s.client.mem_bytes[0].load(Ordering::Relaxed),
+            g,
+            "the refusal charged nothing"
+        );
     }
 }

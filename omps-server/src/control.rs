@@ -49,6 +49,9 @@ pub struct ServerConfig {
     /// The shared context's device malloc heap, set at start (OMPS_MALLOC_HEAP_SIZE, a
     /// size such as 256M; "0": the driver's default), as given; checked at start.
     pub malloc_heap: Option<String>,
+    /// Hardware queues one client may hold work streams on (OMPS_CLIENT_QUEUES; None:
+    /// half of them, crate::placement::queue_share).
+    pub client_queues: Option<usize>,
 }
 
 /// The heap every client's device malloc shares unless OMPS_MALLOC_HEAP_SIZE says
@@ -74,6 +77,7 @@ impl ServerConfig {
             default_mem_limit: None,
             metrics: None,
             malloc_heap: None,
+            client_queues: None,
         }
     }
 
@@ -111,6 +115,9 @@ impl ServerConfig {
                 std::env::var("OMPS_MALLOC_HEAP_SIZE")
                     .unwrap_or_else(|_| DEFAULT_MALLOC_HEAP.into()),
             ),
+            client_queues: std::env::var("OMPS_CLIENT_QUEUES")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
         }
     }
 }
@@ -353,6 +360,7 @@ impl Server {
         for (i, gpu) in gpus.iter().enumerate() {
             let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let shared = worker::GpuShared::new(gpu, lanes, faulted.clone(), vmm_ipc.clone());
+            shared.set_queue_share(cfg.client_queues);
             presize(&**gpu, &shared, &presized)?;
             gpu_shared.push(shared.clone());
             for lane in 0..lanes {

@@ -448,7 +448,8 @@ impl Session {
             .and_then(|s| s.pool)
             .unwrap_or(pool);
         let mut r = Ok(());
-        // Each order is an event record on the first stream and a wait on the second.
+        // Each order is an event record on the first stream and a wait on the second: the
+        // legacy stream's side is counted as its (a mark is never recorded in a capture).
         let mut orders = Vec::new();
         if id == legacy_id {
             for b in self
@@ -461,7 +462,7 @@ impl Session {
                     // legacy stream into its graph.
                     Some(bp) if b.dirty && bp != legacy && !b.capturing => {
                         r = r.and(ctx.order(bp, legacy));
-                        orders.push((bp, legacy));
+                        orders.push(bp);
                     }
                     _ => {}
                 }
@@ -471,14 +472,15 @@ impl Session {
         } else if let Some(b) = self.streams.get_mut(&id).filter(|b| b.blocking) {
             if b.stale && pool != legacy && !b.capturing {
                 r = ctx.order(legacy, pool);
-                orders.push((legacy, pool));
+                orders.push(pool);
             }
             b.stale = false;
             b.dirty = true;
         }
-        for (before, after) in orders {
-            self.queued(ctx, before, 1);
-            self.queued(ctx, after, 1);
+        for other in orders {
+            // Never a capturing stream (skipped above).
+            self.queued_as(ctx, other, 1, false);
+            self.queued(ctx, legacy_id, legacy, 1);
         }
         if let Err(e) = r {
             self.note_error(e);

@@ -82,13 +82,9 @@ impl Depth {
 }
 
 impl Session {
-    /// `n` driver operations queued for this client on work stream `pool`.
-    pub(super) fn queued(&mut self, ctx: &WorkerCtx, pool: usize, n: u32) {
-        let capturing = self
-            .streams
-            .values()
-            .chain(&self.parked)
-            .any(|s| s.capturing && s.pool == Some(pool));
+    /// `n` driver operations queued for client stream `id` on its work stream `pool`.
+    pub(super) fn queued(&mut self, ctx: &WorkerCtx, id: u32, pool: usize, n: u32) {
+        let capturing = self.streams.get(&id).is_some_and(|s| s.capturing);
         self.queued_as(ctx, pool, n, capturing);
     }
 

@@ -68,7 +68,7 @@ impl Session {
                         // The chunk's word lands after everything queued on the stream so
                         // far: a synchronization that follows the client's wait for it (a
                         // pageable device-to-host copy) need not ask the GPU again.
-                        self.queued(ctx, s, 1);
+                        self.queued(ctx, c.stream, s, 1);
                         if self.signal_on_gpu(ctx, c.channel, word, c.seq, s)? {
                             let st = self.streams.get_mut(&c.stream).expect("stream() found it");
                             st.synced = Some(SyncMark {
@@ -99,7 +99,7 @@ impl Session {
                 };
                 if self.check_range(c.dev, c.len as u64) {
                     // A write per word, one of them counted as the submission.
-                    self.queued(ctx, s, (c.len / 4).saturating_sub(1));
+                    self.queued(ctx, c.stream, s, (c.len / 4).saturating_sub(1));
                     for (i, w) in tail.chunks_exact(4).enumerate() {
                         let v = u32::from_le_bytes(w.try_into().expect("4 bytes"));
                         if let Err(e) = gpu.write_device_u32(c.dev + 4 * i as u64, v, s) {

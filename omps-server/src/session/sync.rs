@@ -186,7 +186,7 @@ impl Session {
                     self.note_error(e);
                 }
                 // The wait is a second operation.
-                self.queued(ctx, s, 1);
+                self.queued(ctx, h.stream, s, 1);
                 self.hostfn_last.insert(h.slot, h.seq);
             }
             Op::HostNode => {
@@ -268,7 +268,7 @@ impl Session {
                     st.synced = Some(SyncMark::done(h.call, submits));
                     // Its word is an operation of the stream: behind a long kernel, many
                     // synchronizations fill the stream as launches do.
-                    self.queued(ctx, s, 1);
+                    self.queued(ctx, h.id, s, 1);
                 }
             }
             Op::StreamQuery => {
@@ -292,7 +292,8 @@ impl Session {
                 match gpu.stream_wait_event(m, e) {
                     Ok(()) => {
                         self.complete_on_gpu(ctx, h.call, m)?;
-                        self.queued(ctx, m, 2);
+                        // The sync stream never captures.
+                        self.queued_as(ctx, m, 2, false);
                     }
                     Err(err) => {
                         ctx.fault_if_sticky(err.0);

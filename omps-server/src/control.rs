@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 mod commands;
 mod control_log;
+mod lane_queue;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -52,6 +53,9 @@ pub struct ServerConfig {
     /// The process that loads each new module image first ([`crate::verifier`]); None:
     /// images go straight to the driver (OMPS_VERIFY_IMAGES=0, and in-process tests).
     pub verifier: Option<crate::verifier::Spec>,
+    /// Hardware queues one client may hold work streams on (OMPS_CLIENT_QUEUES; None:
+    /// half of them, crate::placement::queue_share).
+    pub client_queues: Option<usize>,
 }
 
 /// The heap every client's device malloc shares unless OMPS_MALLOC_HEAP_SIZE says
@@ -78,6 +82,7 @@ impl ServerConfig {
             metrics: None,
             malloc_heap: None,
             verifier: None,
+            client_queues: None,
         }
     }
 
@@ -120,6 +125,9 @@ impl ServerConfig {
             } else {
                 crate::verifier::Spec::this_binary(sock::log_directory())
             },
+            client_queues: std::env::var("OMPS_CLIENT_QUEUES")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
         }
     }
 }
@@ -143,8 +151,11 @@ pub const PID_FILE: &str = sock::PID_FILE;
 /// N = 8 where 4 gave 560k. Never more than half the CPUs.
 pub const DEFAULT_LANES: usize = 8;
 
+/// How long a quitting server waits for its lanes to take their last messages.
+const QUIT_WAIT: Duration = Duration::from_secs(5);
+
 struct WorkerHandle {
-    tx: rtrb::Producer<ToWorker>,
+    tx: lane_queue::LaneQueue,
     /// Set by the worker while its GPU is in FAULT.
     faulted: Arc<std::sync::atomic::AtomicBool>,
     bell_fd: OwnedFd,
@@ -159,18 +170,19 @@ impl WorkerHandle {
         unsafe { &*(self.bell_map.as_ptr() as *const Doorbell) }
     }
 
-    fn send(&mut self, mut msg: ToWorker) {
-        loop {
-            match self.tx.push(msg) {
-                Ok(()) => break,
-                Err(rtrb::PushError::Full(m)) => {
-                    msg = m;
-                    self.bell().ring();
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-            }
-        }
+    /// Never waits: a lane stuck in the driver must not hold up the control thread
+    /// (what its queue has no room for goes at a later pass, lane_queue.rs).
+    fn send(&mut self, msg: ToWorker) {
+        self.tx.send(msg);
         self.bell().ring();
+    }
+
+    /// Passes on what waits for the lane's queue.
+    fn flush(&mut self) {
+        if self.tx.stalled() {
+            self.tx.flush();
+            self.bell().ring();
+        }
     }
 }
 
@@ -365,12 +377,14 @@ impl Server {
         for (i, gpu) in gpus.iter().enumerate() {
             let faulted = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let shared = worker::GpuShared::new(gpu, lanes, faulted.clone(), vmm_ipc.clone());
+            shared.set_queue_share(cfg.client_queues);
             presize(&**gpu, &shared, &presized)?;
             gpu_shared.push(shared.clone());
             for lane in 0..lanes {
                 let bell_fd = shm::create_segment("omps-doorbell", wire::DOORBELL_PAGE)?;
                 let bell_map = Arc::new(Mapping::map(bell_fd.as_fd(), wire::DOORBELL_PAGE)?);
                 let (tx, rx) = rtrb::RingBuffer::new(1024);
+                let tx = lane_queue::LaneQueue::new(tx);
                 let n = i * lanes + lane;
                 let wcfg = WorkerConfig {
                     spin: cfg.spin,
@@ -497,7 +511,20 @@ impl Server {
         for w in &mut self.workers {
             w.send(ToWorker::Quit);
         }
+        // A lane stuck in the driver may never take its quit: it is left behind, as the
+        // process ends, rather than waited for.
+        let t = Instant::now();
+        while self.workers.iter().any(|w| w.tx.stalled()) && t.elapsed() < QUIT_WAIT {
+            for w in &mut self.workers {
+                w.flush();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         for w in &mut self.workers {
+            if w.tx.stalled() {
+                tracing::warn!("a worker lane took no messages; not waiting for it");
+                continue;
+            }
             if let Some(t) = w.thread.take() {
                 let _ = t.join();
             }
@@ -530,6 +557,9 @@ impl Server {
     }
 
     fn poll_once(&mut self) -> io::Result<()> {
+        for w in &mut self.workers {
+            w.flush();
+        }
         let ids: Vec<u32> = self.clients.keys().copied().collect();
         let mut fds = Vec::with_capacity(ids.len() + 1);
         // Restarting, new connections wait in the backlog for the new process.
@@ -1004,6 +1034,15 @@ impl Server {
                 return refuse(code::INVALID_DEVICE);
             }
         };
+        let stalled = visible
+            .iter()
+            .any(|&g| self.workers[self.lane_of(g, self.next_id)].tx.stalled());
+        if stalled {
+            // Its lane has not taken its messages (it sits in the driver): the client
+            // would wait on it too.
+            tracing::warn!(pid, "refusing a client: its worker lane is not answering");
+            return refuse(code::MPS_SERVER_NOT_READY);
+        }
         if self.any_fault() {
             let w = Welcome {
                 magic: wire::HELLO_MAGIC,

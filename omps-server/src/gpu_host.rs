@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod queues;
 mod replay;
 use replay::{cond_handles, HostOp};
 
@@ -125,6 +126,8 @@ pub struct HostGpu {
     /// Those a client has had access enabled to.
     peers_enabled: Mutex<Vec<usize>>,
     state: Mutex<State>,
+    /// Hardware queues and the driver's depth bound, when a test plays them (queues.rs).
+    model: Mutex<queues::Model>,
 }
 
 /// The first device address: above every address a host mapping can have (user space ends
@@ -144,6 +147,9 @@ impl HostGpu {
     pub fn stick_releases(&self, on: bool) {
         *self.stuck.lock().unwrap() = on;
         self.unstuck.notify_all();
+        if !on {
+            self.unstick_model();
+        }
     }
 
     /// Makes context resets fail while `on`.
@@ -252,6 +258,7 @@ impl HostGpu {
             last_launch_stream: Default::default(),
             peers: Default::default(),
             peers_enabled: Default::default(),
+            model: Default::default(),
             state: Mutex::new(State {
                 // As under unified addressing, each GPU's memory has addresses of its own.
                 next_addr: BASE + ((ordinal as u64) << 38),
@@ -719,6 +726,7 @@ impl Gpu for HostGpu {
     }
 
     unsafe fn copy_htod(&self, dst: u64, src: *const u8, len: usize, s: usize) -> GpuResult<()> {
+        self.queued(s);
         let mut st = self.state.lock().unwrap();
         st.check()?;
         if !st.is_registered(src as usize, len) {
@@ -740,6 +748,7 @@ impl Gpu for HostGpu {
     }
 
     unsafe fn copy_dtoh(&self, dst: *mut u8, src: u64, len: usize, s: usize) -> GpuResult<()> {
+        self.queued(s);
         let mut st = self.state.lock().unwrap();
         st.check()?;
         if !st.is_registered(dst as usize, len) {
@@ -761,6 +770,7 @@ impl Gpu for HostGpu {
     }
 
     fn copy_dtod(&self, dst: u64, src: u64, len: usize, s: usize) -> GpuResult<()> {
+        self.queued(s);
         let mut st = self.state.lock().unwrap();
         st.check()?;
         if st.captured(s, HostOp::Dtod { dst, src, len }) {
@@ -787,6 +797,7 @@ impl Gpu for HostGpu {
         count: usize,
         s: usize,
     ) -> GpuResult<()> {
+        self.queued(s);
         let mut st = self.state.lock().unwrap();
         st.check()?;
         let op = HostOp::Memset {
@@ -807,11 +818,14 @@ impl Gpu for HostGpu {
         Ok(())
     }
 
-    unsafe fn wait_u32(&self, _addr: *mut u32, _value: u32, _s: usize) -> GpuResult<()> {
+    unsafe fn wait_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
         // Work on the host GPU runs as it is queued: there is no later to wait until.
         // Tests of host functions see the callback run and the caller not block, not the
-        // stream order, which only a GPU keeps.
-        self.state.lock().unwrap().check()
+        // stream order, which only a GPU keeps (unless a test plays the queues).
+        self.state.lock().unwrap().check()?;
+        self.queued(s);
+        self.hold_wait(addr as usize, value, false, s);
+        Ok(())
     }
 
     unsafe fn wait_u32_eq(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
@@ -825,8 +839,10 @@ impl Gpu for HostGpu {
                 return Ok(());
             }
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.wait_u32(addr, value, s) }
+        self.state.lock().unwrap().check()?;
+        self.queued(s);
+        self.hold_wait(addr as usize, value, true, s);
+        Ok(())
     }
 
     unsafe fn write_u32(&self, addr: *mut u32, value: u32, s: usize) -> GpuResult<()> {
@@ -842,9 +858,14 @@ impl Gpu for HostGpu {
         if st.captured(s, word) {
             return Ok(());
         }
+        drop(st);
+        self.queued(s);
+        self.completions.fetch_add(1, Ordering::Relaxed);
+        if self.hold_write(addr as usize, value, s) {
+            return Ok(());
+        }
         // SAFETY: registered memory is mapped and the address is 4-aligned (a segment word).
         unsafe { (*(addr as *const AtomicU32)).store(value, Ordering::Release) };
-        self.completions.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -1017,6 +1038,7 @@ impl Gpu for HostGpu {
         attrs: &[u8],
         args: &[u8],
     ) -> GpuResult<()> {
+        self.queued(s);
         let clustered = attrs
             .chunks_exact(omps_ring::wire::LAUNCH_ATTR_BYTES)
             .any(|a| {
@@ -1117,6 +1139,7 @@ impl Gpu for HostGpu {
     }
 
     fn event_record(&self, ev: u64, s: usize) -> GpuResult<()> {
+        self.queued(s);
         self.recorded
             .lock()
             .unwrap()
@@ -1135,6 +1158,7 @@ impl Gpu for HostGpu {
     }
 
     fn stream_wait_event(&self, s: usize, ev: u64) -> GpuResult<()> {
+        self.queued(s);
         let mut st = self.state.lock().unwrap();
         st.check()?;
         st.events.get(&ev).ok_or(CuError(code::INVALID_HANDLE))?;
@@ -1147,6 +1171,7 @@ impl Gpu for HostGpu {
     }
 
     fn event_query(&self, ev: u64) -> GpuResult<bool> {
+        self.run_queues();
         {
             let st = self.state.lock().unwrap();
             st.check()?;
@@ -1454,10 +1479,12 @@ impl Gpu for HostGpu {
     }
 
     fn stream_query(&self, _s: usize) -> GpuResult<bool> {
+        self.run_queues();
         self.state.lock().unwrap().check().map(|_| true)
     }
 
-    fn write_device_u32(&self, dptr: u64, value: u32, _s: usize) -> GpuResult<()> {
+    fn write_device_u32(&self, dptr: u64, value: u32, s: usize) -> GpuResult<()> {
+        self.queued(s);
         let mut st = self.state.lock().unwrap();
         st.check()?;
         st.range(dptr, 4)?.copy_from_slice(&value.to_le_bytes());

@@ -152,6 +152,11 @@ impl Layout {
             .then(|| (i - self.base()) / (CLASSES * self.confined_per_class.max(1)))
     }
 
+    /// The class range (of its confinement, or of the whole device) stream `i` belongs to.
+    pub fn range_of(&self, i: usize) -> Option<std::ops::Range<usize>> {
+        Some(self.class_in(self.slot_at(i), self.class_at(i)?))
+    }
+
     /// The hardware queue stream `i` uses.
     pub fn queue(&self, i: usize) -> usize {
         i % self.connections.max(1)
@@ -191,6 +196,41 @@ pub struct Binding {
     pub exclusive: bool,
 }
 
+/// Hardware queues one client may hold work streams on: `asked` (the server's
+/// `OMPS_CLIENT_QUEUES`), by default half of them, so a client whose streams all wait
+/// forever (host functions it never acknowledges) leaves the other half to everyone else.
+pub fn queue_share(layout: &Layout, asked: Option<usize>) -> usize {
+    let queues = layout.connections.max(1);
+    asked.unwrap_or(queues / 2).clamp(1, queues)
+}
+
+/// The hardware queues `client` holds a work stream on, in any class or confinement (the
+/// driver may count queues over all streams, so one class's queue is another's too).
+pub fn queues_held(layout: &Layout, bindings: &[Binding], client: u32) -> Vec<bool> {
+    let mut held = vec![false; layout.connections.max(1)];
+    for (i, b) in bindings.iter().enumerate() {
+        if b.refs > 0 && b.client == client {
+            held[layout.queue(i)] = true;
+        }
+    }
+    held
+}
+
+/// Whether `client`, holding `held`, may bind a stream on the queue of stream `i`: any queue
+/// while it holds fewer than `share`, then only those it holds. A stream that waits forever
+/// holds up its whole queue; capped, a client can block no more than its share.
+pub fn within_share(layout: &Layout, held: &[bool], share: usize, i: usize) -> bool {
+    held.iter().filter(|&&h| h).count() < share.max(1) || held[layout.queue(i)]
+}
+
+/// Whether stream `i` may be held for a capture: some other stream of its class range stays
+/// shareable, so a stream can always be bound without entering anyone's capture.
+pub fn may_capture(layout: &Layout, bindings: &[Binding], i: usize) -> bool {
+    layout
+        .range_of(i)
+        .is_some_and(|r| r.into_iter().any(|j| j != i && !bindings[j].exclusive))
+}
+
 /// Picks the work stream in `class` for a new stream of `client`, in this order:
 /// 1. a stream no one holds and that is idle (a destroyed stream's last work may still run
 ///    there), on a queue where no other client holds a stream, fewest of the client's own
@@ -199,18 +239,28 @@ pub struct Binding {
 /// 3. the client's own least-bound stream (more streams than the class has);
 /// 4. the least-bound stream of all (more active clients than streams).
 ///
+/// With `share` (see [`queue_share`]), a client holding streams on that many queues gets
+/// streams on those queues only. A stream held for a capture is never picked: a capture
+/// takes in whatever is queued on its stream, so another client's work there would enter
+/// the capturing client's graph (and its synchronization never return).
+///
 /// `rotate` spreads equal choices over the class; returns the stream and whether it is
-/// shared with another client (case 4, which the caller reports).
+/// shared with another client (case 4, which the caller reports), or None when the
+/// client's share leaves it nothing (the caller refuses the work).
+#[allow(clippy::too_many_arguments)]
 pub fn pick(
     layout: &Layout,
     bindings: &[Binding],
     class: std::ops::Range<usize>,
     client: u32,
+    share: Option<usize>,
     rotate: usize,
     idle: &mut dyn FnMut(usize) -> bool,
-) -> (usize, bool) {
+) -> Option<(usize, bool)> {
     let n = class.len().max(1);
     let queues = layout.connections.max(1);
+    let held = queues_held(layout, bindings, client);
+    let allowed = |i: usize| share.is_none_or(|s| within_share(layout, &held, s, i));
     // Per queue: streams held by other clients, and by this one.
     let mut others = vec![0u32; queues];
     let mut own = vec![0u32; queues];
@@ -229,14 +279,14 @@ pub fn pick(
     let mut free: Vec<((u32, u32), usize, usize)> = rotated
         .clone()
         .enumerate()
-        .filter(|&(_, i)| bindings[i].refs == 0)
+        .filter(|&(_, i)| bindings[i].refs == 0 && allowed(i))
         .map(|(k, i)| ((others[layout.queue(i)], own[layout.queue(i)]), k, i))
         .collect();
     free.sort_unstable();
     // Best first, so only the candidates that could win are asked whether they are idle
     // (a driver call each).
     if let Some(&(_, _, i)) = free.iter().find(|c| idle(c.2)) {
-        return (i, false);
+        return Some((i, false));
     }
     let mine = class
         .clone()
@@ -244,13 +294,14 @@ pub fn pick(
         .filter(|&i| !bindings[i].exclusive)
         .min_by_key(|&i| bindings[i].refs);
     if let Some(i) = mine {
-        return (i, false);
+        return Some((i, false));
     }
-    let least = rotated
-        .filter(|&i| !bindings[i].exclusive)
+    // Sharing a stream on a queue the client already holds exposes no one further: a wait
+    // on that queue holds up all its streams anyway.
+    rotated
+        .filter(|&i| !bindings[i].exclusive && allowed(i))
         .min_by_key(|&i| bindings[i].refs)
-        .unwrap_or(class.start);
-    (least, true)
+        .map(|i| (i, true))
 }
 
 /// A set of stream indices (which streams a client's work has used).
@@ -299,7 +350,8 @@ mod tests {
     };
 
     fn bind(b: &mut [Binding], client: u32, rotate: usize) -> (usize, bool) {
-        let r = pick(&L, b, L.class(NORMAL), client, rotate, &mut |_| true);
+        let r = pick(&L, b, L.class(NORMAL), client, None, rotate, &mut |_| true)
+            .expect("uncapped, nothing captured");
         let x = &mut b[r.0];
         if x.refs == 0 {
             x.client = client;
@@ -350,9 +402,10 @@ mod tests {
     fn a_busy_free_stream_is_passed_over_and_sharing_is_the_last_resort() {
         let mut b = vec![Binding::default(); L.total()];
         // Stream 0 is unbound but still runs a destroyed stream's work.
-        let (s, _) = pick(&L, &b, L.class(NORMAL), 1, 0, &mut |i| {
+        let (s, _) = pick(&L, &b, L.class(NORMAL), 1, None, 0, &mut |i| {
             i != L.class(NORMAL).start
-        });
+        })
+        .unwrap();
         assert_ne!(s, L.class(NORMAL).start);
         for i in L.class(NORMAL) {
             b[i] = Binding {
@@ -361,16 +414,91 @@ mod tests {
                 exclusive: false,
             };
         }
-        let (s, shared) = pick(&L, &b, L.class(NORMAL), 1, 3, &mut |_| true);
+        let (s, shared) = pick(&L, &b, L.class(NORMAL), 1, None, 3, &mut |_| true).unwrap();
         assert!(shared && L.class(NORMAL).contains(&s));
         // A stream held for a capture is never handed to anyone else.
         for i in L.class(NORMAL) {
             b[i].exclusive = i != L.class(NORMAL).start;
         }
         for r in 0..8 {
-            let (s, _) = pick(&L, &b, L.class(NORMAL), 1, r, &mut |_| true);
+            let (s, _) = pick(&L, &b, L.class(NORMAL), 1, None, r, &mut |_| true).unwrap();
             assert_eq!(s, L.class(NORMAL).start);
         }
+        // Every one held for a capture: nothing is picked, rather than a capturing stream.
+        b[L.class(NORMAL).start].exclusive = true;
+        for r in 0..8 {
+            assert_eq!(
+                pick(&L, &b, L.class(NORMAL), 1, None, r, &mut |_| true),
+                None,
+                "a capturing stream was handed to another client"
+            );
+        }
+    }
+
+    #[test]
+    fn the_last_shareable_stream_of_a_class_is_never_captured() {
+        let mut b = vec![Binding::default(); L.total()];
+        let class = L.class(NORMAL);
+        for i in class.clone().skip(1) {
+            assert!(may_capture(&L, &b, i));
+            b[i] = Binding {
+                client: 9,
+                refs: 1,
+                exclusive: true,
+            };
+        }
+        assert!(!may_capture(&L, &b, class.start));
+        // Confined ranges are kept apart from the whole device's.
+        let r = L.class_in(Some(1), NORMAL);
+        assert_eq!(L.range_of(r.start + 1), Some(r.clone()));
+        assert!(may_capture(&L, &b, r.start));
+    }
+
+    #[test]
+    fn a_client_holds_no_more_queues_than_its_share() {
+        let mut b = vec![Binding::default(); L.total()];
+        let share = Some(2);
+        let bind_capped = |b: &mut [Binding], client: u32, r: usize| {
+            let got = pick(&L, b, L.class(NORMAL), client, share, r, &mut |_| true);
+            if let Some((s, _)) = got {
+                if b[s].refs == 0 {
+                    b[s].client = client;
+                }
+                b[s].refs += 1;
+            }
+            got
+        };
+        // A client with more streams than queues (each stuck on a host function) stays on
+        // two of the four queues.
+        for r in 0..12 {
+            bind_capped(&mut b, 1, r).expect("its own queues have room");
+        }
+        let held = queues_held(&L, &b, 1);
+        assert_eq!(held.iter().filter(|&&h| h).count(), 2);
+        // A newcomer gets a queue the first does not hold.
+        let (s, shared) = bind_capped(&mut b, 2, 0).unwrap();
+        assert!(
+            !shared && !held[L.queue(s)],
+            "the newcomer shares a blocked queue"
+        );
+        // Its own queues all captured, a capped client is refused rather than moved onto
+        // another's queue.
+        for (i, x) in b.iter_mut().enumerate() {
+            if x.client == 1 && x.refs > 0 {
+                x.exclusive = true;
+                x.refs = 1;
+            } else if held[L.queue(i)] && L.class(NORMAL).contains(&i) {
+                *x = Binding {
+                    client: 1,
+                    refs: 1,
+                    exclusive: true,
+                };
+            }
+        }
+        assert_eq!(
+            pick(&L, &b, L.class(NORMAL), 1, share, 0, &mut |_| true),
+            None
+        );
     }
 
     #[test]

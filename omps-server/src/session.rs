@@ -90,8 +90,6 @@ struct ClientStream {
     submits: u64,
     /// Its last synchronization that went to the GPU.
     synced: Option<SyncMark>,
-    /// How far the GPU is behind it (depth.rs).
-    depth: depth::Depth,
     /// Its work stream is being captured (graphs.rs).
     capturing: bool,
     /// The capture was begun on this stream (it did not fork into it from another).
@@ -110,7 +108,6 @@ impl ClientStream {
             stale: false,
             submits: 0,
             synced: None,
-            depth: Default::default(),
             capturing: false,
             origin: false,
             green: 0,
@@ -322,8 +319,10 @@ pub struct Session {
     events_to_destroy: Vec<u64>,
     /// Other clients' allocations it opened through IPC: pointer -> (size, openings).
     imported: BTreeMap<u64, (u64, u32)>,
-    /// Its streams queued too deep (depth.rs), and since when it is held back.
-    deep: Vec<u32>,
+    /// How far the GPU is behind each work stream it queued on (depth.rs).
+    depths: HashMap<usize, depth::Depth>,
+    /// Its work streams queued too deep, and since when it is held back.
+    deep: Vec<usize>,
     held_since: Option<std::time::Instant>,
     /// When its oldest depth mark was last asked about (depth.rs).
     depth_checked: Option<std::time::Instant>,
@@ -380,6 +379,7 @@ impl Session {
             hostfn_last: HashMap::new(),
             host_nodes: Default::default(),
             host_words: Default::default(),
+            depths: HashMap::new(),
             deep: Vec::new(),
             held_since: None,
             depth_checked: None,
@@ -419,8 +419,11 @@ impl Session {
     }
 
     /// The pool stream for work on client stream `id`, after the implicit ordering of
-    /// the legacy default stream has been queued.
-    fn stream(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<usize, Malformed> {
+    /// the legacy default stream has been queued. None: the stream has no work stream and
+    /// none is left to the client (its share of the hardware queues is taken by its own
+    /// captures): the work is refused, and its next synchronization says
+    /// CUDA_ERROR_OUT_OF_MEMORY, as a driver out of streams would.
+    fn stream(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<Option<usize>, Malformed> {
         let place = self.client.placement(self.dev);
         if place != self.placement {
             self.move_to(ctx, place);
@@ -431,18 +434,20 @@ impl Session {
         let Some(st) = self.streams.get_mut(&id) else {
             return bad(format!("unknown stream {id}"));
         };
-        st.submits += 1;
         let pool = match st.pool {
             Some(p) => p,
-            None => *st
-                .pool
-                .insert(ctx.bind_work_stream(client, place, st.priority)),
+            None => match ctx.bind_work_stream(client, place, st.priority, true) {
+                Some(p) => *st.pool.insert(p),
+                None => {
+                    self.note_error(CuError(code::OUT_OF_MEMORY));
+                    return Ok(None);
+                }
+            },
         };
-        let deep = st.depth.count(&*ctx.gpu, pool, st.capturing);
+        st.submits += 1;
+        let capturing = st.capturing;
+        self.queued_as(ctx, pool, 1, capturing);
         self.submits += 1;
-        if deep && !self.deep.contains(&id) {
-            self.deep.push(id);
-        }
         // Work on a blocking stream is ordered after legacy work only once there is some,
         // and then the legacy stream is bound. A green context has its own legacy stream,
         // ordered against its own blocking streams only, as a context's is natively.
@@ -452,6 +457,9 @@ impl Session {
             .and_then(|s| s.pool)
             .unwrap_or(pool);
         let mut r = Ok(());
+        // Each order is an event record on the first stream and a wait on the second: the
+        // legacy stream's side is counted as its (a mark is never recorded in a capture).
+        let mut orders = Vec::new();
         if id == legacy_id {
             for b in self
                 .streams
@@ -462,7 +470,8 @@ impl Session {
                     // A capturing stream joins no implicit ordering: it would pull the
                     // legacy stream into its graph.
                     Some(bp) if b.dirty && bp != legacy && !b.capturing => {
-                        r = r.and(ctx.order(bp, legacy))
+                        r = r.and(ctx.order(bp, legacy));
+                        orders.push(bp);
                     }
                     _ => {}
                 }
@@ -472,14 +481,20 @@ impl Session {
         } else if let Some(b) = self.streams.get_mut(&id).filter(|b| b.blocking) {
             if b.stale && pool != legacy && !b.capturing {
                 r = ctx.order(legacy, pool);
+                orders.push(pool);
             }
             b.stale = false;
             b.dirty = true;
         }
+        for other in orders {
+            // Never a capturing stream (skipped above).
+            self.queued_as(ctx, other, 1, false);
+            self.queued(ctx, legacy_id, legacy, 1);
+        }
         if let Err(e) = r {
             self.note_error(e);
         }
-        Ok(pool)
+        Ok(Some(pool))
     }
 
     /// Moves every bound stream to the client's new placement (QoS class, SM confinement):
@@ -498,7 +513,10 @@ impl Session {
                 continue;
             };
             let place = greens.get(&st.green).copied().unwrap_or(place);
-            let new = ctx.bind_work_stream(self.client.id, place, st.priority);
+            // Nothing left to it there: the stream stays where it is.
+            let Some(new) = ctx.bind_work_stream(self.client.id, place, st.priority, true) else {
+                continue;
+            };
             r = r.and(ctx.order(old, new));
             ctx.unbind_work_stream(old);
             st.pool = Some(new);
@@ -920,12 +938,7 @@ impl Session {
             events: std::mem::take(&mut self.events_to_destroy)
                 .into_iter()
                 .chain(std::mem::take(&mut self.left))
-                .chain(
-                    self.streams
-                        .values_mut()
-                        .chain(self.parked.iter_mut())
-                        .flat_map(|st| st.depth.take_events()),
-                )
+                .chain(self.take_depth_events())
                 .collect(),
             graphs: self.graphs.drain().map(|(_, g)| g).collect(),
             execs: self.execs.drain().map(|(_, e)| e).collect(),
@@ -940,13 +953,14 @@ impl Session {
     /// work, then write the done word; a shared marker stream would make one client's
     /// synchronization wait behind another's long kernel (the stream runs its waits in
     /// order), so each client has its own, placed like its work streams.
-    pub fn sync_stream(&mut self, ctx: &mut WorkerCtx) -> usize {
-        if let Some(s) = self.sync {
-            return s;
+    /// It takes no part in the client's share of the queues: it holds only waits for the
+    /// client's own work. None only if every stream of its class were held for captures,
+    /// which captures never do (placement::may_capture).
+    pub fn sync_stream(&mut self, ctx: &mut WorkerCtx) -> Option<usize> {
+        if self.sync.is_none() {
+            self.sync = ctx.bind_work_stream(self.client.id, self.placement, 0, false);
         }
-        let s = ctx.bind_work_stream(self.client.id, self.placement, 0);
-        self.sync = Some(s);
-        s
+        self.sync
     }
 
     /// The client is gone: acknowledges every host function it queued, so its streams (and
@@ -1020,7 +1034,9 @@ impl Session {
         if self.left.len() <= MAX_LEFT / 2 {
             return;
         }
-        let m = self.sync_stream(ctx);
+        let Some(m) = self.sync_stream(ctx) else {
+            return;
+        };
         let gpu = ctx.gpu.clone();
         let Ok(one) = gpu.event_create(0x2) else {
             return;

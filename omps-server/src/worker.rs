@@ -86,6 +86,8 @@ pub struct GpuShared {
     /// One per lane, read by `omps-ctl stats`.
     pub stats: Vec<crate::stats::LaneStats>,
     layout: crate::placement::Layout,
+    /// Hardware queues one client may hold streams on ([`crate::placement::queue_share`]).
+    queue_share: std::sync::atomic::AtomicUsize,
     /// Modules shared by clients that load the same image.
     pub modules: crate::module_cache::ModuleCache,
     /// Allocations exported for IPC.
@@ -127,6 +129,7 @@ impl GpuShared {
             lanes: lanes.max(1),
             stats: (0..lanes.max(1)).map(|_| Default::default()).collect(),
             layout: gpu.layout(),
+            queue_share: crate::placement::queue_share(&gpu.layout(), None).into(),
             ipc: Default::default(),
             vmm_ipc,
             held: Default::default(),
@@ -136,6 +139,12 @@ impl GpuShared {
                 (snap.attributes[75] * 10 + snap.attributes[76]) as u32
             }),
         })
+    }
+
+    /// Sets the hardware queues one client may hold streams on (None: half of them).
+    pub fn set_queue_share(&self, asked: Option<usize>) {
+        let n = crate::placement::queue_share(&self.layout, asked);
+        self.queue_share.store(n, Ordering::Relaxed);
     }
 
     /// The work-stream bindings, locked.
@@ -314,27 +323,42 @@ impl WorkerCtx {
 
     /// Binds a client stream, at its first work, to a work stream of its class
     /// ([`crate::placement::pick`]: no other client's work on its CUDA stream, nor on its
-    /// hardware queue while the queues allow).
+    /// hardware queue while the queues allow). `capped`: within the client's share of the
+    /// hardware queues (all but its sync stream, which only waits for its own work). None:
+    /// nothing is left to it (the caller refuses the work).
     pub fn bind_work_stream(
         &mut self,
         client: u32,
         place: crate::placement::Placement,
         stream_priority: i32,
-    ) -> usize {
+        capped: bool,
+    ) -> Option<usize> {
         let c = crate::placement::class_of(place.qos, stream_priority);
         let class = self.gpu.layout().class_in(place.slot, c);
         self.next_work += 1;
         let mut bindings = self.shared.bindings();
         let gpu = self.gpu.clone();
-        let (pick, shared) = crate::placement::pick(
+        let picked = crate::placement::pick(
             &gpu.layout(),
             &bindings,
             class,
             client,
+            capped.then_some(self.shared.queue_share.load(Ordering::Relaxed)),
             self.next_work,
             // A stream whose query fails (a capture left on it) is not idle.
             &mut |i| gpu.stream_query(i).unwrap_or(false),
         );
+        let Some((pick, shared)) = picked else {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    client,
+                    "a client's streams hold every work stream left to it \
+                     (OMPS_CLIENT_QUEUES); its further streams are refused"
+                )
+            });
+            return None;
+        };
         if shared {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
@@ -346,12 +370,13 @@ impl WorkerCtx {
             b.client = client;
         }
         b.refs += 1;
-        pick
+        Some(pick)
     }
 
     /// A work stream that only this client stream will use (for a capture): `old` if it
-    /// is bound to it alone, else a free idle one of its class, bound now; None when the
-    /// class has none free.
+    /// is bound to it alone, else a free idle one of its class within the client's share
+    /// of the queues, bound now; None when there is none. Neither may be the last stream of
+    /// its class that is not held for a capture ([`crate::placement::may_capture`]).
     pub fn bind_alone(
         &mut self,
         client: u32,
@@ -359,16 +384,25 @@ impl WorkerCtx {
         stream_priority: i32,
         old: Option<usize>,
     ) -> Option<usize> {
+        use crate::placement::{may_capture, queues_held, within_share};
         let c = crate::placement::class_of(place.qos, stream_priority);
-        let class = self.gpu.layout().class_in(place.slot, c);
+        let layout = self.gpu.layout();
+        let class = layout.class_in(place.slot, c);
         let mut bindings = self.shared.bindings();
-        if let Some(o) = old.filter(|&o| bindings.get(o).is_some_and(|b| b.refs == 1)) {
+        if let Some(o) = old.filter(|&o| {
+            bindings.get(o).is_some_and(|b| b.refs == 1) && may_capture(&layout, &bindings, o)
+        }) {
             bindings[o].exclusive = true;
             return Some(o);
         }
-        let free = class
-            .clone()
-            .find(|&i| bindings[i].refs == 0 && self.gpu.stream_query(i).unwrap_or(false))?;
+        let held = queues_held(&layout, &bindings, client);
+        let share = self.shared.queue_share.load(Ordering::Relaxed);
+        let free = class.clone().find(|&i| {
+            bindings[i].refs == 0
+                && within_share(&layout, &held, share, i)
+                && may_capture(&layout, &bindings, i)
+                && self.gpu.stream_query(i).unwrap_or(false)
+        })?;
         bindings[free] = Binding {
             client,
             refs: 1,
@@ -449,8 +483,15 @@ impl WorkerCtx {
 
     /// Frees `release` once everything the session queued so far has finished.
     pub fn release_later(&mut self, s: &mut Session, release: Release) {
-        let m = s.sync_stream(self);
+        let Some(m) = s.sync_stream(self) else {
+            // Unreachable (see sync_stream); kept, never freed early: its work may run.
+            tracing::error!(client = s.client.id, "no stream to fence a release on");
+            return;
+        };
         let left = s.left_events(self);
+        // The fence's joins and its record count toward the client's depth (depth.rs):
+        // frees behind a long kernel fill its streams as launches do.
+        s.queued_join(self, &s.fence_streams(), left.len(), m, 1);
         self.defer(
             s.client.clone(),
             &s.fence_streams(),
@@ -580,7 +621,15 @@ impl WorkerCtx {
             .shared
             .sessions
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        let m = s.sync_stream(self);
+        // Always there (see sync_stream); else one of its own streams carries the fence.
+        let (m, extra) = match s.sync_stream(self) {
+            Some(m) => (m, None),
+            None => {
+                tracing::error!(client = s.client.id, "no sync stream to fence its end on");
+                let m = s.fence_streams().iter().next().unwrap_or(0);
+                (m, Some(m))
+            }
+        };
         let (fence_streams, left) = (s.fence_streams(), s.left_events(self));
         let bound = s.bound_work_streams();
         let raised_limits = !s.limits_set().is_empty();
@@ -619,7 +668,9 @@ impl WorkerCtx {
         for i in bound {
             self.unbind_work_stream(i);
         }
-        self.unbind_work_stream(m);
+        if extra.is_none() {
+            self.unbind_work_stream(m);
+        }
     }
 
     /// Completes what the GPU finished and frees what is idle, and waits until the

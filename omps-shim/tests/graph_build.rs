@@ -65,7 +65,9 @@ fn nodes_of(g: CUgraph) -> Vec<GraphNodeRef> {
 
 #[test]
 fn hand_built_graphs_run_as_built() {
-    let _srv = start_as_client("graph-build");
+    // Every queue to the client: the host GPU's class has 8 work streams, 4 of them in
+    // the default share, fewer than the parallel branches below.
+    let _srv = start_as_client_with("graph-build", |c| c.client_queues = Some(4));
     let f = host_function(c"fill_u32");
     // SAFETY (whole test): every pointer passed is a valid local or a handle made here.
     unsafe {

@@ -69,7 +69,9 @@ fn graph_mem_used() -> u64 {
 
 #[test]
 fn graph_memory_lives_as_long_as_its_graphs() {
-    let srv = start_as_client("graph-mem");
+    // Every queue to the client: two captures at once beside its other streams need more
+    // of the host GPU's 8 work streams than the default share's 4.
+    let srv = start_as_client_with("graph-mem", |c| c.client_queues = Some(4));
     let pid = std::process::id();
     // The host module's 16-byte `counter` variable counts as the client's memory.
     let mem = |graphs: u64| {

@@ -221,7 +221,8 @@ fn captured_events_frees_and_a_death_mid_capture() {
 
 #[test]
 fn a_fork_takes_in_no_other_clients_work() {
-    let srv = TestServer::start("graph-fork");
+    // Every queue to each client, so that A can hold the whole class.
+    let srv = TestServer::start_with("graph-fork", |c| c.client_queues = Some(4));
     let a = Conn::connect_to(&srv.socket()).unwrap();
     let b = Conn::connect_to(&srv.socket()).unwrap();
     let fa = load_image(&a, HOST_MODULE.as_bytes()).unwrap().1;

@@ -59,7 +59,9 @@ fn words(p: u64) -> Vec<u32> {
 
 #[test]
 fn a_green_context_of_two_sms_runs_its_streams_on_two_sms() {
-    let srv = start_as_client("green");
+    // Every queue to the client: each of its streams then gets a work stream of its own,
+    // which the count of bound streams below relies on.
+    let srv = start_as_client_with("green", |c| c.client_queues = Some(4));
     // SAFETY (whole test): every pointer passed is a valid local or a handle just made.
     unsafe {
         // The client's view: its 4 SMs, confined in chunks of one.

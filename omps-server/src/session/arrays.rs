@@ -256,7 +256,9 @@ impl Session {
         if c.width == 0 {
             return Ok(());
         }
-        let s = self.stream(ctx, c.stream)?;
+        let Some(s) = self.stream(ctx, c.stream)? else {
+            return Ok(());
+        };
         let (Some(src), Some(dst)) = (
             self.copy_place(&c.src, extent)?,
             self.copy_place(&c.dst, extent)?,

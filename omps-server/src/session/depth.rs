@@ -1,23 +1,33 @@
-//! Streams queued too deep: a client whose stream holds about a thousand operations the
-//! GPU has not reached waits on its own full ring, rather than the worker waiting in the
-//! driver. A CUDA stream takes about 1,000 pending operations; the next launch blocks the
+//! Streams queued too deep: a client whose work stream holds about a thousand operations
+//! the GPU has not reached waits on its own full ring, rather than the worker waiting in
+//! the driver. A CUDA stream takes about 1,000 pending operations; the next one blocks the
 //! calling thread until one completes (measured: a launch behind 1,022 queued operations
 //! took 3 s), which on a worker stalls every client of that lane.
 //!
-//! Every [`MARK_EVERY`] pieces of work on a client stream the worker records an event
-//! there. A stream with [`HOLD_AT`] marks outstanding has at least
-//! `(HOLD_AT - 1) * MARK_EVERY` operations the GPU has not finished: the worker leaves the
-//! client's ring alone until its oldest mark completes, asking only about that one event
-//! per pass. A client is held back [`MAX_HOLD`] at most at a time, so a stream that waits
-//! for something a later record of the same client provides (a stream memory wait) is
-//! not held forever: it gets one batch through.
+//! Every driver operation the worker queues for a client is counted on the work stream it
+//! lands on ([`Session::queued`]): the work itself, and what the server adds for it (a
+//! synchronization's word, the waits of an event or context synchronization and of a
+//! release's fence on the client's sync stream, the events of the legacy stream's implicit
+//! order, a host function's wait). Every [`MARK_EVERY`] operations on a work stream the
+//! worker records an event there. While the marks not yet passed stand for
+//! [`HOLD_OPS`] operations or more, the worker leaves the client's ring alone until the
+//! oldest passes, asking only about that one event per pass. A client is held back
+//! [`MAX_HOLD`] at most at a time, so a stream that waits for something a later record of
+//! the same client provides (a stream memory wait) still moves, one batch at a time; but
+//! never past [`HARD_OPS`], short of the driver's bound, so a kernel that never ends
+//! cannot lead the worker into the driver's wait.
 
 use super::*;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 pub(super) const MARK_EVERY: u32 = 256;
-pub(super) const HOLD_AT: usize = 3;
+/// Operations pending on one work stream that hold its client back.
+pub(super) const HOLD_OPS: u32 = 3 * MARK_EVERY;
+/// Beyond this many a held client gets no batch through at all: a batch of 8 records adds
+/// well under the 1,020 - HARD_OPS left (a record adds a few operations; a context
+/// synchronization one per stream the client holds).
+pub(super) const HARD_OPS: u32 = 832;
 const MAX_HOLD: Duration = Duration::from_secs(1);
 /// How often a held client's oldest mark is asked about. cuEventQuery takes the context
 /// lock every lane's launches need: asked on every pass (about 1 us) by the lanes of
@@ -26,31 +36,37 @@ const MAX_HOLD: Duration = Duration::from_secs(1);
 /// two marks, so the stream never runs dry meanwhile.
 const CHECK_EVERY: Duration = Duration::from_micros(50);
 
-/// The depth marks of one client stream.
+/// The depth marks of one work stream of a client: each event and the operations queued
+/// up to it since the one before.
 #[derive(Default)]
 pub(super) struct Depth {
-    marks: VecDeque<u64>,
+    marks: VecDeque<(u64, u32)>,
     since_mark: u32,
 }
 
 impl Depth {
-    /// Counts one piece of work queued on the stream (bound to `pool`), and every
-    /// [`MARK_EVERY`] records a mark; true once [`HOLD_AT`] marks are outstanding.
-    pub(super) fn count(
-        &mut self,
-        gpu: &dyn crate::gpu::Gpu,
-        pool: usize,
-        capturing: bool,
-    ) -> bool {
+    /// Operations the GPU may not have reached: those behind marks not yet passed, and
+    /// those since the last mark.
+    fn pending(&self) -> u32 {
+        self.marks
+            .iter()
+            .map(|m| m.1)
+            .sum::<u32>()
+            .saturating_add(self.since_mark)
+    }
+
+    /// Counts `n` operations queued on work stream `pool`, and records a mark once
+    /// [`MARK_EVERY`] have been; true once the marks outstanding stand for [`HOLD_OPS`].
+    fn count(&mut self, gpu: &dyn crate::gpu::Gpu, pool: usize, n: u32, capturing: bool) -> bool {
         if capturing {
-            // A mark recorded now would be a node of the client's graph.
+            // A mark recorded now would be a node of the client's graph, and what is
+            // queued there is captured, not run.
             return false;
         }
-        self.since_mark += 1;
+        self.since_mark = self.since_mark.saturating_add(n);
         if self.since_mark < MARK_EVERY {
             return false;
         }
-        self.since_mark = 0;
         let Ok(ev) = gpu.event_create(0x2) else {
             return false;
         };
@@ -58,19 +74,61 @@ impl Depth {
             let _ = gpu.event_destroy(ev);
             return false;
         }
-        self.marks.push_back(ev);
-        self.marks.len() >= HOLD_AT
-    }
-
-    /// Events of the marks, for the release of a stream or session.
-    pub(super) fn take_events(&mut self) -> impl Iterator<Item = u64> + '_ {
-        self.marks.drain(..)
+        // The mark is an operation of the stream too.
+        self.marks.push_back((ev, self.since_mark + 1));
+        self.since_mark = 0;
+        self.pending() >= HOLD_OPS
     }
 }
 
 impl Session {
+    /// `n` driver operations queued for client stream `id` on its work stream `pool`.
+    pub(super) fn queued(&mut self, ctx: &WorkerCtx, id: u32, pool: usize, n: u32) {
+        let capturing = self.streams.get(&id).is_some_and(|s| s.capturing);
+        self.queued_as(ctx, pool, n, capturing);
+    }
+
+    /// As [`Session::queued`], its capture known (the submission path knows it).
+    pub(super) fn queued_as(&mut self, ctx: &WorkerCtx, pool: usize, n: u32, capturing: bool) {
+        let d = self.depths.entry(pool).or_default();
+        if d.count(&*ctx.gpu, pool, n, capturing) && !self.deep.contains(&pool) {
+            self.deep.push(pool);
+        }
+    }
+
+    /// What a context synchronization or a fence adds: an event record on each of
+    /// `streams`, and a wait for each of them and of `left` (plus `extra`) on `m`.
+    pub(crate) fn queued_join(
+        &mut self,
+        ctx: &WorkerCtx,
+        streams: &crate::placement::StreamSet,
+        left: usize,
+        m: usize,
+        extra: u32,
+    ) {
+        let mut joined = 0u32;
+        for i in streams.iter() {
+            self.queued_as(ctx, i, 1, false);
+            joined += 1;
+        }
+        self.queued_as(
+            ctx,
+            m,
+            joined.saturating_add(left as u32).saturating_add(extra),
+            false,
+        );
+    }
+
+    /// Events of every mark, for the release of the session.
+    pub(super) fn take_depth_events(&mut self) -> Vec<u64> {
+        self.depths
+            .drain()
+            .flat_map(|(_, d)| d.marks.into_iter().map(|m| m.0))
+            .collect()
+    }
+
     /// Whether the worker should take none of this client's records this pass: one of
-    /// its streams is too deep and the GPU has not caught up.
+    /// its work streams is too deep and the GPU has not caught up.
     pub fn held_back(&mut self, ctx: &WorkerCtx) -> bool {
         if self.deep.is_empty() {
             return false;
@@ -82,20 +140,23 @@ impl Session {
             return true;
         }
         let gpu = &ctx.gpu;
-        let streams = &mut self.streams;
-        self.deep.retain(|id| {
-            let Some(st) = streams.get_mut(id) else {
+        let depths = &mut self.depths;
+        let mut deepest = 0;
+        self.deep.retain(|pool| {
+            let Some(d) = depths.get_mut(pool) else {
                 return false;
             };
             // Completed marks go; a broken context completes nothing (treat as done).
-            while let Some(&ev) = st.depth.marks.front() {
+            while let Some(&(ev, _)) = d.marks.front() {
                 if !gpu.event_query(ev).unwrap_or(true) {
                     break;
                 }
-                st.depth.marks.pop_front();
+                d.marks.pop_front();
                 let _ = gpu.event_destroy(ev);
             }
-            st.depth.marks.len() >= HOLD_AT
+            let p = d.pending();
+            deepest = deepest.max(p);
+            d.marks.iter().map(|m| m.1).sum::<u32>() >= HOLD_OPS
         });
         if self.deep.is_empty() {
             self.held_since = None;
@@ -104,7 +165,7 @@ impl Session {
         }
         let now = Instant::now();
         let since = *self.held_since.get_or_insert(now);
-        if now - since > MAX_HOLD {
+        if now - since > MAX_HOLD && deepest < HARD_OPS {
             self.held_since = None;
             self.depth_checked = None;
             return false;

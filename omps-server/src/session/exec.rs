@@ -41,7 +41,9 @@ impl Session {
                     ));
                 }
                 let h = f.handle;
-                let s = self.stream(ctx, l.stream)?;
+                let Some(s) = self.stream(ctx, l.stream)? else {
+                    return Ok(());
+                };
                 if let Err(e) = gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
                     self.note_error(e);
                 }

@@ -123,7 +123,9 @@ impl Session {
                     // The shim checks its handles: an unknown id is a lie.
                     return bad(format!("launching unknown executable graph {}", l.exec));
                 };
-                let s = self.stream(ctx, l.stream)?;
+                let Some(s) = self.stream(ctx, l.stream)? else {
+                    return Ok(());
+                };
                 let r = if op == Op::GraphLaunch {
                     self.client.launches.fetch_add(1, Ordering::Relaxed);
                     gpu.graph_launch(e, s)
@@ -339,7 +341,7 @@ impl Session {
         }
         // Parked streams leave once their capture is over, as a destroyed stream does.
         let parked = std::mem::take(&mut self.parked);
-        for mut st in parked {
+        for st in parked {
             let still = st.pool.is_some_and(|s| {
                 ctx.gpu
                     .capture_status(s)
@@ -349,9 +351,6 @@ impl Session {
                 n += 1;
                 self.parked.push(st);
                 continue;
-            }
-            for ev in st.depth.take_events() {
-                let _ = ctx.gpu.event_destroy(ev);
             }
             if let Some(p) = st.pool {
                 ctx.share_again(p);

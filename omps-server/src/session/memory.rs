@@ -18,7 +18,9 @@ impl Session {
                 if !matches!(m.elem_size, 1 | 2 | 4) {
                     return bad("memset: element size");
                 }
-                let s = self.stream(ctx, m.stream)?;
+                let Some(s) = self.stream(ctx, m.stream)? else {
+                    return Ok(());
+                };
                 let Some(bytes) = m.count.checked_mul(m.elem_size as u64) else {
                     return bad("memset: size overflows");
                 };
@@ -31,7 +33,9 @@ impl Session {
             Op::CopyDtoD => {
                 fixed_only(tail, "copy")?;
                 let c = rec::<wire::CopyDtoD>(p);
-                let s = self.stream(ctx, c.stream)?;
+                let Some(s) = self.stream(ctx, c.stream)? else {
+                    return Ok(());
+                };
                 if self.check_range(c.dst, c.len) && self.check_range(c.src, c.len) {
                     if let Err(e) = gpu.copy_dtod(c.dst, c.src, c.len as usize, s) {
                         self.note_error(e);
@@ -42,8 +46,10 @@ impl Session {
                 fixed_only(tail, "chunk copy")?;
                 let c = rec::<wire::ChunkCopy>(p);
                 let (ptr, cap) = self.chunk(&c)?;
-                let s = self.stream(ctx, c.stream)?;
                 let word = Word::Chunk(c.chunk as u8);
+                let Some(s) = self.stream(ctx, c.stream)? else {
+                    return self.signal_now(c.channel, word, c.seq, code::OUT_OF_MEMORY);
+                };
                 if !self.check_range(c.dev, c.len as u64) {
                     return self.signal_now(c.channel, word, c.seq, code::INVALID_VALUE);
                 }
@@ -62,6 +68,7 @@ impl Session {
                         // The chunk's word lands after everything queued on the stream so
                         // far: a synchronization that follows the client's wait for it (a
                         // pageable device-to-host copy) need not ask the GPU again.
+                        self.queued(ctx, c.stream, s, 1);
                         if self.signal_on_gpu(ctx, c.channel, word, c.seq, s)? {
                             let st = self.streams.get_mut(&c.stream).expect("stream() found it");
                             st.synced = Some(SyncMark {
@@ -87,8 +94,12 @@ impl Session {
                 {
                     return bad("inline copy: length or alignment");
                 }
-                let s = self.stream(ctx, c.stream)?;
+                let Some(s) = self.stream(ctx, c.stream)? else {
+                    return Ok(());
+                };
                 if self.check_range(c.dev, c.len as u64) {
+                    // A write per word, one of them counted as the submission.
+                    self.queued(ctx, c.stream, s, (c.len / 4).saturating_sub(1));
                     for (i, w) in tail.chunks_exact(4).enumerate() {
                         let v = u32::from_le_bytes(w.try_into().expect("4 bytes"));
                         if let Err(e) = gpu.write_device_u32(c.dev + 4 * i as u64, v, s) {
@@ -101,7 +112,9 @@ impl Session {
             Op::CopyHtoDPinned | Op::CopyDtoHPinned => {
                 fixed_only(tail, "pinned copy")?;
                 let c = rec::<wire::PinnedCopy>(p);
-                let s = self.stream(ctx, c.stream)?;
+                let Some(s) = self.stream(ctx, c.stream)? else {
+                    return Ok(());
+                };
                 if !self.client.pinned_contains(c.host, c.len) || !self.check_range(c.dev, c.len) {
                     self.note_error(CuError(code::INVALID_VALUE));
                     return Ok(());
@@ -190,7 +203,9 @@ impl Session {
             Op::CopyPeer => {
                 fixed_only(tail, "peer copy")?;
                 let c = rec::<wire::CopyPeer>(p);
-                let s = self.stream(ctx, c.stream)?;
+                let Some(s) = self.stream(ctx, c.stream)? else {
+                    return Ok(());
+                };
                 let read = self.ring_position();
                 let (near, far) = match c.far_is_src {
                     0 => (c.src, c.dst),

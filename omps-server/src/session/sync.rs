@@ -60,10 +60,9 @@ impl Session {
             // Its queued work still runs; the pool stream is handed to another
             // client only once it is idle (WorkerCtx::bind_work_stream), and this
             // client's fences wait for that work through an event (leave_pool).
-            Some(mut st) => {
-                for ev in st.depth.take_events() {
-                    let _ = ctx.gpu.event_destroy(ev);
-                }
+            // Its depth marks stay with the work stream's (depth.rs): they pass with its
+            // work.
+            Some(st) => {
                 if let Some(p) = st.pool {
                     self.leave_pool(ctx, p);
                 }
@@ -125,7 +124,10 @@ impl Session {
             }
             Op::EventRecord | Op::EventRecordExternal => {
                 let r = rec::<wire::EventRecord>(p);
-                let (e, s) = (self.event(r.event)?, self.stream(ctx, r.stream)?);
+                let e = self.event(r.event)?;
+                let Some(s) = self.stream(ctx, r.stream)? else {
+                    return Ok(());
+                };
                 let done = if op == Op::EventRecord {
                     gpu.event_record(e, s)
                 } else {
@@ -149,7 +151,9 @@ impl Session {
                         return Ok(());
                     }
                 }
-                let s = self.stream(ctx, r.stream)?;
+                let Some(s) = self.stream(ctx, r.stream)? else {
+                    return Ok(());
+                };
                 let done = if op == Op::StreamWaitEvent {
                     gpu.stream_wait_event(s, e)
                 } else {
@@ -169,7 +173,9 @@ impl Session {
                 let Some(slot) = client.seg.hostfn(h.slot as usize) else {
                     return bad(format!("host function slot {} out of range", h.slot));
                 };
-                let s = self.stream(ctx, h.stream)?;
+                let Some(s) = self.stream(ctx, h.stream)? else {
+                    return Ok(());
+                };
                 // SAFETY: the slot lies in the client's segment, which stays registered
                 // until every fence of this client has passed (ClientShared's drop).
                 let r = unsafe {
@@ -179,6 +185,8 @@ impl Session {
                 if let Err(e) = r {
                     self.note_error(e);
                 }
+                // The wait is a second operation.
+                self.queued(ctx, h.stream, s, 1);
                 self.hostfn_last.insert(h.slot, h.seq);
             }
             Op::HostNode => {
@@ -187,7 +195,9 @@ impl Session {
                 let Some(slot) = client.seg.hostfn(h.slot as usize) else {
                     return bad(format!("host node slot {} out of range", h.slot));
                 };
-                let s = self.stream(ctx, h.stream)?;
+                let Some(s) = self.stream(ctx, h.stream)? else {
+                    return Ok(());
+                };
                 if !self.streams.get(&h.stream).is_some_and(|st| st.capturing) {
                     // A host node belongs in a capture; elsewhere the shim queues HostFunc.
                     self.note_error(CuError(code::ILLEGAL_STATE));
@@ -211,7 +221,9 @@ impl Session {
             }
             Op::HostNodeAt => {
                 let h = rec::<wire::HostNodeAt>(p);
-                let s = self.stream(ctx, h.stream)?;
+                let Some(s) = self.stream(ctx, h.stream)? else {
+                    return Ok(());
+                };
                 if !self.streams.get(&h.stream).is_some_and(|st| st.capturing) {
                     self.note_error(CuError(code::ILLEGAL_STATE));
                     return Ok(());
@@ -254,6 +266,9 @@ impl Session {
                 } else if self.complete_on_gpu(ctx, h.call, s)? {
                     let st = self.streams.get_mut(&h.id).expect("stream_pool() found it");
                     st.synced = Some(SyncMark::done(h.call, submits));
+                    // Its word is an operation of the stream: behind a long kernel, many
+                    // synchronizations fill the stream as launches do.
+                    self.queued(ctx, h.id, s, 1);
                 }
             }
             Op::StreamQuery => {
@@ -271,9 +286,15 @@ impl Session {
             Op::EventSync => {
                 let h = rec::<wire::HandleCall>(p);
                 let e = self.event(h.id)?;
-                let m = self.sync_stream(ctx);
+                let Some(m) = self.sync_stream(ctx) else {
+                    return self.complete(h.call, code::OUT_OF_MEMORY, &[]);
+                };
                 match gpu.stream_wait_event(m, e) {
-                    Ok(()) => _ = self.complete_on_gpu(ctx, h.call, m)?,
+                    Ok(()) => {
+                        self.complete_on_gpu(ctx, h.call, m)?;
+                        // The sync stream never captures.
+                        self.queued_as(ctx, m, 2, false);
+                    }
                     Err(err) => {
                         ctx.fault_if_sticky(err.0);
                         self.complete(h.call, err.0, &[])?
@@ -300,11 +321,14 @@ impl Session {
             }
             Op::CtxSync => {
                 let c = rec::<CallHdr>(p);
-                let m = self.sync_stream(ctx);
+                let Some(m) = self.sync_stream(ctx) else {
+                    return self.complete(c, code::OUT_OF_MEMORY, &[]);
+                };
                 if self.already_synced(ctx, self.ctx_synced, self.submits) {
                     self.complete(c, 0, &[])?;
                 } else {
                     let (streams, left) = (self.fence_streams(), self.left_events(ctx));
+                    self.queued_join(ctx, &streams, left.len(), m, 1);
                     match ctx.join_streams(&streams, &left, m) {
                         Ok(()) => {
                             if self.complete_on_gpu(ctx, c, m)? {

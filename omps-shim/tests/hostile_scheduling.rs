@@ -1,0 +1,193 @@
+//! Clients that try to stall or reach others through the scheduler (issue 23, findings 2,
+//! 3 and 8): the hardware queues they hold, the driver operations they queue behind a long
+//! kernel, and the work streams they capture on. The host GPU plays the queues and the
+//! driver's depth bound (omps-server/src/gpu_host/queues.rs).
+
+mod common;
+use common::*;
+use omps_ring::wire::{self, CallHdr, HandleCall, Op};
+use omps_shim::conn::Conn;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Runs `f` on a thread; its result if it returns within `limit`.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// Memset of `dst` to `value` on the default stream, then a synchronization of it.
+fn memset_and_sync(c: &Conn, dst: u64, value: u32) -> Result<(), i32> {
+    memset_words(c, 0, dst, value);
+    sync_default_stream(c)
+}
+
+fn host_func(c: &Conn, stream: u32, slot: u32, seq: u32) {
+    let h = wire::HostFunc {
+        stream,
+        slot,
+        seq,
+        _pad: 0,
+    };
+    c.push(0, Op::HostFunc, &[bytemuck::bytes_of(&h)]).unwrap();
+}
+
+/// Finding 2: a client whose streams each wait for a host function it never acknowledges
+/// holds every hardware queue it is given. It is given only its share, so a newcomer's
+/// work runs on a queue of its own.
+#[test]
+fn host_functions_never_acknowledged_leave_queues_to_others() {
+    let srv = TestServer::start("queues-held");
+    srv.gpu.model_queues(true);
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    // More streams than the host GPU's normal class has (8) and queues (4).
+    for id in 1..=12u32 {
+        stream_create(&a, id);
+        host_func(&a, id, id, 1);
+    }
+    a.ping(0).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&b, 4096);
+    let b = within(Duration::from_secs(3), move || {
+        let r = memset_and_sync(&b, p, 7);
+        (b, r)
+    });
+    // Let the attacker's functions go before asserting, so the server can shut down.
+    for slot in 1..=12 {
+        a.seg()
+            .hostfn(slot)
+            .unwrap()
+            .ack
+            .store(1, Ordering::Release);
+    }
+    let (b, r) = b.expect("a newcomer's synchronize waited behind another client's queues");
+    assert_eq!(r, Ok(()));
+    assert_eq!(
+        srv.gpu.peek(p, 4).unwrap(),
+        7u32.to_le_bytes(),
+        "its memset ran"
+    );
+    b.ping(0).unwrap();
+    a.ping(0).unwrap();
+}
+
+/// Finding 8: clients that capture on every work stream they can get leave one that no
+/// capture holds; a newcomer's work never goes into their graphs.
+#[test]
+fn a_capturing_stream_is_never_handed_to_another_client() {
+    let srv = TestServer::start("capture-hijack");
+    let attackers: Vec<Conn> = (0..3)
+        .map(|_| Conn::connect_to(&srv.socket()).unwrap())
+        .collect();
+    let mut captured = 0;
+    for (k, a) in attackers.iter().enumerate() {
+        for id in 1..=8u32 {
+            stream_create(a, id);
+            if capture(a, Op::CaptureBegin, id).is_ok() {
+                captured += 1;
+            } else {
+                // Refused as the driver refuses a stream it cannot capture.
+                assert_eq!(
+                    capture(a, Op::CaptureBegin, id),
+                    Err(900),
+                    "attacker {k}, stream {id}"
+                );
+            }
+        }
+    }
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&b, 4096);
+    let b = within(Duration::from_secs(3), move || {
+        let r = memset_and_sync(&b, p, 7);
+        (b, r)
+    });
+    let (b, r) = b.expect("the newcomer's synchronize went into another client's capture");
+    assert_eq!(r, Ok(()));
+    assert_eq!(srv.gpu.peek(p, 4).unwrap(), 7u32.to_le_bytes());
+    // Each attacker got its share of the queues' streams, one stream stayed shareable.
+    assert!(
+        (4..8).contains(&captured),
+        "{captured} of the class's 8 work streams captured"
+    );
+    // Their captures end cleanly, with graphs of their own.
+    for a in &attackers {
+        for id in 1..=8u32 {
+            if let Ok(g) = capture(a, Op::CaptureEnd, id) {
+                assert_ne!(g, 0);
+            }
+        }
+        a.ping(0).unwrap();
+    }
+    memset_and_sync(&b, p, 9).unwrap();
+    assert_eq!(srv.gpu.peek(p, 4).unwrap(), 9u32.to_le_bytes());
+}
+
+/// Finding 3: synchronizations queued behind a long kernel are driver operations as
+/// launches are. Uncounted, 4,000 of them led the worker into the driver's wait at about
+/// a thousand, and every client of its lane with it; counted, their client is held back
+/// on its own ring and another client of the lane is answered at once.
+#[test]
+fn stream_syncs_behind_a_long_kernel_do_not_hold_up_the_lane() {
+    let srv = TestServer::start("deep-syncs");
+    srv.gpu.model_depth(true);
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    // A client of the same lane (the test server has two: id modulo 2).
+    let mut others = Vec::new();
+    let b = loop {
+        let c = Conn::connect_to(&srv.socket()).unwrap();
+        if c.client_id() % 2 == a.client_id() % 2 {
+            break c;
+        }
+        others.push(c);
+    };
+    let p = alloc(&a, 4096);
+    memset_and_sync(&a, p, 1).unwrap();
+    // The long kernel.
+    srv.gpu.stick_releases(true);
+    let sender = std::thread::spawn(move || {
+        // New work, so that no synchronization is answered from the CPU.
+        memset_words(&a, 0, p, 3);
+        let mut ch = a.channel();
+        for _ in 0..4000 {
+            let call: CallHdr = ch.next_call();
+            let h = HandleCall {
+                call,
+                id: 0,
+                _pad: 0,
+            };
+            a.push(0, Op::StreamSync, &[bytemuck::bytes_of(&h)])
+                .unwrap();
+        }
+        drop(ch);
+        a
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let worst = within(Duration::from_secs(3), move || {
+        let mut worst = Duration::ZERO;
+        for _ in 0..20 {
+            let t = Instant::now();
+            b.ping(0).unwrap();
+            worst = worst.max(t.elapsed());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (b, worst)
+    });
+    let deepest = srv.gpu.deepest_stream();
+    // The kernel ends before any assertion, so that a failure cannot hang the shutdown.
+    srv.gpu.stick_releases(false);
+    let (b, worst) = worst.expect("a client of the same lane waited for the driver");
+    assert!(
+        worst < Duration::from_millis(500),
+        "a ping of the same lane took {worst:?}"
+    );
+    assert!(
+        deepest <= 900,
+        "{deepest} operations queued on one stream behind the kernel"
+    );
+    let a = sender.join().unwrap();
+    memset_and_sync(&a, p, 2).unwrap();
+    b.ping(0).unwrap();
+}

@@ -11,14 +11,23 @@
 //! `quit` for all; defaults (`set_default_*`) reach every server, also those started
 //! later; a command naming a PID goes to the server it names or that holds that client;
 //! the rest go to root's server, which the daemon starts with it.
+//!
+//! Users do not trust each other or root's daemon: the daemon's directories are root's
+//! alone and nothing a user placed is followed (`dirs`), one user's server start or flood
+//! of connections holds up no other user (`admit`, a start lock per user), and log files
+//! a user prepared are not waited on (the servers open them as `omps_server::log_file`).
+
+mod admit;
+mod dirs;
 
 use crate::daemon::{server_binary, Starting};
+use admit::Admission;
+use dirs::RootDir;
 use omps_ring::sock;
 use omps_ring::wire::{self, Hello};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -64,6 +73,13 @@ pub fn start_background() -> Result<(), String> {
     .map(drop)
 }
 
+/// A running server, as the operator's commands see it.
+struct Running {
+    uid: u32,
+    pid: u32,
+    dir: PathBuf,
+}
+
 /// A user's server.
 struct UserServer {
     child: Child,
@@ -71,11 +87,20 @@ struct UserServer {
 }
 
 struct Daemon {
-    pipe: PathBuf,
-    log: Option<PathBuf>,
+    pipe: RootDir,
+    log: Option<RootDir>,
+    /// Running servers. Held only for a look or an insert, never while one starts.
     servers: Mutex<HashMap<u32, UserServer>>,
-    /// `set_default_*` commands so far, replayed to each server started later.
-    defaults: Mutex<Vec<String>>,
+    /// One lock per user, held while that user's server starts (which may take a
+    /// minute): the user's other connections wait for it, no one else's do.
+    starting: Mutex<HashMap<u32, Arc<Mutex<()>>>>,
+    /// `set_default_*` commands so far, replayed to each server started later, and how
+    /// many were ever set (a start replays until it has seen them all).
+    defaults: Mutex<(Vec<String>, u64)>,
+    admission: Arc<Admission>,
+    /// The program each user's server runs, and how long it has to start listening.
+    server: PathBuf,
+    start_limit: Duration,
 }
 
 /// `-f`: runs the daemon until `quit`.
@@ -92,60 +117,111 @@ pub fn run_foreground() -> String {
 }
 
 fn serve() -> Result<(), String> {
-    let pipe = sock::pipe_directory();
-    std::fs::create_dir_all(&pipe).map_err(|e| format!("{}: {e}", pipe.display()))?;
     // Others may reach the socket, not list or change the directory.
-    std::fs::set_permissions(&pipe, std::fs::Permissions::from_mode(0o711))
-        .map_err(|e| format!("{}: {e}", pipe.display()))?;
-    let path = pipe.join(sock::SOCKET_NAME);
+    let pipe = RootDir::open(&sock::pipe_directory(), 0o711)?;
+    // Users' servers reach their own directories in it.
+    let log = match sock::log_directory() {
+        Some(l) => Some(RootDir::open(&l, 0o711)?),
+        None => None,
+    };
+    let path = pipe.path().join(sock::SOCKET_NAME);
     if UnixStream::connect(&path).is_ok() {
         return Err(format!(
             "an omps server already listens on {}",
             path.display()
         ));
     }
-    let _ = std::fs::remove_file(&path);
+    // The directory is root's alone (checked above), so these paths stay the daemon's.
+    pipe.remove(sock::SOCKET_NAME);
     let listener = UnixListener::bind(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let _ = std::fs::write(
-        pipe.join(sock::PID_FILE),
-        format!("{}\n", std::process::id()),
-    );
-    let d = Arc::new(Daemon {
-        pipe,
-        log: sock::log_directory(),
-        servers: Default::default(),
-        defaults: Default::default(),
-    });
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    pipe.file(sock::PID_FILE, false)
+        .and_then(|mut f| writeln!(f, "{}", std::process::id()))
+        .map_err(|e| format!("{}: {e}", pipe.path().join(sock::PID_FILE).display()))?;
+    let d = Arc::new(Daemon::new(pipe, log, server_binary()));
     d.log("Starting omps control daemon (one server per user)");
     // Root's server comes with the daemon: the operator's commands go to it.
     d.server_for(0, 0)?;
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
-        let d = d.clone();
-        std::thread::spawn(move || d.serve_connection(conn));
-    }
+    d.accept_loop(&listener);
     Ok(())
 }
 
 impl Daemon {
+    fn new(pipe: RootDir, log: Option<RootDir>, server: PathBuf) -> Daemon {
+        Daemon {
+            pipe,
+            log,
+            servers: Default::default(),
+            starting: Default::default(),
+            defaults: Default::default(),
+            admission: Default::default(),
+            server,
+            start_limit: Duration::from_secs(60),
+        }
+    }
+
+    /// Takes connections, each to a thread of its own within the bounds of `admit`.
+    /// accept() failing (out of descriptors, say) leaves the socket readable: the loop
+    /// pauses, longer each time, rather than spin.
+    fn accept_loop(self: &Arc<Self>, listener: &UnixListener) {
+        let mut pause = Duration::ZERO;
+        let (mut failures, mut refused) = (0u64, 0u64);
+        loop {
+            self.admission.wait_room(admit::TOTAL);
+            let conn = match listener.accept() {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    failures += 1;
+                    if failures.is_power_of_two() {
+                        self.log(&format!("accepting a connection failed ({failures}x): {e}"));
+                    }
+                    pause = (pause * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    std::thread::sleep(pause);
+                    continue;
+                }
+            };
+            pause = Duration::ZERO;
+            let Ok(cred) = sock::peer_cred(conn.as_raw_fd()) else {
+                continue;
+            };
+            let Some(ticket) = self.admission.admit(cred.uid, admit::PER_USER) else {
+                refused += 1;
+                if refused.is_power_of_two() {
+                    self.log(&format!(
+                        "uid {} has {} connections in progress: one more closed ({refused}x)",
+                        cred.uid,
+                        admit::PER_USER
+                    ));
+                }
+                continue;
+            };
+            let d = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("omps-daemon-conn".into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    let _ticket = ticket;
+                    d.serve_connection(conn, cred.uid, cred.gid);
+                });
+            if let Err(e) = spawned {
+                self.log(&format!("no thread for a connection: {e}"));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
     fn log(&self, line: &str) {
         let Some(dir) = &self.log else { return };
-        let _ = std::fs::create_dir_all(dir);
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("control.log"))
-        {
+        if let Ok(mut f) = dir.file("control.log", true) {
             let _ = writeln!(f, "[omps-ctl daemon {}] {line}", std::process::id());
         }
     }
 
-    fn serve_connection(&self, conn: UnixStream) {
-        let Ok(libc::ucred { uid, gid, .. }) = sock::peer_cred(conn.as_raw_fd()) else {
-            return;
-        };
+    fn serve_connection(&self, conn: UnixStream, uid: u32, gid: u32) {
         let Some(kind) = peek_kind(&conn) else {
             return;
         };
@@ -166,7 +242,7 @@ impl Daemon {
         };
         match dir {
             Some(dir) => {
-                if let Err(e) = hand_over(&dir, &conn) {
+                if let Err(e) = hand_over(&dir, uid, &conn) {
                     self.log(&format!("handing a connection of uid {uid} over: {e}"));
                 }
             }
@@ -188,7 +264,7 @@ impl Daemon {
         }
     }
 
-    /// The pipe directory of `uid`'s server, if it runs.
+    /// The pipe directory of `uid`'s server, if it runs (one starting does not).
     fn running(&self, uid: u32) -> Option<PathBuf> {
         let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
         let alive = servers
@@ -205,13 +281,20 @@ impl Daemon {
         if let Some(dir) = self.running(uid) {
             return Ok(dir);
         }
-        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = servers.get(&uid) {
-            return Ok(s.dir.clone());
+        let lock = self
+            .starting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(uid)
+            .or_default()
+            .clone();
+        let _starting = lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Started meanwhile by another connection of the user's.
+        if let Some(dir) = self.running(uid) {
+            return Ok(dir);
         }
-        let dir = self.pipe.join(format!("u{uid}"));
-        private_dir(&dir, uid, gid)?;
-        let mut cmd = Command::new(server_binary());
+        let dir = self.pipe.private_child(&format!("u{uid}"), uid, gid)?;
+        let mut cmd = Command::new(&self.server);
         cmd.env("OMPS_PIPE_DIRECTORY", &dir)
             .env_remove("CUDA_MPS_PIPE_DIRECTORY")
             .env_remove("LD_PRELOAD")
@@ -219,8 +302,7 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if let Some(log) = &self.log {
-            let own = log.join(format!("u{uid}"));
-            private_dir(&own, uid, gid)?;
+            let own = log.private_child(&format!("u{uid}"), uid, gid)?;
             cmd.env("OMPS_LOG_DIRECTORY", own)
                 .env_remove("CUDA_MPS_LOG_DIRECTORY");
         }
@@ -235,45 +317,61 @@ impl Daemon {
                 Ok(())
             });
         }
-        let socket = dir.join(sock::SOCKET_NAME);
         let what = format!("omps-server for uid {uid}");
         let child = Starting {
             what: &what,
-            program: &server_binary(),
+            program: &self.server,
             hint: "",
-            limit: Duration::from_secs(60),
+            limit: self.start_limit,
             kill_late: true,
         }
-        .run(cmd, || UnixStream::connect(&socket).is_ok())?;
+        .run(cmd, || {
+            dirs::connect_owned(&dir, sock::SOCKET_NAME, uid).is_ok()
+        })?;
         self.log(&format!("Server {} started for uid {uid}", child.id()));
-        for c in self
-            .defaults
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            let _ = ask(&dir, c);
+        // The defaults reach it before any client does. One set meanwhile is replayed
+        // too: the server is listed (and so reached by later ones) only once it has
+        // seen every default set so far.
+        let mut seen = 0;
+        loop {
+            let (todo, count) = {
+                let d = self.defaults.lock().unwrap_or_else(|e| e.into_inner());
+                if d.1 == seen {
+                    self.servers
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(
+                            uid,
+                            UserServer {
+                                child,
+                                dir: dir.clone(),
+                            },
+                        );
+                    return Ok(dir);
+                }
+                (d.0.clone(), d.1)
+            };
+            for c in &todo {
+                let _ = ask(&dir, uid, c);
+            }
+            seen = count;
         }
-        servers.insert(
-            uid,
-            UserServer {
-                child,
-                dir: dir.clone(),
-            },
-        );
-        Ok(dir)
     }
 
     /// (server PID, pipe directory) of every running server, root's first.
-    fn all(&self) -> Vec<(u32, PathBuf)> {
+    fn all(&self) -> Vec<Running> {
         let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
         servers.retain(|_, s| matches!(s.child.try_wait(), Ok(None)));
-        let mut v: Vec<(u32, u32, PathBuf)> = servers
+        let mut v: Vec<Running> = servers
             .iter()
-            .map(|(&uid, s)| (uid, s.child.id(), s.dir.clone()))
+            .map(|(&uid, s)| Running {
+                uid,
+                pid: s.child.id(),
+                dir: s.dir.clone(),
+            })
             .collect();
-        v.sort();
-        v.into_iter().map(|(_, pid, dir)| (pid, dir)).collect()
+        v.sort_by_key(|r| r.uid);
+        v
     }
 
     /// Root's control connection: commands one per frame, answered by the daemon.
@@ -292,8 +390,8 @@ impl Daemon {
             }
             if ok && cmd.split_whitespace().next() == Some("quit") {
                 self.log("Daemon exited");
-                let _ = std::fs::remove_file(self.pipe.join(sock::SOCKET_NAME));
-                let _ = std::fs::remove_file(self.pipe.join(sock::PID_FILE));
+                self.pipe.remove(sock::SOCKET_NAME);
+                self.pipe.remove(sock::PID_FILE);
                 std::process::exit(0);
             }
         }
@@ -305,7 +403,7 @@ impl Daemon {
         match words.as_slice() {
             ["get_server_list"] => (
                 true,
-                servers.iter().map(|(pid, _)| format!("{pid}\n")).collect(),
+                servers.iter().map(|r| format!("{}\n", r.pid)).collect(),
             ),
             ["start_server", "-uid", uid] => match uid.parse::<u32>() {
                 Ok(u) => match self.server_for(u, primary_gid(u)) {
@@ -315,8 +413,8 @@ impl Daemon {
                 Err(_) => (false, format!("start_server: '{uid}' is not a uid\n")),
             },
             ["quit", ..] => {
-                for (_, dir) in servers.iter().rev() {
-                    let _ = ask(dir, cmd);
+                for r in servers.iter().rev() {
+                    let _ = ask(&r.dir, r.uid, cmd);
                 }
                 let t = Instant::now();
                 let limit = match words.as_slice() {
@@ -336,21 +434,24 @@ impl Daemon {
                         let w: Vec<&str> = c.split_whitespace().collect();
                         w[..w.len().saturating_sub(1)].join(" ")
                     };
-                    d.retain(|c| key(c) != key(cmd));
-                    d.push(cmd.to_string());
+                    d.0.retain(|c| key(c) != key(cmd));
+                    d.0.push(cmd.to_string());
+                    d.1 += 1;
                 }
-                self.each(&servers, cmd, false)
+                // Listed after the default is in: a server starting now is not listed
+                // yet, and replays it before it is.
+                self.each(&self.all(), cmd, false)
             }
             ["ps", ..] => self.each(&servers, cmd, true),
             _ => {
                 // A PID the command names: a server's, or a client's of some server.
                 let pid = words.iter().skip(1).find_map(|w| w.parse::<u32>().ok());
-                if let Some((_, dir)) = pid.and_then(|p| servers.iter().find(|(s, _)| *s == p)) {
-                    return ask(dir, cmd);
+                if let Some(r) = pid.and_then(|p| servers.iter().find(|r| r.pid == p)) {
+                    return ask(&r.dir, r.uid, cmd);
                 }
                 let mut last = (false, "no omps server runs\n".to_string());
-                for (_, dir) in &servers {
-                    last = ask(dir, cmd);
+                for r in &servers {
+                    last = ask(&r.dir, r.uid, cmd);
                     if last.0 {
                         break;
                     }
@@ -361,12 +462,12 @@ impl Daemon {
     }
 
     /// `cmd` sent to every server; their answers together (for `ps`, one header).
-    fn each(&self, servers: &[(u32, PathBuf)], cmd: &str, table: bool) -> (bool, String) {
+    fn each(&self, servers: &[Running], cmd: &str, table: bool) -> (bool, String) {
         let mut ok = servers.is_empty();
         let mut out = String::new();
         let mut last_err = String::new();
-        for (_, dir) in servers {
-            match ask(dir, cmd) {
+        for r in servers {
+            match ask(&r.dir, r.uid, cmd) {
                 (true, text) => {
                     let skip = usize::from(table && ok && !out.is_empty());
                     for line in text.lines().skip(skip) {
@@ -386,17 +487,22 @@ impl Daemon {
     }
 }
 
-/// One command to the server of pipe directory `dir`, as root (its operator).
-fn ask(dir: &Path, cmd: &str) -> (bool, String) {
-    match crate::talk::ask_at(dir, cmd) {
+/// One command to `uid`'s server of pipe directory `dir`, as root (its operator).
+fn ask(dir: &Path, uid: u32, cmd: &str) -> (bool, String) {
+    let asked = dirs::connect_owned(dir, sock::SOCKET_NAME, uid)
+        .and_then(crate::talk::control_hello)
+        .map_err(|e| format!("{}: {e}\n", dir.display()))
+        .and_then(|s| crate::talk::ask_on(s, cmd));
+    match asked {
         Ok(text) => (true, text),
         Err(text) => (false, text),
     }
 }
 
-/// Passes `conn` to the server of pipe directory `dir`.
-fn hand_over(dir: &Path, conn: &UnixStream) -> std::io::Result<()> {
-    let h = UnixStream::connect(dir.join(sock::HANDOFF_NAME))?;
+/// Passes `conn` to `uid`'s server of pipe directory `dir`.
+fn hand_over(dir: &Path, uid: u32, conn: &UnixStream) -> std::io::Result<()> {
+    let h = dirs::connect_owned(dir, sock::HANDOFF_NAME, uid)?;
+    h.set_write_timeout(Some(Duration::from_secs(1)))?;
     sock::send_with_fds(h.as_raw_fd(), b"h", &[conn.as_raw_fd()])
 }
 
@@ -438,14 +544,6 @@ fn consume_hello(s: &UnixStream) -> std::io::Result<()> {
     (&*s).read_exact(&mut h)
 }
 
-/// A directory only `uid` may open.
-fn private_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
-        .map_err(|e| format!("{}: {e}", dir.display()))
-}
-
 /// The primary group of `uid` (its own number where the system does not say).
 fn primary_gid(uid: u32) -> u32 {
     // SAFETY: getpwuid returns null or a pointer to a static record, read at once.
@@ -458,3 +556,6 @@ fn primary_gid(uid: u32) -> u32 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

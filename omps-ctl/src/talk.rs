@@ -18,7 +18,11 @@ pub fn connect() -> Result<UnixStream, String> {
 
 /// A control connection to the server of pipe directory `dir`.
 pub fn connect_at(dir: &std::path::Path) -> std::io::Result<UnixStream> {
-    let s = UnixStream::connect(dir.join(sock::SOCKET_NAME))?;
+    control_hello(UnixStream::connect(dir.join(sock::SOCKET_NAME))?)
+}
+
+/// `s`, a connection to a server, made a control connection.
+pub fn control_hello(s: UnixStream) -> std::io::Result<UnixStream> {
     let hello = Hello {
         magic: wire::HELLO_MAGIC,
         version: wire::PROTOCOL_VERSION,
@@ -85,15 +89,7 @@ pub fn ask(cmd: &str) -> Result<String, String> {
     ask_on(connect()?, cmd)
 }
 
-/// One command to the server of pipe directory `dir`.
-pub fn ask_at(dir: &std::path::Path, cmd: &str) -> Result<String, String> {
-    ask_on(
-        connect_at(dir).map_err(|e| format!("{}: {e}\n", dir.display()))?,
-        cmd,
-    )
-}
-
-fn ask_on(s: UnixStream, cmd: &str) -> Result<String, String> {
+pub fn ask_on(s: UnixStream, cmd: &str) -> Result<String, String> {
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
     sock::write_frame(&mut &s, cmd.as_bytes()).map_err(|e| format!("sending '{cmd}': {e}"))?;
     let reply = sock::read_frame(&mut &s, 16 << 20)

@@ -2,6 +2,7 @@
 //!
 //! * [`control`]: the socket, the handshake, omps-ctl requests, client death.
 //! * [`listen`]: the listening sockets, the pipe directory's lock, the files a server owns.
+//! * [`log_file`]: log files opened without following symlinks or waiting on FIFOs.
 //! * [`restart`]: a server process from start to end, and its restart by exec after a fault.
 //! * [`worker`]: one thread per GPU that runs every client's commands for that GPU.
 //! * [`segpool`]: client segments made and registered ahead of connections.
@@ -43,6 +44,7 @@ pub mod gpu_profile;
 pub mod ipc;
 pub mod limits;
 pub mod listen;
+pub mod log_file;
 pub mod memlimit;
 pub mod metrics;
 pub mod module_cache;

@@ -22,11 +22,7 @@ fn init_logging() {
     match omps_ring::sock::log_directory() {
         Some(dir) => {
             let _ = std::fs::create_dir_all(&dir);
-            match std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join("server.log"))
-            {
+            match omps_server::log_file::open_append(&dir, "server.log") {
                 Ok(f) => builder.with_writer(std::sync::Mutex::new(f)).init(),
                 Err(e) => {
                     omps_server::say!(

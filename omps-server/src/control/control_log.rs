@@ -13,10 +13,7 @@ impl ControlLog {
     pub fn open(dir: Option<&std::path::Path>) -> ControlLog {
         let file = dir.and_then(|d| {
             let _ = std::fs::create_dir_all(d);
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(d.join("control.log"))
+            crate::log_file::open_append(d, "control.log")
                 .inspect_err(|e| tracing::warn!("cannot open {}/control.log: {e}", d.display()))
                 .ok()
         });

@@ -1,0 +1,190 @@
+//! The daemon against users who do not trust each other (issue 23, findings 15 and 16).
+//! Most need root (the daemon's chown and setuid): run as another user, they say so and
+//! pass without checking anything.
+
+use super::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let r = unsafe { libc::geteuid() } == 0;
+    if !r {
+        eprintln!("SKIPPED: this test needs root (the daemon chowns and changes uid)");
+    }
+    r
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("omps-mu-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+fn chown(path: &Path, uid: u32) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid)).unwrap();
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+}
+
+#[test]
+fn a_symlink_at_a_users_directory_is_not_followed() {
+    if !root() {
+        return;
+    }
+    let base = scratch("symlink");
+    let victim = base.join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let pipe = RootDir::open(&base.join("pipe"), 0o711).unwrap();
+    std::os::unix::fs::symlink(&victim, pipe.path().join("u60001")).unwrap();
+    let r = pipe.private_child("u60001", 60001, 60001);
+    let md = std::fs::metadata(&victim).unwrap();
+    assert_eq!(md.uid(), 0, "the symlink's target was chowned to the user");
+    assert_eq!(mode(&victim), 0o755, "the symlink's target was chmodded");
+    assert!(r.is_err(), "a symlink passed for the user's directory");
+    // One made for another user is not handed over either; one of its own is kept.
+    std::fs::create_dir(pipe.path().join("u60002")).unwrap();
+    chown(&pipe.path().join("u60002"), 60003);
+    let e = pipe.private_child("u60002", 60002, 60002).unwrap_err();
+    assert!(e.contains("60003"), "{e}");
+    let mine = pipe.private_child("u60004", 60004, 60004).unwrap();
+    assert_eq!(std::fs::metadata(&mine).unwrap().uid(), 60004);
+    assert_eq!(mode(&mine), 0o700);
+    assert_eq!(pipe.private_child("u60004", 60004, 60004), Ok(mine));
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn a_pipe_directory_another_user_could_change_is_refused() {
+    if !root() {
+        return;
+    }
+    let base = scratch("owner");
+    // Made first by a user (as the default /tmp/omps-pipe can be).
+    let theirs = base.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    chown(&theirs, 60001);
+    let e = RootDir::open(&theirs, 0o711).unwrap_err();
+    assert!(e.contains("uid 60001"), "{e}");
+    assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), 60001);
+    // Root's, but open to all.
+    let open = base.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = RootDir::open(&open, 0o711).unwrap_err();
+    assert!(e.contains("lets others change it"), "{e}");
+    // Root's, in a directory of a user's (who could move it away and put another).
+    let inside = theirs.join("pipe");
+    std::fs::create_dir(&inside).unwrap();
+    let e = RootDir::open(&inside, 0o711).unwrap_err();
+    assert!(e.contains("above"), "{e}");
+    // A symlink at the pipe directory is not followed, nor its target chmodded.
+    let victim = base.join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::os::unix::fs::symlink(&victim, base.join("link")).unwrap();
+    let e = RootDir::open(&base.join("link"), 0o711).unwrap_err();
+    assert!(e.contains("symlink"), "{e}");
+    assert_eq!(mode(&victim), 0o755);
+    // Made fresh (and what is missing above it): root's, with the mode asked for.
+    let pipe = RootDir::open(&base.join("new/fresh"), 0o711).unwrap();
+    assert_eq!(mode(pipe.path()), 0o711);
+    let above = std::fs::metadata(base.join("new")).unwrap();
+    assert_eq!((above.uid(), above.mode() & 0o022), (0, 0));
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn root_writes_its_files_through_no_symlink_or_link() {
+    if !root() {
+        return;
+    }
+    let base = scratch("files");
+    let victim = base.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let dir = RootDir::open(&base.join("log"), 0o711).unwrap();
+    std::os::unix::fs::symlink(&victim, dir.path().join("control.log")).unwrap();
+    assert!(dir.file("control.log", true).is_err(), "a symlink followed");
+    std::fs::hard_link(&victim, dir.path().join("pid")).unwrap();
+    assert!(dir.file("pid", false).is_err(), "a hard link written");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let mut f = dir.file("fresh.pid", false).unwrap();
+    writeln!(f, "1").unwrap();
+    let mut f = dir.file("fresh.pid", false).unwrap();
+    writeln!(f, "2").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("fresh.pid")).unwrap(),
+        "2\n"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn a_socket_a_user_placed_is_reached_only_if_it_is_the_users() {
+    if !root() {
+        return;
+    }
+    let base = scratch("sockets");
+    let pipe = RootDir::open(&base.join("pipe"), 0o711).unwrap();
+    let a = pipe.private_child("u60001", 60001, 60001).unwrap();
+    let b = pipe.private_child("u60002", 60002, 60002).unwrap();
+    let theirs = UnixListener::bind(b.join("omps.sock")).unwrap();
+    chown(&b.join("omps.sock"), 60002);
+    // User 60001 points its socket at 60002's server.
+    std::os::unix::fs::symlink(b.join("omps.sock"), a.join("omps.sock")).unwrap();
+    assert!(dirs::connect_owned(&a, "omps.sock", 60001).is_err());
+    let mine = UnixListener::bind(a.join("omps-handoff.sock")).unwrap();
+    assert!(
+        dirs::connect_owned(&a, "omps-handoff.sock", 60001).is_err(),
+        "a socket of root's taken for the user's"
+    );
+    chown(&a.join("omps-handoff.sock"), 60001);
+    let s = dirs::connect_owned(&a, "omps-handoff.sock", 60001).unwrap();
+    mine.accept().unwrap();
+    drop((s, theirs));
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// A daemon whose users' servers run `script` (sh), with `limit` to start.
+fn daemon(base: &Path, script: &str, limit: Duration) -> Arc<Daemon> {
+    let server = base.join("server.sh");
+    std::fs::write(&server, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&server, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pipe = RootDir::open(&base.join("pipe"), 0o711).unwrap();
+    let mut d = Daemon::new(pipe, None, server);
+    d.start_limit = limit;
+    Arc::new(d)
+}
+
+#[test]
+fn a_slow_start_for_one_user_does_not_hold_up_another() {
+    if !root() {
+        return;
+    }
+    let base = scratch("slow");
+    // User 60001's server never listens (as one stuck opening a FIFO); 60002's exits.
+    let d = daemon(
+        &base,
+        "case \"$OMPS_PIPE_DIRECTORY\" in *u60001) exec sleep 30;; esac\nexit 3",
+        Duration::from_secs(4),
+    );
+    let slow = {
+        let d = d.clone();
+        std::thread::spawn(move || d.server_for(60001, 60001))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let other = d.server_for(60002, 60002);
+    let waited = t.elapsed();
+    let e = other.expect_err("the second user's server exits at start");
+    assert!(e.contains("exited at start"), "{e}");
+    assert!(
+        waited < Duration::from_millis(1500),
+        "the second user waited {waited:?} for the first one's server"
+    );
+    let e = slow.join().unwrap().expect_err("the first never listens");
+    assert!(e.contains("did not start listening"), "{e}");
+    let _ = std::fs::remove_dir_all(&base);
+}

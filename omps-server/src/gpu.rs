@@ -305,6 +305,10 @@ pub trait Gpu: Send + Sync + 'static {
     fn capture_child(&self, s: usize, child: u64) -> GpuResult<()>;
     /// Executable graph `exec` takes the parameters of `graph`, of the same topology.
     fn graph_exec_update(&self, exec: u64, graph: u64) -> GpuResult<()>;
+    /// The device memory `graph`'s memset and memcpy nodes write or read, child graphs' and
+    /// conditional bodies' included, as (address, bytes): what a launch of its executable
+    /// graph must still find the client's (issue 23, finding 9).
+    fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>>;
 
     /// A CUDA array of `shape`: its handle and the bytes it takes.
     fn array_create(&self, shape: &ArrayShape) -> GpuResult<(u64, u64)>;

@@ -1574,6 +1574,78 @@ impl Gpu for CudaGpu {
         Ok(nodes.into_iter().map(|p| p as u64).collect())
     }
 
+    fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>> {
+        const MEMCPY: u32 = 1;
+        const MEMSET: u32 = 2;
+        const CHILD_GRAPH: u32 = 4;
+        // The bytes a pitched 3D region spans from its first: whole rows and slices but
+        // the last, then the last row's width.
+        fn span(width: usize, height: usize, depth: usize, pitch: usize, rows: usize) -> u64 {
+            let slices = depth.saturating_sub(1) as u64 * rows as u64 * pitch as u64;
+            slices + height.saturating_sub(1) as u64 * pitch as u64 + width as u64
+        }
+        let device_side = |t: cu::CUmemorytype| {
+            matches!(
+                t,
+                cu::CUmemorytype::CU_MEMORYTYPE_DEVICE | cu::CUmemorytype::CU_MEMORYTYPE_UNIFIED
+            )
+        };
+        let mut out = Vec::new();
+        let mut graphs = vec![graph];
+        while let Some(g) = graphs.pop() {
+            for node in self.graph_nodes(g)? {
+                let n = node as cu::CUgraphNode;
+                match self.graph_node_type(node)? {
+                    MEMSET => {
+                        // SAFETY: a memset node of one of the client's graphs; a
+                        // zeroed parameter block for the driver to fill.
+                        let p = unsafe {
+                            let mut p: cu::CUDA_MEMSET_NODE_PARAMS = std::mem::zeroed();
+                            ck(cu::cuGraphMemsetNodeGetParams(n, &mut p))?;
+                            p
+                        };
+                        let width = p.width * p.elementSize as usize;
+                        out.push((p.dst, span(width, p.height, 1, p.pitch, p.height)));
+                    }
+                    MEMCPY => {
+                        // SAFETY: as above, for a memcpy node.
+                        let p = unsafe {
+                            let mut p: cu::CUDA_MEMCPY3D = std::mem::zeroed();
+                            ck(cu::cuGraphMemcpyNodeGetParams(n, &mut p))?;
+                            p
+                        };
+                        if device_side(p.srcMemoryType) {
+                            let pitch = p.srcPitch.max(p.WidthInBytes);
+                            let at = p.srcDevice
+                                + p.srcXInBytes as u64
+                                + (p.srcY as u64 + p.srcZ as u64 * p.srcHeight as u64)
+                                    * pitch as u64;
+                            let rows = p.srcHeight.max(p.Height);
+                            out.push((at, span(p.WidthInBytes, p.Height, p.Depth, pitch, rows)));
+                        }
+                        if device_side(p.dstMemoryType) {
+                            let pitch = p.dstPitch.max(p.WidthInBytes);
+                            let at = p.dstDevice
+                                + p.dstXInBytes as u64
+                                + (p.dstY as u64 + p.dstZ as u64 * p.dstHeight as u64)
+                                    * pitch as u64;
+                            let rows = p.dstHeight.max(p.Height);
+                            out.push((at, span(p.WidthInBytes, p.Height, p.Depth, pitch, rows)));
+                        }
+                    }
+                    CHILD_GRAPH => {
+                        let mut child = std::ptr::null_mut();
+                        // SAFETY: a child-graph node; the graph stays its node's.
+                        ck(unsafe { cu::cuGraphChildGraphNodeGetGraph(n, &mut child) })?;
+                        graphs.push(child as u64);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn graph_node_type(&self, node: u64) -> GpuResult<u32> {
         self.bind();
         let mut t = cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;

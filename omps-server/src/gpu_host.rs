@@ -1304,6 +1304,32 @@ impl Gpu for HostGpu {
             .ok_or(CuError(code::INVALID_HANDLE))
     }
 
+    fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>> {
+        fn collect(ops: &[HostOp], out: &mut Vec<(u64, u64)>) {
+            for op in ops {
+                match op {
+                    HostOp::Memset {
+                        dst, elem, count, ..
+                    } => out.push((*dst, *elem as u64 * *count as u64)),
+                    HostOp::Dtod { dst, src, len } => {
+                        out.push((*dst, *len as u64));
+                        out.push((*src, *len as u64));
+                    }
+                    HostOp::Htod { dst, len, .. } => out.push((*dst, *len as u64)),
+                    HostOp::Dtoh { src, len, .. } => out.push((*src, *len as u64)),
+                    HostOp::Cond { run, .. } => run.iter().for_each(|r| collect(r, out)),
+                    _ => {}
+                }
+            }
+        }
+        let st = self.state.lock().unwrap();
+        let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;
+        let ops = st.resolve(ops)?;
+        let mut out = Vec::new();
+        collect(&ops, &mut out);
+        Ok(out)
+    }
+
     fn graph_nodes(&self, graph: u64) -> GpuResult<Vec<u64>> {
         let st = self.state.lock().unwrap();
         let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;

@@ -31,6 +31,7 @@ mod arrays;
 mod conditional;
 mod depth;
 mod exec;
+mod graph_memory;
 mod graphs;
 mod green;
 mod ipc;
@@ -299,6 +300,10 @@ pub struct Session {
     /// Its graphs and executable graphs: id -> the driver's handle.
     graphs: HashMap<u32, u64>,
     execs: HashMap<u32, u64>,
+    /// The device memory each executable graph's memset and memcpy nodes use, and the
+    /// blocks freed while one does, held until none does (session/graph_memory.rs).
+    exec_ranges: HashMap<u32, Vec<Range>>,
+    graph_held: Vec<Range>,
     /// How many of its streams are being captured.
     capturing: usize,
     /// Its conditional nodes' homes, handles and bodies.
@@ -369,6 +374,8 @@ impl Session {
             fn_attrs: HashMap::new(),
             graphs: HashMap::new(),
             execs: HashMap::new(),
+            exec_ranges: HashMap::new(),
+            graph_held: Vec::new(),
             cond: Default::default(),
             refusals: 0,
             capturing: 0,
@@ -910,6 +917,7 @@ impl Session {
             self.vmm.pools.release_all(&mut reg);
             (ipc, own)
         };
+        allocs.extend(self.take_graph_held());
         allocs.sort_unstable();
         // Pinned host memory stays with the client and goes when its last Arc does.
         // What it opened is closed once its own work is done (crate::worker's free).

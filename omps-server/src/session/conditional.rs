@@ -193,7 +193,14 @@ impl Session {
                     .ok()
                     .and_then(|e| self.execs.get(&e)),
             ) {
-                (Some(&g), Some(&e)) => gpu.graph_exec_update(e, g).map(|()| 0),
+                (Some(&g), Some(&e)) => {
+                    let r = gpu.graph_exec_update(e, g).map(|()| 0);
+                    if r.is_ok() {
+                        // The update's memory replaces what the executable graph used.
+                        self.note_exec_ranges(ctx, c.handle as u32, g);
+                    }
+                    r
+                }
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
             graph::GRAPH_CLONE => match self.graphs.get(&c.graph) {

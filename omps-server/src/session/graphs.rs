@@ -108,6 +108,9 @@ impl Session {
                 let r = r.and_then(|e| match self.graph_id() {
                     Ok(id) => {
                         self.execs.insert(id, e);
+                        if let Some(&h) = self.graphs.get(&g.graph) {
+                            self.note_exec_ranges(ctx, id, h);
+                        }
                         Ok(wire::U64Reply { value: id as u64 })
                     }
                     Err(err) => {
@@ -155,6 +158,9 @@ impl Session {
                     &mut self.execs
                 };
                 map.remove(&h.id);
+                if op == Op::GraphExecDestroy {
+                    self.drop_exec_ranges(ctx, h.id);
+                }
                 let mut rel = Release::default();
                 if op == Op::GraphDestroy {
                     rel.graphs.push(handle);

@@ -146,6 +146,11 @@ impl Session {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .exported(f.ptr, self.client.id);
+                        // A block an executable graph of the client still writes stays
+                        // the client's until that graph goes (session/graph_memory.rs).
+                        if !exported && self.hold_for_graphs(f.ptr, len) {
+                            return Ok(());
+                        }
                         let mut rel = Release::default();
                         if exported {
                             rel.ipc.push((f.ptr, len));

@@ -1,0 +1,98 @@
+//! Memory an executable graph still uses outlives its free (issue 23, finding 9).
+//!
+//! A graph's memset and memcpy nodes name device addresses once, at capture or when built;
+//! every replay writes them again. Were a client to free a block its graph uses, the
+//! driver would hand the address to the next allocation, another client's perhaps, and
+//! the replay would write over it: a direct memset of the freed block is refused, but the
+//! graph's is the driver's. So the ranges each executable graph's memset and memcpy nodes
+//! use are read at instantiation ([`crate::gpu::Gpu::graph_memory_ranges`]), and a block
+//! freed while one of the client's executable graphs uses it is held, still charged to
+//! the client, until the last such graph is destroyed or updated away from it. (A
+//! kernel node's pointers are its arguments' bytes, which no one can read: docs/design.md,
+//! the trust model.)
+
+use super::*;
+
+/// Whether `[a, a+n)` and `[b, b+m)` share a byte.
+fn overlap((a, n): (u64, u64), (b, m): (u64, u64)) -> bool {
+    a < b.saturating_add(m) && b < a.saturating_add(n)
+}
+
+impl Session {
+    /// Reads what executable graph `id`, instantiated from (or updated to) `graph`, uses.
+    pub(super) fn note_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32, graph: u64) {
+        match ctx.gpu.graph_memory_ranges(graph) {
+            Ok(r) => {
+                self.exec_ranges.insert(id, r);
+            }
+            Err(e) => {
+                // Without its ranges nothing can be held for it: said, not silent.
+                self.log_refusal(format_args!(
+                    "the memory executable graph {id} uses could not be read (CUDA error {}): frees are not held for it",
+                    e.0
+                ));
+                self.exec_ranges.remove(&id);
+            }
+        }
+        self.release_graph_held(ctx);
+    }
+
+    /// Executable graph `id` is gone: what it alone held goes back.
+    pub(super) fn drop_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32) {
+        if self.exec_ranges.remove(&id).is_some() {
+            self.release_graph_held(ctx);
+        }
+    }
+
+    /// Whether the block `[ptr, ptr+len)` being freed is still used by one of the client's
+    /// executable graphs: then it is held here instead of released.
+    pub(super) fn hold_for_graphs(&mut self, ptr: u64, len: u64) -> bool {
+        let used = self
+            .exec_ranges
+            .values()
+            .flatten()
+            .any(|&r| overlap(r, (ptr, len)));
+        if used {
+            self.graph_held.push((ptr, len));
+        }
+        used
+    }
+
+    /// Releases the held blocks no executable graph uses any more.
+    fn release_graph_held(&mut self, ctx: &mut WorkerCtx) {
+        let ranges = &self.exec_ranges;
+        let (still, free): (Vec<Range>, Vec<Range>) = std::mem::take(&mut self.graph_held)
+            .into_iter()
+            .partition(|&b| ranges.values().flatten().any(|&r| overlap(r, b)));
+        self.graph_held = still;
+        if !free.is_empty() {
+            ctx.release_later(
+                self,
+                Release {
+                    allocs: free,
+                    ..Default::default()
+                },
+            );
+        }
+    }
+
+    /// The blocks held for graphs, for the client's last release.
+    pub(super) fn take_graph_held(&mut self) -> Vec<Range> {
+        std::mem::take(&mut self.graph_held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlap;
+
+    #[test]
+    fn ranges_overlap_only_when_they_share_a_byte() {
+        assert!(overlap((100, 10), (105, 1)));
+        assert!(overlap((100, 10), (90, 11)));
+        assert!(!overlap((100, 10), (110, 5)), "adjacent");
+        assert!(!overlap((100, 10), (90, 10)), "adjacent below");
+        assert!(!overlap((100, 0), (100, 10)), "empty");
+        assert!(overlap((u64::MAX - 4, 10), (u64::MAX - 1, 1)), "saturating");
+    }
+}

@@ -1,0 +1,73 @@
+//! A block an executable graph's memset writes, freed while the graph lives, stays the
+//! client's until the graph goes (issue 23, finding 9): the driver must not hand its
+//! address to another client's allocation while a replay can still write it.
+
+mod common;
+use common::*;
+use omps_shim::api::capture::*;
+use omps_shim::api::ctx::cuCtxSynchronize;
+use omps_shim::api::exec::*;
+use omps_shim::api::graph::*;
+use omps_shim::api::mem::*;
+use omps_shim::cuda::*;
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
+
+/// Waits up to 2 s for `done`.
+fn eventually(done: impl Fn() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done()
+}
+
+#[test]
+fn a_block_a_live_graph_writes_is_held_past_its_free() {
+    let srv = start_as_client("graph-held");
+    // SAFETY (whole test): valid out-pointers; handles made here.
+    unsafe {
+        let mut p = 0u64;
+        ok(cuMemAlloc_v2(&mut p, 64));
+        let mut s = null_mut();
+        ok(cuStreamCreate(&mut s, 1));
+        ok(cuStreamBeginCapture_v2(s, 2));
+        ok(cuMemsetD32Async(p, 5, 16, s));
+        let mut g = null_mut();
+        ok(cuStreamEndCapture(s, &mut g));
+        let mut e = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
+        ok(cuGraphDestroy(g));
+
+        // Freed while the executable graph lives: the client can no longer name it, but
+        // the memory stays where the graph's memset writes.
+        ok(cuMemFree_v2(p));
+        ok(cuCtxSynchronize());
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(srv.gpu.peek(p, 64).is_some(), "held for the graph");
+        assert_eq!(
+            cuMemsetD32_v2(p, 1, 16),
+            CUDA_ERROR_INVALID_VALUE,
+            "not the client's to name any more"
+        );
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        let words = srv.gpu.peek(p, 64).expect("still there");
+        assert!(
+            words.chunks(4).all(|w| w == 5u32.to_le_bytes()),
+            "the replay wrote it"
+        );
+
+        // The graph goes: so does the block.
+        ok(cuGraphExecDestroy(e));
+        ok(cuCtxSynchronize());
+        assert!(
+            eventually(|| srv.gpu.peek(p, 64).is_none()),
+            "released once no graph uses it"
+        );
+        ok(cuStreamDestroy_v2(s));
+    }
+}

@@ -117,12 +117,12 @@ fn run(rx: mpsc::Receiver<Waiting>, count: &std::sync::atomic::AtomicUsize) {
             // Too much waits: the oldest go now, quiet GPU or not.
             while total > MAX_WAITING {
                 let Some(w) = queue.pop_front() else { break };
-                total -= w.len;
+                total = total.saturating_sub(w.len);
                 forced(w, count);
             }
         }
         if Instant::now() >= next_look {
-            total -= sweep(&mut queue, count);
+            total = total.saturating_sub(sweep(&mut queue, count));
             next_look = Instant::now() + POLL;
         }
     }

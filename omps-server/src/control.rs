@@ -226,6 +226,8 @@ pub struct Server {
     quit: bool,
     /// Handshakes in progress and control connections (crate::peers).
     peers: Vec<crate::peers::Peer>,
+    /// Connections to the handoff socket whose message has not come yet (crate::listen).
+    handoffs: crate::listen::Handoffs,
     /// Peers dropped for going over their deadline (logged the first few times).
     slow_peers: u64,
 }
@@ -462,6 +464,7 @@ impl Server {
             uid: unsafe { libc::getuid() },
             quit: false,
             peers: Vec::new(),
+            handoffs: Default::default(),
             slow_peers: 0,
         })
     }
@@ -500,7 +503,8 @@ impl Server {
                 // Connections in their handshake are answered (refused: the GPU is in
                 // FAULT) before the process goes; new ones wait for the next.
                 Some(since)
-                    if self.peers.is_empty() || since.elapsed() > crate::peers::HANDSHAKE_TIME =>
+                    if (self.peers.is_empty() && self.handoffs.is_empty())
+                        || since.elapsed() > crate::peers::HANDSHAKE_TIME =>
                 {
                     restart = true;
                     self.quit = true;
@@ -584,10 +588,12 @@ impl Server {
         for p in &self.peers {
             fds.push(libc::pollfd {
                 fd: p.stream.as_raw_fd(),
-                events: libc::POLLIN | libc::POLLRDHUP,
+                events: p.events(),
                 revents: 0,
             });
         }
+        let npeers = self.peers.len();
+        fds.extend(self.handoffs.pollfds());
         fds.push(libc::pollfd {
             fd: match &self.sockets.handoff {
                 Some(h) if accepting => h.as_raw_fd(),
@@ -623,7 +629,13 @@ impl Server {
             .iter()
             .map(|p| p.revents != 0)
             .collect();
-        self.serve_peers(&ready);
+        let (peers_ready, handoffs_ready) = ready.split_at(npeers);
+        self.serve_peers(peers_ready);
+        for stream in self.handoffs.serve(handoffs_ready) {
+            if let Err(e) = self.accept(stream) {
+                tracing::warn!("handed-over connection refused: {e}");
+            }
+        }
         if handed {
             self.take_handoff();
         }
@@ -649,21 +661,17 @@ impl Server {
         Ok(())
     }
 
-    /// A control daemon passes a connection it accepted: one message, one descriptor.
-    /// Only root's daemon or this server's own user may pass one; the connection itself
-    /// is then checked like any other (its peer must be this server's user, or root).
+    /// A control daemon connects to pass a connection it accepted: one message, one
+    /// descriptor, read once it comes (crate::listen::Handoffs). Only root's daemon or
+    /// this server's own user may pass one; the connection itself is then checked like
+    /// any other (its peer must be this server's user, or root).
     fn take_handoff(&mut self) {
         let Some(handoff) = &self.sockets.handoff else {
             return;
         };
-        match crate::listen::handed_over(handoff, self.uid) {
-            Ok(Some(stream)) => {
-                if let Err(e) = self.accept(stream) {
-                    tracing::warn!("handed-over connection refused: {e}");
-                }
-            }
-            Ok(None) => {}
-            Err(e) => self.accept_failed(e),
+        let room = self.peers.len() + self.handoffs.len() < crate::bounds::bounds().handshakes;
+        if let Err(e) = self.handoffs.accept(handoff, self.uid, room) {
+            self.accept_failed(e);
         }
     }
 

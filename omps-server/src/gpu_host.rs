@@ -106,6 +106,11 @@ pub struct HostGpu {
     flushes: std::sync::atomic::AtomicU64,
     /// While set, frees and unloads wait, as the driver's do behind a long kernel.
     stuck: std::sync::Mutex<bool>,
+    /// While set, module unloads alone wait: a kernel that never ends runs on some stream,
+    /// and cuModuleUnload waits for every running kernel, whatever its module, while other
+    /// streams' work still completes (`hold_unloads`).
+    unloads_held: std::sync::Mutex<bool>,
+    unloads_go: std::sync::Condvar,
     unstuck: std::sync::Condvar,
     completions: std::sync::atomic::AtomicUsize,
     /// How long after it is recorded an event passes (microseconds; 0: at once), as a
@@ -161,6 +166,14 @@ impl HostGpu {
     pub fn lag_fences(&self, lag: std::time::Duration) {
         self.fence_lag_us
             .store(lag.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Makes module unloads wait until called again with false, while everything else
+    /// goes on: a client's kernel that never ends (cuModuleUnload waited 250 ms for another
+    /// module's 300 ms kernel on an H100, `scripts/probe/blocking_calls.cu`).
+    pub fn hold_unloads(&self, on: bool) {
+        *self.unloads_held.lock().unwrap() = on;
+        self.unloads_go.notify_all();
     }
 
     fn wait_unless_stuck(&self) {
@@ -249,6 +262,8 @@ impl HostGpu {
             flushes: Default::default(),
             stuck: Default::default(),
             unstuck: Default::default(),
+            unloads_held: Default::default(),
+            unloads_go: Default::default(),
             completions: std::sync::atomic::AtomicUsize::new(0),
             fence_lag_us: Default::default(),
             recorded: Default::default(),
@@ -958,6 +973,8 @@ impl Gpu for HostGpu {
 
     fn module_unload(&self, module: u64) -> GpuResult<()> {
         self.wait_unless_stuck();
+        let held = self.unloads_held.lock().unwrap();
+        drop(self.unloads_go.wait_while(held, |held| *held).unwrap());
         let mut st = self.state.lock().unwrap();
         let (_, globals) = st
             .modules

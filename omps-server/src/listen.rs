@@ -290,48 +290,146 @@ impl Sockets {
     }
 }
 
-/// A connection a control daemon passes on `handoff` (one message, one descriptor), from
-/// root's daemon or this server's own user; None when there is none or it is refused.
-pub fn handed_over(handoff: &UnixListener, uid: u32) -> Result<Option<UnixStream>, io::Error> {
-    let conn = match handoff.accept() {
-        Ok((c, _)) => c,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let from = match sock::peer_cred(conn.as_raw_fd()) {
-        Ok(c) if c.uid == 0 || c.uid == uid => c,
-        Ok(c) => {
-            tracing::warn!(uid = c.uid, "a handoff from another user refused");
-            return Ok(None);
-        }
-        Err(e) => {
-            tracing::warn!("handoff: {e}");
-            return Ok(None);
-        }
-    };
-    // The daemon writes its one message right after connecting.
-    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut byte = [0u8; 1];
-    match sock::recv_with_fds(conn.as_raw_fd(), &mut byte) {
-        Ok((1, fds)) if fds.len() == 1 => {
-            let fd = fds.into_iter().next().expect("one descriptor");
-            let stream = UnixStream::from(fd);
-            match stream.set_nonblocking(false) {
-                Ok(()) => Ok(Some(stream)),
-                Err(e) => {
-                    tracing::warn!(daemon = from.pid, "handed-over connection refused: {e}");
-                    Ok(None)
+/// How long a control daemon has, once connected to the handoff socket, to pass its
+/// connection (it writes its one message right after connecting).
+pub const HANDOFF_TIME: Duration = Duration::from_millis(200);
+
+/// A connection to the handoff socket whose message has not come yet. Its socket is
+/// non-blocking and polled with the others: a daemon (or anyone of the server's user)
+/// that connects and stays silent costs the control thread nothing, and is dropped at
+/// its deadline.
+struct Handoff {
+    conn: UnixStream,
+    pid: i32,
+    deadline: Instant,
+}
+
+/// What a handoff connection's message amounted to.
+enum Passed {
+    NotYet,
+    Connection(UnixStream),
+    Refused,
+}
+
+impl Handoff {
+    /// The daemon's message, if it has come: one byte and one descriptor.
+    fn read(&self) -> Passed {
+        let mut byte = [0u8; 1];
+        match sock::recv_with_fds(self.conn.as_raw_fd(), &mut byte) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Passed::NotYet,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Passed::NotYet,
+            Ok((1, fds)) if fds.len() == 1 => {
+                let fd = fds.into_iter().next().expect("one descriptor");
+                let stream = UnixStream::from(fd);
+                match stream.set_nonblocking(false) {
+                    Ok(()) => Passed::Connection(stream),
+                    Err(e) => {
+                        tracing::warn!(daemon = self.pid, "handed-over connection refused: {e}");
+                        Passed::Refused
+                    }
                 }
             }
+            Ok((0, _)) => Passed::Refused,
+            Ok(_) => {
+                tracing::warn!(daemon = self.pid, "a handoff without one connection");
+                Passed::Refused
+            }
+            Err(e) => {
+                tracing::warn!(daemon = self.pid, "handoff: {e}");
+                Passed::Refused
+            }
         }
-        Ok(_) => {
-            tracing::warn!(daemon = from.pid, "a handoff without one connection");
-            Ok(None)
+    }
+}
+
+/// Connections to the handoff socket waiting for their message, for a poll loop: the
+/// control thread's, and the restart doorman's (crate::restart).
+#[derive(Default)]
+pub struct Handoffs(Vec<Handoff>);
+
+impl Handoffs {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// One pollfd per waiting connection, in order ([`Handoffs::serve`] takes their
+    /// results in the same order).
+    pub fn pollfds(&self) -> impl Iterator<Item = libc::pollfd> + '_ {
+        self.0.iter().map(|h| libc::pollfd {
+            fd: h.conn.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        })
+    }
+
+    /// Accepts a connection on the handoff socket, without waiting for its message. Only
+    /// root's daemon or this server's own user (`uid`) may pass one; `room`: whether the
+    /// caller takes another connection in progress now (else it is closed at once).
+    pub fn accept(&mut self, handoff: &UnixListener, uid: u32, room: bool) -> io::Result<()> {
+        let conn = match handoff.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let from = match sock::peer_cred(conn.as_raw_fd()) {
+            Ok(c) if c.uid == 0 || c.uid == uid => c,
+            Ok(c) => {
+                tracing::warn!(uid = c.uid, "a handoff from another user refused");
+                return Ok(());
+            }
+            Err(e) => {
+                tracing::warn!("handoff: {e}");
+                return Ok(());
+            }
+        };
+        if !room {
+            tracing::warn!(
+                daemon = from.pid,
+                "a handoff refused: too many connections in progress (OMPS_MAX_HANDSHAKES)"
+            );
+            return Ok(());
         }
-        Err(e) => {
-            tracing::warn!(daemon = from.pid, "handoff: {e}");
-            Ok(None)
-        }
+        conn.set_nonblocking(true)?;
+        self.0.push(Handoff {
+            conn,
+            pid: from.pid,
+            deadline: Instant::now() + HANDOFF_TIME,
+        });
+        Ok(())
+    }
+
+    /// The connections passed by those that were `ready` (by position, as
+    /// [`Handoffs::pollfds`] listed them); drops the ones done, refused or past their
+    /// deadline.
+    pub fn serve(&mut self, ready: &[bool]) -> Vec<UnixStream> {
+        let now = Instant::now();
+        let mut passed = Vec::new();
+        let mut ready = ready.iter();
+        self.0.retain(|h| {
+            if !ready.next().copied().unwrap_or(false) {
+                if h.deadline < now {
+                    tracing::warn!(
+                        daemon = h.pid,
+                        "a handoff that passed nothing in time dropped"
+                    );
+                    return false;
+                }
+                return true;
+            }
+            match h.read() {
+                Passed::NotYet => h.deadline >= now,
+                Passed::Connection(s) => {
+                    passed.push(s);
+                    false
+                }
+                Passed::Refused => false,
+            }
+        });
+        passed
     }
 }
 

@@ -19,6 +19,8 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod http;
+
 type Labels = Vec<(String, String)>;
 type FGauge = Gauge<f64, AtomicU64>;
 type FCounter = Counter<f64, AtomicU64>;
@@ -197,51 +199,7 @@ where
     f
 }
 
-/// Serves `board` at `http://ADDR/metrics` on a thread of its own. One request at a time,
-/// each with a short deadline: a slow scraper delays other scrapes, never the server.
+/// Serves `board` at `http://ADDR/metrics` on a thread of its own (crate::metrics::http).
 pub fn serve(addr: std::net::SocketAddr, board: Arc<Board>) -> std::io::Result<()> {
-    let listener = std::net::TcpListener::bind(addr)?;
-    tracing::info!(%addr, "metrics served at /metrics");
-    std::thread::Builder::new()
-        .name("omps-metrics".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut s) = conn else { continue };
-                let _ = answer(&mut s, &board);
-            }
-        })?;
-    Ok(())
-}
-
-fn answer(s: &mut std::net::TcpStream, board: &Board) -> std::io::Result<()> {
-    use std::io::{Read, Write};
-    // One deadline for the whole request: a scraper that trickles bytes is dropped.
-    let t = std::time::Instant::now();
-    let limit = std::time::Duration::from_secs(2);
-    s.set_write_timeout(Some(limit))?;
-    let mut req = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
-        let left = limit.checked_sub(t.elapsed()).filter(|d| !d.is_zero());
-        let Some(left) = left else {
-            return Ok(());
-        };
-        s.set_read_timeout(Some(left))?;
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        req.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&req);
-    let (status, body) = match line.split_whitespace().take(2).collect::<Vec<_>>()[..] {
-        ["GET", "/metrics"] => ("200 OK", board.render()),
-        ["GET", _] => ("404 Not Found", "only /metrics is served\n".to_string()),
-        _ => ("405 Method Not Allowed", "GET /metrics\n".to_string()),
-    };
-    write!(
-        s,
-        "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    http::serve(addr, board).map(drop)
 }

@@ -96,7 +96,7 @@ pub fn hold(
     final_for_client: bool,
 ) -> Arc<CrossRelease> {
     let own = gpu.ordinal();
-    shared.held.fetch_add(1, Ordering::SeqCst);
+    shared.note_held();
     let others: Vec<usize> = client
         .visible
         .iter()

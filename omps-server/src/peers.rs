@@ -2,7 +2,10 @@
 //! operators' control connections. Their sockets are non-blocking and polled with the
 //! clients', and each has a deadline, so a peer that stays silent, sends a byte at a time
 //! or holds a control connection open costs the control thread nothing: it goes on
-//! accepting clients, answering pin and printf requests and seeing hang-ups.
+//! accepting clients, answering pin and printf requests and seeing hang-ups. Answers are
+//! written the same way: what the peer's socket does not take at once waits in the
+//! peer's buffer, sent as the socket drains, and the peer's next command is not read
+//! before; one that does not take its answer by its deadline is dropped.
 
 use omps_ring::wire::{self, Hello};
 use std::io::{self, Read};
@@ -34,6 +37,9 @@ pub struct Peer {
     pub operator_only: bool,
     pub stage: Stage,
     buf: Vec<u8>,
+    /// An answer not yet taken by the peer, and how much of it has been sent.
+    out: Vec<u8>,
+    sent: usize,
     pub deadline: Instant,
 }
 
@@ -79,6 +85,8 @@ impl Peer {
             operator_only,
             stage: Stage::Hello,
             buf: Vec::new(),
+            out: Vec::new(),
+            sent: 0,
             deadline: Instant::now() + HANDSHAKE_TIME,
         })
     }
@@ -95,8 +103,40 @@ impl Peer {
         }
     }
 
-    /// Reads what has arrived, without blocking, and says what it amounts to.
+    /// What to poll its socket for: room for the rest of an answer, else what it sends.
+    pub fn events(&self) -> libc::c_short {
+        if self.sent < self.out.len() {
+            libc::POLLOUT
+        } else {
+            libc::POLLIN | libc::POLLRDHUP
+        }
+    }
+
+    /// Sends what the socket takes now of the answer in hand; whether all of it is sent.
+    fn flush(&mut self) -> io::Result<bool> {
+        use std::io::Write;
+        while self.sent < self.out.len() {
+            match (&self.stream).write(&self.out[self.sent..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.out = Vec::new();
+        self.sent = 0;
+        Ok(true)
+    }
+
+    /// Sends what it can of the answer in hand, then reads what has arrived, without
+    /// blocking, and says what it amounts to.
     pub fn progress(&mut self) -> Progress {
+        match self.flush() {
+            Ok(true) => {}
+            Ok(false) => return Progress::Waiting,
+            Err(e) => return Progress::Gone(e.to_string()),
+        }
         loop {
             let want = self.wanted();
             if matches!(self.stage, Stage::Control) && want > 4 + MAX_COMMAND {
@@ -147,16 +187,18 @@ impl Peer {
         }
     }
 
-    /// Sends a control command's answer (blocking briefly: answers are short).
+    /// Sends a control command's answer, as much as the socket takes now; the rest goes
+    /// as the peer reads ([`Peer::progress`]), within [`CONTROL_IDLE`]. An error only when
+    /// the connection failed.
     pub fn answer(&mut self, ok: bool, text: &str) -> io::Result<()> {
-        self.stream.set_nonblocking(false)?;
-        self.stream
-            .set_write_timeout(Some(Duration::from_millis(500)))?;
         let mut reply = vec![u8::from(!ok)];
         reply.extend_from_slice(text.as_bytes());
-        let r = omps_ring::sock::write_frame(&mut &self.stream, &reply);
-        self.stream.set_nonblocking(true)?;
-        r
+        let mut frame = Vec::with_capacity(4 + reply.len());
+        omps_ring::sock::write_frame(&mut frame, &reply)?;
+        self.out = frame;
+        self.sent = 0;
+        self.deadline = Instant::now() + CONTROL_IDLE;
+        self.flush().map(drop)
     }
 
     /// The stream, blocking again with short timeouts, for the rest of a client's

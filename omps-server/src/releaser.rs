@@ -9,6 +9,12 @@
 //! exited, docs/benchmarks.md). Here the frees are stream-ordered and the unloads wait on
 //! this thread only. What still holds up the whole context (host unregistration, for one)
 //! at least no longer runs on a worker.
+//!
+//! Module unloads run on a second thread per GPU, the unloader: cuModuleUnload waits for
+//! every running kernel of the context, whatever its module (the probe above), so one
+//! client's kernel that never ends would hold the releaser in the driver, and with it the
+//! memory every other client of the GPU frees. Their frees go on meanwhile; only unloads,
+//! which all wait for that kernel anyway, queue behind it.
 
 use crate::client::ClientShared;
 use crate::gpu::Gpu;
@@ -29,16 +35,81 @@ struct Job {
     generation: Option<u64>,
 }
 
+/// A release's module unloads, and what waits for them: the modules' bytes on the
+/// client's books and, for a client's last release, its being released.
+struct Unload {
+    client: Arc<ClientShared>,
+    modules: Vec<u64>,
+    module_bytes: u64,
+    final_for_client: bool,
+    generation: u64,
+}
+
+/// Where a release's unloads go: the unloader thread, counted while they wait.
+#[derive(Clone)]
+struct Unloads {
+    tx: mpsc::Sender<Unload>,
+    pending: Arc<AtomicUsize>,
+}
+
+impl Unloads {
+    /// Queues `u` for the unloader; done here, waiting, if the unloader is gone.
+    fn send(&self, gpu: &dyn Gpu, u: Unload, now: u64) {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        if let Err(mpsc::SendError(u)) = self.tx.send(u) {
+            unload(gpu, u, now);
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 pub struct Releaser {
     tx: mpsc::Sender<Job>,
+    unloads: Unloads,
     /// The GPU's context generation, bumped by a reset (shared with the workers).
     generation: Arc<AtomicU64>,
-    /// Jobs sent and not yet done.
+    /// Jobs sent and not yet done (their unloads apart: `unloads.pending`).
     pending: Arc<AtomicUsize>,
-    /// Held while a job runs, and by a context reset, so that none runs across one.
+    /// Held while a job runs, and by a context reset, so that none runs across one; the
+    /// unloader's likewise.
     running: Arc<Mutex<()>>,
+    unloading: Arc<Mutex<()>>,
     /// Joined on drop, so that a server (or a fuzz run) that ends leaves nothing behind.
     thread: Option<std::thread::JoinHandle<()>>,
+    unloader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Both threads kept from running jobs (a context reset).
+pub struct Exclusive<'a> {
+    _running: MutexGuard<'a, ()>,
+    _unloading: MutexGuard<'a, ()>,
+}
+
+/// The unloader: unloads modules one release after another.
+fn start_unloader(
+    gpu: Arc<dyn Gpu>,
+    current: Arc<AtomicU64>,
+    lock: Arc<Mutex<()>>,
+) -> (Unloads, Option<std::thread::JoinHandle<()>>) {
+    let (tx, rx) = mpsc::channel::<Unload>();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let p = pending.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("omps-unload{}", gpu.ordinal()))
+        .spawn(move || {
+            for u in rx {
+                let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
+                unload(&*gpu, u, current.load(Ordering::SeqCst));
+                p.fetch_sub(1, Ordering::SeqCst);
+            }
+        });
+    let thread = spawned
+        .inspect_err(|e| {
+            // The receiver is gone with the closure: unloads then run on the releaser.
+            tracing::error!("cannot start the unloader thread: {e}; unloading on the releaser")
+        })
+        .ok();
+    (Unloads { tx, pending }, thread)
 }
 
 impl Releaser {
@@ -49,6 +120,10 @@ impl Releaser {
         let current = generation.clone();
         let running: Arc<Mutex<()>> = Default::default();
         let lock = running.clone();
+        let unloading: Arc<Mutex<()>> = Default::default();
+        let (unloads, unloader) =
+            start_unloader(gpu.clone(), generation.clone(), unloading.clone());
+        let to_unloader = unloads.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("omps-release{}", gpu.ordinal()))
             .spawn(move || {
@@ -80,7 +155,7 @@ impl Releaser {
                     };
                     let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
                     let now = current.load(Ordering::SeqCst);
-                    if release(&*gpu, job, now) && !unsettled {
+                    if release(&*gpu, job, now, &to_unloader) && !unsettled {
                         // The settling counts as pending work: idle means the memory is back.
                         unsettled = true;
                         p.fetch_add(1, Ordering::SeqCst);
@@ -98,10 +173,13 @@ impl Releaser {
         };
         Releaser {
             tx,
+            unloads,
             generation,
             pending,
             running,
+            unloading,
             thread,
+            unloader,
         }
     }
 
@@ -123,7 +201,8 @@ impl Releaser {
             generation,
         };
         if let Err(mpsc::SendError(job)) = self.tx.send(job) {
-            if self::release(gpu, job, self.generation.load(Ordering::SeqCst)) {
+            let now = self.generation.load(Ordering::SeqCst);
+            if self::release(gpu, job, now, &self.unloads) {
                 let _ = gpu.settle_frees();
             }
             self.pending.fetch_sub(1, Ordering::SeqCst);
@@ -132,19 +211,37 @@ impl Releaser {
 
     /// Keeps jobs from running while the caller resets the context and bumps the
     /// generation: a job then frees either before the reset or not at all.
-    pub fn exclusive(&self) -> MutexGuard<'_, ()> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn exclusive(&self) -> Exclusive<'_> {
+        Exclusive {
+            _running: self.running.lock().unwrap_or_else(|e| e.into_inner()),
+            _unloading: self.unloading.lock().unwrap_or_else(|e| e.into_inner()),
+        }
     }
 
-    /// Whether every job sent so far is done.
+    /// Whether every job sent so far is done, its unloads too.
     pub fn idle(&self) -> bool {
+        self.memory_back() && self.unloads.pending.load(Ordering::SeqCst) == 0
+    }
+
+    /// Whether every job sent so far is done but for its module unloads, which may wait
+    /// for a kernel that never ends (an allocation that ran out of memory waits for this).
+    pub fn memory_back(&self) -> bool {
         self.pending.load(Ordering::SeqCst) == 0
     }
 
     /// Waits up to `timeout` for [`Releaser::idle`]; returns whether it is.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
+        self.wait_for(timeout, Self::idle)
+    }
+
+    /// Waits up to `timeout` for [`Releaser::memory_back`]; returns whether it is.
+    pub fn wait_memory(&self, timeout: Duration) -> bool {
+        self.wait_for(timeout, Self::memory_back)
+    }
+
+    fn wait_for(&self, timeout: Duration, done: impl Fn(&Self) -> bool) -> bool {
         let t = Instant::now();
-        while !self.idle() {
+        while !done(self) {
             if t.elapsed() > timeout {
                 return false;
             }
@@ -155,13 +252,27 @@ impl Releaser {
 }
 
 impl Drop for Releaser {
-    /// Ends the thread once it has released everything queued (closing the channel ends
-    /// its loop).
+    /// Ends the threads once they have released everything queued (closing a channel
+    /// ends its loop). An unload stuck behind a kernel that never ends is left to its
+    /// thread after a few seconds: a server that quits does not wait for it.
     fn drop(&mut self) {
         let (closed, _) = mpsc::channel();
         drop(std::mem::replace(&mut self.tx, closed));
+        let me = std::thread::current().id();
         if let Some(handle) = self.thread.take() {
-            if handle.thread().id() != std::thread::current().id() {
+            if handle.thread().id() != me {
+                let _ = handle.join();
+            }
+        }
+        let (closed, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.unloads.tx, closed));
+        if let Some(handle) = self.unloader.take() {
+            let stuck = !self.wait_idle(Duration::from_secs(5));
+            if stuck {
+                tracing::warn!(
+                    "a module unload still waits for a running kernel; not waiting for it"
+                );
+            } else if handle.thread().id() != me {
                 let _ = handle.join();
             }
         }
@@ -179,9 +290,9 @@ fn free(gpu: &dyn Gpu, p: u64) -> crate::gpu::GpuResult<()> {
 }
 
 /// Frees what a client released and settles its books; the handles only if they belong
-/// to the context of generation `now`. Returns whether device memory was freed (and is
-/// still to be settled).
-fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
+/// to the context of generation `now`. Its modules go to `unloads`. Returns whether
+/// device memory was freed (and is still to be settled).
+fn release(gpu: &dyn Gpu, job: Job, now: u64, unloads: &Unloads) -> bool {
     let Job {
         client,
         release: rel,
@@ -207,10 +318,21 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
     // A held cuMemUnmap's result (crate::session::vmm): the driver's, or success where
     // the context it was mapped in is gone.
     let mut unmapped = 0;
+    // The modules, with what waits for them, to the unloader.
+    let later = match gpu {
+        Some(g) if !rel.modules.is_empty() => Some((
+            g,
+            Unload {
+                client: client.clone(),
+                modules: rel.modules,
+                module_bytes: rel.module_bytes,
+                final_for_client,
+                generation: now,
+            },
+        )),
+        _ => None,
+    };
     if let Some(g) = gpu {
-        for m in rel.modules {
-            let _ = g.module_unload(m);
-        }
         for e in rel.events {
             let _ = g.event_destroy(e);
         }
@@ -256,7 +378,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         };
         crate::session::answer_later(&client, channel, seq, unmapped, reply);
     }
-    client.uncharge(dev, rel.module_bytes);
+    // Module bytes are the unload thread's to give back (with the unload).
     client.uncharge(dev, rel.limit_bytes);
     client.uncharge(dev, rel.vmm.released_mapped_bytes);
     for (_, size) in rel.vmm.handles {
@@ -269,13 +391,38 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64) -> bool {
         p.done();
     }
     rel.cross.passed(&client, dev);
-    if final_for_client {
-        client.released.fetch_add(1, Ordering::SeqCst);
-        // A client's session frees many small and some large buffers (module images,
-        // staging) from several threads' arenas; glibc keeps freed arena memory mapped, so
-        // without a trim the server's resident size only ever rises across clients.
-        // SAFETY: malloc_trim takes no pointers; it only returns free heap pages.
-        unsafe { libc::malloc_trim(0) };
+    match later {
+        Some((g, u)) => unloads.send(g, u, now),
+        None => {
+            client.uncharge(dev, rel.module_bytes);
+            if final_for_client {
+                released(&client);
+            }
+        }
     }
     freed
+}
+
+/// Unloads `u`'s modules (if they belong to the context of generation `now`), then
+/// settles what waited for them.
+fn unload(gpu: &dyn Gpu, u: Unload, now: u64) {
+    if u.generation == now {
+        for m in u.modules {
+            let _ = gpu.module_unload(m);
+        }
+    }
+    u.client.uncharge(gpu.ordinal(), u.module_bytes);
+    if u.final_for_client {
+        released(&u.client);
+    }
+}
+
+/// A client's session on this GPU is released, all of it.
+fn released(client: &ClientShared) {
+    client.released.fetch_add(1, Ordering::SeqCst);
+    // A client's session frees many small and some large buffers (module images,
+    // staging) from several threads' arenas; glibc keeps freed arena memory mapped, so
+    // without a trim the server's resident size only ever rises across clients.
+    // SAFETY: malloc_trim takes no pointers; it only returns free heap pages.
+    unsafe { libc::malloc_trim(0) };
 }

@@ -196,6 +196,7 @@ fn answer_until(
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     let mut peers: Vec<Peer> = Vec::new();
+    let mut handoffs = crate::listen::Handoffs::default();
     let mut refused = 0u64;
     while !stop.load(Ordering::SeqCst) {
         let mut fds = vec![
@@ -212,15 +213,17 @@ fn answer_until(
         ];
         fds.extend(peers.iter().map(|p| libc::pollfd {
             fd: p.stream.as_raw_fd(),
-            events: libc::POLLIN | libc::POLLRDHUP,
+            events: p.events(),
             revents: 0,
         }));
+        fds.extend(handoffs.pollfds());
         // SAFETY: fds is a valid array of pollfd of the given length.
         if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20) } < 0 {
             continue;
         }
         let now = Instant::now();
-        let mut ready = fds[2..].iter().map(|p| p.revents != 0);
+        let npeers = peers.len();
+        let mut ready = fds[2..2 + npeers].iter().map(|p| p.revents != 0);
         peers.retain_mut(|p| {
             if !ready.next().unwrap_or(false) {
                 return p.deadline >= now;
@@ -258,9 +261,15 @@ fn answer_until(
                 }
             }
         }
-        if fds[1].revents & libc::POLLIN != 0 {
-            if let Some(Ok(Some(s))) = handoff.map(|h| crate::listen::handed_over(h, uid)) {
-                admit(s);
+        let handoffs_ready: Vec<bool> = fds[2 + npeers..].iter().map(|p| p.revents != 0).collect();
+        for s in handoffs.serve(&handoffs_ready) {
+            admit(s);
+        }
+        if let Some(h) = handoff.filter(|_| fds[1].revents & libc::POLLIN != 0) {
+            let room = peers.len() + handoffs.len() < crate::bounds::bounds().handshakes;
+            if let Err(e) = handoffs.accept(h, uid, room) {
+                tracing::warn!("accepting a handoff failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
         }
     }

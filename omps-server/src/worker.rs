@@ -100,9 +100,34 @@ pub struct GpuShared {
     /// (crate::peer_fence): the context is not reset, and an allocation that ran out of
     /// memory does not give up, while any is held.
     pub held: std::sync::atomic::AtomicUsize,
+    /// When the newest of them was held (microseconds since [`epoch`]).
+    held_at: std::sync::atomic::AtomicU64,
+}
+
+/// The process's clock origin, for instants kept in atomics.
+fn epoch() -> Instant {
+    static E: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *E.get_or_init(Instant::now)
 }
 
 impl GpuShared {
+    /// A release of this GPU's memory is held for other GPUs' fences (crate::peer_fence).
+    pub fn note_held(&self) {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        let now = epoch().elapsed().as_micros() as u64;
+        self.held_at.fetch_max(now, Ordering::SeqCst);
+    }
+
+    /// Whether a release is held for other GPUs' fences that was held less than `age`
+    /// ago. One held just now (the free right before an allocation that ran out) may come
+    /// back any moment; one older waits for a GPU busy for long, or stuck, and an
+    /// allocation waiting for it would only be late with its answer.
+    pub fn held_young(&self, age: Duration) -> bool {
+        let since = epoch().elapsed().as_micros() as u64;
+        self.held.load(Ordering::SeqCst) > 0
+            && since.saturating_sub(self.held_at.load(Ordering::SeqCst)) < age.as_micros() as u64
+    }
+
     /// The context generation, bumped by each reset (the segment pool's too).
     pub fn generation(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.generation.clone()
@@ -133,6 +158,7 @@ impl GpuShared {
             ipc: Default::default(),
             vmm_ipc,
             held: Default::default(),
+            held_at: Default::default(),
             modules: crate::module_cache::ModuleCache::new({
                 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
                 let snap = gpu.snapshot();
@@ -687,7 +713,7 @@ impl WorkerCtx {
     /// have come back. Only on that path does a worker wait (at most 200 ms).
     pub fn reclaim(&mut self) -> bool {
         let had = self.deferred_len > 0
-            || !self.shared.releaser.idle()
+            || !self.shared.releaser.memory_back()
             || self.shared.held.load(Ordering::SeqCst) > 0;
         // Only releases that give memory back: a fence behind another client's long kernel
         // that frees only events or modules is not worth the lane's wait.
@@ -704,7 +730,7 @@ impl WorkerCtx {
     pub fn reclaim_for(&mut self, client: u32) -> bool {
         let own = |d: &Deferred| d.client.id == client;
         if !self.deferred.iter().flatten().any(own)
-            && self.shared.releaser.idle()
+            && self.shared.releaser.memory_back()
             && self.shared.held.load(Ordering::SeqCst) == 0
         {
             return false;
@@ -718,22 +744,25 @@ impl WorkerCtx {
     /// the worker recorded a moment ago (the free just before a retried allocation) has
     /// not passed yet: one look would find it not done (PyTorch's empty_cache and retry
     /// come microseconds apart), so it is looked at again until the limit.
-    /// Releases held for other GPUs' fences (crate::peer_fence) are waited for too: their
-    /// fences pass on other threads.
+    /// Releases held for other GPUs' fences (crate::peer_fence) are waited for too, while
+    /// the newest is younger than `limit`: their fences pass on other threads, and one
+    /// that has not passed by then waits for a GPU stuck or busy for long (one of those
+    /// once cost every out-of-memory answer on every other GPU 200 ms).
     fn reclaim_until(&mut self, limit: Duration, wanted: impl Fn(&Deferred) -> bool) {
         let t = Instant::now();
         loop {
             self.poll_deferred();
-            let waiting = self.deferred.iter().flatten().any(&wanted)
-                || self.shared.held.load(Ordering::SeqCst) > 0;
+            let waiting =
+                self.deferred.iter().flatten().any(&wanted) || self.shared.held_young(limit);
             if !waiting || t.elapsed() >= limit {
                 break;
             }
             std::thread::sleep(Duration::from_micros(50));
         }
+        // Not its unloads: one may wait for a kernel that never ends.
         self.shared
             .releaser
-            .wait_idle(limit.saturating_sub(t.elapsed()));
+            .wait_memory(limit.saturating_sub(t.elapsed()));
     }
 
     /// Completions the lane watches for (tests).

@@ -1,10 +1,13 @@
 //! The stateful fuzz body: byte strings decoded into sequences of well-formed client
 //! records that name what the sequence made before (allocations, streams, events,
-//! modules and their functions), mixed with records that lie and with the client's death
-//! at any step. Two clients share the host GPU: the fuzzed one, and a bystander whose
-//! memory holds a pattern. Whatever the sequence, nothing panics, the fuzzed client
-//! never changes the bystander's memory, and once it is retired every byte, event and
-//! module it held is free again. Run by CI under proptest (below) and by the `sequences`
+//! modules and their functions, captures, graphs and executable graphs, IPC openings of
+//! the bystander's memory, link and JIT containers), mixed with records that lie and with
+//! the client's death at any step. Two clients share the host GPU: the fuzzed one, and a
+//! bystander whose memory holds a pattern and which synchronizes after every step.
+//! Whatever the sequence, nothing panics, the fuzzed client never changes the bystander's
+//! memory nor stalls it (its synchronization is answered within a bounded number of
+//! worker passes), and once it is retired every byte, event, module and graph it held is
+//! free again. Run by CI under proptest (below) and by the `sequences`
 //! cargo-fuzz target.
 
 use crate::gpu::Gpu;
@@ -18,6 +21,8 @@ use std::sync::Arc;
 const IMAGE: &[u8] = b"omps-host-module\nfn fill_u32 0:8 8:4 12:4\nglobal table 64\n\0";
 const PATTERN: u32 = 0xABAB_ABAB;
 const BYSTANDER_BYTES: usize = 4096;
+/// The bystander's allocation it exports for the fuzzed client to open.
+const SHARED_BYTES: u64 = 1024;
 
 /// What the fuzzed client holds so far, by the ids and addresses the server gave.
 #[derive(Default)]
@@ -27,6 +32,10 @@ struct Held {
     events: Vec<u32>,
     modules: Vec<u32>,
     functions: Vec<u32>,
+    /// Graph and executable-graph ids the server gave, IPC openings (pointers).
+    graphs: Vec<u32>,
+    execs: Vec<u32>,
+    opened: Vec<u64>,
     next_id: u32,
 }
 
@@ -111,6 +120,46 @@ impl Client {
         Some(self.reply_u64())
     }
 
+    /// A handle to its allocation `ptr` for other clients to open.
+    fn export(&mut self, ctx: &mut WorkerCtx, ptr: u64) -> Option<wire::IpcHandle> {
+        let c = wire::IpcCall {
+            call: self.call(),
+            ptr,
+        };
+        if !self.send(ctx, Op::IpcGetMemHandle, &[bytemuck::bytes_of(&c)]) || self.result() != 0 {
+            return None;
+        }
+        let mut h = wire::IpcHandle { bytes: [0; 64] };
+        self.client
+            .seg
+            .channel(0)
+            .expect("channel 0")
+            .read_reply(&mut h.bytes);
+        Some(h)
+    }
+
+    /// Synchronizes its default stream: whether the answer came within a bounded number
+    /// of worker passes (a client that stalls others fails here).
+    fn synchronizes(&mut self, ctx: &mut WorkerCtx) -> bool {
+        let call = self.call();
+        let h = wire::HandleCall {
+            call,
+            id: 0,
+            _pad: 0,
+        };
+        if !self.send(ctx, Op::StreamSync, &[bytemuck::bytes_of(&h)]) {
+            return false;
+        }
+        let ch = self.client.seg.channel(0).expect("channel 0");
+        for _ in 0..200 {
+            if ch.done.load(std::sync::atomic::Ordering::Acquire) == call.seq {
+                return true;
+            }
+            ctx.poll();
+        }
+        false
+    }
+
     /// Loads IMAGE through channel 0's first chunk: the module id and function ids.
     fn load(&mut self, ctx: &mut WorkerCtx) -> Option<(u32, Vec<u32>)> {
         let (p, cap) = self.client.seg.chunk(0, 0)?;
@@ -153,6 +202,9 @@ pub struct Done {
     pub allocs: usize,
     pub loads: usize,
     pub launches: usize,
+    /// Executable graphs made, and IPC openings.
+    pub execs: usize,
+    pub opened: usize,
 }
 
 /// One sequence (see the module's documentation).
@@ -170,6 +222,13 @@ pub fn run_sequence(data: &[u8]) -> Done {
     gpu.memset(theirs, PATTERN, 4, BYSTANDER_BYTES / 4, 0)
         .expect("pattern");
 
+    // What the fuzzed client may open and write: another allocation of the bystander's,
+    // exported (the pattern's is never shared).
+    let shared = other
+        .alloc(&mut ctx, SHARED_BYTES)
+        .expect("bystander's shared allocation");
+    let exported = other.export(&mut ctx, shared);
+
     let mut me = Client::new(&gpu, 1);
     let mut held = Held {
         next_id: 1,
@@ -179,9 +238,16 @@ pub fn run_sequence(data: &[u8]) -> Done {
     let mut done = Done::default();
     while !b.0.is_empty() {
         let (allocs, modules) = (held.allocs.len(), held.modules.len());
-        let alive = step(&mut me, &mut ctx, &mut held, &mut b, theirs);
+        let (execs, opened) = (held.execs.len(), held.opened.len());
+        let alive = step(&mut me, &mut ctx, &mut held, &mut b, theirs, exported);
+        assert!(
+            other.synchronizes(&mut ctx),
+            "the fuzzed client stalled the bystander"
+        );
         done.allocs += held.allocs.len().saturating_sub(allocs);
         done.loads += held.modules.len().saturating_sub(modules);
+        done.execs += held.execs.len().saturating_sub(execs);
+        done.opened += held.opened.len().saturating_sub(opened);
         if !alive {
             break;
         }
@@ -199,7 +265,7 @@ pub fn run_sequence(data: &[u8]) -> Done {
     );
     assert_eq!(
         host.bytes_allocated(),
-        BYSTANDER_BYTES as u64,
+        BYSTANDER_BYTES as u64 + SHARED_BYTES,
         "a retired session leaked device memory"
     );
     ctx.retire(other.s);
@@ -221,12 +287,27 @@ pub fn run_sequence(data: &[u8]) -> Done {
         modules_before,
         "a retired session leaked modules"
     );
+    assert_eq!(
+        host.graph_count(),
+        (0, 0),
+        "a retired session leaked graphs"
+    );
     done
 }
 
 /// One record of the sequence: false once the client is dead (it lied, or died here).
-fn step(me: &mut Client, ctx: &mut WorkerCtx, held: &mut Held, b: &mut Bytes, theirs: u64) -> bool {
+fn step(
+    me: &mut Client,
+    ctx: &mut WorkerCtx,
+    held: &mut Held,
+    b: &mut Bytes,
+    theirs: u64,
+    exported: Option<wire::IpcHandle>,
+) -> bool {
     let tag = b.u8();
+    if tag % 32 >= 16 {
+        return step_graphs_ipc_link(me, ctx, held, b, exported);
+    }
     match tag % 16 {
         0 | 1 => {
             let size = (b.u8() as u64 + 1) * 64;
@@ -385,6 +466,150 @@ fn step(me: &mut Client, ctx: &mut WorkerCtx, held: &mut Held, b: &mut Bytes, th
     true
 }
 
+/// The families past the basic ones: captures and graphs, IPC, link and JIT containers.
+fn step_graphs_ipc_link(
+    me: &mut Client,
+    ctx: &mut WorkerCtx,
+    held: &mut Held,
+    b: &mut Bytes,
+    exported: Option<wire::IpcHandle>,
+) -> bool {
+    match b.u8() % 10 {
+        0 | 1 => {
+            // A capture begins or ends on one of its streams (or the default one).
+            let c = wire::CaptureCall {
+                call: me.call(),
+                stream: b.pick(&held.streams).unwrap_or(0),
+                mode: (b.u8() % 4) as u32,
+            };
+            let begin = b.u8() & 1 == 0;
+            let op = if begin {
+                Op::CaptureBegin
+            } else {
+                Op::CaptureEnd
+            };
+            if !me.send(ctx, op, &[bytemuck::bytes_of(&c)]) {
+                return false;
+            }
+            if !begin && me.result() == 0 {
+                held.graphs.push(me.reply_u64() as u32);
+            }
+        }
+        2 => {
+            // Instantiation, with flags the driver knows or not.
+            if let Some(graph) = b.pick(&held.graphs) {
+                let flags = [0u64, 1, 4, 8, 2, 1 << 40][b.u8() as usize % 6];
+                let g = wire::GraphInstantiate {
+                    call: me.call(),
+                    graph,
+                    _pad: 0,
+                    flags,
+                };
+                if !me.send(ctx, Op::GraphInstantiate, &[bytemuck::bytes_of(&g)]) {
+                    return false;
+                }
+                if me.result() == 0 {
+                    held.execs.push(me.reply_u64() as u32);
+                }
+            }
+        }
+        3 => {
+            if let Some(exec) = b.pick(&held.execs) {
+                let l = wire::GraphLaunch {
+                    exec,
+                    stream: b.pick(&held.streams).unwrap_or(0),
+                };
+                let op = if b.u8() & 1 == 0 {
+                    Op::GraphLaunch
+                } else {
+                    Op::GraphUpload
+                };
+                return me.send(ctx, op, &[bytemuck::bytes_of(&l)]);
+            }
+        }
+        4 => {
+            let (list, op) = if b.u8() & 1 == 0 {
+                (&mut held.graphs, Op::GraphDestroy)
+            } else {
+                (&mut held.execs, Op::GraphExecDestroy)
+            };
+            if !list.is_empty() {
+                let id = list.swap_remove(b.u8() as usize % list.len());
+                let h = wire::Handle { id, _pad: 0 };
+                return me.send(ctx, op, &[bytemuck::bytes_of(&h)]);
+            }
+        }
+        5 => {
+            // The bystander's memory opened, or a handle with a byte changed.
+            if let Some(mut handle) = exported {
+                if b.u8().is_multiple_of(4) {
+                    let i = b.u8() as usize % 64;
+                    handle.bytes[i] ^= b.u8() | 1;
+                }
+                let o = wire::IpcOpen {
+                    call: me.call(),
+                    handle,
+                };
+                if !me.send(ctx, Op::IpcOpenMemHandle, &[bytemuck::bytes_of(&o)]) {
+                    return false;
+                }
+                if me.result() == 0 {
+                    held.opened.push(me.reply_u64());
+                }
+            }
+        }
+        6 => {
+            if !held.opened.is_empty() {
+                let ptr = held.opened.swap_remove(b.u8() as usize % held.opened.len());
+                let c = wire::IpcCall {
+                    call: me.call(),
+                    ptr,
+                };
+                return me.send(ctx, Op::IpcCloseMemHandle, &[bytemuck::bytes_of(&c)]);
+            }
+        }
+        7 | 8 => {
+            // A link or JIT container of fuzzed bytes through channel 0's first chunk.
+            let len = b.u8() as usize % 96;
+            let blob: Vec<u8> = (0..len).map(|_| b.u8()).collect();
+            let Some((p, cap)) = me.client.seg.chunk(0, 0) else {
+                return true;
+            };
+            if cap < blob.len() {
+                return true;
+            }
+            // SAFETY: the chunk lies in the segment and holds `cap` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), p, blob.len()) };
+            let append = wire::ChunkCopy {
+                channel: 0,
+                chunk: 0,
+                len: blob.len() as u32,
+                seq: me.call().seq,
+                ..Default::default()
+            };
+            if !me.send(ctx, Op::BlobAppend, &[bytemuck::bytes_of(&append)]) {
+                return false;
+            }
+            let load = wire::ModuleLoad {
+                call: me.call(),
+                blob_len: blob.len() as u64,
+            };
+            let op = if b.u8() & 1 == 0 {
+                Op::Link
+            } else {
+                Op::ModuleLoadJit
+            };
+            return me.send(ctx, op, &[bytemuck::bytes_of(&load)]);
+        }
+        _ => {
+            // A memory query: the client's own view.
+            let call = me.call();
+            return me.send(ctx, Op::Ping, &[bytemuck::bytes_of(&call)]);
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -415,6 +640,25 @@ mod tests {
             done.allocs >= 2 && done.loads == 1 && done.launches >= 1,
             "{done:?}"
         );
+    }
+
+    /// A sequence that certainly captures a memset, instantiates and launches the graph,
+    /// and opens and closes the bystander's exported memory.
+    #[test]
+    fn a_graph_and_ipc_sequence_does_what_it_says() {
+        let data = [
+            0, 0, // alloc 64 bytes
+            5, 0, // a stream
+            16, 0, 0, 2, 0, // capture begins on it (relaxed)
+            3, 0, 1, 1, 7, 0, // a memset of the allocation, captured
+            16, 1, 0, 2, 1, // the capture ends: a graph
+            16, 2, 0, 0, // instantiated
+            16, 3, 0, 0, 0, // launched
+            16, 5, 1, // the bystander's memory opened
+            16, 6, 0, // and closed
+        ];
+        let done = super::run_sequence(&data);
+        assert!(done.execs == 1 && done.opened == 1, "{done:?}");
     }
 
     /// The bystander check means something only if no host mapping can be device memory:

@@ -106,6 +106,35 @@ impl Account {
     }
 }
 
+/// Device memory a process freed that another client still holds open (an IPC opening,
+/// imported VMM memory): the driver keeps it, so it stays charged to the process's
+/// account, against its limit, until the last holder lets go and this is dropped (issue
+/// 23, finding 13). No connection of the process shows it as its own any more.
+pub struct Held {
+    account: Arc<Account>,
+    dev: usize,
+    bytes: u64,
+}
+
+impl Held {
+    /// `bytes` already counted in `account.mem[dev]`, kept there until dropped.
+    pub fn new(account: Arc<Account>, dev: usize, bytes: u64) -> Held {
+        Held {
+            account,
+            dev,
+            bytes,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(m) = self.account.mem.get(self.dev) {
+            m.fetch_sub(self.bytes, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The accounts of the processes connected, by PID (the control thread's).
 #[derive(Default)]
 pub struct Accounts {

@@ -950,7 +950,12 @@ impl Session {
                 .collect(),
             graphs: self.graphs.drain().map(|(_, g)| g).collect(),
             execs: self.execs.drain().map(|(_, e)| e).collect(),
-            vmm: std::mem::take(&mut self.vmm).into_release(),
+            vmm: {
+                let mut v = std::mem::take(&mut self.vmm);
+                let mut reg = shared.vmm_ipc.lock().unwrap_or_else(|e| e.into_inner());
+                v.keep_shared(&mut reg, &self.client, self.dev);
+                v.into_release()
+            },
             arrays: std::mem::take(&mut self.arrays).into_release(),
         };
         (self.client, rel)

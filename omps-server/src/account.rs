@@ -24,6 +24,8 @@ pub struct Totals {
     /// Page-locked host memory registered for clients: bytes and ranges.
     pub pinned_bytes: AtomicU64,
     pub pinned_ranges: AtomicU64,
+    /// Module image bytes clients uploaded and have not yet loaded.
+    pub image_bytes: AtomicU64,
 }
 
 impl Totals {
@@ -50,6 +52,21 @@ impl Totals {
             self.pinned_bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
         ranged
+    }
+
+    /// `bytes` more of uploaded image, unless all clients' would pass
+    /// OMPS_MAX_IMAGE_BYTES_TOTAL.
+    pub fn take_image(&self, bytes: u64) -> bool {
+        let max = crate::bounds::bounds().image_bytes_total;
+        self.image_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                t.checked_add(bytes).filter(|&n| n <= max)
+            })
+            .is_ok()
+    }
+
+    pub fn give_image(&self, bytes: u64) {
+        self.image_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// A range [`Totals::take_pinned`] took is given back.

@@ -24,6 +24,8 @@ pub struct Totals {
     /// Page-locked host memory registered for clients: bytes and ranges.
     pub pinned_bytes: AtomicU64,
     pub pinned_ranges: AtomicU64,
+    /// Module image bytes clients uploaded and have not yet loaded.
+    pub image_bytes: AtomicU64,
 }
 
 impl Totals {
@@ -50,6 +52,21 @@ impl Totals {
             self.pinned_bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
         ranged
+    }
+
+    /// `bytes` more of uploaded image, unless all clients' would pass
+    /// OMPS_MAX_IMAGE_BYTES_TOTAL.
+    pub fn take_image(&self, bytes: u64) -> bool {
+        let max = crate::bounds::bounds().image_bytes_total;
+        self.image_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                t.checked_add(bytes).filter(|&n| n <= max)
+            })
+            .is_ok()
+    }
+
+    pub fn give_image(&self, bytes: u64) {
+        self.image_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// A range [`Totals::take_pinned`] took is given back.
@@ -103,6 +120,35 @@ impl Account {
             .get(dev)
             .map_or(0, |m| m.load(Ordering::Relaxed))
             .saturating_add(self.pinned.load(Ordering::Relaxed))
+    }
+}
+
+/// Device memory a process freed that another client still holds open (an IPC opening,
+/// imported VMM memory): the driver keeps it, so it stays charged to the process's
+/// account, against its limit, until the last holder lets go and this is dropped (issue
+/// 23, finding 13). No connection of the process shows it as its own any more.
+pub struct Held {
+    account: Arc<Account>,
+    dev: usize,
+    bytes: u64,
+}
+
+impl Held {
+    /// `bytes` already counted in `account.mem[dev]`, kept there until dropped.
+    pub fn new(account: Arc<Account>, dev: usize, bytes: u64) -> Held {
+        Held {
+            account,
+            dev,
+            bytes,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(m) = self.account.mem.get(self.dev) {
+            m.fetch_sub(self.bytes, Ordering::Relaxed);
+        }
     }
 }
 

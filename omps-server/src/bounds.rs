@@ -14,6 +14,9 @@ pub struct Bounds {
     /// Module image bytes a client may have uploaded and not yet loaded, over all its
     /// channels (OMPS_MAX_IMAGE_BYTES).
     pub image_bytes: u64,
+    /// Image bytes all clients together may have uploaded and not yet loaded
+    /// (OMPS_MAX_IMAGE_BYTES_TOTAL; crate::account::Totals).
+    pub image_bytes_total: u64,
     /// Page-locked host memory a client may register: bytes and ranges
     /// (OMPS_MAX_PINNED_BYTES, OMPS_MAX_PINNED_RANGES). Each range is a mapping of the
     /// server's, and vm.max_map_count bounds those for all clients together.
@@ -58,6 +61,7 @@ pub fn bounds() -> &'static Bounds {
         streams: env("OMPS_MAX_STREAMS", 16_384),
         events: env("OMPS_MAX_EVENTS", 1 << 18),
         image_bytes: env("OMPS_MAX_IMAGE_BYTES", 2 << 30),
+        image_bytes_total: env("OMPS_MAX_IMAGE_BYTES_TOTAL", half_of_memory() / 2),
         pinned_bytes: env("OMPS_MAX_PINNED_BYTES", half_of_memory()),
         pinned_ranges: env("OMPS_MAX_PINNED_RANGES", 16_384),
         pinned_total: env("OMPS_MAX_PINNED_TOTAL", half_of_memory()),

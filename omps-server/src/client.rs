@@ -362,6 +362,15 @@ impl ClientShared {
         }
     }
 
+    /// `n` bytes of device memory on GPU `dev` it freed but another client holds open:
+    /// off this connection's own use, still charged to its process until the hold goes.
+    pub fn hold(&self, dev: usize, n: u64) -> crate::account::Held {
+        if let Some(m) = self.mem_bytes.get(dev) {
+            m.fetch_sub(n, Ordering::Relaxed);
+        }
+        crate::account::Held::new(self.account.clone(), dev, n)
+    }
+
     /// Counts `n` more bytes of pinned host memory, unless that would take its process
     /// over its limit on any GPU.
     pub fn charge_pinned(&self, n: u64, gpus: usize) -> Result<(), i32> {

@@ -6,9 +6,14 @@
 //! it, and the memory lives until its owner freed it and every importer closed it (a
 //! killed exporter frees nothing an importer still holds open).
 //!
+//! Memory its owner freed while another client holds it open stays charged to the owner's
+//! process (an [`Held`] in its entry) until the driver's memory goes, so that no client can
+//! shed its limit by having the memory held elsewhere (issue 23, finding 13).
+//!
 //! Memory pools are shared the same way: a pool's token names the exporter's pool, and an
 //! allocation exported from it is opened only by a client that imported that pool.
 
+use crate::account::Held;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
@@ -25,6 +30,8 @@ struct Entry {
     /// The exportable pool (its key) it was exported from: only that pool's importers
     /// may open it, and not as a plain IPC handle.
     pool: Option<u64>,
+    /// The owner's charge for it once the owner freed it, until the last importer closes.
+    held: Option<Held>,
 }
 
 /// An exported driver handle (an event, or VMM physical memory): shared by its owner and
@@ -39,6 +46,8 @@ struct HandleEntry {
     users: u32,
     /// The server GPU the memory lives on (VMM memory, imported on any GPU's worker).
     home: usize,
+    /// Its owner's charge for VMM memory the owner released, until the last user does.
+    held: Vec<Held>,
 }
 
 /// Driver handles of one kind that clients exported: token -> entry, handle -> token.
@@ -72,6 +81,7 @@ impl SharedHandles {
                 owner,
                 users: 1,
                 home,
+                held: Vec::new(),
             },
         );
         t
@@ -107,6 +117,22 @@ impl SharedHandles {
         self.by_token.remove(&t);
         self.tokens.remove(&handle);
         true
+    }
+
+    /// Keeps `held` charged while others still hold `handle`; dropped (given back) now
+    /// if no one does.
+    fn keep(&mut self, handle: u64, held: Held) {
+        if let Some(e) = self
+            .tokens
+            .get(&handle)
+            .and_then(|t| self.by_token.get_mut(t))
+        {
+            e.held.push(held);
+        }
+    }
+
+    fn shared(&self, handle: u64) -> bool {
+        self.tokens.contains_key(&handle)
     }
 }
 
@@ -171,6 +197,7 @@ impl Registry {
                 importers: HashMap::new(),
                 owner_gone: false,
                 pool: None,
+                held: None,
             },
         );
         t
@@ -237,6 +264,17 @@ impl Registry {
         }
     }
 
+    /// The owner's charge for `ptr`, which it freed while others hold it open
+    /// ([`Registry::owner_frees`] said false): kept until the last importer closes it,
+    /// given back now if none holds it any more.
+    pub fn keep_charged(&mut self, ptr: u64, held: Held) {
+        if let Some(e) = self.by_ptr.get(&ptr).and_then(|t| self.by_token.get_mut(t)) {
+            if e.owner_gone {
+                e.held = Some(held);
+            }
+        }
+    }
+
     /// The token for `owner`'s event `handle`: the same one each time.
     pub fn export_event(&mut self, owner: u32, handle: u64) -> Token {
         let t = self.new_token();
@@ -282,6 +320,18 @@ impl Registry {
     /// the driver now (true for memory never exported).
     pub fn release_vmm(&mut self, handle: u64) -> bool {
         self.vmm.release(handle)
+    }
+
+    /// Its owner's charge for VMM memory `handle` it released, kept until the last
+    /// importer releases it too; given back now if none holds it (or it was never
+    /// exported).
+    pub fn keep_vmm(&mut self, handle: u64, held: Held) {
+        self.vmm.keep(handle, held);
+    }
+
+    /// Whether another client still holds VMM memory `handle` its owner released.
+    pub fn vmm_shared(&self, handle: u64) -> bool {
+        self.vmm.shared(handle)
     }
 
     /// The token for `owner`'s pool `key` (the same one each time): whoever is given it

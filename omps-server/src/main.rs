@@ -1,7 +1,7 @@
 //! `omps-server`: serves CUDA programs preloaded with libomps_shim.so.
 //!
 //! Environment: OMPS_PIPE_DIRECTORY / CUDA_MPS_PIPE_DIRECTORY (socket), OMPS_LOG_DIRECTORY /
-//! CUDA_MPS_LOG_DIRECTORY (server.log), OMPS_SPIN_US (busy-poll window), OMPS_NO_PIN,
+//! CUDA_MPS_LOG_DIRECTORY (server.log, kept under OMPS_LOG_MAX_BYTES), OMPS_SPIN_US (busy-poll window), OMPS_NO_PIN,
 //! OMPS_LANES (worker threads per GPU), OMPS_SPARE_SEGMENTS (segments made ahead),
 //! CUDA_VISIBLE_DEVICES (as for any CUDA program), CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
 //! CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (clients' defaults), OMPS_METRICS or `--metrics ADDR`
@@ -12,30 +12,6 @@ use omps_server::gpu_cuda::{self, CudaGpu};
 use omps_server::ServerConfig;
 use std::process::ExitCode;
 use std::sync::Arc;
-
-fn init_logging() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("OMPS_LOG").unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(false);
-    match omps_ring::sock::log_directory() {
-        Some(dir) => {
-            let _ = std::fs::create_dir_all(&dir);
-            match omps_server::log_file::open_append(&dir, "server.log") {
-                Ok(f) => builder.with_writer(std::sync::Mutex::new(f)).init(),
-                Err(e) => {
-                    omps_server::say!(
-                        "omps-server: cannot open {}/server.log: {e}; logging to stderr",
-                        dir.display()
-                    );
-                    builder.with_writer(omps_server::stdio::stderr).init()
-                }
-            }
-        }
-        None => builder.with_writer(omps_server::stdio::stderr).init(),
-    }
-}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -54,7 +30,7 @@ fn main() -> ExitCode {
         println!("omps-server {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
-    init_logging();
+    omps_server::log_file::init_logging();
     // Panic messages to the server's own stderr: fd 2 becomes the assert pipe, whose text
     // goes to clients.
     std::panic::set_hook(Box::new(|info| omps_server::say!("omps-server: {info}")));

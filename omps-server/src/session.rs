@@ -625,6 +625,7 @@ impl Session {
     fn take_blob(&mut self, channel: u32, len: u64, short: i32) -> Result<Vec<u8>, i32> {
         let c = channel as usize;
         let blob = std::mem::take(&mut self.blobs[c]);
+        self.client.account.totals.give_image(blob.len() as u64);
         if std::mem::take(&mut self.blob_over[c]) {
             return Err(code::OUT_OF_MEMORY);
         }
@@ -638,16 +639,20 @@ impl Session {
     /// OMPS_MAX_IMAGE_BYTES: then the image is dropped and its load will say so.
     fn append_blob(&mut self, channel: usize, bytes: &[u8]) {
         let held: usize = self.blobs.iter().map(Vec::len).sum();
+        let totals = self.client.account.totals.clone();
+        // All clients' uploads together count too (OMPS_MAX_IMAGE_BYTES_TOTAL): N clients
+        // at the bound must not exhaust the server's memory.
         if self.blob_over[channel]
             || (held + bytes.len()) as u64 > crate::bounds::bounds().image_bytes
+            || !totals.take_image(bytes.len() as u64)
         {
             if !self.blob_over[channel] {
                 self.log_refusal(format_args!(
-                    "module image over OMPS_MAX_IMAGE_BYTES: its load fails with CUDA_ERROR_OUT_OF_MEMORY"
+                    "module image over OMPS_MAX_IMAGE_BYTES (or all clients' over OMPS_MAX_IMAGE_BYTES_TOTAL): its load fails with CUDA_ERROR_OUT_OF_MEMORY"
                 ));
             }
             self.blob_over[channel] = true;
-            self.blobs[channel] = Vec::new();
+            totals.give_image(std::mem::take(&mut self.blobs[channel]).len() as u64);
             return;
         }
         self.blobs[channel].extend_from_slice(bytes);
@@ -900,6 +905,9 @@ impl Session {
         shared: &crate::worker::GpuShared,
     ) -> (Arc<ClientShared>, Release) {
         let cache = &shared.modules;
+        // Images uploaded and never loaded leave the server-wide total.
+        let uploaded: usize = self.blobs.iter().map(Vec::len).sum();
+        self.client.account.totals.give_image(uploaded as u64);
         // What it exported goes through the IPC books; what it opened is closed, and an
         // allocation whose owner left before is freed with it (counted as this client's
         // until then, since the releaser takes it off the count).
@@ -950,7 +958,12 @@ impl Session {
                 .collect(),
             graphs: self.graphs.drain().map(|(_, g)| g).collect(),
             execs: self.execs.drain().map(|(_, e)| e).collect(),
-            vmm: std::mem::take(&mut self.vmm).into_release(),
+            vmm: {
+                let mut v = std::mem::take(&mut self.vmm);
+                let mut reg = shared.vmm_ipc.lock().unwrap_or_else(|e| e.into_inner());
+                v.keep_shared(&mut reg, &self.client, self.dev);
+                v.into_release()
+            },
             arrays: std::mem::take(&mut self.arrays).into_release(),
         };
         (self.client, rel)

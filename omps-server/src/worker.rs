@@ -914,9 +914,10 @@ pub fn free_on(
     generation: Option<u64>,
 ) {
     // Exported allocations the owner is done with: freed now unless an importer
-    // holds one open (then the last importer to close frees it). Openings an importer
-    // closed, now that its work is done: the last user of a freed one frees it
-    // (counted as its own, since the releaser takes it off the count).
+    // holds one open (then the last importer to close frees it, and the owner's process
+    // stays charged for it until then). Openings an importer closed, now that its work
+    // is done: the last user of a freed one frees it (counted as its own, since the
+    // releaser takes it off the count).
     if !rel.ipc.is_empty() || !rel.ipc_close.is_empty() {
         let mut ipc = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
         for p in std::mem::take(&mut rel.ipc_close) {
@@ -929,18 +930,18 @@ pub fn free_on(
             if ipc.owner_frees(p, client.id) {
                 rel.allocs.push((p, n));
             } else {
-                client.uncharge(gpu.ordinal(), n);
+                ipc.keep_charged(p, client.hold(gpu.ordinal(), n));
             }
         }
     }
-    // Physical memory shared with other clients goes with its last user; the books
-    // are settled here for what stays.
+    // Physical memory shared with other clients goes with its last user; what stays
+    // stays charged to its owner's process until then.
     if !rel.vmm.handles.is_empty() {
         let mut ipc = shared.vmm_ipc.lock().unwrap_or_else(|e| e.into_inner());
         rel.vmm.handles.retain(|&(h, size)| {
             let last = ipc.release_vmm(h);
-            if !last {
-                client.uncharge(gpu.ordinal(), size);
+            if !last && size > 0 {
+                ipc.keep_vmm(h, client.hold(gpu.ordinal(), size));
             }
             last
         });

@@ -5,7 +5,7 @@
 use std::io::Write;
 
 pub struct ControlLog {
-    file: Option<std::fs::File>,
+    file: Option<crate::log_file::CappedLog>,
 }
 
 impl ControlLog {
@@ -13,7 +13,7 @@ impl ControlLog {
     pub fn open(dir: Option<&std::path::Path>) -> ControlLog {
         let file = dir.and_then(|d| {
             let _ = std::fs::create_dir_all(d);
-            crate::log_file::open_append(d, "control.log")
+            crate::log_file::CappedLog::open(d, "control.log", crate::log_file::max_bytes())
                 .inspect_err(|e| tracing::warn!("cannot open {}/control.log: {e}", d.display()))
                 .ok()
         });
@@ -22,12 +22,13 @@ impl ControlLog {
 
     pub fn line(&mut self, msg: &str) {
         if let Some(f) = &mut self.file {
-            let _ = writeln!(
-                f,
-                "[{} Control {:>5}] {msg}",
+            // One write per line: the cap moves the log between lines only.
+            let line = format!(
+                "[{} Control {:>5}] {msg}\n",
                 timestamp(),
                 std::process::id()
             );
+            let _ = f.write_all(line.as_bytes());
         }
     }
 

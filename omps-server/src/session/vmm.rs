@@ -36,8 +36,12 @@ pub struct VmmState {
     pub(super) mappings: BTreeMap<u64, (u64, u32, u64)>,
     /// Handles released while still mapped (PyTorch releases right after mapping): the
     /// driver keeps their memory until the last unmap, and the client stays charged for
-    /// it until then. Handle id -> size.
-    released_mapped: HashMap<u32, u64>,
+    /// it until then. Handle id -> (size, driver handle).
+    released_mapped: HashMap<u32, (u64, u64)>,
+    /// Handles imported from another client: id -> size. Charged nothing while the
+    /// exporter's process is; charged to this client if it releases the memory last while
+    /// it still maps it (the driver keeps it for the mapping).
+    imported: HashMap<u32, u64>,
     next_handle: u32,
     /// Memory pools it shares with other clients (pool_share.rs).
     pub(super) pools: super::pool_share::PoolShareState,
@@ -87,7 +91,7 @@ impl VmmState {
 
     /// Handle `id`'s mapping went: if it was its last and the handle was released, the
     /// driver frees the memory with it, and what the client was charged comes back.
-    fn unmapped_last(&mut self, id: u32) -> Option<u64> {
+    fn unmapped_last(&mut self, id: u32) -> Option<(u64, u64)> {
         if self.mappings.values().any(|&(_, other, _)| other == id) {
             return None;
         }
@@ -123,9 +127,29 @@ impl VmmState {
                 .collect(),
             handles: self.handles.values().copied().collect(),
             reservations: self.reservations.into_iter().collect(),
-            released_mapped_bytes: self.released_mapped.values().sum(),
+            released_mapped_bytes: self.released_mapped.values().map(|r| r.0).sum(),
             answer: None,
         }
+    }
+}
+
+impl VmmState {
+    /// The client goes: memory it released while mapped that other clients still hold
+    /// stays charged to its process until they release it too (the rest goes with the
+    /// unmaps, `released_mapped_bytes`).
+    pub fn keep_shared(
+        &mut self,
+        reg: &mut crate::ipc::Registry,
+        client: &crate::client::ClientShared,
+        dev: usize,
+    ) {
+        self.released_mapped.retain(|_, &mut (size, h)| {
+            let shared = reg.vmm_shared(h);
+            if shared {
+                reg.keep_vmm(h, client.hold(dev, size));
+            }
+            !shared
+        });
     }
 }
 
@@ -162,7 +186,18 @@ impl Session {
             }
         }
         let client = self.client.clone();
-        let uncharge = |n: u64| client.uncharge(self.dev, n);
+        let dev = self.dev;
+        let uncharge = |n: u64| client.uncharge(dev, n);
+        // Memory it is done with but another client may still hold: charged to its
+        // process until the last holder lets go (crate::ipc), given back now otherwise.
+        let shared = ctx.shared.clone();
+        let done_with = |h: u64, n: u64| {
+            shared
+                .vmm_ipc
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .keep_vmm(h, client.hold(dev, n))
+        };
         let st = &mut self.vmm;
         // Handle ids are never reused while the session lives: one that made 2^32
         // handles gets no more, rather than an id that names another handle.
@@ -207,18 +242,27 @@ impl Session {
             vmm::RELEASE => match st.handles.remove(&v.handle) {
                 Some((h, size)) => {
                     st.compressed.remove(&v.handle);
-                    if size > 0 && st.mappings.values().any(|&(_, id, _)| id == v.handle) {
-                        st.released_mapped.insert(v.handle, size);
-                    } else {
-                        uncharge(size);
-                    }
+                    let imported = st.imported.remove(&v.handle);
+                    let mapped = st.mappings.values().any(|&(_, id, _)| id == v.handle);
                     // Memory another client imported goes with its last user.
-                    let last = ctx
-                        .shared
+                    let last = shared
                         .vmm_ipc
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .release_vmm(h);
+                    match imported {
+                        // Imported memory it now holds last, through a mapping: its own
+                        // until it unmaps it.
+                        Some(n) if last && mapped => {
+                            client.add_mem(dev, n);
+                            st.released_mapped.insert(v.handle, (n, h));
+                        }
+                        Some(_) => {}
+                        None if mapped && size > 0 => {
+                            st.released_mapped.insert(v.handle, (size, h));
+                        }
+                        None => done_with(h, size),
+                    }
                     if last {
                         gpu.vmm_release(h).map(|()| 0)
                     } else {
@@ -242,8 +286,8 @@ impl Session {
                 // this GPU reaches it (else `unmap_held`).
                 Some(&(n, id, _)) if n == a1 => gpu.vmm_unmap(a0, a1).map(|()| {
                     st.mappings.remove(&a0);
-                    if let Some(size) = st.unmapped_last(id) {
-                        uncharge(size);
+                    if let Some((size, h)) = st.unmapped_last(id) {
+                        done_with(h, size);
                     }
                     0
                 }),
@@ -309,7 +353,18 @@ impl Session {
         let Some((_, id, _)) = self.vmm.mappings.remove(&addr) else {
             return;
         };
-        let freed = self.vmm.unmapped_last(id).unwrap_or(0);
+        let freed = match self.vmm.unmapped_last(id) {
+            Some((size, h)) => {
+                let mut reg = ctx.shared.vmm_ipc.lock().unwrap_or_else(|e| e.into_inner());
+                if reg.vmm_shared(h) {
+                    reg.keep_vmm(h, self.client.hold(self.dev, size));
+                    0
+                } else {
+                    size
+                }
+            }
+            None => 0,
+        };
         self.client.note_vmm_unmap(addr, true);
         let rel = super::Release {
             vmm: VmmRelease {
@@ -327,7 +382,8 @@ impl Session {
     /// Physical memory shared between clients (cuMemExportToShareableHandle and
     /// cuMemImportFromShareableHandle): a token names it, as IPC handles name allocations.
     /// An importer holds the memory until it releases it, whatever the exporter does; it
-    /// is not charged for it (the exporter is, until it releases it).
+    /// is not charged for it: the exporter's process is, until the last holder releases
+    /// it (then, if that holder still maps it, the holder is, until it unmaps it).
     fn vmm_share(&mut self, ctx: &mut WorkerCtx, v: wire::Vmm) -> Result<(), Malformed> {
         let me = self.client.id;
         let mut reg = ctx.shared.vmm_ipc.lock().unwrap_or_else(|e| e.into_inner());
@@ -355,6 +411,7 @@ impl Session {
                 self.vmm.next_handle += 1;
                 // Charged nothing here: recorded with size 0, released through the books.
                 self.vmm.handles.insert(self.vmm.next_handle, (h, 0));
+                self.vmm.imported.insert(self.vmm.next_handle, size);
                 if compressed {
                     self.vmm.compressed.insert(self.vmm.next_handle);
                 }

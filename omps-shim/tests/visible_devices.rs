@@ -107,7 +107,7 @@ fn a_client_sees_the_gpus_it_names_in_its_order() {
 
 /// The pinned bytes `omps-ctl metrics` shows for client `id`.
 fn pinned_bytes(dir: &std::path::Path, id: u32) -> Option<u64> {
-    let (_, m) = ctl_at(&omps_ring::sock::operator_socket_in(&dir), "metrics");
+    let (_, m) = ctl_at(&omps_ring::sock::operator_socket_in(dir), "metrics");
     let label = format!("client=\"{id}\"");
     m.lines()
         .find(|l| l.starts_with("omps_client_pinned_host_bytes{") && l.contains(&label))?

@@ -489,7 +489,7 @@ impl Daemon {
 
 /// One command to `uid`'s server of pipe directory `dir`, as root (its operator).
 fn ask(dir: &Path, uid: u32, cmd: &str) -> (bool, String) {
-    let asked = dirs::connect_owned(dir, sock::SOCKET_NAME, uid)
+    let asked = dirs::connect_owned(&dir.join(sock::OPERATOR_DIR), sock::OPERATOR_SOCKET, uid)
         .and_then(crate::talk::control_hello)
         .map_err(|e| format!("{}: {e}\n", dir.display()))
         .and_then(|s| crate::talk::ask_on(s, cmd));

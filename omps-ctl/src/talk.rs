@@ -16,9 +16,10 @@ pub fn connect() -> Result<UnixStream, String> {
     })
 }
 
-/// A control connection to the server of pipe directory `dir`.
+/// A control connection to the server of pipe directory `dir`, through the operator's
+/// socket (the clients' socket refuses control commands).
 pub fn connect_at(dir: &std::path::Path) -> std::io::Result<UnixStream> {
-    control_hello(UnixStream::connect(dir.join(sock::SOCKET_NAME))?)
+    control_hello(UnixStream::connect(sock::operator_socket_in(dir))?)
 }
 
 /// `s`, a connection to a server, made a control connection.

@@ -1,10 +1,23 @@
-//! The server's Unix socket: where it lives, and messages that carry file descriptors.
+//! The server's Unix sockets: where they live, and messages that carry file descriptors.
+//!
+//! Clients and the operator are different principals (docs/design.md, "Operator and client
+//! principals"): `PIPE/omps.sock` takes clients only; control commands go through
+//! `PIPE/operator/control`, in a directory of the operator's alone that a container mount
+//! of the clients' socket leaves out; and each namespace the operator makes is a client
+//! socket of its own, `PIPE/<server>/<namespace>/control`, laid out as MPS v3 lays them.
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 pub const SOCKET_NAME: &str = "omps.sock";
+/// The operator's directory under the pipe directory (0700) and its socket there.
+pub const OPERATOR_DIR: &str = "operator";
+pub const OPERATOR_SOCKET: &str = "control";
+/// The `<server>` directory of MPS v3's layout, which holds one directory per namespace.
+pub const NAMESPACE_SERVER: &str = "omps";
+/// A namespace's client socket in its directory (MPS v3 calls each `control`).
+pub const NAMESPACE_SOCKET: &str = "control";
 /// Where a server takes connections a control daemon accepted for it (SCM_RIGHTS).
 pub const HANDOFF_NAME: &str = "omps-handoff.sock";
 
@@ -33,8 +46,35 @@ pub fn log_directory() -> Option<PathBuf> {
     env_dir("OMPS_LOG_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 }
 
+/// The client socket a program connects to: the pipe directory's `omps.sock`, or, where
+/// the pipe directory is a namespace's (a container that mounts only that directory), its
+/// `control` socket.
 pub fn socket_path() -> PathBuf {
-    pipe_directory().join(SOCKET_NAME)
+    client_socket_in(&pipe_directory())
+}
+
+/// [`socket_path`] for pipe directory `dir`.
+pub fn client_socket_in(dir: &std::path::Path) -> PathBuf {
+    use std::os::unix::fs::FileTypeExt;
+    let main = dir.join(SOCKET_NAME);
+    let ns = dir.join(NAMESPACE_SOCKET);
+    let is_socket =
+        |p: &std::path::Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket());
+    if !is_socket(&main) && is_socket(&ns) {
+        ns
+    } else {
+        main
+    }
+}
+
+/// The operator's socket of pipe directory `dir` (omps-ctl's).
+pub fn operator_socket_in(dir: &std::path::Path) -> PathBuf {
+    dir.join(OPERATOR_DIR).join(OPERATOR_SOCKET)
+}
+
+/// The directory of namespace `name` of pipe directory `dir`.
+pub fn namespace_dir_in(dir: &std::path::Path, name: &str) -> PathBuf {
+    dir.join(NAMESPACE_SERVER).join(name)
 }
 
 /// Who is at the other end of a Unix socket, as it connected (SO_PEERCRED).

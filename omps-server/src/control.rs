@@ -212,6 +212,8 @@ pub struct Server {
     policy: crate::policy::Policy,
     /// Memory limits for clients (crate::memlimit).
     mem_limits: crate::memlimit::MemLimits,
+    /// The operator's namespaces: client sockets with limits of their own.
+    namespaces: crate::namespace::Namespaces,
     /// Each client process's account, shared by its connections (crate::account).
     accounts: crate::account::Accounts,
     /// What `omps-ctl metrics` and the HTTP endpoint read (crate::metrics).
@@ -325,7 +327,7 @@ impl Server {
         mut cfg: ServerConfig,
         gpus: Vec<Arc<dyn Gpu>>,
         driver_version: i32,
-        sockets: crate::listen::Sockets,
+        mut sockets: crate::listen::Sockets,
     ) -> io::Result<Server> {
         // Where MPS's control daemon leaves its PID, which tools read (the server is the
         // daemon here).
@@ -352,6 +354,12 @@ impl Server {
             }
         }
         let policy = make_policy(&cfg, &gpus, &snapshots)?;
+        let namespaces = crate::namespace::Namespaces::start(
+            &cfg.pipe_dir,
+            std::mem::take(&mut sockets.namespaces),
+            &policy,
+            &snapshots,
+        );
         for (g, snap) in snapshots.iter().enumerate() {
             crate::features::Features::of(snap, policy.confines(g)).log(gpus[g].ordinal());
         }
@@ -364,6 +372,10 @@ impl Server {
         control_log.line(&format!(
             "To connect CUDA applications to this server, set env CUDA_MPS_PIPE_DIRECTORY={}",
             cfg.pipe_dir.display()
+        ));
+        control_log.line(&format!(
+            "Control commands are taken on {} only",
+            sock::operator_socket_in(&cfg.pipe_dir).display()
         ));
         let mem_limits =
             crate::memlimit::MemLimits::new(cfg.default_mem_limit.as_deref(), &snapshots)
@@ -455,6 +467,7 @@ impl Server {
             exiting: Vec::new(),
             policy,
             mem_limits,
+            namespaces,
             accounts: Default::default(),
             control_log,
             board,
@@ -536,8 +549,10 @@ impl Server {
         if restart {
             // The sockets, the lock and the PID file (a restart keeps the PID) stay: the
             // new process serves on them.
+            self.sockets.namespaces = self.namespaces.listeners();
             return Ok(Ending::Restart(self.sockets));
         }
+        self.namespaces.remove_all();
         self.sockets.release();
         self.control_log.line("Server exited");
         tracing::info!("omps server stopped");
@@ -594,6 +609,9 @@ impl Server {
         }
         let npeers = self.peers.len();
         fds.extend(self.handoffs.pollfds());
+        // The other listening sockets come last: the handoff socket, the operator's, and
+        // the namespaces'.
+        let listeners = fds.len();
         fds.push(libc::pollfd {
             fd: match &self.sockets.handoff {
                 Some(h) if accepting => h.as_raw_fd(),
@@ -602,6 +620,21 @@ impl Server {
             events: libc::POLLIN,
             revents: 0,
         });
+        fds.push(libc::pollfd {
+            fd: if accepting {
+                self.sockets.operator.as_raw_fd()
+            } else {
+                -1
+            },
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        fds.extend(self.namespaces.pollfds().map(|mut p| {
+            if !accepting {
+                p.fd = -1;
+            }
+            p
+        }));
         // SAFETY: fds is a valid array of pollfd of the given length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
         if n < 0 {
@@ -624,15 +657,20 @@ impl Server {
                 self.printf.declare(id, level);
             }
         }
-        let handed = fds.pop().is_some_and(|p| p.revents & libc::POLLIN != 0);
+        let readable: Vec<bool> = fds
+            .drain(listeners..)
+            .map(|p| p.revents & libc::POLLIN != 0)
+            .collect();
+        let handed = readable[0];
         let ready: Vec<bool> = fds[1 + ids.len()..]
             .iter()
             .map(|p| p.revents != 0)
             .collect();
         let (peers_ready, handoffs_ready) = ready.split_at(npeers);
         self.serve_peers(peers_ready);
+        use crate::peers::Origin;
         for stream in self.handoffs.serve(handoffs_ready) {
-            if let Err(e) = self.accept(stream) {
+            if let Err(e) = self.accept(stream, Origin::Handoff) {
                 tracing::warn!("handed-over connection refused: {e}");
             }
         }
@@ -642,11 +680,33 @@ impl Server {
         if fds[0].revents & libc::POLLIN != 0 {
             match self.sockets.listener.accept() {
                 Ok((stream, _)) => {
-                    if let Err(e) = self.accept(stream) {
+                    if let Err(e) = self.accept(stream, Origin::Clients) {
                         tracing::warn!("connection refused: {e}");
                     }
                 }
                 Err(e) => self.accept_failed(e),
+            }
+        }
+        if readable[1] {
+            match self.sockets.operator.accept() {
+                Ok((stream, _)) => {
+                    if let Err(e) = self.accept(stream, Origin::Operator) {
+                        tracing::warn!("operator connection refused: {e}");
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => self.accept_failed(e),
+            }
+        }
+        for (i, _) in readable[2..].iter().enumerate().filter(|(_, &r)| r) {
+            match self.namespaces.accept(i) {
+                Some(Ok((stream, ns))) => {
+                    if let Err(e) = self.accept(stream, Origin::Namespace(ns)) {
+                        tracing::warn!("connection refused: {e}");
+                    }
+                }
+                Some(Err(e)) => self.accept_failed(e),
+                None => {}
             }
         }
         self.reap_exiting();
@@ -722,12 +782,31 @@ impl Server {
                         "connection refused: root may control, not run, a user's server"
                     );
                 }
+                Progress::Client(_) if !self.peers[i].origin.takes_clients() => {
+                    let p = self.peers.remove(i);
+                    let w = Welcome {
+                        magic: wire::HELLO_MAGIC,
+                        version: wire::PROTOCOL_VERSION,
+                        status: code::MPS_CONNECTION_FAILED,
+                        ..Default::default()
+                    };
+                    let _ = sock::send_with_fds(p.stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
+                    tracing::warn!(
+                        pid = p.pid,
+                        "a client refused on the operator's socket: clients connect to {}",
+                        sock::SOCKET_NAME
+                    );
+                }
                 Progress::Client(settings) => {
                     let p = self.peers.remove(i);
                     let pid = p.pid;
+                    let ns = match &p.origin {
+                        crate::peers::Origin::Namespace(ns) => Some(ns.clone()),
+                        _ => None,
+                    };
                     let r = p
                         .into_stream()
-                        .and_then(|s| self.accept_client(s, pid, &settings));
+                        .and_then(|s| self.accept_client(s, pid, &settings, ns.as_deref()));
                     match r {
                         // Killed while it connected (the soak does this a thousand times):
                         // nothing to warn of.
@@ -742,6 +821,22 @@ impl Server {
                         }
                         Err(e) => tracing::warn!(pid, "connection refused: {e}"),
                         Ok(()) => {}
+                    }
+                }
+                Progress::Command(line) if !self.peers[i].origin.takes_commands() => {
+                    let why = format!(
+                        "control commands are refused on the clients' socket; the operator sends them through {}\n",
+                        sock::operator_socket_in(&self.cfg.pipe_dir).display()
+                    );
+                    tracing::warn!(
+                        pid = self.peers[i].pid,
+                        "a control command on a clients' socket refused: {}",
+                        line.split_whitespace().next().unwrap_or("")
+                    );
+                    if self.peers[i].answer(false, &why).is_err() {
+                        self.peers.remove(i);
+                    } else {
+                        i += 1;
                     }
                 }
                 Progress::Command(line) => {
@@ -978,8 +1073,8 @@ impl Server {
     /// control it, as an operator), then read as its bytes come (`serve_peers`). Control
     /// commands (quit, terminate_client, limits) belong to those who may open the pipe
     /// directory: the server's user and root, as with MPS's control pipe.
-    fn accept(&mut self, stream: UnixStream) -> io::Result<()> {
-        let peer = crate::peers::Peer::admit(stream, self.uid, self.peers.len())?;
+    fn accept(&mut self, stream: UnixStream, origin: crate::peers::Origin) -> io::Result<()> {
+        let peer = crate::peers::Peer::admit(stream, self.uid, self.peers.len(), origin)?;
         self.peers.push(peer);
         Ok(())
     }
@@ -989,6 +1084,7 @@ impl Server {
         stream: UnixStream,
         pid: i32,
         settings: &wire::ClientSettings,
+        ns: Option<&crate::namespace::Limits>,
     ) -> io::Result<()> {
         let refuse = |status: i32| {
             let w = Welcome {
@@ -1011,7 +1107,7 @@ impl Server {
             return refuse(code::MPS_MAX_CLIENTS_REACHED);
         }
         let lc_present = crate::policy::Policy::lc_present(&self.client_list());
-        let settled = match self.policy.settle(settings) {
+        let mut settled = match self.policy.settle(settings) {
             Ok(s) => s,
             Err((status, why)) => {
                 tracing::warn!(pid, "refusing a client: {why}");
@@ -1029,7 +1125,8 @@ impl Server {
         }
         let seen: Vec<DeviceSnapshot> = visible.iter().map(|&g| self.snapshots[g]).collect();
         // Its own limits name its devices: moved to the server's numbering.
-        let own_limits = match crate::memlimit::MemLimits::own(settings.mem_limit_text(), &seen) {
+        let mut own_limits = match crate::memlimit::MemLimits::own(settings.mem_limit_text(), &seen)
+        {
             Ok(mine) => {
                 let mut l = [crate::client::NO_LIMIT; omps_ring::segment::MAX_DEVICES];
                 for (k, &g) in visible.iter().enumerate() {
@@ -1042,6 +1139,13 @@ impl Server {
                 return refuse(code::INVALID_DEVICE);
             }
         };
+        if let Some(ns) = ns {
+            if let Err(why) = crate::namespace::hold_to(ns, settings, &mut settled, &mut own_limits)
+            {
+                tracing::warn!(pid, namespace = ns.name, "refusing a client: {why}");
+                return refuse(code::INVALID_VALUE);
+            }
+        }
         let stalled = visible
             .iter()
             .any(|&g| self.workers[self.lane_of(g, self.next_id)].tx.stalled());

@@ -48,6 +48,7 @@ pub mod log_file;
 pub mod memlimit;
 pub mod metrics;
 pub mod module_cache;
+pub mod namespace;
 pub mod nvml;
 pub mod peer_fence;
 pub mod peers;

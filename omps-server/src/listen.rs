@@ -8,6 +8,11 @@
 //! one's socket. Once made, the sockets live until the server quits: a restart passes
 //! them to the new process ([`Sockets::inherited`]), so the socket file is never gone and
 //! never bound again while a faulted server starts itself again.
+//!
+//! Besides the clients' socket the server listens on the operator's, in `operator/`, a
+//! directory of its own (0700) that a container mount of the clients' socket or of a
+//! namespace's directory leaves out, and on one socket per namespace
+//! (crate::namespace); those go through a restart the same way.
 
 use omps_ring::sock;
 use std::io;
@@ -20,7 +25,8 @@ use std::time::{Duration, Instant};
 /// The lock file of a pipe directory (MPS's control daemon keeps `control_lock`).
 pub const LOCK_NAME: &str = "omps.lock";
 /// Where a restarting server tells its next image which descriptors it keeps open:
-/// "listener,handoff,lock" (handoff -1 when it has none). The new image removes it.
+/// "listener,handoff,lock,operator[,namespace...]" (handoff -1 when it has none). The new
+/// image removes it.
 pub const FDS_VAR: &str = "OMPS_RESTART_FDS";
 
 /// The pipe directory's lock, held: this process may make the sockets there.
@@ -37,6 +43,11 @@ pub struct Sockets {
     /// Connections a control daemon hands over (OMPS_MULTIUSER); None when the pipe
     /// directory's path leaves no room for its name.
     pub handoff: Option<UnixListener>,
+    /// The operator's socket: control commands are taken here only.
+    pub operator: UnixListener,
+    /// Namespaces' sockets a restart kept open (crate::namespace takes them); empty at a
+    /// first start.
+    pub namespaces: Vec<UnixListener>,
     lock: OwnedFd,
     pub files: OwnFiles,
 }
@@ -47,6 +58,7 @@ pub struct OwnFiles {
     dir: PathBuf,
     socket: Option<(u64, u64)>,
     handoff: Option<(u64, u64)>,
+    operator: Option<(u64, u64)>,
 }
 
 fn identity(path: &Path) -> Option<(u64, u64)> {
@@ -63,11 +75,11 @@ impl OwnFiles {
     /// Removes the sockets this server bound, if they are still the ones it bound, and
     /// the PID file if it still names this process.
     pub fn remove(&self) {
-        for (name, id) in [
-            (sock::SOCKET_NAME, self.socket),
-            (sock::HANDOFF_NAME, self.handoff),
+        for (path, id) in [
+            (self.dir.join(sock::SOCKET_NAME), self.socket),
+            (self.dir.join(sock::HANDOFF_NAME), self.handoff),
+            (sock::operator_socket_in(&self.dir), self.operator),
         ] {
-            let path = self.dir.join(name);
             if id.is_some() && identity(&path) == id {
                 let _ = std::fs::remove_file(path);
             }
@@ -165,21 +177,63 @@ impl Locked {
             .inspect_err(|e| tracing::warn!("no handoff socket: {e}"))
             .ok();
         let handoff_id = handoff.as_ref().and_then(|_| identity(&hpath));
+        let opath = sock::operator_socket_in(&self.dir);
+        private_dir(&self.dir.join(sock::OPERATOR_DIR))?;
+        let _ = std::fs::remove_file(&opath);
+        let operator = UnixListener::bind(&opath).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("the operator's socket {}: {e}", opath.display()),
+            )
+        })?;
+        operator.set_nonblocking(true)?;
         Ok(Sockets {
             listener,
             handoff,
+            operator,
+            namespaces: Vec::new(),
             lock: self.lock,
             files: OwnFiles {
                 dir: self.dir,
                 socket,
                 handoff: handoff_id,
+                operator: identity(&opath),
             },
         })
     }
 }
 
+/// Makes `dir` a directory of this user's alone (0700), or checks that it is one: not a
+/// link, not another user's. The operator's directory and namespaces' are made so.
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let md = std::fs::symlink_metadata(dir)?;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    if !md.is_dir() || md.uid() != uid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is not a directory of uid {uid}", dir.display()),
+        ));
+    }
+    if md.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// Whether `fd` is an open listening Unix socket bound to `path`.
 fn listens_on(fd: RawFd, path: &Path) -> bool {
+    bound_path(fd).is_some_and(|p| p == path)
+}
+
+/// The path an open listening Unix socket is bound to.
+pub fn bound_path(fd: RawFd) -> Option<PathBuf> {
     // SAFETY: sockaddr_un is plain data; getsockname writes at most `len` bytes into it.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
@@ -199,7 +253,7 @@ fn listens_on(fd: RawFd, path: &Path) -> bool {
         )
     };
     if named != 0 || got != 0 || on == 0 || addr.sun_family != libc::AF_UNIX as libc::sa_family_t {
-        return false;
+        return None;
     }
     let bytes: Vec<u8> = addr
         .sun_path
@@ -207,8 +261,8 @@ fn listens_on(fd: RawFd, path: &Path) -> bool {
         .take_while(|&&c| c != 0)
         .map(|&c| c as u8)
         .collect();
-    use std::os::unix::ffi::OsStrExt;
-    bytes == path.as_os_str().as_bytes()
+    use std::os::unix::ffi::OsStringExt;
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
 }
 
 /// Whether `fd` is open on the lock file of `dir`.
@@ -230,43 +284,80 @@ impl Sockets {
         let text = std::env::var(FDS_VAR).ok()?;
         std::env::remove_var(FDS_VAR);
         let fds: Vec<RawFd> = text.split(',').filter_map(|f| f.parse().ok()).collect();
-        let [l, h, k] = fds[..] else {
+        let [l, h, k, o, ref ns @ ..] = fds[..] else {
             return Some(Err(io::Error::other(format!(
-                "{FDS_VAR}={text}: not three numbers"
+                "{FDS_VAR}={text}: not four numbers or more"
             ))));
         };
         let path = dir.join(sock::SOCKET_NAME);
         let hpath = dir.join(sock::HANDOFF_NAME);
-        if l < 3 || k < 3 || !listens_on(l, &path) || !is_lock_of(k, dir) {
+        let opath = sock::operator_socket_in(dir);
+        if l < 3
+            || k < 3
+            || o < 3
+            || !listens_on(l, &path)
+            || !is_lock_of(k, dir)
+            || !listens_on(o, &opath)
+        {
             return Some(Err(io::Error::other(format!(
-                "{FDS_VAR}={text}: not the socket and lock of {}",
+                "{FDS_VAR}={text}: not the sockets and lock of {}",
                 dir.display()
             ))));
         }
         let h = (h >= 3 && listens_on(h, &hpath)).then_some(h);
-        for fd in [Some(l), h, Some(k)].into_iter().flatten() {
+        let mut all = fds.clone();
+        all.sort_unstable();
+        all.retain(|&fd| fd >= 0);
+        if all.windows(2).any(|w| w[0] == w[1]) {
+            return Some(Err(io::Error::other(format!(
+                "{FDS_VAR}={text}: a descriptor listed twice"
+            ))));
+        }
+        // A namespace's socket is one bound inside the namespaces' directory; which
+        // namespace it is, crate::namespace reads from its path.
+        let ns_root = dir.join(sock::NAMESPACE_SERVER);
+        let ns: Vec<RawFd> = ns
+            .iter()
+            .copied()
+            .filter(|&fd| {
+                fd >= 3
+                    && bound_path(fd).is_some_and(|p| {
+                        p.parent().and_then(Path::parent) == Some(ns_root.as_path())
+                    })
+            })
+            .collect();
+        for fd in [Some(l), h, Some(k), Some(o)]
+            .into_iter()
+            .flatten()
+            .chain(ns.iter().copied())
+        {
             // SAFETY: F_SETFD sets the close-on-exec flag of a descriptor checked above.
             unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
         // SAFETY: the previous image of this process left these descriptors open for this
-        // one alone (checked above to be its socket, handoff socket and lock); nothing
-        // else in this process holds them.
-        let (listener, handoff, lock) = unsafe {
+        // one alone (checked above to be its sockets and lock, each listed once by it);
+        // nothing else in this process holds them.
+        let (listener, handoff, lock, operator, namespaces) = unsafe {
             (
                 UnixListener::from_raw_fd(l),
                 h.map(|h| UnixListener::from_raw_fd(h)),
                 OwnedFd::from_raw_fd(k),
+                UnixListener::from_raw_fd(o),
+                ns.iter().map(|&fd| UnixListener::from_raw_fd(fd)).collect(),
             )
         };
         let handoff_id = handoff.as_ref().and_then(|_| identity(&hpath));
         Some(Ok(Sockets {
             listener,
             handoff,
+            operator,
+            namespaces,
             lock,
             files: OwnFiles {
                 dir: dir.to_path_buf(),
                 socket: identity(&path),
                 handoff: handoff_id,
+                operator: identity(&opath),
             },
         }))
     }
@@ -275,12 +366,21 @@ impl Sockets {
     /// close-on-exec flags.
     pub fn keep_across_exec(&self) -> String {
         let h = self.handoff.as_ref().map_or(-1, |h| h.as_raw_fd());
-        let fds = [self.listener.as_raw_fd(), h, self.lock.as_raw_fd()];
+        let mut fds = vec![
+            self.listener.as_raw_fd(),
+            h,
+            self.lock.as_raw_fd(),
+            self.operator.as_raw_fd(),
+        ];
+        fds.extend(self.namespaces.iter().map(|n| n.as_raw_fd()));
         for &fd in fds.iter().filter(|&&fd| fd >= 0) {
             // SAFETY: F_SETFD on a descriptor this struct owns changes only its flag.
             unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
         }
-        format!("{},{},{}", fds[0], fds[1], fds[2])
+        fds.iter()
+            .map(|fd| fd.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Ends this server's ownership: its files go, then its lock.

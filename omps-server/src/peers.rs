@@ -29,10 +29,37 @@ pub enum Stage {
     Control,
 }
 
+/// Which socket a connection came through, which decides what it may do: clients
+/// connect through the clients' socket or a namespace's, control commands come through
+/// the operator's (docs/design.md, "Operator and client principals").
+#[derive(Clone)]
+pub enum Origin {
+    /// `omps.sock`: clients, with the server's defaults.
+    Clients,
+    /// A namespace's socket: clients, held to the namespace's limits.
+    Namespace(std::sync::Arc<crate::namespace::Limits>),
+    /// The operator's socket: control commands only.
+    Operator,
+    /// Passed by the root daemon (OMPS_MULTIUSER) for the server's own user, who is its
+    /// operator there: both.
+    Handoff,
+}
+
+impl Origin {
+    pub fn takes_commands(&self) -> bool {
+        matches!(self, Origin::Operator | Origin::Handoff)
+    }
+
+    pub fn takes_clients(&self) -> bool {
+        !matches!(self, Origin::Operator)
+    }
+}
+
 /// A connection in progress.
 pub struct Peer {
     pub stream: UnixStream,
     pub pid: i32,
+    pub origin: Origin,
     /// Of another user (root): it may open a control connection, not be a client.
     pub operator_only: bool,
     pub stage: Stage,
@@ -60,7 +87,12 @@ pub enum Progress {
 impl Peer {
     /// A new connection, of the server's user `uid` (or root, which may only control it,
     /// as an operator); `in_progress` connections are already in their handshake.
-    pub fn admit(stream: UnixStream, uid: u32, in_progress: usize) -> io::Result<Peer> {
+    pub fn admit(
+        stream: UnixStream,
+        uid: u32,
+        in_progress: usize,
+        origin: Origin,
+    ) -> io::Result<Peer> {
         let cred = omps_ring::sock::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&stream))?;
         if cred.uid != uid && cred.uid != 0 {
             return Err(io::Error::new(
@@ -74,14 +106,20 @@ impl Peer {
                 "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
             ));
         }
-        Peer::new(stream, cred.pid, cred.uid != uid)
+        Peer::new(stream, cred.pid, cred.uid != uid, origin)
     }
 
-    pub fn new(stream: UnixStream, pid: i32, operator_only: bool) -> io::Result<Peer> {
+    pub fn new(
+        stream: UnixStream,
+        pid: i32,
+        operator_only: bool,
+        origin: Origin,
+    ) -> io::Result<Peer> {
         stream.set_nonblocking(true)?;
         Ok(Peer {
             stream,
             pid,
+            origin,
             operator_only,
             stage: Stage::Hello,
             buf: Vec::new(),

@@ -380,6 +380,12 @@ impl Policy {
         }
     }
 
+    /// The partition `text` (`<GPU UUID>/p<N>`) names: (GPU, partition id).
+    pub fn partition_named(&self, text: &str) -> Result<(usize, u32), String> {
+        let i = self.find_partition(text)?;
+        Ok((self.partitions[i].gpu, self.partitions[i].id))
+    }
+
     fn find_partition(&self, text: &str) -> Result<usize, String> {
         let (uuid, id) = text
             .split_once('/')

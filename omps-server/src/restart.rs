@@ -12,7 +12,7 @@
 
 use crate::gpu::{code, Gpu};
 use crate::listen::Sockets;
-use crate::peers::{Peer, Progress};
+use crate::peers::{Origin, Peer, Progress};
 use crate::{say, Server, ServerConfig};
 use omps_ring::{sock, wire};
 use std::os::fd::AsRawFd;
@@ -248,13 +248,13 @@ fn answer_until(
                 Progress::Gone(_) => false,
             }
         });
-        let mut admit = |stream| match Peer::admit(stream, uid, peers.len()) {
+        let mut admit = |stream, origin| match Peer::admit(stream, uid, peers.len(), origin) {
             Ok(p) => peers.push(p),
             Err(e) => tracing::warn!("connection refused: {e}"),
         };
         if fds[0].revents & libc::POLLIN != 0 {
             match listener.accept() {
-                Ok((s, _)) => admit(s),
+                Ok((s, _)) => admit(s, Origin::Clients),
                 Err(e) => {
                     tracing::warn!("accepting a connection failed: {e}");
                     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -263,7 +263,7 @@ fn answer_until(
         }
         let handoffs_ready: Vec<bool> = fds[2 + npeers..].iter().map(|p| p.revents != 0).collect();
         for s in handoffs.serve(&handoffs_ready) {
-            admit(s);
+            admit(s, Origin::Handoff);
         }
         if let Some(h) = handoff.filter(|_| fds[1].revents & libc::POLLIN != 0) {
             let room = peers.len() + handoffs.len() < crate::bounds::bounds().handshakes;

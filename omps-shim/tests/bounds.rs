@@ -136,7 +136,7 @@ fn silent_slow_and_idle_peers_stall_nobody() {
     // connection and sends no command.
     let mut slow = UnixStream::connect(srv.socket()).unwrap();
     slow.write_all(&[0x4f]).unwrap();
-    let mut idle = UnixStream::connect(srv.socket()).unwrap();
+    let mut idle = UnixStream::connect(srv.operator_socket()).unwrap();
     let hello = wire::Hello {
         magic: wire::HELLO_MAGIC,
         version: wire::PROTOCOL_VERSION,

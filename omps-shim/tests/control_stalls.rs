@@ -35,7 +35,7 @@ fn free(c: &Conn, dev: usize, ptr: u64) {
 
 /// A control connection that sends `n` `metrics` commands and never reads an answer.
 fn deaf_operator(srv: &TestServer, n: usize) -> UnixStream {
-    let s = UnixStream::connect(srv.socket()).unwrap();
+    let s = UnixStream::connect(srv.operator_socket()).unwrap();
     let hello = Hello {
         magic: wire::HELLO_MAGIC,
         version: wire::PROTOCOL_VERSION,
@@ -178,7 +178,7 @@ fn a_gpu_whose_fences_never_pass_does_not_slow_other_gpus_out_of_memory_answers(
         "the held free never went"
     );
     drop((both, alone));
-    assert!(ctl_at(&socket, "quit").0);
+    assert!(ctl_at(&sock::operator_socket_in(&dir), "quit").0);
     thread.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

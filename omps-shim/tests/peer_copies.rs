@@ -184,6 +184,6 @@ fn two_gpus_with_peer_access_copy_launch_and_fence_frees_on_both() {
             "unloaded on both GPUs"
         );
     }
-    assert!(ctl_at(&dir.join(omps_ring::sock::SOCKET_NAME), "quit").0);
+    assert!(ctl_at(&omps_ring::sock::operator_socket_in(&dir), "quit").0);
     thread.join().unwrap();
 }

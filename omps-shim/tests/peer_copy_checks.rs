@@ -151,7 +151,7 @@ fn a_peer_copy_reaches_only_the_senders_own_live_memory() {
     sync_on(&b, 0).expect("the other client is served");
     assert_eq!(first.peek(others, 4).unwrap(), 0x2222_2222u32.to_le_bytes());
     drop((b, c));
-    assert!(ctl_at(&sock, "quit").0);
+    assert!(ctl_at(&omps_ring::sock::operator_socket_in(&dir), "quit").0);
     thread.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -161,7 +161,7 @@ fn gpu_1_reaches_gpu_0_memory_it_was_given() {
         ok(cuStreamSynchronize(s1));
         ok(cuMemPoolDestroy(pool));
     }
-    assert!(ctl_at(&dir.join(omps_ring::sock::SOCKET_NAME), "quit").0);
+    assert!(ctl_at(&omps_ring::sock::operator_socket_in(&dir), "quit").0);
     thread.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

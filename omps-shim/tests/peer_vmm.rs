@@ -132,7 +132,7 @@ fn vmm_memory_is_reached_from_another_gpu_only_as_granted() {
         (0, 0),
         "the clients' mappings are gone"
     );
-    assert!(ctl_at(&sock, "quit").0);
+    assert!(ctl_at(&omps_ring::sock::operator_socket_in(&dir), "quit").0);
     thread.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -97,17 +97,17 @@ fn a_client_sees_the_gpus_it_names_in_its_order() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert_eq!(gpus[1].bytes_allocated(), 0, "its memory freed on GPU 1");
-    let (ok, ps) = ctl_at(&dir.join(omps_ring::sock::SOCKET_NAME), "ps");
+    let (ok, ps) = ctl_at(&omps_ring::sock::operator_socket_in(&dir), "ps");
     assert!(ok && ps.lines().count() >= 2, "{ps}");
     all.ping(1).unwrap();
-    assert!(ctl_at(&dir.join(omps_ring::sock::SOCKET_NAME), "quit").0);
+    assert!(ctl_at(&omps_ring::sock::operator_socket_in(&dir), "quit").0);
     server.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The pinned bytes `omps-ctl metrics` shows for client `id`.
 fn pinned_bytes(dir: &std::path::Path, id: u32) -> Option<u64> {
-    let (_, m) = ctl_at(&dir.join(omps_ring::sock::SOCKET_NAME), "metrics");
+    let (_, m) = ctl_at(&omps_ring::sock::operator_socket_in(dir), "metrics");
     let label = format!("client=\"{id}\"");
     m.lines()
         .find(|l| l.starts_with("omps_client_pinned_host_bytes{") && l.contains(&label))?
@@ -149,7 +149,7 @@ fn an_unpinned_range_waits_for_the_clients_work_on_every_gpu() {
         "never given back"
     );
     drop(c);
-    assert!(ctl_at(&dir.join(omps_ring::sock::SOCKET_NAME), "quit").0);
+    assert!(ctl_at(&omps_ring::sock::operator_socket_in(&dir), "quit").0);
     server.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,6 +44,9 @@ impl Server {
                 let clients = self.client_list();
                 self.mem_limits.command(cmd, args, &clients, &self.snapshots)
             }
+            [cmd, args @ ..] if crate::namespace::COMMANDS.contains(cmd) => {
+                self.namespaces.command(cmd, args, &self.policy, &self.snapshots)
+            }
             [cmd, args @ ..] if crate::policy::COMMANDS.contains(cmd) => {
                 let clients = self.client_list();
                 let r = self.policy.command(cmd, args, &clients, &self.gpus);
@@ -422,6 +425,7 @@ fn known_commands() -> String {
         .copied()
         .chain(crate::policy::COMMANDS.iter().copied())
         .chain(crate::memlimit::COMMANDS.iter().copied())
+        .chain(crate::namespace::COMMANDS.iter().copied())
         .collect::<Vec<_>>()
         .join(", ")
 }

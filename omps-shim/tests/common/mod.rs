@@ -79,9 +79,14 @@ impl TestServer {
         self.dir.join(sock::SOCKET_NAME)
     }
 
-    /// One omps-ctl command: (ok, text).
+    /// The operator's socket, which takes control commands.
+    pub fn operator_socket(&self) -> PathBuf {
+        sock::operator_socket_in(&self.dir)
+    }
+
+    /// One omps-ctl command, through the operator's socket: (ok, text).
     pub fn ctl(&self, cmd: &str) -> (bool, String) {
-        ctl_at(&self.socket(), cmd)
+        ctl_at(&self.operator_socket(), cmd)
     }
 
     /// Polls `ps` until `pred` holds, for up to `secs`.

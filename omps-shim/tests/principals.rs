@@ -1,0 +1,203 @@
+//! Operator and client are different principals (issue 23, finding 11): the clients'
+//! socket takes no control command (a client could otherwise quit the server, lift its
+//! own limit, terminate others or raise its QoS), the operator's socket, in a directory a
+//! container mount leaves out, takes them, and a namespace's clients get its limits and
+//! cannot raise them.
+
+mod common;
+use common::*;
+use omps_ring::sock;
+use omps_ring::wire::{self, Hello, Op};
+use omps_server::gpu::Gpu;
+use omps_server::gpu_host::HostGpu;
+use omps_server::{Server, ServerConfig};
+use omps_shim::conn::{settings_from, Conn};
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+
+fn try_alloc(c: &Conn, size: u64) -> Result<u64, i32> {
+    let mut ch = c.channel();
+    ch.call(0, Op::MemAlloc, |call| {
+        bytemuck::bytes_of(&wire::MemAlloc { call, size }).to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+/// A control connection to `path` sending `cmds` one after another: each answer.
+fn commands_on(path: &Path, cmds: &[&str]) -> Vec<(bool, String)> {
+    let s = UnixStream::connect(path).expect("socket");
+    let hello = Hello {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        kind: wire::kind::CONTROL,
+    };
+    (&s).write_all(bytemuck::bytes_of(&hello)).unwrap();
+    cmds.iter()
+        .map(|c| {
+            sock::write_frame(&mut &s, c.as_bytes()).unwrap();
+            let r = sock::read_frame(&mut &s, 1 << 20).unwrap().expect("reply");
+            (r[0] == 0, String::from_utf8_lossy(&r[1..]).into_owned())
+        })
+        .collect()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn control_commands_on_the_clients_socket_are_refused_and_the_server_keeps_serving() {
+    let srv = TestServer::start("principals-refused");
+    let victim = Conn::connect_to(&srv.socket()).unwrap();
+    let held = try_alloc(&victim, 1 << 20).expect("the victim allocates");
+    assert_ne!(held, 0);
+    let pid = std::process::id();
+    let (_, me) = srv.ctl("get_server_list");
+    let server = me.trim();
+    let attacks = [
+        "quit".to_string(),
+        format!("shutdown_server {server} -f"),
+        "set_default_device_pinned_mem_limit 0 none".to_string(),
+        format!("set_device_pinned_mem_limit {pid} 0 none"),
+        format!("terminate_client {server} {pid}"),
+        format!("set_client_qos {pid} latency-critical"),
+        "status".to_string(),
+    ];
+    let cmds: Vec<&str> = attacks.iter().map(String::as_str).collect();
+    for (cmd, (ok, text)) in cmds.iter().zip(commands_on(&srv.socket(), &cmds)) {
+        assert!(!ok, "'{cmd}' was taken on the clients' socket: {text}");
+        assert!(
+            text.contains(&srv.operator_socket().display().to_string()),
+            "the refusal of '{cmd}' does not name the operator's socket: {text}"
+        );
+    }
+    // Nothing of it happened: the victim is served, and new clients too.
+    victim.ping(0).expect("the victim is still served");
+    assert!(try_alloc(&victim, 1 << 20).is_ok());
+    let next = Conn::connect_to(&srv.socket()).expect("a new client is served");
+    next.ping(0).unwrap();
+    // The operator's socket takes them, in a directory of the server's user alone.
+    let operator_dir = srv.operator_socket().parent().unwrap().to_path_buf();
+    assert_eq!(mode(&operator_dir), 0o700);
+    let (ok, status) = srv.ctl("status");
+    assert!(ok, "{status}");
+    let (ok, ps) = srv.ctl("ps");
+    assert!(ok && ps.contains(&pid.to_string()), "{ps}");
+}
+
+#[test]
+fn a_client_on_the_operators_socket_is_refused() {
+    let srv = TestServer::start("principals-op-client");
+    let settings = settings_from(|_| None).unwrap();
+    let r = Conn::connect_with(&srv.operator_socket(), &settings);
+    assert!(r.is_err(), "a client was served on the operator's socket");
+    Conn::connect_to(&srv.socket()).expect("clients connect to omps.sock");
+}
+
+#[test]
+fn a_namespace_client_gets_the_namespace_limit_and_cannot_raise_it() {
+    let srv = TestServer::start("principals-ns");
+    let (ok, made) = srv.ctl("create_namespace team-a mem_limit=64M qos=below-normal");
+    assert!(ok, "{made}");
+    // MPS v3's layout: PIPE/<server>/<namespace>/control, in directories of the server's
+    // user alone; a pod that mounts this directory and points its pipe directory at it
+    // reaches the namespace's socket.
+    let ns_dir = srv.dir.join("omps").join("team-a");
+    assert_eq!(made.trim(), ns_dir.display().to_string());
+    let socket = ns_dir.join("control");
+    assert!(std::fs::symlink_metadata(&socket)
+        .unwrap()
+        .file_type()
+        .is_socket());
+    assert_eq!(mode(&ns_dir), 0o700);
+    assert_eq!(sock::client_socket_in(&ns_dir), socket);
+    let (ok, list) = srv.ctl("list_namespaces");
+    assert!(
+        ok && list.contains("team-a") && list.contains("0=64M"),
+        "{list}"
+    );
+
+    let plain = settings_from(|_| None).unwrap();
+    let c = Conn::connect_with(&socket, &plain).expect("a namespace client");
+    let pid = std::process::id().to_string();
+    let (_, qos) = srv.ctl(&format!("get_client_qos {pid}"));
+    assert_eq!(qos.trim(), "below-normal", "the namespace's QoS class");
+    try_alloc(&c, 48 << 20).expect("within the namespace's limit");
+    assert!(
+        try_alloc(&c, 32 << 20).is_err(),
+        "past the namespace's 64M limit"
+    );
+    // Asking for more than the namespace gives is refused; asking for less is taken.
+    for (var, value) in [
+        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G"),
+        ("OMPS_CLIENT_QOS", "latency-critical"),
+        ("OMPS_CLIENT_QOS", "normal"),
+    ] {
+        let s = settings_from(|k| (k == var).then(|| value.to_string())).unwrap();
+        assert!(
+            Conn::connect_with(&socket, &s).is_err(),
+            "{var}={value} raised a namespace client's limit"
+        );
+    }
+    // Control commands are refused on a namespace's socket too.
+    let answers = commands_on(
+        &socket,
+        &["set_default_device_pinned_mem_limit 0 none", "quit"],
+    );
+    assert!(answers.iter().all(|(ok, _)| !ok), "{answers:?}");
+    drop(c);
+    // The operator's server-wide limit does not lift the namespace's cap either.
+    assert!(srv.ctl("set_default_device_pinned_mem_limit 0 none").0);
+    let lower =
+        settings_from(|k| (k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").then(|| "0=16M".to_string()))
+            .unwrap();
+    let c = Conn::connect_with(&socket, &lower).expect("a lower limit is the client's own");
+    // The first connection's memory goes back once its release passes (the limit is
+    // the process's, over its connections).
+    let t = std::time::Instant::now();
+    while try_alloc(&c, 8 << 20).is_err() {
+        assert!(t.elapsed().as_secs() < 5, "8M within a 16M limit refused");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        try_alloc(&c, 16 << 20).is_err(),
+        "past the client's own 16M limit"
+    );
+    drop(c);
+    assert!(srv.ctl("delete_namespace team-a").0);
+    assert!(!socket.exists(), "a deleted namespace's socket stayed");
+    assert!(!srv.ctl("delete_namespace team-a").0);
+}
+
+#[test]
+fn namespaces_are_made_again_by_the_next_server_on_the_pipe_directory() {
+    let dir = temp_dir("principals-again");
+    let start = |dir: &Path| {
+        let gpu = Arc::new(HostGpu::new(0, 1 << 28)) as Arc<dyn Gpu>;
+        let server = Server::new(ServerConfig::minimal(dir.to_path_buf()), vec![gpu], 13000)
+            .expect("server starts");
+        std::thread::spawn(move || server.run().expect("server runs"))
+    };
+    let op = sock::operator_socket_in(&dir);
+    let t = start(&dir);
+    assert!(ctl_at(&op, "create_namespace batch thread_percentage=50").0);
+    assert!(!ctl_at(&op, "create_namespace batch").0, "made twice");
+    assert!(!ctl_at(&op, "create_namespace ../escape").0);
+    assert!(ctl_at(&op, "quit").0);
+    t.join().unwrap();
+    let socket = sock::namespace_dir_in(&dir, "batch").join(sock::NAMESPACE_SOCKET);
+    assert!(!socket.exists(), "a quit server's namespace socket stayed");
+    let t = start(&dir);
+    let (ok, list) = ctl_at(&op, "list_namespaces");
+    assert!(ok && list.contains("batch"), "{list}");
+    let c = Conn::connect_with(&socket, &settings_from(|_| None).unwrap())
+        .expect("the namespace serves again");
+    c.ping(0).unwrap();
+    drop(c);
+    assert!(ctl_at(&op, "quit").0);
+    t.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -60,14 +60,6 @@ fn a_printf_declaration_without_printing_code_diverts_no_ones_text() {
     liar.ping(0).unwrap();
 }
 
-fn try_alloc(c: &Conn, size: u64) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&wire::MemAlloc { call, size }).to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
 const OOM: i32 = 2;
 
 #[test]

@@ -16,23 +16,6 @@ use std::time::{Duration, Instant};
 /// and the 500 ms an unread answer once cost, far above a status on a busy machine.
 const PROMPT: Duration = Duration::from_millis(100);
 
-fn try_alloc(c: &Conn, dev: usize, size: u64) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(dev, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&wire::MemAlloc { call, size }).to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
-fn free(c: &Conn, dev: usize, ptr: u64) {
-    c.push(
-        dev,
-        Op::MemFree,
-        &[bytemuck::bytes_of(&wire::MemFree { ptr })],
-    )
-    .unwrap();
-}
-
 /// A control connection that sends `n` `metrics` commands and never reads an answer.
 fn deaf_operator(srv: &TestServer, n: usize) -> UnixStream {
     let s = UnixStream::connect(srv.operator_socket()).unwrap();
@@ -98,7 +81,7 @@ fn an_unload_stuck_behind_an_endless_kernel_holds_back_no_ones_memory() {
     let srv = TestServer::start("unload-stuck");
     let victim = Conn::connect_to(&srv.socket()).unwrap();
     // Most of the GPU (1 GiB) is the victim's.
-    let big = try_alloc(&victim, 0, 700 << 20).unwrap();
+    let big = try_alloc_on(&victim, 0, 700 << 20).unwrap();
     victim.ping(0).unwrap();
     // Another client loads code, runs a kernel that never ends and goes: the driver's
     // unload of its module waits for that kernel.
@@ -111,8 +94,8 @@ fn an_unload_stuck_behind_an_endless_kernel_holds_back_no_ones_memory() {
     std::thread::sleep(Duration::from_millis(100));
     // The victim gives its memory back and asks for most of it again (another size, so
     // that its own freed block is not simply handed back): only the releaser frees it.
-    free(&victim, 0, big);
-    let again = try_alloc(&victim, 0, 600 << 20);
+    free_on(&victim, 0, big);
+    let again = try_alloc_on(&victim, 0, 600 << 20);
     srv.gpu.hold_unloads(false);
     assert!(
         again.is_ok(),
@@ -143,9 +126,9 @@ fn a_gpu_whose_fences_never_pass_does_not_slow_other_gpus_out_of_memory_answers(
             .to_vec()
         })
         .expect("peer access");
-    let p = try_alloc(&both, 0, 1 << 20).unwrap();
+    let p = try_alloc_on(&both, 0, 1 << 20).unwrap();
     second.stick_releases(true);
-    free(&both, 0, p);
+    free_on(&both, 0, p);
     both.ping(0).unwrap();
     // Long enough for anyone to see that GPU 1 is not coming back soon.
     std::thread::sleep(Duration::from_millis(300));
@@ -154,11 +137,11 @@ fn a_gpu_whose_fences_never_pass_does_not_slow_other_gpus_out_of_memory_answers(
     let settings = settings_from(|k| (k == "CUDA_VISIBLE_DEVICES").then(|| "0".to_string()))
         .expect("settings");
     let alone = Conn::connect_with(&socket, &settings).unwrap();
-    let _most = try_alloc(&alone, 0, 200 << 20).unwrap();
+    let _most = try_alloc_on(&alone, 0, 200 << 20).unwrap();
     let mut worst = Duration::ZERO;
     for _ in 0..3 {
         let t = Instant::now();
-        let r = try_alloc(&alone, 0, 100 << 20);
+        let r = try_alloc_on(&alone, 0, 100 << 20);
         worst = worst.max(t.elapsed());
         assert!(r.is_err(), "more than the GPU has");
     }

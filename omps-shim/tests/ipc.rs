@@ -31,12 +31,7 @@ fn close(c: &Conn, ptr: u64) -> Result<(), i32> {
 }
 
 fn free(c: &Conn, ptr: u64) {
-    c.push(
-        0,
-        Op::MemFree,
-        &[bytemuck::bytes_of(&wire::MemFree { ptr })],
-    )
-    .unwrap();
+    free_on(c, 0, ptr);
     c.ping(0).unwrap();
 }
 

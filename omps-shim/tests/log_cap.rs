@@ -5,18 +5,9 @@
 
 mod common;
 use common::*;
-use omps_ring::wire::{self, Op};
 use omps_shim::conn::Conn;
 
 const CAP: u64 = 16 << 10;
-
-fn try_alloc(c: &Conn, size: u64) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&wire::MemAlloc { call, size }).to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
 
 #[test]
 fn a_client_provoking_diagnostics_in_a_loop_cannot_grow_the_log_past_its_cap() {

@@ -26,21 +26,8 @@ fn connect(srv: &TestServer, own: Option<&str>) -> Conn {
     Conn::connect_with(&srv.socket(), &s).expect("connects")
 }
 
-fn try_alloc(c: &Conn, size: u64) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&wire::MemAlloc { call, size }).to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
 fn free(c: &Conn, ptr: u64) {
-    c.push(
-        0,
-        Op::MemFree,
-        &[bytemuck::bytes_of(&wire::MemFree { ptr })],
-    )
-    .unwrap();
+    free_on(c, 0, ptr);
 }
 
 fn mem_info(c: &Conn) -> (u64, u64) {

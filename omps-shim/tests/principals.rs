@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use omps_ring::sock;
-use omps_ring::wire::{self, Hello, Op};
+use omps_ring::wire::{self, Hello};
 use omps_server::gpu::Gpu;
 use omps_server::gpu_host::HostGpu;
 use omps_server::{Server, ServerConfig};
@@ -17,14 +17,6 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
-
-fn try_alloc(c: &Conn, size: u64) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&wire::MemAlloc { call, size }).to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
 
 /// A control connection to `path` sending `cmds` one after another: each answer.
 fn commands_on(path: &Path, cmds: &[&str]) -> Vec<(bool, String)> {

@@ -14,21 +14,8 @@ use std::time::{Duration, Instant};
 const OOM: i32 = 2;
 const KIB: u64 = 1024;
 
-fn try_alloc(c: &Conn, size: u64) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&wire::MemAlloc { call, size }).to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
 fn free(c: &Conn, ptr: u64) {
-    c.push(
-        0,
-        Op::MemFree,
-        &[bytemuck::bytes_of(&wire::MemFree { ptr })],
-    )
-    .unwrap();
+    free_on(c, 0, ptr);
     c.ping(0).unwrap();
 }
 

@@ -185,13 +185,31 @@ pub fn alloc(c: &omps_shim::conn::Conn, size: u64) -> u64 {
 
 /// Allocates `size` bytes of device memory on the client's device `dev`.
 pub fn alloc_on(c: &omps_shim::conn::Conn, dev: usize, size: u64) -> u64 {
+    try_alloc_on(c, dev, size).expect("alloc")
+}
+
+/// Allocates `size` bytes on the client's device 0: the pointer, or the CUDA error.
+#[allow(dead_code)]
+pub fn try_alloc(c: &omps_shim::conn::Conn, size: u64) -> Result<u64, i32> {
+    try_alloc_on(c, 0, size)
+}
+
+/// Allocates `size` bytes on the client's device `dev`: the pointer, or the CUDA error.
+pub fn try_alloc_on(c: &omps_shim::conn::Conn, dev: usize, size: u64) -> Result<u64, i32> {
     use omps_ring::wire::{MemAlloc, Op, U64Reply};
     let mut ch = c.channel();
     ch.call(dev, Op::MemAlloc, |call| {
         bytemuck::bytes_of(&MemAlloc { call, size }).to_vec()
-    })
-    .expect("alloc");
-    ch.reply::<U64Reply>().value
+    })?;
+    Ok(ch.reply::<U64Reply>().value)
+}
+
+/// Queues the free of `ptr` on the client's device `dev` (no answer is waited for).
+#[allow(dead_code)]
+pub fn free_on(c: &omps_shim::conn::Conn, dev: usize, ptr: u64) {
+    use omps_ring::wire::{MemFree, Op};
+    c.push(dev, Op::MemFree, &[bytemuck::bytes_of(&MemFree { ptr })])
+        .unwrap();
 }
 
 /// Loads `img` (smaller than a staging chunk) through a bare connection: the module id

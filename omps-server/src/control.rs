@@ -583,15 +583,9 @@ impl Server {
         let mut fds = Vec::with_capacity(ids.len() + 1);
         // Restarting, new connections wait in the backlog for the new process.
         let accepting = self.restarting.is_none();
-        fds.push(libc::pollfd {
-            fd: if accepting {
-                self.sockets.listener.as_raw_fd()
-            } else {
-                -1
-            },
-            events: libc::POLLIN,
-            revents: 0,
-        });
+        fds.push(listening(
+            accepting.then(|| self.sockets.listener.as_raw_fd()),
+        ));
         for id in &ids {
             let fd = self.clients[id].1.as_raw_fd();
             fds.push(libc::pollfd {
@@ -612,23 +606,16 @@ impl Server {
         // The other listening sockets come last: the handoff socket, the operator's, and
         // the namespaces'.
         let listeners = fds.len();
-        fds.push(libc::pollfd {
-            fd: match &self.sockets.handoff {
-                Some(h) if accepting => h.as_raw_fd(),
-                _ => -1,
-            },
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        fds.push(libc::pollfd {
-            fd: if accepting {
-                self.sockets.operator.as_raw_fd()
-            } else {
-                -1
-            },
-            events: libc::POLLIN,
-            revents: 0,
-        });
+        fds.push(listening(
+            self.sockets
+                .handoff
+                .as_ref()
+                .filter(|_| accepting)
+                .map(|h| h.as_raw_fd()),
+        ));
+        fds.push(listening(
+            accepting.then(|| self.sockets.operator.as_raw_fd()),
+        ));
         fds.extend(self.namespaces.pollfds().map(|mut p| {
             if !accepting {
                 p.fd = -1;
@@ -1390,4 +1377,13 @@ pub fn uuid_text(u: &[u8; 16]) -> String {
         h[8..10].concat(),
         h[10..16].concat()
     )
+}
+
+/// A listening socket's poll entry: watched for connections, or left out (-1).
+fn listening(fd: Option<std::os::fd::RawFd>) -> libc::pollfd {
+    libc::pollfd {
+        fd: fd.unwrap_or(-1),
+        events: libc::POLLIN,
+        revents: 0,
+    }
 }

@@ -1614,23 +1614,36 @@ impl Gpu for CudaGpu {
                             ck(cu::cuGraphMemcpyNodeGetParams(n, &mut p))?;
                             p
                         };
-                        if device_side(p.srcMemoryType) {
-                            let pitch = p.srcPitch.max(p.WidthInBytes);
-                            let at = p.srcDevice
-                                + p.srcXInBytes as u64
-                                + (p.srcY as u64 + p.srcZ as u64 * p.srcHeight as u64)
-                                    * pitch as u64;
-                            let rows = p.srcHeight.max(p.Height);
-                            out.push((at, span(p.WidthInBytes, p.Height, p.Depth, pitch, rows)));
-                        }
-                        if device_side(p.dstMemoryType) {
-                            let pitch = p.dstPitch.max(p.WidthInBytes);
-                            let at = p.dstDevice
-                                + p.dstXInBytes as u64
-                                + (p.dstY as u64 + p.dstZ as u64 * p.dstHeight as u64)
-                                    * pitch as u64;
-                            let rows = p.dstHeight.max(p.Height);
-                            out.push((at, span(p.WidthInBytes, p.Height, p.Depth, pitch, rows)));
+                        // Each side in device memory: where its region starts, and its
+                        // span with its own pitch and rows per slice.
+                        let sides = [
+                            (
+                                p.srcMemoryType,
+                                p.srcDevice,
+                                [p.srcXInBytes, p.srcY, p.srcZ],
+                                p.srcPitch,
+                                p.srcHeight,
+                            ),
+                            (
+                                p.dstMemoryType,
+                                p.dstDevice,
+                                [p.dstXInBytes, p.dstY, p.dstZ],
+                                p.dstPitch,
+                                p.dstHeight,
+                            ),
+                        ];
+                        for (kind, base, [x, y, z], pitch, height) in sides {
+                            if device_side(kind) {
+                                let pitch = pitch.max(p.WidthInBytes);
+                                let at = base
+                                    + x as u64
+                                    + (y as u64 + z as u64 * height as u64) * pitch as u64;
+                                let rows = height.max(p.Height);
+                                out.push((
+                                    at,
+                                    span(p.WidthInBytes, p.Height, p.Depth, pitch, rows),
+                                ));
+                            }
                         }
                     }
                     CHILD_GRAPH => {

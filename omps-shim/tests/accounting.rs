@@ -8,21 +8,6 @@ use common::*;
 use omps_ring::wire::{self, Op};
 use omps_shim::conn::Conn;
 
-/// Launches `print(ptr, len)` (the host GPU's printf) of module function `f`.
-fn launch_print(c: &Conn, f: u32, ptr: u64, len: u32) {
-    let l = wire::Launch {
-        func: f,
-        grid: [1; 3],
-        block: [1; 3],
-        args_len: 12,
-        ..Default::default()
-    };
-    let mut args = ptr.to_le_bytes().to_vec();
-    args.extend_from_slice(&len.to_le_bytes());
-    c.push(0, Op::Launch, &[bytemuck::bytes_of(&l), &args])
-        .unwrap();
-}
-
 /// Writes `text` to device memory of `c` at `p`.
 fn put_text(c: &Conn, p: u64, text: &[u8]) {
     let inline = wire::InlineCopy {

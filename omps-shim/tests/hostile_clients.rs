@@ -647,21 +647,6 @@ fn a_module_global_is_the_clients_only_while_its_module_is_loaded() {
     assert_eq!(c.ping(0), Err(1), "CUDA_ERROR_INVALID_VALUE");
 }
 
-/// Launches `print(ptr, len)` (the host GPU's printf) of module function `f`.
-fn launch_print(c: &Conn, f: u32, ptr: u64, len: u32) {
-    let l = wire::Launch {
-        func: f,
-        grid: [1; 3],
-        block: [1; 3],
-        args_len: 12,
-        ..Default::default()
-    };
-    let mut args = ptr.to_le_bytes().to_vec();
-    args.extend_from_slice(&len.to_le_bytes());
-    c.push(0, Op::Launch, &[bytemuck::bytes_of(&l), &args])
-        .unwrap();
-}
-
 #[test]
 fn a_client_that_hides_its_printing_code_prints_into_no_one_else() {
     let srv = TestServer::start("printf-hide");

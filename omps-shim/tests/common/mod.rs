@@ -367,6 +367,26 @@ pub unsafe fn fill_kernel(p: u64, value: u32, count: u32, s: omps_shim::api::exe
     ok(unsafe { try_fill_kernel(p, value, count, s) });
 }
 
+/// Launches `print(ptr, len)` (the host GPU's printf) of module function `f`.
+#[allow(dead_code)]
+pub fn launch_print(c: &omps_shim::conn::Conn, f: u32, ptr: u64, len: u32) {
+    let l = omps_ring::wire::Launch {
+        func: f,
+        grid: [1; 3],
+        block: [1; 3],
+        args_len: 12,
+        ..Default::default()
+    };
+    let mut args = ptr.to_le_bytes().to_vec();
+    args.extend_from_slice(&len.to_le_bytes());
+    c.push(
+        0,
+        omps_ring::wire::Op::Launch,
+        &[bytemuck::bytes_of(&l), &args],
+    )
+    .unwrap();
+}
+
 /// Asserts a CUDA call through the shim's entry points succeeded.
 #[allow(dead_code)]
 pub fn ok(r: omps_shim::cuda::CUresult) {

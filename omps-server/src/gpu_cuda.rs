@@ -1578,6 +1578,7 @@ impl Gpu for CudaGpu {
         const MEMCPY: u32 = 1;
         const MEMSET: u32 = 2;
         const CHILD_GRAPH: u32 = 4;
+        const CONDITIONAL: u32 = 13;
         // The bytes a pitched 3D region spans from its first: whole rows and slices but
         // the last, then the last row's width.
         fn span(width: usize, height: usize, depth: usize, pitch: usize, rows: usize) -> u64 {
@@ -1651,6 +1652,31 @@ impl Gpu for CudaGpu {
                         // SAFETY: a child-graph node; the graph stays its node's.
                         ck(unsafe { cu::cuGraphChildGraphNodeGetGraph(n, &mut child) })?;
                         graphs.push(child as u64);
+                    }
+                    CONDITIONAL => {
+                        // cuGraphNodeGetParams is newer than CUDA 13.0's headers: looked
+                        // up, and without it a conditional's bodies are not read.
+                        type GetParams = unsafe extern "C" fn(
+                            cu::CUgraphNode,
+                            *mut cu::CUgraphNodeParams,
+                        ) -> c_int;
+                        let Ok(get) = raw_fn::<GetParams>(b"cuGraphNodeGetParams\0") else {
+                            continue;
+                        };
+                        // SAFETY: a conditional node; all-zero is a valid parameter block
+                        // for the driver to fill; its body graphs live as long as the node.
+                        unsafe {
+                            let mut p: cu::CUgraphNodeParams = std::mem::zeroed();
+                            if get(n, &mut p) != 0 {
+                                continue;
+                            }
+                            let c = p.__bindgen_anon_1.conditional;
+                            if !c.phGraph_out.is_null() {
+                                graphs.extend(
+                                    (0..c.size as usize).map(|i| *c.phGraph_out.add(i) as u64),
+                                );
+                            }
+                        }
                     }
                     _ => {}
                 }

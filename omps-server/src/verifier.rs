@@ -123,7 +123,13 @@ impl Verifier {
         if st.bad.contains(&hash) {
             return Verdict::Crashed;
         }
-        if st.child.as_ref().is_some_and(|c| c.last.elapsed() > IDLE) {
+        // A child idle past IDLE is replaced (it leaves by itself a little later), and one
+        // that has ended is too.
+        let ended = st
+            .child
+            .as_mut()
+            .is_some_and(|c| c.last.elapsed() > IDLE || !matches!(c.child.try_wait(), Ok(None)));
+        if ended {
             stop(st.child.take());
         }
         let verdict = match self.ask(&mut st, ordinal, image) {
@@ -293,6 +299,18 @@ pub fn child_main(mut load: impl FnMut(usize, &[u8]) -> i32) -> std::process::Ex
     let mut input = std::io::stdin().lock();
     let mut output = std::io::stdout().lock();
     loop {
+        // Idle past what the server waits before it starts another child: gone, and its
+        // context's GPU memory with it, even if the server never asks again.
+        let mut pfd = libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let idle_ms = (IDLE + Duration::from_secs(10)).as_millis() as libc::c_int;
+        // SAFETY: one valid pollfd, on this process's stdin.
+        if unsafe { libc::poll(&mut pfd, 1, idle_ms) } == 0 {
+            return std::process::ExitCode::SUCCESS;
+        }
         let mut head = [0u8; 12];
         if input.read_exact(&mut head).is_err() {
             return std::process::ExitCode::SUCCESS;
@@ -328,6 +346,28 @@ mod tests {
         assert_eq!(parse_hex(&line), Some(h));
         assert_eq!(parse_hex("zz"), None);
         assert_eq!(parse_hex(&line[..62]), None);
+    }
+
+    #[test]
+    fn a_child_that_left_while_idle_is_replaced_not_blamed() {
+        // A stand-in that answers one request (12-byte head and 3 bytes) and leaves, as an
+        // idle child does.
+        let v = Verifier::new(Spec {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "head -c 15 > /dev/null; printf '\\000\\000\\000\\000'".into(),
+            ],
+            known_file: None,
+        });
+        assert_eq!(v.check(0, b"one"), Verdict::Good);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            v.check(0, b"two"),
+            Verdict::Good,
+            "a new child, not a crash"
+        );
+        assert_eq!(v.spawned(), 2);
     }
 
     #[test]

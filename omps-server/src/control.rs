@@ -381,7 +381,11 @@ impl Server {
             crate::memlimit::MemLimits::new(cfg.default_mem_limit.as_deref(), &snapshots)
                 .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
         let presized = presizes(&cfg)?;
-        crate::verifier::install(cfg.verifier.clone().map(crate::verifier::Verifier::new));
+        crate::verifier::install(
+            cfg.verifier
+                .clone()
+                .map(|spec| crate::verifier::Verifier::new(spec).for_driver(driver_version)),
+        );
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut workers = Vec::new();
         let mut gpu_shared = Vec::new();

@@ -1579,6 +1579,7 @@ impl Gpu for CudaGpu {
         const MEMSET: u32 = 2;
         const CHILD_GRAPH: u32 = 4;
         const CONDITIONAL: u32 = 13;
+        const MEM_ALLOC: u32 = 10;
         // The bytes a pitched 3D region spans from its first: whole rows and slices but
         // the last, then the last row's width.
         fn span(width: usize, height: usize, depth: usize, pitch: usize, rows: usize) -> u64 {
@@ -1592,6 +1593,9 @@ impl Gpu for CudaGpu {
             )
         };
         let mut out = Vec::new();
+        // Memory the graph allocates itself (its allocation nodes): the graph's, not a
+        // client's, and reused only once the graph frees it.
+        let mut own: Vec<(u64, u64)> = Vec::new();
         let mut graphs = vec![graph];
         while let Some(g) = graphs.pop() {
             for node in self.graph_nodes(g)? {
@@ -1653,6 +1657,15 @@ impl Gpu for CudaGpu {
                         ck(unsafe { cu::cuGraphChildGraphNodeGetGraph(n, &mut child) })?;
                         graphs.push(child as u64);
                     }
+                    MEM_ALLOC => {
+                        // SAFETY: a memory-allocation node; a zeroed block for the driver.
+                        let p = unsafe {
+                            let mut p: cu::CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+                            ck(cu::cuGraphMemAllocNodeGetParams(n, &mut p))?;
+                            p
+                        };
+                        own.push((p.dptr, p.bytesize as u64));
+                    }
                     CONDITIONAL => {
                         // cuGraphNodeGetParams is newer than CUDA 13.0's headers: looked
                         // up, and without it a conditional's bodies are not read.
@@ -1682,6 +1695,10 @@ impl Gpu for CudaGpu {
                 }
             }
         }
+        out.retain(|&(a, n)| {
+            !own.iter()
+                .any(|&(o, m)| a >= o && a.saturating_add(n) <= o.saturating_add(m))
+        });
         Ok(out)
     }
 

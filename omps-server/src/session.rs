@@ -911,6 +911,11 @@ impl Session {
         // What it exported goes through the IPC books; what it opened is closed, and an
         // allocation whose owner left before is freed with it (counted as this client's
         // until then, since the releaser takes it off the count).
+        // Blocks held for its graphs go as its other allocations do (exported ones through
+        // the IPC books).
+        for (p, n) in self.take_graph_held() {
+            self.allocs.insert(p, n);
+        }
         let (ipc, mut allocs) = {
             let mut reg = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
             let (ipc, own): (Vec<Range>, Vec<Range>) = std::mem::take(&mut self.allocs)
@@ -925,7 +930,6 @@ impl Session {
             self.vmm.pools.release_all(&mut reg);
             (ipc, own)
         };
-        allocs.extend(self.take_graph_held());
         allocs.sort_unstable();
         // Pinned host memory stays with the client and goes when its last Arc does.
         // What it opened is closed once its own work is done (crate::worker's free).

@@ -66,6 +66,11 @@ pub enum Verdict {
 /// The child's answer when it cannot open the GPU asked for.
 pub const NO_CONTEXT: i32 = i32::MIN;
 
+/// The driver's answers that say what an image is (so its parser read it): invalid image,
+/// no binary for this GPU, invalid PTX, unsupported PTX version, JIT compiler not found,
+/// invalid source.
+const IMAGE_ERRORS: [i32; 6] = [200, 209, 218, 222, 221, 300];
+
 struct Running {
     child: Child,
     stdin: ChildStdin,
@@ -76,6 +81,8 @@ struct Running {
 pub struct Verifier {
     spec: Spec,
     state: Mutex<State>,
+    /// The driver's version, part of every verdict's name.
+    driver: i32,
 }
 
 #[derive(Default)]
@@ -101,7 +108,14 @@ impl Verifier {
         Verifier {
             spec,
             state: Mutex::new(state),
+            driver: 0,
         }
+    }
+
+    /// The same, its verdicts named for driver version `driver` too.
+    pub fn for_driver(mut self, driver: i32) -> Verifier {
+        self.driver = driver;
+        self
     }
 
     /// Children started so far.
@@ -113,9 +127,17 @@ impl Verifier {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The verdict on `image` for GPU `ordinal`: remembered, or from a load in the child.
-    pub fn check(&self, ordinal: usize, image: &[u8]) -> Verdict {
-        let hash: [u8; 32] = Sha256::digest(image).into();
+    /// The verdict on `image` for GPU `ordinal`, whose kind `device` names (its compute
+    /// capability, say): remembered, or from a load in the child. A verdict holds for one
+    /// kind of GPU under one driver: the same image may meet another parser elsewhere.
+    pub fn check(&self, ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
+        let hash: [u8; 32] = Sha256::new()
+            .chain_update(self.driver.to_le_bytes())
+            .chain_update((device.len() as u64).to_le_bytes())
+            .chain_update(device)
+            .chain_update(image)
+            .finalize()
+            .into();
         let mut st = self.lock();
         if st.good.contains(&hash) {
             return Verdict::Good;
@@ -142,7 +164,16 @@ impl Verifier {
                 }
                 return Verdict::Unverified;
             }
-            Ok(_) => Verdict::Good,
+            // Loaded, or refused for what the image is: the parser has seen it whole.
+            Ok(code) if code == 0 || IMAGE_ERRORS.contains(&code) => Verdict::Good,
+            Ok(code) => {
+                // Out of memory or the like, perhaps before the parser saw the image: no
+                // verdict, none kept, and the image goes on as without a verifier.
+                tracing::warn!(
+                    "the image verifier could not load an image (CUDA error {code}): loaded unverified"
+                );
+                return Verdict::Unverified;
+            }
             Err(why) => {
                 tracing::warn!("an image stopped the verifier ({why}): refused");
                 stop(st.child.take());
@@ -284,9 +315,9 @@ pub fn install(v: Option<Verifier>) {
 }
 
 /// The verdict of the installed verifier; Good where none is installed.
-pub fn check(ordinal: usize, image: &[u8]) -> Verdict {
+pub fn check(ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
     let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    v.map_or(Verdict::Good, |v| v.check(ordinal, image))
+    v.map_or(Verdict::Good, |v| v.check(ordinal, device, image))
 }
 
 /// The child's side: answers requests until its stdin closes or it has been idle for
@@ -349,6 +380,40 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_that_says_nothing_of_the_image_is_no_verdict() {
+        // A stand-in that answers every request with CUDA_ERROR_OUT_OF_MEMORY (2).
+        let v = Verifier::new(Spec {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "while head -c 15 > /dev/null && [ -n x ]; do printf '\\002\\000\\000\\000'; done"
+                    .into(),
+            ],
+            known_file: None,
+        });
+        assert_eq!(v.check(0, b"", b"one"), Verdict::Unverified);
+        assert_eq!(
+            v.check(0, b"", b"one"),
+            Verdict::Unverified,
+            "not kept as good: asked again"
+        );
+        // Verdicts are per kind of GPU: the same bytes for another device are asked anew.
+        let dir = std::env::temp_dir().join(format!("omps-verifier-dev-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dying = Verifier::new(Spec {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), "exit 3".into()],
+            known_file: None,
+        });
+        assert_eq!(dying.check(0, b"sm90", b"x"), Verdict::Crashed);
+        assert_eq!(dying.check(0, b"sm90", b"x"), Verdict::Crashed);
+        assert_eq!(dying.spawned(), 1);
+        assert_eq!(dying.check(0, b"sm80", b"x"), Verdict::Crashed);
+        assert_eq!(dying.spawned(), 2, "another device's verdict is its own");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_child_that_left_while_idle_is_replaced_not_blamed() {
         // A stand-in that answers one request (12-byte head and 3 bytes) and leaves, as an
         // idle child does.
@@ -360,10 +425,10 @@ mod tests {
             ],
             known_file: None,
         });
-        assert_eq!(v.check(0, b"one"), Verdict::Good);
+        assert_eq!(v.check(0, b"", b"one"), Verdict::Good);
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(
-            v.check(0, b"two"),
+            v.check(0, b"", b"two"),
             Verdict::Good,
             "a new child, not a crash"
         );
@@ -379,9 +444,9 @@ mod tests {
             args: vec!["-c".into(), "exit 3".into()],
             known_file: None,
         });
-        assert_eq!(v.check(0, b"one"), Verdict::Crashed);
+        assert_eq!(v.check(0, b"", b"one"), Verdict::Crashed);
         assert_eq!(v.spawned(), 1);
-        assert_eq!(v.check(0, b"one"), Verdict::Crashed, "remembered");
+        assert_eq!(v.check(0, b"", b"one"), Verdict::Crashed, "remembered");
         assert_eq!(v.spawned(), 1, "no second child for a known image");
         // A stand-in that answers every request with 0 after reading it: good, and kept.
         let dir = std::env::temp_dir().join(format!("omps-verifier-{}", std::process::id()));
@@ -399,10 +464,14 @@ mod tests {
             known_file: Some(known.clone()),
         };
         let ok = Verifier::new(answering.clone());
-        assert_eq!(ok.check(0, b"two"), Verdict::Good);
+        assert_eq!(ok.check(0, b"", b"two"), Verdict::Good);
         drop(ok);
         let again = Verifier::new(answering);
-        assert_eq!(again.check(0, b"two"), Verdict::Good, "known from the file");
+        assert_eq!(
+            again.check(0, b"", b"two"),
+            Verdict::Good,
+            "known from the file"
+        );
         assert_eq!(again.spawned(), 0, "without a load");
         std::fs::remove_dir_all(&dir).unwrap();
     }

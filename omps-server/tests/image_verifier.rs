@@ -26,12 +26,16 @@ fn an_image_that_kills_the_parser_never_reaches_the_server() {
     let other = b"omps-host-module\nfn trap\n\0".to_vec();
 
     let v = Verifier::new(spec(&known));
-    assert_eq!(v.check(0, &good), Verdict::Good);
-    assert_eq!(v.check(0, &evil), Verdict::Crashed, "the child died on it");
-    assert_eq!(v.check(0, &evil), Verdict::Crashed, "remembered");
+    assert_eq!(v.check(0, b"sm90", &good), Verdict::Good);
+    assert_eq!(
+        v.check(0, b"sm90", &evil),
+        Verdict::Crashed,
+        "the child died on it"
+    );
+    assert_eq!(v.check(0, b"sm90", &evil), Verdict::Crashed, "remembered");
     assert_eq!(v.spawned(), 1, "no child asked twice about the same image");
     assert_eq!(
-        v.check(0, &other),
+        v.check(0, b"sm90", &other),
         Verdict::Good,
         "a new child for the next image"
     );
@@ -40,8 +44,8 @@ fn an_image_that_kills_the_parser_never_reaches_the_server() {
 
     // After a restart the good images are known from the file: no child at all.
     let again = Verifier::new(spec(&known));
-    assert_eq!(again.check(0, &good), Verdict::Good);
-    assert_eq!(again.check(0, &other), Verdict::Good);
+    assert_eq!(again.check(0, b"sm90", &good), Verdict::Good);
+    assert_eq!(again.check(0, b"sm90", &other), Verdict::Good);
     assert_eq!(again.spawned(), 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,6 +1,7 @@
 //! A block an executable graph's memset writes, freed while the graph lives, stays the
 //! client's until the graph goes (issue 23, finding 9): the driver must not hand its
-//! address to another client's allocation while a replay can still write it.
+//! address to another client's allocation while a replay can still write it; and a
+//! graph over a block freed before it was instantiated is not instantiated.
 
 mod common;
 use common::*;
@@ -68,6 +69,23 @@ fn a_block_a_live_graph_writes_is_held_past_its_free() {
             eventually(|| srv.gpu.peek(p, 64).is_none()),
             "released once no graph uses it"
         );
+
+        // Freed between the capture and the instantiation: no executable graph held it, so
+        // the graph would write whoever has the block now; instantiating it is refused.
+        let mut q = 0u64;
+        ok(cuMemAlloc_v2(&mut q, 64));
+        ok(cuStreamBeginCapture_v2(s, 2));
+        ok(cuMemsetD32Async(q, 6, 16, s));
+        let mut g2 = null_mut();
+        ok(cuStreamEndCapture(s, &mut g2));
+        ok(cuMemFree_v2(q));
+        let mut e2 = null_mut();
+        assert_eq!(
+            cuGraphInstantiateWithFlags(&mut e2, g2, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "a graph over memory the client freed"
+        );
+        ok(cuGraphDestroy(g2));
         ok(cuStreamDestroy_v2(s));
     }
 }

@@ -188,12 +188,16 @@ impl Session {
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
             graph::EXEC_UPDATE => match (
-                self.graphs.get(&c.graph),
+                self.graphs.get(&c.graph).copied(),
                 u32::try_from(c.handle)
                     .ok()
-                    .and_then(|e| self.execs.get(&e)),
+                    .and_then(|e| self.execs.get(&e))
+                    .copied(),
             ) {
-                (Some(&g), Some(&e)) => {
+                (Some(g), Some(_)) if !self.graph_memory_owned(ctx, g) => {
+                    Err(CuError(code::INVALID_VALUE))
+                }
+                (Some(g), Some(e)) => {
                     let r = gpu.graph_exec_update(e, g).map(|()| 0);
                     if r.is_ok() {
                         // The update's memory replaces what the executable graph used.

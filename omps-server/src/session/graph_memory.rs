@@ -19,6 +19,24 @@ fn overlap((a, n): (u64, u64), (b, m): (u64, u64)) -> bool {
 }
 
 impl Session {
+    /// Whether every range `graph`'s memset and memcpy nodes use is still the client's: a
+    /// graph captured over a block freed since would write whoever has it now.
+    pub(super) fn graph_memory_owned(&mut self, ctx: &mut WorkerCtx, graph: u64) -> bool {
+        let Ok(ranges) = ctx.gpu.graph_memory_ranges(graph) else {
+            return true;
+        };
+        let stale = ranges
+            .iter()
+            .find(|&&(a, n)| !self.owns_range(a, n))
+            .copied();
+        if let Some((a, n)) = stale {
+            self.log_refusal(format_args!(
+                "a graph's memset or memcpy uses [{a:#x}, +{n}), no longer the client's: not instantiated"
+            ));
+        }
+        stale.is_none()
+    }
+
     /// Reads what executable graph `id`, instantiated from (or updated to) `graph`, uses.
     pub(super) fn note_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32, graph: u64) {
         match ctx.gpu.graph_memory_ranges(graph) {
@@ -66,10 +84,17 @@ impl Session {
             .partition(|&b| ranges.values().flatten().any(|&r| overlap(r, b)));
         self.graph_held = still;
         if !free.is_empty() {
+            // An exported block goes through the IPC books, as its free would have.
+            let (ipc, allocs): (Vec<Range>, Vec<Range>) = {
+                let reg = ctx.shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
+                free.into_iter()
+                    .partition(|&(p, _)| reg.exported(p, self.client.id))
+            };
             ctx.release_later(
                 self,
                 Release {
-                    allocs: free,
+                    allocs,
+                    ipc,
                     ..Default::default()
                 },
             );

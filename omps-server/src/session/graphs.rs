@@ -97,12 +97,15 @@ impl Session {
             }
             Op::GraphInstantiate => {
                 let g = rec::<wire::GraphInstantiate>(p);
-                let r = match self.graphs.get(&g.graph) {
+                let r = match self.graphs.get(&g.graph).copied() {
                     // Only the flags cuGraphInstantiateWithFlags knows reach the driver:
                     // what a newer driver would make of others is not the client's to pick
                     // in a context it shares.
                     _ if g.flags & !INSTANTIATE_FLAGS != 0 => Err(CuError(code::INVALID_VALUE)),
-                    Some(&h) => gpu.graph_instantiate(h, g.flags),
+                    Some(h) if !self.graph_memory_owned(ctx, h) => {
+                        Err(CuError(code::INVALID_VALUE))
+                    }
+                    Some(h) => gpu.graph_instantiate(h, g.flags),
                     None => Err(CuError(code::INVALID_HANDLE)),
                 };
                 let r = r.and_then(|e| match self.graph_id() {

@@ -149,7 +149,10 @@ impl Session {
             return self.complete(l.call, code::INVALID_IMAGE, &[]);
         }
         // Compiled first where a crash of the driver's compiler harms no one.
-        if crate::verifier::check(ctx.gpu.ordinal(), ptx) == crate::verifier::Verdict::Crashed {
+        let device = ctx.shared.modules.cc().to_le_bytes();
+        if crate::verifier::check(ctx.gpu.ordinal(), &device, ptx)
+            == crate::verifier::Verdict::Crashed
+        {
             self.log_refusal(format_args!("PTX refused: it stopped the verifier"));
             return self.complete(l.call, code::INVALID_IMAGE, &[]);
         }

@@ -148,7 +148,7 @@ impl Session {
                             .exported(f.ptr, self.client.id);
                         // A block an executable graph of the client still writes stays
                         // the client's until that graph goes (session/graph_memory.rs).
-                        if !exported && self.hold_for_graphs(f.ptr, len) {
+                        if self.hold_for_graphs(f.ptr, len) {
                             return Ok(());
                         }
                         let mut rel = Release::default();

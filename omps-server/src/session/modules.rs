@@ -58,7 +58,8 @@ impl Session {
                 }
                 // A new image is loaded first where a crash of the driver's parser harms
                 // no one (crate::verifier).
-                match crate::verifier::check(gpu.ordinal(), &blob) {
+                let device = ctx.shared.modules.cc().to_le_bytes();
+                match crate::verifier::check(gpu.ordinal(), &device, &blob) {
                     crate::verifier::Verdict::Good | crate::verifier::Verdict::Unverified => {}
                     crate::verifier::Verdict::Crashed => {
                         self.log_refusal(format_args!(

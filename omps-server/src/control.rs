@@ -1137,14 +1137,25 @@ impl Server {
                 return refuse(code::INVALID_VALUE);
             }
         }
-        let stalled = visible
-            .iter()
-            .any(|&g| self.workers[self.lane_of(g, self.next_id)].tx.stalled());
-        if stalled {
-            // Its lane has not taken its messages (it sits in the driver): the client
-            // would wait on it too.
-            tracing::warn!(pid, "refusing a client: its worker lane is not answering");
-            return refuse(code::MPS_SERVER_NOT_READY);
+        // A lane that has not taken its messages (it sits in the driver) would hold the
+        // client too: the next id whose lanes answer is taken (ids are never reused, so
+        // one skipped is lost), and only when no lane answers is the client refused.
+        let stalled = |this: &Self, id: u32| {
+            visible
+                .iter()
+                .any(|&g| this.workers[this.lane_of(g, id)].tx.stalled())
+        };
+        let mut skipped = 0;
+        while stalled(self, self.next_id) {
+            skipped += 1;
+            let next = self.next_id.checked_add(1);
+            match next {
+                Some(n) if skipped < self.cfg.lanes => self.next_id = n,
+                _ => {
+                    tracing::warn!(pid, "refusing a client: no worker lane is answering");
+                    return refuse(code::MPS_SERVER_NOT_READY);
+                }
+            }
         }
         if self.any_fault() {
             let w = Welcome {

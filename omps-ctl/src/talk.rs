@@ -91,9 +91,33 @@ pub fn ask(cmd: &str) -> Result<String, String> {
 }
 
 pub fn ask_on(s: UnixStream, cmd: &str) -> Result<String, String> {
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    ask_within(s, cmd, Duration::from_secs(10))
+}
+
+/// Reads from a socket until one deadline for the whole exchange: a server that answers a
+/// byte at a time cannot hold the asker past it (root's daemon asks users' servers).
+struct Until<'a> {
+    s: &'a UnixStream,
+    end: Instant,
+}
+
+impl std::io::Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.s.set_read_timeout(Some(left))?;
+        (&mut &*self.s).read(buf)
+    }
+}
+
+/// As [`ask_on`], the whole exchange within `limit`.
+pub fn ask_within(s: UnixStream, cmd: &str, limit: Duration) -> Result<String, String> {
+    let end = Instant::now() + limit;
+    s.set_write_timeout(Some(limit)).ok();
     sock::write_frame(&mut &s, cmd.as_bytes()).map_err(|e| format!("sending '{cmd}': {e}"))?;
-    let reply = sock::read_frame(&mut &s, 16 << 20)
+    let reply = sock::read_frame(&mut Until { s: &s, end }, 16 << 20)
         .map_err(|e| format!("reading the reply to '{cmd}': {e}"))?
         .ok_or_else(|| format!("the server closed the connection after '{cmd}'"))?;
     let (status, text) = reply.split_first().ok_or("empty reply")?;
@@ -113,5 +137,37 @@ fn quit_patience(c: &str) -> Option<Duration> {
             .ok()
             .map(|t| Duration::from_secs(t.saturating_add(10).min(3600))),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn a_server_that_answers_a_byte_at_a_time_holds_no_one_past_the_deadline() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let trickle = std::thread::spawn(move || {
+            let mut cmd = [0u8; 64];
+            let _ = (&theirs).read(&mut cmd);
+            // A frame claiming 1 MiB, then a byte every 100 ms.
+            let _ = (&theirs).write_all(&(1u32 << 20).to_le_bytes());
+            for _ in 0..40 {
+                if (&theirs).write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let t = Instant::now();
+        let r = ask_within(ours, "ps", Duration::from_millis(500));
+        assert!(r.is_err(), "no whole answer came");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "held {:?} by a trickling server",
+            t.elapsed()
+        );
+        trickle.join().unwrap();
     }
 }

@@ -775,13 +775,7 @@ impl Server {
                 }
                 Progress::Client(_) if !self.peers[i].origin.takes_clients() => {
                     let p = self.peers.remove(i);
-                    let w = Welcome {
-                        magic: wire::HELLO_MAGIC,
-                        version: wire::PROTOCOL_VERSION,
-                        status: code::MPS_CONNECTION_FAILED,
-                        ..Default::default()
-                    };
-                    let _ = sock::send_with_fds(p.stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
+                    let _ = crate::peers::send_status(&p.stream, code::MPS_CONNECTION_FAILED);
                     tracing::warn!(
                         pid = p.pid,
                         "a client refused on the operator's socket: clients connect to {}",
@@ -840,13 +834,7 @@ impl Server {
                 }
                 Progress::Refused(why) => {
                     let p = self.peers.remove(i);
-                    let w = Welcome {
-                        magic: wire::HELLO_MAGIC,
-                        version: wire::PROTOCOL_VERSION,
-                        status: code::MPS_CONNECTION_FAILED,
-                        ..Default::default()
-                    };
-                    let _ = sock::send_with_fds(p.stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
+                    let _ = crate::peers::send_status(&p.stream, code::MPS_CONNECTION_FAILED);
                     tracing::warn!(pid = p.pid, "connection refused: {why}");
                 }
                 Progress::Gone(why) => {
@@ -1077,15 +1065,7 @@ impl Server {
         settings: &wire::ClientSettings,
         ns: Option<&crate::namespace::Limits>,
     ) -> io::Result<()> {
-        let refuse = |status: i32| {
-            let w = Welcome {
-                magic: wire::HELLO_MAGIC,
-                version: wire::PROTOCOL_VERSION,
-                status,
-                ..Default::default()
-            };
-            sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[])
-        };
+        let refuse = |status: i32| crate::peers::send_status(&stream, status);
         if self.draining.is_some() {
             tracing::warn!(pid, "refusing a client: the server is shutting down");
             return refuse(code::MPS_SERVER_NOT_READY);
@@ -1158,13 +1138,7 @@ impl Server {
             }
         }
         if self.any_fault() {
-            let w = Welcome {
-                magic: wire::HELLO_MAGIC,
-                version: wire::PROTOCOL_VERSION,
-                status: code::MPS_SERVER_NOT_READY,
-                ..Default::default()
-            };
-            return sock::send_with_fds(stream.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
+            return refuse(code::MPS_SERVER_NOT_READY);
         }
         let id = self.next_id;
         // Client ids are never reused: after 4 billion connections the server takes no more.

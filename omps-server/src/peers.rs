@@ -249,3 +249,15 @@ impl Peer {
         Ok(self.stream)
     }
 }
+
+/// A handshake's answer with `status` and nothing else (a refusal, or not ready).
+pub fn send_status(s: &UnixStream, status: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let w = wire::Welcome {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        status,
+        ..Default::default()
+    };
+    omps_ring::sock::send_with_fds(s.as_raw_fd(), bytemuck::bytes_of(&w), &[])
+}

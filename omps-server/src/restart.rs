@@ -14,7 +14,6 @@ use crate::gpu::{code, Gpu};
 use crate::listen::Sockets;
 use crate::peers::{Origin, Peer, Progress};
 use crate::{say, Server, ServerConfig};
-use omps_ring::{sock, wire};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
@@ -281,12 +280,6 @@ fn answer_until(
 
 /// A handshake's answer with `status` and nothing else.
 fn refuse(s: &std::os::unix::net::UnixStream, status: i32) {
-    let w = wire::Welcome {
-        magic: wire::HELLO_MAGIC,
-        version: wire::PROTOCOL_VERSION,
-        status,
-        ..Default::default()
-    };
     let _ = s.set_write_timeout(Some(std::time::Duration::from_millis(500)));
-    let _ = sock::send_with_fds(s.as_raw_fd(), bytemuck::bytes_of(&w), &[]);
+    let _ = crate::peers::send_status(s, status);
 }

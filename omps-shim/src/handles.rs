@@ -81,8 +81,13 @@ pub struct Stream {
 pub struct Event {
     pub magic: AtomicU32,
     pub id: u32,
+    /// The GPU whose session holds the event: for one opened from an IPC handle, the GPU
+    /// that made it, which need not be the opener's current one.
     pub dev: usize,
     pub flags: u32,
+    /// Opened from an IPC handle (cuIpcOpenEventHandle): natively such an event belongs to
+    /// the opener's context, so any GPU's streams of this process may record it.
+    pub opened: bool,
 }
 
 #[repr(C)]

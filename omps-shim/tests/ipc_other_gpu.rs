@@ -3,6 +3,8 @@
 //! buffer on the peer's GPU): each GPU's session knows the handles exported there, so the
 //! shim asks the others when the current GPU's does not know it, and the current GPU gets
 //! access to the memory's GPU. A kernel on GPU 0 then writes the memory of GPU 1.
+//! Events likewise: simpleIPC's process on GPU 1 opens the event its sibling exported on
+//! GPU 0, then waits for it.
 
 mod common;
 use common::*;
@@ -29,6 +31,30 @@ fn a_handle_of_another_gpus_memory_opens_and_is_reached() {
     let h: omps_ring::wire::IpcHandle = ch.reply();
     drop(ch);
     let handle = CUipcMemHandle { reserved: h.bytes };
+    // And an interprocess event (CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) on GPU 1.
+    let ev = omps_ring::wire::EventCreate {
+        id: 0x7e1,
+        flags: 0x6,
+    };
+    exporter
+        .push(
+            1,
+            omps_ring::wire::Op::EventCreate,
+            &[bytemuck::bytes_of(&ev)],
+        )
+        .unwrap();
+    let mut ch = exporter.channel();
+    ch.call(1, omps_ring::wire::Op::IpcGetEventHandle, |call| {
+        bytemuck::bytes_of(&omps_ring::wire::HandleCall {
+            call,
+            id: ev.id,
+            _pad: 0,
+        })
+        .to_vec()
+    })
+    .unwrap();
+    let eh: omps_ring::wire::IpcHandle = ch.reply();
+    drop(ch);
 
     // SAFETY (whole block): valid out-pointers and buffers of the sizes passed.
     unsafe {
@@ -54,6 +80,47 @@ fn a_handle_of_another_gpus_memory_opens_and_is_reached() {
             cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q, 64),
             CUDA_ERROR_INVALID_VALUE,
             "closed: gone"
+        );
+        // The event exported on GPU 1 opens with GPU 0 current; a GPU 0 stream waits for
+        // it and the host synchronizes with it, as natively.
+        let mut e = std::ptr::null_mut();
+        ok(cuIpcOpenEventHandle(
+            &mut e,
+            CUipcEventHandle { reserved: eh.bytes },
+        ));
+        ok(cuStreamWaitEvent(s0, e, 0));
+        ok(cuEventSynchronize(e));
+        ok(cuEventQuery(e));
+        // simpleIPC then records it on its own GPU's stream after a kernel: waiting for
+        // the event covers the kernel.
+        let q2 = {
+            let mut q2 = 0u64;
+            ok(cuMemAlloc_v2(&mut q2, 64));
+            q2
+        };
+        fill_kernel(q2, 0xabc, 16, s0);
+        ok(cuEventRecord(e, s0));
+        ok(cuEventSynchronize(e));
+        ok(cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), q2, 64));
+        assert_eq!(words, [0xabc; 16], "the kernel before the record has run");
+        ok(cuEventDestroy_v2(e));
+        // An event this process created on GPU 0 stays GPU 0's: a GPU 1 stream cannot
+        // record it, as natively (another context's event).
+        let mut mine = std::ptr::null_mut();
+        ok(cuEventCreate(&mut mine, 0));
+        let mut c1 = std::ptr::null_mut();
+        ok(cuDevicePrimaryCtxRetain(&mut c1, 1));
+        ok(cuCtxSetCurrent(c1));
+        let mut s1 = std::ptr::null_mut();
+        ok(cuStreamCreate(&mut s1, 0));
+        assert_eq!(cuEventRecord(mine, s1), CUDA_ERROR_INVALID_HANDLE);
+        ok(cuCtxSetCurrent(c0));
+        let mut bogus_event = CUipcEventHandle { reserved: eh.bytes };
+        bogus_event.reserved[8] ^= 0xff;
+        assert_eq!(
+            cuIpcOpenEventHandle(&mut e, bogus_event),
+            CUDA_ERROR_INVALID_VALUE,
+            "an event handle no GPU knows"
         );
         // A handle no GPU knows is still refused.
         let mut bogus = handle;

@@ -23,7 +23,10 @@ run() { # name, then env assignments for the program
     env "$@" timeout "${NCCL_RUN_TIMEOUT:-300}" python3 "$R/tests/clients/nccl_prog.py" > "$W/$name.txt" 2> "$W/$name.err"
     echo $?
 }
-transport() { grep -o -E 'via (P2P|SHM|NET)[^ ]*( [^ ]*)?' "$1" | sort | uniq -c | head -5; }
+# NCCL_DEBUG writes its log to stdout beside the program's lines: the log is set aside
+# (kept in the workdir) and the program's own lines compared.
+transport() { cat "$@" | grep -o -E 'via (P2P|SHM|NET)[^ ]*( [^ ]*)?' | sort | uniq -c | head -5; }
+own_lines() { grep -v -E ' NCCL (INFO|WARN|TRACE) |^\s*$' "$1"; }
 
 OMPS_PIPE_DIRECTORY="$W/pipe" OMPS_LOG_DIRECTORY="$W/log" OMPS_LANES=${OMPS_LANES:-4} \
     "$B/omps-server" > "$W/server.log" 2>&1 &
@@ -35,13 +38,15 @@ for mode in cumem legacy; do
     n=$(run "$mode.native" "${M[@]}")
     o=$(run "$mode.omps" "${M[@]}" "${OMPS[@]}")
     echo "--- $mode: native rc $n, omps rc $o; transport native / omps:"
-    transport "$W/$mode.native.err"; echo "  /"; transport "$W/$mode.omps.err"
-    grep -h "is not supported yet" "$W/$mode.omps.err" | sort -u | head -10
-    if [ "$n" = 0 ] && [ "$o" = 0 ] && cmp -s "$W/$mode.native.txt" "$W/$mode.omps.txt"; then
-        echo ">>> nccl $mode: PASS ($(wc -l < "$W/$mode.native.txt") lines as native)"
+    transport "$W/$mode.native".{txt,err}; echo "  /"; transport "$W/$mode.omps".{txt,err}
+    grep -h "is not supported yet" "$W/$mode.omps".{txt,err} | sort -u | head -10
+    grep -h "NCCL WARN" "$W/$mode.omps".{txt,err} | sed 's/^.*NCCL WARN/omps run: NCCL WARN/' | sort | uniq -c
+    own_lines "$W/$mode.native.txt" > "$W/$mode.native.own"; own_lines "$W/$mode.omps.txt" > "$W/$mode.omps.own"
+    if [ "$n" = 0 ] && [ "$o" = 0 ] && [ -s "$W/$mode.native.own" ] && cmp -s "$W/$mode.native.own" "$W/$mode.omps.own"; then
+        echo ">>> nccl $mode: PASS ($(wc -l < "$W/$mode.native.own") lines as native)"
     else
-        echo ">>> nccl $mode: FAIL"; diff "$W/$mode.native.txt" "$W/$mode.omps.txt" | head -20
-        grep -h -i -E "error|warn" "$W/$mode.omps.err" | head -20; fail=1
+        echo ">>> nccl $mode: FAIL"; diff "$W/$mode.native.own" "$W/$mode.omps.own" | head -20
+        grep -h -i -E "error|warn" "$W/$mode.omps".{txt,err} | head -20; fail=1
     fi
 done
 OMPS_PIPE_DIRECTORY="$W/pipe" timeout 10 "$B/omps-ctl" quit > /dev/null; wait_server "$SP"

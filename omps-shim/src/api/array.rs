@@ -6,7 +6,7 @@
 //! Texture and surface objects are the driver's values (kernels read them as they are);
 //! the descriptors they were made from are kept here for the queries.
 
-use super::exec::{stream_of, CUstream};
+use super::exec::CUstream;
 use super::hostmem::Memcpy3D;
 use super::mem::{alloc, free_block, range_info};
 use super::{entry, live, out};
@@ -327,8 +327,9 @@ fn push_copy(
     dst: wire::CopySide,
     extent: [usize; 3],
 ) -> Result<(), CUresult> {
+    let (stream, wait) = super::exec::stream_for(dev, s)?;
     let rec = wire::ArrayCopy {
-        stream: stream_of(s)?,
+        stream,
         _pad: 0,
         src,
         dst,
@@ -336,7 +337,11 @@ fn push_copy(
         height: extent[1] as u64,
         depth: extent[2] as u64,
     };
-    live()?.push(dev, Op::ArrayCopy, &[bytemuck::bytes_of(&rec)])
+    live()?.push(dev, Op::ArrayCopy, &[bytemuck::bytes_of(&rec)])?;
+    if wait {
+        super::mem::wait_stream(dev, stream)?;
+    }
+    Ok(())
 }
 
 /// A copy with an array on one side or both. Host memory goes through a device buffer:

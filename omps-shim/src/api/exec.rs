@@ -25,6 +25,34 @@ pub(crate) fn stream_of(s: CUstream) -> Result<u32, CUresult> {
     Ok(resolve_stream(s)?.map_or(wire::STREAM_DEFAULT, |st| st.id))
 }
 
+/// The server's id of stream `s` for a copy or memset on GPU `dev`, and whether the
+/// caller must wait for that work before it returns.
+///
+/// The driver runs such work on whatever GPU's stream the program names (cufftXtMemcpy
+/// fills GPU 1's piece on a GPU 0 stream), but each GPU's session knows only its own
+/// streams. Work on another GPU than the stream's is therefore put in the stream's order
+/// from the host, as cross-GPU event waits are: the stream's earlier work is waited for
+/// here, the work goes on this process's default stream of `dev`, and the caller waits
+/// for it (`true`), so that what the stream queues next comes after it. A capture cannot
+/// hold that, and is refused by name.
+pub(crate) fn stream_for(dev: usize, s: CUstream) -> Result<(u32, bool), CUresult> {
+    match resolve_stream(s)? {
+        None => Ok((wire::STREAM_DEFAULT, false)),
+        Some(st) if st.dev == dev => Ok((st.id, false)),
+        Some(st) => {
+            if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
+                crate::unsupported::unsupported(
+                    "a copy or memset of another GPU's memory in a capture",
+                );
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            super::capture::unsafe_call_allowed()?;
+            handle_call(st.dev, Op::StreamSync, st.id)?;
+            Ok((wire::STREAM_DEFAULT, true))
+        }
+    }
+}
+
 pub(crate) fn resolve_stream(s: CUstream) -> Result<Option<&'static Stream>, CUresult> {
     match s as usize {
         0 if PER_THREAD.get() => per_thread_stream().map(Some),
@@ -255,6 +283,7 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
             id,
             dev,
             flags,
+            opened: false,
         });
         // SAFETY: ph checked non-null; the caller's pointer.
         unsafe { out(ph, h) }
@@ -287,7 +316,23 @@ fn record_on_stream(e: CUevent, s: CUstream, op: Op) -> Result<(), CUresult> {
     let ev = event(e)?;
     let (id, dev) = stream_dev(s)?;
     if dev != ev.dev {
-        return Err(CUDA_ERROR_INVALID_HANDLE);
+        if !ev.opened {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        // An event opened from an IPC handle of another GPU (simpleIPC records its
+        // sibling's on its own stream). As cross-GPU waits, this is kept on the host: the
+        // stream's work so far finishes, then the event is recorded on this process's
+        // default stream of the event's GPU, where it completes once that stream's earlier
+        // work has.
+        if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
+            crate::unsupported::unsupported(
+                "cuEventRecord of another GPU's IPC event in a capture",
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        super::capture::unsafe_call_allowed()?;
+        handle_call(dev, Op::StreamSync, id)?;
+        return queue_event_op(ev, wire::STREAM_DEFAULT, ev.dev, op);
     }
     queue_event_op(ev, id, dev, op)
 }

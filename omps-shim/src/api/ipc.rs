@@ -27,6 +27,26 @@ pub struct CUipcMemHandle {
     pub reserved: [u8; 64],
 }
 
+/// Runs `open` on the current GPU `here`, then on this process's other GPUs until one
+/// succeeds: an IPC handle names memory or an event of some GPU, and only that GPU's
+/// session knows it (NCCL's legacy transport and simpleIPC open their peer's). The
+/// first GPU's error is the answer when none knows the handle.
+fn on_any_device<T>(
+    c: &crate::conn::Conn,
+    here: usize,
+    mut open: impl FnMut(usize) -> Result<T, CUresult>,
+) -> Result<(T, usize), CUresult> {
+    let first = match open(here) {
+        Ok(v) => return Ok((v, here)),
+        Err(e) => e,
+    };
+    let devices = (c.snapshot.device_count as usize).min(c.num_devices());
+    (0..devices)
+        .filter(|&d| d != here)
+        .find_map(|d| open(d).ok().map(|v| (v, d)))
+        .ok_or(first)
+}
+
 fn ipc_call(op: Op, ptr: u64) -> Result<Option<IpcHandle>, CUresult> {
     // The session of the GPU the memory is on (an opened handle may be another GPU's);
     // memory this process does not know is the current GPU's session's to refuse.
@@ -88,14 +108,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
         };
         // The memory may live on another of this process's GPUs (NCCL's legacy transport
         // opens its peer's buffer): each GPU's session knows the handles exported there.
-        let devices = (c.snapshot.device_count as usize).min(c.num_devices());
-        let (p, dev) = match open_on(here) {
-            Ok(p) => (p, here),
-            Err(first) => (0..devices)
-                .filter(|&d| d != here)
-                .find_map(|d| open_on(d).ok().map(|p| (p, d)))
-                .ok_or(first)?,
-        };
+        let (p, dev) = on_any_device(c, here, open_on)?;
         if dev != here && flags & LAZY_ENABLE_PEER_ACCESS != 0 {
             // As the driver: the current context gets access to the memory's GPU.
             super::peer::ask_server(here, dev)?;
@@ -196,30 +209,36 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(
         if ph.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let dev = current_dev()?;
+        let here = current_dev()?;
         let id = next_id();
         let c = live()?;
         c.events.take()?;
-        let opened = c.channel().call(dev, Op::IpcOpenEventHandle, |call| {
-            bytemuck::bytes_of(&wire::IpcOpenEvent {
-                call,
-                id,
-                _pad: 0,
-                handle: IpcHandle {
-                    bytes: handle.reserved,
-                },
+        let opened = on_any_device(c, here, |dev| {
+            c.channel().call(dev, Op::IpcOpenEventHandle, |call| {
+                bytemuck::bytes_of(&wire::IpcOpenEvent {
+                    call,
+                    id,
+                    _pad: 0,
+                    handle: IpcHandle {
+                        bytes: handle.reserved,
+                    },
+                })
+                .to_vec()
             })
-            .to_vec()
         });
-        if let Err(e) = opened {
-            c.events.give_back();
-            return Err(e);
-        }
+        let dev = match opened {
+            Ok(((), dev)) => dev,
+            Err(e) => {
+                c.events.give_back();
+                return Err(e);
+            }
+        };
         let h = leak(Event {
             magic: std::sync::atomic::AtomicU32::new(EVENT_MAGIC),
             id,
             dev,
             flags: INTERPROCESS_FLAGS,
+            opened: true,
         });
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { out(ph, h) }

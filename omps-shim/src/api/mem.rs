@@ -3,7 +3,7 @@
 //! pointers get their error synchronously, as from the driver; the server checks again.
 
 use super::ctx::current_dev;
-use super::exec::{stream_of, CUstream};
+use super::exec::{stream_for, CUstream};
 use super::hostmem::is_shared;
 use super::{entry, live, out};
 use crate::cuda::*;
@@ -259,7 +259,7 @@ fn memset(
         }
         Err(e) => return Err(e),
     };
-    let s = stream_of(stream)?;
+    let (s, wait) = stream_for(dev, stream)?;
     let m = Memset {
         dst,
         count: count as u64,
@@ -268,7 +268,11 @@ fn memset(
         stream: s,
         _pad: 0,
     };
-    live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])
+    live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])?;
+    if wait {
+        wait_stream(dev, s)?;
+    }
+    Ok(())
 }
 
 /// A memset of page-locked memory the server cannot reach (registered program memory
@@ -439,7 +443,8 @@ fn copy_htod_queued(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = range_dev(dst, len as u64)?;
-    let s = stream_of(stream)?;
+    let (s, foreign) = stream_for(dev, stream)?;
+    let sync = sync || foreign;
     if is_shared(src as u64, len) {
         return pinned_copy(Op::CopyHtoDPinned, dev, dst, src as u64, len, s, sync);
     }
@@ -514,7 +519,7 @@ fn pinned_copy(
 }
 
 /// Waits until everything queued on `stream` so far is done on the GPU.
-fn wait_stream(dev: usize, stream: u32) -> Result<(), CUresult> {
+pub(crate) fn wait_stream(dev: usize, stream: u32) -> Result<(), CUresult> {
     let c = live()?;
     let mut ch = c.channel();
     ch.call(dev, Op::StreamSync, |call| {
@@ -542,8 +547,9 @@ fn copy_dtoh_queued(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = range_dev(src, len as u64)?;
-    let s = stream_of(stream)?;
+    let (s, foreign) = stream_for(dev, stream)?;
     if is_shared(dst as u64, len) {
+        let sync = sync || foreign;
         return pinned_copy(Op::CopyDtoHPinned, dev, src, dst as u64, len, s, sync);
     }
     let c = live()?;
@@ -595,7 +601,7 @@ pub(crate) fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Res
     if src_dev != dev {
         return super::peer::copy_between(dst, src, len, (dev, src_dev), stream);
     }
-    let s = stream_of(stream)?;
+    let (s, wait) = stream_for(dev, stream)?;
     let rec = CopyDtoD {
         dst,
         src,
@@ -603,7 +609,11 @@ pub(crate) fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Res
         stream: s,
         _pad: 0,
     };
-    live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])
+    live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])?;
+    if wait {
+        wait_stream(dev, s)?;
+    }
+    Ok(())
 }
 
 /// A copy that names its direction but has page-locked host memory where it says device:

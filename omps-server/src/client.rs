@@ -186,8 +186,13 @@ pub struct ClientShared {
     pub server_ns: AtomicU64,
     /// The printf level (wire::printf_use) of the code the server loaded for it, as the
     /// server read it from the images: a client cannot hide printing code by not
-    /// declaring it (the control thread hands it to the printf router).
+    /// declaring it. Kept here for a client made without [`ClientShared::printf`] (the
+    /// control thread hands it to the router on its next pass).
     pub printf_level: AtomicU64,
+    /// The server's printf router, told of the level as soon as a worker reads it: text
+    /// that comes before the control thread's next pass (an assert right after the load)
+    /// would otherwise find no printing client and go to the log.
+    pub printf: Option<Arc<crate::printf::PrintfRouter>>,
     /// A request of its is on the slow-request thread (crate::control): it may have one
     /// at a time, as the shim sends them (one answer per request).
     pub slow_pending: AtomicBool,
@@ -262,6 +267,7 @@ impl ClientShared {
             launches: AtomicU64::new(0),
             server_ns: AtomicU64::new(0),
             printf_level: AtomicU64::new(0),
+            printf: None,
             slow_pending: AtomicBool::new(false),
             unpinning: Default::default(),
             peer_access: AtomicBool::new(false),

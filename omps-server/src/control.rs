@@ -1210,6 +1210,7 @@ impl Server {
         let (account, first) = self.accounts.of(pid);
         c.account = account;
         c.visible = visible.clone();
+        c.printf = Some(self.printf.clone());
         let c = Arc::new(c);
         crate::client::read_command_later(&c);
         let mut fds = vec![fd.as_raw_fd()];

@@ -1583,15 +1583,15 @@ impl Gpu for CudaGpu {
         // The bytes a pitched 3D region spans from its first: whole rows and slices but
         // the last, then the last row's width.
         fn span(width: usize, height: usize, depth: usize, pitch: usize, rows: usize) -> u64 {
-            let slices = depth.saturating_sub(1) as u64 * rows as u64 * pitch as u64;
-            slices + height.saturating_sub(1) as u64 * pitch as u64 + width as u64
+            let slices = (depth.saturating_sub(1) as u64)
+                .saturating_mul(rows as u64)
+                .saturating_mul(pitch as u64);
+            slices
+                .saturating_add((height.saturating_sub(1) as u64).saturating_mul(pitch as u64))
+                .saturating_add(width as u64)
         }
-        let device_side = |t: cu::CUmemorytype| {
-            matches!(
-                t,
-                cu::CUmemorytype::CU_MEMORYTYPE_DEVICE | cu::CUmemorytype::CU_MEMORYTYPE_UNIFIED
-            )
-        };
+        // CU_MEMORYTYPE_DEVICE and CU_MEMORYTYPE_UNIFIED.
+        let device_side = |t: u32| t == 2 || t == 4;
         let mut out = Vec::new();
         // Memory the graph allocates itself (its allocation nodes): the graph's, not a
         // client's, and reused only once the graph frees it.
@@ -1609,16 +1609,20 @@ impl Gpu for CudaGpu {
                             ck(cu::cuGraphMemsetNodeGetParams(n, &mut p))?;
                             p
                         };
-                        let width = p.width * p.elementSize as usize;
+                        let width = p.width.saturating_mul(p.elementSize as usize);
                         out.push((p.dst, span(width, p.height, 1, p.pitch, p.height)));
                     }
                     MEMCPY => {
-                        // SAFETY: as above, for a memcpy node.
-                        let p = unsafe {
-                            let mut p: cu::CUDA_MEMCPY3D = std::mem::zeroed();
-                            ck(cu::cuGraphMemcpyNodeGetParams(n, &mut p))?;
-                            p
-                        };
+                        let mut p = Memcpy3dRaw::default();
+                        // SAFETY: a memcpy node of one of the client's graphs; Memcpy3dRaw
+                        // has CUDA_MEMCPY3D's layout (checked below it) with plain integers
+                        // where cudarc has enums, so any value the driver writes is valid.
+                        ck(unsafe {
+                            cu::cuGraphMemcpyNodeGetParams(
+                                n,
+                                (&mut p as *mut Memcpy3dRaw).cast::<cu::CUDA_MEMCPY3D>(),
+                            )
+                        })?;
                         // Each side in device memory: where its region starts, and its
                         // span with its own pitch and rows per slice.
                         let sides = [
@@ -1640,9 +1644,12 @@ impl Gpu for CudaGpu {
                         for (kind, base, [x, y, z], pitch, height) in sides {
                             if device_side(kind) {
                                 let pitch = pitch.max(p.WidthInBytes);
-                                let at = base
-                                    + x as u64
-                                    + (y as u64 + z as u64 * height as u64) * pitch as u64;
+                                // Wrapping: the driver's numbers, whatever a client made them.
+                                let at = base.wrapping_add(x as u64).wrapping_add(
+                                    (y as u64)
+                                        .wrapping_add((z as u64).wrapping_mul(height as u64))
+                                        .wrapping_mul(pitch as u64),
+                                );
                                 let rows = height.max(p.Height);
                                 out.push((
                                     at,
@@ -1704,10 +1711,18 @@ impl Gpu for CudaGpu {
 
     fn graph_node_type(&self, node: u64) -> GpuResult<u32> {
         self.bind();
-        let mut t = cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-        // SAFETY: a node of one of the client's graphs (graph_nodes gave it).
-        ck(unsafe { cu::cuGraphNodeGetType(node as cu::CUgraphNode, &mut t) })?;
-        Ok(t as u32)
+        // A plain u32 where cudarc has an enum: a node type newer than its headers is a
+        // number the caller does not know, not an invalid enum.
+        let mut t: u32 = 0;
+        // SAFETY: a node of one of the client's graphs (graph_nodes gave it);
+        // CUgraphNodeType is a u32-sized C enum.
+        ck(unsafe {
+            cu::cuGraphNodeGetType(
+                node as cu::CUgraphNode,
+                (&mut t as *mut u32).cast::<cu::CUgraphNodeType>(),
+            )
+        })?;
+        Ok(t)
     }
 
     fn graph_create(&self) -> GpuResult<u64> {
@@ -1994,3 +2009,46 @@ fn read_tpc_maps(s: &mut DeviceSnapshot) {
         free(vgpc, mtpc);
     }
 }
+
+/// CUDA_MEMCPY3D as the driver writes it: cudarc's has Rust enums for the memory types,
+/// which have no zero and cannot hold a value a newer driver might write, so neither a
+/// zeroed one nor one the driver filled is safe to have (zeroing it panics).
+#[repr(C)]
+#[derive(Default)]
+#[allow(non_snake_case)]
+struct Memcpy3dRaw {
+    srcXInBytes: usize,
+    srcY: usize,
+    srcZ: usize,
+    srcLOD: usize,
+    srcMemoryType: u32,
+    srcHost: usize,
+    srcDevice: u64,
+    srcArray: usize,
+    reserved0: usize,
+    srcPitch: usize,
+    srcHeight: usize,
+    dstXInBytes: usize,
+    dstY: usize,
+    dstZ: usize,
+    dstLOD: usize,
+    dstMemoryType: u32,
+    dstHost: usize,
+    dstDevice: u64,
+    dstArray: usize,
+    reserved1: usize,
+    dstPitch: usize,
+    dstHeight: usize,
+    WidthInBytes: usize,
+    Height: usize,
+    Depth: usize,
+}
+
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<Memcpy3dRaw>() == size_of::<cu::CUDA_MEMCPY3D>());
+    assert!(align_of::<Memcpy3dRaw>() == align_of::<cu::CUDA_MEMCPY3D>());
+    assert!(offset_of!(Memcpy3dRaw, srcHost) == offset_of!(cu::CUDA_MEMCPY3D, srcHost));
+    assert!(offset_of!(Memcpy3dRaw, dstMemoryType) == offset_of!(cu::CUDA_MEMCPY3D, dstMemoryType));
+    assert!(offset_of!(Memcpy3dRaw, Depth) == offset_of!(cu::CUDA_MEMCPY3D, Depth));
+};

@@ -14,6 +14,15 @@ pub fn fake_client(
     gpu: &Arc<dyn Gpu>,
     id: u32,
 ) -> std::io::Result<(Arc<ClientShared>, UnixStream)> {
+    fake_client_printing(gpu, id, None)
+}
+
+/// As [`fake_client`], with the printf router the control thread would give it.
+pub fn fake_client_printing(
+    gpu: &Arc<dyn Gpu>,
+    id: u32,
+    printf: Option<Arc<crate::printf::PrintfRouter>>,
+) -> std::io::Result<(Arc<ClientShared>, UnixStream)> {
     let layout = LayoutParams::for_devices(1)
         .validate()
         .map_err(std::io::Error::other)?;
@@ -26,7 +35,7 @@ pub fn fake_client(
     unsafe { gpu.register_host(seg.base().add(off), len) }
         .map_err(|e| std::io::Error::other(format!("register: {}", e.0)))?;
     let (ours, theirs) = UnixStream::pair()?;
-    let c = ClientShared::new(
+    let mut c = ClientShared::new(
         id,
         0,
         "fake".into(),
@@ -35,6 +44,7 @@ pub fn fake_client(
         OwnedFd::from(ours),
         Some(gpu.clone()),
     );
+    c.printf = printf;
     Ok((Arc::new(c), theirs))
 }
 

@@ -131,6 +131,20 @@ impl Verifier {
     /// capability, say): remembered, or from a load in the child. A verdict holds for one
     /// kind of GPU under one driver: the same image may meet another parser elsewhere.
     pub fn check(&self, ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
+        let started = Instant::now();
+        let verdict = self.check_timed(ordinal, device, image);
+        // What verification costs a load (scripts/probe/verifier_cost.sh reads these).
+        tracing::debug!(
+            bytes = image.len(),
+            us = started.elapsed().as_micros() as u64,
+            ?verdict,
+            "image verified"
+        );
+        verdict
+    }
+
+    fn check_timed(&self, ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
+        let started = Instant::now();
         let hash: [u8; 32] = Sha256::new()
             .chain_update(self.driver.to_le_bytes())
             .chain_update((device.len() as u64).to_le_bytes())
@@ -138,6 +152,7 @@ impl Verifier {
             .chain_update(image)
             .finalize()
             .into();
+        tracing::debug!(us = started.elapsed().as_micros() as u64, "image hashed");
         let mut st = self.lock();
         if st.good.contains(&hash) {
             return Verdict::Good;

@@ -196,7 +196,13 @@ impl Session {
 
     /// The client loaded code of printf level `level` (wire::printf_use).
     pub(super) fn uses_printf(&self, level: u64) {
-        self.client.printf_level.fetch_max(level, Ordering::Relaxed);
+        match &self.client.printf {
+            // Before the code can run: its first text must find its client.
+            Some(router) => router.declare(self.client.id, level),
+            None => {
+                self.client.printf_level.fetch_max(level, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Registers the module's functions and writes the function table into chunk 0; the
@@ -352,4 +358,38 @@ fn settable_defaults(gpu: &dyn crate::gpu::Gpu, m: &crate::gpu::LoadedModule) ->
             .map(|f| SETTABLE.map(|a| gpu.func_attribute(f.handle, a).ok()))
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::printf::{PrintfRouter, Stream};
+    use omps_ring::wire::printf_use;
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+
+    #[test]
+    fn a_loaded_images_level_reaches_the_router_before_any_text() {
+        let host = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 24));
+        let gpu: Arc<dyn crate::gpu::Gpu> = host.clone();
+        let router = Arc::new(PrintfRouter::new(false).expect("router"));
+        let (client, _peer) =
+            crate::testing::fake_client_printing(&gpu, 7, Some(router.clone())).expect("client");
+        // SAFETY: the fake client's segment has ring 0 and lives as long as the session.
+        let s = unsafe { Session::new(client, 0) };
+        // What a worker does on loading code that asserts; no control thread runs here.
+        s.uses_printf(printf_use::ASSERT);
+        // The driver writes the assert's message at once.
+        // SAFETY: the router's pipe, open while it lives; ManuallyDrop leaves it open.
+        let mut err = std::mem::ManuallyDrop::new(unsafe {
+            std::fs::File::from_raw_fd(router.write_fd(Stream::Err))
+        });
+        err.write_all(b"Assertion failed.\n").unwrap();
+        let got = router.flush(&*gpu, 7, 1 << 10);
+        assert_eq!(
+            got.err, b"Assertion failed.\n",
+            "the client's, not the log's"
+        );
+        assert_eq!(router.unattributed(), 0);
+    }
 }

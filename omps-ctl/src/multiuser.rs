@@ -101,6 +101,8 @@ struct Daemon {
     /// The program each user's server runs, and how long it has to start listening.
     server: PathBuf,
     start_limit: Duration,
+    /// control.log's size before it moves to control.log.1 (OMPS_LOG_MAX_BYTES; 0: none).
+    log_max: u64,
 }
 
 /// `-f`: runs the daemon until `quit`.
@@ -161,6 +163,7 @@ impl Daemon {
             admission: Default::default(),
             server,
             start_limit: Duration::from_secs(60),
+            log_max: omps_ring::sock::log_max_bytes(),
         }
     }
 
@@ -216,9 +219,26 @@ impl Daemon {
 
     fn log(&self, line: &str) {
         let Some(dir) = &self.log else { return };
-        if let Ok(mut f) = dir.file("control.log", true) {
-            let _ = writeln!(f, "[omps-ctl daemon {}] {line}", std::process::id());
+        let line = format!("[omps-ctl daemon {}] {line}\n", std::process::id());
+        let Ok(mut f) = dir.file("control.log", true) else {
+            return;
+        };
+        // Users' connections can make lines here (a refused or failed start each): kept
+        // under OMPS_LOG_MAX_BYTES as the servers' logs are, the full one moved to
+        // control.log.1 (issue 23, finding 14).
+        let max = self.log_max;
+        let len = f.metadata().map_or(0, |m| m.len());
+        if max != 0 && len > 0 && len.saturating_add(line.len() as u64) > max {
+            drop(f);
+            if dir.rename("control.log", "control.log.1").is_err() {
+                return;
+            }
+            let Ok(again) = dir.file("control.log", true) else {
+                return;
+            };
+            f = again;
         }
+        let _ = f.write_all(line.as_bytes());
     }
 
     fn serve_connection(&self, conn: UnixStream, uid: u32, gid: u32) {

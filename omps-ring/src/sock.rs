@@ -46,6 +46,20 @@ pub fn log_directory() -> Option<PathBuf> {
     env_dir("OMPS_LOG_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 }
 
+/// A log's size before it is moved to `NAME.1` (the server's server.log and control.log,
+/// the root daemon's control.log): OMPS_LOG_MAX_BYTES (bytes, at least 4096; 0: no cap),
+/// 64 MiB if unset.
+pub fn log_max_bytes() -> u64 {
+    match std::env::var("OMPS_LOG_MAX_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        Some(0) => 0,
+        Some(n) => n.max(4096),
+        None => 64 << 20,
+    }
+}
+
 /// The client socket a program connects to: the pipe directory's `omps.sock`, or, where
 /// the pipe directory is a namespace's (a container that mounts only that directory), its
 /// `control` socket.

@@ -17,17 +17,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-/// A log's size before it is moved to `NAME.1`: OMPS_LOG_MAX_BYTES (bytes, at least 4096;
-/// 0: no cap), 64 MiB if unset.
+/// A log's size before it is moved to `NAME.1` (omps_ring::sock::log_max_bytes).
 pub fn max_bytes() -> u64 {
-    match std::env::var("OMPS_LOG_MAX_BYTES")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-    {
-        Some(0) => 0,
-        Some(n) => n.max(4096),
-        None => 64 << 20,
-    }
+    omps_ring::sock::log_max_bytes()
 }
 
 /// A log file in `dir` that stays under a size: a write that would take it past `max`

@@ -245,6 +245,15 @@ impl RootDir {
         Ok(file)
     }
 
+    /// Renames `from` here to `to` here, replacing `to` (whatever it is: a rename never
+    /// follows a symlink at either name).
+    pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let (f, t) = (cstr(from.as_ref())?, cstr(to.as_ref())?);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: NUL-terminated names in the open directory.
+        check(unsafe { libc::renameat(fd, f.as_ptr(), fd, t.as_ptr()) })
+    }
+
     /// Removes file `name` here (not following a symlink there, which goes itself).
     pub fn remove(&self, name: &str) {
         if let Ok(c) = cstr(name.as_ref()) {

@@ -188,3 +188,32 @@ fn a_slow_start_for_one_user_does_not_hold_up_another() {
     assert!(e.contains("did not start listening"), "{e}");
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[test]
+fn the_daemons_log_stays_under_its_cap() {
+    if !root() {
+        return;
+    }
+    let base = scratch("logcap");
+    let pipe = RootDir::open(&base.join("pipe"), 0o711).unwrap();
+    let log = RootDir::open(&base.join("log"), 0o755).unwrap();
+    let mut d = Daemon::new(pipe, Some(log), base.join("no-server"));
+    d.log_max = 4096;
+    // A user's connections making lines without end (a failed start each).
+    for i in 0..1000 {
+        d.log(&format!("cannot start a server for uid 60001: attempt {i}"));
+    }
+    let size = |n: &str| std::fs::metadata(base.join("log").join(n)).map_or(0, |m| m.len());
+    assert!(size("control.log") <= 4096, "{}", size("control.log"));
+    assert!(size("control.log.1") <= 4096, "{}", size("control.log.1"));
+    assert!(
+        size("control.log.1") > 3000,
+        "the full one was kept as control.log.1"
+    );
+    let last = std::fs::read_to_string(base.join("log").join("control.log")).unwrap();
+    assert!(
+        last.contains("attempt 999"),
+        "the newest lines are in control.log"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}

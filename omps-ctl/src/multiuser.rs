@@ -466,17 +466,22 @@ impl Daemon {
             _ => {
                 // A PID the command names: a server's, or a client's of some server.
                 let pid = words.iter().skip(1).find_map(|w| w.parse::<u32>().ok());
-                if let Some(r) = pid.and_then(|p| servers.iter().find(|r| r.pid == p)) {
-                    return ask(&r.dir, r.uid, cmd);
-                }
-                let mut last = (false, "no omps server runs\n".to_string());
-                for r in &servers {
-                    last = ask(&r.dir, r.uid, cmd);
-                    if last.0 {
-                        break;
+                match pid {
+                    Some(p) => match server_of_pid(&servers, p) {
+                        Ok(r) => ask(&r.dir, r.uid, cmd),
+                        Err(e) => (false, e),
+                    },
+                    None => {
+                        let mut last = (false, "no omps server runs\n".to_string());
+                        for r in &servers {
+                            last = ask(&r.dir, r.uid, cmd);
+                            if last.0 {
+                                break;
+                            }
+                        }
+                        last
                     }
                 }
-                last
             }
         }
     }
@@ -505,6 +510,28 @@ impl Daemon {
             (false, last_err)
         }
     }
+}
+
+/// The server a command naming `pid` is for: the server with that PID, else the server
+/// of the user the process runs as (its real uid, from /proc), since a user's clients are
+/// served by that user's server alone. Not the first server to answer ok: a user can make
+/// their own server say anything, and would take root's commands for others' clients.
+fn server_of_pid(servers: &[Running], pid: u32) -> Result<&Running, String> {
+    if let Some(r) = servers.iter().find(|r| r.pid == pid) {
+        return Ok(r);
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|_| format!("no process {pid}\n"))?;
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|u| u.parse::<u32>().ok())
+        .ok_or_else(|| format!("cannot read the uid of process {pid}\n"))?;
+    servers
+        .iter()
+        .find(|r| r.uid == uid)
+        .ok_or_else(|| format!("process {pid} runs as uid {uid}, which has no omps server\n"))
 }
 
 /// One command to `uid`'s server of pipe directory `dir`, as root (its operator).

@@ -217,3 +217,45 @@ fn the_daemons_log_stays_under_its_cap() {
     );
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[test]
+fn a_command_naming_a_client_goes_to_its_users_server_only() {
+    if !root() {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut theirs = std::process::Command::new("sleep")
+        .arg("10")
+        .uid(60001)
+        .gid(60001)
+        .spawn()
+        .unwrap();
+    let servers = vec![
+        Running {
+            uid: 0,
+            pid: 1_000_001,
+            dir: "/nonexistent/u0".into(),
+        },
+        Running {
+            uid: 60001,
+            pid: 1_000_002,
+            dir: "/nonexistent/u60001".into(),
+        },
+    ];
+    let uid_for = |pid: u32| server_of_pid(&servers, pid).map(|r| r.uid);
+    assert_eq!(uid_for(theirs.id()), Ok(60001), "user 60001's client");
+    assert_eq!(uid_for(std::process::id()), Ok(0), "root's own process");
+    assert_eq!(uid_for(1_000_002), Ok(60001), "a server named by its PID");
+    let none = server_of_pid(&servers[..1], theirs.id()).map(|r| r.uid);
+    assert!(
+        none.as_ref()
+            .is_err_and(|e| e.contains("uid 60001, which has no omps server")),
+        "{none:?}"
+    );
+    assert!(
+        server_of_pid(&servers, u32::MAX - 1).is_err(),
+        "no such process"
+    );
+    let _ = theirs.kill();
+    let _ = theirs.wait();
+}

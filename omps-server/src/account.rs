@@ -10,7 +10,8 @@
 //!
 //! Bounds that are per client (page-locked memory) would still let N clients hold N
 //! times as much: [`Totals`] holds what all clients hold together, against server-wide
-//! bounds (crate::bounds).
+//! bounds (crate::bounds). A namespace's memory limit likewise holds for all its clients
+//! together ([`Group`]): a pod that starts more processes gets no more memory.
 
 use crate::client::NO_LIMIT;
 use omps_ring::segment::MAX_DEVICES;
@@ -77,6 +78,39 @@ impl Totals {
 }
 
 /// One client process's charges and limits.
+/// What the clients of one namespace hold together, against its memory limit: every
+/// change to a member process's [`Account`] is made here too.
+#[derive(Debug)]
+pub struct Group {
+    /// Per GPU, the namespace's limit ([`NO_LIMIT`]: none).
+    pub limit: [u64; MAX_DEVICES],
+    pub mem: [AtomicU64; MAX_DEVICES],
+    pub pinned: AtomicU64,
+    /// Held across a limited charge's check and update, inside the process's own lock.
+    lock: Mutex<()>,
+}
+
+impl Group {
+    pub fn new(limit: [u64; MAX_DEVICES]) -> Group {
+        Group {
+            limit,
+            mem: Default::default(),
+            pinned: AtomicU64::new(0),
+            lock: Mutex::new(()),
+        }
+    }
+
+    /// Whether `n` more bytes on GPU `dev` (pinned bytes count on every GPU, as a
+    /// process's do) stay within the limit: Some(limit, used) where they would not.
+    fn over(&self, dev: usize, n: u64) -> Option<(u64, u64)> {
+        let limit = *self.limit.get(dev)?;
+        let used = self.mem[dev]
+            .load(Ordering::Relaxed)
+            .saturating_add(self.pinned.load(Ordering::Relaxed));
+        (limit != NO_LIMIT && used.saturating_add(n) > limit).then_some((limit, used))
+    }
+}
+
 pub struct Account {
     pub pid: i32,
     /// Device memory its connections hold, per GPU.
@@ -90,6 +124,9 @@ pub struct Account {
     /// process: two connections' charges cannot both pass one check.
     lock: Mutex<()>,
     pub totals: Arc<Totals>,
+    /// The namespace its connections came through, set by the first (a process is a
+    /// client of one namespace, or of none).
+    group: std::sync::OnceLock<Option<Arc<Group>>>,
 }
 
 impl Account {
@@ -107,6 +144,82 @@ impl Account {
             limit: std::array::from_fn(|_| AtomicU64::new(NO_LIMIT)),
             lock: Mutex::new(()),
             totals,
+            group: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Joins the process to `group` (None: no namespace's), or checks that a connection
+    /// after its first came the same way: false where it did not.
+    pub fn join(&self, group: Option<&Arc<Group>>) -> bool {
+        let mine = self.group.get_or_init(|| group.cloned());
+        match (mine, group) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    fn group(&self) -> Option<&Arc<Group>> {
+        self.group.get().and_then(Option::as_ref)
+    }
+
+    /// Whether `n` more bytes on GPU `dev` (None: pinned, on every one of `gpus`) keep its
+    /// namespace within its limit: Err(dev, limit, used) where they would not. Called
+    /// under [`Account::lock`]; the group's lock is held until [`Account::add_mem`] or
+    /// [`Account::add_pinned`] took the bytes, through the guard returned.
+    pub fn group_fits(
+        &self,
+        dev: Option<usize>,
+        n: u64,
+        gpus: usize,
+    ) -> Result<Option<MutexGuard<'_, ()>>, (usize, u64, u64)> {
+        let Some(g) = self.group() else {
+            return Ok(None);
+        };
+        let guard = g.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let over = match dev {
+            Some(d) => g.over(d, n).map(|(l, u)| (d, l, u)),
+            None => (0..gpus.min(MAX_DEVICES)).find_map(|d| g.over(d, n).map(|(l, u)| (d, l, u))),
+        };
+        match over {
+            Some(o) => Err(o),
+            None => Ok(Some(guard)),
+        }
+    }
+
+    /// Device memory on GPU `dev`: `n` bytes more, for the process and its namespace.
+    pub fn add_mem(&self, dev: usize, n: u64) {
+        if let Some(m) = self.mem.get(dev) {
+            m.fetch_add(n, Ordering::Relaxed);
+        }
+        if let Some(m) = self.group().and_then(|g| g.mem.get(dev)) {
+            m.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// `n` bytes of device memory on GPU `dev` given back.
+    pub fn sub_mem(&self, dev: usize, n: u64) {
+        if let Some(m) = self.mem.get(dev) {
+            m.fetch_sub(n, Ordering::Relaxed);
+        }
+        if let Some(m) = self.group().and_then(|g| g.mem.get(dev)) {
+            m.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Pinned host memory: `n` bytes more.
+    pub fn add_pinned(&self, n: u64) {
+        self.pinned.fetch_add(n, Ordering::Relaxed);
+        if let Some(g) = self.group() {
+            g.pinned.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// `n` bytes of pinned host memory given back.
+    pub fn sub_pinned(&self, n: u64) {
+        self.pinned.fetch_sub(n, Ordering::Relaxed);
+        if let Some(g) = self.group() {
+            g.pinned.fetch_sub(n, Ordering::Relaxed);
         }
     }
 
@@ -146,9 +259,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some(m) = self.account.mem.get(self.dev) {
-            m.fetch_sub(self.bytes, Ordering::Relaxed);
-        }
+        self.account.sub_mem(self.dev, self.bytes);
     }
 }
 

@@ -346,7 +346,15 @@ impl ClientShared {
             }
             return Err(oom);
         }
-        all.fetch_add(n, Ordering::Relaxed);
+        // And its namespace's clients together.
+        let _group = match self.account.group_fits(Some(dev), n, MAX_DEVICES) {
+            Ok(g) => g,
+            Err((d, l, used)) => {
+                self.log_limit(d, l, used, n);
+                return Err(oom);
+            }
+        };
+        self.account.add_mem(dev, n);
         m.fetch_add(n, Ordering::Relaxed);
         Ok(())
     }
@@ -354,17 +362,17 @@ impl ClientShared {
     /// Counts `n` bytes of device memory on GPU `dev` whatever its limit (memory the
     /// client holds already, moved to it).
     pub fn add_mem(&self, dev: usize, n: u64) {
-        if let (Some(m), Some(all)) = (self.mem_bytes.get(dev), self.account.mem.get(dev)) {
+        if let Some(m) = self.mem_bytes.get(dev) {
             m.fetch_add(n, Ordering::Relaxed);
-            all.fetch_add(n, Ordering::Relaxed);
+            self.account.add_mem(dev, n);
         }
     }
 
     /// `n` bytes of device memory on GPU `dev` it was charged for are given back.
     pub fn uncharge(&self, dev: usize, n: u64) {
-        if let (Some(m), Some(all)) = (self.mem_bytes.get(dev), self.account.mem.get(dev)) {
+        if let Some(m) = self.mem_bytes.get(dev) {
             m.fetch_sub(n, Ordering::Relaxed);
-            all.fetch_sub(n, Ordering::Relaxed);
+            self.account.sub_mem(dev, n);
         }
     }
 
@@ -392,7 +400,14 @@ impl ClientShared {
             self.log_limit(d, l, used, n);
             return Err(crate::gpu::code::OUT_OF_MEMORY);
         }
-        a.pinned.fetch_add(n, Ordering::Relaxed);
+        let _group = match a.group_fits(None, n, gpus) {
+            Ok(g) => g,
+            Err((d, l, used)) => {
+                self.log_limit(d, l, used, n);
+                return Err(crate::gpu::code::OUT_OF_MEMORY);
+            }
+        };
+        a.add_pinned(n);
         self.pinned_bytes.fetch_add(n, Ordering::Relaxed);
         Ok(())
     }
@@ -400,7 +415,7 @@ impl ClientShared {
     /// `n` bytes of pinned host memory in one range are given back.
     pub fn unpinned(&self, n: u64) {
         self.pinned_bytes.fetch_sub(n, Ordering::Relaxed);
-        self.account.pinned.fetch_sub(n, Ordering::Relaxed);
+        self.account.sub_pinned(n);
         self.account.totals.give_pinned(n);
     }
 

@@ -1208,6 +1208,21 @@ impl Server {
         let mut c = ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on);
         c.identity = crate::client::Identity::of(pid, settings.ns_pid);
         let (account, first) = self.accounts.of(pid);
+        // A namespace's memory limit holds for its clients together: the process joins
+        // the namespace it came through, and another connection of its must come the
+        // same way (or its memory would be counted in one place and used in another).
+        if !account.join(ns.map(|n| &n.held)) {
+            tracing::warn!(
+                pid,
+                "refusing a client: another connection of this process came through {}",
+                if ns.is_some() {
+                    "another namespace or the server's own socket"
+                } else {
+                    "a namespace"
+                }
+            );
+            return refuse(code::INVALID_VALUE);
+        }
         c.account = account;
         c.visible = visible.clone();
         c.printf = Some(self.printf.clone());

@@ -41,6 +41,9 @@ pub struct Limits {
     pub qos: Qos,
     /// The SM partition its clients run in (GPU, partition id), if any.
     pub partition: Option<(usize, u32)>,
+    /// What its clients hold together, against `mem`: the limit is the namespace's, not
+    /// each process's (a client may set a lower one of its own).
+    pub held: Arc<crate::account::Group>,
 }
 
 /// How QoS classes rank: a client may go down from its namespace's, not up.
@@ -106,6 +109,7 @@ fn parse(
         milli_pct: None,
         qos: Qos::Normal,
         partition: None,
+        held: Arc::new(crate::account::Group::new([NO_LIMIT; MAX_DEVICES])),
     };
     for a in args {
         let (key, value) = a
@@ -135,6 +139,7 @@ fn parse(
             }
         }
     }
+    l.held = Arc::new(crate::account::Group::new(l.mem));
     Ok(l)
 }
 

@@ -193,3 +193,45 @@ fn namespaces_are_made_again_by_the_next_server_on_the_pipe_directory() {
     t.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The namespace-limit test's second process: its socket in OMPS_TEST_NS_SOCKET.
+const NS_CHILD: &str = "OMPS_TEST_NS_CHILD";
+
+#[test]
+fn a_namespaces_limit_holds_for_its_processes_together() {
+    if std::env::var_os(NS_CHILD).is_some() {
+        // Another process of the namespace: 48M of its 64M are the first's already.
+        let socket = std::env::var_os("OMPS_TEST_NS_SOCKET").expect("the socket");
+        let c = Conn::connect_with(Path::new(&socket), &settings_from(|_| None).unwrap())
+            .expect("a second client of the namespace");
+        assert_eq!(
+            try_alloc(&c, 32 << 20),
+            Err(2),
+            "32M more would take the namespace past 64M: CUDA_ERROR_OUT_OF_MEMORY"
+        );
+        try_alloc(&c, 8 << 20).expect("8M more stays within it");
+        return;
+    }
+    let srv = TestServer::start("principals-ns-total");
+    assert!(srv.ctl("create_namespace team-b mem_limit=64M").0);
+    let socket = srv.dir.join("omps").join("team-b").join("control");
+    let plain = settings_from(|_| None).unwrap();
+    let c = Conn::connect_with(&socket, &plain).expect("a namespace client");
+    try_alloc(&c, 48 << 20).expect("within the namespace's limit");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_namespaces_limit_holds_for_its_processes_together",
+            "--nocapture",
+        ])
+        .env(NS_CHILD, "1")
+        .env("OMPS_TEST_NS_SOCKET", &socket)
+        .status()
+        .expect("the second process runs");
+    assert!(status.success(), "the second process: {status}");
+    // This process came through the namespace: through the server's own socket it is
+    // refused, which would count its memory outside the namespace.
+    let e = Conn::connect_with(&srv.socket(), &plain).err();
+    assert!(e.is_some(), "one process in and out of a namespace");
+    drop(c);
+}

@@ -304,6 +304,8 @@ pub struct Session {
     /// blocks freed while one does, held until none does (session/graph_memory.rs).
     exec_ranges: HashMap<u32, Vec<Range>>,
     graph_held: Vec<Range>,
+    /// Modules unloaded and IPC openings closed while such a graph used their memory.
+    graph_held_other: Vec<graph_memory::HeldForGraphs>,
     /// How many of its streams are being captured.
     capturing: usize,
     /// Its conditional nodes' homes, handles and bodies.
@@ -376,6 +378,7 @@ impl Session {
             execs: HashMap::new(),
             exec_ranges: HashMap::new(),
             graph_held: Vec::new(),
+            graph_held_other: Vec::new(),
             cond: Default::default(),
             refusals: 0,
             capturing: 0,
@@ -916,6 +919,8 @@ impl Session {
         for (p, n) in self.take_graph_held() {
             self.allocs.insert(p, n);
         }
+        // Modules and IPC openings held for its graphs go with the rest.
+        let (held_modules, held_closes) = self.take_graph_held_other();
         let (ipc, mut allocs) = {
             let mut reg = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
             let (ipc, own): (Vec<Range>, Vec<Range>) = std::mem::take(&mut self.allocs)
@@ -936,8 +941,10 @@ impl Session {
         let ipc_close = std::mem::take(&mut self.imported)
             .into_iter()
             .flat_map(|(p, (_, n))| std::iter::repeat_n(p, n as usize))
+            .chain(held_closes)
             .collect();
-        let module_bytes = self.modules.values().map(|m| m.data_bytes).sum();
+        let module_bytes = self.modules.values().map(|m| m.data_bytes).sum::<u64>()
+            + held_modules.iter().map(|m| m.2).sum::<u64>();
         let rel = Release {
             pinned: Vec::new(),
             limits: None,
@@ -950,9 +957,11 @@ impl Session {
             modules: self
                 .modules
                 .drain()
-                .flat_map(|(_, m)| match m.shared {
-                    true => cache.release(m.handle).unwrap_or_default(),
-                    false => vec![m.handle],
+                .map(|(_, m)| (m.handle, m.shared))
+                .chain(held_modules.iter().map(|m| (m.0, m.1)))
+                .flat_map(|(handle, shared)| match shared {
+                    true => cache.release(handle).unwrap_or_default(),
+                    false => vec![handle],
                 })
                 .collect(),
             events: std::mem::take(&mut self.events_to_destroy)

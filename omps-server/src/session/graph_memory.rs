@@ -7,9 +7,10 @@
 //! graph's is the driver's. So the ranges each executable graph's memset and memcpy nodes
 //! use are read at instantiation ([`crate::gpu::Gpu::graph_memory_ranges`]), and a block
 //! freed while one of the client's executable graphs uses it is held, still charged to
-//! the client, until the last such graph is destroyed or updated away from it. (A
-//! kernel node's pointers are its arguments' bytes, which no one can read: docs/design.md,
-//! the trust model.)
+//! the client, until the last such graph is destroyed or updated away from it. A module
+//! unloaded while such a graph uses its globals, and an IPC opening closed while one uses
+//! the memory opened, are held the same way ([`HeldForGraphs`]). (A kernel node's pointers
+//! are its arguments' bytes, which no one can read: docs/design.md, the trust model.)
 
 use super::*;
 
@@ -18,7 +19,39 @@ fn overlap((a, n): (u64, u64), (b, m): (u64, u64)) -> bool {
     a < b.saturating_add(m) && b < a.saturating_add(n)
 }
 
+/// What a live executable graph keeps from going: a module (its handle, whether the
+/// module cache shares it, the bytes charged for its variables, its globals) or the last
+/// opening of an IPC handle (its address and length).
+pub(super) enum HeldForGraphs {
+    Module(u64, bool, u64, Vec<Range>),
+    IpcClose(u64, u64),
+}
+
+impl HeldForGraphs {
+    fn ranges(&self) -> Vec<Range> {
+        match self {
+            HeldForGraphs::Module(_, _, _, r) => r.clone(),
+            HeldForGraphs::IpcClose(p, n) => vec![(*p, *n)],
+        }
+    }
+}
+
 impl Session {
+    /// Whether one of the client's executable graphs uses a byte of `r`.
+    fn used_by_graphs(&self, r: Range) -> bool {
+        self.exec_ranges.values().flatten().any(|&e| overlap(e, r))
+    }
+
+    /// Holds `what` (a module being unloaded, an IPC opening being closed) if one of the
+    /// client's executable graphs uses its memory: true, and it goes once none does.
+    pub(super) fn hold_other_for_graphs(&mut self, what: HeldForGraphs) -> bool {
+        let used = what.ranges().iter().any(|&r| self.used_by_graphs(r));
+        if used {
+            self.graph_held_other.push(what);
+        }
+        used
+    }
+
     /// Whether every range `graph`'s memset and memcpy nodes use is still the client's: a
     /// graph captured over a block freed since would write whoever has it now.
     pub(super) fn graph_memory_owned(&mut self, ctx: &mut WorkerCtx, graph: u64) -> bool {
@@ -65,19 +98,34 @@ impl Session {
     /// Whether the block `[ptr, ptr+len)` being freed is still used by one of the client's
     /// executable graphs: then it is held here instead of released.
     pub(super) fn hold_for_graphs(&mut self, ptr: u64, len: u64) -> bool {
-        let used = self
-            .exec_ranges
-            .values()
-            .flatten()
-            .any(|&r| overlap(r, (ptr, len)));
+        let used = self.used_by_graphs((ptr, len));
         if used {
             self.graph_held.push((ptr, len));
         }
         used
     }
 
-    /// Releases the held blocks no executable graph uses any more.
+    /// Releases the held blocks, modules and openings no executable graph uses any more.
     fn release_graph_held(&mut self, ctx: &mut WorkerCtx) {
+        let (still, free): (Vec<HeldForGraphs>, Vec<HeldForGraphs>) =
+            std::mem::take(&mut self.graph_held_other)
+                .into_iter()
+                .partition(|h| h.ranges().iter().any(|&r| self.used_by_graphs(r)));
+        self.graph_held_other = still;
+        for h in free {
+            match h {
+                HeldForGraphs::Module(handle, shared, charged, _) => {
+                    self.give_back_module(ctx, handle, shared, charged)
+                }
+                HeldForGraphs::IpcClose(ptr, _) => ctx.release_later(
+                    self,
+                    Release {
+                        ipc_close: vec![ptr],
+                        ..Default::default()
+                    },
+                ),
+            }
+        }
         let ranges = &self.exec_ranges;
         let (still, free): (Vec<Range>, Vec<Range>) = std::mem::take(&mut self.graph_held)
             .into_iter()
@@ -104,6 +152,22 @@ impl Session {
     /// The blocks held for graphs, for the client's last release.
     pub(super) fn take_graph_held(&mut self) -> Vec<Range> {
         std::mem::take(&mut self.graph_held)
+    }
+
+    /// The modules (handle, shared, bytes charged) and IPC openings held for graphs, for
+    /// the client's last release.
+    pub(super) fn take_graph_held_other(&mut self) -> (Vec<(u64, bool, u64)>, Vec<u64>) {
+        let mut modules = Vec::new();
+        let mut closes = Vec::new();
+        for h in std::mem::take(&mut self.graph_held_other) {
+            match h {
+                HeldForGraphs::Module(handle, shared, charged, _) => {
+                    modules.push((handle, shared, charged))
+                }
+                HeldForGraphs::IpcClose(ptr, _) => closes.push(ptr),
+            }
+        }
+        (modules, closes)
     }
 }
 

@@ -60,8 +60,16 @@ impl Session {
                     return self.complete(c.call, code::INVALID_VALUE, &[]);
                 };
                 e.1 -= 1;
+                let size = e.0;
                 if e.1 == 0 {
                     self.imported.remove(&c.ptr);
+                    // The last opening stays while an executable graph of the client uses
+                    // the memory (session/graph_memory.rs): closed, the exporter's free
+                    // would let the driver give it to someone else under the graph.
+                    let held = super::graph_memory::HeldForGraphs::IpcClose(c.ptr, size);
+                    if self.hold_other_for_graphs(held) {
+                        return self.complete(c.call, 0, &[]);
+                    }
                 }
                 // The opening is given back once this client's work on it is done: until
                 // then the owner's free cannot release the memory under it.

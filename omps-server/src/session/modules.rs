@@ -32,8 +32,25 @@ impl Session {
                 for f in &m.functions {
                     self.functions.remove(f);
                 }
-                self.globals.retain(|_, &mut (_, module)| module != h.id);
-                self.give_back_module(ctx, m.handle, m.shared, m.data_bytes);
+                let mut globals = Vec::new();
+                self.globals.retain(|&p, &mut (n, module)| {
+                    if module == h.id {
+                        globals.push((p, n));
+                    }
+                    module != h.id
+                });
+                // Its variables stay while an executable graph of the client writes or
+                // reads them (session/graph_memory.rs): unloaded, the driver would give
+                // their memory to the next allocation, another client's perhaps.
+                let held = super::graph_memory::HeldForGraphs::Module(
+                    m.handle,
+                    m.shared,
+                    m.data_bytes,
+                    globals,
+                );
+                if !self.hold_other_for_graphs(held) {
+                    self.give_back_module(ctx, m.handle, m.shared, m.data_bytes);
+                }
             }
             Op::ModuleLoad => {
                 let m = rec::<wire::ModuleLoad>(p);
@@ -161,7 +178,13 @@ impl Session {
     /// shared one loses a user (and the cache may give back idle ones).
     /// Gives a module back (a shared one to the cache), with the `charged` bytes its
     /// variables took of the client's memory.
-    fn give_back_module(&mut self, ctx: &mut WorkerCtx, handle: u64, shared: bool, charged: u64) {
+    pub(super) fn give_back_module(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        handle: u64,
+        shared: bool,
+        charged: u64,
+    ) {
         let modules = match shared {
             true => ctx.shared.modules.release(handle).unwrap_or_default(),
             false => vec![handle],

@@ -1,0 +1,95 @@
+//! A module whose global an executable graph's memset writes, unloaded while the graph
+//! lives, stays loaded until the graph goes (issue 23, finding 9): unloaded, the driver
+//! would give the global's memory to the next allocation, another client's perhaps, under
+//! the replay. Its own test binary: the shim connects once per process.
+
+mod common;
+use common::*;
+use omps_shim::api::capture::*;
+use omps_shim::api::ctx::cuCtxSynchronize;
+use omps_shim::api::exec::*;
+use omps_shim::api::graph::*;
+use omps_shim::api::mem::*;
+use omps_shim::cuda::*;
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
+
+/// Waits up to 2 s for `done`.
+fn eventually(done: impl Fn() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done()
+}
+
+#[test]
+fn a_module_whose_global_a_live_graph_writes_stays_loaded_past_its_unload() {
+    use omps_shim::api::module::*;
+    let srv = start_as_client("graph-held-module");
+    let image = b"omps-host-module\nglobal table 64\n\0";
+    // SAFETY (whole test): valid out-pointers; handles made here.
+    unsafe {
+        let before = srv.gpu.modules_loaded();
+        let mut m = null_mut();
+        ok(cuModuleLoadData(&mut m, image.as_ptr().cast()));
+        let (mut g, mut size) = (0u64, 0usize);
+        ok(cuModuleGetGlobal_v2(
+            &mut g,
+            &mut size,
+            m,
+            c"table".as_ptr(),
+        ));
+        let mut s = null_mut();
+        ok(cuStreamCreate(&mut s, 1));
+        ok(cuStreamBeginCapture_v2(s, 2));
+        ok(cuMemsetD32Async(g, 7, 16, s));
+        let mut graph = null_mut();
+        ok(cuStreamEndCapture(s, &mut graph));
+        let mut e = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut e, graph, 0));
+        ok(cuGraphDestroy(graph));
+
+        // Unloaded while the executable graph lives: the client can no longer name the
+        // global, but the module stays loaded where the graph's memset writes.
+        ok(cuModuleUnload(m));
+        ok(cuCtxSynchronize());
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(srv.gpu.modules_loaded(), before + 1, "held for the graph");
+        // Not the client's to name any more: refused at once, or at the next sync.
+        let r = cuMemsetD32_v2(g, 1, 16);
+        let r = if r == CUDA_SUCCESS {
+            cuCtxSynchronize()
+        } else {
+            r
+        };
+        assert_eq!(
+            r, CUDA_ERROR_INVALID_VALUE,
+            "a memset of an unloaded global"
+        );
+        let words = srv.gpu.peek(g, 64).expect("held");
+        assert!(
+            !words.chunks(4).any(|w| w == 1u32.to_le_bytes()),
+            "not written"
+        );
+        ok(cuGraphLaunch(e, s));
+        ok(cuStreamSynchronize(s));
+        let words = srv.gpu.peek(g, 64).expect("still there");
+        assert!(
+            words.chunks(4).all(|w| w == 7u32.to_le_bytes()),
+            "the replay wrote it"
+        );
+
+        // The graph goes: so does the module.
+        ok(cuGraphExecDestroy(e));
+        ok(cuCtxSynchronize());
+        assert!(
+            eventually(|| srv.gpu.modules_loaded() == before),
+            "unloaded once no graph uses it"
+        );
+        ok(cuStreamDestroy_v2(s));
+    }
+}

@@ -6,27 +6,12 @@
 
 mod common;
 use common::*;
-use omps_shim::api::capture::*;
 use omps_shim::api::ctx::cuCtxSynchronize;
 use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
 use omps_shim::api::ipc::*;
-use omps_shim::api::mem::*;
 use omps_shim::conn::Conn;
-use std::ptr::null_mut;
-use std::time::{Duration, Instant};
-
-/// Waits up to 2 s for `done`.
-fn eventually(done: impl Fn() -> bool) -> bool {
-    let end = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < end {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    done()
-}
+use std::time::Duration;
 
 #[test]
 fn an_opening_a_live_graph_writes_stays_past_its_close_and_the_owners_free() {
@@ -34,13 +19,7 @@ fn an_opening_a_live_graph_writes_stays_past_its_close_and_the_owners_free() {
     // The exporter, another client: 4 KiB, exported.
     let exporter = Conn::connect_to(&srv.socket()).unwrap();
     let p = alloc_on(&exporter, 0, 4096);
-    let mut ch = exporter.channel();
-    ch.call(0, omps_ring::wire::Op::IpcGetMemHandle, |call| {
-        bytemuck::bytes_of(&omps_ring::wire::IpcCall { call, ptr: p }).to_vec()
-    })
-    .unwrap();
-    let h: omps_ring::wire::IpcHandle = ch.reply();
-    drop(ch);
+    let h = export_mem_handle(&exporter, 0, p);
     // SAFETY (whole block): valid out-pointers; handles made here.
     unsafe {
         let mut q = 0u64;
@@ -50,15 +29,7 @@ fn an_opening_a_live_graph_writes_stays_past_its_close_and_the_owners_free() {
             1,
         ));
         assert_eq!(q, p);
-        let mut s = null_mut();
-        ok(cuStreamCreate(&mut s, 1));
-        ok(cuStreamBeginCapture_v2(s, 2));
-        ok(cuMemsetD32Async(q, 9, 16, s));
-        let mut g = null_mut();
-        ok(cuStreamEndCapture(s, &mut g));
-        let mut e = null_mut();
-        ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
-        ok(cuGraphDestroy(g));
+        let (s, e) = memset_graph(q, 9);
 
         // Closed, and freed by its owner, while the executable graph lives: the memory
         // stays where the graph's memset writes.
@@ -68,13 +39,7 @@ fn an_opening_a_live_graph_writes_stays_past_its_close_and_the_owners_free() {
         ok(cuCtxSynchronize());
         std::thread::sleep(Duration::from_millis(200));
         assert!(srv.gpu.peek(p, 64).is_some(), "held for the graph");
-        ok(cuGraphLaunch(e, s));
-        ok(cuStreamSynchronize(s));
-        let words = srv.gpu.peek(p, 64).expect("still there");
-        assert!(
-            words.chunks(4).all(|w| w == 9u32.to_le_bytes()),
-            "the replay wrote it"
-        );
+        replay_writes(&srv.gpu, e, s, p, 9);
 
         // The graph goes: the opening closes, and the owner's free goes through.
         ok(cuGraphExecDestroy(e));

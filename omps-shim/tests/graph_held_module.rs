@@ -5,26 +5,13 @@
 
 mod common;
 use common::*;
-use omps_shim::api::capture::*;
 use omps_shim::api::ctx::cuCtxSynchronize;
 use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
 use omps_shim::api::mem::*;
 use omps_shim::cuda::*;
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
-
-/// Waits up to 2 s for `done`.
-fn eventually(done: impl Fn() -> bool) -> bool {
-    let end = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < end {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    done()
-}
+use std::time::Duration;
 
 #[test]
 fn a_module_whose_global_a_live_graph_writes_stays_loaded_past_its_unload() {
@@ -43,15 +30,7 @@ fn a_module_whose_global_a_live_graph_writes_stays_loaded_past_its_unload() {
             m,
             c"table".as_ptr(),
         ));
-        let mut s = null_mut();
-        ok(cuStreamCreate(&mut s, 1));
-        ok(cuStreamBeginCapture_v2(s, 2));
-        ok(cuMemsetD32Async(g, 7, 16, s));
-        let mut graph = null_mut();
-        ok(cuStreamEndCapture(s, &mut graph));
-        let mut e = null_mut();
-        ok(cuGraphInstantiateWithFlags(&mut e, graph, 0));
-        ok(cuGraphDestroy(graph));
+        let (s, e) = memset_graph(g, 7);
 
         // Unloaded while the executable graph lives: the client can no longer name the
         // global, but the module stays loaded where the graph's memset writes.
@@ -75,13 +54,7 @@ fn a_module_whose_global_a_live_graph_writes_stays_loaded_past_its_unload() {
             !words.chunks(4).any(|w| w == 1u32.to_le_bytes()),
             "not written"
         );
-        ok(cuGraphLaunch(e, s));
-        ok(cuStreamSynchronize(s));
-        let words = srv.gpu.peek(g, 64).expect("still there");
-        assert!(
-            words.chunks(4).all(|w| w == 7u32.to_le_bytes()),
-            "the replay wrote it"
-        );
+        replay_writes(&srv.gpu, e, s, g, 7);
 
         // The graph goes: so does the module.
         ok(cuGraphExecDestroy(e));

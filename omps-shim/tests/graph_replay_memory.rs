@@ -12,19 +12,7 @@ use omps_shim::api::graph::*;
 use omps_shim::api::mem::*;
 use omps_shim::cuda::*;
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
-
-/// Waits up to 2 s for `done`.
-fn eventually(done: impl Fn() -> bool) -> bool {
-    let end = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < end {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    done()
-}
+use std::time::Duration;
 
 #[test]
 fn a_block_a_live_graph_writes_is_held_past_its_free() {
@@ -33,15 +21,7 @@ fn a_block_a_live_graph_writes_is_held_past_its_free() {
     unsafe {
         let mut p = 0u64;
         ok(cuMemAlloc_v2(&mut p, 64));
-        let mut s = null_mut();
-        ok(cuStreamCreate(&mut s, 1));
-        ok(cuStreamBeginCapture_v2(s, 2));
-        ok(cuMemsetD32Async(p, 5, 16, s));
-        let mut g = null_mut();
-        ok(cuStreamEndCapture(s, &mut g));
-        let mut e = null_mut();
-        ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
-        ok(cuGraphDestroy(g));
+        let (s, e) = memset_graph(p, 5);
 
         // Freed while the executable graph lives: the client can no longer name it, but
         // the memory stays where the graph's memset writes.
@@ -54,13 +34,7 @@ fn a_block_a_live_graph_writes_is_held_past_its_free() {
             CUDA_ERROR_INVALID_VALUE,
             "not the client's to name any more"
         );
-        ok(cuGraphLaunch(e, s));
-        ok(cuStreamSynchronize(s));
-        let words = srv.gpu.peek(p, 64).expect("still there");
-        assert!(
-            words.chunks(4).all(|w| w == 5u32.to_le_bytes()),
-            "the replay wrote it"
-        );
+        replay_writes(&srv.gpu, e, s, p, 5);
 
         // The graph goes: so does the block.
         ok(cuGraphExecDestroy(e));

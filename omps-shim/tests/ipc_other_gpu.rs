@@ -23,13 +23,7 @@ fn a_handle_of_another_gpus_memory_opens_and_is_reached() {
     let p = alloc_on(&exporter, 1, 4096);
     memset_words(&exporter, 1, p, 7);
     exporter.ping(1).unwrap();
-    let mut ch = exporter.channel();
-    ch.call(1, omps_ring::wire::Op::IpcGetMemHandle, |call| {
-        bytemuck::bytes_of(&omps_ring::wire::IpcCall { call, ptr: p }).to_vec()
-    })
-    .unwrap();
-    let h: omps_ring::wire::IpcHandle = ch.reply();
-    drop(ch);
+    let h = export_mem_handle(&exporter, 1, p);
     let handle = CUipcMemHandle { reserved: h.bytes };
     // And an interprocess event (CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) on GPU 1.
     let ev = omps_ring::wire::EventCreate {

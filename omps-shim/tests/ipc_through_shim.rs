@@ -17,13 +17,7 @@ fn an_opened_handle_is_usable_memory_until_closed() {
     let p = alloc(&exporter, 4096);
     memset(&exporter, p);
     exporter.ping(0).unwrap();
-    let mut ch = exporter.channel();
-    ch.call(0, omps_ring::wire::Op::IpcGetMemHandle, |call| {
-        bytemuck::bytes_of(&omps_ring::wire::IpcCall { call, ptr: p }).to_vec()
-    })
-    .unwrap();
-    let h: omps_ring::wire::IpcHandle = ch.reply();
-    drop(ch);
+    let h = export_mem_handle(&exporter, 0, p);
     let handle = CUipcMemHandle { reserved: h.bytes };
 
     let mut words = [0u32; 16];

@@ -7,19 +7,13 @@
 
 mod common;
 use common::*;
-use omps_shim::api::{ctx::*, device::*, exec::*, hostmem::*, mem::*};
+use omps_shim::api::{ctx::*, exec::*, hostmem::*, mem::*};
 
 #[test]
 fn work_on_another_gpus_memory_runs_in_the_streams_order() {
-    let (dir, _first, _second, _thread) = linked_gpus_server("other-gpu-stream");
-    // SAFETY: set before this test starts threads that read it; the shim reads it at cuInit.
-    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &dir) };
+    let (_server, [c0, c1]) = shim_on_linked_gpus("other-gpu-stream");
     // SAFETY (whole block): valid out-pointers and buffers of the sizes passed.
     unsafe {
-        ok(cuInit(0));
-        let (mut c0, mut c1) = (std::ptr::null_mut(), std::ptr::null_mut());
-        ok(cuDevicePrimaryCtxRetain(&mut c0, 0));
-        ok(cuDevicePrimaryCtxRetain(&mut c1, 1));
         ok(cuCtxSetCurrent(c1));
         let (mut a1, mut b1) = (0u64, 0u64);
         ok(cuMemAlloc_v2(&mut a1, 64));

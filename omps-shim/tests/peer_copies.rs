@@ -10,23 +10,11 @@ use common::*;
 use omps_shim::api::{ctx::*, device::*, exec::*, mem::*, module::*, peer::*};
 use omps_shim::cuda::*;
 use std::ffi::c_void;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PEER_ACCESS_UNSUPPORTED: CUresult = 217;
 const PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 const PEER_ACCESS_NOT_ENABLED: CUresult = 705;
-
-/// Waits up to 5 s for `f`.
-fn eventually(f: impl Fn() -> bool) -> bool {
-    let t = Instant::now();
-    while !f() {
-        if t.elapsed() > Duration::from_secs(5) {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
-}
 
 #[test]
 fn two_gpus_with_peer_access_copy_launch_and_fence_frees_on_both() {

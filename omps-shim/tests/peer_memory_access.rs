@@ -10,7 +10,7 @@ use common::*;
 use omps_server::gpu::Gpu;
 use omps_shim::api::pool::*;
 use omps_shim::api::vmm::*;
-use omps_shim::api::{ctx::*, device::*, exec::*, mem::*, module::*};
+use omps_shim::api::{ctx::*, exec::*, mem::*, module::*};
 use omps_shim::cuda::*;
 use std::ffi::c_void;
 
@@ -50,15 +50,9 @@ unsafe fn fill(kern: CUkernel, p: u64, value: u32, stream: CUstream) {
 
 #[test]
 fn gpu_1_reaches_gpu_0_memory_it_was_given() {
-    let (dir, first, second, thread) = linked_gpus_server("peer-mem");
-    // SAFETY: set before this test starts threads that read it; the shim reads it at cuInit.
-    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &dir) };
+    let ((dir, first, second, thread), [c0, c1]) = shim_on_linked_gpus("peer-mem");
     // SAFETY (whole block): valid out-pointers and buffers of the sizes passed; handles made here.
     unsafe {
-        ok(cuInit(0));
-        let (mut c0, mut c1) = (std::ptr::null_mut(), std::ptr::null_mut());
-        ok(cuDevicePrimaryCtxRetain(&mut c0, 0));
-        ok(cuDevicePrimaryCtxRetain(&mut c1, 1));
         let (mut lib, mut kern) = (std::ptr::null_mut(), std::ptr::null_mut());
         ok(cuCtxSetCurrent(c0));
         ok(cuLibraryLoadData(

@@ -555,14 +555,7 @@ pub fn sync_on(c: &omps_shim::conn::Conn, dev: usize) -> Result<(), i32> {
 
 /// A server of two host GPUs of one machine that reach each other directly (peer access),
 /// running on a thread: its pipe directory, the two GPUs, the thread.
-pub fn linked_gpus_server(
-    tag: &str,
-) -> (
-    PathBuf,
-    Arc<HostGpu>,
-    Arc<HostGpu>,
-    std::thread::JoinHandle<()>,
-) {
+pub fn linked_gpus_server(tag: &str) -> LinkedServer {
     let dir = temp_dir(tag);
     let first = Arc::new(HostGpu::new(0, 1 << 28));
     let second = Arc::new(HostGpu::beside(&first, 1, 1 << 28));
@@ -572,4 +565,109 @@ pub fn linked_gpus_server(
         Server::new(ServerConfig::minimal(dir.clone()), gpus, 13000).expect("server starts");
     let thread = std::thread::spawn(move || server.run().expect("server runs"));
     (dir, first, second, thread)
+}
+
+/// Waits up to 5 s for `done`: whether it came.
+#[allow(dead_code)]
+pub fn eventually(done: impl Fn() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < end {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    done()
+}
+
+/// Exports `ptr` (an allocation of `c`'s on its device `dev`) as an IPC handle.
+#[allow(dead_code)]
+pub fn export_mem_handle(
+    c: &omps_shim::conn::Conn,
+    dev: usize,
+    ptr: u64,
+) -> omps_ring::wire::IpcHandle {
+    let mut ch = c.channel();
+    ch.call(dev, omps_ring::wire::Op::IpcGetMemHandle, |call| {
+        bytemuck::bytes_of(&omps_ring::wire::IpcCall { call, ptr }).to_vec()
+    })
+    .expect("exported");
+    ch.reply()
+}
+
+/// What [`linked_gpus_server`] returns: its pipe directory, the two GPUs, its thread.
+#[allow(dead_code)]
+pub type LinkedServer = (
+    PathBuf,
+    Arc<HostGpu>,
+    Arc<HostGpu>,
+    std::thread::JoinHandle<()>,
+);
+
+/// A server on two linked host GPUs (as [`linked_gpus_server`]) with this process's shim
+/// its client: initialized, both primary contexts retained (GPU 0's, GPU 1's).
+#[allow(dead_code)]
+pub fn shim_on_linked_gpus(tag: &str) -> (LinkedServer, [omps_shim::api::ctx::CUcontext; 2]) {
+    use omps_shim::api::{ctx::*, device::*};
+    let server = linked_gpus_server(tag);
+    // SAFETY: set before this test starts threads that read it; the shim reads it at cuInit.
+    unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &server.0) };
+    let mut c = [std::ptr::null_mut(); 2];
+    // SAFETY: valid out-pointers.
+    unsafe {
+        ok(cuInit(0));
+        ok(cuDevicePrimaryCtxRetain(&mut c[0], 0));
+        ok(cuDevicePrimaryCtxRetain(&mut c[1], 1));
+    }
+    (server, c)
+}
+
+/// A stream of the shim's, and an executable graph captured on it that sets the 16 words
+/// at `p` to `value` (a memset node over device memory).
+///
+/// # Safety
+/// The shim is this process's client of a server, and a context is current.
+#[allow(dead_code)]
+pub unsafe fn memset_graph(
+    p: u64,
+    value: u32,
+) -> (
+    omps_shim::api::exec::CUstream,
+    omps_shim::api::graph::CUgraphExec,
+) {
+    use omps_shim::api::{capture::*, exec::*, graph::*, mem::*};
+    let (mut s, mut g, mut e) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: valid out-pointers; handles made here.
+    unsafe {
+        ok(cuStreamCreate(&mut s, 1));
+        ok(cuStreamBeginCapture_v2(s, 2));
+        ok(cuMemsetD32Async(p, value, 16, s));
+        ok(cuStreamEndCapture(s, &mut g));
+        ok(cuGraphInstantiateWithFlags(&mut e, g, 0));
+        ok(cuGraphDestroy(g));
+    }
+    (s, e)
+}
+
+/// Launches `e` on `s` and checks that it wrote `value` into the 16 words at `p` of `gpu`.
+#[allow(dead_code)]
+pub fn replay_writes(
+    gpu: &HostGpu,
+    e: omps_shim::api::graph::CUgraphExec,
+    s: omps_shim::api::exec::CUstream,
+    p: u64,
+    value: u32,
+) {
+    use omps_shim::api::{exec::*, graph::*};
+    ok(cuGraphLaunch(e, s));
+    ok(cuStreamSynchronize(s));
+    let words = gpu.peek(p, 64).expect("still there");
+    assert!(
+        words.chunks(4).all(|w| w == value.to_le_bytes()),
+        "the replay wrote it"
+    );
 }

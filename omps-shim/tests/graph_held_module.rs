@@ -1,10 +1,11 @@
-//! A module whose global an executable graph's memset writes, unloaded while the graph
-//! lives, stays loaded until the graph goes (issue 23, finding 9): unloaded, the driver
-//! would give the global's memory to the next allocation, another client's perhaps, under
-//! the replay. Its own test binary: the shim connects once per process.
+//! A module unloaded while the client holds graphs stays loaded until they go (issue 23,
+//! finding 9): unloaded, the driver would give a global's memory that a graph's memset
+//! writes to the next allocation, another client's perhaps, and a kernel node would name
+//! a function of a module gone. Its own test binary: the shim connects once per process.
 
 mod common;
 use common::*;
+use omps_shim::api::capture::*;
 use omps_shim::api::ctx::cuCtxSynchronize;
 use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
@@ -62,6 +63,56 @@ fn a_module_whose_global_a_live_graph_writes_stays_loaded_past_its_unload() {
         assert!(
             eventually(|| srv.gpu.modules_loaded() == before),
             "unloaded once no graph uses it"
+        );
+
+        // A graph whose one node is a kernel of a module: the server does not read which
+        // module a kernel node names, so an unload waits for every graph of the client.
+        let image = b"omps-host-module\nfn fill_u32 0:8 8:4 12:4\n\0";
+        let mut m = null_mut();
+        ok(cuModuleLoadData(&mut m, image.as_ptr().cast()));
+        let mut f = null_mut();
+        ok(cuModuleGetFunction(&mut f, m, c"fill_u32".as_ptr()));
+        let mut out = 0u64;
+        ok(cuMemAlloc_v2(&mut out, 64));
+        let (mut ptr, mut val, mut n) = (out, 3u32, 16u32);
+        let mut args = [
+            &mut ptr as *mut _ as *mut std::ffi::c_void,
+            &mut val as *mut _ as *mut std::ffi::c_void,
+            &mut n as *mut _ as *mut std::ffi::c_void,
+        ];
+        ok(cuStreamBeginCapture_v2(s, 2));
+        ok(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            s,
+            args.as_mut_ptr(),
+            null_mut(),
+        ));
+        let mut graph = null_mut();
+        ok(cuStreamEndCapture(s, &mut graph));
+        ok(cuModuleUnload(m));
+        ok(cuCtxSynchronize());
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            srv.gpu.modules_loaded(),
+            before + 1,
+            "held while a graph lives, even one not yet instantiated"
+        );
+        let mut e = null_mut();
+        ok(cuGraphInstantiateWithFlags(&mut e, graph, 0));
+        ok(cuGraphDestroy(graph));
+        replay_writes(&srv.gpu, e, s, out, 3);
+        ok(cuGraphExecDestroy(e));
+        ok(cuCtxSynchronize());
+        assert!(
+            eventually(|| srv.gpu.modules_loaded() == before),
+            "unloaded once the client holds no graph"
         );
         ok(cuStreamDestroy_v2(s));
     }

@@ -7,9 +7,9 @@
 //! graph's is the driver's. So the ranges each executable graph's memset and memcpy nodes
 //! use are read at instantiation ([`crate::gpu::Gpu::graph_memory_ranges`]), and a block
 //! freed while one of the client's executable graphs uses it is held, still charged to
-//! the client, until the last such graph is destroyed or updated away from it. A module
-//! unloaded while such a graph uses its globals, and an IPC opening closed while one uses
-//! the memory opened, are held the same way ([`HeldForGraphs`]). (A kernel node's pointers
+//! the client, until the last such graph is destroyed or updated away from it. An IPC
+//! opening closed while such a graph uses the memory opened is held the same way, and a
+//! module unloaded while the client holds any graph ([`HeldForGraphs`]). (A kernel node's pointers
 //! are its arguments' bytes, which no one can read: docs/design.md, the trust model.)
 
 use super::*;
@@ -19,19 +19,31 @@ fn overlap((a, n): (u64, u64), (b, m): (u64, u64)) -> bool {
     a < b.saturating_add(m) && b < a.saturating_add(n)
 }
 
-/// What a live executable graph keeps from going: a module (its handle, whether the
-/// module cache shares it, the bytes charged for its variables, its globals) or the last
-/// opening of an IPC handle (its address and length).
+/// What a client's graphs keep from going: a module (its handle, whether the module
+/// cache shares it, the bytes charged for its variables) or the last opening of an IPC
+/// handle (its address and length).
+///
+/// A module stays while the client holds any graph or executable graph, not only one
+/// whose memset or memcpy nodes use its globals: a kernel node names its function, which
+/// the server does not read back (a library's kernels are named by CUkernel, not by the
+/// function the client was given), and a replay or an instantiation after the unload
+/// would have the driver follow a function of a module gone, in the context every client
+/// shares. The cost is memory: a module unloaded while graphs live stays loaded, charged
+/// to the client, until its last graph goes.
 pub(super) enum HeldForGraphs {
-    Module(u64, bool, u64, Vec<Range>),
+    Module(u64, bool, u64),
     IpcClose(u64, u64),
 }
 
-impl HeldForGraphs {
-    fn ranges(&self) -> Vec<Range> {
-        match self {
-            HeldForGraphs::Module(_, _, _, r) => r.clone(),
-            HeldForGraphs::IpcClose(p, n) => vec![(*p, *n)],
+impl Session {
+    /// Whether `h` must still be held.
+    fn needed_by_graphs(&self, h: &HeldForGraphs) -> bool {
+        match *h {
+            HeldForGraphs::Module(..) => {
+                // A capture under way becomes a graph too.
+                !self.graphs.is_empty() || !self.execs.is_empty() || self.capturing > 0
+            }
+            HeldForGraphs::IpcClose(p, n) => self.used_by_graphs((p, n)),
         }
     }
 }
@@ -45,7 +57,7 @@ impl Session {
     /// Holds `what` (a module being unloaded, an IPC opening being closed) if one of the
     /// client's executable graphs uses its memory: true, and it goes once none does.
     pub(super) fn hold_other_for_graphs(&mut self, what: HeldForGraphs) -> bool {
-        let used = what.ranges().iter().any(|&r| self.used_by_graphs(r));
+        let used = self.needed_by_graphs(&what);
         if used {
             self.graph_held_other.push(what);
         }
@@ -88,9 +100,10 @@ impl Session {
         self.release_graph_held(ctx);
     }
 
-    /// Executable graph `id` is gone: what it alone held goes back.
-    pub(super) fn drop_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32) {
-        if self.exec_ranges.remove(&id).is_some() {
+    /// A graph, or executable graph `exec`, is gone: what it alone held goes back.
+    pub(super) fn graph_gone(&mut self, ctx: &mut WorkerCtx, exec: Option<u32>) {
+        let had_ranges = exec.is_some_and(|id| self.exec_ranges.remove(&id).is_some());
+        if had_ranges || !self.graph_held_other.is_empty() {
             self.release_graph_held(ctx);
         }
     }
@@ -110,11 +123,11 @@ impl Session {
         let (still, free): (Vec<HeldForGraphs>, Vec<HeldForGraphs>) =
             std::mem::take(&mut self.graph_held_other)
                 .into_iter()
-                .partition(|h| h.ranges().iter().any(|&r| self.used_by_graphs(r)));
+                .partition(|h| self.needed_by_graphs(h));
         self.graph_held_other = still;
         for h in free {
             match h {
-                HeldForGraphs::Module(handle, shared, charged, _) => {
+                HeldForGraphs::Module(handle, shared, charged) => {
                     self.give_back_module(ctx, handle, shared, charged)
                 }
                 HeldForGraphs::IpcClose(ptr, _) => ctx.release_later(
@@ -161,7 +174,7 @@ impl Session {
         let mut closes = Vec::new();
         for h in std::mem::take(&mut self.graph_held_other) {
             match h {
-                HeldForGraphs::Module(handle, shared, charged, _) => {
+                HeldForGraphs::Module(handle, shared, charged) => {
                     modules.push((handle, shared, charged))
                 }
                 HeldForGraphs::IpcClose(ptr, _) => closes.push(ptr),

@@ -161,9 +161,6 @@ impl Session {
                     &mut self.execs
                 };
                 map.remove(&h.id);
-                if op == Op::GraphExecDestroy {
-                    self.drop_exec_ranges(ctx, h.id);
-                }
                 let mut rel = Release::default();
                 if op == Op::GraphDestroy {
                     rel.graphs.push(handle);
@@ -172,6 +169,9 @@ impl Session {
                 }
                 // An executable graph may still run: freed once the client's work is done.
                 ctx.release_later(self, rel);
+                // Then what it alone held (blocks, openings, modules), after it.
+                let exec = (op == Op::GraphExecDestroy).then_some(h.id);
+                self.graph_gone(ctx, exec);
             }
             Op::GraphQuery => {
                 let q = rec::<wire::GraphQuery>(p);

@@ -32,22 +32,12 @@ impl Session {
                 for f in &m.functions {
                     self.functions.remove(f);
                 }
-                let mut globals = Vec::new();
-                self.globals.retain(|&p, &mut (n, module)| {
-                    if module == h.id {
-                        globals.push((p, n));
-                    }
-                    module != h.id
-                });
-                // Its variables stay while an executable graph of the client writes or
-                // reads them (session/graph_memory.rs): unloaded, the driver would give
-                // their memory to the next allocation, another client's perhaps.
-                let held = super::graph_memory::HeldForGraphs::Module(
-                    m.handle,
-                    m.shared,
-                    m.data_bytes,
-                    globals,
-                );
+                self.globals.retain(|_, &mut (_, module)| module != h.id);
+                // It stays loaded while the client holds graphs (session/graph_memory.rs):
+                // their kernel nodes may name its functions, and memset or memcpy nodes its
+                // variables, whose memory the driver would give to the next allocation.
+                let held =
+                    super::graph_memory::HeldForGraphs::Module(m.handle, m.shared, m.data_bytes);
                 if !self.hold_other_for_graphs(held) {
                     self.give_back_module(ctx, m.handle, m.shared, m.data_bytes);
                 }

@@ -20,16 +20,150 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// What every client together holds, for the server-wide bounds.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Totals {
     /// Page-locked host memory registered for clients: bytes and ranges.
     pub pinned_bytes: AtomicU64,
     pub pinned_ranges: AtomicU64,
     /// Module image bytes clients uploaded and have not yet loaded.
     pub image_bytes: AtomicU64,
+    /// Streams and events granted to the clients connected (what each may hold per GPU,
+    /// times its GPUs): see [`Totals::grant`].
+    pub streams_granted: AtomicU64,
+    pub events_granted: AtomicU64,
+    /// Graphs, executable graphs and conditional bodies all sessions hold (each session
+    /// publishes its count when it makes or gives up some: session/conditional.rs).
+    pub graphs: AtomicU64,
+}
+
+/// One session's part of [`Totals::graphs`], brought up to date with [`GraphCount::set`]
+/// and taken back when the session goes, whichever way it goes.
+#[derive(Debug)]
+pub struct GraphCount {
+    totals: Arc<Totals>,
+    n: std::cell::Cell<u64>,
+}
+
+impl GraphCount {
+    pub fn new(totals: Arc<Totals>) -> GraphCount {
+        GraphCount {
+            totals,
+            n: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The session holds `now`: the total follows.
+    pub fn set(&self, now: u64) {
+        let before = self.n.replace(now);
+        let t = &self.totals.graphs;
+        if now >= before {
+            t.fetch_add(now - before, Ordering::Relaxed);
+        } else {
+            t.fetch_sub(before - now, Ordering::Relaxed);
+        }
+    }
+
+    /// What all sessions hold together.
+    pub fn all(&self) -> u64 {
+        self.totals.graphs.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for GraphCount {
+    fn drop(&mut self) {
+        self.set(0);
+    }
+}
+
+/// What one client may hold per GPU, taken from the server-wide totals while it is
+/// connected (given back when its last reference goes).
+#[derive(Debug)]
+pub struct Grant {
+    pub streams: u32,
+    pub events: u32,
+    gpus: u64,
+    totals: Arc<Totals>,
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        let t = &self.totals;
+        t.streams_granted
+            .fetch_sub(self.streams as u64 * self.gpus, Ordering::Relaxed);
+        t.events_granted
+            .fetch_sub(self.events as u64 * self.gpus, Ordering::Relaxed);
+    }
+}
+
+/// How much of `total` one more client with `gpus` GPUs may take per GPU: at most `bound`,
+/// and never so much that the `others` clients the server may still take could not each
+/// have `least` per GPU of the server's `all_gpus`. None when not even `least` is left.
+fn share(
+    total: u64,
+    granted: u64,
+    bound: u32,
+    least: u32,
+    gpus: u64,
+    others: u64,
+    all_gpus: u64,
+) -> Option<u32> {
+    let least = least.min(bound);
+    let keep = others.saturating_mul(least as u64).saturating_mul(all_gpus);
+    let left = total.saturating_sub(granted).saturating_sub(keep);
+    let each = (left / gpus.max(1)).min(bound as u64) as u32;
+    (each >= least).then_some(each)
 }
 
 impl Totals {
+    /// The streams and events a client connecting now may hold per GPU (it sees `gpus` of
+    /// the server's `all_gpus`; `others`: how many more clients the server may take after
+    /// it). None: the totals cannot give it even the least (OMPS_MIN_STREAMS,
+    /// OMPS_MIN_EVENTS); it is refused.
+    pub fn grant(self: &Arc<Self>, gpus: usize, all_gpus: usize, others: usize) -> Option<Grant> {
+        let b = crate::bounds::bounds();
+        self.grant_within(b, gpus, all_gpus, others)
+    }
+
+    /// As [`Totals::grant`], under bounds `b`.
+    pub fn grant_within(
+        self: &Arc<Self>,
+        b: &crate::bounds::Bounds,
+        gpus: usize,
+        all_gpus: usize,
+        others: usize,
+    ) -> Option<Grant> {
+        let (g, all, others) = (gpus as u64, all_gpus as u64, others as u64);
+        // The control thread alone grants: a check and an add need no loop.
+        let streams = share(
+            b.streams_total,
+            self.streams_granted.load(Ordering::Relaxed),
+            b.streams,
+            b.streams_least,
+            g,
+            others,
+            all,
+        )?;
+        let events = share(
+            b.events_total,
+            self.events_granted.load(Ordering::Relaxed),
+            b.events,
+            b.events_least,
+            g,
+            others,
+            all,
+        )?;
+        self.streams_granted
+            .fetch_add(streams as u64 * g, Ordering::Relaxed);
+        self.events_granted
+            .fetch_add(events as u64 * g, Ordering::Relaxed);
+        Some(Grant {
+            streams,
+            events,
+            gpus: g,
+            totals: self.clone(),
+        })
+    }
+
     /// Takes `bytes` more in one more range, unless that would pass the server-wide
     /// bounds (OMPS_MAX_PINNED_TOTAL, OMPS_MAX_PINNED_RANGES_TOTAL).
     pub fn take_pinned(&self, bytes: u64) -> bool {
@@ -313,6 +447,54 @@ fn start_time(pid: i32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The server's bounds with streams and events as given: (bound, least, total).
+    fn bounds_with(streams: (u32, u32, u64), events: (u32, u32, u64)) -> crate::bounds::Bounds {
+        let mut b = crate::bounds::Bounds::from_env();
+        (b.streams, b.streams_least, b.streams_total) = streams;
+        (b.events, b.events_least, b.events_total) = events;
+        b
+    }
+
+    #[test]
+    fn grants_keep_the_least_for_every_client_still_to_come() {
+        // Up to 10 clients of one GPU; 300 events in all, 100 at most and 10 at least each.
+        let b = bounds_with((50, 5, 1 << 20), (100, 10, 300));
+        let totals = Arc::new(Totals::default());
+        let mut grants = Vec::new();
+        for n in 0..10 {
+            let g = totals.grant_within(&b, 1, 1, 10 - n - 1).expect("granted");
+            grants.push(g);
+        }
+        let events: Vec<u32> = grants.iter().map(|g| g.events).collect();
+        assert_eq!(events, [100, 100, 30, 10, 10, 10, 10, 10, 10, 10]);
+        assert!(events.iter().sum::<u32>() as u64 <= 300, "within the total");
+        assert!(grants.iter().all(|g| g.streams == 50), "streams had room");
+        // A client with two GPUs takes per GPU, twice over.
+        drop(grants.pop());
+        drop(grants.pop());
+        assert_eq!(totals.grant_within(&b, 2, 2, 0).map(|g| g.events), Some(10));
+        // Given back when they go.
+        drop(grants);
+        assert_eq!(totals.events_granted.load(Ordering::Relaxed), 0);
+        assert_eq!(totals.streams_granted.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_client_the_totals_cannot_give_its_least_is_refused() {
+        let b = bounds_with((50, 5, 1 << 20), (100, 10, 25));
+        let totals = Arc::new(Totals::default());
+        let first = totals.grant_within(&b, 1, 1, 0).expect("25 of 25");
+        assert_eq!(first.events, 25);
+        assert!(totals.grant_within(&b, 1, 1, 0).is_none(), "nothing left");
+        assert_eq!(
+            totals.events_granted.load(Ordering::Relaxed),
+            25,
+            "untouched"
+        );
+        drop(first);
+        assert!(totals.grant_within(&b, 1, 1, 0).is_some(), "room again");
+    }
 
     #[test]
     fn connections_of_one_process_share_an_account_while_one_lives() {

@@ -11,6 +11,15 @@ pub struct Bounds {
     /// disconnects a client that goes beyond anyway.
     pub streams: u32,
     pub events: u32,
+    /// Streams and events all clients together may hold, over all GPUs
+    /// (OMPS_MAX_STREAMS_TOTAL, OMPS_MAX_EVENTS_TOTAL), and the least a client is granted
+    /// per GPU however many came before it (OMPS_MIN_STREAMS, OMPS_MIN_EVENTS): a client
+    /// is granted its bound per GPU as far as the totals go while every client the server
+    /// may still take keeps its least (crate::account::Totals::grant).
+    pub streams_total: u64,
+    pub events_total: u64,
+    pub streams_least: u32,
+    pub events_least: u32,
     /// Module image bytes a client may have uploaded and not yet loaded, over all its
     /// channels (OMPS_MAX_IMAGE_BYTES).
     pub image_bytes: u64,
@@ -31,8 +40,9 @@ pub struct Bounds {
     pub clients: usize,
     pub handshakes: usize,
     /// Graphs, executable graphs and conditional bodies per client and GPU
-    /// (OMPS_MAX_GRAPHS).
+    /// (OMPS_MAX_GRAPHS), and for all clients together (OMPS_MAX_GRAPHS_TOTAL).
     pub graphs: usize,
+    pub graphs_total: u64,
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -57,18 +67,33 @@ fn half_of_memory() -> u64 {
 /// The server's bounds, read from its environment once.
 pub fn bounds() -> &'static Bounds {
     static B: OnceLock<Bounds> = OnceLock::new();
-    B.get_or_init(|| Bounds {
-        streams: env("OMPS_MAX_STREAMS", 16_384),
-        events: env("OMPS_MAX_EVENTS", 1 << 18),
-        image_bytes: env("OMPS_MAX_IMAGE_BYTES", 2 << 30),
-        image_bytes_total: env("OMPS_MAX_IMAGE_BYTES_TOTAL", half_of_memory() / 2),
-        pinned_bytes: env("OMPS_MAX_PINNED_BYTES", half_of_memory()),
-        pinned_ranges: env("OMPS_MAX_PINNED_RANGES", 16_384),
-        pinned_total: env("OMPS_MAX_PINNED_TOTAL", half_of_memory()),
-        // vm.max_map_count is 65,530 by default, and the server maps more than pins.
-        pinned_ranges_total: env("OMPS_MAX_PINNED_RANGES_TOTAL", 32_768),
-        clients: env("OMPS_MAX_CLIENTS", 1024),
-        handshakes: env("OMPS_MAX_HANDSHAKES", 64),
-        graphs: env("OMPS_MAX_GRAPHS", 1 << 16),
-    })
+    B.get_or_init(Bounds::from_env)
+}
+
+impl Bounds {
+    /// The bounds the environment sets (what [`bounds`] keeps).
+    pub fn from_env() -> Bounds {
+        Bounds {
+            streams: env("OMPS_MAX_STREAMS", 16_384),
+            events: env("OMPS_MAX_EVENTS", 1 << 18),
+            // A driver event and the books on it take some hundred bytes: 16M of them, about
+            // 2 GB at most; 1,024 clients keep 4,096 each (PyTorch pools its events).
+            streams_total: env("OMPS_MAX_STREAMS_TOTAL", 1 << 22),
+            events_total: env("OMPS_MAX_EVENTS_TOTAL", 1 << 24),
+            streams_least: env("OMPS_MIN_STREAMS", 1024),
+            events_least: env("OMPS_MIN_EVENTS", 4096),
+            image_bytes: env("OMPS_MAX_IMAGE_BYTES", 2 << 30),
+            image_bytes_total: env("OMPS_MAX_IMAGE_BYTES_TOTAL", half_of_memory() / 2),
+            pinned_bytes: env("OMPS_MAX_PINNED_BYTES", half_of_memory()),
+            pinned_ranges: env("OMPS_MAX_PINNED_RANGES", 16_384),
+            pinned_total: env("OMPS_MAX_PINNED_TOTAL", half_of_memory()),
+            // vm.max_map_count is 65,530 by default, and the server maps more than pins.
+            pinned_ranges_total: env("OMPS_MAX_PINNED_RANGES_TOTAL", 32_768),
+            clients: env("OMPS_MAX_CLIENTS", 1024),
+            handshakes: env("OMPS_MAX_HANDSHAKES", 64),
+            graphs: env("OMPS_MAX_GRAPHS", 1 << 16),
+            // An empty graph takes the driver about a kilobyte: a million, about a gigabyte.
+            graphs_total: env("OMPS_MAX_GRAPHS_TOTAL", 1 << 20),
+        }
+    }
 }

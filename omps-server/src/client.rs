@@ -193,6 +193,9 @@ pub struct ClientShared {
     /// that comes before the control thread's next pass (an assert right after the load)
     /// would otherwise find no printing client and go to the log.
     pub printf: Option<Arc<crate::printf::PrintfRouter>>,
+    /// The streams and events it may hold per GPU, taken from the server-wide totals
+    /// (None: the per-client bounds, for a client made outside the control thread).
+    pub grant: Option<crate::account::Grant>,
     /// A request of its is on the slow-request thread (crate::control): it may have one
     /// at a time, as the shim sends them (one answer per request).
     pub slow_pending: AtomicBool,
@@ -268,6 +271,7 @@ impl ClientShared {
             server_ns: AtomicU64::new(0),
             printf_level: AtomicU64::new(0),
             printf: None,
+            grant: None,
             slow_pending: AtomicBool::new(false),
             unpinning: Default::default(),
             peer_access: AtomicBool::new(false),
@@ -321,6 +325,20 @@ impl ClientShared {
     /// its pinned host memory, over all the process's connections.
     pub fn mem_use(&self, dev: usize) -> u64 {
         self.account.used(dev)
+    }
+
+    /// The most streams it may hold on one GPU (what the welcome told the shim).
+    pub fn max_streams(&self) -> usize {
+        self.grant
+            .as_ref()
+            .map_or(crate::bounds::bounds().streams, |g| g.streams) as usize
+    }
+
+    /// The most events it may hold on one GPU (what the welcome told the shim).
+    pub fn max_events(&self) -> usize {
+        self.grant
+            .as_ref()
+            .map_or(crate::bounds::bounds().events, |g| g.events) as usize
     }
 
     /// Counts `n` more bytes of device memory on GPU `dev`, unless that would take its

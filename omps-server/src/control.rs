@@ -1158,6 +1158,22 @@ impl Server {
         // only the ClientShared made from it unregisters it (a mapping dropped while still
         // registered left the driver a registration that refused every later segment at
         // that address: error 712).
+        // Its streams and events, out of the server-wide totals: N clients may not hold N
+        // times the per-client bounds (issue 23, finding 14).
+        let others = crate::bounds::bounds()
+            .clients
+            .saturating_sub(self.clients.len() + 1);
+        let Some(grant) = self
+            .accounts
+            .totals()
+            .grant(visible.len(), self.gpus.len(), others)
+        else {
+            tracing::warn!(
+                pid,
+                "refusing a client: the server-wide totals of streams and events (OMPS_MAX_STREAMS_TOTAL, OMPS_MAX_EVENTS_TOTAL) are granted"
+            );
+            return refuse(code::MPS_MAX_CLIENTS_REACHED);
+        };
         let ours = stream.try_clone()?;
         let spare = if crowded { None } else { self.segments.take() };
         let prepared = match spare {
@@ -1199,8 +1215,8 @@ impl Server {
             num_devices: visible.len() as u32,
             layout: params,
             segment_len: layout.total_len as u64,
-            max_streams: crate::bounds::bounds().streams,
-            max_events: crate::bounds::bounds().events,
+            max_streams: grant.streams,
+            max_events: grant.events,
         };
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|s| crate::client::one_word(s.trim(), 64))
@@ -1226,6 +1242,7 @@ impl Server {
         c.account = account;
         c.visible = visible.clone();
         c.printf = Some(self.printf.clone());
+        c.grant = Some(grant);
         let c = Arc::new(c);
         crate::client::read_command_later(&c);
         let mut fds = vec![fd.as_raw_fd()];

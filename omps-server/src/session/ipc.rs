@@ -100,8 +100,8 @@ impl Session {
                 if self.events.contains_key(&o.id) {
                     return bad(format!("event id {} reused", o.id));
                 }
-                if self.events.len() >= crate::bounds::bounds().events as usize {
-                    return bad("more events than OMPS_MAX_EVENTS");
+                if self.events.len() >= self.client.max_events() {
+                    return bad("more events than its welcome allowed (OMPS_MAX_EVENTS)");
                 }
                 let r = match ours(&o.handle) {
                     None => Err(CuError(code::INVALID_VALUE)),

@@ -19,8 +19,8 @@ impl Session {
             return bad(format!("stream id {id} reused"));
         }
         // The welcome told the shim the bound (it refuses beyond): a lie.
-        if self.streams.len() > crate::bounds::bounds().streams as usize {
-            return bad("more streams than OMPS_MAX_STREAMS");
+        if self.streams.len() > self.client.max_streams() {
+            return bad("more streams than its welcome allowed (OMPS_MAX_STREAMS)");
         }
         const NON_BLOCKING: u32 = 1;
         let mut st = ClientStream::new(priority, flags & NON_BLOCKING == 0);
@@ -94,8 +94,8 @@ impl Session {
                 if self.events.contains_key(&c.id) {
                     return bad(format!("event id {} reused", c.id));
                 }
-                if self.events.len() >= crate::bounds::bounds().events as usize {
-                    return bad("more events than OMPS_MAX_EVENTS");
+                if self.events.len() >= self.client.max_events() {
+                    return bad("more events than its welcome allowed (OMPS_MAX_EVENTS)");
                 }
                 match gpu.event_create(c.flags) {
                     Ok(e) => {

@@ -95,9 +95,10 @@ impl Drop for Grant {
     }
 }
 
-/// How much of `total` one more client with `gpus` GPUs may take per GPU: at most `bound`,
-/// and never so much that the `others` clients the server may still take could not each
-/// have `least` per GPU of the server's `all_gpus`. None when not even `least` is left.
+/// How much one more client with `gpus` GPUs may take per GPU, of `total` per GPU of the
+/// server's `all_gpus`: at most `bound`, and never so much that the `others` clients the
+/// server may still take could not each have `least` on every GPU. None when not even
+/// `least` is left.
 fn share(
     total: u64,
     granted: u64,
@@ -109,7 +110,10 @@ fn share(
 ) -> Option<u32> {
     let least = least.min(bound);
     let keep = others.saturating_mul(least as u64).saturating_mul(all_gpus);
-    let left = total.saturating_sub(granted).saturating_sub(keep);
+    let left = total
+        .saturating_mul(all_gpus)
+        .saturating_sub(granted)
+        .saturating_sub(keep);
     let each = (left / gpus.max(1)).min(bound as u64) as u32;
     (each >= least).then_some(each)
 }
@@ -473,11 +477,21 @@ mod tests {
         // A client with two GPUs takes per GPU, twice over.
         drop(grants.pop());
         drop(grants.pop());
-        assert_eq!(totals.grant_within(&b, 2, 2, 0).map(|g| g.events), Some(10));
+        assert_eq!(totals.grant_within(&b, 2, 1, 0).map(|g| g.events), Some(10));
         // Given back when they go.
         drop(grants);
         assert_eq!(totals.events_granted.load(Ordering::Relaxed), 0);
         assert_eq!(totals.streams_granted.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn totals_are_per_gpu_of_the_server() {
+        // Eight GPUs, 1,024 clients to come each keeping the least on all of them: the
+        // defaults' proportions still grant the first client its whole bound.
+        let b = bounds_with((16_384, 1024, 1 << 22), (1 << 18, 4096, 1 << 24));
+        let totals = Arc::new(Totals::default());
+        let g = totals.grant_within(&b, 8, 8, 1023).expect("granted");
+        assert_eq!((g.streams, g.events), (16_384, 1 << 18));
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub struct Bounds {
     /// disconnects a client that goes beyond anyway.
     pub streams: u32,
     pub events: u32,
-    /// Streams and events all clients together may hold, over all GPUs
+    /// Streams and events all clients together may hold, per GPU of the server
     /// (OMPS_MAX_STREAMS_TOTAL, OMPS_MAX_EVENTS_TOTAL), and the least a client is granted
     /// per GPU however many came before it (OMPS_MIN_STREAMS, OMPS_MIN_EVENTS): a client
     /// is granted its bound per GPU as far as the totals go while every client the server

@@ -1,9 +1,10 @@
 #!/bin/bash
-# Kill soak (issue 10): KILLS clients are SIGKILLed at random moments (mid module load,
-# allocation, copy, launch, synchronization; some inside PyTorch inference) while
-# SURVIVORS clients keep working. Then: did the server survive, are its memory,
-# descriptors and the GPU's memory back at their baseline, and did every survivor print
-# exactly what it prints natively?
+# Kill soak (issues 10, 23): KILLS clients are SIGKILLed at random moments (mid module
+# load, allocation, copy, launch, synchronization, graph instantiation and launch, VMM
+# create/map/unmap, IPC open and close of an exporter's buffer; some inside PyTorch
+# inference) while SURVIVORS clients keep working. Then: did the server survive, are its
+# memory, descriptors and the GPU's memory back at their baseline, did every survivor
+# print exactly what it prints natively, and did the exporter's buffer stay whole?
 # Usage, from the repository root on the GPU machine (omps binaries in $OMPS_BIN):
 #   scripts/soak/soak.sh [KILLS] [TORCH_KILLS]   (results on stdout; logs in $W)
 set -u
@@ -29,7 +30,7 @@ fds() { ls /proc/$SP/fd | wc -l; }
 gpumem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 
 kill_one() { # a victim, killed after a random 5-200 ms
-    LD_PRELOAD=$shim "$W/client" --victim > /dev/null 2>&1 &
+    SOAK_IPC_HANDLE=$W/ipc-handle LD_PRELOAD=$shim "$W/client" --victim > /dev/null 2>&1 &
     local p=$!
     sleep "0.$(printf '%03d' $((5 + RANDOM % 195)))"
     kill -9 $p 2>/dev/null; wait $p 2>/dev/null
@@ -72,6 +73,9 @@ for i in $(seq "$SURV"); do
     spids+=($!)
 done
 
+# An exporter whose buffer the victims open, read and close (and die holding open).
+LD_PRELOAD=$shim "$W/client" --exporter "$W/ipc-handle" "${SOAK_EXPORT_SECONDS:-240}" > "$W/exporter.txt" 2>&1 &
+xp=$!
 t0=$(date +%s)
 done_kills=0
 while [ $done_kills -lt "$KILLS" ]; do
@@ -85,6 +89,7 @@ phase "after $done_kills kills"
 for _ in $(seq "$TORCH_KILLS"); do torch_kill; kill -0 $SP 2>/dev/null || break; done
 t1=$(date +%s)
 for p in "${spids[@]}"; do wait "$p"; done
+kill -TERM "$xp" 2>/dev/null && wait "$xp" 2>/dev/null
 phase "after $TORCH_KILLS PyTorch kills"
 # Dead clients' segments stay registered (and resident) until the GPU is quiet or for up
 # to 30 s (omps-server/src/unpin.rs): measure once that has passed.
@@ -99,6 +104,9 @@ echo "soak: $done_kills kills of driver-API clients + $TORCH_KILLS of PyTorch cl
 echo "server alive: $alive; clients left: $clients"
 echo "server RSS: $base_rss KiB -> $after_rss KiB; descriptors: $base_fds -> $after_fds; GPU memory used: $base_gpu MiB -> $after_gpu MiB"
 echo "survivors: $ok_surv of $SURV printed exactly the native output"
+# Ended early (TERM once the survivors are done) it prints nothing more; a FAIL line is
+# a change to its buffer seen while the victims came and went.
+if grep -q FAIL "$W/exporter.txt"; then echo "exporter: $(grep FAIL "$W/exporter.txt")"; else echo "exporter: its buffer stayed whole while victims opened it ($(grep -c . "$W/exporter.txt") lines)"; fi
 echo "clients served: $(grep -c 'client connected' "$W/server.log"); connections refused: $(grep -c 'connection refused' "$W/server.log"); server log warnings: $(grep -c WARN "$W/server.log")"
 grep -ciE "panic" "$W/server.log" | sed 's/^/server log panics: /'
 cat "$W/phases.txt"

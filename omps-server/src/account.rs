@@ -27,52 +27,11 @@ pub struct Totals {
     pub pinned_ranges: AtomicU64,
     /// Module image bytes clients uploaded and have not yet loaded.
     pub image_bytes: AtomicU64,
-    /// Streams and events granted to the clients connected (what each may hold per GPU,
-    /// times its GPUs): see [`Totals::grant`].
+    /// Streams, events and graphs granted to the clients connected (what each may hold
+    /// per GPU, times its GPUs): see [`Totals::grant`].
     pub streams_granted: AtomicU64,
     pub events_granted: AtomicU64,
-    /// Graphs, executable graphs and conditional bodies all sessions hold (each session
-    /// publishes its count when it makes or gives up some: session/conditional.rs).
-    pub graphs: AtomicU64,
-}
-
-/// One session's part of [`Totals::graphs`], brought up to date with [`GraphCount::set`]
-/// and taken back when the session goes, whichever way it goes.
-#[derive(Debug)]
-pub struct GraphCount {
-    totals: Arc<Totals>,
-    n: std::cell::Cell<u64>,
-}
-
-impl GraphCount {
-    pub fn new(totals: Arc<Totals>) -> GraphCount {
-        GraphCount {
-            totals,
-            n: std::cell::Cell::new(0),
-        }
-    }
-
-    /// The session holds `now`: the total follows.
-    pub fn set(&self, now: u64) {
-        let before = self.n.replace(now);
-        let t = &self.totals.graphs;
-        if now >= before {
-            t.fetch_add(now - before, Ordering::Relaxed);
-        } else {
-            t.fetch_sub(before - now, Ordering::Relaxed);
-        }
-    }
-
-    /// What all sessions hold together.
-    pub fn all(&self) -> u64 {
-        self.totals.graphs.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for GraphCount {
-    fn drop(&mut self) {
-        self.set(0);
-    }
+    pub graphs_granted: AtomicU64,
 }
 
 /// What one client may hold per GPU, taken from the server-wide totals while it is
@@ -81,6 +40,8 @@ impl Drop for GraphCount {
 pub struct Grant {
     pub streams: u32,
     pub events: u32,
+    /// Graphs, executable graphs and conditional bodies.
+    pub graphs: u32,
     gpus: u64,
     totals: Arc<Totals>,
 }
@@ -92,6 +53,8 @@ impl Drop for Grant {
             .fetch_sub(self.streams as u64 * self.gpus, Ordering::Relaxed);
         t.events_granted
             .fetch_sub(self.events as u64 * self.gpus, Ordering::Relaxed);
+        t.graphs_granted
+            .fetch_sub(self.graphs as u64 * self.gpus, Ordering::Relaxed);
     }
 }
 
@@ -108,7 +71,11 @@ fn share(
     others: u64,
     all_gpus: u64,
 ) -> Option<u32> {
-    let least = least.min(bound);
+    // A least the total cannot give every client the server may take would refuse them
+    // all, the first too: it shrinks to what the total can give each.
+    let least = least
+        .min(bound)
+        .min((total / others.saturating_add(1)).min(u32::MAX as u64) as u32);
     let keep = others.saturating_mul(least as u64).saturating_mul(all_gpus);
     let left = total
         .saturating_mul(all_gpus)
@@ -119,7 +86,7 @@ fn share(
 }
 
 impl Totals {
-    /// The streams and events a client connecting now may hold per GPU (it sees `gpus` of
+    /// The streams, events and graphs a client connecting now may hold per GPU (it sees `gpus` of
     /// the server's `all_gpus`; `others`: how many more clients the server may take after
     /// it). None: the totals cannot give it even the least (OMPS_MIN_STREAMS,
     /// OMPS_MIN_EVENTS); it is refused.
@@ -156,13 +123,25 @@ impl Totals {
             others,
             all,
         )?;
+        let graphs = share(
+            b.graphs_total,
+            self.graphs_granted.load(Ordering::Relaxed),
+            b.graphs.min(u32::MAX as usize) as u32,
+            b.graphs_least,
+            g,
+            others,
+            all,
+        )?;
         self.streams_granted
             .fetch_add(streams as u64 * g, Ordering::Relaxed);
         self.events_granted
             .fetch_add(events as u64 * g, Ordering::Relaxed);
+        self.graphs_granted
+            .fetch_add(graphs as u64 * g, Ordering::Relaxed);
         Some(Grant {
             streams,
             events,
+            graphs,
             gpus: g,
             totals: self.clone(),
         })
@@ -457,6 +436,7 @@ mod tests {
         let mut b = crate::bounds::Bounds::from_env();
         (b.streams, b.streams_least, b.streams_total) = streams;
         (b.events, b.events_least, b.events_total) = events;
+        (b.graphs, b.graphs_least, b.graphs_total) = (64, 8, 1 << 20);
         b
     }
 
@@ -492,6 +472,29 @@ mod tests {
         let totals = Arc::new(Totals::default());
         let g = totals.grant_within(&b, 8, 8, 1023).expect("granted");
         assert_eq!((g.streams, g.events), (16_384, 1 << 18));
+    }
+
+    #[test]
+    fn a_least_the_total_cannot_give_every_client_shrinks() {
+        // 5,000 clients to come, each kept 4,096 of a 16M total: more than it holds.
+        let b = bounds_with((16_384, 1024, 1 << 22), (1 << 18, 4096, 1 << 24));
+        let totals = Arc::new(Totals::default());
+        let g = totals.grant_within(&b, 1, 1, 4999).expect("granted");
+        assert!(g.events >= 3000, "{}", g.events);
+    }
+
+    #[test]
+    fn graphs_are_granted_as_streams_and_events_are() {
+        // Two clients of a server that takes two, 100 graphs in all, 64 at most each and 8
+        // at least: the first cannot take what the second must keep.
+        let mut b = bounds_with((50, 5, 1 << 20), (100, 10, 1 << 20));
+        (b.graphs, b.graphs_least, b.graphs_total) = (64, 8, 100);
+        let totals = Arc::new(Totals::default());
+        let first = totals.grant_within(&b, 1, 1, 1).expect("first");
+        let second = totals.grant_within(&b, 1, 1, 0).expect("second");
+        assert_eq!((first.graphs, second.graphs), (64, 36));
+        drop((first, second));
+        assert_eq!(totals.graphs_granted.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -40,9 +40,12 @@ pub struct Bounds {
     pub clients: usize,
     pub handshakes: usize,
     /// Graphs, executable graphs and conditional bodies per client and GPU
-    /// (OMPS_MAX_GRAPHS), and for all clients together (OMPS_MAX_GRAPHS_TOTAL).
+    /// (OMPS_MAX_GRAPHS), for all clients together per GPU of the server
+    /// (OMPS_MAX_GRAPHS_TOTAL), and the least each is granted (OMPS_MIN_GRAPHS), as
+    /// streams and events are.
     pub graphs: usize,
     pub graphs_total: u64,
+    pub graphs_least: u32,
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -94,6 +97,7 @@ impl Bounds {
             graphs: env("OMPS_MAX_GRAPHS", 1 << 16),
             // An empty graph takes the driver about a kilobyte: a million, about a gigabyte.
             graphs_total: env("OMPS_MAX_GRAPHS_TOTAL", 1 << 20),
+            graphs_least: env("OMPS_MIN_GRAPHS", 256),
         }
     }
 }

@@ -193,7 +193,7 @@ pub struct ClientShared {
     /// that comes before the control thread's next pass (an assert right after the load)
     /// would otherwise find no printing client and go to the log.
     pub printf: Option<Arc<crate::printf::PrintfRouter>>,
-    /// The streams and events it may hold per GPU, taken from the server-wide totals
+    /// The streams, events and graphs it may hold per GPU, taken from the server-wide totals
     /// (None: the per-client bounds, for a client made outside the control thread).
     pub grant: Option<crate::account::Grant>,
     /// A request of its is on the slow-request thread (crate::control): it may have one
@@ -332,6 +332,13 @@ impl ClientShared {
         self.grant
             .as_ref()
             .map_or(crate::bounds::bounds().streams, |g| g.streams) as usize
+    }
+
+    /// The most graphs, executable graphs and conditional bodies it may hold on one GPU.
+    pub fn max_graphs(&self) -> usize {
+        self.grant
+            .as_ref()
+            .map_or(crate::bounds::bounds().graphs, |g| g.graphs as usize)
     }
 
     /// The most events it may hold on one GPU (what the welcome told the shim).

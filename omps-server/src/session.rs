@@ -306,8 +306,6 @@ pub struct Session {
     graph_held: Vec<Range>,
     /// Modules unloaded and IPC openings closed while such a graph used their memory.
     graph_held_other: Vec<graph_memory::HeldForGraphs>,
-    /// Its graphs, executable graphs and bodies in the server-wide count.
-    graphs_counted: crate::account::GraphCount,
     /// How many of its streams are being captured.
     capturing: usize,
     /// Its conditional nodes' homes, handles and bodies.
@@ -352,7 +350,6 @@ impl Session {
         // SAFETY: the caller's promise; the server is this ring's only consumer.
         let consumer = unsafe { Consumer::new(hdr, data, cap) };
         let channels = client.seg.layout.params.num_channels as usize;
-        let graphs_counted = crate::account::GraphCount::new(client.account.totals.clone());
         let mut s = Session {
             client,
             consumer,
@@ -382,7 +379,6 @@ impl Session {
             exec_ranges: HashMap::new(),
             graph_held: Vec::new(),
             graph_held_other: Vec::new(),
-            graphs_counted,
             cond: Default::default(),
             refusals: 0,
             capturing: 0,

@@ -261,27 +261,14 @@ impl Session {
         self.new_id()
     }
 
+    /// Room for `n` more graphs within what the client was granted (OMPS_MAX_GRAPHS, or
+    /// less where the server-wide total is shared out: crate::account::Grant).
     pub(super) fn room_for_graphs(&self, n: usize) -> Result<(), CuError> {
-        let b = crate::bounds::bounds();
-        let held = self.graphs_held();
-        if held.saturating_add(n) > b.graphs {
-            return Err(CuError(code::OUT_OF_MEMORY));
+        let held = self.graphs.len() + self.execs.len() + self.cond.bodies.len();
+        match held.saturating_add(n) > self.client.max_graphs() {
+            true => Err(CuError(code::OUT_OF_MEMORY)),
+            false => Ok(()),
         }
-        // And all clients' together (OMPS_MAX_GRAPHS_TOTAL), this one's brought up to date.
-        self.publish_graphs();
-        if self.graphs_counted.all().saturating_add(n as u64) > b.graphs_total {
-            return Err(CuError(code::OUT_OF_MEMORY));
-        }
-        Ok(())
-    }
-
-    fn graphs_held(&self) -> usize {
-        self.graphs.len() + self.execs.len() + self.cond.bodies.len()
-    }
-
-    /// Brings this session's part of the server-wide count of graphs up to what it holds.
-    pub(super) fn publish_graphs(&self) {
-        self.graphs_counted.set(self.graphs_held() as u64);
     }
 
     pub(super) fn new_id(&mut self) -> Result<u32, CuError> {
@@ -348,45 +335,5 @@ impl Session {
             self.cond.capture_into.insert(stream, g);
         }
         Ok(r)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn graphs_are_bounded_for_all_clients_together() {
-        let gpu: Arc<dyn crate::gpu::Gpu> = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 24));
-        let (client, _peer) = crate::testing::fake_client(&gpu, 1).expect("fake client");
-        let totals = client.account.totals.clone();
-        // SAFETY: the fake client's segment has ring 0 and outlives the session.
-        let mut s = unsafe { Session::new(client, 0) };
-        s.room_for_graphs(1).expect("room");
-        s.graphs.insert(1, 0x100);
-        s.graphs.insert(2, 0x200);
-        s.publish_graphs();
-        assert_eq!(totals.graphs.load(Ordering::Relaxed), 2, "its two counted");
-        // Other clients hold all but one the server takes.
-        let total = crate::bounds::bounds().graphs_total;
-        totals.graphs.fetch_add(total - 3, Ordering::Relaxed);
-        s.room_for_graphs(1).expect("the last one");
-        assert_eq!(
-            s.room_for_graphs(2),
-            Err(CuError(code::OUT_OF_MEMORY)),
-            "past OMPS_MAX_GRAPHS_TOTAL"
-        );
-        // Its graphs gone, the room is back; and all of its count goes with it.
-        s.graphs.clear();
-        s.publish_graphs();
-        s.room_for_graphs(3).expect("room again");
-        s.graphs.insert(3, 0x300);
-        s.publish_graphs();
-        drop(s);
-        assert_eq!(
-            totals.graphs.load(Ordering::Relaxed),
-            total - 3,
-            "the others' only"
-        );
     }
 }

@@ -102,7 +102,6 @@ impl Session {
 
     /// A graph, or executable graph `exec`, is gone: what it alone held goes back.
     pub(super) fn graph_gone(&mut self, ctx: &mut WorkerCtx, exec: Option<u32>) {
-        self.publish_graphs();
         let had_ranges = exec.is_some_and(|id| self.exec_ranges.remove(&id).is_some());
         if had_ranges || !self.graph_held_other.is_empty() {
             self.release_graph_held(ctx);

@@ -178,10 +178,21 @@ impl PrintfRouter {
 
     /// Client `id` runs code at printf level `level` (raised, never lowered).
     pub fn declare(&self, id: u32, level: u64) {
+        self.declare_unless_gone(id, level, &std::sync::atomic::AtomicBool::new(false));
+    }
+
+    /// As [`PrintfRouter::declare`], from a worker, for a client the control thread may
+    /// be retiring meanwhile: `gone` (set before [`PrintfRouter::forget`] runs) is read
+    /// under the router's lock, so a client forgotten is never declared again (it would
+    /// stay a printing client for ever, and its text, or everyone's, would go nowhere).
+    pub fn declare_unless_gone(&self, id: u32, level: u64, gone: &std::sync::atomic::AtomicBool) {
         if level == printf_use::NONE {
             return;
         }
         let mut st = self.shared.lock();
+        if gone.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let l = st.users.entry(id).or_insert(level);
         *l = (*l).max(level);
     }

@@ -34,6 +34,14 @@ fn an_opening_a_live_graph_writes_stays_past_its_close_and_the_owners_free() {
         // Closed, and freed by its owner, while the executable graph lives: the memory
         // stays where the graph's memset writes.
         ok(cuIpcCloseMemHandle(q));
+        // Opened and closed again and again while the graph lives: one opening is held,
+        // the others go back (the server keeps one entry, not one per close).
+        let handle = CUipcMemHandle { reserved: h.bytes };
+        for _ in 0..200 {
+            let mut again = 0u64;
+            ok(cuIpcOpenMemHandle_v2(&mut again, handle, 1));
+            ok(cuIpcCloseMemHandle(again));
+        }
         free_on(&exporter, 0, p);
         exporter.ping(0).unwrap();
         ok(cuCtxSynchronize());

@@ -57,6 +57,17 @@ impl Session {
     /// Holds `what` (a module being unloaded, an IPC opening being closed) if one of the
     /// client's executable graphs uses its memory: true, and it goes once none does.
     pub(super) fn hold_other_for_graphs(&mut self, what: HeldForGraphs) -> bool {
+        // One held is enough to keep a module or an opening (each further unload or close
+        // gives back a reference of its own, which the held one outlives): the list holds
+        // each at most once, however often a client opens and closes.
+        let same = |h: &HeldForGraphs| match (h, &what) {
+            (HeldForGraphs::Module(a, ..), HeldForGraphs::Module(b, ..)) => a == b,
+            (HeldForGraphs::IpcClose(a, _), HeldForGraphs::IpcClose(b, _)) => a == b,
+            _ => false,
+        };
+        if self.graph_held_other.iter().any(same) {
+            return false;
+        }
         let used = self.needed_by_graphs(&what);
         if used {
             self.graph_held_other.push(what);

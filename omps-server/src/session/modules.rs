@@ -211,7 +211,7 @@ impl Session {
     pub(super) fn uses_printf(&self, level: u64) {
         match &self.client.printf {
             // Before the code can run: its first text must find its client.
-            Some(router) => router.declare(self.client.id, level),
+            Some(router) => router.declare_unless_gone(self.client.id, level, &self.client.gone),
             None => {
                 self.client.printf_level.fetch_max(level, Ordering::Relaxed);
             }
@@ -403,6 +403,31 @@ mod tests {
             got.err, b"Assertion failed.\n",
             "the client's, not the log's"
         );
+        assert_eq!(router.unattributed(), 0);
+    }
+
+    #[test]
+    fn a_client_retired_while_its_load_ran_is_not_declared_again() {
+        let host = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 24));
+        let gpu: Arc<dyn crate::gpu::Gpu> = host.clone();
+        let router = Arc::new(PrintfRouter::new(false).expect("router"));
+        let (client, _peer) =
+            crate::testing::fake_client_printing(&gpu, 7, Some(router.clone())).expect("client");
+        // SAFETY: the fake client's segment has ring 0 and lives as long as the session.
+        let s = unsafe { Session::new(client.clone(), 0) };
+        // The control thread retires it (gone, then forgotten) while its worker loads a
+        // printing image; the worker's declaration comes last.
+        client.gone.store(true, Ordering::SeqCst);
+        router.forget(7);
+        s.uses_printf(printf_use::YES);
+        // Another client prints: its text is its own, not "several printing clients".
+        router.declare(8, printf_use::YES);
+        // SAFETY: the router's pipe, open while it lives; ManuallyDrop leaves it open.
+        let mut out = std::mem::ManuallyDrop::new(unsafe {
+            std::fs::File::from_raw_fd(router.write_fd(Stream::Out))
+        });
+        out.write_all(b"eight\n").unwrap();
+        assert_eq!(router.flush(&*gpu, 8, 1 << 10).out, b"eight\n");
         assert_eq!(router.unattributed(), 0);
     }
 }

@@ -393,14 +393,25 @@ pub enum Resource {
     },
 }
 
+/// The most mip levels an array can have: one per halving of a 64-bit extent.
+pub const MAX_MIP_LEVELS: u32 = 64;
+
 /// What an array of `shape` with `levels` mip levels (0: a plain array) is charged: its
 /// texels, each level half the last; formats the server does not know count 4 bytes a
 /// channel. Saturates rather than overflow on a hostile shape (the driver refuses it).
 pub fn shape_bytes(shape: &ArrayShape, levels: u32) -> u64 {
     let per = shape.channels as u64 * format_bytes(shape.format).unwrap_or(4);
-    (0..levels.max(1))
+    // No shape has more levels than a 64-bit extent halves in (the session refuses more):
+    // a client's 4 billion would be 4 billion turns of this loop on its worker.
+    (0..levels.clamp(1, MAX_MIP_LEVELS))
         .map(|l| {
-            let half = |v: u64| if v == 0 { 1 } else { (v >> l).max(1) };
+            let half = |v: u64| {
+                if v == 0 {
+                    1
+                } else {
+                    v.checked_shr(l).unwrap_or(0).max(1)
+                }
+            };
             half(shape.width)
                 .saturating_mul(half(shape.height))
                 .saturating_mul(half(shape.depth))

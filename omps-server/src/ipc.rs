@@ -160,7 +160,14 @@ pub enum OpenError {
     Unknown,
     /// The owner opening its own handle (CUDA refuses a process its own handle).
     Own,
+    /// The client holds [`MAX_OPENINGS`] openings of it already.
+    TooMany,
 }
+
+/// Openings one client may hold of one allocation: each is counted, and given back one by
+/// one at its exit (a client opening the same handle billions of times would overflow
+/// the count and build one entry per opening when it leaves).
+pub const MAX_OPENINGS: u32 = 1 << 16;
 
 impl Registry {
     fn new_token(&mut self) -> Token {
@@ -229,7 +236,11 @@ impl Registry {
         if e.owner == client {
             return Err(OpenError::Own);
         }
-        *e.importers.entry(client).or_default() += 1;
+        let n = e.importers.entry(client).or_default();
+        if *n >= MAX_OPENINGS {
+            return Err(OpenError::TooMany);
+        }
+        *n += 1;
         Ok(Opened {
             ptr: e.ptr,
             size: e.size,
@@ -402,6 +413,19 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn openings_of_one_allocation_are_bounded_per_client() {
+        let mut r = Registry::default();
+        let t = r.export(1, 0x1000, 64);
+        for _ in 0..MAX_OPENINGS {
+            r.open(&t, 2).expect("within the bound");
+        }
+        assert_eq!(r.open(&t, 2), Err(OpenError::TooMany));
+        assert!(r.open(&t, 3).is_ok(), "another client's count is its own");
+        assert!(r.close(0x1000, 2).is_some());
+        assert!(r.open(&t, 2).is_ok(), "one closed, one more");
+    }
 
     #[test]
     fn a_pools_allocation_opens_only_through_that_pool() {

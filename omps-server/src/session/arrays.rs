@@ -112,14 +112,17 @@ impl Session {
         let r: Result<u64, CuError> = match c.kind {
             array::CREATE | array::CREATE_MIPMAPPED => {
                 let s = shape(&c.args)?;
+                let levels = match c.kind {
+                    array::CREATE => 0,
+                    _ => u32::try_from(c.args[6])
+                        .map_err(|_| Malformed("mipmap levels out of range".into()))?,
+                };
                 if self.arrays.full() {
                     Err(CuError(code::OUT_OF_MEMORY))
+                } else if levels > crate::gpu::MAX_MIP_LEVELS {
+                    // More than any extent halves in: the driver's answer, before any cost.
+                    Err(CuError(code::INVALID_VALUE))
                 } else {
-                    let levels = match c.kind {
-                        array::CREATE => 0,
-                        _ => u32::try_from(c.args[6])
-                            .map_err(|_| Malformed("mipmap levels out of range".into()))?,
-                    };
                     // Charged before it is made (its size follows from its shape), so a
                     // client over its limit never holds GPU memory, even for a moment.
                     let need = crate::gpu::shape_bytes(&s, levels);

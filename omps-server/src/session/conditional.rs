@@ -288,7 +288,18 @@ impl Session {
         ) else {
             return Err(CuError(code::INVALID_VALUE));
         };
-        if c.value > 2 || c.size == 0 || c.size > graph::MAX_BODIES {
+        // CU_GRAPH_COND_TYPE_IF has one body or two (an else), WHILE one, SWITCH up to the
+        // bound: the server reads as many bodies as it says, so the driver is not trusted
+        // to refuse a count its kind cannot have.
+        const IF: u32 = 0;
+        const WHILE: u32 = 1;
+        let fits = match c.value {
+            IF => (1..=2).contains(&c.size),
+            WHILE => c.size == 1,
+            2 => (1..=graph::MAX_BODIES).contains(&c.size),
+            _ => false,
+        };
+        if !fits {
             return Err(CuError(code::INVALID_VALUE));
         }
         self.room_for_graphs(c.size as usize)?;

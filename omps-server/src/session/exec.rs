@@ -94,7 +94,13 @@ impl Session {
                             if kept < cost.max(had) {
                                 self.client.uncharge(self.dev, cost.max(had) - kept);
                             }
-                            self.limit_charges.insert(limit, kept);
+                            // Only what is charged is kept: a client naming limit after
+                            // unknown limit would otherwise grow the map without end.
+                            if kept > 0 {
+                                self.limit_charges.insert(limit, kept);
+                            } else {
+                                self.limit_charges.remove(&limit);
+                            }
                             r
                         });
                         l.note(self.client.id, &self.limits);

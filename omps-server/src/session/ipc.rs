@@ -48,6 +48,7 @@ impl Session {
                         }
                         Err(OpenError::Own) => Err(CuError(INVALID_CONTEXT)),
                         Err(OpenError::Unknown) => Err(CuError(code::INVALID_VALUE)),
+                        Err(OpenError::TooMany) => Err(CuError(code::OUT_OF_MEMORY)),
                     }
                 } else {
                     Err(CuError(code::INVALID_VALUE))
@@ -118,6 +119,7 @@ impl Session {
                         }
                         Err(OpenError::Own) => Err(CuError(INVALID_CONTEXT)),
                         Err(OpenError::Unknown) => Err(CuError(code::INVALID_VALUE)),
+                        Err(OpenError::TooMany) => Err(CuError(code::OUT_OF_MEMORY)),
                     },
                 };
                 self.complete(o.call, r.err().map_or(0, |e| e.0), &[])?;

@@ -93,6 +93,7 @@ impl Session {
                 }
                 // Its own pool, a token it was not given, or a pool all have let go of.
                 Err(OpenError::Own | OpenError::Unknown) => Err(CuError(code::INVALID_VALUE)),
+                Err(OpenError::TooMany) => Err(CuError(code::OUT_OF_MEMORY)),
             },
             vmm::POOL_RELEASE => {
                 let released = if st.exported.remove(&a0) {
@@ -130,6 +131,7 @@ impl Session {
                     self.imported.entry(x.ptr).or_insert((x.size, 0)).1 += 1;
                     Ok([x.ptr, x.size, 0])
                 }
+                Err(OpenError::TooMany) => Err(CuError(code::OUT_OF_MEMORY)),
                 Err(_) => Err(CuError(code::INVALID_VALUE)),
             },
             k => return bad(format!("unknown pool call {k}")),

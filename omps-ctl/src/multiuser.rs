@@ -103,6 +103,9 @@ struct Daemon {
     start_limit: Duration,
     /// control.log's size before it moves to control.log.1 (OMPS_LOG_MAX_BYTES; 0: none).
     log_max: u64,
+    /// Held while a line is written: two threads at the cap would both rotate, the second
+    /// moving the first's fresh log over the full one it just kept.
+    log_lock: Mutex<()>,
 }
 
 /// `-f`: runs the daemon until `quit`.
@@ -164,6 +167,7 @@ impl Daemon {
             server,
             start_limit: Duration::from_secs(60),
             log_max: omps_ring::sock::log_max_bytes(),
+            log_lock: Mutex::new(()),
         }
     }
 
@@ -220,6 +224,7 @@ impl Daemon {
     fn log(&self, line: &str) {
         let Some(dir) = &self.log else { return };
         let line = format!("[omps-ctl daemon {}] {line}\n", std::process::id());
+        let _one = self.log_lock.lock().unwrap_or_else(|e| e.into_inner());
         let Ok(mut f) = dir.file("control.log", true) else {
             return;
         };
@@ -465,7 +470,9 @@ impl Daemon {
             ["ps", ..] => self.each(&servers, cmd, true),
             _ => {
                 // A PID the command names: a server's, or a client's of some server.
-                let pid = words.iter().skip(1).find_map(|w| w.parse::<u32>().ok());
+                let pid = names_a_pid(&words)
+                    .then(|| words.iter().skip(1).find_map(|w| w.parse::<u32>().ok()))
+                    .flatten();
                 match pid {
                     Some(p) => match server_of_pid(&servers, p) {
                         Ok(r) => ask(&r.dir, r.uid, cmd),
@@ -512,9 +519,31 @@ impl Daemon {
     }
 }
 
+/// Whether the command's first number is a PID (a server's or a client's), as in MPS's
+/// commands that name one; other numbers (a device, a partition's size, a namespace's
+/// name) are no one's, and such commands go to every server in turn.
+fn names_a_pid(words: &[&str]) -> bool {
+    const PID_COMMANDS: &[&str] = &[
+        "terminate_client",
+        "get_server_status",
+        "shutdown_server",
+        "get_client_list",
+        "get_device_client_list",
+        "ps",
+        "set_client_qos",
+        "get_client_qos",
+        "set_active_thread_percentage",
+        "get_active_thread_percentage",
+        "set_device_pinned_mem_limit",
+        "get_device_pinned_mem_limit",
+    ];
+    words.first().is_some_and(|c| PID_COMMANDS.contains(c))
+}
+
 /// The server a command naming `pid` is for: the server with that PID, else the server
-/// of the user the process runs as (its real uid, from /proc), since a user's clients are
-/// served by that user's server alone. Not the first server to answer ok: a user can make
+/// of the user the process runs as (its effective uid, from /proc: the one its
+/// connection's credentials carry, by which the daemon handed it to a server), since a
+/// user's clients are served by that user's server alone. Not the first server to answer ok: a user can make
 /// their own server say anything, and would take root's commands for others' clients.
 fn server_of_pid(servers: &[Running], pid: u32) -> Result<&Running, String> {
     if let Some(r) = servers.iter().find(|r| r.pid == pid) {
@@ -522,10 +551,11 @@ fn server_of_pid(servers: &[Running], pid: u32) -> Result<&Running, String> {
     }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .map_err(|_| format!("no process {pid}\n"))?;
+    // Uid: real, effective, saved, filesystem.
     let uid = status
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().next())
+        .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|u| u.parse::<u32>().ok())
         .ok_or_else(|| format!("cannot read the uid of process {pid}\n"))?;
     servers

@@ -1160,9 +1160,12 @@ impl Server {
         // that address: error 712).
         // Its streams and events, out of the server-wide totals: N clients may not hold N
         // times the per-client bounds (issue 23, finding 14).
+        // Clients that left but whose work is still being released hold their grants
+        // until then: counted, or a connect-and-leave loop behind endless work would eat
+        // what the clients still to come are kept.
         let others = crate::bounds::bounds()
             .clients
-            .saturating_sub(self.clients.len() + 1);
+            .saturating_sub(self.clients.len() + self.exiting.len() + 1);
         let Some(grant) = self
             .accounts
             .totals()

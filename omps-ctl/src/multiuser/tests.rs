@@ -256,6 +256,12 @@ fn a_command_naming_a_client_goes_to_its_users_server_only() {
         server_of_pid(&servers, u32::MAX - 1).is_err(),
         "no such process"
     );
+    // Only commands that name a PID are routed by their number.
+    assert!(names_a_pid(&["get_client_qos", "1234"]));
+    assert!(names_a_pid(&["ps", "-p", "1234"]));
+    assert!(!names_a_pid(&["get_default_device_pinned_mem_limit", "0"]));
+    assert!(!names_a_pid(&["sm_partition", "add", "GPU-x", "8"]));
+    assert!(!names_a_pid(&["create_namespace", "123"]));
     let _ = theirs.kill();
     let _ = theirs.wait();
 }

@@ -18,21 +18,25 @@ fn ck(r: cu::CUresult) -> GpuResult<()> {
     }
 }
 
-/// Launch attributes from the wire (whole CUlaunchAttribute records) in an aligned list.
-fn attr_list(attrs: &[u8]) -> Vec<cu::CUlaunchAttribute> {
-    let n = attrs.len() / omps_ring::wire::LAUNCH_ATTR_BYTES;
-    // SAFETY: CUlaunchAttribute is plain data for which zero is valid.
-    let mut list: Vec<cu::CUlaunchAttribute> = vec![unsafe { std::mem::zeroed() }; n];
-    // SAFETY: list holds n records of LAUNCH_ATTR_BYTES bytes, the size of
-    // CUlaunchAttribute (checked at compile time); attrs holds at least n of them.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            attrs.as_ptr(),
-            list.as_mut_ptr() as *mut u8,
-            n * omps_ring::wire::LAUNCH_ATTR_BYTES,
-        )
-    };
-    list
+/// One launch attribute as the client sent it: CUlaunchAttribute's bytes, aligned as it
+/// is. Kept as bytes, never as cudarc's type, whose id enum lacks ids newer than its
+/// headers (17, 18 are forwarded): only the driver reads them.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct LaunchAttrBytes([u8; omps_ring::wire::LAUNCH_ATTR_BYTES]);
+
+const _: () = assert!(
+    std::mem::align_of::<LaunchAttrBytes>() == std::mem::align_of::<cu::CUlaunchAttribute>()
+        && std::mem::size_of::<LaunchAttrBytes>() == std::mem::size_of::<cu::CUlaunchAttribute>()
+);
+
+/// Launch attributes from the wire (whole CUlaunchAttribute records) in an aligned list,
+/// for the driver (`as_mut_ptr().cast()`).
+fn attr_list(attrs: &[u8]) -> Vec<LaunchAttrBytes> {
+    attrs
+        .chunks_exact(omps_ring::wire::LAUNCH_ATTR_BYTES)
+        .map(|c| LaunchAttrBytes(c.try_into().expect("chunks of the size")))
+        .collect()
 }
 
 /// Whether libcuda can be loaded at all; checked before anything that would panic in cudarc.
@@ -1315,7 +1319,7 @@ impl Gpu for CudaGpu {
                     blockDimZ: a[5] as u32,
                     sharedMemBytes: a[6] as u32,
                     hStream: std::ptr::null_mut(),
-                    attrs: list.as_mut_ptr(),
+                    attrs: list.as_mut_ptr().cast(),
                     numAttrs: n as u32,
                 };
                 let mut r = 0;
@@ -1407,7 +1411,7 @@ impl Gpu for CudaGpu {
             blockDimZ: block[2],
             sharedMemBytes: shared,
             hStream: st,
-            attrs: list.as_mut_ptr(),
+            attrs: list.as_mut_ptr().cast(),
             numAttrs: n as u32,
         };
         // SAFETY: as above; config and list outlive the call.

@@ -70,6 +70,15 @@ fn open_gpus() -> Result<(Vec<Arc<dyn Gpu>>, i32), String> {
     }
     let (driver_version, count) =
         gpu_cuda::init().map_err(|e| format!("cuInit failed with CUDA error {}", e.0))?;
+    // The server is built on the CUDA 13.0 driver API (R580): an older driver lacks entry
+    // points it calls while serving (a missing one would end a worker mid-request).
+    if driver_version < 13000 {
+        return Err(format!(
+            "the CUDA driver supports CUDA {}.{}; omps needs 13.0 or newer (driver R580)",
+            driver_version / 1000,
+            driver_version % 1000 / 10
+        ));
+    }
     if count == 0 {
         return Err("no CUDA device found".into());
     }

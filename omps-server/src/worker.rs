@@ -1057,7 +1057,21 @@ pub fn run(
                     Ok(Some(tag)) => {
                         busy = true;
                         let t0 = Instant::now();
-                        let r = sessions[i].handle(&mut ctx, tag, &buf);
+                        // A panic in the server's handling of one record (a bug the client's
+                        // bytes found) ends that client, not the lane and every client on it.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            sessions[i].handle(&mut ctx, tag, &buf)
+                        }))
+                        .unwrap_or_else(|_| {
+                            tracing::error!(
+                                client = sessions[i].client.id,
+                                tag,
+                                "the server panicked handling a record: the client is cut off"
+                            );
+                            Err(crate::session::Malformed(format!(
+                                "the server failed on record {tag}"
+                            )))
+                        });
                         let ns = t0.elapsed().as_nanos() as u64;
                         stats.record(tag, ns);
                         sessions[i]

@@ -1046,7 +1046,11 @@ impl Session {
     /// Gives up work stream `pool` of a client stream, remembering its last work.
     pub(crate) fn leave_pool(&mut self, ctx: &mut WorkerCtx, pool: usize) {
         match ctx.gpu.event_create(0x2) {
-            Ok(ev) if ctx.gpu.event_record(ev, pool).is_ok() => self.left.push(ev),
+            Ok(ev) if ctx.gpu.event_record(ev, pool).is_ok() => {
+                // An operation of the stream it leaves (session/depth.rs).
+                self.queued_as(ctx, pool, 1, false);
+                self.left.push(ev)
+            }
             Ok(ev) => {
                 let _ = ctx.gpu.event_destroy(ev);
             }
@@ -1075,6 +1079,11 @@ impl Session {
         let Ok(one) = gpu.event_create(0x2) else {
             return;
         };
+        // The waits and the record are operations of the sync stream: counted, so that a
+        // client giving up stream after stream behind work that does not end is held
+        // back (session/depth.rs) before the sync stream reaches the driver's bound and
+        // the worker would wait in the driver for every client of the lane.
+        self.queued_as(ctx, m, self.left.len() as u32 + 1, false);
         let joined = self
             .left
             .iter()

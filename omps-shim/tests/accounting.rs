@@ -113,38 +113,46 @@ fn another_process_has_a_budget_of_its_own() {
 #[test]
 fn streams_given_up_behind_endless_work_leave_a_bounded_number_of_events() {
     let srv = TestServer::start("left-events");
-    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let c = std::sync::Arc::new(Conn::connect_to(&srv.socket()).unwrap());
     let p = alloc(&c, 64);
     c.ping(0).unwrap();
     let before = srv.gpu.events_live();
     // Work that never ends: nothing recorded after it completes.
     srv.gpu.stick_releases(true);
-    for id in 1..=1000u32 {
-        stream_create(&c, id);
-        let m = wire::Memset {
-            dst: p,
-            count: 16,
-            value: id,
-            elem_size: 4,
-            stream: id,
-            _pad: 0,
-        };
-        c.push(0, Op::Memset, &[bytemuck::bytes_of(&m)]).unwrap();
-        c.push(
-            0,
-            Op::StreamDestroy,
-            &[bytemuck::bytes_of(&wire::Handle { id, _pad: 0 })],
-        )
-        .unwrap();
-    }
-    c.ping(0).unwrap();
+    let giver = {
+        let c = c.clone();
+        std::thread::spawn(move || {
+            for id in 1..=1000u32 {
+                stream_create(&c, id);
+                memset_words_on(&c, id, p, id, 0);
+                c.push(
+                    0,
+                    Op::StreamDestroy,
+                    &[bytemuck::bytes_of(&wire::Handle { id, _pad: 0 })],
+                )
+                .unwrap();
+            }
+            c.ping(0).unwrap();
+        })
+    };
+    // Behind work that does not end the client is held back once its streams' waits and
+    // records near the driver's bound (session/depth.rs; hostile_scheduling.rs shows the
+    // lane stays free): what it gave up so far holds few events.
+    std::thread::sleep(std::time::Duration::from_secs(2));
     let live = srv.gpu.events_live() - before;
-    srv.gpu.stick_releases(false);
     assert!(
         live <= 200,
-        "{live} driver events for 1000 streams given up"
+        "{live} driver events for the streams given up so far"
     );
+    // The work ends: the client goes on, and is served to the end.
+    srv.gpu.stick_releases(false);
+    giver.join().unwrap();
     c.ping(0).unwrap();
+    let after = srv.gpu.events_live() - before;
+    assert!(
+        after <= 200,
+        "{after} driver events after 1000 streams given up"
+    );
 }
 
 fn instantiate(c: &Conn, graph: u32, flags: u64) -> Result<u64, i32> {

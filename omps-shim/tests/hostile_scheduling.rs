@@ -191,3 +191,64 @@ fn stream_syncs_behind_a_long_kernel_do_not_hold_up_the_lane() {
     memset_and_sync(&a, p, 2).unwrap();
     b.ping(0).unwrap();
 }
+
+/// Streams given up behind a long kernel: each leaves an event recorded on its work
+/// stream, and past 64 of them the client's sync stream waits for them all. Uncounted,
+/// about thirty such folds put over a thousand operations on the sync stream and the
+/// worker into the driver's wait; counted, the client is held back on its own ring and
+/// another client of the lane is answered at once.
+#[test]
+fn streams_given_up_behind_a_long_kernel_do_not_hold_up_the_lane() {
+    let srv = TestServer::start("deep-give-ups");
+    srv.gpu.model_depth(true);
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let mut others = Vec::new();
+    let b = loop {
+        let c = Conn::connect_to(&srv.socket()).unwrap();
+        if c.client_id() % 2 == a.client_id() % 2 {
+            break c;
+        }
+        others.push(c);
+    };
+    let p = alloc(&a, 4096);
+    memset_and_sync(&a, p, 1).unwrap();
+    srv.gpu.stick_releases(true);
+    let giver = std::thread::spawn(move || {
+        for id in 1..=1500u32 {
+            stream_create(&a, id);
+            memset_words_on(&a, id, p, id, 0);
+            a.push(
+                0,
+                Op::StreamDestroy,
+                &[bytemuck::bytes_of(&omps_ring::wire::Handle { id, _pad: 0 })],
+            )
+            .unwrap();
+        }
+        a
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let worst = within(Duration::from_secs(3), move || {
+        let mut worst = Duration::ZERO;
+        for _ in 0..20 {
+            let t = Instant::now();
+            b.ping(0).unwrap();
+            worst = worst.max(t.elapsed());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (b, worst)
+    });
+    let deepest = srv.gpu.deepest_stream();
+    srv.gpu.stick_releases(false);
+    let (b, worst) = worst.expect("a client of the same lane waited for the driver");
+    assert!(
+        worst < Duration::from_millis(500),
+        "a ping of the same lane took {worst:?}"
+    );
+    assert!(
+        deepest <= 900,
+        "{deepest} operations queued on one stream behind the kernel"
+    );
+    let a = giver.join().unwrap();
+    memset_and_sync(&a, p, 2).unwrap();
+    b.ping(0).unwrap();
+}

@@ -278,12 +278,18 @@ pub fn memset(c: &omps_shim::conn::Conn, dst: u64) {
 /// device `dev`.
 #[allow(dead_code)]
 pub fn memset_words(c: &omps_shim::conn::Conn, dev: usize, dst: u64, value: u32) {
+    memset_words_on(c, 0, dst, value, dev);
+}
+
+/// As [`memset_words`], on the client's stream `stream`.
+#[allow(dead_code)]
+pub fn memset_words_on(c: &omps_shim::conn::Conn, stream: u32, dst: u64, value: u32, dev: usize) {
     let m = omps_ring::wire::Memset {
         dst,
         count: 16,
         value,
         elem_size: 4,
-        stream: 0,
+        stream,
         _pad: 0,
     };
     c.push(dev, omps_ring::wire::Op::Memset, &[bytemuck::bytes_of(&m)])

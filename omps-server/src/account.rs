@@ -105,39 +105,42 @@ impl Totals {
     ) -> Option<Grant> {
         let (g, all, others) = (gpus as u64, all_gpus as u64, others as u64);
         // The control thread alone grants: a check and an add need no loop.
-        let streams = share(
-            b.streams_total,
-            self.streams_granted.load(Ordering::Relaxed),
-            b.streams,
-            b.streams_least,
-            g,
-            others,
-            all,
-        )?;
-        let events = share(
-            b.events_total,
-            self.events_granted.load(Ordering::Relaxed),
-            b.events,
-            b.events_least,
-            g,
-            others,
-            all,
-        )?;
-        let graphs = share(
-            b.graphs_total,
-            self.graphs_granted.load(Ordering::Relaxed),
-            b.graphs.min(u32::MAX as usize) as u32,
-            b.graphs_least,
-            g,
-            others,
-            all,
-        )?;
-        self.streams_granted
-            .fetch_add(streams as u64 * g, Ordering::Relaxed);
-        self.events_granted
-            .fetch_add(events as u64 * g, Ordering::Relaxed);
-        self.graphs_granted
-            .fetch_add(graphs as u64 * g, Ordering::Relaxed);
+        let kinds = [
+            (
+                &self.streams_granted,
+                b.streams_total,
+                b.streams,
+                b.streams_least,
+            ),
+            (
+                &self.events_granted,
+                b.events_total,
+                b.events,
+                b.events_least,
+            ),
+            (
+                &self.graphs_granted,
+                b.graphs_total,
+                b.graphs.min(u32::MAX as usize) as u32,
+                b.graphs_least,
+            ),
+        ];
+        let mut each = [0u32; 3];
+        for (e, &(granted, total, bound, least)) in each.iter_mut().zip(&kinds) {
+            *e = share(
+                total,
+                granted.load(Ordering::Relaxed),
+                bound,
+                least,
+                g,
+                others,
+                all,
+            )?;
+        }
+        for (&e, (granted, ..)) in each.iter().zip(&kinds) {
+            granted.fetch_add(e as u64 * g, Ordering::Relaxed);
+        }
+        let [streams, events, graphs] = each;
         Some(Grant {
             streams,
             events,

@@ -44,51 +44,35 @@ DONE: ret;
 }
 )";
 
-static int round_(CUfunction f, CUstream s, unsigned n, unsigned k, unsigned long long *sum) {
+// One round: n words copied in, scaled by a launch (or, with `graph`, by that launch
+// captured into a graph that is instantiated, launched and destroyed), copied back and
+// checked.
+static int round_(CUfunction f, CUstream s, unsigned n, unsigned k, bool graph, unsigned long long *sum) {
     std::vector<unsigned> h(n), back(n);
     for (unsigned i = 0; i < n; i++) h[i] = i;
     CUdeviceptr d;
     CK(cuMemAlloc(&d, n * 4));
     CK(cuMemcpyHtoDAsync(d, h.data(), n * 4, s));
     void *args[] = {&d, &n, &k};
+    CUgraph g = nullptr;
+    CUgraphExec e = nullptr;
+    if (graph) CK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
     CK(cuLaunchKernel(f, (n + 255) / 256, 1, 1, 256, 1, 1, 0, s, args, nullptr));
-    CK(cuMemcpyDtoHAsync(back.data(), d, n * 4, s));
-    CK(cuStreamSynchronize(s));
-    CK(cuMemFree(d));
-    for (unsigned i = 0; i < n; i++) {
-        if (back[i] != i * k + 1) {
-            printf("FAIL: element %u is %u, want %u\n", i, back[i], i * k + 1);
-            return 1;
-        }
-        *sum += back[i];
+    if (graph) {
+        CK(cuStreamEndCapture(s, &g));
+        CK(cuGraphInstantiate(&e, g, 0));
+        CK(cuGraphLaunch(e, s));
     }
-    return 0;
-}
-
-// The same as round_, the launch captured into a graph that is instantiated, launched
-// and destroyed.
-static int graph_round(CUfunction f, CUstream s, unsigned n, unsigned k, unsigned long long *sum) {
-    std::vector<unsigned> h(n), back(n);
-    for (unsigned i = 0; i < n; i++) h[i] = i;
-    CUdeviceptr d;
-    CK(cuMemAlloc(&d, n * 4));
-    CK(cuMemcpyHtoDAsync(d, h.data(), n * 4, s));
-    void *args[] = {&d, &n, &k};
-    CUgraph g;
-    CUgraphExec e;
-    CK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    CK(cuLaunchKernel(f, (n + 255) / 256, 1, 1, 256, 1, 1, 0, s, args, nullptr));
-    CK(cuStreamEndCapture(s, &g));
-    CK(cuGraphInstantiate(&e, g, 0));
-    CK(cuGraphLaunch(e, s));
     CK(cuMemcpyDtoHAsync(back.data(), d, n * 4, s));
     CK(cuStreamSynchronize(s));
-    CK(cuGraphExecDestroy(e));
-    CK(cuGraphDestroy(g));
+    if (graph) {
+        CK(cuGraphExecDestroy(e));
+        CK(cuGraphDestroy(g));
+    }
     CK(cuMemFree(d));
     for (unsigned i = 0; i < n; i++) {
         if (back[i] != i * k + 1) {
-            printf("FAIL: graph element %u is %u, want %u\n", i, back[i], i * k + 1);
+            printf("FAIL: %selement %u is %u, want %u\n", graph ? "graph " : "", i, back[i], i * k + 1);
             return 1;
         }
         *sum += back[i];
@@ -210,8 +194,8 @@ int main(int argc, char **argv) {
         CUfunction f;
         CK(cuModuleGetFunction(&f, m, "scale"));
         unsigned n = 1024 + (unsigned)(r % 7) * 4096;
-        if (round_(f, s, n, 3 + (unsigned)(r % 5), &sum)) return 1;
-        if (graph_round(f, s, n, 2 + (unsigned)(r % 3), &sum)) return 1;
+        if (round_(f, s, n, 3 + (unsigned)(r % 5), false, &sum)) return 1;
+        if (round_(f, s, n, 2 + (unsigned)(r % 3), true, &sum)) return 1;
         CK(cuModuleUnload(m));
         if (vmm_round(dev, s, 7 + (unsigned)(r % 11), &sum)) return 1;
         if (victim && ipc && ipc_round(ipc, s)) return 1;

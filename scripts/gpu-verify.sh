@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU runs a final build must pass (issues 22 and 23), in as few device calls as the
+# 10-minute limit allows: each part has its own deadline and writes one summary file to
+# $OUT (the device tool brings back at most a few files).
+#
+#   OMPS_BIN=target/release bash scripts/gpu-verify.sh PART...
+#
+# Parts (each fits one call with the others named beside it where noted):
+#   torch     tests/torch through LD_PRELOAD (TORCH_SUITE_WAYS=preload; ~450 s alone)
+#   e2e       scripts/gpu-e2e.sh --reps 1 (~150 s)
+#   faults    scripts/faults/run.sh (~90 s)
+#   soak      scripts/soak/soak.sh with SOAK_KILLS kills (default 120) and 4 PyTorch kills
+#   verifier  scripts/probe/verifier_cost.sh 3 (~100 s)
+#   multiuser scripts/multi-user/run.sh (as root)
+# Writes $OUT/verify-PART.txt for each, and $OUT/verify.txt: one PASS or FAIL line a part.
+set -u
+cd "$(dirname "$0")/.."
+export OMPS_BIN=${OMPS_BIN:-target/release}
+OUT=${OUT:-/tmp/omps-verify}; mkdir -p "$OUT"
+t0=$SECONDS
+verdict() { echo "$1: $2 ($(( SECONDS - t0 )) s)" | tee -a "$OUT/verify.txt"; }
+for part in "$@"; do
+    f=$OUT/verify-$part.txt
+    case $part in
+        torch)
+            TORCH_SUITE_WAYS=preload OUT=/tmp/omps-verify-torch timeout 560 bash scripts/gpu-torch.sh suite > /dev/null 2>&1
+            rc=$?
+            grep -E "passed|failed|FAILED|ERROR|XPASS" /tmp/omps-verify-torch/suite.txt > "$f" 2>/dev/null
+            tail -c 6000 /tmp/omps-verify-torch/suite.txt >> "$f" 2>/dev/null ;;
+        e2e)
+            OUT=/tmp/omps-verify-e2e timeout 330 bash scripts/gpu-e2e.sh --reps 1 > /dev/null 2>&1
+            rc=$?
+            cp /tmp/omps-verify-e2e/table.txt "$f" 2>/dev/null ;;
+        faults)
+            timeout 200 bash scripts/faults/run.sh /tmp/omps-verify-faults > "$f" 2>&1
+            rc=$? ;;
+        soak)
+            SOAK_SURVIVOR_ROUNDS=${SOAK_SURVIVOR_ROUNDS:-600} SOAK_SETTLE=${SOAK_SETTLE:-35} \
+                timeout 400 bash scripts/soak/soak.sh "${SOAK_KILLS:-120}" 4 > "$f" 2>&1
+            rc=$?
+            grep -q "server alive: yes" "$f" && grep -q "survivors: \([0-9]*\) of \1" "$f" || rc=1
+            grep -q "^exporter: .*FAIL" "$f" && rc=1 ;;
+        verifier)
+            timeout 200 bash scripts/probe/verifier_cost.sh 3 > "$f" 2>&1
+            rc=$?
+            grep -q "differs from native" "$f" && rc=1 ;;
+        multiuser)
+            timeout 300 bash scripts/multi-user/run.sh /tmp/omps-verify-mu > "$f" 2>&1
+            rc=$? ;;
+        *) echo "unknown part: $part" >&2; exit 2 ;;
+    esac
+    if [ "$rc" = 0 ]; then verdict "$part" PASS; else verdict "$part" "FAIL (rc $rc)"; fi
+done

@@ -202,8 +202,9 @@ impl Totals {
 /// change to a member process's [`Account`] is made here too.
 #[derive(Debug)]
 pub struct Group {
-    /// Per GPU, the namespace's limit ([`NO_LIMIT`]: none).
-    pub limit: [u64; MAX_DEVICES],
+    /// Per GPU, the namespace's limit ([`NO_LIMIT`]: none); set again when the namespace
+    /// is made again under its name while processes of it are still connected.
+    limit: [AtomicU64; MAX_DEVICES],
     pub mem: [AtomicU64; MAX_DEVICES],
     pub pinned: AtomicU64,
     /// Held across a limited charge's check and update, inside the process's own lock.
@@ -213,7 +214,7 @@ pub struct Group {
 impl Group {
     pub fn new(limit: [u64; MAX_DEVICES]) -> Group {
         Group {
-            limit,
+            limit: limit.map(AtomicU64::new),
             mem: Default::default(),
             pinned: AtomicU64::new(0),
             lock: Mutex::new(()),
@@ -222,8 +223,15 @@ impl Group {
 
     /// Whether `n` more bytes on GPU `dev` (pinned bytes count on every GPU, as a
     /// process's do) stay within the limit: Some(limit, used) where they would not.
+    /// The namespace's limits are now `limit`.
+    pub fn set_limit(&self, limit: [u64; MAX_DEVICES]) {
+        for (l, v) in self.limit.iter().zip(limit) {
+            l.store(v, Ordering::Relaxed);
+        }
+    }
+
     fn over(&self, dev: usize, n: u64) -> Option<(u64, u64)> {
-        let limit = *self.limit.get(dev)?;
+        let limit = self.limit.get(dev)?.load(Ordering::Relaxed);
         let used = self.mem[dev]
             .load(Ordering::Relaxed)
             .saturating_add(self.pinned.load(Ordering::Relaxed));

@@ -68,6 +68,10 @@ struct Namespace {
 pub struct Namespaces {
     pipe_dir: PathBuf,
     list: Vec<Namespace>,
+    /// What the processes of deleted namespaces still hold, by name: a namespace made again
+    /// under its name counts them with its new ones (and takes their connections), rather
+    /// than letting old and new hold the limit twice over.
+    deleted: std::collections::HashMap<String, std::sync::Weak<crate::account::Group>>,
 }
 
 fn identity(path: &Path) -> Option<(u64, u64)> {
@@ -156,6 +160,7 @@ impl Namespaces {
         let mut ns = Namespaces {
             pipe_dir: pipe_dir.to_path_buf(),
             list: Vec::new(),
+            deleted: Default::default(),
         };
         let mut kept: Vec<Option<UnixListener>> = kept.into_iter().map(Some).collect();
         let text = std::fs::read_to_string(ns.record_path()).unwrap_or_default();
@@ -206,7 +211,7 @@ impl Namespaces {
         let [name, args @ ..] = words else {
             return Err("usage: create_namespace NAME [mem_limit=SIZE or DEV=SIZE,...] [thread_percentage=PCT] [qos=normal|below-normal|latency-critical] [partition=UUID/pN]".into());
         };
-        let limits = parse(name, args, policy, gpus)?;
+        let mut limits = parse(name, args, policy, gpus)?;
         if self.list.iter().any(|n| n.limits.name == *name) {
             return Err(format!("namespace '{name}' exists"));
         }
@@ -232,6 +237,11 @@ impl Namespaces {
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("{}: {e}", socket.display()))?;
+        self.deleted.retain(|_, g| g.strong_count() > 0);
+        if let Some(held) = self.deleted.remove(*name).and_then(|g| g.upgrade()) {
+            held.set_limit(limits.mem);
+            limits.held = held;
+        }
         self.list.push(Namespace {
             limits: Arc::new(limits),
             line: words.join(" "),
@@ -263,6 +273,8 @@ impl Namespaces {
                     return (false, format!("delete_namespace: no namespace '{name}'\n"));
                 };
                 let n = self.list.remove(i);
+                self.deleted
+                    .insert(n.limits.name.clone(), Arc::downgrade(&n.limits.held));
                 self.remove_files(&n);
                 self.record();
                 (true, String::new())

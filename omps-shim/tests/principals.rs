@@ -235,3 +235,24 @@ fn a_namespaces_limit_holds_for_its_processes_together() {
     assert!(e.is_some(), "one process in and out of a namespace");
     drop(c);
 }
+
+#[test]
+fn a_namespace_made_again_counts_its_old_processes_with_its_new() {
+    let srv = TestServer::start("principals-ns-again");
+    assert!(srv.ctl("create_namespace team-c mem_limit=64M").0);
+    let socket = srv.dir.join("omps").join("team-c").join("control");
+    let plain = settings_from(|_| None).unwrap();
+    let first = Conn::connect_with(&socket, &plain).expect("a namespace client");
+    try_alloc(&first, 48 << 20).expect("within the namespace's limit");
+    // Deleted and made again under its name while that client still holds its memory.
+    assert!(srv.ctl("delete_namespace team-c").0);
+    assert!(srv.ctl("create_namespace team-c mem_limit=64M").0);
+    let again = Conn::connect_with(&socket, &plain).expect("the same process, the same namespace");
+    assert_eq!(
+        try_alloc(&again, 32 << 20),
+        Err(2),
+        "the first connection's 48M still count: CUDA_ERROR_OUT_OF_MEMORY"
+    );
+    try_alloc(&again, 8 << 20).expect("within what is left");
+    drop((first, again));
+}

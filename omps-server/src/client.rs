@@ -184,14 +184,11 @@ pub struct ClientShared {
     pub launches: AtomicU64,
     /// Worker time spent handling its records, all GPUs.
     pub server_ns: AtomicU64,
-    /// The printf level (wire::printf_use) of the code the server loaded for it, as the
-    /// server read it from the images: a client cannot hide printing code by not
-    /// declaring it. Kept here for a client made without [`ClientShared::printf`] (the
-    /// control thread hands it to the router on its next pass).
-    pub printf_level: AtomicU64,
-    /// The server's printf router, told of the level as soon as a worker reads it: text
-    /// that comes before the control thread's next pass (an assert right after the load)
-    /// would otherwise find no printing client and go to the log.
+    /// The server's printf router, told by the worker of the printf level
+    /// (wire::printf_use) of each image it loads for the client, as the server read it: a
+    /// client cannot hide printing code by not declaring it, and is told of before the
+    /// code can run (an assert right after the load finds its client). None for a client
+    /// made outside the control thread, whose text no one collects.
     pub printf: Option<Arc<crate::printf::PrintfRouter>>,
     /// The streams, events and graphs it may hold per GPU, taken from the server-wide totals
     /// (None: the per-client bounds, for a client made outside the control thread).
@@ -269,7 +266,6 @@ impl ClientShared {
             commands: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             server_ns: AtomicU64::new(0),
-            printf_level: AtomicU64::new(0),
             printf: None,
             grant: None,
             slow_pending: AtomicBool::new(false),

@@ -641,13 +641,6 @@ impl Server {
                 self.retire_client(*id);
             }
         }
-        // What the server read from each client's images about printing code.
-        for (&id, (c, _)) in &self.clients {
-            let level = c.printf_level.swap(0, Ordering::Relaxed);
-            if level != 0 {
-                self.printf.declare(id, level);
-            }
-        }
         let readable: Vec<bool> = fds
             .drain(listeners..)
             .map(|p| p.revents & libc::POLLIN != 0)

@@ -209,12 +209,9 @@ impl Session {
 
     /// The client loaded code of printf level `level` (wire::printf_use).
     pub(super) fn uses_printf(&self, level: u64) {
-        match &self.client.printf {
-            // Before the code can run: its first text must find its client.
-            Some(router) => router.declare_unless_gone(self.client.id, level, &self.client.gone),
-            None => {
-                self.client.printf_level.fetch_max(level, Ordering::Relaxed);
-            }
+        // Before the code can run: its first text must find its client.
+        if let Some(router) = &self.client.printf {
+            router.declare_unless_gone(self.client.id, level, &self.client.gone);
         }
     }
 

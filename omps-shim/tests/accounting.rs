@@ -155,20 +155,6 @@ fn streams_given_up_behind_endless_work_leave_a_bounded_number_of_events() {
     );
 }
 
-fn instantiate(c: &Conn, graph: u32, flags: u64) -> Result<u64, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::GraphInstantiate, |call| {
-        bytemuck::bytes_of(&wire::GraphInstantiate {
-            call,
-            graph,
-            _pad: 0,
-            flags,
-        })
-        .to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
 #[test]
 fn graph_instantiate_flags_the_driver_does_not_know_are_refused() {
     let srv = TestServer::start("instantiate-flags");
@@ -188,10 +174,14 @@ fn graph_instantiate_flags_the_driver_does_not_know_are_refused() {
     let g = capture(&c, Op::CaptureEnd, 1).unwrap() as u32;
     const INVALID_VALUE: i32 = 1;
     for flags in [2, 16, 1 << 40, u64::MAX] {
-        assert_eq!(instantiate(&c, g, flags), Err(INVALID_VALUE), "{flags:#x}");
+        assert_eq!(
+            instantiate_graph(&c, g, flags),
+            Err(INVALID_VALUE),
+            "{flags:#x}"
+        );
     }
     for flags in [0, 1, 4, 8, 1 | 8] {
-        instantiate(&c, g, flags).unwrap_or_else(|e| panic!("{flags:#x}: {e}"));
+        instantiate_graph(&c, g, flags).unwrap_or_else(|e| panic!("{flags:#x}: {e}"));
     }
     c.ping(0).unwrap();
 }

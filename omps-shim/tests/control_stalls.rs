@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use omps_ring::sock;
-use omps_ring::wire::{self, Hello, Op};
+use omps_ring::wire::{self, Hello};
 use omps_shim::conn::{settings_from, Conn};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -116,16 +116,7 @@ fn a_gpu_whose_fences_never_pass_does_not_slow_other_gpus_out_of_memory_answers(
     // A client of both GPUs with peer access: what it frees on GPU 0 waits for its work on
     // GPU 1 too, and GPU 1 is stuck (a kernel that never ends: no fence there passes).
     let both = Conn::connect_to(&socket).unwrap();
-    both.channel()
-        .call(0, Op::PeerAccess, |call| {
-            bytemuck::bytes_of(&wire::PeerAccess {
-                call,
-                peer: 1,
-                _pad: 0,
-            })
-            .to_vec()
-        })
-        .expect("peer access");
+    peer_access(&both, 0, 1).expect("peer access");
     let p = try_alloc_on(&both, 0, 1 << 20).unwrap();
     second.stick_releases(true);
     free_on(&both, 0, p);
@@ -180,12 +171,7 @@ fn scrape(addr: std::net::SocketAddr) -> (Duration, bool) {
 
 #[test]
 fn idle_connections_to_the_metrics_endpoint_hold_up_no_scrape() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr = free_local_addr();
     let srv = TestServer::start_with("metrics-idle", |c| c.metrics = Some(addr));
     let (_, ok) = scrape(addr);
     assert!(ok, "the endpoint serves");

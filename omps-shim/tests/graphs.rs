@@ -26,17 +26,7 @@ fn status(c: &Conn, stream: u32) -> wire::CaptureInfo {
 }
 
 fn instantiate(c: &Conn, graph: u32) -> Result<u32, i32> {
-    let mut ch = c.channel();
-    ch.call(0, Op::GraphInstantiate, |call| {
-        bytemuck::bytes_of(&wire::GraphInstantiate {
-            call,
-            graph,
-            _pad: 0,
-            flags: 0,
-        })
-        .to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value as u32)
+    instantiate_graph(c, graph, 0).map(|e| e as u32)
 }
 
 fn sync(c: &Conn, op: Op, stream: u32) -> Result<(), i32> {

@@ -16,12 +16,7 @@ fn value(text: &str, name: &str, label: &str) -> Option<f64> {
 
 #[test]
 fn clients_and_gpus_are_measured_and_served_over_http() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr = free_local_addr();
     let srv = TestServer::start_with("metrics", |c| {
         c.metrics = Some(addr);
         c.default_mem_limit = Some("0=64M".into());

@@ -11,20 +11,6 @@ use omps_server::gpu::Gpu;
 use omps_server::gpu_host::HostGpu;
 use omps_shim::conn::{settings_from, Conn};
 
-/// Asks for access from `dev` to the client's device `peer`.
-fn peer_access(c: &Conn, dev: usize, peer: u32) -> Result<(), i32> {
-    let mut ch = c.channel();
-    ch.call(dev, Op::PeerAccess, |call| {
-        bytemuck::bytes_of(&wire::PeerAccess {
-            call,
-            peer,
-            _pad: 0,
-        })
-        .to_vec()
-    })
-    .map(drop)
-}
-
 /// Queues a copy on GPU 1's default stream with its far end (`far`) on GPU 0.
 fn copy_from_gpu0(c: &Conn, dst: u64, far: u64, len: u64) {
     let rec = CopyPeer {

@@ -677,3 +677,48 @@ pub fn replay_writes(
         "the replay wrote it"
     );
 }
+
+/// Instantiates the client's graph `graph` on its device 0 with `flags`: the executable
+/// graph's id, or the CUDA error.
+#[allow(dead_code)]
+pub fn instantiate_graph(c: &omps_shim::conn::Conn, graph: u32, flags: u64) -> Result<u64, i32> {
+    use omps_ring::wire;
+    let mut ch = c.channel();
+    ch.call(0, wire::Op::GraphInstantiate, |call| {
+        bytemuck::bytes_of(&wire::GraphInstantiate {
+            call,
+            graph,
+            _pad: 0,
+            flags,
+        })
+        .to_vec()
+    })?;
+    Ok(ch.reply::<wire::U64Reply>().value)
+}
+
+/// Asks for access from the client's device `dev` to its device `peer`.
+#[allow(dead_code)]
+pub fn peer_access(c: &omps_shim::conn::Conn, dev: usize, peer: u32) -> Result<(), i32> {
+    use omps_ring::wire;
+    let mut ch = c.channel();
+    ch.call(dev, wire::Op::PeerAccess, |call| {
+        bytemuck::bytes_of(&wire::PeerAccess {
+            call,
+            peer,
+            _pad: 0,
+        })
+        .to_vec()
+    })
+    .map(drop)
+}
+
+/// A local address no one listens on, for a test's metrics endpoint.
+#[allow(dead_code)]
+pub fn free_local_addr() -> std::net::SocketAddr {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}").parse().unwrap()
+}

@@ -40,17 +40,24 @@ pub(crate) fn stream_for(dev: usize, s: CUstream) -> Result<(u32, bool), CUresul
         None => Ok((wire::STREAM_DEFAULT, false)),
         Some(st) if st.dev == dev => Ok((st.id, false)),
         Some(st) => {
-            if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
-                crate::unsupported::unsupported(
-                    "a copy or memset of another GPU's memory in a capture",
-                );
-                return Err(CUDA_ERROR_NOT_SUPPORTED);
-            }
-            super::capture::unsafe_call_allowed()?;
+            ordered_on_host(s, "a copy or memset of another GPU's memory in a capture")?;
             handle_call(st.dev, Op::StreamSync, st.id)?;
             Ok((wire::STREAM_DEFAULT, true))
         }
     }
+}
+
+/// Whether work across GPUs may be put in stream `s`'s order from the host (a wait on the
+/// host takes the stream's place, for what one GPU's session cannot queue on another's):
+/// not in a capture of `s`, which cannot hold a host wait (refused by name, as `what`),
+/// nor where another thread's capture forbids waiting, as the driver refuses a
+/// synchronization there.
+fn ordered_on_host(s: CUstream, what: &'static str) -> Result<(), CUresult> {
+    if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
+        crate::unsupported::unsupported(what);
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    super::capture::unsafe_call_allowed()
 }
 
 pub(crate) fn resolve_stream(s: CUstream) -> Result<Option<&'static Stream>, CUresult> {
@@ -247,14 +254,8 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> C
         let (id, dev) = stream_dev(s)?;
         if dev != ev.dev {
             // Across GPUs the wait is kept on the host: the event's last record has
-            // passed before anything queued after this call. A capture cannot hold that.
-            if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
-                crate::unsupported::unsupported("cuStreamWaitEvent across GPUs in a capture");
-                return Err(CUDA_ERROR_NOT_SUPPORTED);
-            }
-            // A wait on the host where another thread's capture forbids one, as the
-            // driver refuses cuEventSynchronize there.
-            super::capture::unsafe_call_allowed()?;
+            // passed before anything queued after this call.
+            ordered_on_host(s, "cuStreamWaitEvent across GPUs in a capture")?;
             return handle_call(ev.dev, Op::EventSync, ev.id);
         }
         queue_event_op(ev, id, dev, op)
@@ -324,13 +325,7 @@ fn record_on_stream(e: CUevent, s: CUstream, op: Op) -> Result<(), CUresult> {
         // stream's work so far finishes, then the event is recorded on this process's
         // default stream of the event's GPU, where it completes once that stream's earlier
         // work has.
-        if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
-            crate::unsupported::unsupported(
-                "cuEventRecord of another GPU's IPC event in a capture",
-            );
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
-        super::capture::unsafe_call_allowed()?;
+        ordered_on_host(s, "cuEventRecord of another GPU's IPC event in a capture")?;
         handle_call(dev, Op::StreamSync, id)?;
         return queue_event_op(ev, wire::STREAM_DEFAULT, ev.dev, op);
     }

@@ -6,7 +6,9 @@
 #   OMPS_BIN=target/release bash scripts/gpu-verify.sh PART...
 #
 # Parts (each fits one call with the others named beside it where noted):
-#   torch     tests/torch through LD_PRELOAD (TORCH_SUITE_WAYS=preload; ~450 s alone)
+#   torch     tests/torch but test_stress, through LD_PRELOAD (TORCH_SUITE_WAYS=preload;
+#             ~480 s alone on an H100)
+#   torch-stress  tests/torch/test_stress.py (~130 s)
 #   e2e       scripts/gpu-e2e.sh --reps 1 (~150 s)
 #   faults    scripts/faults/run.sh (~90 s)
 #   soak      scripts/soak/soak.sh with SOAK_KILLS kills (default 120) and 4 PyTorch kills
@@ -23,10 +25,18 @@ for part in "$@"; do
     f=$OUT/verify-$part.txt
     case $part in
         torch)
-            TORCH_SUITE_WAYS=preload OUT=/tmp/omps-verify-torch timeout 560 bash scripts/gpu-torch.sh suite > /dev/null 2>&1
+            TORCH_SUITE_WAYS=preload OMPS_BIN=$OMPS_BIN TORCH_SUITE_OUT=/tmp/omps-verify-torch \
+                timeout -k 5 560 python3 -m pytest -q -p no:cacheprovider -rfEsxX --tb=short \
+                --ignore=tests/torch/test_stress.py tests/torch > /tmp/omps-verify-torch.txt 2>&1
             rc=$?
+            mkdir -p /tmp/omps-verify-torch; mv /tmp/omps-verify-torch.txt /tmp/omps-verify-torch/suite.txt
             grep -E "passed|failed|FAILED|ERROR|XPASS" /tmp/omps-verify-torch/suite.txt > "$f" 2>/dev/null
             tail -c 6000 /tmp/omps-verify-torch/suite.txt >> "$f" 2>/dev/null ;;
+        torch-stress)
+            OMPS_BIN=$OMPS_BIN TORCH_SUITE_OUT=/tmp/omps-verify-stress timeout -k 5 250 \
+                python3 -m pytest -q -p no:cacheprovider -rfEsxX --tb=short tests/torch/test_stress.py > "$f" 2>&1
+            rc=$?
+            cat /tmp/omps-verify-stress/results.tsv >> "$f" 2>/dev/null ;;
         e2e)
             OUT=/tmp/omps-verify-e2e timeout 330 bash scripts/gpu-e2e.sh --reps 1 > /dev/null 2>&1
             rc=$?

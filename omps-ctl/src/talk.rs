@@ -17,9 +17,21 @@ pub fn connect() -> Result<UnixStream, String> {
 }
 
 /// A control connection to the server of pipe directory `dir`, through the operator's
-/// socket (the clients' socket refuses control commands).
+/// socket (a server's clients' socket refuses control commands). A pipe directory with
+/// no operator directory is the multi-user daemon's: it takes every user's commands on
+/// its one socket and sorts them by the peer's uid (root's to root's server, a user's to
+/// that user's), so that socket is the way in there.
 pub fn connect_at(dir: &std::path::Path) -> std::io::Result<UnixStream> {
-    control_hello(UnixStream::connect(sock::operator_socket_in(dir))?)
+    match UnixStream::connect(sock::operator_socket_in(dir)) {
+        Ok(s) => control_hello(s),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && !dir.join(sock::OPERATOR_DIR).exists() =>
+        {
+            control_hello(UnixStream::connect(dir.join(sock::SOCKET_NAME))?)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// `s`, a connection to a server, made a control connection.
@@ -144,6 +156,48 @@ fn quit_patience(c: &str) -> Option<Duration> {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    fn listening_dir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("omps-talk-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn first_byte_kind(l: &std::os::unix::net::UnixListener) -> u32 {
+        let (c, _) = l.accept().unwrap();
+        let mut h = [0u8; std::mem::size_of::<Hello>()];
+        (&c).read_exact(&mut h).unwrap();
+        bytemuck::pod_read_unaligned::<Hello>(&h).kind
+    }
+
+    #[test]
+    fn the_multi_user_daemons_socket_takes_commands_where_no_operator_directory_is() {
+        // Found on the GPU: `omps-ctl -d` with OMPS_MULTIUSER=1 waited 60 s for a daemon
+        // that listened all along, on the one socket it has.
+        let d = listening_dir("daemon");
+        let l = std::os::unix::net::UnixListener::bind(d.join(sock::SOCKET_NAME)).unwrap();
+        let s = connect_at(&d).expect("the daemon's socket is the way in");
+        assert_eq!(first_byte_kind(&l), wire::kind::CONTROL);
+        drop(s);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_servers_clients_socket_is_never_taken_for_its_operators() {
+        // A server has an operator directory: its operator socket missing (gone, or not
+        // yet bound) is an error, never a control connection on the clients' socket.
+        let d = listening_dir("server");
+        std::fs::create_dir(d.join(sock::OPERATOR_DIR)).unwrap();
+        let _clients = std::os::unix::net::UnixListener::bind(d.join(sock::SOCKET_NAME)).unwrap();
+        let e = connect_at(&d).expect_err("no operator socket");
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        let op = std::os::unix::net::UnixListener::bind(sock::operator_socket_in(&d)).unwrap();
+        let s = connect_at(&d).expect("the operator socket");
+        assert_eq!(first_byte_kind(&op), wire::kind::CONTROL);
+        drop(s);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn a_server_that_answers_a_byte_at_a_time_holds_no_one_past_the_deadline() {

@@ -345,6 +345,17 @@ impl HostGpu {
         self.state.lock().unwrap().modules.len()
     }
 
+    /// CUDA arrays and mipmapped arrays alive now.
+    pub fn arrays_live(&self) -> usize {
+        let st = self.state.lock().unwrap();
+        st.arrays.len() + st.mipmaps.len()
+    }
+
+    /// VMM reservations, physical handles and mappings alive now (all GPUs').
+    pub fn vmm_live(&self) -> (usize, usize, usize) {
+        self.state.lock().unwrap().vmm.lock().unwrap().counts()
+    }
+
     pub fn events_live(&self) -> usize {
         self.state.lock().unwrap().events.len()
     }

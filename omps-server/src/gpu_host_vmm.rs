@@ -213,6 +213,15 @@ impl VmmSpace {
         Ok(((host + (addr - start) as usize) as *mut u8, len))
     }
 
+    /// Reservations, handles and mappings alive now.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.reservations.len(),
+            self.handles.len(),
+            self.mappings.len(),
+        )
+    }
+
     /// Bytes mapped through GPU `gpu`'s sessions.
     pub fn mapped_via(&self, gpu: usize) -> u64 {
         self.mappings

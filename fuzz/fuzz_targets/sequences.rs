@@ -1,5 +1,5 @@
 //! Stateful sequences of client records on the host GPU: see
-//! omps-server/src/fuzz_sequences.rs (CI runs the same body under proptest).
+//! omps-server/src/fuzz_sequences/ (CI runs the same body under proptest).
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

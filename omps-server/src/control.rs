@@ -811,11 +811,10 @@ impl Server {
                         "a control command on a clients' socket refused: {}",
                         line.split_whitespace().next().unwrap_or("")
                     );
-                    if self.peers[i].answer(false, &why).is_err() {
-                        self.peers.remove(i);
-                    } else {
-                        i += 1;
-                    }
+                    // One refusal, then the connection goes: it holds no slot of the
+                    // handshakes clients and namespaces share.
+                    let _ = self.peers[i].answer(false, &why);
+                    self.peers.remove(i);
                 }
                 Progress::Command(line) => {
                     let (ok, text) = self.control_command(&line);
@@ -1046,7 +1045,7 @@ impl Server {
     /// commands (quit, terminate_client, limits) belong to those who may open the pipe
     /// directory: the server's user and root, as with MPS's control pipe.
     fn accept(&mut self, stream: UnixStream, origin: crate::peers::Origin) -> io::Result<()> {
-        let peer = crate::peers::Peer::admit(stream, self.uid, self.peers.len(), origin)?;
+        let peer = crate::peers::Peer::admit(stream, self.uid, &self.peers, origin)?;
         self.peers.push(peer);
         Ok(())
     }

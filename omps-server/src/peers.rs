@@ -18,6 +18,11 @@ pub const HANDSHAKE_TIME: Duration = Duration::from_secs(2);
 pub const CONTROL_IDLE: Duration = Duration::from_secs(10);
 /// The longest control command line.
 const MAX_COMMAND: usize = 4096;
+/// Connections in progress the operator's socket has of its own: clients filling every
+/// other slot never lock the operator (or a liveness probe) out.
+pub const OPERATOR_HANDSHAKES: usize = 8;
+/// Connections in progress one process may have on the sockets clients reach.
+pub const HANDSHAKES_PER_PID: usize = 8;
 
 /// What a peer has sent so far.
 pub enum Stage {
@@ -87,10 +92,13 @@ pub enum Progress {
 impl Peer {
     /// A new connection, of the server's user `uid` (or root, which may only control it,
     /// as an operator); `in_progress` connections are already in their handshake.
+    /// The operator's socket counts its connections apart (at most
+    /// [`OPERATOR_HANDSHAKES`]); the others share OMPS_MAX_HANDSHAKES, at most
+    /// [`HANDSHAKES_PER_PID`] of them one process's.
     pub fn admit(
         stream: UnixStream,
         uid: u32,
-        in_progress: usize,
+        others: &[Peer],
         origin: Origin,
     ) -> io::Result<Peer> {
         let cred = omps_ring::sock::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&stream))?;
@@ -100,11 +108,34 @@ impl Peer {
                 format!("peer uid {} is not the server's uid {uid}", cred.uid),
             ));
         }
-        if in_progress >= crate::bounds::bounds().handshakes {
-            // Dropping it closes it: the peer sees the connection fail.
-            return Err(io::Error::other(
-                "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
-            ));
+        let operator = matches!(origin, Origin::Operator);
+        let alike = others
+            .iter()
+            .filter(|p| matches!(p.origin, Origin::Operator) == operator);
+        // Dropping it closes it: the peer sees the connection fail.
+        if operator {
+            if alike.count() >= OPERATOR_HANDSHAKES {
+                return Err(io::Error::other(
+                    "too many connections in progress on the operator's socket",
+                ));
+            }
+        } else {
+            let (mut all, mut its) = (0, 0);
+            for p in alike {
+                all += 1;
+                its += usize::from(p.pid == cred.pid);
+            }
+            if all >= crate::bounds::bounds().handshakes {
+                return Err(io::Error::other(
+                    "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
+                ));
+            }
+            if its >= HANDSHAKES_PER_PID {
+                return Err(io::Error::other(format!(
+                    "process {} has {HANDSHAKES_PER_PID} connections in handshake",
+                    cred.pid
+                )));
+            }
         }
         Peer::new(stream, cred.pid, cred.uid != uid, origin)
     }
@@ -206,6 +237,10 @@ impl Peer {
                     }
                     self.stage = match hello.kind {
                         wire::kind::CLIENT => Stage::Settings,
+                        // A socket that takes no commands answers the first with a
+                        // refusal and closes (control.rs): its handshake time, not a
+                        // control connection's, bounds the wait for it.
+                        wire::kind::CONTROL if !self.origin.takes_commands() => Stage::Control,
                         wire::kind::CONTROL => {
                             self.deadline = Instant::now() + CONTROL_IDLE;
                             Stage::Control

@@ -247,7 +247,7 @@ fn answer_until(
                 Progress::Gone(_) => false,
             }
         });
-        let mut admit = |stream, origin| match Peer::admit(stream, uid, peers.len(), origin) {
+        let mut admit = |stream, origin| match Peer::admit(stream, uid, &peers, origin) {
             Ok(p) => peers.push(p),
             Err(e) => tracing::warn!("connection refused: {e}"),
         };

@@ -58,8 +58,8 @@ fn control_commands_on_the_clients_socket_are_refused_and_the_server_keeps_servi
         format!("set_client_qos {pid} latency-critical"),
         "status".to_string(),
     ];
-    let cmds: Vec<&str> = attacks.iter().map(String::as_str).collect();
-    for (cmd, (ok, text)) in cmds.iter().zip(commands_on(&srv.socket(), &cmds)) {
+    for cmd in &attacks {
+        let (ok, text) = commands_on(&srv.socket(), &[cmd]).remove(0);
         assert!(!ok, "'{cmd}' was taken on the clients' socket: {text}");
         assert!(
             text.contains(&srv.operator_socket().display().to_string()),
@@ -78,6 +78,56 @@ fn control_commands_on_the_clients_socket_are_refused_and_the_server_keeps_servi
     assert!(ok, "{status}");
     let (ok, ps) = srv.ctl("ps");
     assert!(ok && ps.contains(&pid.to_string()), "{ps}");
+}
+
+/// Found in review: connections to the clients' socket that said hello as control
+/// connections held every handshake slot (their refusals kept them open, 10 s more at
+/// each command), so the operator's `status` (the liveness probe) and new clients were
+/// dropped. Now a refusal closes the connection, the operator's socket has slots of its
+/// own, and one process holds at most a few of the clients' slots.
+#[test]
+fn silent_and_refused_connections_never_lock_the_operator_out() {
+    let srv = TestServer::start("principals-slots");
+    let hello = Hello {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        kind: wire::kind::CONTROL,
+    };
+    // A refused command ends its connection: no second answer, no slot held.
+    let s = UnixStream::connect(srv.socket()).unwrap();
+    (&s).write_all(bytemuck::bytes_of(&hello)).unwrap();
+    sock::write_frame(&mut &s, b"status").unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let r = sock::read_frame(&mut &s, 1 << 20)
+        .unwrap()
+        .expect("a refusal");
+    assert_eq!(r[0], 1, "refused");
+    assert!(
+        matches!(sock::read_frame(&mut &s, 1 << 20), Ok(None) | Err(_)),
+        "the refused connection stayed open"
+    );
+    let held: Vec<UnixStream> = (0..80)
+        .filter_map(|_| {
+            let s = UnixStream::connect(srv.socket()).ok()?;
+            (&s).write_all(bytemuck::bytes_of(&hello)).ok()?;
+            Some(s)
+        })
+        .collect();
+    assert!(!held.is_empty());
+    let t = std::time::Instant::now();
+    let (ok, status) = srv.ctl("status");
+    assert!(ok, "{status}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(1),
+        "status took {:?} behind {} silent connections",
+        t.elapsed(),
+        held.len()
+    );
+    drop(held);
+    // Once they are gone (or timed out), this process is a client again.
+    let c = Conn::connect_to(&srv.socket()).expect("served once its silent connections went");
+    c.ping(0).unwrap();
 }
 
 #[test]
@@ -135,11 +185,10 @@ fn a_namespace_client_gets_the_namespace_limit_and_cannot_raise_it() {
         );
     }
     // Control commands are refused on a namespace's socket too.
-    let answers = commands_on(
-        &socket,
-        &["set_default_device_pinned_mem_limit 0 none", "quit"],
-    );
-    assert!(answers.iter().all(|(ok, _)| !ok), "{answers:?}");
+    for cmd in ["set_default_device_pinned_mem_limit 0 none", "quit"] {
+        let answers = commands_on(&socket, &[cmd]);
+        assert!(answers.iter().all(|(ok, _)| !ok), "{answers:?}");
+    }
     drop(c);
     // The operator's server-wide limit does not lift the namespace's cap either.
     assert!(srv.ctl("set_default_device_pinned_mem_limit 0 none").0);

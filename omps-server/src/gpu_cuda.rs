@@ -1400,7 +1400,11 @@ impl Gpu for CudaGpu {
                 )
             });
         }
-        let mut list = attr_list(attrs);
+        let (least, greatest) = self.priorities;
+        let class = self.layout.class_at(s).unwrap_or(crate::placement::NORMAL);
+        let floor = crate::placement::class_priority(class, least, greatest);
+        let attrs = crate::placement::hold_launch_priority(attrs, floor, least);
+        let mut list = attr_list(&attrs);
         let n = list.len();
         let config = cu::CUlaunchConfig {
             gridDimX: grid[0],

@@ -82,6 +82,26 @@ pub fn class_priority(c: usize, least: i32, greatest: i32) -> i32 {
     least - (span * c as f64 / (CLASSES - 1) as f64).round() as i32
 }
 
+/// CU_LAUNCH_ATTRIBUTE_PRIORITY: a kernel's own priority, over its stream's.
+const LAUNCH_ATTR_PRIORITY: u32 = 8;
+
+/// Launch attributes (72-byte records, as on the wire) with any kernel priority held to
+/// `floor..=least`: a kernel may be less urgent than its work stream's class, never more,
+/// so no client lifts its launches over its QoS class (issue 23, review).
+pub fn hold_launch_priority(attrs: &[u8], floor: i32, least: i32) -> std::borrow::Cow<'_, [u8]> {
+    let n = omps_ring::wire::LAUNCH_ATTR_BYTES;
+    let asks = |a: &[u8]| u32::from_le_bytes([a[0], a[1], a[2], a[3]]) == LAUNCH_ATTR_PRIORITY;
+    if !attrs.chunks_exact(n).any(asks) || floor > least {
+        return std::borrow::Cow::Borrowed(attrs);
+    }
+    let mut own = attrs.to_vec();
+    for a in own.chunks_exact_mut(n).filter(|a| asks(a)) {
+        let v = i32::from_le_bytes([a[8], a[9], a[10], a[11]]);
+        a[8..12].copy_from_slice(&v.clamp(floor, least).to_le_bytes());
+    }
+    std::borrow::Cow::Owned(own)
+}
+
 /// The layout of one GPU's streams: each class's work streams in class order (on the whole device), then, per confinement slot
 /// ([`crate::confine`]), `confined_per_class` streams of each class in that slot's green
 /// context, made at first use. Each count is a multiple of `connections`, so stream `i`
@@ -507,6 +527,47 @@ mod tests {
         let p: Vec<i32> = (0..CLASSES).map(|c| class_priority(c, 0, -5)).collect();
         assert_eq!(p, vec![0, -2, -3, -5]);
         assert_eq!(class_priority(CRITICAL, 0, 0), 0, "no levels: all equal");
+    }
+
+    #[test]
+    fn a_kernels_own_priority_is_never_above_its_class() {
+        let attr = |id: u32, v: i32| {
+            let mut a = vec![0u8; omps_ring::wire::LAUNCH_ATTR_BYTES];
+            a[..4].copy_from_slice(&id.to_le_bytes());
+            a[8..12].copy_from_slice(&v.to_le_bytes());
+            a
+        };
+        let prio = |b: &[u8], i: usize| {
+            let a = &b[i * omps_ring::wire::LAUNCH_ATTR_BYTES..];
+            i32::from_le_bytes([a[8], a[9], a[10], a[11]])
+        };
+        // A background client (its class at -1 of 0..=-5) asks for -5, the greatest.
+        let mut attrs = attr(2, 7);
+        attrs.extend(attr(LAUNCH_ATTR_PRIORITY, -5));
+        let held = hold_launch_priority(&attrs, -1, 0);
+        assert_eq!(prio(&held, 1), -1, "held to its class");
+        assert_eq!(prio(&held, 0), 7, "other attributes untouched");
+        // Less urgent than its class is its to ask; out of range is brought back.
+        assert_eq!(
+            prio(
+                &hold_launch_priority(&attr(LAUNCH_ATTR_PRIORITY, 0), -1, 0),
+                0
+            ),
+            0
+        );
+        assert_eq!(
+            prio(
+                &hold_launch_priority(&attr(LAUNCH_ATTR_PRIORITY, 9), -1, 0),
+                0
+            ),
+            0
+        );
+        // No priority asked: the same bytes, not a copy.
+        let plain = attr(2, 7);
+        assert!(matches!(
+            hold_launch_priority(&plain, -1, 0),
+            std::borrow::Cow::Borrowed(_)
+        ));
         assert_eq!(class_of(Qos::LatencyCritical, 0), CRITICAL);
         assert_eq!(class_of(Qos::BelowNormal, -5), BACKGROUND);
         assert_eq!(class_of(Qos::Normal, -1), RAISED);

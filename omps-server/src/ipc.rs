@@ -340,6 +340,11 @@ impl Registry {
         self.vmm.keep(handle, held);
     }
 
+    /// Whether event `handle` was exported (its owner's or an opener's view of it).
+    pub fn event_shared(&self, handle: u64) -> bool {
+        self.events.shared(handle)
+    }
+
     /// Whether another client still holds VMM memory `handle` its owner released.
     pub fn vmm_shared(&self, handle: u64) -> bool {
         self.vmm.shared(handle)

@@ -163,6 +163,61 @@ fn a_shared_event_lives_while_any_client_holds_it() {
         .unwrap();
 }
 
+/// Found in review: an event shared through IPC recorded in a capture would let the
+/// other process's wait on it fork the capture into its stream (or its work into the
+/// graph). Recording one in a capture is refused and ends the capture, for the opener
+/// and the owner alike; outside captures both record it as before.
+#[test]
+fn a_shared_event_is_never_recorded_into_a_capture() {
+    let srv = TestServer::start("ipcevcap");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    event_create(&a, 7, 6);
+    let h = {
+        let mut ch = a.channel();
+        ch.call(0, Op::IpcGetEventHandle, |call| {
+            bytemuck::bytes_of(&wire::HandleCall {
+                call,
+                id: 7,
+                _pad: 0,
+            })
+            .to_vec()
+        })
+        .unwrap();
+        ch.reply::<IpcHandle>()
+    };
+    b.channel()
+        .call(0, Op::IpcOpenEventHandle, |call| {
+            bytemuck::bytes_of(&wire::IpcOpenEvent {
+                call,
+                id: 3,
+                _pad: 0,
+                handle: h,
+            })
+            .to_vec()
+        })
+        .unwrap();
+    for (c, event) in [(&b, 3), (&a, 7)] {
+        stream_create(c, 1);
+        capture(c, Op::CaptureBegin, 1).unwrap();
+        let rec = wire::EventRecord { event, stream: 1 };
+        c.push(0, Op::EventRecord, &[bytemuck::bytes_of(&rec)])
+            .unwrap();
+        assert!(
+            capture(c, Op::CaptureEnd, 1).is_err(),
+            "a capture took shared event {event}"
+        );
+        // The refused record's error comes at the next synchronizing call, as omps
+        // reports fire-and-forget errors.
+        assert_eq!(c.ping(0), Err(900), "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED");
+        // Outside a capture it records as before.
+        let rec = wire::EventRecord { event, stream: 0 };
+        c.push(0, Op::EventRecord, &[bytemuck::bytes_of(&rec)])
+            .unwrap();
+        c.ping(0).unwrap();
+    }
+}
+
 /// An importer's close waits for its own work: the owner's free cannot release memory a
 /// kernel of the importer may still use. The stuck host GPU holds every fence.
 #[test]

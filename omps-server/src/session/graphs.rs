@@ -394,6 +394,21 @@ impl Session {
                 // external record is an event record node: its event stays usable.)
                 let r = rec::<wire::EventRecord>(p);
                 if self.stream_capturing(r.stream) {
+                    // An event shared through IPC recorded in a capture would let another
+                    // process's wait fork this capture into its stream, or its stream's
+                    // work into this graph: refused, and the capture with it.
+                    let shared = self.events.get(&r.event).is_some_and(|&e| {
+                        ctx.shared
+                            .ipc
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .event_shared(e)
+                    });
+                    if shared {
+                        invalidate(self, r.stream);
+                        self.note_error(CuError(UNSUPPORTED));
+                        return Ok(Some(()));
+                    }
                     self.captured_events.insert(r.event);
                 } else {
                     self.captured_events.remove(&r.event);

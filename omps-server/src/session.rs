@@ -478,10 +478,15 @@ impl Session {
             {
                 match b.pool {
                     // A capturing stream joins no implicit ordering: it would pull the
-                    // legacy stream into its graph.
+                    // legacy stream into its graph. Each work stream is ordered once,
+                    // however many client streams it carries: one record adds at most
+                    // the client's share of work streams to the legacy one, never a
+                    // wait per client stream (thousands, past the driver's bound).
                     Some(bp) if b.dirty && bp != legacy && !b.capturing => {
-                        r = r.and(ctx.order(bp, legacy));
-                        orders.push(bp);
+                        if !orders.contains(&bp) {
+                            r = r.and(ctx.order(bp, legacy));
+                            orders.push(bp);
+                        }
                     }
                     _ => {}
                 }

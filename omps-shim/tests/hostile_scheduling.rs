@@ -223,3 +223,24 @@ fn streams_given_up_behind_a_long_kernel_do_not_hold_up_the_lane() {
         }
     });
 }
+
+/// Found in review: one record on the legacy stream ordered it after every dirty blocking
+/// stream of the client, an event and a wait each: with 1,200 of them behind a long
+/// kernel, one memset put 1,200 waits on the legacy work stream, past the driver's bound,
+/// inside one record the depth hold never saw. Now each work stream is ordered once.
+#[test]
+fn one_legacy_record_after_many_blocking_streams_does_not_hold_up_the_lane() {
+    lane_stays_free_behind_a_long_kernel("deep-legacy-order", |a, p| {
+        for id in 1..=1200u32 {
+            let sc = omps_ring::wire::StreamCreate {
+                id,
+                flags: 0, // blocking: ordered against the legacy stream
+                ..Default::default()
+            };
+            a.push(0, Op::StreamCreate, &[bytemuck::bytes_of(&sc)])
+                .unwrap();
+            memset_words_on(a, id, p, id, 0);
+        }
+        memset_words_on(a, 0, p, 7, 0);
+    });
+}

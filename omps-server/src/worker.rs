@@ -1082,6 +1082,9 @@ pub fn run(
                             outcome = Err(e);
                             break;
                         }
+                        if sessions[i].is_deep() {
+                            break;
+                        }
                     }
                     Ok(None) => break,
                     Err(e) => {

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 pub(super) const MARK_EVERY: u32 = 256;
 /// Operations pending on one work stream that hold its client back.
 pub(super) const HOLD_OPS: u32 = 3 * MARK_EVERY;
-/// Beyond this many a held client gets no batch through at all: a batch of 8 records adds
-/// well under the 1,020 - HARD_OPS left (a record adds a few operations; a context
-/// synchronization one per stream the client holds).
+/// Beyond this many a held client gets no batch through at all, and a batch ends at the
+/// record that makes a stream deep: one record adds well under the 1,020 - HARD_OPS left
+/// (a few operations; a context synchronization one per stream and unfolded event).
 pub(super) const HARD_OPS: u32 = 832;
 const MAX_HOLD: Duration = Duration::from_secs(1);
 /// How often a held client's oldest mark is asked about. cuEventQuery takes the context
@@ -125,6 +125,14 @@ impl Session {
             .drain()
             .flat_map(|(_, d)| d.marks.into_iter().map(|m| m.0))
             .collect()
+    }
+
+    /// Whether a work stream of this client is queued deep: the worker ends the client's
+    /// batch there, so that the records after it wait for [`Session::held_back`] (a batch
+    /// of context synchronizations, each a wait per event and stream, once added more
+    /// than the driver's bound leaves past [`HARD_OPS`]).
+    pub fn is_deep(&self) -> bool {
+        !self.deep.is_empty()
     }
 
     /// Whether the worker should take none of this client's records this pass: one of

@@ -120,6 +120,9 @@ pub struct HostGpu {
     /// While set, context resets fail (CUDA_ERROR_NOT_PERMITTED), as the H100's did after
     /// a fault.
     resets_fail: std::sync::atomic::AtomicBool,
+    /// Plays a driver without cuGraphNodeGetParams (CUDA 13.0): a conditional node's
+    /// bodies are not read with its graph's memory ranges.
+    cond_bodies_hidden: std::sync::atomic::AtomicBool,
     /// Module loads asked of it.
     loads: std::sync::atomic::AtomicUsize,
     /// Launches asked of it.
@@ -155,6 +158,11 @@ impl HostGpu {
         if !on {
             self.unstick_model();
         }
+    }
+
+    /// Plays a driver that cannot read a conditional node's bodies while `on`.
+    pub fn hide_conditional_bodies(&self, on: bool) {
+        self.cond_bodies_hidden.store(on, Ordering::Relaxed);
     }
 
     /// Makes context resets fail while `on`.
@@ -268,6 +276,7 @@ impl HostGpu {
             fence_lag_us: Default::default(),
             recorded: Default::default(),
             resets_fail: Default::default(),
+            cond_bodies_hidden: Default::default(),
             loads: Default::default(),
             launches: Default::default(),
             last_launch_stream: Default::default(),
@@ -1335,7 +1344,7 @@ impl Gpu for HostGpu {
     }
 
     fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>> {
-        fn collect(ops: &[HostOp], out: &mut Vec<(u64, u64)>) {
+        fn collect(ops: &[HostOp], out: &mut Vec<(u64, u64)>, bodies: bool) {
             for op in ops {
                 match op {
                     HostOp::Memset {
@@ -1347,7 +1356,9 @@ impl Gpu for HostGpu {
                     }
                     HostOp::Htod { dst, len, .. } => out.push((*dst, *len as u64)),
                     HostOp::Dtoh { src, len, .. } => out.push((*src, *len as u64)),
-                    HostOp::Cond { run, .. } => run.iter().for_each(|r| collect(r, out)),
+                    HostOp::Cond { run, .. } if bodies => {
+                        run.iter().for_each(|r| collect(r, out, bodies))
+                    }
                     _ => {}
                 }
             }
@@ -1356,7 +1367,11 @@ impl Gpu for HostGpu {
         let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;
         let ops = st.resolve(ops)?;
         let mut out = Vec::new();
-        collect(&ops, &mut out);
+        collect(
+            &ops,
+            &mut out,
+            !self.cond_bodies_hidden.load(Ordering::Relaxed),
+        );
         Ok(out)
     }
 

@@ -52,6 +52,15 @@ impl CondState {
             .any(|&g| self.home_of(g) == Some(home))
     }
 
+    /// The driver's body graphs of home `home` (nested ones too: all name the outermost).
+    pub(super) fn bodies_of(&self, home: u64) -> Vec<u64> {
+        self.bodies
+            .values()
+            .filter(|&&(_, h)| h == home)
+            .map(|&(b, _)| b)
+            .collect()
+    }
+
     /// Home `home` lost its nodes: its bodies are gone.
     fn cleared(&mut self, home: u64) {
         self.bodies.retain(|_, &mut (_, h)| h != home);

@@ -77,8 +77,21 @@ impl Session {
 
     /// Whether every range `graph`'s memset and memcpy nodes use is still the client's: a
     /// graph captured over a block freed since would write whoever has it now.
+    /// The ranges `graph` uses, its conditional nodes' bodies included: the server knows
+    /// the bodies it made, where the driver cannot list them (cuGraphNodeGetParams is
+    /// newer than CUDA 13.0), and a body's memset replays as any other.
+    fn graph_ranges(&self, ctx: &WorkerCtx, graph: u64) -> crate::gpu::GpuResult<Vec<(u64, u64)>> {
+        let mut ranges = ctx.gpu.graph_memory_ranges(graph)?;
+        for body in self.cond.bodies_of(graph) {
+            ranges.extend(ctx.gpu.graph_memory_ranges(body)?);
+        }
+        ranges.sort_unstable();
+        ranges.dedup();
+        Ok(ranges)
+    }
+
     pub(super) fn graph_memory_owned(&mut self, ctx: &mut WorkerCtx, graph: u64) -> bool {
-        let Ok(ranges) = ctx.gpu.graph_memory_ranges(graph) else {
+        let Ok(ranges) = self.graph_ranges(ctx, graph) else {
             return true;
         };
         let stale = ranges
@@ -95,7 +108,7 @@ impl Session {
 
     /// Reads what executable graph `id`, instantiated from (or updated to) `graph`, uses.
     pub(super) fn note_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32, graph: u64) {
-        match ctx.gpu.graph_memory_ranges(graph) {
+        match self.graph_ranges(ctx, graph) {
             Ok(r) => {
                 self.exec_ranges.insert(id, r);
             }

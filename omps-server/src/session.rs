@@ -482,11 +482,11 @@ impl Session {
                     // however many client streams it carries: one record adds at most
                     // the client's share of work streams to the legacy one, never a
                     // wait per client stream (thousands, past the driver's bound).
-                    Some(bp) if b.dirty && bp != legacy && !b.capturing => {
-                        if !orders.contains(&bp) {
-                            r = r.and(ctx.order(bp, legacy));
-                            orders.push(bp);
-                        }
+                    Some(bp)
+                        if b.dirty && bp != legacy && !b.capturing && !orders.contains(&bp) =>
+                    {
+                        r = r.and(ctx.order(bp, legacy));
+                        orders.push(bp);
                     }
                     _ => {}
                 }

@@ -263,8 +263,7 @@ fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc:
                 match job {
                     SlowJob::Flush { gpu, client, sock } => {
                         let got = printf.flush(&*gpu, client.id, wire::PRINTF_REPLY_MAX - 4);
-                        client.slow_pending.store(false, Ordering::Release);
-                        Server::reply(&sock, 0, &wire::printf_reply(&got.out, &got.err));
+                        answer_slow(&client, &sock, 0, &wire::printf_reply(&got.out, &got.err));
                     }
                     SlowJob::Pin {
                         client,
@@ -279,13 +278,78 @@ fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc:
                         } else {
                             pin_after_unpins(&client, fd.as_fd(), addr, len)
                         };
-                        client.slow_pending.store(false, Ordering::Release);
-                        Server::reply(&sock, status, &[]);
+                        answer_slow(&client, &sock, status, &[]);
                     }
                 }
             }
         })?;
     Ok(tx)
+}
+
+/// How long the slow-request thread gives one client to take its answer: the shim reads
+/// it at once; a client that does not is cut off, so that it cannot hold every other
+/// client's pins and printf flushes behind it (issue 23, review).
+const SLOW_ANSWER_TIME: Duration = Duration::from_millis(200);
+
+/// Answers a slow request within [`SLOW_ANSWER_TIME`], or cuts the client off; only then
+/// may the client ask again (one slow request at a time each).
+fn answer_slow(client: &ClientShared, sock: &UnixStream, status: i32, text: &[u8]) {
+    let head = wire::HostMemReply {
+        status,
+        text_len: text.len() as u32,
+    };
+    let mut bytes = bytemuck::bytes_of(&head).to_vec();
+    bytes.extend_from_slice(text);
+    if !send_within(sock, &bytes, SLOW_ANSWER_TIME) {
+        client.disconnect(
+            code::MPS_CLIENT_TERMINATED,
+            "it did not take the answer to its request",
+        );
+    }
+    client.slow_pending.store(false, Ordering::Release);
+}
+
+/// Sends all of `bytes` without blocking past `limit`: whether they went.
+fn send_within(sock: &UnixStream, bytes: &[u8], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let rest = &bytes[sent..];
+        // SAFETY: sending from a live buffer of rest.len() bytes on a socket we hold.
+        let n = unsafe {
+            libc::send(
+                sock.as_raw_fd(),
+                rest.as_ptr() as *const libc::c_void,
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n > 0 {
+            sent += n as usize;
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        if n == 0
+            || !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            )
+        {
+            return false;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut pfd = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on the stack, for the call.
+        unsafe { libc::poll(&mut pfd, 1, left.as_millis().max(1) as i32) };
+    }
+    true
 }
 
 /// Pins a client's range; one it gave back a moment ago may still be mapped at the same
@@ -987,15 +1051,6 @@ impl Server {
             )
         };
         n != b.len() as isize
-    }
-
-    pub(crate) fn reply(s: &UnixStream, status: i32, text: &[u8]) -> bool {
-        let reply = wire::HostMemReply {
-            status,
-            text_len: text.len() as u32,
-        };
-        sock::send_with_fds(s.as_raw_fd(), bytemuck::bytes_of(&reply), &[]).is_err()
-            || io::Write::write_all(&mut &*s, text).is_err()
     }
 
     fn retire_client(&mut self, id: u32) {

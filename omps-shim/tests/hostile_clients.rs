@@ -763,3 +763,56 @@ fn a_client_that_floods_slow_requests_is_cut_off() {
     let (_, text) = srv.ctl("status");
     assert!(!text.is_empty());
 }
+
+/// Found in review: the thread that answers pin and printf requests wrote each answer
+/// blocking (2 s at most), so a client that asked and never read its answers held every
+/// other client's pins and flushes 2 s at a time, again and again. Now a client that does
+/// not take its answer within a moment is cut off.
+#[test]
+fn a_client_that_never_reads_its_answers_holds_no_one_elses() {
+    let srv = TestServer::start("unread-answers");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let b = Conn::connect_to(&srv.socket()).unwrap();
+    let req = wire::HostMemRequest {
+        kind: wire::hostmem::PRINTF_FLUSH,
+        ..Default::default()
+    };
+    let unread = |c: &Conn| {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD into a local int, on the client's socket.
+        unsafe { libc::ioctl(c.socket_fd(), libc::FIONREAD, &mut n) };
+        n
+    };
+    // One request at a time (a second before its answer is a flood), never reading the
+    // answers, until one no longer arrives: the server's side of the socket is full.
+    let mut asked = 0;
+    loop {
+        let before = unread(&a);
+        if omps_ring::sock::send_with_fds(a.socket_fd(), bytemuck::bytes_of(&req), &[]).is_err() {
+            break;
+        }
+        asked += 1;
+        let t = Instant::now();
+        while unread(&a) == before && t.elapsed() < Duration::from_millis(300) {
+            std::thread::yield_now();
+        }
+        if unread(&a) == before || asked > 200_000 {
+            break;
+        }
+    }
+    assert!(asked > 1, "{asked} requests");
+    let t = Instant::now();
+    assert_eq!(
+        b.socket_request(wire::hostmem::PRINTF_FLUSH, 0, 0, None),
+        Ok(wire::printf_reply(b"", b"")),
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "another client's flush waited {:?} behind one that does not read",
+        t.elapsed()
+    );
+    assert!(
+        wait_disconnected(&a),
+        "the client that does not read was kept"
+    );
+}

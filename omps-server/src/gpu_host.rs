@@ -123,6 +123,8 @@ pub struct HostGpu {
     /// Plays a driver without cuGraphNodeGetParams (CUDA 13.0): a conditional node's
     /// bodies are not read with its graph's memory ranges.
     cond_bodies_hidden: std::sync::atomic::AtomicBool,
+    /// Makes reading a graph's memory ranges fail (a node the driver will not describe).
+    graph_reads_fail: std::sync::atomic::AtomicBool,
     /// Module loads asked of it.
     loads: std::sync::atomic::AtomicUsize,
     /// Launches asked of it.
@@ -163,6 +165,11 @@ impl HostGpu {
     /// Plays a driver that cannot read a conditional node's bodies while `on`.
     pub fn hide_conditional_bodies(&self, on: bool) {
         self.cond_bodies_hidden.store(on, Ordering::Relaxed);
+    }
+
+    /// Makes reading graphs' memory ranges fail while `on`.
+    pub fn fail_graph_reads(&self, on: bool) {
+        self.graph_reads_fail.store(on, Ordering::Relaxed);
     }
 
     /// Makes context resets fail while `on`.
@@ -277,6 +284,7 @@ impl HostGpu {
             recorded: Default::default(),
             resets_fail: Default::default(),
             cond_bodies_hidden: Default::default(),
+            graph_reads_fail: Default::default(),
             loads: Default::default(),
             launches: Default::default(),
             last_launch_stream: Default::default(),
@@ -1362,6 +1370,9 @@ impl Gpu for HostGpu {
                     _ => {}
                 }
             }
+        }
+        if self.graph_reads_fail.load(Ordering::Relaxed) {
+            return Err(CuError(code::NOT_SUPPORTED));
         }
         let st = self.state.lock().unwrap();
         let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;

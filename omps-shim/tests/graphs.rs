@@ -379,3 +379,21 @@ fn a_forked_stream_destroyed_after_it_joined_keeps_the_capture() {
         "the replay ran the forked stream's launch"
     );
 }
+
+/// Found in review: a graph whose memory ranges could not be read was instantiated
+/// unchecked, so nothing said its replays wrote only the client's memory. Now it is
+/// refused, and instantiated once they can be read.
+#[test]
+fn a_graph_whose_memory_cannot_be_read_is_not_instantiated() {
+    let srv = TestServer::start("graph-unreadable");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&c, 64);
+    stream_create(&c, S);
+    capture(&c, Op::CaptureBegin, S).unwrap();
+    memset_words_on(&c, S, p, 3, 0);
+    let g = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
+    srv.gpu.fail_graph_reads(true);
+    assert_eq!(instantiate(&c, g), Err(1), "CUDA_ERROR_INVALID_VALUE");
+    srv.gpu.fail_graph_reads(false);
+    assert!(instantiate(&c, g).is_ok());
+}

@@ -75,8 +75,9 @@ impl Session {
         used
     }
 
-    /// Whether every range `graph`'s memset and memcpy nodes use is still the client's: a
-    /// graph captured over a block freed since would write whoever has it now.
+    /// Whether every range `graph`'s memset and memcpy nodes use is still the client's (and
+    /// could be read): a graph captured over a block freed since would write whoever has
+    /// it now.
     /// The ranges `graph` uses, its conditional nodes' bodies included: the server knows
     /// the bodies it made, where the driver cannot list them (cuGraphNodeGetParams is
     /// newer than CUDA 13.0), and a body's memset replays as any other.
@@ -91,8 +92,17 @@ impl Session {
     }
 
     pub(super) fn graph_memory_owned(&mut self, ctx: &mut WorkerCtx, graph: u64) -> bool {
-        let Ok(ranges) = self.graph_ranges(ctx, graph) else {
-            return true;
+        // A graph whose memory cannot be read could write anything at every replay: it
+        // is not instantiated (said in the log), rather than trusted.
+        let ranges = match self.graph_ranges(ctx, graph) {
+            Ok(r) => r,
+            Err(e) => {
+                self.log_refusal(format_args!(
+                    "the memory a graph uses could not be read (CUDA error {}): not instantiated",
+                    e.0
+                ));
+                return false;
+            }
         };
         let stale = ranges
             .iter()

@@ -925,7 +925,11 @@ impl Session {
             self.allocs.insert(p, n);
         }
         // Modules and IPC openings held for its graphs go with the rest.
-        let (held_modules, held_closes) = self.take_graph_held_other();
+        let graph_memory::HeldAtLast {
+            modules: held_modules,
+            closes: held_closes,
+            reservations: held_reservations,
+        } = self.take_graph_held_other();
         let (ipc, mut allocs) = {
             let mut reg = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
             let (ipc, own): (Vec<Range>, Vec<Range>) = std::mem::take(&mut self.allocs)
@@ -980,7 +984,9 @@ impl Session {
                 let mut v = std::mem::take(&mut self.vmm);
                 let mut reg = shared.vmm_ipc.lock().unwrap_or_else(|e| e.into_inner());
                 v.keep_shared(&mut reg, &self.client, self.dev);
-                v.into_release()
+                let mut r = v.into_release();
+                r.reservations.extend(held_reservations);
+                r
             },
             arrays: std::mem::take(&mut self.arrays).into_release(),
         };

@@ -397,3 +397,53 @@ fn a_graph_whose_memory_cannot_be_read_is_not_instantiated() {
     srv.gpu.fail_graph_reads(false);
     assert!(instantiate(&c, g).is_ok());
 }
+
+/// Found in review: a VMM reservation given back while an executable graph's memset
+/// writes a range in it went to the driver at once, and its addresses could become
+/// another client's reservation, which the next replay would write. The driver keeps it
+/// reserved until the graph goes; the client sees it freed, as natively.
+#[test]
+fn a_reservation_a_live_graph_writes_stays_reserved_until_the_graph_goes() {
+    use omps_ring::wire::vmm;
+    let srv = TestServer::start("graph-vmm-reservation");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let g = vmm_call(&c, vmm::GRANULARITY, 0, [0, 0, 0]).unwrap();
+    let at = vmm_call(&c, vmm::RESERVE, 0, [g, 0, 0]).unwrap();
+    let h = vmm_call(&c, vmm::CREATE, 0, [g, 0, 0]).unwrap() as u32;
+    vmm_call(&c, vmm::MAP, h, [at, g, 0]).unwrap();
+    vmm_call(&c, vmm::SET_ACCESS, 0, [at, g, 0]).unwrap();
+    stream_create(&c, S);
+    capture(&c, Op::CaptureBegin, S).unwrap();
+    memset_words_on(&c, S, at, 3, 0);
+    let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
+    let exec = instantiate(&c, graph).unwrap();
+    vmm_call(&c, vmm::UNMAP, 0, [at, g, 0]).unwrap();
+    vmm_call(&c, vmm::RELEASE, h, [0, 0, 0]).unwrap();
+    vmm_call(&c, vmm::ADDRESS_FREE, 0, [at, g, 0]).expect("freed, as natively");
+    c.ping(0).unwrap();
+    assert_eq!(
+        srv.gpu.vmm_live().0,
+        1,
+        "the driver still holds the reservation"
+    );
+    assert!(
+        vmm_call(&c, vmm::ADDRESS_FREE, 0, [at, g, 0]).is_err(),
+        "the client's no more"
+    );
+    c.push(
+        0,
+        Op::GraphExecDestroy,
+        &[bytemuck::bytes_of(&wire::Handle { id: exec, _pad: 0 })],
+    )
+    .unwrap();
+    c.ping(0).unwrap();
+    let t = Instant::now();
+    while srv.gpu.vmm_live().0 != 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        srv.gpu.vmm_live().0,
+        0,
+        "the graph went, and the reservation with it"
+    );
+}

@@ -33,6 +33,18 @@ fn overlap((a, n): (u64, u64), (b, m): (u64, u64)) -> bool {
 pub(super) enum HeldForGraphs {
     Module(u64, bool, u64),
     IpcClose(u64, u64),
+    /// A VMM reservation (start, size) the client gave back while a graph uses a range in
+    /// it: the driver keeps the addresses reserved, so no other client's reservation can
+    /// take them while a replay may still write there.
+    Reservation(u64, u64),
+}
+
+/// What a departing client's graphs held, for its last release.
+#[derive(Default)]
+pub(super) struct HeldAtLast {
+    pub modules: Vec<(u64, bool, u64)>,
+    pub closes: Vec<u64>,
+    pub reservations: Vec<(u64, u64)>,
 }
 
 impl Session {
@@ -43,7 +55,9 @@ impl Session {
                 // A capture under way becomes a graph too.
                 !self.graphs.is_empty() || !self.execs.is_empty() || self.capturing > 0
             }
-            HeldForGraphs::IpcClose(p, n) => self.used_by_graphs((p, n)),
+            HeldForGraphs::IpcClose(p, n) | HeldForGraphs::Reservation(p, n) => {
+                self.used_by_graphs((p, n))
+            }
         }
     }
 }
@@ -63,6 +77,7 @@ impl Session {
         let same = |h: &HeldForGraphs| match (h, &what) {
             (HeldForGraphs::Module(a, ..), HeldForGraphs::Module(b, ..)) => a == b,
             (HeldForGraphs::IpcClose(a, _), HeldForGraphs::IpcClose(b, _)) => a == b,
+            (HeldForGraphs::Reservation(a, _), HeldForGraphs::Reservation(b, _)) => a == b,
             _ => false,
         };
         if self.graph_held_other.iter().any(same) {
@@ -171,6 +186,16 @@ impl Session {
                         ..Default::default()
                     },
                 ),
+                HeldForGraphs::Reservation(at, n) => ctx.release_later(
+                    self,
+                    Release {
+                        vmm: VmmRelease {
+                            reservations: vec![(at, n)],
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
             }
         }
         let ranges = &self.exec_ranges;
@@ -201,20 +226,20 @@ impl Session {
         std::mem::take(&mut self.graph_held)
     }
 
-    /// The modules (handle, shared, bytes charged) and IPC openings held for graphs, for
-    /// the client's last release.
-    pub(super) fn take_graph_held_other(&mut self) -> (Vec<(u64, bool, u64)>, Vec<u64>) {
-        let mut modules = Vec::new();
-        let mut closes = Vec::new();
+    /// The modules (handle, shared, bytes charged), IPC openings and VMM reservations held
+    /// for graphs, for the client's last release.
+    pub(super) fn take_graph_held_other(&mut self) -> HeldAtLast {
+        let mut last = HeldAtLast::default();
         for h in std::mem::take(&mut self.graph_held_other) {
             match h {
                 HeldForGraphs::Module(handle, shared, charged) => {
-                    modules.push((handle, shared, charged))
+                    last.modules.push((handle, shared, charged))
                 }
-                HeldForGraphs::IpcClose(ptr, _) => closes.push(ptr),
+                HeldForGraphs::IpcClose(ptr, _) => last.closes.push(ptr),
+                HeldForGraphs::Reservation(at, n) => last.reservations.push((at, n)),
             }
         }
-        (modules, closes)
+        last
     }
 }
 

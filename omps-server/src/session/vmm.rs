@@ -180,6 +180,9 @@ impl Session {
         if matches!(v.kind, vmm::CREATE | vmm::GRANULARITY) && a1 > 1 {
             return self.complete(v.call, code::INVALID_VALUE, &[]);
         }
+        if v.kind == vmm::ADDRESS_FREE {
+            return self.vmm_address_free(ctx, v);
+        }
         if v.kind == vmm::CREATE {
             if let Err(e) = self.charge(ctx, a0) {
                 return self.complete(v.call, e.0, &[]);
@@ -231,14 +234,6 @@ impl Session {
             vmm::RESERVE => gpu.vmm_reserve(a0, a1, a2).inspect(|&p| {
                 st.reservations.insert(p, a0);
             }),
-            vmm::ADDRESS_FREE => {
-                if st.reservations.get(&a0) != Some(&a1) || st.overlaps_mapping(a0, a1) {
-                    Err(CuError(code::INVALID_VALUE))
-                } else {
-                    st.reservations.remove(&a0);
-                    gpu.vmm_address_free(a0, a1).map(|()| 0)
-                }
-            }
             vmm::RELEASE => match st.handles.remove(&v.handle) {
                 Some((h, size)) => {
                     st.compressed.remove(&v.handle);
@@ -295,6 +290,27 @@ impl Session {
             },
             vmm::GRANULARITY => gpu.vmm_granularity(a0 != 0, a1 == 1),
             k => return bad(format!("unknown vmm call {k}")),
+        };
+        self.complete_pod(v.call, r.map(|value| wire::U64Reply { value }))
+    }
+
+    /// cuMemAddressFree of a whole reservation with nothing mapped in it. One a live
+    /// executable graph of the client's uses a range of is the client's no more, but the
+    /// driver keeps it reserved until no such graph is left (graph_memory.rs): freed now,
+    /// its addresses could become another client's reservation, which a replay would write.
+    fn vmm_address_free(&mut self, ctx: &mut WorkerCtx, v: wire::Vmm) -> Result<(), Malformed> {
+        let [at, size, _] = v.args;
+        let st = &mut self.vmm;
+        let r = if st.reservations.get(&at) != Some(&size) || st.overlaps_mapping(at, size) {
+            Err(CuError(code::INVALID_VALUE))
+        } else {
+            st.reservations.remove(&at);
+            let held = super::graph_memory::HeldForGraphs::Reservation(at, size);
+            if self.hold_other_for_graphs(held) {
+                Ok(0)
+            } else {
+                ctx.gpu.vmm_address_free(at, size).map(|()| 0)
+            }
         };
         self.complete_pod(v.call, r.map(|value| wire::U64Reply { value }))
     }

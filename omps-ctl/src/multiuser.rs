@@ -14,26 +14,31 @@
 //!
 //! Users do not trust each other or root's daemon: the daemon's directories are root's
 //! alone and nothing a user placed is followed (`dirs`), one user's server start or flood
-//! of connections holds up no other user (`admit`, a start lock per user), and log files
-//! a user prepared are not waited on (the servers open them as `omps_server::log_file`).
+//! of connections holds up no other user (`admit`, a start lock per user), a connection's
+//! hello is waited for without spinning (`hello`), only uids with a passwd entry get a
+//! server and only so many users' servers run (`admit`), and log files a user prepared
+//! are not waited on (the servers open them as `omps_server::log_file`).
 
 mod admit;
 mod dirs;
+mod hello;
+mod operator;
 
 use crate::daemon::{server_binary, Starting};
 use admit::Admission;
 use dirs::RootDir;
 use omps_ring::sock;
-use omps_ring::wire::{self, Hello};
+use omps_ring::wire;
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Whether `-d` / `-f` start the daemon of several users rather than one server.
 pub fn wanted() -> bool {
@@ -92,8 +97,18 @@ struct Daemon {
     /// Running servers. Held only for a look or an insert, never while one starts.
     servers: Mutex<HashMap<u32, UserServer>>,
     /// One lock per user, held while that user's server starts (which may take a
-    /// minute): the user's other connections wait for it, no one else's do.
+    /// minute): the user's other connections wait for it, no one else's do. Removed when
+    /// a start ends with no one waiting, so uids that come and go leave nothing here.
     starting: Mutex<HashMap<u32, Arc<Mutex<()>>>>,
+    /// Users' servers starting now (root's not counted). Taken with `servers` locked, as
+    /// the running ones are counted, and given back in the same look that lists a started
+    /// one, so running and starting ones together stay within `max_servers`.
+    launching: AtomicUsize,
+    /// Users' servers running or starting at once (OMPS_MAX_USER_SERVERS).
+    max_servers: usize,
+    /// The primary group of a uid the system knows (a field so that tests can name
+    /// users: their uids are no one's).
+    passwd: fn(u32) -> Option<u32>,
     /// `set_default_*` commands so far, replayed to each server started later, and how
     /// many were ever set (a start replays until it has seen them all).
     defaults: Mutex<(Vec<String>, u64)>,
@@ -150,7 +165,7 @@ fn serve() -> Result<(), String> {
     let d = Arc::new(Daemon::new(pipe, log, server_binary()));
     d.log("Starting omps control daemon (one server per user)");
     // Root's server comes with the daemon: the operator's commands go to it.
-    d.server_for(0, 0)?;
+    d.server_for(0, Some(0))?;
     d.accept_loop(&listener);
     Ok(())
 }
@@ -162,6 +177,9 @@ impl Daemon {
             log,
             servers: Default::default(),
             starting: Default::default(),
+            launching: AtomicUsize::new(0),
+            max_servers: admit::max_user_servers(),
+            passwd: admit::passwd_gid,
             defaults: Default::default(),
             admission: Default::default(),
             server,
@@ -247,7 +265,7 @@ impl Daemon {
     }
 
     fn serve_connection(&self, conn: UnixStream, uid: u32, gid: u32) {
-        let Some(kind) = peek_kind(&conn) else {
+        let Some(kind) = hello::peek_kind(&conn, hello::WAIT) else {
             return;
         };
         if kind == wire::kind::CONTROL && uid == 0 {
@@ -257,10 +275,10 @@ impl Daemon {
         let dir = if kind == wire::kind::CONTROL {
             self.running(uid)
         } else {
-            match self.server_for(uid, gid) {
+            match self.server_for(uid, Some(gid)) {
                 Ok(dir) => Some(dir),
                 Err(e) => {
-                    self.log(&format!("cannot start a server for uid {uid}: {e}"));
+                    self.log(&format!("no server for a client of uid {uid}: {e}"));
                     None
                 }
             }
@@ -272,12 +290,12 @@ impl Daemon {
                 }
             }
             None if kind == wire::kind::CONTROL => {
-                let _ = consume_hello(&conn);
+                let _ = hello::consume(&conn);
                 let msg = format!("\x01no omps server runs for uid {uid}\n");
                 let _ = sock::write_frame(&mut &conn, msg.as_bytes());
             }
             None => {
-                let _ = consume_hello(&conn);
+                let _ = hello::consume(&conn);
                 let w = wire::Welcome {
                     magic: wire::HELLO_MAGIC,
                     version: wire::PROTOCOL_VERSION,
@@ -301,11 +319,24 @@ impl Daemon {
         servers.get(&uid).map(|s| s.dir.clone())
     }
 
-    /// `uid`'s server, started as that user if none runs; its pipe directory.
-    fn server_for(&self, uid: u32, gid: u32) -> Result<PathBuf, String> {
+    /// `uid`'s server, started as that user if none runs; its pipe directory. It runs as
+    /// group `gid` (a connection's), else as the user's primary group.
+    fn server_for(&self, uid: u32, gid: Option<u32>) -> Result<PathBuf, String> {
         if let Some(dir) = self.running(uid) {
             return Ok(dir);
         }
+        let primary = if uid == 0 {
+            Some(0)
+        } else {
+            (self.passwd)(uid)
+        };
+        let Some(primary) = primary else {
+            return Err(format!(
+                "uid {uid} has no passwd entry (a user namespace's subordinate uid?): \
+                 servers are started for the system's users only"
+            ));
+        };
+        let gid = gid.unwrap_or(primary);
         let lock = self
             .starting
             .lock()
@@ -314,10 +345,43 @@ impl Daemon {
             .or_default()
             .clone();
         let _starting = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let started = self.start(uid, gid);
+        let mut starting = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+        // No one else holds it (and no one can take it while the map is locked): a
+        // later start makes a new one.
+        if Arc::strong_count(&lock) == 2 {
+            starting.remove(&uid);
+        }
+        started
+    }
+
+    /// A place among the users' servers for one of `uid`'s to start in, unless
+    /// `max_servers` run or start already; root's server needs none.
+    fn slot(&self, uid: u32) -> Result<Slot<'_>, String> {
+        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+        if uid == 0 {
+            return Ok(Slot(&self.launching, false));
+        }
+        servers.retain(|_, s| matches!(s.child.try_wait(), Ok(None)));
+        let users = servers.keys().filter(|&&u| u != 0).count();
+        let n = users + self.launching.load(Ordering::SeqCst);
+        if n >= self.max_servers {
+            return Err(format!(
+                "{n} users' servers run or start already (OMPS_MAX_USER_SERVERS={})",
+                self.max_servers
+            ));
+        }
+        self.launching.fetch_add(1, Ordering::SeqCst);
+        Ok(Slot(&self.launching, true))
+    }
+
+    /// `server_for` with `uid`'s start lock held.
+    fn start(&self, uid: u32, gid: u32) -> Result<PathBuf, String> {
         // Started meanwhile by another connection of the user's.
         if let Some(dir) = self.running(uid) {
             return Ok(dir);
         }
+        let mut slot = self.slot(uid)?;
         let dir = self.pipe.private_child(&format!("u{uid}"), uid, gid)?;
         let mut cmd = Command::new(&self.server);
         cmd.env("OMPS_PIPE_DIRECTORY", &dir)
@@ -362,16 +426,16 @@ impl Daemon {
             let (todo, count) = {
                 let d = self.defaults.lock().unwrap_or_else(|e| e.into_inner());
                 if d.1 == seen {
-                    self.servers
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(
-                            uid,
-                            UserServer {
-                                child,
-                                dir: dir.clone(),
-                            },
-                        );
+                    let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+                    servers.insert(
+                        uid,
+                        UserServer {
+                            child,
+                            dir: dir.clone(),
+                        },
+                    );
+                    // Counted as running from now on, in the same look.
+                    slot.release();
                     return Ok(dir);
                 }
                 (d.0.clone(), d.1)
@@ -398,170 +462,6 @@ impl Daemon {
         v.sort_by_key(|r| r.uid);
         v
     }
-
-    /// Root's control connection: commands one per frame, answered by the daemon.
-    fn operator(&self, conn: UnixStream) {
-        if consume_hello(&conn).is_err() {
-            return;
-        }
-        while let Ok(Some(cmd)) = sock::read_frame(&mut &conn, 1 << 16) {
-            let cmd = String::from_utf8_lossy(&cmd).trim().to_string();
-            self.log(&format!("Cmd:{cmd}"));
-            let (ok, text) = self.command(&cmd);
-            let mut frame = vec![u8::from(!ok)];
-            frame.extend_from_slice(text.as_bytes());
-            if sock::write_frame(&mut &conn, &frame).is_err() {
-                return;
-            }
-            if ok && cmd.split_whitespace().next() == Some("quit") {
-                self.log("Daemon exited");
-                self.pipe.remove(sock::SOCKET_NAME);
-                self.pipe.remove(sock::PID_FILE);
-                std::process::exit(0);
-            }
-        }
-    }
-
-    fn command(&self, cmd: &str) -> (bool, String) {
-        let words: Vec<&str> = cmd.split_whitespace().collect();
-        let servers = self.all();
-        match words.as_slice() {
-            ["get_server_list"] => (
-                true,
-                servers.iter().map(|r| format!("{}\n", r.pid)).collect(),
-            ),
-            ["start_server", "-uid", uid] => match uid.parse::<u32>() {
-                Ok(u) => match self.server_for(u, primary_gid(u)) {
-                    Ok(_) => (true, String::new()),
-                    Err(e) => (false, format!("start_server: {e}\n")),
-                },
-                Err(_) => (false, format!("start_server: '{uid}' is not a uid\n")),
-            },
-            ["quit", ..] => {
-                for r in servers.iter().rev() {
-                    let _ = ask(&r.dir, r.uid, cmd);
-                }
-                let t = Instant::now();
-                let limit = match words.as_slice() {
-                    ["quit", "-t", s] => s.parse().map_or(10, |s: u64| s.saturating_add(10)),
-                    _ => 10,
-                };
-                while !self.all().is_empty() && t.elapsed() < Duration::from_secs(limit) {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                (true, String::new())
-            }
-            [set, ..] if set.starts_with("set_default_") => {
-                {
-                    let mut d = self.defaults.lock().unwrap_or_else(|e| e.into_inner());
-                    // The last one per setting (and device) holds.
-                    let key = |c: &str| {
-                        let w: Vec<&str> = c.split_whitespace().collect();
-                        w[..w.len().saturating_sub(1)].join(" ")
-                    };
-                    d.0.retain(|c| key(c) != key(cmd));
-                    d.0.push(cmd.to_string());
-                    d.1 += 1;
-                }
-                // Listed after the default is in: a server starting now is not listed
-                // yet, and replays it before it is.
-                self.each(&self.all(), cmd, false)
-            }
-            ["ps", ..] => self.each(&servers, cmd, true),
-            _ => {
-                // A PID the command names: a server's, or a client's of some server.
-                let pid = names_a_pid(&words)
-                    .then(|| words.iter().skip(1).find_map(|w| w.parse::<u32>().ok()))
-                    .flatten();
-                match pid {
-                    Some(p) => match server_of_pid(&servers, p) {
-                        Ok(r) => ask(&r.dir, r.uid, cmd),
-                        Err(e) => (false, e),
-                    },
-                    None => {
-                        let mut last = (false, "no omps server runs\n".to_string());
-                        for r in &servers {
-                            last = ask(&r.dir, r.uid, cmd);
-                            if last.0 {
-                                break;
-                            }
-                        }
-                        last
-                    }
-                }
-            }
-        }
-    }
-
-    /// `cmd` sent to every server; their answers together (for `ps`, one header).
-    fn each(&self, servers: &[Running], cmd: &str, table: bool) -> (bool, String) {
-        let mut ok = servers.is_empty();
-        let mut out = String::new();
-        let mut last_err = String::new();
-        for r in servers {
-            match ask(&r.dir, r.uid, cmd) {
-                (true, text) => {
-                    let skip = usize::from(table && ok && !out.is_empty());
-                    for line in text.lines().skip(skip) {
-                        out.push_str(line);
-                        out.push('\n');
-                    }
-                    ok = true;
-                }
-                (false, text) => last_err = text,
-            }
-        }
-        if ok {
-            (true, out)
-        } else {
-            (false, last_err)
-        }
-    }
-}
-
-/// Whether the command's first number is a PID (a server's or a client's), as in MPS's
-/// commands that name one; other numbers (a device, a partition's size, a namespace's
-/// name) are no one's, and such commands go to every server in turn.
-fn names_a_pid(words: &[&str]) -> bool {
-    const PID_COMMANDS: &[&str] = &[
-        "terminate_client",
-        "get_server_status",
-        "shutdown_server",
-        "get_client_list",
-        "get_device_client_list",
-        "ps",
-        "set_client_qos",
-        "get_client_qos",
-        "set_active_thread_percentage",
-        "get_active_thread_percentage",
-        "set_device_pinned_mem_limit",
-        "get_device_pinned_mem_limit",
-    ];
-    words.first().is_some_and(|c| PID_COMMANDS.contains(c))
-}
-
-/// The server a command naming `pid` is for: the server with that PID, else the server
-/// of the user the process runs as (its effective uid, from /proc: the one its
-/// connection's credentials carry, by which the daemon handed it to a server), since a
-/// user's clients are served by that user's server alone. Not the first server to answer ok: a user can make
-/// their own server say anything, and would take root's commands for others' clients.
-fn server_of_pid(servers: &[Running], pid: u32) -> Result<&Running, String> {
-    if let Some(r) = servers.iter().find(|r| r.pid == pid) {
-        return Ok(r);
-    }
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|_| format!("no process {pid}\n"))?;
-    // Uid: real, effective, saved, filesystem.
-    let uid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|u| u.parse::<u32>().ok())
-        .ok_or_else(|| format!("cannot read the uid of process {pid}\n"))?;
-    servers
-        .iter()
-        .find(|r| r.uid == uid)
-        .ok_or_else(|| format!("process {pid} runs as uid {uid}, which has no omps server\n"))
 }
 
 /// One command to `uid`'s server of pipe directory `dir`, as root (its operator).
@@ -583,56 +483,26 @@ fn hand_over(dir: &Path, uid: u32, conn: &UnixStream) -> std::io::Result<()> {
     sock::send_with_fds(h.as_raw_fd(), b"h", &[conn.as_raw_fd()])
 }
 
-/// The kind of connection its hello announces, read without taking it off the socket
-/// (the server that gets the connection reads it); None if it does not come in 2 s.
-fn peek_kind(s: &UnixStream) -> Option<u32> {
-    let mut h = Hello::default();
-    let want = std::mem::size_of::<Hello>();
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(2) {
-        let mut p = libc::pollfd {
-            fd: s.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, 100) };
-        // SAFETY: a buffer of `want` bytes; MSG_PEEK leaves them on the socket.
-        let n = unsafe {
-            libc::recv(
-                s.as_raw_fd(),
-                bytemuck::bytes_of_mut(&mut h).as_mut_ptr() as *mut libc::c_void,
-                want,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        if n == want as isize {
-            return (h.magic == wire::HELLO_MAGIC).then_some(h.kind);
-        }
-        if n == 0 || p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-            return None;
-        }
-    }
-    None
-}
+/// A place taken among the users' servers while one starts; given back when the start
+/// fails, or when the server is listed as running.
+struct Slot<'a>(&'a AtomicUsize, bool);
 
-fn consume_hello(s: &UnixStream) -> std::io::Result<()> {
-    let mut h = [0u8; std::mem::size_of::<Hello>()];
-    (&*s).read_exact(&mut h)
-}
-
-/// The primary group of `uid` (its own number where the system does not say).
-fn primary_gid(uid: u32) -> u32 {
-    // SAFETY: getpwuid returns null or a pointer to a static record, read at once.
-    unsafe {
-        let pw = libc::getpwuid(uid);
-        if pw.is_null() {
-            uid
-        } else {
-            (*pw).pw_gid
+impl Slot<'_> {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.1) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+use operator::{names_a_pid, server_of_pid};
 
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,12 @@
 //! would otherwise take threads without end, and the users after it would wait. A user
 //! at its share has further connections closed at once; at the total the daemon stops
 //! accepting until one ends (only several users together reach it).
+//!
+//! Servers are admitted too. A user is a uid the system knows: one with 65,536
+//! subordinate uids (/etc/subuid, rootless containers) connects from its user namespace as
+//! that many host uids, which have no passwd entry, and would otherwise be as many users,
+//! each with a server holding every GPU's context and a share of the connections. And
+//! only so many users' servers run at once (OMPS_MAX_USER_SERVERS), root's aside.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -12,6 +18,36 @@ use std::sync::{Arc, Condvar, Mutex};
 pub const TOTAL: usize = 256;
 /// Connections of one user served at once.
 pub const PER_USER: usize = 32;
+
+/// Users' servers running or starting at once, root's not counted (OMPS_MAX_USER_SERVERS).
+pub fn max_user_servers() -> usize {
+    std::env::var("OMPS_MAX_USER_SERVERS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(64)
+}
+
+/// The primary group of `uid` in the user database, or None if it has no entry there (or
+/// the database cannot be read: the daemon then starts no server for it).
+pub fn passwd_gid(uid: u32) -> Option<u32> {
+    // getpwuid's record is shared by every thread; connections look users up at once.
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: passwd is plain data; all zeroes is a valid value to be overwritten.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: pw and buf outlive the call, buf.len() is its size; the strings the
+        // record points to (in buf) are not read.
+        let r = unsafe {
+            libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found)
+        };
+        if r == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 4, 0);
+            continue;
+        }
+        return (r == 0 && !found.is_null()).then_some(pw.pw_gid);
+    }
+}
 
 #[derive(Default)]
 pub struct Admission {
@@ -95,5 +131,17 @@ mod tests {
         a.wait_room(4);
         assert!(t.elapsed() >= Duration::from_millis(150));
         freer.join().unwrap();
+    }
+
+    #[test]
+    fn the_user_database_is_read() {
+        assert_eq!(passwd_gid(0), Some(0), "root");
+        let none = (60_000..u32::MAX).step_by(7919).find(|&u| {
+            // SAFETY: getpwuid's record is not read, only whether there is one.
+            unsafe { libc::getpwuid(u) }.is_null()
+        });
+        if let Some(u) = none {
+            assert_eq!(passwd_gid(u), None, "uid {u} has no entry");
+        }
     }
 }

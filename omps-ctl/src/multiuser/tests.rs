@@ -3,7 +3,9 @@
 //! pass without checking anything.
 
 use super::*;
+use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Instant;
 
 fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -147,15 +149,40 @@ fn a_socket_a_user_placed_is_reached_only_if_it_is_the_users() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
-/// A daemon whose users' servers run `script` (sh), with `limit` to start.
-fn daemon(base: &Path, script: &str, limit: Duration) -> Arc<Daemon> {
+/// A daemon whose users' servers run `script` (sh), with `limit` to start. Its users are
+/// uids 60001 to 60009 (in no passwd file), each its own group.
+fn daemon(base: &Path, script: &str, limit: Duration) -> Daemon {
     let server = base.join("server.sh");
     std::fs::write(&server, format!("#!/bin/sh\n{script}\n")).unwrap();
     std::fs::set_permissions(&server, std::fs::Permissions::from_mode(0o755)).unwrap();
     let pipe = RootDir::open(&base.join("pipe"), 0o711).unwrap();
     let mut d = Daemon::new(pipe, None, server);
     d.start_limit = limit;
-    Arc::new(d)
+    d.passwd = |uid| (60001..=60009).contains(&uid).then_some(uid);
+    d
+}
+
+/// A server script that leaves `BASE/spawned/UID` behind for each server started, so a
+/// test sees which ones were; then runs `rest`.
+fn spawn_marking(base: &Path, rest: &str) -> String {
+    let marks = base.join("spawned");
+    std::fs::create_dir(&marks).unwrap();
+    std::fs::set_permissions(&marks, std::fs::Permissions::from_mode(0o777)).unwrap();
+    format!("touch \"{}/$(id -u)\"\n{rest}", marks.display())
+}
+
+fn spawned(base: &Path, uid: u32) -> bool {
+    base.join("spawned").join(uid.to_string()).exists()
+}
+
+/// No start lock left behind, and no place among the users' servers held.
+fn settled(d: &Daemon) {
+    assert!(
+        d.starting.lock().unwrap().is_empty(),
+        "start locks kept: {:?}",
+        d.starting.lock().unwrap().keys().collect::<Vec<_>>()
+    );
+    assert_eq!(d.launching.load(Ordering::SeqCst), 0, "places still held");
 }
 
 #[test]
@@ -165,18 +192,18 @@ fn a_slow_start_for_one_user_does_not_hold_up_another() {
     }
     let base = scratch("slow");
     // User 60001's server never listens (as one stuck opening a FIFO); 60002's exits.
-    let d = daemon(
+    let d = Arc::new(daemon(
         &base,
         "case \"$OMPS_PIPE_DIRECTORY\" in *u60001) exec sleep 30;; esac\nexit 3",
         Duration::from_secs(4),
-    );
+    ));
     let slow = {
         let d = d.clone();
-        std::thread::spawn(move || d.server_for(60001, 60001))
+        std::thread::spawn(move || d.server_for(60001, Some(60001)))
     };
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
-    let other = d.server_for(60002, 60002);
+    let other = d.server_for(60002, Some(60002));
     let waited = t.elapsed();
     let e = other.expect_err("the second user's server exits at start");
     assert!(e.contains("exited at start"), "{e}");
@@ -186,6 +213,7 @@ fn a_slow_start_for_one_user_does_not_hold_up_another() {
     );
     let e = slow.join().unwrap().expect_err("the first never listens");
     assert!(e.contains("did not start listening"), "{e}");
+    settled(&d);
     let _ = std::fs::remove_dir_all(&base);
 }
 
@@ -264,4 +292,119 @@ fn a_command_naming_a_client_goes_to_its_users_server_only() {
     assert!(!names_a_pid(&["create_namespace", "123"]));
     let _ = theirs.kill();
     let _ = theirs.wait();
+}
+
+#[test]
+fn a_uid_with_no_passwd_entry_gets_no_server() {
+    if !root() {
+        return;
+    }
+    let base = scratch("nopasswd");
+    let script = spawn_marking(&base, "exit 3");
+    let mut d = daemon(&base, &script, Duration::from_secs(4));
+    d.log = Some(RootDir::open(&base.join("log"), 0o755).unwrap());
+    // A client of a subordinate uid (a user namespace's) gets what a client gets when
+    // its server cannot start, and no server is started.
+    let (conn, client) = UnixStream::pair().unwrap();
+    let h = wire::Hello {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        kind: wire::kind::CLIENT,
+    };
+    (&client).write_all(bytemuck::bytes_of(&h)).unwrap();
+    d.serve_connection(conn, 165_536, 165_536);
+    let mut w: wire::Welcome = bytemuck::Zeroable::zeroed();
+    (&client)
+        .read_exact(bytemuck::bytes_of_mut(&mut w))
+        .unwrap();
+    assert_eq!(w.status, 805, "CUDA_ERROR_MPS_CONNECTION_FAILED");
+    let log = std::fs::read_to_string(base.join("log/control.log")).unwrap();
+    assert!(
+        log.contains("uid 165536 has no passwd entry"),
+        "control.log: {log}"
+    );
+    assert!(!spawned(&base, 165_536), "a server was started for it");
+    assert!(
+        !base.join("pipe/u165536").exists(),
+        "a directory was made for it"
+    );
+    // The operator's start_server is refused the same way.
+    let (ok, text) = d.command("start_server -uid 165537");
+    assert!(!ok && text.contains("no passwd entry"), "{text}");
+    assert!(!spawned(&base, 165_537));
+    // A known user's server is started (and here exits); root's always is.
+    let e = d.server_for(60001, None).unwrap_err();
+    assert!(e.contains("exited at start"), "{e}");
+    assert!(spawned(&base, 60001));
+    d.passwd = |_| None;
+    let e = d.server_for(0, None).unwrap_err();
+    assert!(e.contains("exited at start"), "{e}");
+    assert!(spawned(&base, 0));
+    settled(&d);
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn users_servers_are_capped_running_and_starting_together() {
+    if !root() {
+        return;
+    }
+    let base = scratch("cap");
+    let script = spawn_marking(
+        &base,
+        "case \"$OMPS_PIPE_DIRECTORY\" in *u60004) exec sleep 30;; esac\nexit 3",
+    );
+    let mut d = daemon(&base, &script, Duration::from_secs(3));
+    d.max_servers = 2;
+    let d = Arc::new(d);
+    // Two users' servers run (stand-ins: they need not listen to be counted).
+    for uid in [60001, 60002] {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let dir = base.join(format!("u{uid}"));
+        d.servers
+            .lock()
+            .unwrap()
+            .insert(uid, UserServer { child, dir });
+    }
+    let e = d.server_for(60003, None).unwrap_err();
+    assert!(e.contains("OMPS_MAX_USER_SERVERS=2"), "{e}");
+    assert!(!spawned(&base, 60003), "a server past the cap was started");
+    // Root's server is not one of them.
+    let e = d.server_for(0, None).unwrap_err();
+    assert!(e.contains("exited at start"), "{e}");
+    // One ends: its place is free.
+    {
+        let mut servers = d.servers.lock().unwrap();
+        let s = servers.get_mut(&60001).unwrap();
+        s.child.kill().unwrap();
+        s.child.wait().unwrap();
+    }
+    let e = d.server_for(60003, None).unwrap_err();
+    assert!(e.contains("exited at start"), "{e}");
+    assert!(spawned(&base, 60003));
+    // A server still starting holds its place too.
+    let slow = {
+        let d = d.clone();
+        std::thread::spawn(move || d.server_for(60004, None))
+    };
+    let t = Instant::now();
+    while !spawned(&base, 60004) && t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e = d.server_for(60005, None).unwrap_err();
+    assert!(e.contains("OMPS_MAX_USER_SERVERS=2"), "{e}");
+    assert!(!spawned(&base, 60005));
+    let e = slow.join().unwrap().unwrap_err();
+    assert!(e.contains("did not start listening"), "{e}");
+    let e = d.server_for(60005, None).unwrap_err();
+    assert!(e.contains("exited at start"), "{e}");
+    settled(&d);
+    for s in d.servers.lock().unwrap().values_mut() {
+        let _ = s.child.kill();
+        let _ = s.child.wait();
+    }
+    let _ = std::fs::remove_dir_all(&base);
 }

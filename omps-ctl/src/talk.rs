@@ -9,10 +9,15 @@ use std::time::{Duration, Instant};
 pub fn connect() -> Result<UnixStream, String> {
     let dir = sock::pipe_directory();
     connect_at(&dir).map_err(|e| {
-        format!(
-            "no omps server is running for pipe directory {} ({e}); start one with `omps-ctl -d`",
-            dir.display()
-        )
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            // Something listens there but may not be talked to: "no server" would mislead.
+            format!("pipe directory {}: {e}", dir.display())
+        } else {
+            format!(
+                "no omps server is running for pipe directory {} ({e}); start one with `omps-ctl -d`",
+                dir.display()
+            )
+        }
     })
 }
 
@@ -20,15 +25,16 @@ pub fn connect() -> Result<UnixStream, String> {
 /// socket (a server's clients' socket refuses control commands). A pipe directory with
 /// no operator directory is the multi-user daemon's: it takes every user's commands on
 /// its one socket and sorts them by the peer's uid (root's to root's server, a user's to
-/// that user's), so that socket is the way in there.
+/// that user's), so that socket is the way in there. A server neither of this user nor
+/// root is refused (PermissionDenied) before any command reaches it.
 pub fn connect_at(dir: &std::path::Path) -> std::io::Result<UnixStream> {
-    match UnixStream::connect(sock::operator_socket_in(dir)) {
+    match sock::connect_checked(&sock::operator_socket_in(dir)) {
         Ok(s) => control_hello(s),
         Err(e)
             if e.kind() == std::io::ErrorKind::NotFound
                 && !dir.join(sock::OPERATOR_DIR).exists() =>
         {
-            control_hello(UnixStream::connect(dir.join(sock::SOCKET_NAME))?)
+            control_hello(sock::connect_checked(&dir.join(sock::SOCKET_NAME))?)
         }
         Err(e) => Err(e),
     }
@@ -196,6 +202,34 @@ mod tests {
         let s = connect_at(&d).expect("the operator socket");
         assert_eq!(first_byte_kind(&op), wire::kind::CONTROL);
         drop(s);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_socket_of_another_uid_gets_no_command() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: only root can listen as another uid");
+            return;
+        }
+        // Another user made the pipe directory first (no operator directory: it passes
+        // for the multi-user daemon's) and listens in it.
+        let d = listening_dir("impostor");
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let path = d.join(sock::SOCKET_NAME);
+        let _l = match sock::listen_as_uid(&path, 65534) {
+            Ok(l) => l,
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                eprintln!("skipped: cannot take another uid here ({e})");
+                return;
+            }
+            Err(e) => panic!("listening as uid 65534: {e}"),
+        };
+        let e = connect_at(&d).expect_err("another user's socket");
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        let why = e.to_string();
+        assert!(why.contains(&path.display().to_string()), "{why}");
+        assert!(why.contains("uid 65534"), "{why}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

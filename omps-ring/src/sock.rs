@@ -7,8 +7,9 @@
 //! socket of its own, `PIPE/<server>/<namespace>/control`, laid out as MPS v3 lays them.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 
 pub const SOCKET_NAME: &str = "omps.sock";
 /// The operator's directory under the pipe directory (0700) and its socket there.
@@ -115,6 +116,68 @@ pub fn peer_cred(sock: RawFd) -> io::Result<libc::ucred> {
     Ok(c)
 }
 
+/// Whether a client or operator of uid `mine` may talk to a server listening as uid
+/// `peer`: its own user's server, or root's multi-user daemon. Anyone else there is an
+/// impostor (another user can make the default pipe directory in world-writable /tmp
+/// before the server does), who would get the client's segment traffic and pinned memory,
+/// or the operator's commands.
+pub fn server_uid_acceptable(peer: u32, mine: u32) -> bool {
+    peer == mine || peer == 0
+}
+
+/// Refuses `s`, a connection to the server socket `path`, unless whoever listens there is
+/// [`server_uid_acceptable`] (SO_PEERCRED names the listener's uid as it listened).
+pub fn check_server_peer(s: &UnixStream, path: &Path) -> io::Result<()> {
+    let peer = peer_cred(s.as_raw_fd())?.uid;
+    // SAFETY: geteuid has no preconditions.
+    let mine = unsafe { libc::geteuid() };
+    if server_uid_acceptable(peer, mine) {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "the server at {} runs as uid {peer}, expected uid {mine} (this user) or 0 (root); \
+             refusing to talk to it",
+            path.display()
+        ),
+    ))
+}
+
+/// A connection to the server socket `path`, checked with [`check_server_peer`].
+pub fn connect_checked(path: &Path) -> io::Result<UnixStream> {
+    let s = UnixStream::connect(path)?;
+    check_server_peer(&s, path)?;
+    Ok(s)
+}
+
+/// For tests run as root: a listener at `path` that connections see as uid `uid`'s
+/// (another user's server). `uid` must be able to create `path`.
+#[doc(hidden)]
+pub fn listen_as_uid(path: &Path, uid: u32) -> io::Result<UnixListener> {
+    let path = path.to_owned();
+    std::thread::spawn(move || {
+        // The raw syscall changes this thread's credentials alone (glibc's setresuid
+        // would change every thread's, the test harness's included); the thread ends
+        // right after listening, and SO_PEERCRED keeps the uid it listened as.
+        // SAFETY: setresuid takes three integers; -1 leaves the real and saved uids.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_setresuid,
+                -1 as libc::c_long,
+                uid as libc::c_long,
+                -1 as libc::c_long,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        UnixListener::bind(&path)
+    })
+    .join()
+    .map_err(|_| io::Error::other("the listening thread panicked"))?
+}
+
 /// Sends `bytes` in one message with `fds` attached (SCM_RIGHTS).
 pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     assert!(fds.len() <= MAX_FDS);
@@ -219,4 +282,70 @@ pub fn read_frame(r: &mut impl io::Read, max: usize) -> io::Result<Option<Vec<u8
     let mut v = vec![0; len];
     r.read_exact(&mut v)?;
     Ok(Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A fresh directory any user may create sockets in (an impostor's listener too).
+    fn open_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("omps-peer-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        d
+    }
+
+    #[test]
+    fn only_the_callers_own_uid_or_root_may_be_the_server() {
+        assert!(server_uid_acceptable(1000, 1000));
+        assert!(server_uid_acceptable(0, 1000));
+        assert!(server_uid_acceptable(0, 0));
+        assert!(!server_uid_acceptable(1001, 1000));
+        assert!(!server_uid_acceptable(1000, 0));
+        assert!(!server_uid_acceptable(65534, 1000));
+    }
+
+    #[test]
+    fn a_server_of_our_own_uid_is_accepted() {
+        let d = open_dir("ours");
+        let path = d.join(SOCKET_NAME);
+        let _l = UnixListener::bind(&path).unwrap();
+        let s = connect_checked(&path).expect("our own listener");
+        check_server_peer(&s, &path).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_server_of_another_uid_is_refused() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: only root can listen as another uid");
+            return;
+        }
+        let d = open_dir("theirs");
+        let path = d.join(SOCKET_NAME);
+        let _l = match listen_as_uid(&path, 65534) {
+            Ok(l) => l,
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                eprintln!("skipped: cannot take another uid here ({e})");
+                return;
+            }
+            Err(e) => panic!("listening as uid 65534: {e}"),
+        };
+        assert_eq!(
+            peer_cred(UnixStream::connect(&path).unwrap().as_raw_fd())
+                .unwrap()
+                .uid,
+            65534
+        );
+        let e = connect_checked(&path).expect_err("an impostor's socket");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        let why = e.to_string();
+        assert!(why.contains(&path.display().to_string()), "{why}");
+        assert!(why.contains("uid 65534") && why.contains("uid 0"), "{why}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

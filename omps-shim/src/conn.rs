@@ -159,6 +159,9 @@ impl Conn {
         let s = UnixStream::connect(path).map_err(|e| {
             fail(format!("cannot reach the omps server at {} ({e}); start it with `omps-server` or run the program with `omps-ctl run -- PROGRAM`", path.display()))
         })?;
+        // Before the hello: another user's server would get this client's calls and its
+        // pinned memory.
+        sock::check_server_peer(&s, path).map_err(|e| fail(e.to_string()))?;
         let hello = Hello {
             magic: wire::HELLO_MAGIC,
             version: wire::PROTOCOL_VERSION,
@@ -690,4 +693,43 @@ pub fn settings_from(var: impl Fn(&str) -> Option<String>) -> Result<wire::Clien
         s.mem_limit[..v.len()].copy_from_slice(v.as_bytes());
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_server_of_another_uid_fails_the_connection() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: only root can listen as another uid");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("omps-shim-peer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let path = d.join(sock::SOCKET_NAME);
+        let l = match sock::listen_as_uid(&path, 65534) {
+            Ok(l) => l,
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                eprintln!("skipped: cannot take another uid here ({e})");
+                return;
+            }
+            Err(e) => panic!("listening as uid 65534: {e}"),
+        };
+        // The impostor hangs up at once, so an unchecked connection fails too, later
+        // and for another reason, rather than waiting for a welcome forever.
+        let impostor = std::thread::spawn(move || drop(l.accept()));
+        let Err((code, why)) = Conn::connect_with(&path, &wire::ClientSettings::none()) else {
+            panic!("connected to another user's server");
+        };
+        impostor.join().unwrap();
+        assert_eq!(code, CUDA_ERROR_MPS_CONNECTION_FAILED);
+        assert!(why.contains(&path.display().to_string()), "{why}");
+        assert!(why.contains("uid 65534") && why.contains("uid 0"), "{why}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

@@ -511,6 +511,34 @@ pub mod link {
         pub data_len: u64,
     }
 
+    /// A container of value `options` and (kind, name, bytes) `inputs`, as the shim sends
+    /// it and the server reads it.
+    pub fn encode<'a>(
+        options: &[Opt],
+        inputs: impl IntoIterator<Item = (u32, &'a str, &'a [u8])>,
+    ) -> Vec<u8> {
+        let inputs: Vec<_> = inputs.into_iter().collect();
+        let mut v = bytemuck::bytes_of(&Header {
+            num_options: options.len() as u32,
+            num_inputs: inputs.len() as u32,
+        })
+        .to_vec();
+        for o in options {
+            v.extend_from_slice(bytemuck::bytes_of(o));
+        }
+        for (kind, name, data) in inputs {
+            let i = Input {
+                kind,
+                name_len: name.len() as u32,
+                data_len: data.len() as u64,
+            };
+            v.extend_from_slice(bytemuck::bytes_of(&i));
+            v.extend_from_slice(name.as_bytes());
+            v.extend_from_slice(data);
+        }
+        v
+    }
+
     /// Options that take a plain value: max registers, threads per block, optimization
     /// level, target from context, target, fallback, debug info, verbose log, line info,
     /// cache mode, position independent code, min CTAs, max threads, override directives.

@@ -132,11 +132,47 @@ pub fn init() -> GpuResult<(i32, usize)> {
 /// `ordinal` in that GPU's primary context, then unloaded; the CUresult, or
 /// [`crate::verifier::NO_CONTEXT`] when the GPU cannot be opened.
 pub fn verify_load(ordinal: usize, image: &[u8]) -> i32 {
+    if let Err(e) = verify_context(ordinal) {
+        return e;
+    }
+    let mut m = std::ptr::null_mut();
+    // SAFETY: the current context is one this process retained; the image is this
+    // process's copy, whole per check_image (the server checked it before sending).
+    unsafe {
+        let r = cu::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void);
+        if r == cu::CUresult::CUDA_SUCCESS {
+            cu::cuModuleUnload(m);
+        }
+        r as i32
+    }
+}
+
+/// The verifier child's link of a container (the server's [`crate::session::prepare_link`]
+/// made the same inputs): the CUresult of the whole link.
+pub fn verify_link(ordinal: usize, container: &[u8]) -> i32 {
+    if let Err(e) = verify_context(ordinal) {
+        return e;
+    }
+    match crate::session::prepare_link(container) {
+        Err(_) => code::INVALID_VALUE,
+        Ok(Err(_)) => code::INVALID_IMAGE,
+        Ok(Ok((options, inputs))) => {
+            match link_here(&options, &crate::session::link_inputs(&inputs)).0 {
+                Ok(_) => 0,
+                Err(e) => e.0,
+            }
+        }
+    }
+}
+
+/// Makes GPU `ordinal`'s primary context current in the verifier child (retained once);
+/// Err(NO_CONTEXT) when it cannot be had.
+fn verify_context(ordinal: usize) -> Result<(), i32> {
     use std::sync::OnceLock;
     static INIT: OnceLock<bool> = OnceLock::new();
     static CONTEXTS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
     if !*INIT.get_or_init(|| init().is_ok()) {
-        return crate::verifier::NO_CONTEXT;
+        return Err(crate::verifier::NO_CONTEXT);
     }
     let mut ctxs = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
     let ctx = match ctxs.iter().find(|c| c.0 == ordinal) {
@@ -151,25 +187,102 @@ pub fn verify_load(ordinal: usize, image: &[u8]) -> i32 {
                 }
             };
             if r != cu::CUresult::CUDA_SUCCESS {
-                return crate::verifier::NO_CONTEXT;
+                return Err(crate::verifier::NO_CONTEXT);
             }
             ctxs.push((ordinal, ctx as usize));
             ctx
         }
     };
-    let mut m = std::ptr::null_mut();
-    // SAFETY: a context this process retained; the image is this process's copy, whole
-    // per check_image (the server checked it before sending).
-    unsafe {
-        if cu::cuCtxSetCurrent(ctx) != cu::CUresult::CUDA_SUCCESS {
-            return crate::verifier::NO_CONTEXT;
-        }
-        let r = cu::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void);
-        if r == cu::CUresult::CUDA_SUCCESS {
-            cu::cuModuleUnload(m);
-        }
-        r as i32
+    // SAFETY: a context this process retained.
+    if unsafe { cu::cuCtxSetCurrent(ctx) } != cu::CUresult::CUDA_SUCCESS {
+        return Err(crate::verifier::NO_CONTEXT);
     }
+    Ok(())
+}
+
+/// JIT-links `inputs` with value `options` in the current context (the server's GPU, or
+/// the verifier child's): the image or the error, and the info and error logs.
+fn link_here(
+    options: &[(u32, u64)],
+    inputs: &[(u32, &str, &[u8])],
+) -> (GpuResult<Vec<u8>>, String, String) {
+    type Create = unsafe extern "C" fn(u32, *mut u32, *mut *mut c_void, *mut *mut c_void) -> c_int;
+    type Add = unsafe extern "C" fn(
+        *mut c_void,
+        u32,
+        *const c_void,
+        usize,
+        *const c_char,
+        u32,
+        *mut u32,
+        *mut *mut c_void,
+    ) -> c_int;
+    type Complete = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> c_int;
+    type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
+    let mut o = JitOptions::new(options);
+    let fns = (|| -> GpuResult<(Create, Add, Complete, Destroy)> {
+        Ok((
+            raw_fn(b"cuLinkCreate_v2\0")?,
+            raw_fn(b"cuLinkAddData_v2\0")?,
+            raw_fn(b"cuLinkComplete\0")?,
+            raw_fn(b"cuLinkDestroy\0")?,
+        ))
+    })();
+    let (create, add, complete, destroy) = match fns {
+        Ok(f) => f,
+        Err(e) => return (Err(e), String::new(), String::new()),
+    };
+    let mut state = std::ptr::null_mut();
+    // SAFETY: options and values are parallel arrays of value options (checked by the
+    // session) and our own log buffers with their sizes; the state is destroyed below.
+    let r = unsafe {
+        create(
+            o.opts.len() as u32,
+            o.opts.as_mut_ptr(),
+            o.vals.as_mut_ptr(),
+            &mut state,
+        )
+    };
+    if r != 0 {
+        let (i, e) = o.logs();
+        return (Err(CuError(r)), i, e);
+    }
+    let mut result = Ok(Vec::new());
+    for (kind, name, data) in inputs {
+        let name = CString::new(*name).unwrap_or_default();
+        // SAFETY: data is a live slice of its length; the driver copies it.
+        let r = unsafe {
+            add(
+                state,
+                *kind,
+                data.as_ptr() as *const c_void,
+                data.len(),
+                name.as_ptr(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r != 0 {
+            result = Err(CuError(r));
+            break;
+        }
+    }
+    if result.is_ok() {
+        let (mut img, mut n) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: valid out-pointers; the image lives until destroy, copied before.
+        let r = unsafe { complete(state, &mut img, &mut n) };
+        result = if r != 0 || img.is_null() {
+            Err(CuError(if r != 0 { r } else { code::UNKNOWN }))
+        } else {
+            // SAFETY: the driver's image of n bytes.
+            Ok(unsafe { std::slice::from_raw_parts(img as *const u8, n) }.to_vec())
+        };
+    }
+    // SAFETY: the state from create, destroyed once.
+    unsafe { destroy(state) };
+    let (i, e) = o.logs();
+    (result, i, e)
 }
 
 /// `extra` keys of cuLaunchKernel (cuda.h: CU_LAUNCH_PARAM_*).
@@ -928,85 +1041,8 @@ impl Gpu for CudaGpu {
         options: &[(u32, u64)],
         inputs: &[(u32, &str, &[u8])],
     ) -> (GpuResult<Vec<u8>>, String, String) {
-        type Create =
-            unsafe extern "C" fn(u32, *mut u32, *mut *mut c_void, *mut *mut c_void) -> c_int;
-        type Add = unsafe extern "C" fn(
-            *mut c_void,
-            u32,
-            *const c_void,
-            usize,
-            *const c_char,
-            u32,
-            *mut u32,
-            *mut *mut c_void,
-        ) -> c_int;
-        type Complete = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> c_int;
-        type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
         self.bind();
-        let mut o = JitOptions::new(options);
-        let fns = (|| -> GpuResult<(Create, Add, Complete, Destroy)> {
-            Ok((
-                raw_fn(b"cuLinkCreate_v2\0")?,
-                raw_fn(b"cuLinkAddData_v2\0")?,
-                raw_fn(b"cuLinkComplete\0")?,
-                raw_fn(b"cuLinkDestroy\0")?,
-            ))
-        })();
-        let (create, add, complete, destroy) = match fns {
-            Ok(f) => f,
-            Err(e) => return (Err(e), String::new(), String::new()),
-        };
-        let mut state = std::ptr::null_mut();
-        // SAFETY: options and values are parallel arrays of value options (checked by the
-        // session) and our own log buffers with their sizes; the state is destroyed below.
-        let r = unsafe {
-            create(
-                o.opts.len() as u32,
-                o.opts.as_mut_ptr(),
-                o.vals.as_mut_ptr(),
-                &mut state,
-            )
-        };
-        if r != 0 {
-            let (i, e) = o.logs();
-            return (Err(CuError(r)), i, e);
-        }
-        let mut result = Ok(Vec::new());
-        for (kind, name, data) in inputs {
-            let name = CString::new(*name).unwrap_or_default();
-            // SAFETY: data is a live slice of its length; the driver copies it.
-            let r = unsafe {
-                add(
-                    state,
-                    *kind,
-                    data.as_ptr() as *const c_void,
-                    data.len(),
-                    name.as_ptr(),
-                    0,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                )
-            };
-            if r != 0 {
-                result = Err(CuError(r));
-                break;
-            }
-        }
-        if result.is_ok() {
-            let (mut img, mut n) = (std::ptr::null_mut(), 0usize);
-            // SAFETY: valid out-pointers; the image lives until destroy, copied before.
-            let r = unsafe { complete(state, &mut img, &mut n) };
-            result = if r != 0 || img.is_null() {
-                Err(CuError(if r != 0 { r } else { code::UNKNOWN }))
-            } else {
-                // SAFETY: the driver's image of n bytes.
-                Ok(unsafe { std::slice::from_raw_parts(img as *const u8, n) }.to_vec())
-            };
-        }
-        // SAFETY: the state from create, destroyed once.
-        unsafe { destroy(state) };
-        let (i, e) = o.logs();
-        (result, i, e)
+        link_here(options, inputs)
     }
 
     fn tensor_map(

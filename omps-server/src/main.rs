@@ -9,6 +9,7 @@
 
 use omps_server::gpu::Gpu;
 use omps_server::gpu_cuda::{self, CudaGpu};
+use omps_server::verifier::Work;
 use omps_server::ServerConfig;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,12 +20,18 @@ fn main() -> ExitCode {
         // The image verifier the server starts (omps_server::verifier); `--host` plays the
         // driver with the host GPU, for tests.
         if args.get(2).is_some_and(|a| a == "--host") {
-            return omps_server::verifier::child_main(|ordinal, image| {
+            return omps_server::verifier::child_main(|ordinal, bytes, work| {
                 let g = omps_server::gpu_host::HostGpu::new(ordinal, 1 << 20);
-                g.module_load(image).map_or_else(|e| e.0, |_| 0)
+                match work {
+                    Work::Load => g.module_load(bytes).map_or_else(|e| e.0, |_| 0),
+                    Work::Link => omps_server::gpu_host::link_container(&g, bytes),
+                }
             });
         }
-        return omps_server::verifier::child_main(gpu_cuda::verify_load);
+        return omps_server::verifier::child_main(|ordinal, bytes, work| match work {
+            Work::Load => gpu_cuda::verify_load(ordinal, bytes),
+            Work::Link => gpu_cuda::verify_link(ordinal, bytes),
+        });
     }
     if args.iter().any(|a| a == "-v" || a == "--version") {
         println!("omps-server {}", env!("CARGO_PKG_VERSION"));

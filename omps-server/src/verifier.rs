@@ -13,8 +13,12 @@
 //! child's context (some hundreds of MiB of GPU memory) goes with the child, which exits
 //! after [`IDLE`] without work.
 //!
-//! Protocol, over the child's stdin and stdout: a request is the GPU ordinal (u32 LE),
-//! the image's length (u64 LE) and its bytes; the answer is the load's CUresult (i32 LE).
+//! A JIT link's container (cuLinkAddData inputs: cubins, objects, libraries, PTX, LTO IR)
+//! goes to the driver's linker, another parser, and is linked first in the child too.
+//!
+//! Protocol, over the child's stdin and stdout: a request is the GPU ordinal (u32 LE,
+//! [`LINK`] set for a link container), the bytes' length (u64 LE) and the bytes; the
+//! answer is the load's or the link's CUresult (i32 LE).
 
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
@@ -61,6 +65,18 @@ pub enum Verdict {
     /// memory for a second context): the image goes to the driver unverified, as without
     /// a verifier (said once in the log).
     Unverified,
+}
+
+/// Set in a request's ordinal: the bytes are a link container, not an image.
+pub const LINK: u32 = 1 << 31;
+
+/// What a request asks the child to do with its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// cuModuleLoadData of an image.
+    Load,
+    /// A JIT link of a container's inputs.
+    Link,
 }
 
 /// The child's answer when it cannot open the GPU asked for.
@@ -131,8 +147,13 @@ impl Verifier {
     /// capability, say): remembered, or from a load in the child. A verdict holds for one
     /// kind of GPU under one driver: the same image may meet another parser elsewhere.
     pub fn check(&self, ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
+        self.check_work(ordinal, device, image, Work::Load)
+    }
+
+    /// The verdict on `bytes` for `work` (an image's load, a container's link).
+    pub fn check_work(&self, ordinal: usize, device: &[u8], image: &[u8], work: Work) -> Verdict {
         let started = Instant::now();
-        let verdict = self.check_timed(ordinal, device, image);
+        let verdict = self.check_timed(ordinal, device, image, work);
         // What verification costs a load (scripts/probe/verifier_cost.sh reads these).
         tracing::debug!(
             bytes = image.len(),
@@ -143,9 +164,16 @@ impl Verifier {
         verdict
     }
 
-    fn check_timed(&self, ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
+    fn check_timed(&self, ordinal: usize, device: &[u8], image: &[u8], work: Work) -> Verdict {
         let started = Instant::now();
+        // A link's verdict is not an image's of the same bytes (images keep the hashes
+        // they had before links were verified, so kept verdicts stay good).
+        let domain: &[u8] = match work {
+            Work::Load => b"",
+            Work::Link => b"omps-link",
+        };
         let hash: [u8; 32] = Sha256::new()
+            .chain_update(domain)
             .chain_update(self.driver.to_le_bytes())
             .chain_update((device.len() as u64).to_le_bytes())
             .chain_update(device)
@@ -169,7 +197,7 @@ impl Verifier {
         if ended {
             stop(st.child.take());
         }
-        let verdict = match self.ask(&mut st, ordinal, image) {
+        let verdict = match self.ask(&mut st, ordinal, image, work) {
             Ok(NO_CONTEXT) => {
                 if !st.warned {
                     st.warned = true;
@@ -205,14 +233,15 @@ impl Verifier {
     }
 
     /// One request to the child, started first if none runs: its answer, or why none came.
-    fn ask(&self, st: &mut State, ordinal: usize, image: &[u8]) -> Result<i32, String> {
+    fn ask(&self, st: &mut State, ordinal: usize, image: &[u8], work: Work) -> Result<i32, String> {
         if st.child.is_none() {
             st.child = Some(self.spawn().map_err(|e| format!("cannot start: {e}"))?);
             st.spawned += 1;
         }
         let c = st.child.as_mut().expect("started above");
         c.last = Instant::now();
-        let mut head = (ordinal as u32).to_le_bytes().to_vec();
+        let flag = if work == Work::Link { LINK } else { 0 };
+        let mut head = (ordinal as u32 | flag).to_le_bytes().to_vec();
         head.extend_from_slice(&(image.len() as u64).to_le_bytes());
         c.stdin
             .write_all(&head)
@@ -335,9 +364,18 @@ pub fn check(ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
     v.map_or(Verdict::Good, |v| v.check(ordinal, device, image))
 }
 
+/// The installed verifier's verdict on linking `container`; Good where none is installed.
+pub fn check_link(ordinal: usize, device: &[u8], container: &[u8]) -> Verdict {
+    let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    v.map_or(Verdict::Good, |v| {
+        v.check_work(ordinal, device, container, Work::Link)
+    })
+}
+
 /// The child's side: answers requests until its stdin closes or it has been idle for
-/// [`IDLE`]. `load` loads an image on GPU `ordinal` and unloads it: the CUresult.
-pub fn child_main(mut load: impl FnMut(usize, &[u8]) -> i32) -> std::process::ExitCode {
+/// [`IDLE`]. `load` loads an image on GPU `ordinal` and unloads it, or links a container
+/// there: the CUresult.
+pub fn child_main(mut load: impl FnMut(usize, &[u8], Work) -> i32) -> std::process::ExitCode {
     // What the server keeps open across its restart (listening sockets, the pipe
     // directory's lock) is not the child's to hold should it outlive the server.
     // SAFETY: close_range on descriptors this process does not use (only 0-2 are).
@@ -361,7 +399,13 @@ pub fn child_main(mut load: impl FnMut(usize, &[u8]) -> i32) -> std::process::Ex
         if input.read_exact(&mut head).is_err() {
             return std::process::ExitCode::SUCCESS;
         }
-        let ordinal = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+        let word = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+        let work = if word & LINK != 0 {
+            Work::Link
+        } else {
+            Work::Load
+        };
+        let ordinal = (word & !LINK) as usize;
         let len = u64::from_le_bytes(head[4..].try_into().expect("8 bytes"));
         let Ok(len) = usize::try_from(len) else {
             return std::process::ExitCode::FAILURE;
@@ -370,7 +414,7 @@ pub fn child_main(mut load: impl FnMut(usize, &[u8]) -> i32) -> std::process::Ex
         if input.read_exact(&mut image).is_err() {
             return std::process::ExitCode::FAILURE;
         }
-        let r = load(ordinal, &image);
+        let r = load(ordinal, &image, work);
         if output
             .write_all(&r.to_le_bytes())
             .and_then(|_| output.flush())

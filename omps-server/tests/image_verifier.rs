@@ -49,3 +49,38 @@ fn an_image_that_kills_the_parser_never_reaches_the_server() {
     assert_eq!(again.spawned(), 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Found in review (finding 1): a link's inputs (objects, libraries, LTO IR, cubins) went
+/// to the driver's linker inside the server, checked by their headers only. A container
+/// is now linked first in the child: one whose input kills the linker is refused and
+/// remembered; a good one links; an image's verdict is not a container's of the same
+/// bytes.
+#[test]
+fn a_link_that_kills_the_linker_never_reaches_the_server() {
+    use omps_ring::wire::link;
+    use omps_server::verifier::Work;
+    let dir = std::env::temp_dir().join(format!("omps-link-verifier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    const OBJECT: u32 = 3; // CU_JIT_INPUT_OBJECT: no header the server reads
+    let good = link::encode(&[], [(OBJECT, "a.o", &b"some object"[..])]);
+    let mut evil_bytes = b"an object ".to_vec();
+    evil_bytes.extend_from_slice(omps_server::gpu_host::PARSER_CRASH);
+    let evil = link::encode(&[], [(OBJECT, "b.o", evil_bytes.as_slice())]);
+    let v = Verifier::new(spec(&dir.join("verified-images")));
+    assert_eq!(v.check_work(0, b"sm90", &good, Work::Link), Verdict::Good);
+    assert_eq!(
+        v.check_work(0, b"sm90", &evil, Work::Link),
+        Verdict::Crashed,
+        "the child's linker died on it"
+    );
+    assert_eq!(
+        v.check_work(0, b"sm90", &evil, Work::Link),
+        Verdict::Crashed,
+        "remembered"
+    );
+    assert_eq!(v.spawned(), 1);
+    // The same bytes as an image are another question, asked of a new child.
+    assert_eq!(v.check_work(0, b"sm90", &good, Work::Load), Verdict::Good);
+    assert_eq!(v.spawned(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

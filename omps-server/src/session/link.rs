@@ -66,6 +66,49 @@ fn input_unsafe(kind: u32, data: &[u8]) -> Option<&'static str> {
     }
 }
 
+/// A link container as the driver is to get it: value options, and owned inputs (kind,
+/// name, bytes) with PTX text given its NUL; Err(why) where one must not reach the driver
+/// (a lie about itself), Ok(Err) where the container is malformed.
+pub(crate) type Prepared = (Vec<(u32, u64)>, Vec<(u32, String, Vec<u8>)>);
+
+/// Parses `blob` and makes its inputs safe for the driver to read: the server's link and
+/// the verifier child's go through here, so the child links exactly what the server would.
+pub(crate) fn prepare(blob: &[u8]) -> Result<Result<Prepared, &'static str>, String> {
+    let (options, inputs) = parse(blob)?;
+    let inputs: Vec<(u32, String, Vec<u8>)> = inputs
+        .into_iter()
+        .map(|(kind, name, data)| {
+            // The driver reads PTX up to its NUL: text sent without one (a length of
+            // strlen, which the driver takes natively, reading on into the program's
+            // buffer) gets one here, so the driver stops inside this copy.
+            let mut data = data.to_vec();
+            if kind == PTX_INPUT && !data.contains(&0) {
+                data.push(0);
+            }
+            (kind, name.to_string(), data)
+        })
+        .collect();
+    // The driver reads binary inputs by what they say of themselves: a lie would have it
+    // read past this copy (issue 23, finding 1).
+    Ok(
+        match inputs
+            .iter()
+            .find_map(|(kind, _, data)| input_unsafe(*kind, data))
+        {
+            Some(why) => Err(why),
+            None => Ok((options, inputs)),
+        },
+    )
+}
+
+/// Borrowed views of prepared inputs, as [`crate::gpu::Gpu::link`] takes them.
+pub(crate) fn as_inputs(inputs: &[(u32, String, Vec<u8>)]) -> Vec<(u32, &str, &[u8])> {
+    inputs
+        .iter()
+        .map(|(k, n, d)| (*k, n.as_str(), d.as_slice()))
+        .collect()
+}
+
 impl Session {
     pub(super) fn handle_link(
         &mut self,
@@ -77,36 +120,23 @@ impl Session {
             Ok(b) => b,
             Err(e) => return self.complete(l.call, e, &[]),
         };
-        let (options, inputs) = parse(&blob).map_err(Malformed)?;
-        // The driver reads PTX up to its NUL: text sent without one (a length of strlen,
-        // which the driver takes natively, reading on into the program's buffer) gets one
-        // here, so the driver stops inside the server's copy.
-        let terminated: Vec<Vec<u8>> = inputs
-            .iter()
-            .filter(|i| i.0 == PTX_INPUT && !i.2.contains(&0))
-            .map(|i| [i.2, &[0u8][..]].concat())
-            .collect();
-        let mut extra = terminated.iter();
-        let inputs: Vec<(u32, &str, &[u8])> = inputs
-            .iter()
-            .map(|&(kind, name, data)| match kind {
-                PTX_INPUT if !data.contains(&0) => {
-                    (kind, name, extra.next().expect("one each").as_slice())
-                }
-                _ => (kind, name, data),
-            })
-            .collect();
-        // The driver reads binary inputs by what they say of themselves: a lie would have
-        // it read past the server's copy (issue 23, finding 1).
-        if let Some(why) = inputs
-            .iter()
-            .find_map(|&(kind, _, data)| input_unsafe(kind, data))
+        let (options, inputs) = match prepare(&blob).map_err(Malformed)? {
+            Ok(p) => p,
+            Err(why) => {
+                self.log_refusal(format_args!("link input refused: {why}"));
+                return self.refuse_link(l.call);
+            }
+        };
+        // Linked first where a crash of the driver's linker harms no one (finding 1): the
+        // verifier child links the same container.
+        let device = ctx.shared.modules.cc().to_le_bytes();
+        if crate::verifier::check_link(ctx.gpu.ordinal(), &device, &blob)
+            == crate::verifier::Verdict::Crashed
         {
-            self.log_refusal(format_args!("link input refused: {why}"));
-            let reply = wire::LinkReply::default();
-            self.link_out[l.call.channel as usize] = Vec::new();
-            return self.complete(l.call, code::INVALID_IMAGE, bytemuck::bytes_of(&reply));
+            self.log_refusal(format_args!("link refused: it stopped the verifier"));
+            return self.refuse_link(l.call);
         }
+        let inputs = as_inputs(&inputs);
         let (image, info, error) = ctx.gpu.link(&options, &inputs);
         let (r, image) = match image {
             Ok(img) => (0, img),
@@ -123,6 +153,13 @@ impl Session {
         self.link_out[l.call.channel as usize] = out;
         // The logs come back even when the link failed, as the driver fills them then too.
         self.complete(l.call, r, bytemuck::bytes_of(&reply))
+    }
+
+    /// A link refused before the driver saw it: CUDA_ERROR_INVALID_IMAGE, no image.
+    fn refuse_link(&mut self, call: wire::CallHdr) -> Result<(), Malformed> {
+        let reply = wire::LinkReply::default();
+        self.link_out[call.channel as usize] = Vec::new();
+        self.complete(call, code::INVALID_IMAGE, bytemuck::bytes_of(&reply))
     }
 
     /// PTX with JIT options, as cuModuleLoadDataEx gets it (a container of value options
@@ -203,29 +240,15 @@ mod tests {
     use super::*;
 
     fn container(opts: &[(u32, u64)], inputs: &[(u32, &str, &[u8])]) -> Vec<u8> {
-        let mut v = bytemuck::bytes_of(&link::Header {
-            num_options: opts.len() as u32,
-            num_inputs: inputs.len() as u32,
-        })
-        .to_vec();
-        for &(option, value) in opts {
-            v.extend_from_slice(bytemuck::bytes_of(&link::Opt {
+        let opts: Vec<link::Opt> = opts
+            .iter()
+            .map(|&(option, value)| link::Opt {
                 option,
                 _pad: 0,
                 value,
-            }));
-        }
-        for &(kind, name, data) in inputs {
-            let i = link::Input {
-                kind,
-                name_len: name.len() as u32,
-                data_len: data.len() as u64,
-            };
-            v.extend_from_slice(bytemuck::bytes_of(&i));
-            v.extend_from_slice(name.as_bytes());
-            v.extend_from_slice(data);
-        }
-        v
+            })
+            .collect();
+        link::encode(&opts, inputs.iter().copied())
     }
 
     #[test]

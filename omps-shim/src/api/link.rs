@@ -196,25 +196,13 @@ pub unsafe extern "C" fn cuLinkAddFile_v2(
 }
 
 fn container(inputs: &Inputs) -> Vec<u8> {
-    let mut v = bytemuck::bytes_of(&link::Header {
-        num_options: inputs.options.len() as u32,
-        num_inputs: inputs.pieces.len() as u32,
-    })
-    .to_vec();
-    for o in &inputs.options {
-        v.extend_from_slice(bytemuck::bytes_of(o));
-    }
-    for (kind, name, data) in &inputs.pieces {
-        let i = link::Input {
-            kind: *kind,
-            name_len: name.len() as u32,
-            data_len: data.len() as u64,
-        };
-        v.extend_from_slice(bytemuck::bytes_of(&i));
-        v.extend_from_slice(name.as_bytes());
-        v.extend_from_slice(data);
-    }
-    v
+    link::encode(
+        &inputs.options,
+        inputs
+            .pieces
+            .iter()
+            .map(|(kind, name, data)| (*kind, name.as_str(), data.as_slice())),
+    )
 }
 
 /// Links in the server; Ok((result, image and logs)).

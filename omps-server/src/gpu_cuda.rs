@@ -200,6 +200,57 @@ fn verify_context(ordinal: usize) -> Result<(), i32> {
     Ok(())
 }
 
+/// cuModuleLoadDataEx of NUL-terminated `ptx` with value `options` in the current
+/// context: the module or the error, and the info and error logs.
+fn load_jit_here(ptx: &[u8], options: &[(u32, u64)]) -> (GpuResult<cu::CUmodule>, String, String) {
+    type LoadEx = unsafe extern "C" fn(
+        *mut cu::CUmodule,
+        *const c_void,
+        u32,
+        *mut u32,
+        *mut *mut c_void,
+    ) -> c_int;
+    let mut o = JitOptions::new(options);
+    let load: LoadEx = match raw_fn(b"cuModuleLoadDataEx\0") {
+        Ok(f) => f,
+        Err(e) => return (Err(e), String::new(), String::new()),
+    };
+    let mut m = std::ptr::null_mut();
+    // SAFETY: NUL-terminated PTX (the session checks), this process's copy; options and
+    // values are parallel arrays of value options and our own log buffers.
+    let r = unsafe {
+        load(
+            &mut m,
+            ptx.as_ptr() as *const c_void,
+            o.opts.len() as u32,
+            o.opts.as_mut_ptr(),
+            o.vals.as_mut_ptr(),
+        )
+    };
+    let result = if r == 0 { Ok(m) } else { Err(CuError(r)) };
+    let (i, e) = o.logs();
+    (result, i, e)
+}
+
+/// The verifier child's compile of a JIT load's container (value options and one PTX
+/// input, as the server's handle_jit_load reads it): the CUresult.
+pub fn verify_jit(ordinal: usize, container: &[u8]) -> i32 {
+    if let Err(e) = verify_context(ordinal) {
+        return e;
+    }
+    let Some((options, ptx)) = crate::session::jit_container(container) else {
+        return code::INVALID_IMAGE;
+    };
+    match load_jit_here(&ptx, &options).0 {
+        Ok(m) => {
+            // SAFETY: the module just loaded here, unloaded once.
+            unsafe { cu::cuModuleUnload(m) };
+            0
+        }
+        Err(e) => e.0,
+    }
+}
+
 /// JIT-links `inputs` with value `options` in the current context (the server's GPU, or
 /// the verifier child's): the image or the error, and the info and error logs.
 fn link_here(
@@ -1237,38 +1288,9 @@ impl Gpu for CudaGpu {
         ptx: &[u8],
         options: &[(u32, u64)],
     ) -> (GpuResult<LoadedModule>, String, String) {
-        type LoadEx = unsafe extern "C" fn(
-            *mut cu::CUmodule,
-            *const c_void,
-            u32,
-            *mut u32,
-            *mut *mut c_void,
-        ) -> c_int;
         self.bind();
-        let mut o = JitOptions::new(options);
-        let load: LoadEx = match raw_fn(b"cuModuleLoadDataEx\0") {
-            Ok(f) => f,
-            Err(e) => return (Err(e), String::new(), String::new()),
-        };
-        let mut m = std::ptr::null_mut();
-        // SAFETY: NUL-terminated PTX (the session checks), a server-owned copy; options
-        // and values are parallel arrays of value options and our own log buffers.
-        let r = unsafe {
-            load(
-                &mut m,
-                ptx.as_ptr() as *const c_void,
-                o.opts.len() as u32,
-                o.opts.as_mut_ptr(),
-                o.vals.as_mut_ptr(),
-            )
-        };
-        let result = if r == 0 {
-            self.loaded(m)
-        } else {
-            Err(CuError(r))
-        };
-        let (i, e) = o.logs();
-        (result, i, e)
+        let (r, i, e) = load_jit_here(ptx, options);
+        (r.and_then(|m| self.loaded(m)), i, e)
     }
 
     fn image_data_bytes(&self, image: &[u8]) -> u64 {

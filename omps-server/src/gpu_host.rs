@@ -102,6 +102,17 @@ pub fn link_container(g: &HostGpu, container: &[u8]) -> i32 {
     }
 }
 
+/// The verifier child's compile of a JIT load's container on host GPU `g`: the CUresult.
+pub fn jit_container(g: &HostGpu, container: &[u8]) -> i32 {
+    match crate::session::jit_container(container) {
+        None => code::INVALID_IMAGE,
+        Some((options, ptx)) => g
+            .module_load_jit(&ptx, &options)
+            .0
+            .map_or_else(|e| e.0, |_| 0),
+    }
+}
+
 /// Bytes per row of an array of `s`: unknown formats count 4 bytes a channel.
 fn row_bytes(s: &ArrayShape) -> u64 {
     s.width

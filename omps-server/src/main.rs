@@ -25,12 +25,14 @@ fn main() -> ExitCode {
                 match work {
                     Work::Load => g.module_load(bytes).map_or_else(|e| e.0, |_| 0),
                     Work::Link => omps_server::gpu_host::link_container(&g, bytes),
+                    Work::Jit => omps_server::gpu_host::jit_container(&g, bytes),
                 }
             });
         }
         return omps_server::verifier::child_main(|ordinal, bytes, work| match work {
             Work::Load => gpu_cuda::verify_load(ordinal, bytes),
             Work::Link => gpu_cuda::verify_link(ordinal, bytes),
+            Work::Jit => gpu_cuda::verify_jit(ordinal, bytes),
         });
     }
     if args.iter().any(|a| a == "-v" || a == "--version") {

@@ -14,10 +14,11 @@
 //! after [`IDLE`] without work.
 //!
 //! A JIT link's container (cuLinkAddData inputs: cubins, objects, libraries, PTX, LTO IR)
-//! goes to the driver's linker, another parser, and is linked first in the child too.
+//! goes to the driver's linker, another parser, and is linked first in the child too; PTX
+//! loaded with JIT options is compiled there with those options.
 //!
 //! Protocol, over the child's stdin and stdout: a request is the GPU ordinal (u32 LE,
-//! [`LINK`] set for a link container), the bytes' length (u64 LE) and the bytes; the
+//! [`LINK`] set for a link container, [`JIT`] for a JIT load's), the bytes' length (u64 LE) and the bytes; the
 //! answer is the load's or the link's CUresult (i32 LE).
 
 use sha2::{Digest, Sha256};
@@ -69,6 +70,8 @@ pub enum Verdict {
 
 /// Set in a request's ordinal: the bytes are a link container, not an image.
 pub const LINK: u32 = 1 << 31;
+/// Set in a request's ordinal: the bytes are a JIT load's container.
+pub const JIT: u32 = 1 << 30;
 
 /// What a request asks the child to do with its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +80,8 @@ pub enum Work {
     Load,
     /// A JIT link of a container's inputs.
     Link,
+    /// cuModuleLoadDataEx of a container's one PTX input with its options.
+    Jit,
 }
 
 /// The child's answer when it cannot open the GPU asked for.
@@ -171,6 +176,7 @@ impl Verifier {
         let domain: &[u8] = match work {
             Work::Load => b"",
             Work::Link => b"omps-link",
+            Work::Jit => b"omps-jit",
         };
         let hash: [u8; 32] = Sha256::new()
             .chain_update(domain)
@@ -240,7 +246,11 @@ impl Verifier {
         }
         let c = st.child.as_mut().expect("started above");
         c.last = Instant::now();
-        let flag = if work == Work::Link { LINK } else { 0 };
+        let flag = match work {
+            Work::Load => 0,
+            Work::Link => LINK,
+            Work::Jit => JIT,
+        };
         let mut head = (ordinal as u32 | flag).to_le_bytes().to_vec();
         head.extend_from_slice(&(image.len() as u64).to_le_bytes());
         c.stdin
@@ -364,6 +374,15 @@ pub fn check(ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
     v.map_or(Verdict::Good, |v| v.check(ordinal, device, image))
 }
 
+/// The installed verifier's verdict on a JIT load's `container`; Good where none is
+/// installed.
+pub fn check_jit(ordinal: usize, device: &[u8], container: &[u8]) -> Verdict {
+    let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    v.map_or(Verdict::Good, |v| {
+        v.check_work(ordinal, device, container, Work::Jit)
+    })
+}
+
 /// The installed verifier's verdict on linking `container`; Good where none is installed.
 pub fn check_link(ordinal: usize, device: &[u8], container: &[u8]) -> Verdict {
     let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -400,12 +419,12 @@ pub fn child_main(mut load: impl FnMut(usize, &[u8], Work) -> i32) -> std::proce
             return std::process::ExitCode::SUCCESS;
         }
         let word = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
-        let work = if word & LINK != 0 {
-            Work::Link
-        } else {
-            Work::Load
+        let work = match (word & LINK != 0, word & JIT != 0) {
+            (true, _) => Work::Link,
+            (_, true) => Work::Jit,
+            _ => Work::Load,
         };
-        let ordinal = (word & !LINK) as usize;
+        let ordinal = (word & !(LINK | JIT)) as usize;
         let len = u64::from_le_bytes(head[4..].try_into().expect("8 bytes"));
         let Ok(len) = usize::try_from(len) else {
             return std::process::ExitCode::FAILURE;

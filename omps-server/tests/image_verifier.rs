@@ -84,3 +84,42 @@ fn a_link_that_kills_the_linker_never_reaches_the_server() {
     assert_eq!(v.spawned(), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// PTX loaded with JIT options (cuModuleLoadDataEx) is compiled first in the child with
+/// those options, as the server's driver would compile it: PTX that kills the compiler is
+/// refused; the same PTX with other options is another verdict.
+#[test]
+fn jit_ptx_that_kills_the_compiler_never_reaches_the_server() {
+    use omps_ring::wire::link;
+    use omps_server::verifier::Work;
+    let dir = std::env::temp_dir().join(format!("omps-jit-verifier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    const PTX: u32 = 1;
+    let opt = |option, value| link::Opt {
+        option,
+        _pad: 0,
+        value,
+    };
+    let mut evil = b".version 8.0\n.target sm_90\n// ".to_vec();
+    evil.extend_from_slice(omps_server::gpu_host::PARSER_CRASH);
+    evil.push(0);
+    let good = b".version 8.0\n.target sm_90\n\0".to_vec();
+    let with = |ptx: &[u8], level: u64| link::encode(&[opt(7, level)], [(PTX, "k.ptx", ptx)]);
+    let v = Verifier::new(spec(&dir.join("verified-images")));
+    assert_ne!(
+        v.check_work(0, b"sm90", &with(&good, 3), Work::Jit),
+        Verdict::Crashed
+    );
+    assert_eq!(
+        v.check_work(0, b"sm90", &with(&evil, 3), Work::Jit),
+        Verdict::Crashed,
+        "the child's compiler died on it"
+    );
+    assert_eq!(
+        v.check_work(0, b"sm90", &with(&evil, 0), Work::Jit),
+        Verdict::Crashed,
+        "other options: asked again, and refused again"
+    );
+    assert_eq!(v.spawned(), 2, "one for the first two, a new one after the death");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

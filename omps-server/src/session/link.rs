@@ -101,6 +101,19 @@ pub(crate) fn prepare(blob: &[u8]) -> Result<Result<Prepared, &'static str>, Str
     )
 }
 
+/// Value options, and the PTX they compile.
+pub(crate) type JitLoad = (Vec<(u32, u64)>, Vec<u8>);
+
+/// A JIT load's container: its value options and its one PTX input, NUL-terminated as the
+/// driver reads it; None where it is not that (the server and the verifier child agree).
+pub(crate) fn jit_container(blob: &[u8]) -> Option<JitLoad> {
+    let (options, inputs) = parse(blob).ok()?;
+    let [(PTX_INPUT, _, ptx)] = inputs[..] else {
+        return None;
+    };
+    (omps_ring::image::is_ptx(ptx) && ptx.contains(&0)).then(|| (options, ptx.to_vec()))
+}
+
 /// Borrowed views of prepared inputs, as [`crate::gpu::Gpu::link`] takes them.
 pub(crate) fn as_inputs(inputs: &[(u32, String, Vec<u8>)]) -> Vec<(u32, &str, &[u8])> {
     inputs
@@ -177,17 +190,19 @@ impl Session {
             Ok(b) => b,
             Err(e) => return self.complete(l.call, e, &[]),
         };
-        let (options, inputs) = parse(&blob).map_err(Malformed)?;
-        let [(PTX, _, ptx)] = inputs[..] else {
+        let (_, inputs) = parse(&blob).map_err(Malformed)?;
+        let [(PTX, _, _)] = inputs[..] else {
             return bad("jit load: not one PTX input");
         };
         // The driver reads PTX up to its NUL.
-        if !omps_ring::image::is_ptx(ptx) || !ptx.contains(&0) {
+        let Some((options, ptx)) = jit_container(&blob) else {
             return self.complete(l.call, code::INVALID_IMAGE, &[]);
-        }
-        // Compiled first where a crash of the driver's compiler harms no one.
+        };
+        let ptx = ptx.as_slice();
+        // Compiled first, with the client's options, where a crash of the driver's
+        // compiler harms no one.
         let device = ctx.shared.modules.cc().to_le_bytes();
-        if crate::verifier::check(ctx.gpu.ordinal(), &device, ptx)
+        if crate::verifier::check_jit(ctx.gpu.ordinal(), &device, &blob)
             == crate::verifier::Verdict::Crashed
         {
             self.log_refusal(format_args!("PTX refused: it stopped the verifier"));

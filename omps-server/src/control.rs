@@ -1132,8 +1132,21 @@ impl Server {
                 return refuse(status);
             }
         };
-        // The GPUs it sees (its device k is the server's visible[k]), as natively.
-        let visible = crate::visible::resolve(settings.visible_text(), &self.snapshots);
+        // The GPUs it sees (its device k is the server's visible[k]), as natively; in a
+        // namespace, within the namespace's.
+        let named = settings
+            .visible_text()
+            .map(|t| crate::visible::resolve(Some(t), &self.snapshots));
+        let visible = match ns {
+            Some(ns) => match crate::namespace::visible_in(ns, named, self.snapshots.len()) {
+                Ok(v) => v,
+                Err(why) => {
+                    tracing::warn!(pid, namespace = ns.name, "refusing a client: {why}");
+                    return refuse(code::NO_DEVICE);
+                }
+            },
+            None => named.unwrap_or_else(|| crate::visible::resolve(None, &self.snapshots)),
+        };
         if visible.is_empty() {
             tracing::warn!(
                 pid,

@@ -41,9 +41,36 @@ pub struct Limits {
     pub qos: Qos,
     /// The SM partition its clients run in (GPU, partition id), if any.
     pub partition: Option<(usize, u32)>,
+    /// The server's GPUs its clients may see, in order (None: every GPU). A client that
+    /// names none sees these; one that names another is refused: a pod picks its GPUs
+    /// with CUDA_VISIBLE_DEVICES, and a namespace's limit on one GPU means nothing if its
+    /// pods may use the others.
+    pub gpus: Option<Vec<usize>>,
     /// What its clients hold together, against `mem`: the limit is the namespace's, not
     /// each process's (a client may set a lower one of its own).
     pub held: Arc<crate::account::Group>,
+}
+
+/// The server GPUs a client of namespace `ns` sees: those its CUDA_VISIBLE_DEVICES named
+/// (`named`, None where it named none), which must be the namespace's; or, where it named
+/// none, the namespace's (all `every` the server has, where the namespace names none).
+pub fn visible_in(
+    ns: &Limits,
+    named: Option<Vec<usize>>,
+    every: usize,
+) -> Result<Vec<usize>, String> {
+    match (&ns.gpus, named) {
+        (None, Some(v)) => Ok(v),
+        (None, None) => Ok((0..every).collect()),
+        (Some(mine), None) => Ok(mine.clone()),
+        (Some(mine), Some(v)) => match v.iter().find(|g| !mine.contains(g)) {
+            Some(g) => Err(format!(
+                "it asks for GPU {g}, not one of its namespace '{}''s",
+                ns.name
+            )),
+            None => Ok(v),
+        },
+    }
 }
 
 /// How QoS classes rank: a client may go down from its namespace's, not up.
@@ -113,6 +140,7 @@ fn parse(
         milli_pct: None,
         qos: Qos::Normal,
         partition: None,
+        gpus: None,
         held: Arc::new(crate::account::Group::new([NO_LIMIT; MAX_DEVICES])),
     };
     for a in args {
@@ -136,9 +164,22 @@ fn parse(
                 })?
             }
             "partition" => l.partition = Some(policy.partition_named(value)?),
+            "gpus" => {
+                let mut list = Vec::new();
+                for item in value.split(',') {
+                    let g = omps_ring::memlimit::parse_device(item.trim())
+                        .and_then(|k| crate::memlimit::resolve(&k, gpus))
+                        .map_err(|e| format!("gpus={value}: {e}"))?;
+                    if list.contains(&g) {
+                        return Err(format!("gpus={value}: GPU {g} named twice"));
+                    }
+                    list.push(g);
+                }
+                l.gpus = Some(list);
+            }
             _ => {
                 return Err(format!(
-                    "unknown setting '{key}' (mem_limit, thread_percentage, qos, partition)"
+                    "unknown setting '{key}' (mem_limit, thread_percentage, qos, partition, gpus)"
                 ))
             }
         }
@@ -209,7 +250,7 @@ impl Namespaces {
         gpus: &[DeviceSnapshot],
     ) -> Result<(), String> {
         let [name, args @ ..] = words else {
-            return Err("usage: create_namespace NAME [mem_limit=SIZE or DEV=SIZE,...] [thread_percentage=PCT] [qos=normal|below-normal|latency-critical] [partition=UUID/pN]".into());
+            return Err("usage: create_namespace NAME [mem_limit=SIZE or DEV=SIZE,...] [thread_percentage=PCT] [qos=normal|below-normal|latency-critical] [partition=UUID/pN] [gpus=DEV,...]".into());
         };
         let mut limits = parse(name, args, policy, gpus)?;
         if self.list.iter().any(|n| n.limits.name == *name) {
@@ -295,8 +336,14 @@ impl Namespaces {
                 .filter(|&d| l.mem[d] != NO_LIMIT)
                 .map(|d| format!("{d}={}", omps_ring::memlimit::format_size(l.mem[d])))
                 .collect();
+            let gpus = l.gpus.as_ref().map_or("all".into(), |g| {
+                g.iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
             s.push_str(&format!(
-                "{} {} mem_limit={} thread_percentage={} qos={} partition={}\n",
+                "{} {} mem_limit={} thread_percentage={} qos={} partition={} gpus={gpus}\n",
                 l.name,
                 sock::namespace_dir_in(&self.pipe_dir, &l.name)
                     .join(sock::NAMESPACE_SOCKET)
@@ -432,6 +479,42 @@ mod tests {
         for good in ["team-a", "t_1", "a.b", "X9"] {
             assert!(check_name(good).is_ok(), "{good:?} refused");
         }
+    }
+
+    fn ns(gpus: Option<Vec<usize>>) -> Limits {
+        Limits {
+            name: "team".into(),
+            mem: [NO_LIMIT; MAX_DEVICES],
+            milli_pct: None,
+            qos: Qos::Normal,
+            partition: None,
+            gpus,
+            held: Arc::new(crate::account::Group::new([NO_LIMIT; MAX_DEVICES])),
+        }
+    }
+
+    /// Found in review: a namespace could cap GPU 0, and its pods pick any GPU.
+    #[test]
+    fn a_namespaces_clients_see_its_gpus_only() {
+        let two = ns(Some(vec![2, 1]));
+        assert_eq!(
+            visible_in(&two, None, 4),
+            Ok(vec![2, 1]),
+            "its GPUs, its order"
+        );
+        assert_eq!(
+            visible_in(&two, Some(vec![1]), 4),
+            Ok(vec![1]),
+            "fewer is theirs"
+        );
+        let e = visible_in(&two, Some(vec![1, 0]), 4).unwrap_err();
+        assert!(e.contains("GPU 0") && e.contains("team"), "{e}");
+        assert_eq!(visible_in(&ns(None), Some(vec![0, 3]), 4), Ok(vec![0, 3]));
+        assert_eq!(
+            visible_in(&ns(None), None, 2),
+            Ok(vec![0, 1]),
+            "no names: every GPU"
+        );
     }
 
     #[test]

@@ -120,6 +120,10 @@ fn jit_ptx_that_kills_the_compiler_never_reaches_the_server() {
         Verdict::Crashed,
         "other options: asked again, and refused again"
     );
-    assert_eq!(v.spawned(), 2, "one for the first two, a new one after the death");
+    assert_eq!(
+        v.spawned(),
+        2,
+        "one for the first two, a new one after the death"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1047,9 +1047,28 @@ pub fn run(
         while i < sessions.len() {
             // A client whose stream is queued too deep waits on its own full ring, not
             // the worker in the driver (session/depth.rs).
-            if sessions[i].held_back(&ctx) {
-                i += 1;
-                continue;
+            // A panic in what the worker does for one client (its depth marks, its fences
+            // for peers, as in its records below) ends that client, not the lane.
+            let held = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                sessions[i].held_back(&ctx)
+            }));
+            match held {
+                Ok(true) => {
+                    i += 1;
+                    continue;
+                }
+                Ok(false) => {}
+                Err(_) => {
+                    let s = sessions.swap_remove(i);
+                    tracing::error!(
+                        client = s.client.id,
+                        "the server panicked over a client's depth: it is cut off"
+                    );
+                    s.client
+                        .disconnect(crate::gpu::code::MPS_CLIENT_TERMINATED, "server failure");
+                    ctx.retire(s);
+                    continue;
+                }
             }
             let mut outcome = Ok(());
             for _ in 0..BATCH {
@@ -1094,7 +1113,16 @@ pub fn run(
                 }
             }
             if outcome.is_ok() {
-                ctx.fence_for_peers(&mut sessions[i]);
+                let fenced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    ctx.fence_for_peers(&mut sessions[i])
+                }));
+                if fenced.is_err() {
+                    tracing::error!(
+                        client = sessions[i].client.id,
+                        "the server panicked fencing a client's work for its other GPUs: it is cut off"
+                    );
+                    outcome = Err(crate::session::Malformed("server failure".into()));
+                }
             }
             if let Err(e) = outcome {
                 let s = sessions.swap_remove(i);

@@ -1656,8 +1656,12 @@ impl Gpu for CudaGpu {
                 .saturating_add((height.saturating_sub(1) as u64).saturating_mul(pitch as u64))
                 .saturating_add(width as u64)
         }
-        // CU_MEMORYTYPE_DEVICE and CU_MEMORYTYPE_UNIFIED.
+        // CU_MEMORYTYPE_DEVICE and CU_MEMORYTYPE_UNIFIED name device addresses;
+        // CU_MEMORYTYPE_HOST a host pointer: the client's page-locked memory, mapped at the
+        // same address here, which a replay reaches as well (held past its unregistration
+        // while a graph uses it, as device memory past its free).
         let device_side = |t: u32| t == 2 || t == 4;
+        const HOST: u32 = 1;
         let mut out = Vec::new();
         // Memory the graph allocates itself (its allocation nodes): the graph's, not a
         // client's, and reused only once the graph frees it.
@@ -1689,26 +1693,29 @@ impl Gpu for CudaGpu {
                                 (&mut p as *mut Memcpy3dRaw).cast::<cu::CUDA_MEMCPY3D>(),
                             )
                         })?;
-                        // Each side in device memory: where its region starts, and its
-                        // span with its own pitch and rows per slice.
+                        // Each side in device or page-locked memory: where its region
+                        // starts, and its span with its own pitch and rows per slice.
+                        let side_base = |t: u32, host: usize, dev: u64| match t {
+                            HOST => Some(host as u64),
+                            t if device_side(t) => Some(dev),
+                            _ => None,
+                        };
                         let sides = [
                             (
-                                p.srcMemoryType,
-                                p.srcDevice,
+                                side_base(p.srcMemoryType, p.srcHost, p.srcDevice),
                                 [p.srcXInBytes, p.srcY, p.srcZ],
                                 p.srcPitch,
                                 p.srcHeight,
                             ),
                             (
-                                p.dstMemoryType,
-                                p.dstDevice,
+                                side_base(p.dstMemoryType, p.dstHost, p.dstDevice),
                                 [p.dstXInBytes, p.dstY, p.dstZ],
                                 p.dstPitch,
                                 p.dstHeight,
                             ),
                         ];
-                        for (kind, base, [x, y, z], pitch, height) in sides {
-                            if device_side(kind) {
+                        for (base, [x, y, z], pitch, height) in sides {
+                            if let Some(base) = base {
                                 let pitch = pitch.max(p.WidthInBytes);
                                 // Wrapping: the driver's numbers, whatever a client made them.
                                 let at = base.wrapping_add(x as u64).wrapping_add(

@@ -1395,8 +1395,14 @@ impl Gpu for HostGpu {
                         out.push((*dst, *len as u64));
                         out.push((*src, *len as u64));
                     }
-                    HostOp::Htod { dst, len, .. } => out.push((*dst, *len as u64)),
-                    HostOp::Dtoh { src, len, .. } => out.push((*src, *len as u64)),
+                    HostOp::Htod { dst, src, len } => {
+                        out.push((*dst, *len as u64));
+                        out.push((*src as u64, *len as u64));
+                    }
+                    HostOp::Dtoh { dst, src, len } => {
+                        out.push((*src, *len as u64));
+                        out.push((*dst as u64, *len as u64));
+                    }
                     HostOp::Cond { run, .. } if bodies => {
                         run.iter().for_each(|r| collect(r, out, bodies))
                     }

@@ -930,6 +930,7 @@ impl Session {
             modules: held_modules,
             closes: held_closes,
             reservations: held_reservations,
+            pinned: held_pinned,
         } = self.take_graph_held_other();
         let (ipc, mut allocs) = {
             let mut reg = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
@@ -956,7 +957,8 @@ impl Session {
         let module_bytes = self.modules.values().map(|m| m.data_bytes).sum::<u64>()
             + held_modules.iter().map(|m| m.2).sum::<u64>();
         let rel = Release {
-            pinned: Vec::new(),
+            // Pinned ranges it gave back that its graphs held: unregistered with the rest.
+            pinned: held_pinned,
             limits: None,
             cross: Default::default(),
             module_bytes,

@@ -1009,13 +1009,18 @@ pub fn run(
                     }
                 }
                 ToWorker::Unpin(id, p) => match sessions.iter_mut().find(|s| s.client.id == id) {
-                    Some(s) => ctx.release_later(
-                        s,
-                        Release {
-                            pinned: vec![p],
-                            ..Default::default()
-                        },
-                    ),
+                    // A graph of the client's that copies there keeps it (graph_memory.rs).
+                    Some(s) => {
+                        if let Err(p) = s.hold_pinned_for_graphs(p) {
+                            ctx.release_later(
+                                s,
+                                Release {
+                                    pinned: vec![p],
+                                    ..Default::default()
+                                },
+                            )
+                        }
+                    }
                     None => {
                         // Its session is gone with its work: nothing here to wait for.
                         p.done();

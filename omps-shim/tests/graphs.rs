@@ -447,3 +447,51 @@ fn a_reservation_a_live_graph_writes_stays_reserved_until_the_graph_goes() {
         "the graph went, and the reservation with it"
     );
 }
+
+/// Found in review: page-locked memory a graph copies into stayed out of the graph's
+/// ranges, so once the client unregistered it the server unmapped it while the graph
+/// lived, and a replay copied to whatever the server mapped there next (another client's
+/// segment, say). It stays registered and mapped until the graph goes.
+#[test]
+fn page_locked_memory_a_live_graph_copies_into_stays_until_the_graph_goes() {
+    let srv = TestServer::start("graph-pinned");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    let p = alloc(&c, 4096);
+    let before = srv.gpu.registered_ranges();
+    let (addr, _fd) = pin_somewhere(&c, 64 << 10);
+    assert_eq!(srv.gpu.registered_ranges(), before + 1);
+    stream_create(&c, S);
+    capture(&c, Op::CaptureBegin, S).unwrap();
+    let copy = wire::PinnedCopy {
+        dev: p,
+        host: addr,
+        len: 4096,
+        stream: S,
+        _pad: 0,
+    };
+    c.push(0, Op::CopyDtoHPinned, &[bytemuck::bytes_of(&copy)])
+        .unwrap();
+    let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
+    let exec = instantiate(&c, graph).unwrap();
+    c.host_request(wire::hostmem::UNPIN, addr, 0, None)
+        .expect("unregistered, as natively");
+    c.ping(0).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        srv.gpu.registered_ranges(),
+        before + 1,
+        "still registered while the graph copies there"
+    );
+    c.push(
+        0,
+        Op::GraphExecDestroy,
+        &[bytemuck::bytes_of(&wire::Handle { id: exec, _pad: 0 })],
+    )
+    .unwrap();
+    c.ping(0).unwrap();
+    let t = Instant::now();
+    while srv.gpu.registered_ranges() > before && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(srv.gpu.registered_ranges(), before, "gone with the graph");
+}

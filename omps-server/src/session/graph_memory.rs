@@ -37,6 +37,10 @@ pub(super) enum HeldForGraphs {
     /// it: the driver keeps the addresses reserved, so no other client's reservation can
     /// take them while a replay may still write there.
     Reservation(u64, u64),
+    /// Page-locked memory the client unregistered while a graph copies to or from it: it
+    /// stays mapped and registered here, so nothing else of the server's (another
+    /// client's segment, say) is mapped at its addresses while a replay may copy there.
+    Pinned(super::PinnedRelease),
 }
 
 /// What a departing client's graphs held, for its last release.
@@ -45,6 +49,7 @@ pub(super) struct HeldAtLast {
     pub modules: Vec<(u64, bool, u64)>,
     pub closes: Vec<u64>,
     pub reservations: Vec<(u64, u64)>,
+    pub pinned: Vec<super::PinnedRelease>,
 }
 
 impl Session {
@@ -58,6 +63,7 @@ impl Session {
             HeldForGraphs::IpcClose(p, n) | HeldForGraphs::Reservation(p, n) => {
                 self.used_by_graphs((p, n))
             }
+            HeldForGraphs::Pinned(ref r) => self.used_by_graphs((r.addr, r.len)),
         }
     }
 }
@@ -90,9 +96,21 @@ impl Session {
         used
     }
 
-    /// Whether every range `graph`'s memset and memcpy nodes use is still the client's (and
-    /// could be read): a graph captured over a block freed since would write whoever has
-    /// it now.
+    /// Holds pinned range `r`, being unregistered, while one of the client's executable
+    /// graphs copies to or from it (each release held is its own: it is done once);
+    /// Err(r) when none does, for the caller to release now.
+    pub(crate) fn hold_pinned_for_graphs(
+        &mut self,
+        r: super::PinnedRelease,
+    ) -> Result<(), super::PinnedRelease> {
+        if self.used_by_graphs((r.addr, r.len)) {
+            self.graph_held_other.push(HeldForGraphs::Pinned(r));
+            Ok(())
+        } else {
+            Err(r)
+        }
+    }
+
     /// The ranges `graph` uses, its conditional nodes' bodies included: the server knows
     /// the bodies it made, where the driver cannot list them (cuGraphNodeGetParams is
     /// newer than CUDA 13.0), and a body's memset replays as any other.
@@ -106,6 +124,9 @@ impl Session {
         Ok(ranges)
     }
 
+    /// Whether every range `graph`'s memset and memcpy nodes use is still the client's (and
+    /// could be read): a graph captured over a block freed since would write whoever has
+    /// it now.
     pub(super) fn graph_memory_owned(&mut self, ctx: &mut WorkerCtx, graph: u64) -> bool {
         // A graph whose memory cannot be read could write anything at every replay: it
         // is not instantiated (said in the log), rather than trusted.
@@ -186,6 +207,13 @@ impl Session {
                         ..Default::default()
                     },
                 ),
+                HeldForGraphs::Pinned(r) => ctx.release_later(
+                    self,
+                    Release {
+                        pinned: vec![r],
+                        ..Default::default()
+                    },
+                ),
                 HeldForGraphs::Reservation(at, n) => ctx.release_later(
                     self,
                     Release {
@@ -237,6 +265,7 @@ impl Session {
                 }
                 HeldForGraphs::IpcClose(ptr, _) => last.closes.push(ptr),
                 HeldForGraphs::Reservation(at, n) => last.reservations.push((at, n)),
+                HeldForGraphs::Pinned(r) => last.pinned.push(r),
             }
         }
         last

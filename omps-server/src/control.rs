@@ -286,12 +286,14 @@ fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc:
     Ok(tx)
 }
 
-/// How long the slow-request thread gives one client to take its answer: the shim reads
-/// it at once; a client that does not is cut off, so that it cannot hold every other
-/// client's pins and printf flushes behind it (issue 23, review).
+/// How long the slow-request thread waits for a client to take any more of its answer:
+/// the shim reads it at once; a client that takes none of it this long is cut off, so
+/// that it cannot hold every other client's pins and printf flushes behind it (issue 23,
+/// review). A large answer read in pieces, however slowly, goes on.
 const SLOW_ANSWER_TIME: Duration = Duration::from_millis(200);
 
-/// Answers a slow request within [`SLOW_ANSWER_TIME`], or cuts the client off; only then
+/// Answers a slow request, the client taking some of it every [`SLOW_ANSWER_TIME`], or
+/// cuts the client off; only then
 /// may the client ask again (one slow request at a time each).
 fn answer_slow(client: &ClientShared, sock: &UnixStream, status: i32, text: &[u8]) {
     let head = wire::HostMemReply {
@@ -309,9 +311,9 @@ fn answer_slow(client: &ClientShared, sock: &UnixStream, status: i32, text: &[u8
     client.slow_pending.store(false, Ordering::Release);
 }
 
-/// Sends all of `bytes` without blocking past `limit`: whether they went.
+/// Sends all of `bytes`, never waiting `limit` for the peer to take any: whether they went.
 fn send_within(sock: &UnixStream, bytes: &[u8], limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
+    let mut deadline = Instant::now() + limit;
     let mut sent = 0;
     while sent < bytes.len() {
         let rest = &bytes[sent..];
@@ -326,6 +328,7 @@ fn send_within(sock: &UnixStream, bytes: &[u8], limit: Duration) -> bool {
         };
         if n > 0 {
             sent += n as usize;
+            deadline = Instant::now() + limit;
             continue;
         }
         let e = io::Error::last_os_error();

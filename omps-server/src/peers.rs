@@ -130,7 +130,9 @@ impl Peer {
                     "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
                 ));
             }
-            if its >= HANDSHAKES_PER_PID {
+            // A peer of another PID namespace shows as pid 0: no per-process bucket for
+            // those (they would all share one), the total bounds them.
+            if cred.pid != 0 && its >= HANDSHAKES_PER_PID {
                 return Err(io::Error::other(format!(
                     "process {} has {HANDSHAKES_PER_PID} connections in handshake",
                     cred.pid

@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 
 /// How long the child may take over one image before it counts as hung.
 pub const DEADLINE: Duration = Duration::from_secs(60);
+/// The same for a link or a JIT compile, which may take long for a large program (LTO,
+/// PTX at full optimization) where a load takes little.
+pub const COMPILE_DEADLINE: Duration = Duration::from_secs(300);
 /// How long an idle child is kept (its context holds GPU memory).
 pub const IDLE: Duration = Duration::from_secs(20);
 
@@ -258,7 +261,11 @@ impl Verifier {
             .and_then(|_| c.stdin.write_all(image))
             .and_then(|_| c.stdin.flush())
             .map_err(|e| format!("writing the image: {e}"))?;
-        read_answer(&mut c.stdout, &mut c.child)
+        let limit = match work {
+            Work::Load => DEADLINE,
+            Work::Link | Work::Jit => COMPILE_DEADLINE,
+        };
+        read_answer(&mut c.stdout, &mut c.child, limit)
     }
 
     fn spawn(&self) -> std::io::Result<Running> {
@@ -312,18 +319,18 @@ fn stop(c: Option<Running>) {
     }
 }
 
-/// The child's 4-byte answer within [`DEADLINE`]; a child that dies or stays silent
+/// The child's 4-byte answer within `limit`; a child that dies or stays silent
 /// gives none.
-fn read_answer(out: &mut ChildStdout, child: &mut Child) -> Result<i32, String> {
+fn read_answer(out: &mut ChildStdout, child: &mut Child, limit: Duration) -> Result<i32, String> {
     use std::os::fd::AsRawFd;
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + limit;
     let mut got = [0u8; 4];
     let mut n = 0;
     while n < 4 {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             let _ = child.kill();
-            return Err(format!("no answer in {DEADLINE:?}"));
+            return Err(format!("no answer in {limit:?}"));
         }
         let mut pfd = libc::pollfd {
             fd: out.as_raw_fd(),

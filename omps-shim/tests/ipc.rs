@@ -218,6 +218,47 @@ fn a_shared_event_is_never_recorded_into_a_capture() {
     }
 }
 
+/// Found in the review of that fix: the event recorded in a capture first and exported
+/// after. Its export is refused while its last record is in a capture.
+#[test]
+fn an_event_recorded_in_a_capture_is_not_exported() {
+    let srv = TestServer::start("ipcevcap2");
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    event_create(&a, 7, 6);
+    stream_create(&a, 1);
+    capture(&a, Op::CaptureBegin, 1).unwrap();
+    let rec = wire::EventRecord {
+        event: 7,
+        stream: 1,
+    };
+    a.push(0, Op::EventRecord, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    let export = |c: &Conn| {
+        c.channel().call(0, Op::IpcGetEventHandle, |call| {
+            bytemuck::bytes_of(&wire::HandleCall {
+                call,
+                id: 7,
+                _pad: 0,
+            })
+            .to_vec()
+        })
+    };
+    assert_eq!(
+        export(&a),
+        Err(900),
+        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+    );
+    capture(&a, Op::CaptureEnd, 1).unwrap();
+    // Recorded outside a capture again, it is exported as before.
+    let rec = wire::EventRecord {
+        event: 7,
+        stream: 0,
+    };
+    a.push(0, Op::EventRecord, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    assert_eq!(export(&a), Ok(()));
+}
+
 /// An importer's close waits for its own work: the owner's free cannot release memory a
 /// kernel of the importer may still use. The stuck host GPU holds every fence.
 #[test]

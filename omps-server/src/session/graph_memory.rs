@@ -96,6 +96,14 @@ impl Session {
         used
     }
 
+    /// VMM reservations its graphs hold: they count toward its VMM entries (vmm.rs).
+    pub(super) fn held_reservations(&self) -> usize {
+        self.graph_held_other
+            .iter()
+            .filter(|h| matches!(h, HeldForGraphs::Reservation(..)))
+            .count()
+    }
+
     /// Holds pinned range `r`, being unregistered, while one of the client's executable
     /// graphs copies to or from it (each release held is its own: it is done once);
     /// Err(r) when none does, for the caller to release now.

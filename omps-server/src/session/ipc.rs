@@ -88,6 +88,11 @@ impl Session {
                 let Some(&e) = self.events.get(&c.id) else {
                     return bad(format!("unknown event {}", c.id));
                 };
+                // Its last record is in a capture: another process's wait on it would fork
+                // the capture into its stream (as recording a shared event in one would).
+                if self.captured_events.contains(&c.id) {
+                    return self.complete(c.call, code::STREAM_CAPTURE_UNSUPPORTED, &[]);
+                }
                 let token = ctx
                     .shared
                     .ipc

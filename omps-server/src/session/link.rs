@@ -199,20 +199,21 @@ impl Session {
             return self.complete(l.call, code::INVALID_IMAGE, &[]);
         };
         let ptx = ptx.as_slice();
-        // Compiled first, with the client's options, where a crash of the driver's
-        // compiler harms no one.
-        let device = ctx.shared.modules.cc().to_le_bytes();
-        if crate::verifier::check_jit(ctx.gpu.ordinal(), &device, &blob)
-            == crate::verifier::Verdict::Crashed
-        {
-            self.log_refusal(format_args!("PTX refused: it stopped the verifier"));
-            return self.complete(l.call, code::INVALID_IMAGE, &[]);
-        }
+        // Charged first (a load over the client's limit costs no compile), then compiled,
+        // with the client's options, where a crash of the driver's compiler harms no one.
         let gpu = ctx.gpu.clone();
         let need = match self.charge_image(ctx, gpu.image_data_bytes(ptx)) {
             Ok(n) => n,
             Err(e) => return self.complete(l.call, e.0, &[]),
         };
+        let device = ctx.shared.modules.cc().to_le_bytes();
+        if crate::verifier::check_jit(ctx.gpu.ordinal(), &device, &blob)
+            == crate::verifier::Verdict::Crashed
+        {
+            self.client.uncharge(self.dev, need);
+            self.log_refusal(format_args!("PTX refused: it stopped the verifier"));
+            return self.complete(l.call, code::INVALID_IMAGE, &[]);
+        }
         let (r, info, error) = gpu.module_load_jit(ptx, &options);
         let answer = wire::LinkReply {
             image_len: 0,

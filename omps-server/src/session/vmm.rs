@@ -201,11 +201,13 @@ impl Session {
                 .unwrap_or_else(|e| e.into_inner())
                 .keep_vmm(h, client.hold(dev, n))
         };
+        // Reservations its graphs hold after it freed them count: still the driver's.
+        let held = self.held_reservations();
         let st = &mut self.vmm;
         // Handle ids are never reused while the session lives: one that made 2^32
         // handles gets no more, rather than an id that names another handle.
         let ids_left = v.kind != vmm::CREATE || st.next_handle < u32::MAX;
-        if (st.reservations.len() + st.handles.len() + st.mappings.len() >= MAX_ENTRIES
+        if (st.reservations.len() + st.handles.len() + st.mappings.len() + held >= MAX_ENTRIES
             && matches!(v.kind, vmm::RESERVE | vmm::CREATE | vmm::MAP))
             || !ids_left
         {

@@ -25,6 +25,23 @@ fn status(c: &Conn, stream: u32) -> wire::CaptureInfo {
     ch.reply()
 }
 
+/// Destroys executable graph `exec` of `c`, then waits (5 s at most) until `gone` holds:
+/// what the graph held goes after a fence.
+fn destroy_exec_until(c: &Conn, exec: u32, gone: impl Fn() -> bool) -> bool {
+    c.push(
+        0,
+        Op::GraphExecDestroy,
+        &[bytemuck::bytes_of(&wire::Handle { id: exec, _pad: 0 })],
+    )
+    .unwrap();
+    c.ping(0).unwrap();
+    let t = Instant::now();
+    while !gone() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    gone()
+}
+
 fn instantiate(c: &Conn, graph: u32) -> Result<u32, i32> {
     instantiate_graph(c, graph, 0).map(|e| e as u32)
 }
@@ -430,20 +447,8 @@ fn a_reservation_a_live_graph_writes_stays_reserved_until_the_graph_goes() {
         vmm_call(&c, vmm::ADDRESS_FREE, 0, [at, g, 0]).is_err(),
         "the client's no more"
     );
-    c.push(
-        0,
-        Op::GraphExecDestroy,
-        &[bytemuck::bytes_of(&wire::Handle { id: exec, _pad: 0 })],
-    )
-    .unwrap();
-    c.ping(0).unwrap();
-    let t = Instant::now();
-    while srv.gpu.vmm_live().0 != 0 && t.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(
-        srv.gpu.vmm_live().0,
-        0,
+    assert!(
+        destroy_exec_until(&c, exec, || srv.gpu.vmm_live().0 == 0),
         "the graph went, and the reservation with it"
     );
 }
@@ -482,16 +487,8 @@ fn page_locked_memory_a_live_graph_copies_into_stays_until_the_graph_goes() {
         before + 1,
         "still registered while the graph copies there"
     );
-    c.push(
-        0,
-        Op::GraphExecDestroy,
-        &[bytemuck::bytes_of(&wire::Handle { id: exec, _pad: 0 })],
-    )
-    .unwrap();
-    c.ping(0).unwrap();
-    let t = Instant::now();
-    while srv.gpu.registered_ranges() > before && t.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(srv.gpu.registered_ranges(), before, "gone with the graph");
+    assert!(
+        destroy_exec_until(&c, exec, || srv.gpu.registered_ranges() == before),
+        "gone with the graph"
+    );
 }

@@ -39,15 +39,7 @@ pub(super) fn step_basic(
                 let over = b.u8().is_multiple_of(4);
                 let count = if over { n / 4 + 1 } else { n / 4 };
                 let dst = if b.u8().is_multiple_of(8) { theirs } else { p };
-                let m = wire::Memset {
-                    dst,
-                    count,
-                    value: b.u8() as u32,
-                    elem_size: 4,
-                    stream: b.pick(&held.streams).unwrap_or(0),
-                    _pad: 0,
-                };
-                return me.send(ctx, Op::Memset, &[bytemuck::bytes_of(&m)]);
+                return me.memset_words(ctx, b, held, dst, count);
             }
         }
         4 => {

@@ -89,6 +89,26 @@ impl Client {
         ok
     }
 
+    /// A memset of `count` words at `dst`, its value and stream read from the sequence.
+    pub(super) fn memset_words(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        b: &mut Bytes,
+        held: &Held,
+        dst: u64,
+        count: u64,
+    ) -> bool {
+        let m = wire::Memset {
+            dst,
+            count,
+            value: b.u8() as u32,
+            elem_size: 4,
+            stream: b.pick(&held.streams).unwrap_or(0),
+            _pad: 0,
+        };
+        self.send(ctx, Op::Memset, &[bytemuck::bytes_of(&m)])
+    }
+
     /// The u64 answer of the last call.
     pub(super) fn reply_u64(&self) -> u64 {
         let mut b = [0u8; 8];

@@ -115,15 +115,7 @@ fn step_vmm(
                 return true;
             };
             let count = len / 4 + u64::from(b.u8().is_multiple_of(4));
-            let m = wire::Memset {
-                dst: addr,
-                count,
-                value: b.u8() as u32,
-                elem_size: 4,
-                stream: b.pick(&held.streams).unwrap_or(0),
-                _pad: 0,
-            };
-            return me.send(ctx, Op::Memset, &[bytemuck::bytes_of(&m)]);
+            return me.memset_words(ctx, b, held, addr, count);
         }
         5 => {
             // An unmap, of a whole mapping or of a part (refused).

@@ -17,7 +17,6 @@ use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
 use omps_shim::api::graph_build::*;
 use omps_shim::api::mem::*;
-use omps_shim::api::stream_info::*;
 use omps_shim::cuda::*;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
@@ -462,16 +461,7 @@ fn conditional_nodes_choose_and_repeat() {
         let mut body_stream = null_mut();
         ok(cuStreamCreate(&mut body_stream, 1));
         ok(cuStreamBeginCapture_v2(s, 2));
-        let (mut status, mut cg) = (0u32, null_mut());
-        ok(cuStreamGetCaptureInfo_v2(
-            s,
-            &mut status,
-            null_mut(),
-            &mut cg,
-            null_mut(),
-            null_mut(),
-        ));
-        let cg = cg as CUgraph;
+        let (_, cg) = capture_graph_of(s);
         let mut hc = 0u64;
         ok(cuGraphConditionalHandleCreate(
             &mut hc,

@@ -11,7 +11,6 @@ use omps_shim::api::exec::*;
 use omps_shim::api::graph::*;
 use omps_shim::api::graph_build::*;
 use omps_shim::api::mem::*;
-use omps_shim::api::stream_info::*;
 use omps_shim::cuda::*;
 use std::ptr::{null, null_mut};
 
@@ -32,16 +31,7 @@ fn a_freed_block_in_a_conditional_body_is_refused_at_instantiation() {
         ok(cuStreamCreate(&mut s, 1));
         ok(cuStreamCreate(&mut body_stream, 1));
         ok(cuStreamBeginCapture_v2(s, 2));
-        let (mut status, mut cg) = (0u32, null_mut());
-        ok(cuStreamGetCaptureInfo_v2(
-            s,
-            &mut status,
-            null_mut(),
-            &mut cg,
-            null_mut(),
-            null_mut(),
-        ));
-        let cg = cg as CUgraph;
+        let (_, cg) = capture_graph_of(s);
         let mut handle = 0u64;
         ok(cuGraphConditionalHandleCreate(
             &mut handle,

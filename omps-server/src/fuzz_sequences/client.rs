@@ -178,24 +178,31 @@ impl Client {
         false
     }
 
-    /// Loads IMAGE through channel 0's first chunk: the module id and function ids.
-    pub(super) fn load(&mut self, ctx: &mut WorkerCtx) -> Option<(u32, Vec<u32>)> {
+    /// Uploads `blob` through channel 0's first chunk for a load, link or JIT load:
+    /// None where it does not fit, Some(false) once the client is cut off.
+    pub(super) fn upload(&mut self, ctx: &mut WorkerCtx, blob: &[u8]) -> Option<bool> {
         let (p, cap) = self.client.seg.chunk(0, 0)?;
-        if cap < IMAGE.len() {
+        if cap < blob.len() {
             return None;
         }
         // SAFETY: the chunk lies in the segment and holds `cap` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(IMAGE.as_ptr(), p, IMAGE.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), p, blob.len()) };
         let append = wire::ChunkCopy {
             channel: 0,
             chunk: 0,
-            len: IMAGE.len() as u32,
+            len: blob.len() as u32,
             seq: self.call().seq,
             ..Default::default()
         };
-        if !self.send(ctx, Op::BlobAppend, &[bytemuck::bytes_of(&append)]) {
+        Some(self.send(ctx, Op::BlobAppend, &[bytemuck::bytes_of(&append)]))
+    }
+
+    /// Loads IMAGE through channel 0's first chunk: the module id and function ids.
+    pub(super) fn load(&mut self, ctx: &mut WorkerCtx) -> Option<(u32, Vec<u32>)> {
+        if !self.upload(ctx, IMAGE)? {
             return None;
         }
+        let (p, cap) = self.client.seg.chunk(0, 0)?;
         let load = wire::ModuleLoad {
             call: self.call(),
             blob_len: IMAGE.len() as u64,

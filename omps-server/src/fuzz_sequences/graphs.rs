@@ -110,23 +110,10 @@ pub(super) fn step_graphs_ipc_link(
             // A link or JIT container of fuzzed bytes through channel 0's first chunk.
             let len = b.u8() as usize % 96;
             let blob: Vec<u8> = (0..len).map(|_| b.u8()).collect();
-            let Some((p, cap)) = me.client.seg.chunk(0, 0) else {
-                return true;
-            };
-            if cap < blob.len() {
-                return true;
-            }
-            // SAFETY: the chunk lies in the segment and holds `cap` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), p, blob.len()) };
-            let append = wire::ChunkCopy {
-                channel: 0,
-                chunk: 0,
-                len: blob.len() as u32,
-                seq: me.call().seq,
-                ..Default::default()
-            };
-            if !me.send(ctx, Op::BlobAppend, &[bytemuck::bytes_of(&append)]) {
-                return false;
+            match me.upload(ctx, &blob) {
+                None => return true,
+                Some(false) => return false,
+                Some(true) => {}
             }
             let load = wire::ModuleLoad {
                 call: me.call(),

@@ -722,3 +722,28 @@ pub fn free_local_addr() -> std::net::SocketAddr {
         .port();
     format!("127.0.0.1:{port}").parse().unwrap()
 }
+
+/// The graph stream `s`'s capture goes into (cuStreamGetCaptureInfo), with the capture's
+/// status (1: active).
+///
+/// # Safety
+/// `s` is a stream of this process's shim.
+#[allow(dead_code)]
+pub unsafe fn capture_graph_of(
+    s: omps_shim::api::exec::CUstream,
+) -> (u32, omps_shim::api::capture::CUgraph) {
+    let (mut status, mut g) = (0u32, std::ptr::null_mut());
+    // SAFETY: valid out-pointers; the stream is the caller's.
+    let r = unsafe {
+        omps_shim::api::stream_info::cuStreamGetCaptureInfo_v2(
+            s,
+            &mut status,
+            std::ptr::null_mut(),
+            &mut g,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, 0, "cuStreamGetCaptureInfo");
+    (status, g as omps_shim::api::capture::CUgraph)
+}

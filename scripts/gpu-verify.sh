@@ -13,7 +13,11 @@
 #   faults    scripts/faults/run.sh (~90 s)
 #   soak      scripts/soak/soak.sh with SOAK_KILLS kills (default 120) and 4 PyTorch kills
 #   verifier  scripts/probe/verifier_cost.sh 3 (~100 s)
-#   multiuser scripts/multi-user/run.sh (as root)
+#   multiuser scripts/multi-user/run.sh (as root; ~15 s)
+#   clients   scripts/clients/run.sh jax cupy numba, both ways in (~75 s)
+#   samples-preload, samples-libpath
+#             the cuda-samples corpus (target/cuda-samples, carried) built and run natively
+#             and through omps one way (~360 s with the build; alone in a call)
 # Writes $OUT/verify-PART.txt for each, and $OUT/verify.txt: one PASS or FAIL line a part.
 set -u
 cd "$(dirname "$0")/.."
@@ -57,6 +61,18 @@ for part in "$@"; do
         multiuser)
             timeout 300 bash scripts/multi-user/run.sh /tmp/omps-verify-mu > "$f" 2>&1
             rc=$? ;;
+        clients)
+            CLIENT_TIMEOUT=60 OUT=/tmp/omps-verify-clients timeout -k 5 200 \
+                bash scripts/clients/run.sh jax cupy numba > "$f" 2>&1
+            rc=$? ;;
+        samples-preload|samples-libpath)
+            names=$(grep -v '^#' target/cuda-samples/samples.txt | cut -d'|' -f1 | tr -d ' ' | grep . | tr '\n' ' ')
+            SAMPLES_JOBS=16 timeout 120 bash target/cuda-samples/build.sh > /tmp/omps-verify-build.log 2>&1
+            COLUMNS_DEADLINE=${COLUMNS_DEADLINE:-450} SAMPLES_TIMEOUT=60 timeout -k 5 480 \
+                bash scripts/samples/columns.sh "${part#samples-}" $names > /tmp/omps-verify-columns.log 2>&1
+            rc=$?
+            sed -n '/verdicts (omps-fails/,$p' "$OUT/samples-columns.txt" > "$f" 2>/dev/null
+            grep -q "omps-fails: systemWideAtomics uvmlite$" "$f" && grep -q "not-run=0" "$f" || rc=1 ;;
         *) echo "unknown part: $part" >&2; exit 2 ;;
     esac
     if [ "$rc" = 0 ]; then verdict "$part" PASS; else verdict "$part" "FAIL (rc $rc)"; fi

@@ -1298,6 +1298,8 @@ impl Gpu for HostGpu {
         st.joined.retain(|_, o| *o != s);
         let into = st.capture_into.remove(&s);
         if invalid {
+            // What it captured goes, conditional bodies made in it included.
+            st.drop_bodies(&ops);
             return Err(CuError(code::STREAM_CAPTURE_INVALIDATED));
         }
         if let Some(g) = into {
@@ -1378,10 +1380,9 @@ impl Gpu for HostGpu {
 
     fn graph_destroy(&self, graph: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
-        st.graphs
-            .remove(&graph)
-            .map(drop)
-            .ok_or(CuError(code::INVALID_HANDLE))
+        let ops = st.graphs.remove(&graph).ok_or(CuError(code::INVALID_HANDLE))?;
+        st.drop_bodies(&ops);
+        Ok(())
     }
 
     fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>> {

@@ -237,6 +237,19 @@ mod tests {
         );
     }
 
+    /// Found by the fuzzer (cargo fuzz, sequences): a client that dies capturing, with
+    /// conditional nodes in its capture, left graphs behind.
+    #[test]
+    fn a_death_mid_capture_with_conditional_nodes_leaves_no_graph() {
+        let data = [
+            126, 39, 5, 126, 126, 130, 75, 151, 208, 0, 0, 0, 0, 0, 0, 0, 28, 46, 46, 46, 14, 46,
+            46, 43, 142, 142, 142, 142, 142, 142, 142, 142, 142, 142, 142, 14, 142, 142, 165, 142,
+            236, 175, 249, 3, 142, 142, 142, 142, 142, 142, 142, 142, 142, 142, 142, 142, 142, 142,
+            142, 126,
+        ];
+        super::run_sequence(&data);
+    }
+
     /// The bystander check means something only if no host mapping can be device memory:
     /// the host GPU reaches registered host memory (a client's segment, page-locked memory)
     /// at its host address, so a segment over a device address would be that memory. Its

@@ -58,6 +58,20 @@ pub(super) enum HostOp {
 }
 
 impl State {
+    /// Drops the bodies of `ops`' conditional nodes (and theirs), as the driver frees a
+    /// conditional node's bodies with the graph that holds it.
+    pub(super) fn drop_bodies(&mut self, ops: &[HostOp]) {
+        for op in ops {
+            if let HostOp::Cond { bodies, .. } = op {
+                for b in bodies {
+                    if let Some(inner) = self.graphs.remove(b) {
+                        self.drop_bodies(&inner);
+                    }
+                }
+            }
+        }
+    }
+
     /// The capture stream `s` records into: its own, or the one it forked from.
     pub(super) fn origin(&self, s: usize) -> usize {
         match self.joined.get(&s) {

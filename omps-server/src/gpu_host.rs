@@ -1380,7 +1380,10 @@ impl Gpu for HostGpu {
 
     fn graph_destroy(&self, graph: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
-        let ops = st.graphs.remove(&graph).ok_or(CuError(code::INVALID_HANDLE))?;
+        let ops = st
+            .graphs
+            .remove(&graph)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
         st.drop_bodies(&ops);
         Ok(())
     }

@@ -184,10 +184,18 @@ mod tests {
 
     /// A thread serving a queue of its own, sent `n` ranges one a millisecond, each a
     /// buffer registered with `host` that claims `len` bytes. Returns the most ranges seen
-    /// waiting once the first `warmup` were sent.
-    fn churn(host: &Arc<HostGpu>, n: usize, len: u64, warmup: usize) -> usize {
+    /// waiting once the first `warmup` were sent. Each send waits for the thread to take
+    /// the range (a loaded machine may run it late; what it has not taken is not its
+    /// queue); with `settle`, the count is read once it is that low, or 200 ms on.
+    fn churn(
+        host: &Arc<HostGpu>,
+        n: usize,
+        len: u64,
+        warmup: usize,
+        settle: Option<usize>,
+    ) -> usize {
         let gpu: Arc<dyn Gpu> = host.clone();
-        let (tx, rx) = mpsc::channel::<Waiting>();
+        let (tx, rx) = mpsc::sync_channel::<Waiting>(0);
         let count = Arc::new(AtomicUsize::new(0));
         let c = count.clone();
         let t = std::thread::spawn(move || run(rx, &c));
@@ -208,6 +216,12 @@ mod tests {
             tx.send(w).unwrap();
             // Never 10 ms without a message.
             std::thread::sleep(Duration::from_millis(1));
+            if let Some(k) = settle {
+                let t = Instant::now();
+                while count.load(Ordering::SeqCst) > k && t.elapsed() < Duration::from_millis(200) {
+                    std::thread::yield_now();
+                }
+            }
             if i >= warmup {
                 most = most.max(count.load(Ordering::SeqCst));
             }
@@ -220,7 +234,7 @@ mod tests {
     #[test]
     fn ranges_go_while_new_ones_keep_coming() {
         let host = Arc::new(HostGpu::new(0, 1 << 20));
-        let most = churn(&host, 300, 64, 100);
+        let most = churn(&host, 300, 64, 100, None);
         // A look every 10 ms: some 10 to 20 wait at any time (on a loaded machine more).
         assert!(most < 100, "{most} of 300 ranges still waiting under churn");
     }
@@ -230,7 +244,7 @@ mod tests {
         let host = Arc::new(HostGpu::new(0, 1 << 20));
         // A GPU that never rests, and ranges of 1 GiB each: no more than 2 GiB waits.
         host.stick_releases(true);
-        let most = churn(&host, 100, 1 << 30, 10);
+        let most = churn(&host, 100, 1 << 30, 10, Some(3));
         host.stick_releases(false);
         assert!(most <= 3, "{most} GiB waiting, over the 2 GiB cap");
     }

@@ -60,6 +60,13 @@ impl Origin {
     }
 }
 
+/// Whether process `pid`, with `its` connections in handshake, may have no more. A peer
+/// of another PID namespace shows as pid 0: no per-process bucket for those (they would
+/// all share one, and one container could lock out the others), the total bounds them.
+fn process_full(pid: i32, its: usize) -> bool {
+    pid != 0 && its >= HANDSHAKES_PER_PID
+}
+
 /// A connection in progress.
 pub struct Peer {
     pub stream: UnixStream,
@@ -130,9 +137,7 @@ impl Peer {
                     "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
                 ));
             }
-            // A peer of another PID namespace shows as pid 0: no per-process bucket for
-            // those (they would all share one), the total bounds them.
-            if cred.pid != 0 && its >= HANDSHAKES_PER_PID {
+            if process_full(cred.pid, its) {
                 return Err(io::Error::other(format!(
                     "process {} has {HANDSHAKES_PER_PID} connections in handshake",
                     cred.pid
@@ -297,4 +302,18 @@ pub fn send_status(s: &UnixStream, status: i32) -> io::Result<()> {
         ..Default::default()
     };
     omps_ring::sock::send_with_fds(s.as_raw_fd(), bytemuck::bytes_of(&w), &[])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn peers_of_another_pid_namespace_share_no_per_process_bucket() {
+        use super::{process_full, HANDSHAKES_PER_PID};
+        assert!(!process_full(42, HANDSHAKES_PER_PID - 1));
+        assert!(
+            process_full(42, HANDSHAKES_PER_PID),
+            "a process's bucket is full"
+        );
+        assert!(!process_full(0, 1000), "pid 0 is many processes");
+    }
 }

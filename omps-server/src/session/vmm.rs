@@ -21,7 +21,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 /// Bounds a client's tables, so it cannot make the server's grow without end.
+#[cfg(not(test))]
 const MAX_ENTRIES: usize = 1 << 16;
+/// Small in unit tests, so that reaching it costs nothing.
+#[cfg(test)]
+const MAX_ENTRIES: usize = 16;
 
 #[derive(Default)]
 pub struct VmmState {
@@ -455,6 +459,38 @@ mod tests {
     use super::*;
     use crate::gpu::Gpu;
     use std::sync::Arc;
+
+    /// Found in the review of the reservation hold: reservations its graphs hold after
+    /// the client freed them are still the driver's, and count toward its entries.
+    #[test]
+    fn reservations_held_for_graphs_count_toward_the_entries() {
+        let gpu: Arc<dyn Gpu> = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 26));
+        let (client, _peer) = crate::testing::fake_client(&gpu, 1).expect("fake client");
+        let mut ctx = WorkerCtx::new(gpu.clone()).expect("worker ctx");
+        // SAFETY: the fake client's segment has ring 0 and outlives the session.
+        let mut s = unsafe { Session::new(client, 0) };
+        let g = gpu.vmm_granularity(false, false).expect("granularity");
+        let reserve = wire::Vmm {
+            kind: vmm::RESERVE,
+            args: [g, 0, 0],
+            ..Default::default()
+        };
+        for i in 0..MAX_ENTRIES as u64 {
+            s.graph_held_other
+                .push(super::super::graph_memory::HeldForGraphs::Reservation(
+                    i << 20,
+                    g,
+                ));
+        }
+        s.handle_vmm(&mut ctx, reserve).expect("well formed");
+        assert!(
+            s.vmm.reservations.is_empty(),
+            "a reservation past the entries"
+        );
+        s.graph_held_other.clear();
+        s.handle_vmm(&mut ctx, reserve).expect("well formed");
+        assert_eq!(s.vmm.reservations.len(), 1, "room again");
+    }
 
     #[test]
     fn handle_ids_never_wrap_onto_ones_in_use() {

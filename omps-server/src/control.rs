@@ -311,7 +311,8 @@ fn answer_slow(client: &ClientShared, sock: &UnixStream, status: i32, text: &[u8
     client.slow_pending.store(false, Ordering::Release);
 }
 
-/// Sends all of `bytes`, never waiting `limit` for the peer to take any: whether they went.
+/// Sends all of `bytes`, never waiting `limit` for the peer to take any (ZERO: never
+/// waiting at all): whether they went.
 fn send_within(sock: &UnixStream, bytes: &[u8], limit: Duration) -> bool {
     let mut deadline = Instant::now() + limit;
     let mut sent = 0;
@@ -1043,17 +1044,7 @@ impl Server {
             status,
             text_len: 0,
         };
-        let b = bytemuck::bytes_of(&reply);
-        // SAFETY: sending from a live buffer of b.len() bytes on a socket we own.
-        let n = unsafe {
-            libc::send(
-                s.as_raw_fd(),
-                b.as_ptr() as *const libc::c_void,
-                b.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        n != b.len() as isize
+        !send_within(s, bytemuck::bytes_of(&reply), Duration::ZERO)
     }
 
     fn retire_client(&mut self, id: u32) {

@@ -147,22 +147,13 @@ pub fn verify_load(ordinal: usize, image: &[u8]) -> i32 {
     }
 }
 
-/// The verifier child's link of a container (the server's [`crate::session::prepare_link`]
-/// made the same inputs): the CUresult of the whole link.
+/// The verifier child's link of a container, as the server's would link it: the
+/// CUresult of the whole link.
 pub fn verify_link(ordinal: usize, container: &[u8]) -> i32 {
     if let Err(e) = verify_context(ordinal) {
         return e;
     }
-    match crate::session::prepare_link(container) {
-        Err(_) => code::INVALID_VALUE,
-        Ok(Err(_)) => code::INVALID_IMAGE,
-        Ok(Ok((options, inputs))) => {
-            match link_here(&options, &crate::session::link_inputs(&inputs)).0 {
-                Ok(_) => 0,
-                Err(e) => e.0,
-            }
-        }
-    }
+    crate::session::link_verdict(container, |o, i| link_here(o, i).0.map(drop))
 }
 
 /// Makes GPU `ordinal`'s primary context current in the verifier child (retained once);
@@ -238,17 +229,12 @@ pub fn verify_jit(ordinal: usize, container: &[u8]) -> i32 {
     if let Err(e) = verify_context(ordinal) {
         return e;
     }
-    let Some((options, ptx)) = crate::session::jit_container(container) else {
-        return code::INVALID_IMAGE;
-    };
-    match load_jit_here(&ptx, &options).0 {
-        Ok(m) => {
+    crate::session::jit_verdict(container, |ptx, o| {
+        load_jit_here(ptx, o).0.map(|m| {
             // SAFETY: the module just loaded here, unloaded once.
             unsafe { cu::cuModuleUnload(m) };
-            0
-        }
-        Err(e) => e.0,
-    }
+        })
+    })
 }
 
 /// JIT-links `inputs` with value `options` in the current context (the server's GPU, or

@@ -87,32 +87,6 @@ struct State {
 /// image made to crash the driver's parser would (tests of crate::verifier).
 pub const PARSER_CRASH: &[u8] = b"omps-host-parser-crash";
 
-/// The verifier child's link of a container on host GPU `g` (`--verify-images --host`):
-/// the CUresult, as crate::gpu_cuda::verify_link answers on a real GPU.
-pub fn link_container(g: &HostGpu, container: &[u8]) -> i32 {
-    match crate::session::prepare_link(container) {
-        Err(_) => code::INVALID_VALUE,
-        Ok(Err(_)) => code::INVALID_IMAGE,
-        Ok(Ok((options, inputs))) => {
-            match g.link(&options, &crate::session::link_inputs(&inputs)).0 {
-                Ok(_) => 0,
-                Err(e) => e.0,
-            }
-        }
-    }
-}
-
-/// The verifier child's compile of a JIT load's container on host GPU `g`: the CUresult.
-pub fn jit_container(g: &HostGpu, container: &[u8]) -> i32 {
-    match crate::session::jit_container(container) {
-        None => code::INVALID_IMAGE,
-        Some((options, ptx)) => g
-            .module_load_jit(&ptx, &options)
-            .0
-            .map_or_else(|e| e.0, |_| 0),
-    }
-}
-
 /// Bytes per row of an array of `s`: unknown formats count 4 bytes a channel.
 fn row_bytes(s: &ArrayShape) -> u64 {
     s.width

@@ -9,6 +9,7 @@
 
 use omps_server::gpu::Gpu;
 use omps_server::gpu_cuda::{self, CudaGpu};
+use omps_server::session::{jit_verdict, link_verdict};
 use omps_server::verifier::Work;
 use omps_server::ServerConfig;
 use std::process::ExitCode;
@@ -24,8 +25,8 @@ fn main() -> ExitCode {
                 let g = omps_server::gpu_host::HostGpu::new(ordinal, 1 << 20);
                 match work {
                     Work::Load => g.module_load(bytes).map_or_else(|e| e.0, |_| 0),
-                    Work::Link => omps_server::gpu_host::link_container(&g, bytes),
-                    Work::Jit => omps_server::gpu_host::jit_container(&g, bytes),
+                    Work::Link => link_verdict(bytes, |o, i| g.link(o, i).0.map(drop)),
+                    Work::Jit => jit_verdict(bytes, |ptx, o| g.module_load_jit(ptx, o).0.map(drop)),
                 }
             });
         }

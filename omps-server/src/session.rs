@@ -36,7 +36,7 @@ mod graphs;
 mod green;
 mod ipc;
 mod link;
-pub(crate) use link::{as_inputs as link_inputs, jit_container, prepare as prepare_link};
+pub use link::{jit_verdict, link_verdict};
 mod memory;
 mod modules;
 mod pool_share;

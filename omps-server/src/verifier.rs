@@ -375,26 +375,12 @@ pub fn install(v: Option<Verifier>) {
     *INSTALLED.lock().unwrap_or_else(|e| e.into_inner()) = v.map(std::sync::Arc::new);
 }
 
-/// The verdict of the installed verifier; Good where none is installed.
-pub fn check(ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
-    let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    v.map_or(Verdict::Good, |v| v.check(ordinal, device, image))
-}
-
-/// The installed verifier's verdict on a JIT load's `container`; Good where none is
-/// installed.
-pub fn check_jit(ordinal: usize, device: &[u8], container: &[u8]) -> Verdict {
+/// The installed verifier's verdict on `bytes` for `work` (an image's load, a container's
+/// link or JIT compile); Good where none is installed.
+pub fn check(ordinal: usize, device: &[u8], bytes: &[u8], work: Work) -> Verdict {
     let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
     v.map_or(Verdict::Good, |v| {
-        v.check_work(ordinal, device, container, Work::Jit)
-    })
-}
-
-/// The installed verifier's verdict on linking `container`; Good where none is installed.
-pub fn check_link(ordinal: usize, device: &[u8], container: &[u8]) -> Verdict {
-    let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    v.map_or(Verdict::Good, |v| {
-        v.check_work(ordinal, device, container, Work::Link)
+        v.check_work(ordinal, device, bytes, work)
     })
 }
 

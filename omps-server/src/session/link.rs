@@ -5,10 +5,12 @@
 //! what was uploaded before anything is used.
 
 use super::{bad, Malformed, Session};
-use crate::gpu::code;
+use crate::gpu::{code, GpuResult};
+use crate::verifier::Work;
 use crate::worker::WorkerCtx;
 use omps_ring::segment::Word;
 use omps_ring::wire::{self, link};
+use std::borrow::Cow;
 
 /// A parsed container: value options and (kind, name, data) inputs borrowing the blob.
 type Parsed<'a> = (Vec<(u32, u64)>, Vec<(u32, &'a str, &'a [u8])>);
@@ -66,26 +68,28 @@ fn input_unsafe(kind: u32, data: &[u8]) -> Option<&'static str> {
     }
 }
 
-/// A link container as the driver is to get it: value options, and owned inputs (kind,
-/// name, bytes) with PTX text given its NUL; Err(why) where one must not reach the driver
-/// (a lie about itself), Ok(Err) where the container is malformed.
-pub(crate) type Prepared = (Vec<(u32, u64)>, Vec<(u32, String, Vec<u8>)>);
+/// A link container as the driver is to get it: value options, and inputs (kind, name,
+/// bytes), PTX text given its NUL (a copy only for text sent without one).
+pub(crate) type Prepared<'a> = (Vec<(u32, u64)>, Vec<(u32, &'a str, Cow<'a, [u8]>)>);
 
 /// Parses `blob` and makes its inputs safe for the driver to read: the server's link and
 /// the verifier child's go through here, so the child links exactly what the server would.
-pub(crate) fn prepare(blob: &[u8]) -> Result<Result<Prepared, &'static str>, String> {
+/// Err where the container is malformed, Ok(Err(why)) where an input must not reach the
+/// driver (a lie about itself).
+pub(crate) fn prepare(blob: &[u8]) -> Result<Result<Prepared<'_>, &'static str>, String> {
     let (options, inputs) = parse(blob)?;
-    let inputs: Vec<(u32, String, Vec<u8>)> = inputs
+    let inputs: Vec<(u32, &str, Cow<[u8]>)> = inputs
         .into_iter()
         .map(|(kind, name, data)| {
             // The driver reads PTX up to its NUL: text sent without one (a length of
             // strlen, which the driver takes natively, reading on into the program's
             // buffer) gets one here, so the driver stops inside this copy.
-            let mut data = data.to_vec();
-            if kind == PTX_INPUT && !data.contains(&0) {
-                data.push(0);
-            }
-            (kind, name.to_string(), data)
+            let data = if kind == PTX_INPUT && !data.contains(&0) {
+                Cow::Owned([data, &[0u8][..]].concat())
+            } else {
+                Cow::Borrowed(data)
+            };
+            (kind, name, data)
         })
         .collect();
     // The driver reads binary inputs by what they say of themselves: a lie would have it
@@ -101,25 +105,54 @@ pub(crate) fn prepare(blob: &[u8]) -> Result<Result<Prepared, &'static str>, Str
     )
 }
 
-/// Value options, and the PTX they compile.
-pub(crate) type JitLoad = (Vec<(u32, u64)>, Vec<u8>);
-
-/// A JIT load's container: its value options and its one PTX input, NUL-terminated as the
-/// driver reads it; None where it is not that (the server and the verifier child agree).
-pub(crate) fn jit_container(blob: &[u8]) -> Option<JitLoad> {
-    let (options, inputs) = parse(blob).ok()?;
-    let [(PTX_INPUT, _, ptx)] = inputs[..] else {
-        return None;
-    };
-    (omps_ring::image::is_ptx(ptx) && ptx.contains(&0)).then(|| (options, ptx.to_vec()))
+/// Borrowed views of prepared inputs, as [`crate::gpu::Gpu::link`] takes them.
+pub(crate) fn as_inputs<'a>(
+    inputs: &'a [(u32, &'a str, Cow<'a, [u8]>)],
+) -> Vec<(u32, &'a str, &'a [u8])> {
+    inputs.iter().map(|(k, n, d)| (*k, *n, &d[..])).collect()
 }
 
-/// Borrowed views of prepared inputs, as [`crate::gpu::Gpu::link`] takes them.
-pub(crate) fn as_inputs(inputs: &[(u32, String, Vec<u8>)]) -> Vec<(u32, &str, &[u8])> {
-    inputs
-        .iter()
-        .map(|(k, n, d)| (*k, n.as_str(), d.as_slice()))
-        .collect()
+/// Value options, and the PTX they compile.
+pub(crate) type JitLoad<'a> = (Vec<(u32, u64)>, &'a [u8]);
+
+/// A JIT load's container: its value options and its one PTX input, NUL-terminated as the
+/// driver reads it. Err where the container is malformed or holds other than one PTX
+/// input, Ok(None) where that input is not PTX ending in a NUL (the server and the
+/// verifier child read it alike).
+pub(crate) fn jit_container(blob: &[u8]) -> Result<Option<JitLoad<'_>>, String> {
+    let (options, inputs) = parse(blob)?;
+    let [(PTX_INPUT, _, ptx)] = inputs[..] else {
+        return Err("jit load: not one PTX input".into());
+    };
+    Ok((omps_ring::image::is_ptx(ptx) && ptx.contains(&0)).then_some((options, ptx)))
+}
+
+/// The verifier child's answer on a link container: the CUresult of `link` given the
+/// inputs [`prepare`] makes (the driver's own, or the host GPU's in tests).
+pub fn link_verdict(
+    container: &[u8],
+    link: impl FnOnce(&[(u32, u64)], &[(u32, &str, &[u8])]) -> GpuResult<()>,
+) -> i32 {
+    match prepare(container) {
+        Err(_) => code::INVALID_VALUE,
+        Ok(Err(_)) => code::INVALID_IMAGE,
+        Ok(Ok((options, inputs))) => {
+            link(&options, &as_inputs(&inputs)).map_or_else(|e| e.0, |()| 0)
+        }
+    }
+}
+
+/// The verifier child's answer on a JIT load's container: the CUresult of `compile`
+/// given its PTX and options.
+pub fn jit_verdict(
+    container: &[u8],
+    compile: impl FnOnce(&[u8], &[(u32, u64)]) -> GpuResult<()>,
+) -> i32 {
+    match jit_container(container) {
+        Err(_) => code::INVALID_VALUE,
+        Ok(None) => code::INVALID_IMAGE,
+        Ok(Some((options, ptx))) => compile(ptx, &options).map_or_else(|e| e.0, |()| 0),
+    }
 }
 
 impl Session {
@@ -143,7 +176,7 @@ impl Session {
         // Linked first where a crash of the driver's linker harms no one (finding 1): the
         // verifier child links the same container.
         let device = ctx.shared.modules.cc().to_le_bytes();
-        if crate::verifier::check_link(ctx.gpu.ordinal(), &device, &blob)
+        if crate::verifier::check(ctx.gpu.ordinal(), &device, &blob, Work::Link)
             == crate::verifier::Verdict::Crashed
         {
             self.log_refusal(format_args!("link refused: it stopped the verifier"));
@@ -184,21 +217,15 @@ impl Session {
         ctx: &mut WorkerCtx,
         l: wire::ModuleLoad,
     ) -> Result<(), Malformed> {
-        const PTX: u32 = 1;
         self.channel(l.call.channel)?;
         let blob = match self.take_blob(l.call.channel, l.blob_len, code::INVALID_VALUE) {
             Ok(b) => b,
             Err(e) => return self.complete(l.call, e, &[]),
         };
-        let (_, inputs) = parse(&blob).map_err(Malformed)?;
-        let [(PTX, _, _)] = inputs[..] else {
-            return bad("jit load: not one PTX input");
-        };
         // The driver reads PTX up to its NUL.
-        let Some((options, ptx)) = jit_container(&blob) else {
+        let Some((options, ptx)) = jit_container(&blob).map_err(Malformed)? else {
             return self.complete(l.call, code::INVALID_IMAGE, &[]);
         };
-        let ptx = ptx.as_slice();
         // Charged first (a load over the client's limit costs no compile), then compiled,
         // with the client's options, where a crash of the driver's compiler harms no one.
         let gpu = ctx.gpu.clone();
@@ -207,7 +234,7 @@ impl Session {
             Err(e) => return self.complete(l.call, e.0, &[]),
         };
         let device = ctx.shared.modules.cc().to_le_bytes();
-        if crate::verifier::check_jit(ctx.gpu.ordinal(), &device, &blob)
+        if crate::verifier::check(ctx.gpu.ordinal(), &device, &blob, Work::Jit)
             == crate::verifier::Verdict::Crashed
         {
             self.client.uncharge(self.dev, need);

@@ -66,7 +66,12 @@ impl Session {
                 // A new image is loaded first where a crash of the driver's parser harms
                 // no one (crate::verifier).
                 let device = ctx.shared.modules.cc().to_le_bytes();
-                match crate::verifier::check(gpu.ordinal(), &device, &blob) {
+                match crate::verifier::check(
+                    gpu.ordinal(),
+                    &device,
+                    &blob,
+                    crate::verifier::Work::Load,
+                ) {
                     crate::verifier::Verdict::Good | crate::verifier::Verdict::Unverified => {}
                     crate::verifier::Verdict::Crashed => {
                         self.log_refusal(format_args!(

@@ -203,17 +203,17 @@ impl Session {
                     .and_then(|e| self.execs.get(&e))
                     .copied(),
             ) {
-                (Some(g), Some(_)) if !self.graph_memory_owned(ctx, g) => {
-                    Err(CuError(code::INVALID_VALUE))
-                }
-                (Some(g), Some(e)) => {
-                    let r = gpu.graph_exec_update(e, g).map(|()| 0);
-                    if r.is_ok() {
-                        // The update's memory replaces what the executable graph used.
-                        self.note_exec_ranges(ctx, c.handle as u32, g);
+                (Some(g), Some(e)) => match self.owned_graph_ranges(ctx, g) {
+                    None => Err(CuError(code::INVALID_VALUE)),
+                    Some(ranges) => {
+                        let r = gpu.graph_exec_update(e, g).map(|()| 0);
+                        if r.is_ok() {
+                            // The update's memory replaces what the executable graph used.
+                            self.note_exec_ranges(ctx, c.handle as u32, ranges);
+                        }
+                        r
                     }
-                    r
-                }
+                },
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
             graph::GRAPH_CLONE => match self.graphs.get(&c.graph) {

@@ -132,12 +132,15 @@ impl Session {
         Ok(ranges)
     }
 
-    /// Whether every range `graph`'s memset and memcpy nodes use is still the client's (and
-    /// could be read): a graph captured over a block freed since would write whoever has
-    /// it now.
-    pub(super) fn graph_memory_owned(&mut self, ctx: &mut WorkerCtx, graph: u64) -> bool {
-        // A graph whose memory cannot be read could write anything at every replay: it
-        // is not instantiated (said in the log), rather than trusted.
+    /// The ranges `graph`'s memset and memcpy nodes use, read once for its instantiation
+    /// or update: None (said in the log) where one is no longer the client's, since a
+    /// graph captured over a block freed since would write whoever has it now, or where
+    /// they cannot be read, since such a graph could write anything at every replay.
+    pub(super) fn owned_graph_ranges(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        graph: u64,
+    ) -> Option<Vec<Range>> {
         let ranges = match self.graph_ranges(ctx, graph) {
             Ok(r) => r,
             Err(e) => {
@@ -145,36 +148,22 @@ impl Session {
                     "the memory a graph uses could not be read (CUDA error {}): not instantiated",
                     e.0
                 ));
-                return false;
+                return None;
             }
         };
-        let stale = ranges
-            .iter()
-            .find(|&&(a, n)| !self.owns_range(a, n))
-            .copied();
-        if let Some((a, n)) = stale {
+        if let Some(&(a, n)) = ranges.iter().find(|&&(a, n)| !self.owns_range(a, n)) {
             self.log_refusal(format_args!(
                 "a graph's memset or memcpy uses [{a:#x}, +{n}), no longer the client's: not instantiated"
             ));
+            return None;
         }
-        stale.is_none()
+        Some(ranges)
     }
 
-    /// Reads what executable graph `id`, instantiated from (or updated to) `graph`, uses.
-    pub(super) fn note_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32, graph: u64) {
-        match self.graph_ranges(ctx, graph) {
-            Ok(r) => {
-                self.exec_ranges.insert(id, r);
-            }
-            Err(e) => {
-                // Without its ranges nothing can be held for it: said, not silent.
-                self.log_refusal(format_args!(
-                    "the memory executable graph {id} uses could not be read (CUDA error {}): frees are not held for it",
-                    e.0
-                ));
-                self.exec_ranges.remove(&id);
-            }
-        }
+    /// Executable graph `id`, instantiated from (or updated to) a graph, uses `ranges`
+    /// ([`Session::owned_graph_ranges`]).
+    pub(super) fn note_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32, ranges: Vec<Range>) {
+        self.exec_ranges.insert(id, ranges);
         self.release_graph_held(ctx);
     }
 

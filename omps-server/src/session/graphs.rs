@@ -102,18 +102,16 @@ impl Session {
                     // what a newer driver would make of others is not the client's to pick
                     // in a context it shares.
                     _ if g.flags & !INSTANTIATE_FLAGS != 0 => Err(CuError(code::INVALID_VALUE)),
-                    Some(h) if !self.graph_memory_owned(ctx, h) => {
-                        Err(CuError(code::INVALID_VALUE))
-                    }
-                    Some(h) => gpu.graph_instantiate(h, g.flags),
+                    Some(h) => match self.owned_graph_ranges(ctx, h) {
+                        Some(ranges) => gpu.graph_instantiate(h, g.flags).map(|e| (e, ranges)),
+                        None => Err(CuError(code::INVALID_VALUE)),
+                    },
                     None => Err(CuError(code::INVALID_HANDLE)),
                 };
-                let r = r.and_then(|e| match self.graph_id() {
+                let r = r.and_then(|(e, ranges)| match self.graph_id() {
                     Ok(id) => {
                         self.execs.insert(id, e);
-                        if let Some(&h) = self.graphs.get(&g.graph) {
-                            self.note_exec_ranges(ctx, id, h);
-                        }
+                        self.note_exec_ranges(ctx, id, ranges);
                         Ok(wire::U64Reply { value: id as u64 })
                     }
                     Err(err) => {

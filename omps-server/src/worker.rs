@@ -1057,26 +1057,23 @@ pub fn run(
             let held = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 sessions[i].held_back(&ctx)
             }));
-            match held {
+            let mut outcome = match held {
                 Ok(true) => {
                     i += 1;
                     continue;
                 }
-                Ok(false) => {}
+                Ok(false) => Ok(()),
                 Err(_) => {
-                    let s = sessions.swap_remove(i);
                     tracing::error!(
-                        client = s.client.id,
+                        client = sessions[i].client.id,
                         "the server panicked over a client's depth: it is cut off"
                     );
-                    s.client
-                        .disconnect(crate::gpu::code::MPS_CLIENT_TERMINATED, "server failure");
-                    ctx.retire(s);
-                    continue;
+                    Err(crate::session::Malformed("server failure".into()))
                 }
-            }
-            let mut outcome = Ok(());
-            for _ in 0..BATCH {
+            };
+            // A client cut off above takes no records: it goes with the others below.
+            let batch = if outcome.is_ok() { BATCH } else { 0 };
+            for _ in 0..batch {
                 match sessions[i].pop(&mut buf) {
                     Ok(Some(tag)) => {
                         busy = true;

@@ -1,0 +1,105 @@
+//! Records for CUDA graphs: stream capture, instantiation, launches, queries and
+//! conditional nodes.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::header::CallHdr;
+
+/// CUDA graphs. A graph a client captures holds only that client's work: capture runs in
+/// the server on the client stream's own work stream. Graph and executable-graph ids are
+/// the server's, per client.
+
+pub mod graph {
+    /// CUstreamCaptureStatus.
+    pub const STATUS_NONE: u32 = 0;
+    pub const STATUS_ACTIVE: u32 = 1;
+    pub const STATUS_INVALIDATED: u32 = 2;
+    /// GraphQuery kinds: how many nodes; the CUgraphNodeType of node `index`.
+    pub const NODE_COUNT: u32 = 0;
+    pub const NODE_TYPE: u32 = 1;
+    /// GraphCond kinds. HOME: an empty graph of the client's, for a graph built in the
+    /// shim that has conditional nodes (its id as a U64Reply). HANDLE: a conditional
+    /// handle of graph `graph` (`value`: default launch value, `flags`). NODE: a
+    /// conditional node of handle `handle` (`value`: CUgraphConditionalNodeType, `size`
+    /// bodies) where stream `stream`'s capture into a home graph or body stands; the
+    /// first body's id (the others follow it). CAPTURE_TO: stream `stream` begins
+    /// capturing into home graph or body `graph`. CLEAR: home graph `graph` loses its
+    /// nodes (and their bodies), keeping its handles. EXEC_UPDATE: executable graph
+    /// `handle` takes the parameters of graph `graph` (cuGraphExecUpdate: a graph with
+    /// conditional nodes is instantiated only once). A capture's graph that made handles
+    /// is a home too, named by its id once the capture ended.
+    pub const COND_HOME: u32 = 0;
+    pub const COND_HANDLE: u32 = 1;
+    pub const COND_NODE: u32 = 2;
+    pub const CAPTURE_TO: u32 = 3;
+    pub const COND_CLEAR: u32 = 4;
+    pub const EXEC_UPDATE: u32 = 5;
+    /// COND_HANDLE for the graph of the capture going on on stream `stream`.
+    pub const COND_HANDLE_CAPTURE: u32 = 6;
+    /// GRAPH_CLONE: a copy of graph `graph` (its id). CHILD_NODE: a child-graph node of
+    /// (a copy of) graph `graph` where stream `stream`'s capture stands, which continues
+    /// after it.
+    pub const GRAPH_CLONE: u32 = 7;
+    pub const CHILD_NODE: u32 = 8;
+    /// The most bodies a conditional node may have (a SWITCH's cases).
+    pub const MAX_BODIES: u32 = 1024;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphCond {
+    pub call: CallHdr,
+    /// A [`graph`] COND_* kind.
+    pub kind: u32,
+    pub stream: u32,
+    pub graph: u32,
+    pub size: u32,
+    pub handle: u64,
+    pub value: u32,
+    pub flags: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphQuery {
+    pub call: CallHdr,
+    pub graph: u32,
+    pub kind: u32,
+    pub index: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CaptureCall {
+    pub call: CallHdr,
+    pub stream: u32,
+    /// CUstreamCaptureMode the client asked for (the shim enforces it for its threads).
+    pub mode: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CaptureInfo {
+    /// A [`graph`] status.
+    pub status: u32,
+    pub _pad: u32,
+    /// The capture's unique id, while one is active.
+    pub id: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphInstantiate {
+    pub call: CallHdr,
+    pub graph: u32,
+    pub _pad: u32,
+    pub flags: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphLaunch {
+    pub exec: u32,
+    pub stream: u32,
+}

@@ -1,13 +1,11 @@
 //! Records for CUDA graphs: stream capture, instantiation, launches, queries and
-//! conditional nodes.
+//! conditional nodes. A graph a client captures holds only that client's work: capture
+//! runs in the server on the client stream's own work stream. Graph and executable-graph
+//! ids are the server's, per client.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::header::CallHdr;
-
-/// CUDA graphs. A graph a client captures holds only that client's work: capture runs in
-/// the server on the client stream's own work stream. Graph and executable-graph ids are
-/// the server's, per client.
 
 pub mod graph {
     /// CUstreamCaptureStatus.

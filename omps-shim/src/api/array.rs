@@ -9,7 +9,7 @@
 use super::exec::CUstream;
 use super::hostmem::Memcpy3D;
 use super::mem::{alloc, free_block, range_info};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
 use omps_ring::wire::{self, array, tex, Op};

@@ -3,7 +3,7 @@
 //! server's, named here by a handle.
 
 use super::exec::{per_thread, stream_dev, CUstream};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, retire, GraphHandle, GRAPH_MAGIC};
 use omps_ring::wire::{self, CaptureCall, Op};

@@ -3,7 +3,7 @@
 //! the primary contexts' reference counts so programs see the behaviour they expect.
 
 use super::device::device;
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, Ctx, CTX_MAGIC};
 use omps_ring::segment::MAX_DEVICES;

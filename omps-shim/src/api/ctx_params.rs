@@ -9,7 +9,7 @@
 
 use super::ctx::{create, CUcontext};
 use super::device::device;
-use super::{entry, out};
+use crate::state::entry::{entry, out};
 use crate::cuda::*;
 use std::ffi::{c_int, c_uint, c_void};
 

@@ -1,6 +1,6 @@
 //! Initialisation, device queries (answered from the handshake's snapshot) and error text.
 
-use super::{entry, live, mark_initialized, out};
+use crate::state::entry::{entry, live, mark_initialized, out};
 use crate::conn::{conn, connected};
 use crate::cuda::*;
 use omps_ring::segment::DeviceSnapshot;

@@ -1,7 +1,7 @@
 //! Streams, events and kernel launches.
 
 use super::ctx::current_dev;
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{
     leak, next_id, resolve, retire, Event, Function, Stream, EVENT_MAGIC, FUNC_MAGIC, STREAM_MAGIC,

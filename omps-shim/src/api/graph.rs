@@ -5,7 +5,7 @@
 
 use super::exec::{per_thread, CUstream};
 use super::graph_build::{self as build, GraphNodeRef};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{
     leak, resolve, retire, GraphHandle, GraphNode, EXEC_MAGIC, GRAPH_MAGIC, NODE_MAGIC,

@@ -11,7 +11,7 @@
 
 use super::exec::{event, resolve_stream, CUevent, CUstream};
 use super::green_res::{answer, share, ResourceDesc, DESC_MAGIC};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, next_id, resolve, retire, Ctx, Stream, CTX_MAGIC, STREAM_MAGIC};
 use omps_ring::wire::{self, CallHdr, EventCreate, EventRecord, Handle, Op};

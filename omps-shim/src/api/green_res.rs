@@ -11,7 +11,7 @@
 //! pieces of different splits, or a piece split again, is refused as the driver refuses it.
 
 use super::device::device;
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::leak;
 use omps_ring::wire::{self, CallHdr, Op};

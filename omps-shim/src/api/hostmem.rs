@@ -10,7 +10,7 @@
 
 use super::exec::CUstream;
 use super::mem::{copy_dtod, copy_dtoh, copy_htod, range_info};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::shm::{self, Mapping};
 use omps_ring::wire::hostmem;
@@ -286,7 +286,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
                 }
             };
             // SAFETY: [start, start+len) is registered, the program's memory while it is.
-            let m = unsafe { super::host_mirror::device_pointer(start, r.len, p as usize, alloc) };
+            let m = unsafe { crate::state::host_mirror::device_pointer(start, r.len, p as usize, alloc) };
             if let Some(m) = m {
                 // SAFETY: the caller's pointer.
                 return unsafe { out(d, m) };
@@ -395,7 +395,7 @@ pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
                 _ => return Err(HOST_MEMORY_NOT_REGISTERED),
             }
         };
-        if let Some(m) = super::host_mirror::forget(p as usize) {
+        if let Some(m) = crate::state::host_mirror::forget(p as usize) {
             free_host(m, false)?;
         }
         // The pages stay shared (the program keeps its memory and contents); the server

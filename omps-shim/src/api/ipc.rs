@@ -3,7 +3,7 @@
 //! the server keeps the allocation alive until its owner and every importer are done.
 
 use super::ctx::current_dev;
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::wire::{self, IpcCall, IpcHandle, IpcOpen, Op};
 use std::collections::HashMap;

@@ -9,7 +9,7 @@
 
 use super::ctx::current_dev;
 use super::module::upload;
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
 use omps_ring::segment::CHUNKS_PER_CHANNEL;

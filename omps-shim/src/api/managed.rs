@@ -14,7 +14,7 @@
 use super::exec::{stream_of, CUstream};
 use super::hostmem::{free_host, host_alloc, managed_range, MANAGED};
 use super::mem::{add_range, remove_range};
-use super::{entry, out};
+use crate::state::entry::{entry, out};
 use crate::cuda::*;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};

@@ -5,7 +5,7 @@
 use super::ctx::current_dev;
 use super::exec::{stream_for, CUstream};
 use super::hostmem::is_shared;
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::segment::CHUNKS_PER_CHANNEL;
 use omps_ring::wire::{

@@ -4,7 +4,7 @@
 use super::ctx::current_dev;
 use super::exec::{function, CUfunction};
 use super::mem::add_range;
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{
     leak, resolve, retire, Function, LibraryState, Module, FUNC_MAGIC, MODULE_MAGIC,

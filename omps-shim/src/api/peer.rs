@@ -21,7 +21,7 @@ use super::exec::{
     handle_call, resolve_stream, stream_sync, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
 };
 use super::mem::{copy_dtoh, copy_htod, plain_alloc};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{resolve, Stream, CTX_MAGIC};
 use omps_ring::wire::{CopyPeer, Op, PeerAccess};

@@ -16,7 +16,7 @@
 
 use super::exec::{per_thread, resolve_stream, CUstream};
 use super::mem::alloc;
-use super::{entry, out};
+use crate::state::entry::{entry, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, POOL_MAGIC};
 use std::collections::HashMap;
@@ -89,7 +89,7 @@ struct Devices {
 
 fn devices() -> Result<&'static Devices, CUresult> {
     static D: OnceLock<Devices> = OnceLock::new();
-    let n = super::live()?.num_devices();
+    let n = crate::state::entry::live()?.num_devices();
     Ok(D.get_or_init(|| {
         let default: Vec<_> = (0..n)
             .map(|d| new_pool(d, true, Default::default()))

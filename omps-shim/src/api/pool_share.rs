@@ -13,7 +13,7 @@
 use super::pool::{new_pool, pool, CUmemoryPool, Pool};
 use super::vmm::call_raw;
 use super::vmm_share::{read_descriptor, write_descriptor, POSIX_FD};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::wire::{vmm, IpcCall, Op};
 use std::collections::HashMap;

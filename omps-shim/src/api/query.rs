@@ -3,7 +3,7 @@
 
 use super::ctx::current_dev;
 use super::exec::{config_parts, CUfunction, LaunchConfig};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::wire::{self, query, Op, Query};
 use std::collections::HashMap;

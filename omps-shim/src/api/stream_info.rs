@@ -5,7 +5,7 @@
 //! stream that is not capturing. PyTorch asks before nearly every copy.
 
 use super::exec::{per_thread, resolve_stream, CUstream};
-use super::{entry, out};
+use crate::state::entry::{entry, out};
 use crate::cuda::*;
 use omps_ring::wire;
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 //! them out, so a kernel receives exactly what it would natively.
 
 use super::ctx::current_dev;
-use super::{entry, live};
+use crate::state::entry::{entry, live};
 use crate::cuda::*;
 use omps_ring::wire::{self, tensor_map as k, Op};
 use std::ffi::{c_int, c_void};

@@ -4,7 +4,7 @@
 //! The destructor runs on the shim's host-function thread, never on the releasing
 //! thread, as the driver runs it on one of its own.
 
-use super::{entry, out};
+use crate::state::entry::{entry, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, GraphHandle, GRAPH_MAGIC};
 use std::collections::HashMap;

@@ -7,7 +7,7 @@
 //! server checks and grants it for whole mappings (omps-server/src/session/vmm.rs).
 
 use super::mem::{add_range, range_info, remove_range};
-use super::{entry, live, out};
+use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use omps_ring::wire::{self, vmm, Op};
 use std::collections::{BTreeMap, HashMap};

@@ -8,7 +8,7 @@
 //! releases it (omps-server/src/ipc.rs).
 
 use super::vmm::{books, call_raw};
-use super::{entry, out};
+use crate::state::entry::{entry, out};
 use crate::cuda::*;
 use omps_ring::wire::vmm;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};

@@ -1,37 +1,8 @@
-//! The exported driver entry points. Each is a thin `extern "C"` wrapper that turns a
-//! `Result` into a CUresult and keeps panics from unwinding into C.
+//! How an entry point runs: `entry` turns a body's `Result` into a CUresult and keeps
+//! panics from unwinding into C, `live` is the connection once cuInit has run, and `out`
+//! writes through a caller's out-pointer. Every API family wraps its bodies in these.
 
-pub mod array;
-pub mod capture;
-pub mod ctx;
-pub mod ctx_params;
-pub mod device;
-pub mod exec;
-pub mod graph;
-pub mod graph_build;
-pub mod graph_mem;
-pub mod green;
-pub mod green_res;
-pub mod host_mirror;
-pub mod hostmem;
-pub mod ipc;
-pub mod link;
-pub mod managed;
-pub mod mem;
-pub mod module;
-pub mod peer;
-pub mod pool;
-pub mod pool_share;
-pub mod proc;
-pub mod ptds;
-pub mod query;
-pub mod staged;
-pub mod stream_info;
-pub mod tensor_map;
-pub mod user_object;
-pub mod vmm;
-pub mod vmm_share;
-
+use super::host_mirror;
 use crate::cuda::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -47,7 +18,7 @@ pub(crate) fn mark_initialized() {
 #[track_caller]
 pub(crate) fn entry(f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
     // Registered pieces the server cannot map: the GPU's writes and the program's meet
-    // around every call (api/host_mirror.rs).
+    // around every call (state/host_mirror.rs).
     if host_mirror::any() {
         host_mirror::merge_all();
     }

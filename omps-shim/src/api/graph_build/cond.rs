@@ -27,7 +27,7 @@ impl Drop for Home {
             id: self.id,
             _pad: 0,
         };
-        let _ = crate::api::live()
+        let _ = crate::state::entry::live()
             .and_then(|c| c.push(self.dev, Op::GraphDestroy, &[bytemuck::bytes_of(&h)]));
     }
 }
@@ -38,7 +38,7 @@ pub(crate) fn cond_call(
     kind: u32,
     fill: impl FnOnce(&mut GraphCond),
 ) -> Result<u64, CUresult> {
-    let c = crate::api::live()?;
+    let c = crate::state::entry::live()?;
     let mut ch = c.channel();
     ch.call(dev, Op::GraphCond, |call| {
         let mut g = GraphCond {

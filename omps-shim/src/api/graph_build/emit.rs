@@ -280,7 +280,7 @@ fn capture_built(b: &Built, target: Target) -> Result<u32, CUresult> {
 
 fn destroy_server_graph(dev: usize, id: u32) {
     let h = omps_ring::wire::Handle { id, _pad: 0 };
-    let _ = crate::api::live().and_then(|c| {
+    let _ = crate::state::entry::live().and_then(|c| {
         c.push(
             dev,
             omps_ring::wire::Op::GraphDestroy,

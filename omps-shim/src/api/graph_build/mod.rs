@@ -11,7 +11,7 @@
 
 use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture, CUgraph, MODE_RELAXED};
 use super::hostmem::{cuMemcpy3DAsync_v2, Memcpy3D};
-use super::{entry, out};
+use crate::state::entry::{entry, out};
 use crate::api::exec::{
     cuEventCreate, cuEventDestroy_v2, cuEventRecord, cuEventRecordWithFlags, cuLaunchKernel,
     cuStreamDestroy_v2, cuStreamWaitEvent, event, function, CUevent, CUfunction, CUstream,

@@ -28,7 +28,7 @@ impl Drop for ServerGraph {
             id: self.id,
             _pad: 0,
         };
-        let _ = crate::api::live().and_then(|c| {
+        let _ = crate::state::entry::live().and_then(|c| {
             c.push(
                 self.dev,
                 wire::Op::GraphDestroy,

@@ -6,9 +6,9 @@
 //! cudart is not known to call get a stub that names itself once; the integrity check's
 //! answer covers the addresses of two tables and one function, so all are statics.
 
-use crate::api::ctx::{current_ctx, primary_handle};
 use crate::cuda::*;
 use crate::integrity;
+use crate::state::ctx::{current_ctx, primary_handle};
 use std::collections::HashSet;
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,7 +112,7 @@ unsafe extern "C" fn get_primary_context(pctx: *mut *mut c_void, dev: CUdevice) 
     if pctx.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if let Err(e) = crate::api::device::device(dev) {
+    if let Err(e) = crate::state::device::device(dev) {
         return e;
     }
     // SAFETY: checked non-null; cudart's out-pointer.

@@ -230,7 +230,9 @@ pub fn drop_node_at(words: &NodeWords) {
 
 /// Runs each queued function once the GPU reached it, then lets its stream go on.
 fn run() {
-    let Ok(c) = crate::state::entry::live() else { return };
+    let Ok(c) = crate::state::entry::live() else {
+        return;
+    };
     let seg = c.seg();
     let mut idle_since = Instant::now();
     loop {

@@ -8,13 +8,13 @@
 #![allow(non_snake_case)]
 
 pub mod api;
-pub mod state;
 pub mod conn;
 pub mod cuda;
 pub mod dark;
 pub mod dark_tools;
 pub mod handles;
 pub mod hostfn;
+pub mod state;
 pub use omps_ring::image;
 pub mod integrity;
 pub mod pcopy;

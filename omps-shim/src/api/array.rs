@@ -9,9 +9,9 @@
 use super::exec::CUstream;
 use super::hostmem::Memcpy3D;
 use super::mem::{alloc, free_block, range_info};
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{self, array, tex, Op};
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
@@ -98,7 +98,7 @@ fn call(dev: usize, kind: u32, id: u32, args: [u64; 7]) -> Result<u64, CUresult>
 }
 
 fn create(d: &Array3DDesc, levels: Option<c_uint>) -> Result<*mut ArrayHandle, CUresult> {
-    let dev = super::ctx::current_dev()?;
+    let dev = crate::state::ctx::current_dev()?;
     let args = [
         d.width as u64,
         d.height as u64,
@@ -599,7 +599,7 @@ fn make_object(
                     dev
                 }
                 // Mapped page-locked memory, which the server checks as the client's.
-                None if super::hostmem::is_shared(t.dev, 1) => super::ctx::current_dev()?,
+                None if super::hostmem::is_shared(t.dev, 1) => crate::state::ctx::current_dev()?,
                 None => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }

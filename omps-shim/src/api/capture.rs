@@ -3,9 +3,9 @@
 //! server's, named here by a handle.
 
 use super::exec::{per_thread, stream_dev, CUstream};
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, retire, GraphHandle, GRAPH_MAGIC};
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{self, CaptureCall, Op};
 use std::collections::HashMap;
 use std::ffi::c_uint;

@@ -1,11 +1,11 @@
 //! Streams, events and kernel launches.
 
-use super::ctx::current_dev;
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{
     leak, next_id, resolve, retire, Event, Function, Stream, EVENT_MAGIC, FUNC_MAGIC, STREAM_MAGIC,
 };
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{
     self, EventCreate, EventElapsed, EventRecord, Handle, HandleCall, Launch, Op, StreamCreate,
 };
@@ -137,7 +137,7 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<()
     }
     let dev = current_dev()?;
     // Out-of-range priorities are clamped into the device's range, as the driver does.
-    let [least, greatest] = super::device::device(dev as CUdevice)?.stream_priority;
+    let [least, greatest] = crate::state::device::device(dev as CUdevice)?.stream_priority;
     let priority = priority.clamp(greatest.min(least), least.max(greatest));
     if let Some(h) = super::green::stream_in_current(flags, priority)? {
         // SAFETY: ph checked non-null; the caller's pointer.
@@ -501,7 +501,7 @@ fn check_attrs(
     // attributes at the launch, as the driver does, rather than at the next sync.
     const CLUSTER_LAUNCH: usize = 120;
     let clusters =
-        super::device::device(func.dev as CUdevice)?.attribute(CLUSTER_LAUNCH) != Some(0);
+        crate::state::device::device(func.dev as CUdevice)?.attribute(CLUSTER_LAUNCH) != Some(0);
     for a in attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
         match u32::from_le_bytes(a[..4].try_into().expect("4 bytes")) {
             // Cluster dimension, cluster scheduling policy, preferred cluster dimension.
@@ -515,7 +515,7 @@ fn check_attrs(
             COOPERATIVE if word(a, 0) != 0 => {
                 let threads = block.iter().product::<u32>() as i64;
                 let per_sm = super::query::occupancy(f, threads as c_int, shared as usize, 0)?;
-                let sms = super::device::device(func.dev as CUdevice)?
+                let sms = crate::state::device::device(func.dev as CUdevice)?
                     .attribute(MULTIPROCESSOR_COUNT)
                     .unwrap_or(0) as i64;
                 if grid.iter().map(|&g| g as i64).product::<i64>() > per_sm * sms {
@@ -535,7 +535,7 @@ fn check_config(
     block: [u32; 3],
     shared: u32,
 ) -> Result<(), CUresult> {
-    let d = super::device::device(f.dev as CUdevice)?;
+    let d = crate::state::device::device(f.dev as CUdevice)?;
     let attr = |a: usize| d.attribute(a).unwrap_or(i32::MAX) as u64;
     const MAX_BLOCK_DIM: [usize; 3] = [2, 3, 4];
     const MAX_GRID_DIM: [usize; 3] = [5, 6, 7];
@@ -890,7 +890,7 @@ pub unsafe extern "C" fn cuStreamGetCtx(s: CUstream, pctx: *mut *mut c_void) -> 
             None => current_dev()?,
         };
         // SAFETY: the caller's pointer.
-        unsafe { out(pctx, super::ctx::primary_handle(dev)) }
+        unsafe { out(pctx, crate::state::ctx::primary_handle(dev)) }
     })
 }
 

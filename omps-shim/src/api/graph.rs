@@ -5,11 +5,11 @@
 
 use super::exec::{per_thread, CUstream};
 use super::graph_build::{self as build, GraphNodeRef};
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{
     leak, resolve, retire, GraphHandle, GraphNode, EXEC_MAGIC, GRAPH_MAGIC, NODE_MAGIC,
 };
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{self, GraphInstantiate, Op};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -248,7 +248,7 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
     value: *mut std::ffi::c_void,
 ) -> CUresult {
     crate::state::entry::entry(|| {
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         // Memory is not reused between graphs, so what is reserved is what is used.
         let v = match attr {
             USED_MEM_CURRENT | RESERVED_MEM_CURRENT => USED.load(Ordering::Acquire),
@@ -271,7 +271,7 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
     value: *mut std::ffi::c_void,
 ) -> CUresult {
     crate::state::entry::entry(|| {
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         if value.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -291,5 +291,5 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
 /// nothing cached to give back.
 #[no_mangle]
 pub extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
-    crate::state::entry::entry(|| super::device::device(dev).map(|_| ()))
+    crate::state::entry::entry(|| crate::state::device::device(dev).map(|_| ()))
 }

@@ -11,9 +11,9 @@
 
 use super::exec::{event, resolve_stream, CUevent, CUstream};
 use super::green_res::{answer, share, ResourceDesc, DESC_MAGIC};
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, next_id, resolve, retire, Ctx, Stream, CTX_MAGIC, STREAM_MAGIC};
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{self, CallHdr, EventCreate, EventRecord, Handle, Op};
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -58,7 +58,7 @@ pub(crate) fn current_green() -> Option<&'static GreenCtx> {
     if !ANY.load(Ordering::Acquire) {
         return None;
     }
-    let c = super::ctx::current_ctx();
+    let c = crate::state::ctx::current_ctx();
     greens()
         .iter()
         .find(|g| std::ptr::eq(g.ctx as *const Ctx, c as *const Ctx))
@@ -104,7 +104,7 @@ fn call(dev: usize, rec: wire::GreenCall) -> Result<(), CUresult> {
 
 /// A new stream in green context `g`, with its quota taken.
 fn make_stream(g: &GreenCtx, flags: c_uint, priority: c_int) -> Result<&'static Stream, CUresult> {
-    let [least, greatest] = super::device::device(g.dev as CUdevice)?.stream_priority;
+    let [least, greatest] = crate::state::device::device(g.dev as CUdevice)?.stream_priority;
     let priority = priority.clamp(greatest.min(least), least.max(greatest));
     let id = next_id();
     let c = live()?;
@@ -177,7 +177,7 @@ pub unsafe extern "C" fn cuGreenCtxCreate(
         if ph.is_null() || flags != CU_GREEN_CTX_DEFAULT_STREAM {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         // SAFETY: a descriptor from this shim, as the API requires.
         let d = unsafe { resolve(desc as *const ResourceDesc, DESC_MAGIC) }
             .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
@@ -203,7 +203,7 @@ pub unsafe extern "C" fn cuGreenCtxCreate(
         // The driver retains the primary context for the green context's life.
         let mut primary = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
-        unsafe { super::ctx::cuDevicePrimaryCtxRetain(&mut primary, dev as CUdevice) };
+        unsafe { crate::state::ctx::primary_retain(&mut primary, dev as CUdevice) };
         // SAFETY: freshly leaked, never freed.
         let ctx = unsafe {
             &*leak(Ctx {
@@ -273,7 +273,7 @@ pub unsafe extern "C" fn cuGreenCtxDestroy(g: *mut GreenCtx) -> CUresult {
             }
         }
         let _ = retire(&gc.ctx.magic, CTX_MAGIC);
-        super::ctx::cuDevicePrimaryCtxRelease_v2(gc.dev as CUdevice);
+        crate::state::entry::entry(|| crate::state::ctx::release_primary(gc.dev as CUdevice));
         r
     })
 }

@@ -10,8 +10,8 @@
 
 use super::exec::CUstream;
 use super::mem::{copy_dtod, copy_dtoh, copy_htod, range_info};
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
+use crate::state::entry::{entry, live, out};
 use omps_ring::shm::{self, Mapping};
 use omps_ring::wire::hostmem;
 use std::collections::{BTreeMap, HashMap};
@@ -286,7 +286,9 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
                 }
             };
             // SAFETY: [start, start+len) is registered, the program's memory while it is.
-            let m = unsafe { crate::state::host_mirror::device_pointer(start, r.len, p as usize, alloc) };
+            let m = unsafe {
+                crate::state::host_mirror::device_pointer(start, r.len, p as usize, alloc)
+            };
             if let Some(m) = m {
                 // SAFETY: the caller's pointer.
                 return unsafe { out(d, m) };
@@ -739,9 +741,10 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
         // SAFETY: data is writable for the attribute's type, per the API.
         unsafe {
             match (attr, dev, host) {
-                (CONTEXT, Some((_, _, d)), _) => {
-                    out(data as *mut *mut c_void, super::ctx::primary_handle(d))
-                }
+                (CONTEXT, Some((_, _, d)), _) => out(
+                    data as *mut *mut c_void,
+                    crate::state::ctx::primary_handle(d),
+                ),
                 (MEMORY_TYPE, Some(_), _) => out(data as *mut c_uint, MEMORYTYPE_DEVICE),
                 (MEMORY_TYPE, None, Some(_)) => out(data as *mut c_uint, MEMORYTYPE_HOST),
                 (DEVICE_POINTER, Some(_), _) => out(data as *mut u64, p),

@@ -2,9 +2,9 @@
 //! the server's one context, so an opened handle is the exporter's own device pointer;
 //! the server keeps the allocation alive until its owner and every importer are done.
 
-use super::ctx::current_dev;
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{self, IpcCall, IpcHandle, IpcOpen, Op};
 use std::collections::HashMap;
 use std::ffi::c_uint;

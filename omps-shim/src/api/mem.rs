@@ -2,11 +2,11 @@
 //! pipelined chunks, memsets. The shim keeps its own table of the client's ranges so bad
 //! pointers get their error synchronously, as from the driver; the server checks again.
 
-use super::ctx::current_dev;
 use super::exec::{stream_for, CUstream};
 use super::hostmem::is_shared;
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
 use omps_ring::segment::CHUNKS_PER_CHANNEL;
 use omps_ring::wire::{
     self, CallHdr, ChunkCopy, CopyDtoD, MemAlloc, MemFree, Memset, Op, PinnedCopy,

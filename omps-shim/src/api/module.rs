@@ -1,14 +1,14 @@
 //! Modules: images are uploaded through the staging chunks, loaded in the server, and come
 //! back with every function's parameter layout, so launches need no further round trip.
 
-use super::ctx::current_dev;
 use super::exec::{function, CUfunction};
 use super::mem::add_range;
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{
     leak, resolve, retire, Function, LibraryState, Module, FUNC_MAGIC, MODULE_MAGIC,
 };
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{
     self, ChunkCopy, FuncGetAttribute, FunctionDesc, ModuleGetGlobal, ModuleLoad, ModuleReply, Op,
     ParamDesc,
@@ -455,7 +455,7 @@ pub(crate) fn module_on(m: &'static Module, dev: usize) -> Result<&'static Modul
     let Some(lib) = m.library.get().filter(|_| m.dev != dev) else {
         return Ok(m);
     };
-    super::device::device(dev as CUdevice)?;
+    crate::state::device::device(dev as CUdevice)?;
     let mut st = lib.state.lock().unwrap_or_else(|e| e.into_inner());
     let LibraryState { image, on } = &mut *st;
     let image = image.as_deref().ok_or(CUDA_ERROR_INVALID_HANDLE)?;

@@ -16,9 +16,9 @@
 
 use super::exec::{per_thread, resolve_stream, CUstream};
 use super::mem::alloc;
-use crate::state::entry::{entry, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, POOL_MAGIC};
+use crate::state::entry::{entry, out};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::AtomicU32;
@@ -107,7 +107,9 @@ fn devices() -> Result<&'static Devices, CUresult> {
 /// CUDA_ERROR_NOT_SUPPORTED. The pools here are the shim's own, so no driver says it.
 pub(crate) fn pools_on(dev: usize) -> Result<(), CUresult> {
     const MEMORY_POOLS_SUPPORTED: usize = 115;
-    let d = super::device::device(CUdevice::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?)?;
+    let d = crate::state::device::device(
+        CUdevice::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?,
+    )?;
     match d.attribute(MEMORY_POOLS_SUPPORTED) {
         Some(0) => Err(CUDA_ERROR_NOT_SUPPORTED),
         _ => Ok(()),
@@ -130,7 +132,7 @@ fn stream_key(s: CUstream) -> Result<(usize, usize), CUresult> {
     let st = resolve_stream(s)?;
     let dev = match st {
         Some(st) => st.dev,
-        None => super::ctx::current_dev()?,
+        None => crate::state::ctx::current_dev()?,
     };
     Ok((st.map_or(0, |st| st as *const _ as usize), dev))
 }
@@ -360,7 +362,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let share = super::pool_share::Share::new(pr.handle_types)?;
-        super::device::device(pr.location_id)?;
+        crate::state::device::device(pr.location_id)?;
         pools_on(pr.location_id as usize)?;
         let p = new_pool(pr.location_id as usize, false, share);
         // SAFETY: the caller's pointer.
@@ -474,7 +476,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
     dev: CUdevice,
 ) -> CUresult {
     entry(|| {
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         pools_on(dev as usize)?;
         let p = devices()?.default[dev as usize];
         // SAFETY: the caller's pointer.
@@ -490,7 +492,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
     dev: CUdevice,
 ) -> CUresult {
     entry(|| {
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         pools_on(dev as usize)?;
         let p = lock(&devices()?.current)[dev as usize];
         // SAFETY: the caller's pointer.
@@ -501,7 +503,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
 #[no_mangle]
 pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, p: CUmemoryPool) -> CUresult {
     entry(|| {
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         pools_on(dev as usize)?;
         if pool(p)?.dev != dev as usize {
             return Err(CUDA_ERROR_INVALID_DEVICE);
@@ -540,7 +542,7 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
             if d.location_type != LOCATION_DEVICE {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            super::device::device(d.location_id)?;
+            crate::state::device::device(d.location_id)?;
             let dev = d.location_id as usize;
             match (dev == pl.dev, d.flags) {
                 (true, 3) => {}

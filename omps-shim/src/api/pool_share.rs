@@ -13,8 +13,8 @@
 use super::pool::{new_pool, pool, CUmemoryPool, Pool};
 use super::vmm::call_raw;
 use super::vmm_share::{read_descriptor, write_descriptor, POSIX_FD};
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{vmm, IpcCall, Op};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};

@@ -1,10 +1,10 @@
 //! Questions only the server's driver can answer: occupancy, context limits, a function's
 //! cache preference. Each is one round trip, except a stable question asked before.
 
-use super::ctx::current_dev;
 use super::exec::{config_parts, CUfunction, LaunchConfig};
-use crate::state::entry::{entry, live, out};
 use crate::cuda::*;
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{self, query, Op, Query};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
 ) -> CUresult {
     entry(|| {
         let func = super::module::function_here(f)?;
-        let d = super::device::device(func.dev as CUdevice)?;
+        let d = crate::state::device::device(func.dev as CUdevice)?;
         const WARP_SIZE: usize = 10;
         const MULTIPROCESSOR_COUNT: usize = 16;
         let warp = d.attribute(WARP_SIZE).unwrap_or(32).max(1);

@@ -5,8 +5,8 @@
 //! stream that is not capturing. PyTorch asks before nearly every copy.
 
 use super::exec::{per_thread, resolve_stream, CUstream};
-use crate::state::entry::{entry, out};
 use crate::cuda::*;
+use crate::state::entry::{entry, out};
 use omps_ring::wire;
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};

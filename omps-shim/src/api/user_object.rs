@@ -4,9 +4,9 @@
 //! The destructor runs on the shim's host-function thread, never on the releasing
 //! thread, as the driver runs it on one of its own.
 
-use crate::state::entry::{entry, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, GraphHandle, GRAPH_MAGIC};
+use crate::state::entry::{entry, out};
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

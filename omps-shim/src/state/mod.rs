@@ -7,5 +7,7 @@
 //! `crate::printf`, `crate::hostfn` and the ring crate. Never `crate::api`: the families
 //! sit above this layer and call down into it.
 
+pub mod ctx;
+pub mod device;
 pub mod entry;
 pub mod host_mirror;

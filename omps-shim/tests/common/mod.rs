@@ -613,7 +613,7 @@ pub type LinkedServer = (
 /// A server on two linked host GPUs (as [`linked_gpus_server`]) with this process's shim
 /// its client: initialized, both primary contexts retained (GPU 0's, GPU 1's).
 #[allow(dead_code)]
-pub fn shim_on_linked_gpus(tag: &str) -> (LinkedServer, [omps_shim::api::ctx::CUcontext; 2]) {
+pub fn shim_on_linked_gpus(tag: &str) -> (LinkedServer, [omps_shim::state::ctx::CUcontext; 2]) {
     use omps_shim::api::{ctx::*, device::*};
     let server = linked_gpus_server(tag);
     // SAFETY: set before this test starts threads that read it; the shim reads it at cuInit.

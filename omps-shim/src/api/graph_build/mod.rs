@@ -11,13 +11,13 @@
 
 use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture, CUgraph, MODE_RELAXED};
 use super::hostmem::{cuMemcpy3DAsync_v2, Memcpy3D};
-use crate::state::entry::{entry, out};
 use crate::api::exec::{
     cuEventCreate, cuEventDestroy_v2, cuEventRecord, cuEventRecordWithFlags, cuLaunchKernel,
     cuStreamDestroy_v2, cuStreamWaitEvent, event, function, CUevent, CUfunction, CUstream,
 };
 use crate::cuda::*;
 use crate::handles::{leak, resolve, GraphHandle, GraphNode, GRAPH_MAGIC, NODE_MAGIC};
+use crate::state::entry::{entry, out};
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::sync::Mutex;
@@ -542,7 +542,7 @@ pub unsafe extern "C" fn cuGraphCreate(ph: *mut CUgraph, flags: c_uint) -> CUres
         if ph.is_null() || flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let dev = super::ctx::current_dev()?;
+        let dev = crate::state::ctx::current_dev()?;
         let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, dev));
         with(|r| {
             r.graphs.insert(

@@ -7,10 +7,11 @@
 //! Every other slot is a stub that returns CUDA_ERROR_NOT_SUPPORTED and names its table and
 //! index once, so a library that reaches a new entry fails loudly.
 
-use crate::api::exec::{cuStreamGetId, CUstream};
+use crate::api::exec::cuStreamGetId;
 use crate::cuda::*;
 use crate::dark::Table;
 use crate::state::ctx::ctx_id;
+use crate::state::streams::CUstream;
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -73,9 +74,9 @@ unsafe extern "C" fn stream_tools_handle(
         return CUDA_ERROR_INVALID_VALUE;
     }
     let resolved = if per_thread != 0 && s.is_null() {
-        crate::api::exec::per_thread(|| crate::api::exec::resolve_stream(s))
+        crate::state::streams::per_thread(|| crate::state::streams::resolve_stream(s))
     } else {
-        crate::api::exec::resolve_stream(s)
+        crate::state::streams::resolve_stream(s)
     };
     match resolved {
         Ok(st) => {

@@ -6,12 +6,12 @@
 //! Texture and surface objects are the driver's values (kernels read them as they are);
 //! the descriptors they were made from are kept here for the queries.
 
-use super::exec::CUstream;
 use super::hostmem::Memcpy3D;
 use super::mem::{alloc, free_block, range_info};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
 use crate::state::entry::{entry, live, out};
+use crate::state::streams::CUstream;
 use omps_ring::wire::{self, array, tex, Op};
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
@@ -327,7 +327,7 @@ fn push_copy(
     dst: wire::CopySide,
     extent: [usize; 3],
 ) -> Result<(), CUresult> {
-    let (stream, wait) = super::exec::stream_for(dev, s)?;
+    let (stream, wait) = crate::state::capture::stream_for(dev, s)?;
     let rec = wire::ArrayCopy {
         stream,
         _pad: 0,
@@ -440,7 +440,7 @@ pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult
     };
     r?;
     if sync {
-        super::exec::stream_sync(s)
+        crate::state::streams::stream_sync(s)
     } else {
         Ok(())
     }

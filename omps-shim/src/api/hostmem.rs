@@ -8,10 +8,10 @@
 //! stage and kernels cannot reach (cuMemHostGetDevicePointer then says NOT_SUPPORTED).
 //! cuMemHostRegister of the program's own memory is bookkeeping; copies from it stage.
 
-use super::exec::CUstream;
 use super::mem::{copy_dtod, copy_dtoh, copy_htod, range_info};
 use crate::cuda::*;
 use crate::state::entry::{entry, live, out};
+use crate::state::streams::CUstream;
 use omps_ring::shm::{self, Mapping};
 use omps_ring::wire::hostmem;
 use std::collections::{BTreeMap, HashMap};
@@ -173,7 +173,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     flags: c_uint,
 ) -> CUresult {
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         // SAFETY: the caller's pointer.
         unsafe { out(pp, host_alloc(size, flags)?) }
     })
@@ -321,7 +321,7 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uin
         if p.is_null() || size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         if host_range(p as usize).is_some() || host_range(p as usize + size - 1).is_some() {
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }
@@ -450,7 +450,7 @@ pub(crate) fn copy_any(
             if len > 0 && !sync {
                 // In stream order: what the stream's earlier work writes to either buffer
                 // (page-locked memory kernels reach) lands before the bytes move.
-                super::exec::stream_sync(s)?;
+                crate::state::streams::stream_sync(s)?;
             }
             if len > 0 {
                 // SAFETY: both are host memory of len bytes, per cuMemcpy's contract.

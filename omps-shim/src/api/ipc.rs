@@ -171,13 +171,13 @@ const INTERPROCESS_FLAGS: c_uint = 0x2 | 0x4;
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcGetEventHandle(
     handle: *mut CUipcEventHandle,
-    e: super::exec::CUevent,
+    e: crate::state::streams::CUevent,
 ) -> CUresult {
     entry(|| {
         if handle.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let ev = super::exec::event(e)?;
+        let ev = crate::state::streams::event(e)?;
         if ev.flags & INTERPROCESS_FLAGS != INTERPROCESS_FLAGS {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -201,7 +201,7 @@ pub unsafe extern "C" fn cuIpcGetEventHandle(
 /// `ph` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcOpenEventHandle(
-    ph: *mut super::exec::CUevent,
+    ph: *mut crate::state::streams::CUevent,
     handle: CUipcEventHandle,
 ) -> CUresult {
     use crate::handles::{leak, next_id, Event, EVENT_MAGIC};

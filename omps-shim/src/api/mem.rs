@@ -2,11 +2,12 @@
 //! pipelined chunks, memsets. The shim keeps its own table of the client's ranges so bad
 //! pointers get their error synchronously, as from the driver; the server checks again.
 
-use super::exec::{stream_for, CUstream};
 use super::hostmem::is_shared;
 use crate::cuda::*;
+use crate::state::capture::stream_for;
 use crate::state::ctx::current_dev;
 use crate::state::entry::{entry, live, out};
+use crate::state::streams::CUstream;
 use omps_ring::segment::CHUNKS_PER_CHANNEL;
 use omps_ring::wire::{
     self, CallHdr, ChunkCopy, CopyDtoD, MemAlloc, MemFree, Memset, Op, PinnedCopy,
@@ -129,7 +130,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
         if dptr.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         let p = alloc(current_dev()?, size)?;
         // SAFETY: the caller's pointer, non-null.
         unsafe { out(dptr, p) }
@@ -150,7 +151,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     // every GPU this targets.
     const ALIGN: usize = 512;
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         if dptr.is_null()
             || pitch.is_null()
             || width == 0
@@ -175,7 +176,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         free(ptr)
     })
 }
@@ -252,7 +253,7 @@ fn memset(
     let dev = match range_dev(dst, bytes) {
         Ok(dev) => dev,
         Err(_) if super::hostmem::is_shared(dst, bytes as usize) => {
-            super::exec::stream_dev(stream)?.1
+            crate::state::streams::stream_dev(stream)?.1
         }
         Err(_) if super::hostmem::is_unshared_host(dst, bytes as usize) => {
             return memset_on_host(dst, value, elem_size, count, stream);
@@ -286,10 +287,10 @@ fn memset_on_host(
     count: usize,
     stream: CUstream,
 ) -> Result<(), CUresult> {
-    if super::capture::any_capture() {
+    if crate::state::capture::any_capture() {
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    super::exec::stream_sync(stream)?;
+    crate::state::streams::stream_sync(stream)?;
     let n = elem_size as usize;
     let bytes = &value.to_le_bytes()[..n];
     // SAFETY: [dst, dst + count * n) lies in one page-locked range of this process
@@ -305,7 +306,7 @@ fn memset_on_host(
 /// memory returns once done, as the driver's does (in device memory it need not).
 pub(crate) fn finish_if_host(dst: u64, src: u64) -> Result<(), CUresult> {
     if super::hostmem::is_shared(dst, 1) || super::hostmem::is_shared(src, 1) {
-        super::exec::stream_sync(std::ptr::null_mut())
+        crate::state::streams::stream_sync(std::ptr::null_mut())
     } else {
         Ok(())
     }

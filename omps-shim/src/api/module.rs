@@ -1,7 +1,6 @@
 //! Modules: images are uploaded through the staging chunks, loaded in the server, and come
 //! back with every function's parameter layout, so launches need no further round trip.
 
-use super::exec::{function, CUfunction};
 use super::mem::add_range;
 use crate::cuda::*;
 use crate::handles::{
@@ -9,6 +8,7 @@ use crate::handles::{
 };
 use crate::state::ctx::current_dev;
 use crate::state::entry::{entry, live, out};
+use crate::state::streams::{function, CUfunction};
 use omps_ring::wire::{
     self, ChunkCopy, FuncGetAttribute, FunctionDesc, ModuleGetGlobal, ModuleLoad, ModuleReply, Op,
     ParamDesc,

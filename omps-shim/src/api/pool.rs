@@ -14,11 +14,11 @@
 //! through the server (pool_share.rs); its freed blocks are not kept, since another
 //! process may still hold them.
 
-use super::exec::{per_thread, resolve_stream, CUstream};
 use super::mem::alloc;
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, POOL_MAGIC};
 use crate::state::entry::{entry, out};
+use crate::state::streams::{per_thread, resolve_stream, CUstream};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::AtomicU32;
@@ -214,8 +214,8 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     if super::graph_mem::is_graph_alloc(ptr) {
         // A free during a capture (a free node), or graph memory freed outside its
         // graph: its graphs free it.
-        let in_graph = super::capture::any_capture()
-            && super::capture::capture_info(s)?.0 == omps_ring::wire::graph::STATUS_ACTIVE;
+        let in_graph = crate::state::capture::any_capture()
+            && crate::state::capture::capture_info(s)?.0 == omps_ring::wire::graph::STATUS_ACTIVE;
         super::graph_mem::freed(ptr, in_graph);
         return Ok(());
     }
@@ -243,10 +243,10 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
 
 /// An allocation on a capturing stream is graph memory (graph_mem.rs): Some(address).
 fn captured_alloc(dev: usize, size: usize, s: CUstream) -> Result<Option<u64>, CUresult> {
-    if !super::capture::any_capture() {
+    if !crate::state::capture::any_capture() {
         return Ok(None);
     }
-    let (status, id) = super::capture::capture_info(s)?;
+    let (status, id) = crate::state::capture::capture_info(s)?;
     if status != omps_ring::wire::graph::STATUS_ACTIVE {
         return Ok(None);
     }

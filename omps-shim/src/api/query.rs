@@ -1,10 +1,11 @@
 //! Questions only the server's driver can answer: occupancy, context limits, a function's
 //! cache preference. Each is one round trip, except a stable question asked before.
 
-use super::exec::{config_parts, CUfunction, LaunchConfig};
+use super::exec::{config_parts, LaunchConfig};
 use crate::cuda::*;
 use crate::state::ctx::current_dev;
 use crate::state::entry::{entry, live, out};
+use crate::state::streams::CUfunction;
 use omps_ring::wire::{self, query, Op, Query};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};

@@ -7,7 +7,10 @@
 //! `crate::printf`, `crate::hostfn` and the ring crate. Never `crate::api`: the families
 //! sit above this layer and call down into it.
 
+pub mod capture;
 pub mod ctx;
 pub mod device;
 pub mod entry;
+pub mod green;
 pub mod host_mirror;
+pub mod streams;

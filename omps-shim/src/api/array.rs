@@ -7,10 +7,11 @@
 //! the descriptors they were made from are kept here for the queries.
 
 use super::hostmem::Memcpy3D;
-use super::mem::{alloc, free_block, range_info};
+use super::mem::{alloc, free_block};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
 use crate::state::entry::{entry, live, out};
+use crate::state::ranges::range_info;
 use crate::state::streams::CUstream;
 use omps_ring::wire::{self, array, tex, Op};
 use std::collections::HashMap;

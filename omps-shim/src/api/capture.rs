@@ -11,6 +11,9 @@ use omps_ring::wire::{self, CaptureCall, Op};
 use std::ffi::c_uint;
 use std::sync::atomic::Ordering;
 
+/// The handle types of this family, named where the program sees them.
+pub use crate::state::capture::CUgraph;
+
 fn capture_call(op: Op, s: CUstream, mode: c_uint) -> Result<(usize, u64), CUresult> {
     let (id, dev) = stream_dev(s)?;
     let c = live()?;

@@ -6,13 +6,16 @@ use crate::cuda::*;
 use crate::handles::{resolve, retire, Ctx, CTX_MAGIC};
 use crate::state::ctx::{
     self, create, ctx_or_current, current, current_dev, primaries, primary, release_primary,
-    set_top, sync_device, with_stack, CUcontext,
+    set_top, sync_device, with_stack,
 };
 use crate::state::device::device;
 use crate::state::entry::{entry, live, out};
 use std::ffi::c_void;
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::Ordering;
+
+/// The handle types of this family, named where the program sees them.
+pub use crate::state::ctx::CUcontext;
 
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {

@@ -5,12 +5,17 @@ use crate::handles::{leak, next_id, retire, Event, Function, Stream, EVENT_MAGIC
 use crate::state::capture::ordered_on_host;
 use crate::state::ctx::current_dev;
 use crate::state::entry::{entry, live, out};
+use crate::state::launch::*;
 use crate::state::streams::*;
 use omps_ring::wire::{
     self, EventCreate, EventElapsed, EventRecord, Handle, Launch, Op, StreamCreate,
 };
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::AtomicU32;
+
+/// The handle types of this family, named where the program sees them.
+pub use crate::state::launch::LaunchConfig;
+pub use crate::state::streams::{CUevent, CUfunction, CUstream};
 
 fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CUresult> {
     if ph.is_null() || flags > 1 {
@@ -359,7 +364,8 @@ fn check_attrs(
             }
             COOPERATIVE if word(a, 0) != 0 => {
                 let threads = block.iter().product::<u32>() as i64;
-                let per_sm = super::query::occupancy(f, threads as c_int, shared as usize, 0)?;
+                let per_sm =
+                    crate::state::answers::occupancy(f, threads as c_int, shared as usize, 0)?;
                 let sms = crate::state::device::device(func.dev as CUdevice)?
                     .attribute(MULTIPROCESSOR_COUNT)
                     .unwrap_or(0) as i64;
@@ -428,8 +434,8 @@ unsafe fn launch(
     // A library's kernel runs on the stream's device (the current one for the default
     // stream), loaded there if it is not yet.
     let func = match target {
-        Some(st) => super::module::function_on(f, st.dev)?,
-        None => super::module::function_here(f)?,
+        Some(st) => crate::state::modules::function_on(f, st.dev)?,
+        None => crate::state::modules::function_here(f)?,
     };
     let f = func as *const Function as CUfunction;
     check_config(func, grid, block, shared)?;
@@ -485,50 +491,6 @@ pub unsafe extern "C" fn cuLaunchKernel(
 ) -> CUresult {
     // SAFETY: forwarded contract.
     entry(|| unsafe { launch(f, [gx, gy, gz], [bx, by, bz], shared, s, &[], params, extra) })
-}
-
-/// CUlaunchConfig, as cuda.h lays it out.
-#[repr(C)]
-pub struct LaunchConfig {
-    pub grid: [c_uint; 3],
-    pub block: [c_uint; 3],
-    pub shared_mem: c_uint,
-    pub stream: CUstream,
-    pub attrs: *const u8,
-    pub num_attrs: c_uint,
-}
-
-/// A launch configuration and its attributes as wire bytes, checked: attributes that
-/// carry handles (events, graph nodes) are refused with CUDA_ERROR_NOT_SUPPORTED.
-///
-/// # Safety
-/// `config` is null or a valid CUlaunchConfig whose attrs hold num_attrs records.
-pub(crate) unsafe fn config_parts<'a>(
-    config: *const LaunchConfig,
-) -> Result<(&'a LaunchConfig, &'a [u8]), CUresult> {
-    if config.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: the caller's config, non-null.
-    let c = unsafe { &*config };
-    if c.num_attrs > wire::MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let attrs: &[u8] = if c.num_attrs == 0 {
-        &[]
-    } else {
-        // SAFETY: attrs holds num_attrs CUlaunchAttribute records.
-        unsafe {
-            std::slice::from_raw_parts(c.attrs, c.num_attrs as usize * wire::LAUNCH_ATTR_BYTES)
-        }
-    };
-    let forwardable = |a: &[u8]| {
-        wire::launch_attr_forwardable(u32::from_le_bytes(a[..4].try_into().expect("4 bytes")))
-    };
-    if !attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES).all(forwardable) {
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
-    Ok((c, attrs))
 }
 
 /// Launch attributes are forwarded to the server's cuLaunchKernelEx; those that carry

@@ -8,9 +8,10 @@
 //! stage and kernels cannot reach (cuMemHostGetDevicePointer then says NOT_SUPPORTED).
 //! cuMemHostRegister of the program's own memory is bookkeeping; copies from it stage.
 
-use super::mem::{copy_dtod, copy_dtoh, copy_htod, range_info};
+use super::mem::{copy_dtod, copy_dtoh, copy_htod};
 use crate::cuda::*;
 use crate::state::entry::{entry, live, out};
+use crate::state::ranges::range_info;
 use crate::state::streams::CUstream;
 use omps_ring::shm::{self, Mapping};
 use omps_ring::wire::hostmem;

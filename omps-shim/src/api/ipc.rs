@@ -50,7 +50,7 @@ fn on_any_device<T>(
 fn ipc_call(op: Op, ptr: u64) -> Result<Option<IpcHandle>, CUresult> {
     // The session of the GPU the memory is on (an opened handle may be another GPU's);
     // memory this process does not know is the current GPU's session's to refuse.
-    let dev = match super::mem::range_dev(ptr, 1) {
+    let dev = match crate::state::ranges::range_dev(ptr, 1) {
         Ok(d) => d,
         Err(_) => current_dev()?,
     };
@@ -119,7 +119,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             .entry(p)
             .or_insert(0);
         if *n == 0 {
-            super::mem::add_range(p, handle_size(&handle), dev, false);
+            crate::state::ranges::add_range(p, handle_size(&handle), dev, false);
         }
         *n += 1;
         drop(opened);
@@ -149,7 +149,7 @@ pub extern "C" fn cuIpcCloseMemHandle(dptr: u64) -> CUresult {
             *n -= 1;
             if *n == 0 {
                 opened.as_mut().expect("present").remove(&dptr);
-                super::mem::remove_opened_range(dptr);
+                crate::state::ranges::remove_opened_range(dptr);
             }
         }
         Ok(())

@@ -12,9 +12,9 @@
 //! `__managed__` variables of modules are not supported (docs/design.md, section 13).
 
 use super::hostmem::{free_host, host_alloc, managed_range, MANAGED};
-use super::mem::{add_range, remove_range};
 use crate::cuda::*;
 use crate::state::entry::{entry, out};
+use crate::state::ranges::{add_range, remove_range};
 use crate::state::streams::{stream_of, CUstream};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};

@@ -14,13 +14,14 @@
 //! is ordered after the work of the stream it names (which it synchronizes first) and
 //! done when the call returns.
 
-use super::mem::{copy_dtoh, copy_htod, plain_alloc};
+use super::mem::{copy_dtoh, copy_htod};
 use crate::cuda::*;
 use crate::handles::{resolve, Stream, CTX_MAGIC};
 use crate::state::ctx::current_dev;
 use crate::state::ctx::CUcontext;
 use crate::state::device::device;
 use crate::state::entry::{entry, live, out};
+use crate::state::ranges::plain_alloc;
 use crate::state::streams::{
     handle_call, resolve_stream, stream_sync, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
 };

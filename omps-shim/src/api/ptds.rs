@@ -7,6 +7,7 @@ use super::mem::*;
 use super::peer::*;
 use crate::cuda::*;
 use crate::state::ctx::CUcontext;
+use crate::state::launch::LaunchConfig;
 use crate::state::streams::{per_thread, CUevent, CUfunction, CUstream};
 use std::ffi::{c_uint, c_void};
 

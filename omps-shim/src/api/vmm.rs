@@ -6,9 +6,9 @@
 //! Access may be set for the process's other devices too (NCCL's cuMem transport): the
 //! server checks and grants it for whole mappings (omps-server/src/session/vmm.rs).
 
-use super::mem::{add_range, range_info, remove_range};
 use crate::cuda::*;
 use crate::state::entry::{entry, live, out};
+use crate::state::ranges::{add_range, range_info, remove_range};
 use omps_ring::wire::{self, vmm, Op};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_uint, c_ulonglong};

@@ -40,11 +40,11 @@ pub(crate) fn stream_for(dev: usize, s: CUstream) -> Result<(u32, bool), CUresul
 /// nor where another thread's capture forbids waiting, as the driver refuses a
 /// synchronization there.
 pub(crate) fn ordered_on_host(s: CUstream, what: &'static str) -> Result<(), CUresult> {
-    if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
+    if capture_info(s)?.0 != wire::graph::STATUS_NONE {
         crate::unsupported::unsupported(what);
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
-    super::capture::unsafe_call_allowed()
+    unsafe_call_allowed()
 }
 
 thread_local! {

@@ -7,10 +7,14 @@
 //! `crate::printf`, `crate::hostfn` and the ring crate. Never `crate::api`: the families
 //! sit above this layer and call down into it.
 
+pub mod answers;
 pub mod capture;
 pub mod ctx;
 pub mod device;
 pub mod entry;
 pub mod green;
 pub mod host_mirror;
+pub mod launch;
+pub mod modules;
+pub mod ranges;
 pub mod streams;

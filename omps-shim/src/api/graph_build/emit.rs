@@ -172,7 +172,7 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
             let [gx, gy, gz] = k.grid;
             let [bx, by, bz] = k.block;
             if !k.attrs.is_empty() {
-                let config = crate::api::exec::LaunchConfig {
+                let config = crate::state::launch::LaunchConfig {
                     grid: k.grid,
                     block: k.block,
                     shared_mem: k.shared,

@@ -11,7 +11,6 @@ pub mod api;
 pub mod conn;
 pub mod cuda;
 pub mod dark;
-pub mod dark_tools;
 pub mod handles;
 pub mod hostfn;
 pub mod state;

@@ -30,7 +30,7 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
         // context, so wait for this client's work and forget the reference count.
         sync_device(dev as usize)?;
         p.refs.store(0, Ordering::Relaxed);
-        crate::dark::cls_reset(p.ctx as *const Ctx as *mut c_void);
+        crate::state::cls::cls_reset(p.ctx as *const Ctx as *mut c_void);
         Ok(())
     })
 }

@@ -7,9 +7,9 @@
 //! Every other slot is a stub that returns CUDA_ERROR_NOT_SUPPORTED and names its table and
 //! index once, so a library that reaches a new entry fails loudly.
 
+use super::table::Table;
 use crate::api::exec::cuStreamGetId;
 use crate::cuda::*;
-use crate::dark::Table;
 use crate::state::ctx::ctx_id;
 use crate::state::streams::CUstream;
 use std::collections::HashSet;

@@ -9,6 +9,7 @@
 
 pub mod answers;
 pub mod capture;
+pub mod cls;
 pub mod ctx;
 pub mod device;
 pub mod entry;

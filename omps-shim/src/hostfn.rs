@@ -78,7 +78,7 @@ static CHANGED: Condvar = Condvar::new();
 
 /// Queues `f` on stream `stream` of device `dev`, in stream order.
 pub fn enqueue(dev: usize, stream: u32, f: Call) -> Result<(), CUresult> {
-    let c = crate::api::live()?;
+    let c = crate::state::entry::live()?;
     let mut guard = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
     let (slot, seq) = loop {
         let s = slots(&mut guard)?;
@@ -139,7 +139,7 @@ pub fn enqueue_node(
     f: unsafe extern "C" fn(*mut std::ffi::c_void),
     data: usize,
 ) -> Result<(), CUresult> {
-    let c = crate::api::live()?;
+    let c = crate::state::entry::live()?;
     let mut guard = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
     let s = slots(&mut guard)?;
     let slot = s.free().ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -187,7 +187,7 @@ pub fn enqueue_node_at(
     f: unsafe extern "C" fn(*mut std::ffi::c_void),
     data: usize,
 ) -> Result<(), CUresult> {
-    let c = crate::api::live()?;
+    let c = crate::state::entry::live()?;
     words.done.store(0, Ordering::Release);
     words.ack.store(0, Ordering::Release);
     let at = words as *const NodeWords as usize;
@@ -230,7 +230,9 @@ pub fn drop_node_at(words: &NodeWords) {
 
 /// Runs each queued function once the GPU reached it, then lets its stream go on.
 fn run() {
-    let Ok(c) = crate::api::live() else { return };
+    let Ok(c) = crate::state::entry::live() else {
+        return;
+    };
     let seg = c.seg();
     let mut idle_since = Instant::now();
     loop {

@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use omps_shim::api::{ctx::*, device::*, exec::*, mem::*, module::*, peer::*};
 use omps_shim::cuda::*;
+use omps_shim::state::streams::CUfunction;
 use std::ffi::c_void;
 use std::time::Duration;
 

@@ -6,12 +6,13 @@
 //! Texture and surface objects are the driver's values (kernels read them as they are);
 //! the descriptors they were made from are kept here for the queries.
 
-use super::exec::CUstream;
 use super::hostmem::Memcpy3D;
-use super::mem::{alloc, free_block, range_info};
-use super::{entry, live, out};
+use super::mem::{alloc, free_block};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
+use crate::state::entry::{entry, live, out};
+use crate::state::ranges::range_info;
+use crate::state::streams::CUstream;
 use omps_ring::wire::{self, array, tex, Op};
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
@@ -98,7 +99,7 @@ fn call(dev: usize, kind: u32, id: u32, args: [u64; 7]) -> Result<u64, CUresult>
 }
 
 fn create(d: &Array3DDesc, levels: Option<c_uint>) -> Result<*mut ArrayHandle, CUresult> {
-    let dev = super::ctx::current_dev()?;
+    let dev = crate::state::ctx::current_dev()?;
     let args = [
         d.width as u64,
         d.height as u64,
@@ -327,7 +328,7 @@ fn push_copy(
     dst: wire::CopySide,
     extent: [usize; 3],
 ) -> Result<(), CUresult> {
-    let (stream, wait) = super::exec::stream_for(dev, s)?;
+    let (stream, wait) = crate::state::capture::stream_for(dev, s)?;
     let rec = wire::ArrayCopy {
         stream,
         _pad: 0,
@@ -440,7 +441,7 @@ pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult
     };
     r?;
     if sync {
-        super::exec::stream_sync(s)
+        crate::state::streams::stream_sync(s)
     } else {
         Ok(())
     }
@@ -599,7 +600,7 @@ fn make_object(
                     dev
                 }
                 // Mapped page-locked memory, which the server checks as the client's.
-                None if super::hostmem::is_shared(t.dev, 1) => super::ctx::current_dev()?,
+                None if super::hostmem::is_shared(t.dev, 1) => crate::state::ctx::current_dev()?,
                 None => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }

@@ -2,28 +2,17 @@
 //! stream (see omps-server/src/session/graphs.rs); what it ends in is a graph of the
 //! server's, named here by a handle.
 
-use super::exec::{per_thread, stream_dev, CUstream};
-use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, retire, GraphHandle, GRAPH_MAGIC};
+use crate::state::capture::*;
+use crate::state::entry::{entry, live, out};
+use crate::state::streams::{per_thread, stream_dev, CUstream};
 use omps_ring::wire::{self, CaptureCall, Op};
-use std::collections::HashMap;
 use std::ffi::c_uint;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::atomic::Ordering;
 
-pub type CUgraph = *mut GraphHandle;
-
-/// Captures this process began and has not ended: while there are none, the capture
-/// queries PyTorch makes before nearly every copy are answered here.
-static CAPTURES: AtomicUsize = AtomicUsize::new(0);
-
-pub(crate) fn any_capture() -> bool {
-    CAPTURES.load(Ordering::Acquire) > 0
-}
-
-/// CUstreamCaptureMode: global, thread-local, relaxed.
-pub(crate) const MODE_RELAXED: c_uint = 2;
+/// The handle types of this family, named where the program sees them.
+pub use crate::state::capture::CUgraph;
 
 fn capture_call(op: Op, s: CUstream, mode: c_uint) -> Result<(usize, u64), CUresult> {
     let (id, dev) = stream_dev(s)?;
@@ -112,124 +101,6 @@ fn begun(
         },
     );
     Ok(())
-}
-
-/// A capture into a graph built by hand: the graph and the nodes (handles) that what it
-/// captured follows.
-struct IntoBuilt {
-    graph: usize,
-    deps: Vec<usize>,
-}
-
-fn thread_id() -> i32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
-}
-
-/// CUstreamCaptureMode: global.
-const MODE_GLOBAL: c_uint = 0;
-
-/// Whether the calling thread may make a call the capture modes restrict (the CUDA
-/// guide's potentially unsafe calls) now. A thread in relaxed mode always may; otherwise
-/// not while it captures itself in a mode other than relaxed, nor, in global mode, while
-/// any thread of the process captures in global mode. Refused, the call fails with
-/// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the captures that forbade it are
-/// invalidated, as the driver does. Captures of other clients never count.
-pub(crate) fn unsafe_call_allowed() -> Result<(), CUresult> {
-    if !any_capture() {
-        return Ok(());
-    }
-    let mode = super::stream_info::thread_capture_mode();
-    if mode == MODE_RELAXED {
-        return Ok(());
-    }
-    let me = thread_id();
-    let forbidding: Vec<(usize, u32)> = lock_ids()
-        .iter_mut()
-        .filter(|(_, c)| {
-            c.mode != MODE_RELAXED
-                && (c.thread == me || (mode == MODE_GLOBAL && c.mode == MODE_GLOBAL))
-        })
-        .map(|(&k, c)| {
-            c.invalidated = true;
-            k
-        })
-        .collect();
-    if forbidding.is_empty() {
-        return Ok(());
-    }
-    let c = live()?;
-    for (dev, stream) in forbidding {
-        // Querying a capturing stream is illegal: the server invalidates its capture.
-        let mut ch = c.channel();
-        let _ = ch.call(dev, Op::StreamQuery, |call| {
-            bytemuck::bytes_of(&wire::HandleCall {
-                call,
-                id: stream,
-                _pad: 0,
-            })
-            .to_vec()
-        });
-    }
-    Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-}
-
-/// A launch into stream `s` fails at once, as natively, if this process invalidated the
-/// capture `s` is the origin of (an unsafe call it forbade); the server would only note
-/// the driver's error for a later call.
-pub(crate) fn launch_allowed(s: CUstream) -> Result<(), CUresult> {
-    const INVALIDATED: CUresult = 901;
-    if !any_capture() {
-        return Ok(());
-    }
-    let (stream, dev) = stream_dev(s)?;
-    match lock_ids().get(&(dev, stream)) {
-        Some(c) if c.invalidated => Err(INVALIDATED),
-        _ => Ok(()),
-    }
-}
-
-/// The capturing origin stream (device, server stream id) whose capture will end in
-/// graph handle `g`.
-pub(crate) fn capture_stream_of(g: CUgraph) -> Option<(usize, u32)> {
-    lock_ids()
-        .iter()
-        .find(|(_, c)| c.graph == g as usize)
-        .map(|(&k, _)| k)
-}
-
-/// The id of a graph handle whose capture has not ended: no server graph has it (the
-/// server's ids start at 1).
-pub(crate) const IN_CAPTURE: u32 = 0;
-
-/// A capture this process began and has not ended.
-struct Capture {
-    id: u64,
-    /// The graph handle it ends in, and whether that handle is the caller's
-    /// (cuStreamBeginCaptureToGraph).
-    graph: usize,
-    given: bool,
-    /// Its CUstreamCaptureMode and the thread that began it, for unsafe_call_allowed.
-    mode: c_uint,
-    thread: i32,
-    into: Option<IntoBuilt>,
-    /// An unsafe call it forbade invalidated it: until it ends, it still forbids them,
-    /// and launches into it fail at once with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
-    invalidated: bool,
-}
-
-/// Capturing origin stream (device, the server's stream id: the per-thread default
-/// streams of two threads are two streams) -> its capture.
-type Captures = HashMap<(usize, u32), Capture>;
-static IDS: LazyLock<Mutex<Captures>> = LazyLock::new(Default::default);
-
-fn lock_ids() -> std::sync::MutexGuard<'static, Captures> {
-    IDS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The graph handle capture `id` will end in.
-pub(crate) fn capture_graph(id: u64) -> Option<usize> {
-    lock_ids().values().find(|c| c.id == id).map(|c| c.graph)
 }
 
 #[no_mangle]
@@ -355,21 +226,6 @@ fn ends_in_given_graph(s: CUstream) -> bool {
 pub unsafe extern "C" fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) -> CUresult {
     // SAFETY: forwarded contract.
     per_thread(|| unsafe { cuStreamEndCapture(s, graph) })
-}
-
-/// The capture status and id of stream `s`, from the server while this process captures.
-pub(crate) fn capture_info(s: CUstream) -> Result<(c_uint, u64), CUresult> {
-    let (id, dev) = stream_dev(s)?;
-    if !any_capture() {
-        return Ok((wire::graph::STATUS_NONE, 0));
-    }
-    let c = live()?;
-    let mut ch = c.channel();
-    ch.call(dev, Op::CaptureStatus, |call| {
-        bytemuck::bytes_of(&wire::HandleCall { call, id, _pad: 0 }).to_vec()
-    })?;
-    let i: wire::CaptureInfo = ch.reply();
-    Ok((i.status, i.id))
 }
 
 /// Capturing into an existing graph: the bodies of a conditional node added to a capture

@@ -2,123 +2,20 @@
 //! server's one context for that GPU. The shim keeps CUDA's per-thread context stack and
 //! the primary contexts' reference counts so programs see the behaviour they expect.
 
-use super::device::device;
-use super::{entry, live, out};
 use crate::cuda::*;
-use crate::handles::{leak, resolve, retire, Ctx, CTX_MAGIC};
-use omps_ring::segment::MAX_DEVICES;
-use omps_ring::wire::{CallHdr, Op};
-use std::cell::RefCell;
-use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use crate::handles::{resolve, retire, Ctx, CTX_MAGIC};
+use crate::state::ctx::{
+    self, create, ctx_or_current, current, current_dev, primaries, primary, release_primary,
+    set_top, sync_device, with_stack,
+};
+use crate::state::device::device;
+use crate::state::entry::{entry, live, out};
+use std::ffi::c_void;
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::Ordering;
 
-pub type CUcontext = *mut Ctx;
-
-thread_local! {
-    static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
-
-struct Primary {
-    ctx: &'static Ctx,
-    refs: AtomicU32,
-    flags: AtomicU32,
-}
-
-fn primaries() -> &'static [Primary] {
-    static P: OnceLock<Vec<Primary>> = OnceLock::new();
-    P.get_or_init(|| {
-        (0..MAX_DEVICES)
-            .map(|dev| Primary {
-                // SAFETY: a freshly leaked box is valid forever.
-                ctx: unsafe {
-                    &*leak(Ctx {
-                        magic: AtomicU32::new(CTX_MAGIC),
-                        dev,
-                        primary: true,
-                    })
-                },
-                refs: AtomicU32::new(0),
-                flags: AtomicU32::new(0),
-            })
-            .collect()
-    })
-}
-
-fn primary(dev: CUdevice) -> Result<&'static Primary, CUresult> {
-    device(dev)?;
-    Ok(&primaries()[dev as usize])
-}
-
-/// The context most recently made current by any thread. Static destructors run after
-/// the thread's locals are gone (glibc's exit runs TLS destructors first), and libraries
-/// such as cuBLAS still call the driver from them: they get this context, as a driver that
-/// keeps its own thread state would still answer.
-static LAST_CURRENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-fn current() -> Option<CUcontext> {
-    STACK
-        .try_with(|s| s.borrow().last().map(|&p| p as CUcontext))
-        .unwrap_or_else(|_| {
-            let c = LAST_CURRENT.load(std::sync::atomic::Ordering::Relaxed);
-            (c != 0).then_some(c as CUcontext)
-        })
-}
-
-/// Changes this thread's context stack; after its locals are gone, only the fallback.
-fn with_stack(f: impl FnOnce(&mut Vec<usize>)) {
-    let _ = STACK.try_with(|s| {
-        let mut s = s.borrow_mut();
-        f(&mut s);
-        if let Some(&top) = s.last() {
-            LAST_CURRENT.store(top, std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-}
-
-/// The device of the calling thread's current context.
-/// The current context's handle, or CUDA_ERROR_INVALID_CONTEXT.
-pub(crate) fn current_ctx_checked() -> Result<CUcontext, CUresult> {
-    live()?;
-    current().ok_or(CUDA_ERROR_INVALID_CONTEXT)
-}
-
-pub(crate) fn current_dev() -> Result<usize, CUresult> {
-    live()?;
-    let c = current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-    // SAFETY: the stack only holds handles this shim made.
-    let ctx = unsafe { resolve(c, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
-    Ok(ctx.dev)
-}
-
-fn set_top(c: Option<CUcontext>) {
-    with_stack(|s| {
-        s.pop();
-        if let Some(c) = c {
-            s.push(c as usize);
-        }
-    });
-}
-
-/// # Safety
-/// `pctx` is null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    entry(|| {
-        let p = primary(dev)?;
-        p.refs.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's pointer.
-        unsafe { out(pctx, p.ctx as *const Ctx as CUcontext) }
-    })
-}
-
-fn release_primary(dev: CUdevice) -> Result<(), CUresult> {
-    let p = primary(dev)?;
-    p.refs
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
-        .map(drop)
-        .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)
-}
+/// The handle types of this family, named where the program sees them.
+pub use crate::state::ctx::CUcontext;
 
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
@@ -133,7 +30,7 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
         // context, so wait for this client's work and forget the reference count.
         sync_device(dev as usize)?;
         p.refs.store(0, Ordering::Relaxed);
-        crate::dark::cls_reset(p.ctx as *const Ctx as *mut c_void);
+        crate::state::cls::cls_reset(p.ctx as *const Ctx as *mut c_void);
         Ok(())
     })
 }
@@ -173,19 +70,6 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     dev: CUdevice,
 ) -> CUresult {
     entry(|| create(pctx, dev))
-}
-
-pub(crate) fn create(pctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
-    device(dev)?;
-    let c = leak(Ctx {
-        magic: AtomicU32::new(CTX_MAGIC),
-        dev: dev as usize,
-        primary: false,
-    });
-    // SAFETY: the caller's pointer (checked for null by out).
-    unsafe { out(pctx, c)? };
-    with_stack(|s| s.push(c as usize));
-    Ok(())
 }
 
 /// # Safety
@@ -234,54 +118,11 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 }
 
 /// # Safety
-/// `ctx` is a context handle from this shim.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's handle.
-        unsafe { resolve(ctx, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
-        with_stack(|s| s.push(ctx as usize));
-        Ok(())
-    })
-}
-
-/// # Safety
-/// `pctx` is null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
-    entry(|| {
-        let c = STACK
-            .try_with(|s| s.borrow_mut().pop())
-            .ok()
-            .flatten()
-            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-        if !pctx.is_null() {
-            // SAFETY: the caller's pointer, non-null.
-            unsafe { pctx.write(c as CUcontext) };
-        }
-        Ok(())
-    })
-}
-
-/// # Safety
 /// `d` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(d: *mut CUdevice) -> CUresult {
     // SAFETY: the caller's pointer.
     entry(|| unsafe { out(d, current_dev()? as CUdevice) })
-}
-
-/// Waits for everything this client queued on `dev`, and reports pending errors.
-pub(crate) fn sync_device(dev: usize) -> Result<(), CUresult> {
-    let c = live()?;
-    let before = crate::printf::before_sync(dev);
-    let mut ch = c.channel();
-    let r = ch.call(dev, Op::CtxSync, |call: CallHdr| {
-        bytemuck::bytes_of(&call).to_vec()
-    });
-    drop(ch);
-    crate::printf::deliver(dev, r.is_err(), crate::printf::Covers::All, before);
-    r
 }
 
 #[no_mangle]
@@ -309,29 +150,6 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
         }
         Ok(())
     })
-}
-
-/// The primary context handle of `dev`, for pointer attributes.
-pub(crate) fn primary_handle(dev: usize) -> *mut c_void {
-    primaries()
-        .get(dev)
-        .map_or(std::ptr::null_mut(), |p| p.ctx as *const Ctx as *mut c_void)
-}
-
-/// The calling thread's current context handle, or null.
-pub(crate) fn current_ctx() -> *mut c_void {
-    current().map_or(std::ptr::null_mut(), |c| c as *mut c_void)
-}
-
-/// The context a call names: `ctx`, or the current one when it is null.
-fn ctx_or_current(ctx: CUcontext) -> Result<&'static Ctx, CUresult> {
-    let c = if ctx.is_null() {
-        current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?
-    } else {
-        ctx
-    };
-    // SAFETY: a handle from this shim, as the API requires.
-    unsafe { resolve(c, CTX_MAGIC) }.map_err(|_| CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// # Safety
@@ -382,14 +200,6 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
 }
 
 /// # Safety
-/// `id` is null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
-    // SAFETY: the caller's pointer; a context's id is its handle's address, unique for life.
-    entry(|| unsafe { out(id, ctx_or_current(ctx)? as *const Ctx as u64) })
-}
-
-/// # Safety
 /// `v` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, v: *mut c_uint) -> CUresult {
@@ -436,4 +246,36 @@ pub unsafe extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
 pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
     // SAFETY: forwarded contract.
     unsafe { cuCtxPopCurrent_v2(pctx) }
+}
+
+/// # Safety
+/// `pctx` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { ctx::primary_retain(pctx, dev) }
+}
+
+/// # Safety
+/// `ctx` is a context handle from this shim.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { ctx::push_current(ctx) }
+}
+
+/// # Safety
+/// `pctx` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { ctx::pop_current(pctx) }
+}
+
+/// # Safety
+/// `id` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { ctx::ctx_id(ctx, id) }
 }

@@ -7,10 +7,10 @@
 //! reports no support and refuses such a request as the driver does where it cannot
 //! grant it; CIG needs a D3D12 or Vulkan client, which a Linux process is not.
 
-use super::ctx::{create, CUcontext};
-use super::device::device;
-use super::{entry, out};
 use crate::cuda::*;
+use crate::state::ctx::{create, CUcontext};
+use crate::state::device::device;
+use crate::state::entry::{entry, out};
 use std::ffi::{c_int, c_uint, c_void};
 
 /// CUexecAffinityParam: the type and a one-word union (the SM count of type 0).

@@ -1,20 +1,10 @@
 //! Initialisation, device queries (answered from the handshake's snapshot) and error text.
 
-use super::{entry, live, mark_initialized, out};
 use crate::conn::{conn, connected};
 use crate::cuda::*;
-use omps_ring::segment::DeviceSnapshot;
+use crate::state::device::device;
+use crate::state::entry::{entry, live, mark_initialized, out};
 use std::ffi::{c_char, c_int, c_uint};
-
-/// The snapshot of `dev`, checking the ordinal.
-pub(crate) fn device(dev: CUdevice) -> Result<&'static DeviceSnapshot, CUresult> {
-    let c = live()?;
-    let n = c.snapshot.device_count as usize;
-    if dev < 0 || dev as usize >= n.min(c.num_devices()) {
-        return Err(CUDA_ERROR_INVALID_DEVICE);
-    }
-    Ok(&c.snapshot.devices[dev as usize])
-}
 
 #[no_mangle]
 pub extern "C" fn cuInit(flags: c_uint) -> CUresult {

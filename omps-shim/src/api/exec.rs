@@ -1,135 +1,21 @@
 //! Streams, events and kernel launches.
 
-use super::ctx::current_dev;
-use super::{entry, live, out};
 use crate::cuda::*;
-use crate::handles::{
-    leak, next_id, resolve, retire, Event, Function, Stream, EVENT_MAGIC, FUNC_MAGIC, STREAM_MAGIC,
-};
+use crate::handles::{leak, next_id, retire, Event, Function, Stream, EVENT_MAGIC, STREAM_MAGIC};
+use crate::state::capture::ordered_on_host;
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
+use crate::state::launch::*;
+use crate::state::streams::*;
 use omps_ring::wire::{
-    self, EventCreate, EventElapsed, EventRecord, Handle, HandleCall, Launch, Op, StreamCreate,
+    self, EventCreate, EventElapsed, EventRecord, Handle, Launch, Op, StreamCreate,
 };
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::AtomicU32;
 
-pub type CUstream = *mut Stream;
-pub type CUevent = *mut Event;
-pub type CUfunction = *mut Function;
-
-pub(crate) const CU_STREAM_LEGACY: usize = 0x1;
-pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;
-
-/// The wire id of a stream handle; 0 (and the legacy / per-thread handles) is the
-/// client's default stream.
-pub(crate) fn stream_of(s: CUstream) -> Result<u32, CUresult> {
-    Ok(resolve_stream(s)?.map_or(wire::STREAM_DEFAULT, |st| st.id))
-}
-
-/// The server's id of stream `s` for a copy or memset on GPU `dev`, and whether the
-/// caller must wait for that work before it returns.
-///
-/// The driver runs such work on whatever GPU's stream the program names (cufftXtMemcpy
-/// fills GPU 1's piece on a GPU 0 stream), but each GPU's session knows only its own
-/// streams. Work on another GPU than the stream's is therefore put in the stream's order
-/// from the host, as cross-GPU event waits are: the stream's earlier work is waited for
-/// here, the work goes on this process's default stream of `dev`, and the caller waits
-/// for it (`true`), so that what the stream queues next comes after it. A capture cannot
-/// hold that, and is refused by name.
-pub(crate) fn stream_for(dev: usize, s: CUstream) -> Result<(u32, bool), CUresult> {
-    match resolve_stream(s)? {
-        None => Ok((wire::STREAM_DEFAULT, false)),
-        Some(st) if st.dev == dev => Ok((st.id, false)),
-        Some(st) => {
-            ordered_on_host(s, "a copy or memset of another GPU's memory in a capture")?;
-            handle_call(st.dev, Op::StreamSync, st.id)?;
-            Ok((wire::STREAM_DEFAULT, true))
-        }
-    }
-}
-
-/// Whether work across GPUs may be put in stream `s`'s order from the host (a wait on the
-/// host takes the stream's place, for what one GPU's session cannot queue on another's):
-/// not in a capture of `s`, which cannot hold a host wait (refused by name, as `what`),
-/// nor where another thread's capture forbids waiting, as the driver refuses a
-/// synchronization there.
-fn ordered_on_host(s: CUstream, what: &'static str) -> Result<(), CUresult> {
-    if super::capture::capture_info(s)?.0 != wire::graph::STATUS_NONE {
-        crate::unsupported::unsupported(what);
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
-    super::capture::unsafe_call_allowed()
-}
-
-pub(crate) fn resolve_stream(s: CUstream) -> Result<Option<&'static Stream>, CUresult> {
-    match s as usize {
-        0 if PER_THREAD.get() => per_thread_stream().map(Some),
-        CU_STREAM_PER_THREAD => per_thread_stream().map(Some),
-        // While a green context is current, its own legacy stream.
-        0 | CU_STREAM_LEGACY => Ok(super::green::legacy_stream()),
-        // SAFETY: the caller passed a stream handle, as the API requires.
-        _ => unsafe { resolve(s as *const Stream, STREAM_MAGIC) }.map(Some),
-    }
-}
-
-thread_local! {
-    /// Set while a `_ptds` / `_ptsz` entry point runs: stream 0 means this thread's stream.
-    static PER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static THREAD_STREAMS: std::cell::RefCell<Vec<(usize, &'static Stream)>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Runs an entry point with per-thread default stream semantics.
-pub(crate) fn per_thread<R>(f: impl FnOnce() -> R) -> R {
-    PER_THREAD.set(true);
-    let r = f();
-    PER_THREAD.set(false);
-    r
-}
-
-/// This thread's default stream on the current device, made on first use. Like CUDA's, it
-/// is a blocking stream: it synchronizes with the legacy default stream.
-fn per_thread_stream() -> Result<&'static Stream, CUresult> {
-    let dev = current_dev()?;
-    if let Some(s) =
-        THREAD_STREAMS.with(|t| t.borrow().iter().find(|(d, _)| *d == dev).map(|(_, s)| *s))
-    {
-        return Ok(s);
-    }
-    let id = next_id();
-    let rec = StreamCreate {
-        id,
-        flags: 0,
-        priority: 0,
-        _pad: 0,
-    };
-    let c = live()?;
-    c.streams.take()?;
-    c.push(dev, Op::StreamCreate, &[bytemuck::bytes_of(&rec)])?;
-    // SAFETY: freshly leaked, never freed.
-    let s: &'static Stream = unsafe {
-        &*leak(Stream {
-            magic: AtomicU32::new(STREAM_MAGIC),
-            id,
-            dev,
-            flags: 0,
-            priority: 0,
-        })
-    };
-    THREAD_STREAMS.with(|t| t.borrow_mut().push((dev, s)));
-    Ok(s)
-}
-
-/// Device a stream belongs to: its own, or the current context's for the default stream.
-pub(crate) fn stream_dev(s: CUstream) -> Result<(u32, usize), CUresult> {
-    resolved_id_dev(resolve_stream(s)?)
-}
-
-/// The server's stream id and the device of a resolved stream (None: the legacy stream).
-pub(crate) fn resolved_id_dev(st: Option<&Stream>) -> Result<(u32, usize), CUresult> {
-    match st {
-        Some(st) => Ok((st.id, st.dev)),
-        None => Ok((wire::STREAM_DEFAULT, current_dev()?)),
-    }
-}
+/// The handle types of this family, named where the program sees them.
+pub use crate::state::launch::LaunchConfig;
+pub use crate::state::streams::{CUevent, CUfunction, CUstream};
 
 fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CUresult> {
     if ph.is_null() || flags > 1 {
@@ -137,9 +23,9 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<()
     }
     let dev = current_dev()?;
     // Out-of-range priorities are clamped into the device's range, as the driver does.
-    let [least, greatest] = super::device::device(dev as CUdevice)?.stream_priority;
+    let [least, greatest] = crate::state::device::device(dev as CUdevice)?.stream_priority;
     let priority = priority.clamp(greatest.min(least), least.max(greatest));
-    if let Some(h) = super::green::stream_in_current(flags, priority)? {
+    if let Some(h) = crate::state::green::stream_in_current(flags, priority)? {
         // SAFETY: ph checked non-null; the caller's pointer.
         return unsafe { out(ph, h as *const Stream as CUstream) };
     }
@@ -175,7 +61,7 @@ pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUr
 /// `s` is a stream handle from this shim.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
-    if let Some(r) = super::green::destroy_detached(s) {
+    if let Some(r) = crate::state::green::destroy_detached(s) {
         return r;
     }
     entry(|| {
@@ -191,52 +77,21 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
     })
 }
 
-/// A call about stream or event `id`. After a synchronization, device printf output is
-/// delivered, as the driver writes it at such calls.
-pub(crate) fn handle_call(dev: usize, op: Op, id: u32) -> Result<(), CUresult> {
-    use crate::printf::{before_sync, deliver, Covers};
-    let c = live()?;
-    let before = before_sync(dev);
-    let mut ch = c.channel();
-    let r = ch.call(dev, op, |call| {
-        bytemuck::bytes_of(&HandleCall { call, id, _pad: 0 }).to_vec()
-    });
-    drop(ch);
-    match op {
-        Op::StreamSync => deliver(dev, r.is_err(), Covers::Stream(id), before),
-        Op::EventSync => deliver(dev, r.is_err(), Covers::Unknown, before),
-        _ => {}
-    }
-    r
-}
-
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         stream_sync(s)
     })
-}
-
-/// cuStreamSynchronize's work, for the shim's own synchronizations (which the capture
-/// modes do not restrict: a synchronous memset is allowed during a capture).
-pub(crate) fn stream_sync(s: CUstream) -> Result<(), CUresult> {
-    let (id, dev) = stream_dev(s)?;
-    handle_call(dev, Op::StreamSync, id)
 }
 
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         let (id, dev) = stream_dev(s)?;
         handle_call(dev, Op::StreamQuery, id)
     })
-}
-
-pub(crate) fn event(e: CUevent) -> Result<&'static Event, CUresult> {
-    // SAFETY: the caller passed an event handle, as the API requires.
-    unsafe { resolve(e as *const Event, EVENT_MAGIC) }
 }
 
 #[no_mangle]
@@ -246,7 +101,7 @@ pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> C
     entry(|| {
         let op = match flags {
             0 => Op::StreamWaitEvent,
-            EXTERNAL if super::capture::any_capture() => Op::StreamWaitEventExternal,
+            EXTERNAL if crate::state::capture::any_capture() => Op::StreamWaitEventExternal,
             EXTERNAL => Op::StreamWaitEvent,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
@@ -347,7 +202,7 @@ fn queue_event_op(ev: &Event, id: u32, dev: usize, op: Op) -> Result<(), CUresul
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         let ev = event(e)?;
         handle_call(ev.dev, Op::EventSync, ev.id)
     })
@@ -356,7 +211,7 @@ pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         let ev = event(e)?;
         handle_call(ev.dev, Op::EventQuery, ev.id)
     })
@@ -401,11 +256,6 @@ pub unsafe extern "C" fn cuEventElapsedTime(
 ) -> CUresult {
     // SAFETY: forwarded contract.
     unsafe { cuEventElapsedTime_v2(ms, start, end) }
-}
-
-pub(crate) fn function(f: CUfunction) -> Result<&'static Function, CUresult> {
-    // SAFETY: the caller passed a function handle, as the API requires.
-    unsafe { resolve(f as *const Function, FUNC_MAGIC) }
 }
 
 const LAUNCH_PARAM_END: usize = 0;
@@ -501,7 +351,7 @@ fn check_attrs(
     // attributes at the launch, as the driver does, rather than at the next sync.
     const CLUSTER_LAUNCH: usize = 120;
     let clusters =
-        super::device::device(func.dev as CUdevice)?.attribute(CLUSTER_LAUNCH) != Some(0);
+        crate::state::device::device(func.dev as CUdevice)?.attribute(CLUSTER_LAUNCH) != Some(0);
     for a in attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES) {
         match u32::from_le_bytes(a[..4].try_into().expect("4 bytes")) {
             // Cluster dimension, cluster scheduling policy, preferred cluster dimension.
@@ -514,8 +364,9 @@ fn check_attrs(
             }
             COOPERATIVE if word(a, 0) != 0 => {
                 let threads = block.iter().product::<u32>() as i64;
-                let per_sm = super::query::occupancy(f, threads as c_int, shared as usize, 0)?;
-                let sms = super::device::device(func.dev as CUdevice)?
+                let per_sm =
+                    crate::state::answers::occupancy(f, threads as c_int, shared as usize, 0)?;
+                let sms = crate::state::device::device(func.dev as CUdevice)?
                     .attribute(MULTIPROCESSOR_COUNT)
                     .unwrap_or(0) as i64;
                 if grid.iter().map(|&g| g as i64).product::<i64>() > per_sm * sms {
@@ -535,7 +386,7 @@ fn check_config(
     block: [u32; 3],
     shared: u32,
 ) -> Result<(), CUresult> {
-    let d = super::device::device(f.dev as CUdevice)?;
+    let d = crate::state::device::device(f.dev as CUdevice)?;
     let attr = |a: usize| d.attribute(a).unwrap_or(i32::MAX) as u64;
     const MAX_BLOCK_DIM: [usize; 3] = [2, 3, 4];
     const MAX_GRID_DIM: [usize; 3] = [5, 6, 7];
@@ -578,13 +429,13 @@ unsafe fn launch(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Result<(), CUresult> {
-    super::capture::launch_allowed(s)?;
+    crate::state::capture::launch_allowed(s)?;
     let target = resolve_stream(s)?;
     // A library's kernel runs on the stream's device (the current one for the default
     // stream), loaded there if it is not yet.
     let func = match target {
-        Some(st) => super::module::function_on(f, st.dev)?,
-        None => super::module::function_here(f)?,
+        Some(st) => crate::state::modules::function_on(f, st.dev)?,
+        None => crate::state::modules::function_here(f)?,
     };
     let f = func as *const Function as CUfunction;
     check_config(func, grid, block, shared)?;
@@ -640,50 +491,6 @@ pub unsafe extern "C" fn cuLaunchKernel(
 ) -> CUresult {
     // SAFETY: forwarded contract.
     entry(|| unsafe { launch(f, [gx, gy, gz], [bx, by, bz], shared, s, &[], params, extra) })
-}
-
-/// CUlaunchConfig, as cuda.h lays it out.
-#[repr(C)]
-pub struct LaunchConfig {
-    pub grid: [c_uint; 3],
-    pub block: [c_uint; 3],
-    pub shared_mem: c_uint,
-    pub stream: CUstream,
-    pub attrs: *const u8,
-    pub num_attrs: c_uint,
-}
-
-/// A launch configuration and its attributes as wire bytes, checked: attributes that
-/// carry handles (events, graph nodes) are refused with CUDA_ERROR_NOT_SUPPORTED.
-///
-/// # Safety
-/// `config` is null or a valid CUlaunchConfig whose attrs hold num_attrs records.
-pub(crate) unsafe fn config_parts<'a>(
-    config: *const LaunchConfig,
-) -> Result<(&'a LaunchConfig, &'a [u8]), CUresult> {
-    if config.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: the caller's config, non-null.
-    let c = unsafe { &*config };
-    if c.num_attrs > wire::MAX_LAUNCH_ATTRS || (c.num_attrs > 0 && c.attrs.is_null()) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let attrs: &[u8] = if c.num_attrs == 0 {
-        &[]
-    } else {
-        // SAFETY: attrs holds num_attrs CUlaunchAttribute records.
-        unsafe {
-            std::slice::from_raw_parts(c.attrs, c.num_attrs as usize * wire::LAUNCH_ATTR_BYTES)
-        }
-    };
-    let forwardable = |a: &[u8]| {
-        wire::launch_attr_forwardable(u32::from_le_bytes(a[..4].try_into().expect("4 bytes")))
-    };
-    if !attrs.chunks_exact(wire::LAUNCH_ATTR_BYTES).all(forwardable) {
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
-    Ok((c, attrs))
 }
 
 /// Launch attributes are forwarded to the server's cuLaunchKernelEx; those that carry
@@ -806,8 +613,8 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
     entry(|| {
         let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let data = data as usize;
-        if super::capture::any_capture()
-            && super::capture::capture_info(s)?.0 == omps_ring::wire::graph::STATUS_ACTIVE
+        if crate::state::capture::any_capture()
+            && crate::state::capture::capture_info(s)?.0 == omps_ring::wire::graph::STATUS_ACTIVE
         {
             // In a capture: a host node of the graph, run on every replay.
             let (id, dev) = stream_dev(s)?;
@@ -823,8 +630,8 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 /// The stream a host function or callback goes on; refused during a capture (a callback
 /// cannot be captured, natively either; cuLaunchHostFunc makes a host node first).
 fn host_fn_stream(s: CUstream) -> Result<(u32, usize), CUresult> {
-    if super::capture::any_capture()
-        && super::capture::capture_info(s)?.0 != omps_ring::wire::graph::STATUS_NONE
+    if crate::state::capture::any_capture()
+        && crate::state::capture::capture_info(s)?.0 != omps_ring::wire::graph::STATUS_NONE
     {
         return Err(crate::unsupported::unsupported(
             "a host function in a stream capture",
@@ -869,7 +676,7 @@ pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint)
     // node); elsewhere it is a plain record.
     match flags {
         0 => cuEventRecord(e, s),
-        EXTERNAL if !super::capture::any_capture() => cuEventRecord(e, s),
+        EXTERNAL if !crate::state::capture::any_capture() => cuEventRecord(e, s),
         EXTERNAL => entry(|| record_on_stream(e, s, Op::EventRecordExternal)),
         _ => CUDA_ERROR_INVALID_VALUE,
     }
@@ -881,7 +688,7 @@ pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint)
 pub unsafe extern "C" fn cuStreamGetCtx(s: CUstream, pctx: *mut *mut c_void) -> CUresult {
     entry(|| {
         let st = resolve_stream(s)?;
-        if let Some(g) = st.and_then(super::green::green_of_stream) {
+        if let Some(g) = st.and_then(crate::state::green::green_of_stream) {
             // SAFETY: the caller's pointer.
             return unsafe { out(pctx, g.ctx as *const _ as *mut c_void) };
         }
@@ -890,7 +697,7 @@ pub unsafe extern "C" fn cuStreamGetCtx(s: CUstream, pctx: *mut *mut c_void) -> 
             None => current_dev()?,
         };
         // SAFETY: the caller's pointer.
-        unsafe { out(pctx, super::ctx::primary_handle(dev)) }
+        unsafe { out(pctx, crate::state::ctx::primary_handle(dev)) }
     })
 }
 
@@ -939,7 +746,7 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
         let g = resolve_stream(s)
             .ok()
             .flatten()
-            .and_then(super::green::green_of_stream)
+            .and_then(crate::state::green::green_of_stream)
             .map_or(std::ptr::null_mut(), |g| g as *const _ as *mut c_void);
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { pgreen.write(g) };

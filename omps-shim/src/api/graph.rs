@@ -3,24 +3,24 @@
 //! instantiated (graph_build.rs). A graph launch is a record in the ring, like a kernel
 //! launch: no round trip.
 
-use super::exec::{per_thread, CUstream};
 use super::graph_build::{self as build, GraphNodeRef};
-use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{
     leak, resolve, retire, GraphHandle, GraphNode, EXEC_MAGIC, GRAPH_MAGIC, NODE_MAGIC,
 };
+use crate::state::entry::{entry, live, out};
+use crate::state::streams::{per_thread, CUstream};
 use omps_ring::wire::{self, GraphInstantiate, Op};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub use super::capture::CUgraph;
+pub use crate::state::capture::CUgraph;
 pub type CUgraphExec = *mut GraphHandle;
 
 fn graph(g: CUgraph) -> Result<&'static GraphHandle, CUresult> {
     // SAFETY: the caller passed a graph handle, as the API requires.
     let h = unsafe { resolve(g as *const GraphHandle, GRAPH_MAGIC) }?;
-    if h.id() == super::capture::IN_CAPTURE && !build::is_built(g) {
+    if h.id() == crate::state::capture::IN_CAPTURE && !build::is_built(g) {
         // The graph of a capture still going lives in the server's capture; only user
         // objects can be moved into it meanwhile.
         return Err(crate::unsupported::unsupported(
@@ -209,8 +209,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
 
 fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
     let ex = exec(e)?;
-    let resolved = super::exec::resolve_stream(s)?;
-    let (stream, dev) = super::exec::resolved_id_dev(resolved)?;
+    let resolved = crate::state::streams::resolve_stream(s)?;
+    let (stream, dev) = crate::state::streams::resolved_id_dev(resolved)?;
     if dev != ex.dev {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
@@ -218,12 +218,14 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
         super::graph_mem::launching(e as usize)?;
         // The stream itself, not the handle: a per-thread default stream's handle names
         // another stream in another thread, where an update or a destroy may run.
-        let last = resolved.map_or(super::exec::CU_STREAM_LEGACY, |st| st as *const _ as usize);
+        let last = resolved.map_or(crate::state::streams::CU_STREAM_LEGACY, |st| {
+            st as *const _ as usize
+        });
         ex.last_stream.store(last, Ordering::Release);
         let ev = ex.wait_first.swap(0, Ordering::AcqRel);
         if ev != 0 {
             // The first launch since an update: after the last one before it.
-            let ev = ev as super::exec::CUevent;
+            let ev = ev as crate::state::streams::CUevent;
             let waited = super::exec::cuStreamWaitEvent(s, ev, 0);
             super::exec::cuEventDestroy_v2(ev);
             if waited != CUDA_SUCCESS {
@@ -296,7 +298,7 @@ pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
         super::user_object::exec_gone(ex);
         let ev = ex.wait_first.swap(0, Ordering::AcqRel);
         if ev != 0 {
-            super::exec::cuEventDestroy_v2(ev as super::exec::CUevent);
+            super::exec::cuEventDestroy_v2(ev as crate::state::streams::CUevent);
         }
         Ok(())
     })
@@ -413,7 +415,7 @@ exec_set_calls! {
 macro_rules! exec_event_calls {
     ($($name:ident => $ty:expr;)*) => {$(
         #[no_mangle]
-        pub extern "C" fn $name(e: CUgraphExec, node: GraphNodeRef, ev: super::exec::CUevent) -> CUresult {
+        pub extern "C" fn $name(e: CUgraphExec, node: GraphNodeRef, ev: crate::state::streams::CUevent) -> CUresult {
             entry(|| set_exec_node(e, node, build::event_kind($ty, ev)?))
         }
     )*};

@@ -247,8 +247,8 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
     attr: u32,
     value: *mut std::ffi::c_void,
 ) -> CUresult {
-    super::entry(|| {
-        super::device::device(dev)?;
+    crate::state::entry::entry(|| {
+        crate::state::device::device(dev)?;
         // Memory is not reused between graphs, so what is reserved is what is used.
         let v = match attr {
             USED_MEM_CURRENT | RESERVED_MEM_CURRENT => USED.load(Ordering::Acquire),
@@ -256,7 +256,7 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         // SAFETY: the caller's pointer.
-        unsafe { super::out(value as *mut u64, v) }
+        unsafe { crate::state::entry::out(value as *mut u64, v) }
     })
 }
 
@@ -270,8 +270,8 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
     attr: u32,
     value: *mut std::ffi::c_void,
 ) -> CUresult {
-    super::entry(|| {
-        super::device::device(dev)?;
+    crate::state::entry::entry(|| {
+        crate::state::device::device(dev)?;
         if value.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -291,5 +291,5 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
 /// nothing cached to give back.
 #[no_mangle]
 pub extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
-    super::entry(|| super::device::device(dev).map(|_| ()))
+    crate::state::entry::entry(|| crate::state::device::device(dev).map(|_| ()))
 }

@@ -10,10 +10,10 @@
 //! it came from (a query, or which split and which piece of it), so that a descriptor of
 //! pieces of different splits, or a piece split again, is refused as the driver refuses it.
 
-use super::device::device;
-use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::leak;
+use crate::state::device::device;
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{self, CallHdr, Op};
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU32, Ordering};

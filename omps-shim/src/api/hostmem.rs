@@ -8,10 +8,11 @@
 //! stage and kernels cannot reach (cuMemHostGetDevicePointer then says NOT_SUPPORTED).
 //! cuMemHostRegister of the program's own memory is bookkeeping; copies from it stage.
 
-use super::exec::CUstream;
-use super::mem::{copy_dtod, copy_dtoh, copy_htod, range_info};
-use super::{entry, live, out};
+use super::mem::{copy_dtod, copy_dtoh, copy_htod};
 use crate::cuda::*;
+use crate::state::entry::{entry, live, out};
+use crate::state::ranges::range_info;
+use crate::state::streams::CUstream;
 use omps_ring::shm::{self, Mapping};
 use omps_ring::wire::hostmem;
 use std::collections::{BTreeMap, HashMap};
@@ -173,7 +174,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     flags: c_uint,
 ) -> CUresult {
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         // SAFETY: the caller's pointer.
         unsafe { out(pp, host_alloc(size, flags)?) }
     })
@@ -286,7 +287,9 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
                 }
             };
             // SAFETY: [start, start+len) is registered, the program's memory while it is.
-            let m = unsafe { super::host_mirror::device_pointer(start, r.len, p as usize, alloc) };
+            let m = unsafe {
+                crate::state::host_mirror::device_pointer(start, r.len, p as usize, alloc)
+            };
             if let Some(m) = m {
                 // SAFETY: the caller's pointer.
                 return unsafe { out(d, m) };
@@ -319,7 +322,7 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uin
         if p.is_null() || size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         if host_range(p as usize).is_some() || host_range(p as usize + size - 1).is_some() {
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }
@@ -395,7 +398,7 @@ pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
                 _ => return Err(HOST_MEMORY_NOT_REGISTERED),
             }
         };
-        if let Some(m) = super::host_mirror::forget(p as usize) {
+        if let Some(m) = crate::state::host_mirror::forget(p as usize) {
             free_host(m, false)?;
         }
         // The pages stay shared (the program keeps its memory and contents); the server
@@ -448,7 +451,7 @@ pub(crate) fn copy_any(
             if len > 0 && !sync {
                 // In stream order: what the stream's earlier work writes to either buffer
                 // (page-locked memory kernels reach) lands before the bytes move.
-                super::exec::stream_sync(s)?;
+                crate::state::streams::stream_sync(s)?;
             }
             if len > 0 {
                 // SAFETY: both are host memory of len bytes, per cuMemcpy's contract.
@@ -739,9 +742,10 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
         // SAFETY: data is writable for the attribute's type, per the API.
         unsafe {
             match (attr, dev, host) {
-                (CONTEXT, Some((_, _, d)), _) => {
-                    out(data as *mut *mut c_void, super::ctx::primary_handle(d))
-                }
+                (CONTEXT, Some((_, _, d)), _) => out(
+                    data as *mut *mut c_void,
+                    crate::state::ctx::primary_handle(d),
+                ),
                 (MEMORY_TYPE, Some(_), _) => out(data as *mut c_uint, MEMORYTYPE_DEVICE),
                 (MEMORY_TYPE, None, Some(_)) => out(data as *mut c_uint, MEMORYTYPE_HOST),
                 (DEVICE_POINTER, Some(_), _) => out(data as *mut u64, p),

@@ -2,9 +2,9 @@
 //! the server's one context, so an opened handle is the exporter's own device pointer;
 //! the server keeps the allocation alive until its owner and every importer are done.
 
-use super::ctx::current_dev;
-use super::{entry, live, out};
 use crate::cuda::*;
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{self, IpcCall, IpcHandle, IpcOpen, Op};
 use std::collections::HashMap;
 use std::ffi::c_uint;
@@ -50,7 +50,7 @@ fn on_any_device<T>(
 fn ipc_call(op: Op, ptr: u64) -> Result<Option<IpcHandle>, CUresult> {
     // The session of the GPU the memory is on (an opened handle may be another GPU's);
     // memory this process does not know is the current GPU's session's to refuse.
-    let dev = match super::mem::range_dev(ptr, 1) {
+    let dev = match crate::state::ranges::range_dev(ptr, 1) {
         Ok(d) => d,
         Err(_) => current_dev()?,
     };
@@ -119,7 +119,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             .entry(p)
             .or_insert(0);
         if *n == 0 {
-            super::mem::add_range(p, handle_size(&handle), dev, false);
+            crate::state::ranges::add_range(p, handle_size(&handle), dev, false);
         }
         *n += 1;
         drop(opened);
@@ -149,7 +149,7 @@ pub extern "C" fn cuIpcCloseMemHandle(dptr: u64) -> CUresult {
             *n -= 1;
             if *n == 0 {
                 opened.as_mut().expect("present").remove(&dptr);
-                super::mem::remove_opened_range(dptr);
+                crate::state::ranges::remove_opened_range(dptr);
             }
         }
         Ok(())
@@ -171,13 +171,13 @@ const INTERPROCESS_FLAGS: c_uint = 0x2 | 0x4;
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcGetEventHandle(
     handle: *mut CUipcEventHandle,
-    e: super::exec::CUevent,
+    e: crate::state::streams::CUevent,
 ) -> CUresult {
     entry(|| {
         if handle.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let ev = super::exec::event(e)?;
+        let ev = crate::state::streams::event(e)?;
         if ev.flags & INTERPROCESS_FLAGS != INTERPROCESS_FLAGS {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -201,7 +201,7 @@ pub unsafe extern "C" fn cuIpcGetEventHandle(
 /// `ph` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcOpenEventHandle(
-    ph: *mut super::exec::CUevent,
+    ph: *mut crate::state::streams::CUevent,
     handle: CUipcEventHandle,
 ) -> CUresult {
     use crate::handles::{leak, next_id, Event, EVENT_MAGIC};

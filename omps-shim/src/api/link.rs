@@ -7,11 +7,11 @@
 //! cuModuleLoadDataEx of PTX with options ([`jit_load`]) sends the same container with one
 //! PTX input, which the server loads with the driver's own module load.
 
-use super::ctx::current_dev;
-use super::module::upload;
-use super::{entry, live, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
+use crate::state::modules::upload;
 use omps_ring::segment::CHUNKS_PER_CHANNEL;
 use omps_ring::wire::{self, link, ChunkCopy, Op};
 use std::ffi::{c_char, c_uint, c_void, CStr};

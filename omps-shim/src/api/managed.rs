@@ -11,11 +11,11 @@
 //! 4 KiB page and read back by cuMemRangeGetAttribute(s) as the driver answers them.
 //! `__managed__` variables of modules are not supported (docs/design.md, section 13).
 
-use super::exec::{stream_of, CUstream};
 use super::hostmem::{free_host, host_alloc, managed_range, MANAGED};
-use super::mem::{add_range, remove_range};
-use super::{entry, out};
 use crate::cuda::*;
+use crate::state::entry::{entry, out};
+use crate::state::ranges::{add_range, remove_range};
+use crate::state::streams::{stream_of, CUstream};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{LazyLock, Mutex};
@@ -106,7 +106,7 @@ fn read(p: u64, len: usize) -> Result<Vec<Page>, CUresult> {
 /// the host.
 fn check_location(l: MemLocation) -> Result<MemLocation, CUresult> {
     match l.ty {
-        LOC_DEVICE => super::device::device(l.id).map(|_| l),
+        LOC_DEVICE => crate::state::device::device(l.id).map(|_| l),
         LOC_HOST | LOC_HOST_NUMA | LOC_HOST_NUMA_CURRENT => Ok(l),
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         if dptr.is_null() || size == 0 || !matches!(flags, ATTACH_GLOBAL | ATTACH_HOST) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let dev = super::ctx::current_dev()?;
+        let dev = crate::state::ctx::current_dev()?;
         let p = host_alloc(size, MANAGED)? as u64;
         // A device range too (not freeable as device memory: cuMemFree comes here).
         let len = size.next_multiple_of(PAGE) as u64;

@@ -2,106 +2,18 @@
 //! pipelined chunks, memsets. The shim keeps its own table of the client's ranges so bad
 //! pointers get their error synchronously, as from the driver; the server checks again.
 
-use super::ctx::current_dev;
-use super::exec::{stream_for, CUstream};
 use super::hostmem::is_shared;
-use super::{entry, live, out};
 use crate::cuda::*;
+use crate::state::capture::stream_for;
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live, out};
+use crate::state::ranges::*;
+use crate::state::streams::CUstream;
 use omps_ring::segment::CHUNKS_PER_CHANNEL;
 use omps_ring::wire::{
     self, CallHdr, ChunkCopy, CopyDtoD, MemAlloc, MemFree, Memset, Op, PinnedCopy,
 };
-use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
-
-/// Start -> (length, device, freeable). Module globals are ranges too, but not freeable.
-static RANGES: Mutex<BTreeMap<u64, (u64, usize, bool)>> = Mutex::new(BTreeMap::new());
-
-pub(crate) fn add_range(ptr: u64, len: u64, dev: usize, freeable: bool) {
-    RANGES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(ptr, (len, dev, freeable));
-}
-
-/// Forgets an IPC-opened range, but not an allocation of this process's own that took
-/// its address meanwhile.
-pub(crate) fn remove_opened_range(ptr: u64) {
-    let mut r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
-    if matches!(r.get(&ptr), Some(&(_, _, false))) {
-        r.remove(&ptr);
-    }
-}
-
-pub(crate) fn remove_range(ptr: u64) {
-    RANGES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&ptr);
-}
-
-/// The allocation holding `addr`: (start, length, device).
-pub(crate) fn range_info(addr: u64) -> Option<(u64, u64, usize)> {
-    let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
-    let (&start, &(n, dev, _)) = r.range(..=addr).next_back()?;
-    (addr < start + n).then_some((start, n, dev))
-}
-
-/// Whether `[addr, addr+len)` lies inside one allocation of cuMemAlloc's (not a module
-/// variable, VMM mapping or another process's memory).
-pub(crate) fn plain_alloc(addr: u64, len: u64) -> bool {
-    let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
-    r.range(..=addr)
-        .next_back()
-        .is_some_and(|(&start, &(n, _, freeable))| {
-            freeable && addr.checked_add(len).is_some_and(|end| end <= start + n)
-        })
-}
-
-/// The device of the memory holding `[addr, addr+len)`, or INVALID_VALUE. The range may
-/// run across adjacent ranges of one device: PyTorch's expandable segments map a
-/// reservation piece by piece and place tensors across the seams.
-pub(crate) fn range_dev(addr: u64, len: u64) -> Result<usize, CUresult> {
-    let found = range_dev_in(&RANGES.lock().unwrap_or_else(|p| p.into_inner()), addr, len);
-    if found.is_err() && crate::trace_enabled() {
-        // Which memory a program names that this process never allocated (or freed) is
-        // the first thing to know when a copy or memset is refused.
-        let r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
-        let below = r.range(..=addr).next_back().map(|(s, v)| (*s, v.0));
-        let above = r
-            .range(addr.saturating_add(1)..)
-            .next()
-            .map(|(s, v)| (*s, v.0));
-        eprintln!(
-            "omps trace: [{addr:#x}, +{len}) is no allocation of this process (below: {below:x?}, above: {above:x?})"
-        );
-    }
-    found
-}
-
-fn range_dev_in(
-    r: &BTreeMap<u64, (u64, usize, bool)>,
-    addr: u64,
-    len: u64,
-) -> Result<usize, CUresult> {
-    let end = addr.checked_add(len).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let (&start, &(n, dev, _)) = r
-        .range(..=addr)
-        .next_back()
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let mut covered = start + n;
-    if covered <= addr {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    while covered < end {
-        match r.get(&covered) {
-            Some(&(n, d, _)) if d == dev => covered += n,
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        }
-    }
-    Ok(dev)
-}
 
 pub(crate) fn alloc(dev: usize, size: usize) -> Result<u64, CUresult> {
     if size == 0 {
@@ -129,7 +41,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
         if dptr.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         let p = alloc(current_dev()?, size)?;
         // SAFETY: the caller's pointer, non-null.
         unsafe { out(dptr, p) }
@@ -150,7 +62,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     // every GPU this targets.
     const ALIGN: usize = 512;
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         if dptr.is_null()
             || pitch.is_null()
             || width == 0
@@ -175,7 +87,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry(|| {
-        super::capture::unsafe_call_allowed()?;
+        crate::state::capture::unsafe_call_allowed()?;
         free(ptr)
     })
 }
@@ -252,7 +164,7 @@ fn memset(
     let dev = match range_dev(dst, bytes) {
         Ok(dev) => dev,
         Err(_) if super::hostmem::is_shared(dst, bytes as usize) => {
-            super::exec::stream_dev(stream)?.1
+            crate::state::streams::stream_dev(stream)?.1
         }
         Err(_) if super::hostmem::is_unshared_host(dst, bytes as usize) => {
             return memset_on_host(dst, value, elem_size, count, stream);
@@ -286,10 +198,10 @@ fn memset_on_host(
     count: usize,
     stream: CUstream,
 ) -> Result<(), CUresult> {
-    if super::capture::any_capture() {
+    if crate::state::capture::any_capture() {
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    super::exec::stream_sync(stream)?;
+    crate::state::streams::stream_sync(stream)?;
     let n = elem_size as usize;
     let bytes = &value.to_le_bytes()[..n];
     // SAFETY: [dst, dst + count * n) lies in one page-locked range of this process
@@ -305,7 +217,7 @@ fn memset_on_host(
 /// memory returns once done, as the driver's does (in device memory it need not).
 pub(crate) fn finish_if_host(dst: u64, src: u64) -> Result<(), CUresult> {
     if super::hostmem::is_shared(dst, 1) || super::hostmem::is_shared(src, 1) {
-        super::exec::stream_sync(std::ptr::null_mut())
+        crate::state::streams::stream_sync(std::ptr::null_mut())
     } else {
         Ok(())
     }

@@ -14,16 +14,17 @@
 //! is ordered after the work of the stream it names (which it synchronizes first) and
 //! done when the call returns.
 
-use super::ctx::current_dev;
-use super::ctx::CUcontext;
-use super::device::device;
-use super::exec::{
-    handle_call, resolve_stream, stream_sync, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
-};
-use super::mem::{copy_dtoh, copy_htod, plain_alloc};
-use super::{entry, live, out};
+use super::mem::{copy_dtoh, copy_htod};
 use crate::cuda::*;
 use crate::handles::{resolve, Stream, CTX_MAGIC};
+use crate::state::ctx::current_dev;
+use crate::state::ctx::CUcontext;
+use crate::state::device::device;
+use crate::state::entry::{entry, live, out};
+use crate::state::ranges::plain_alloc;
+use crate::state::streams::{
+    handle_call, resolve_stream, stream_sync, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
+};
 use omps_ring::wire::{CopyPeer, Op, PeerAccess};
 use std::ffi::c_int;
 
@@ -141,7 +142,7 @@ fn copy_direct(
         _ => resolve_stream(stream)?,
     };
     if named.is_none() {
-        super::ctx::sync_device(far)?;
+        crate::state::ctx::sync_device(far)?;
     }
     let id = named.map_or(omps_ring::wire::STREAM_DEFAULT, |st| st.id);
     let rec = CopyPeer {
@@ -224,7 +225,7 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: std::ffi::c_uint
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let here = super::ctx::current_ctx_checked()?;
+        let here = crate::state::ctx::current_ctx_checked()?;
         let dev = check_ctx(here)?;
         if dev == peer_dev || p2p(dev as CUdevice, peer_dev as CUdevice, ACCESS)? != 1 {
             return Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
@@ -269,7 +270,7 @@ pub(crate) fn can_reach(dev: usize, peer_dev: usize) -> bool {
 pub extern "C" fn cuCtxDisablePeerAccess(peer: CUcontext) -> CUresult {
     entry(|| {
         check_ctx(peer)?;
-        let here = super::ctx::current_ctx_checked()? as usize;
+        let here = crate::state::ctx::current_ctx_checked()? as usize;
         let mut on = enabled();
         let i = on
             .iter()

@@ -14,11 +14,11 @@
 //! through the server (pool_share.rs); its freed blocks are not kept, since another
 //! process may still hold them.
 
-use super::exec::{per_thread, resolve_stream, CUstream};
 use super::mem::alloc;
-use super::{entry, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, POOL_MAGIC};
+use crate::state::entry::{entry, out};
+use crate::state::streams::{per_thread, resolve_stream, CUstream};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::AtomicU32;
@@ -89,7 +89,7 @@ struct Devices {
 
 fn devices() -> Result<&'static Devices, CUresult> {
     static D: OnceLock<Devices> = OnceLock::new();
-    let n = super::live()?.num_devices();
+    let n = crate::state::entry::live()?.num_devices();
     Ok(D.get_or_init(|| {
         let default: Vec<_> = (0..n)
             .map(|d| new_pool(d, true, Default::default()))
@@ -107,7 +107,9 @@ fn devices() -> Result<&'static Devices, CUresult> {
 /// CUDA_ERROR_NOT_SUPPORTED. The pools here are the shim's own, so no driver says it.
 pub(crate) fn pools_on(dev: usize) -> Result<(), CUresult> {
     const MEMORY_POOLS_SUPPORTED: usize = 115;
-    let d = super::device::device(CUdevice::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?)?;
+    let d = crate::state::device::device(
+        CUdevice::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?,
+    )?;
     match d.attribute(MEMORY_POOLS_SUPPORTED) {
         Some(0) => Err(CUDA_ERROR_NOT_SUPPORTED),
         _ => Ok(()),
@@ -130,7 +132,7 @@ fn stream_key(s: CUstream) -> Result<(usize, usize), CUresult> {
     let st = resolve_stream(s)?;
     let dev = match st {
         Some(st) => st.dev,
-        None => super::ctx::current_dev()?,
+        None => crate::state::ctx::current_dev()?,
     };
     Ok((st.map_or(0, |st| st as *const _ as usize), dev))
 }
@@ -212,8 +214,8 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     if super::graph_mem::is_graph_alloc(ptr) {
         // A free during a capture (a free node), or graph memory freed outside its
         // graph: its graphs free it.
-        let in_graph = super::capture::any_capture()
-            && super::capture::capture_info(s)?.0 == omps_ring::wire::graph::STATUS_ACTIVE;
+        let in_graph = crate::state::capture::any_capture()
+            && crate::state::capture::capture_info(s)?.0 == omps_ring::wire::graph::STATUS_ACTIVE;
         super::graph_mem::freed(ptr, in_graph);
         return Ok(());
     }
@@ -241,10 +243,10 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
 
 /// An allocation on a capturing stream is graph memory (graph_mem.rs): Some(address).
 fn captured_alloc(dev: usize, size: usize, s: CUstream) -> Result<Option<u64>, CUresult> {
-    if !super::capture::any_capture() {
+    if !crate::state::capture::any_capture() {
         return Ok(None);
     }
-    let (status, id) = super::capture::capture_info(s)?;
+    let (status, id) = crate::state::capture::capture_info(s)?;
     if status != omps_ring::wire::graph::STATUS_ACTIVE {
         return Ok(None);
     }
@@ -360,7 +362,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let share = super::pool_share::Share::new(pr.handle_types)?;
-        super::device::device(pr.location_id)?;
+        crate::state::device::device(pr.location_id)?;
         pools_on(pr.location_id as usize)?;
         let p = new_pool(pr.location_id as usize, false, share);
         // SAFETY: the caller's pointer.
@@ -474,7 +476,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
     dev: CUdevice,
 ) -> CUresult {
     entry(|| {
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         pools_on(dev as usize)?;
         let p = devices()?.default[dev as usize];
         // SAFETY: the caller's pointer.
@@ -490,7 +492,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
     dev: CUdevice,
 ) -> CUresult {
     entry(|| {
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         pools_on(dev as usize)?;
         let p = lock(&devices()?.current)[dev as usize];
         // SAFETY: the caller's pointer.
@@ -501,7 +503,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
 #[no_mangle]
 pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, p: CUmemoryPool) -> CUresult {
     entry(|| {
-        super::device::device(dev)?;
+        crate::state::device::device(dev)?;
         pools_on(dev as usize)?;
         if pool(p)?.dev != dev as usize {
             return Err(CUDA_ERROR_INVALID_DEVICE);
@@ -540,7 +542,7 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
             if d.location_type != LOCATION_DEVICE {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            super::device::device(d.location_id)?;
+            crate::state::device::device(d.location_id)?;
             let dev = d.location_id as usize;
             match (dev == pl.dev, d.flags) {
                 (true, 3) => {}

@@ -13,8 +13,8 @@
 use super::pool::{new_pool, pool, CUmemoryPool, Pool};
 use super::vmm::call_raw;
 use super::vmm_share::{read_descriptor, write_descriptor, POSIX_FD};
-use super::{entry, live, out};
 use crate::cuda::*;
+use crate::state::entry::{entry, live, out};
 use omps_ring::wire::{vmm, IpcCall, Op};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
@@ -87,7 +87,7 @@ pub(crate) fn free_imported(ptr: u64) -> Option<Result<(), CUresult>> {
         let dev = e.0;
         if e.1 == 0 {
             m.as_mut().expect("present").remove(&ptr);
-            super::mem::remove_opened_range(ptr);
+            crate::state::ranges::remove_opened_range(ptr);
         }
         dev
     };
@@ -216,7 +216,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
             .or_insert((pl.dev, 0));
         if n.1 == 0 {
             // Copies and kernels of this process may use it from now on.
-            super::mem::add_range(p, size, pl.dev, false);
+            crate::state::ranges::add_range(p, size, pl.dev, false);
         }
         n.1 += 1;
         drop(m);

@@ -3,9 +3,9 @@
 //! compiled in from data/proc_address.txt; the pointer is the shim's own export of that
 //! variant, implemented or a NOT_SUPPORTED stub.
 
-use super::{entry, out};
 use crate::cuda::*;
 use crate::preload::own_symbol;
+use crate::state::entry::{entry, out};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// The symbol a (name, version, flags) query resolves to, or the driver's (CUresult,

@@ -2,12 +2,13 @@
 //! out for flag CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: each is its legacy entry
 //! point run with stream 0 meaning the calling thread's own stream.
 
-use super::ctx::CUcontext;
 use super::exec::*;
-use super::exec::{per_thread, CUevent, CUfunction, CUstream};
 use super::mem::*;
 use super::peer::*;
 use crate::cuda::*;
+use crate::state::ctx::CUcontext;
+use crate::state::launch::LaunchConfig;
+use crate::state::streams::{per_thread, CUevent, CUfunction, CUstream};
 use std::ffi::{c_uint, c_void};
 
 macro_rules! per_thread_variants {

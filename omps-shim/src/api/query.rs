@@ -1,123 +1,14 @@
 //! Questions only the server's driver can answer: occupancy, context limits, a function's
 //! cache preference. Each is one round trip, except a stable question asked before.
 
-use super::ctx::current_dev;
-use super::exec::{config_parts, CUfunction, LaunchConfig};
-use super::{entry, live, out};
 use crate::cuda::*;
-use omps_ring::wire::{self, query, Op, Query};
-use std::collections::HashMap;
+use crate::state::answers::*;
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, out};
+use crate::state::launch::{config_parts, LaunchConfig};
+use crate::state::streams::CUfunction;
+use omps_ring::wire::query;
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-
-/// Answers by question, for the questions whose answer only this process can change:
-/// occupancy (the function, its attributes and the device decide it) and this client's
-/// own context limits (the server keeps them per client). Libraries ask the same ones
-/// before every launch: a round trip each, tens of microseconds while the server is busy.
-/// Any change to a function's attributes or cache preference, or to a limit, clears it.
-type AnswerKey = (usize, u32, u32, [i64; 7], Vec<u8>);
-static ANSWERS: Mutex<Option<HashMap<AnswerKey, i64>>> = Mutex::new(None);
-/// Bumped by every forget: an answer asked before one is not kept after it.
-static FORGETS: AtomicU64 = AtomicU64::new(0);
-/// Distinct questions kept before the cache starts over (a program asks a few per kernel).
-const ANSWERS_MAX: usize = 1 << 14;
-
-fn answer_is_stable(kind: u32) -> bool {
-    matches!(
-        kind,
-        query::OCC_MAX_BLOCKS
-            | query::OCC_DYN_SMEM
-            | query::OCC_MAX_CLUSTERS
-            | query::OCC_MAX_CLUSTER_SIZE
-            | query::CTX_GET_LIMIT
-    )
-}
-
-/// Forgets every cached answer: a function's attributes or a limit changed.
-pub(crate) fn forget_answers() {
-    let mut m = ANSWERS.lock().unwrap_or_else(|e| e.into_inner());
-    FORGETS.fetch_add(1, Ordering::SeqCst);
-    *m = None;
-}
-
-fn ask(dev: usize, kind: u32, func: u32, args: [i64; 7], attrs: &[u8]) -> Result<i64, CUresult> {
-    if kind == query::CTX_SET_LIMIT {
-        // After it too: an answer asked before it and kept meanwhile is dropped.
-        forget_answers();
-        let r = ask_server(dev, kind, func, args, attrs);
-        forget_answers();
-        return r;
-    }
-    if !answer_is_stable(kind) {
-        return ask_server(dev, kind, func, args, attrs);
-    }
-    let key = (dev, kind, func, args, attrs.to_vec());
-    let cached = ANSWERS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .and_then(|m| m.get(&key).copied());
-    if let Some(v) = cached {
-        return Ok(v);
-    }
-    let forgets = FORGETS.load(Ordering::SeqCst);
-    let v = ask_server(dev, kind, func, args, attrs)?;
-    let mut m = ANSWERS.lock().unwrap_or_else(|e| e.into_inner());
-    if FORGETS.load(Ordering::SeqCst) != forgets {
-        return Ok(v);
-    }
-    let m = m.get_or_insert_with(HashMap::new);
-    if m.len() >= ANSWERS_MAX {
-        m.clear();
-    }
-    m.insert(key, v);
-    Ok(v)
-}
-
-fn ask_server(
-    dev: usize,
-    kind: u32,
-    func: u32,
-    args: [i64; 7],
-    attrs: &[u8],
-) -> Result<i64, CUresult> {
-    if crate::stats::enabled() {
-        crate::stats::count_query(kind);
-    }
-    let c = live()?;
-    let mut ch = c.channel();
-    let q = |call| Query {
-        call,
-        kind,
-        func,
-        args,
-        num_attrs: (attrs.len() / wire::LAUNCH_ATTR_BYTES) as u32,
-        _pad: 0,
-    };
-    ch.call(dev, Op::Query, |call| {
-        let mut v = bytemuck::bytes_of(&q(call)).to_vec();
-        v.extend_from_slice(attrs);
-        v
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value as i64)
-}
-
-pub(crate) fn occupancy(
-    f: CUfunction,
-    block: c_int,
-    smem: usize,
-    flags: c_uint,
-) -> Result<i64, CUresult> {
-    let func = super::module::function_here(f)?;
-    ask(
-        func.dev,
-        query::OCC_MAX_BLOCKS,
-        func.id,
-        [block as i64, smem as i64, flags as i64, 0, 0, 0, 0],
-        &[],
-    )
-}
 
 /// # Safety
 /// `n` is null or writable.
@@ -156,7 +47,7 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
     block: c_int,
 ) -> CUresult {
     entry(|| {
-        let func = super::module::function_here(f)?;
+        let func = crate::state::modules::function_here(f)?;
         let v = ask(
             func.dev,
             query::OCC_DYN_SMEM,
@@ -187,8 +78,8 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
     flags: c_uint,
 ) -> CUresult {
     entry(|| {
-        let func = super::module::function_here(f)?;
-        let d = super::device::device(func.dev as CUdevice)?;
+        let func = crate::state::modules::function_here(f)?;
+        let d = crate::state::device::device(func.dev as CUdevice)?;
         const WARP_SIZE: usize = 10;
         const MULTIPROCESSOR_COUNT: usize = 16;
         let warp = d.attribute(WARP_SIZE).unwrap_or(32).max(1);
@@ -238,7 +129,7 @@ unsafe fn cluster_query(
     f: CUfunction,
     config: *const LaunchConfig,
 ) -> Result<i64, CUresult> {
-    let func = super::module::function_here(f)?;
+    let func = crate::state::modules::function_here(f)?;
     // SAFETY: the caller's config.
     let (c, attrs) = unsafe { config_parts(config) }?;
     let g = |x: c_uint| x as i64;
@@ -342,7 +233,7 @@ pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuFuncSetCacheConfig(f: CUfunction, config: c_int) -> CUresult {
     entry(|| {
-        let func = super::module::function_here(f)?;
+        let func = crate::state::modules::function_here(f)?;
         forget_answers();
         // The cache preference and the shared memory carveout are two views of one setting.
         const PREFERRED_SHARED_MEMORY_CARVEOUT: c_int = 9;

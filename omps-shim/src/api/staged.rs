@@ -11,19 +11,19 @@
 //! arena of this process (they count against its pinned-memory limit) and live as long as
 //! the graph and the executable graphs made from it: they are held as user objects are.
 
-use super::exec::CUstream;
 use crate::cuda::*;
 use crate::hostfn::NodeWords;
+use crate::state::streams::CUstream;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
 /// The capture id of stream `s` when it is capturing (and not invalidated) now.
 pub(crate) fn capturing(s: CUstream) -> Result<Option<u64>, CUresult> {
-    if !super::capture::any_capture() {
+    if !crate::state::capture::any_capture() {
         return Ok(None);
     }
-    let (status, id) = super::capture::capture_info(s)?;
+    let (status, id) = crate::state::capture::capture_info(s)?;
     Ok((status == omps_ring::wire::graph::STATUS_ACTIVE).then_some(id))
 }
 
@@ -91,8 +91,9 @@ pub(crate) fn capture_copy(
     s: CUstream,
     id: u64,
 ) -> Result<(), CUresult> {
-    let g = super::capture::capture_graph(id).ok_or(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)?;
-    let (stream, dev) = super::exec::stream_dev(s)?;
+    let g =
+        crate::state::capture::capture_graph(id).ok_or(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)?;
+    let (stream, dev) = crate::state::streams::stream_dev(s)?;
     let mut extents = Vec::new();
     let made = (|| {
         let words = arena_alloc(std::mem::size_of::<NodeWords>())?;

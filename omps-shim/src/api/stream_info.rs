@@ -4,9 +4,10 @@
 //! capture going, the queries answer "none" here without asking, as the driver does for a
 //! stream that is not capturing. PyTorch asks before nearly every copy.
 
-use super::exec::{per_thread, resolve_stream, CUstream};
-use super::{entry, out};
 use crate::cuda::*;
+use crate::state::capture::CAPTURE_MODE;
+use crate::state::entry::{entry, out};
+use crate::state::streams::{per_thread, resolve_stream, CUstream};
 use omps_ring::wire;
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
@@ -17,7 +18,7 @@ use std::sync::Mutex;
 /// # Safety
 /// `status` and `id` are null or writable.
 unsafe fn capture_state(s: CUstream, status: *mut c_uint, id: *mut u64) -> Result<(), CUresult> {
-    let (st, cid) = super::capture::capture_info(s)?;
+    let (st, cid) = crate::state::capture::capture_info(s)?;
     if !id.is_null() && st != wire::graph::STATUS_NONE {
         // SAFETY: checked non-null; the caller's pointer.
         unsafe { id.write(cid) };
@@ -96,7 +97,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
             if !graph.is_null() {
                 let active = !status.is_null() && *status == wire::graph::STATUS_ACTIVE;
                 let g = if active {
-                    super::capture::capture_graph(cid).unwrap_or(0)
+                    crate::state::capture::capture_graph(cid).unwrap_or(0)
                 } else {
                     0
                 };
@@ -160,16 +161,6 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
 ) -> CUresult {
     // SAFETY: forwarded contract.
     per_thread(|| unsafe { cuStreamGetCaptureInfo_v3(s, status, id, graph, deps, edges, num_deps) })
-}
-
-thread_local! {
-    /// CU_STREAM_CAPTURE_MODE_GLOBAL (0) until the thread exchanges it.
-    static CAPTURE_MODE: std::cell::Cell<c_uint> = const { std::cell::Cell::new(0) };
-}
-
-/// The calling thread's capture mode (cuThreadExchangeStreamCaptureMode).
-pub(crate) fn thread_capture_mode() -> c_uint {
-    CAPTURE_MODE.get()
 }
 
 /// Swaps the calling thread's capture mode (global, thread-local, relaxed), which decides

@@ -2,9 +2,9 @@
 //! the driver's own: the server encodes them with the real driver and the shim copies
 //! them out, so a kernel receives exactly what it would natively.
 
-use super::ctx::current_dev;
-use super::{entry, live};
 use crate::cuda::*;
+use crate::state::ctx::current_dev;
+use crate::state::entry::{entry, live};
 use omps_ring::wire::{self, tensor_map as k, Op};
 use std::ffi::{c_int, c_void};
 

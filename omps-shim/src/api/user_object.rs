@@ -4,9 +4,9 @@
 //! The destructor runs on the shim's host-function thread, never on the releasing
 //! thread, as the driver runs it on one of its own.
 
-use super::{entry, out};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, GraphHandle, GRAPH_MAGIC};
+use crate::state::entry::{entry, out};
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -291,7 +291,9 @@ fn release_after_last_launch(e: &GraphHandle, list: Vec<(usize, u64)>) {
     }
     let last = e.last_stream.load(Ordering::Acquire);
     if last != crate::handles::NEVER {
-        if let Ok((id, dev)) = super::exec::stream_dev(last as super::exec::CUstream) {
+        if let Ok((id, dev)) =
+            crate::state::streams::stream_dev(last as crate::state::streams::CUstream)
+        {
             // SAFETY: the release touches only this shim's books and the host-function
             // thread's queue.
             let call = unsafe { crate::hostfn::Call::new(move || release_all(list)) };

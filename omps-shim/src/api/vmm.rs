@@ -6,9 +6,9 @@
 //! Access may be set for the process's other devices too (NCCL's cuMem transport): the
 //! server checks and grants it for whole mappings (omps-server/src/session/vmm.rs).
 
-use super::mem::{add_range, range_info, remove_range};
-use super::{entry, live, out};
 use crate::cuda::*;
+use crate::state::entry::{entry, live, out};
+use crate::state::ranges::{add_range, range_info, remove_range};
 use omps_ring::wire::{self, vmm, Op};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_uint, c_ulonglong};
@@ -129,7 +129,7 @@ unsafe fn prop_device(prop: *const AllocProp) -> Result<usize, CUresult> {
     if p.handle_types & FABRIC != 0 {
         return Err(NOT_PERMITTED);
     }
-    super::device::device(p.location_id)?;
+    crate::state::device::device(p.location_id)?;
     Ok(p.location_id as usize)
 }
 
@@ -149,7 +149,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
         }
         // A reservation is of the address space all devices share; the server keeps it on
         // the current device's worker.
-        let dev = super::ctx::current_dev()?;
+        let dev = crate::state::ctx::current_dev()?;
         let p = call(dev, vmm::RESERVE, 0, [size as u64, align as u64, hint])?;
         books(|b| b.reservations.insert(p, dev));
         // SAFETY: the caller's pointer.
@@ -304,7 +304,7 @@ pub unsafe extern "C" fn cuMemSetAccess(
             if d.location_type != LOCATION_DEVICE {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            super::device::device(d.location_id)?;
+            crate::state::device::device(d.location_id)?;
             if d.flags != ACCESS_READWRITE {
                 return Err(crate::unsupported::unsupported(
                     "cuMemSetAccess other than read-write (read-only, or taking access away)",

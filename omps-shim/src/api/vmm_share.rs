@@ -8,8 +8,8 @@
 //! releases it (omps-server/src/ipc.rs).
 
 use super::vmm::{books, call_raw};
-use super::{entry, out};
 use crate::cuda::*;
+use crate::state::entry::{entry, out};
 use omps_ring::wire::vmm;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use std::os::fd::{AsRawFd, IntoRawFd};
@@ -52,7 +52,7 @@ pub(crate) fn read_descriptor(fd: c_int, magic: [u8; 8]) -> Result<(usize, [u64;
     }
     let word = |at: usize| u64::from_le_bytes(content[at..at + 8].try_into().expect("8 bytes"));
     let dev = usize::try_from(word(8)).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-    super::device::device(c_int::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_VALUE)?)?;
+    crate::state::device::device(c_int::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_VALUE)?)?;
     Ok((dev, [word(16), word(24)]))
 }
 
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
         let (_, [lo, hi]) = read_descriptor(os as usize as c_int, MAGIC)?;
         // Imported into the current device's session, whichever GPU the memory lives on:
         // a process maps it into reservations it makes there (NCCL's peers do).
-        let dev = super::ctx::current_dev()?;
+        let dev = crate::state::ctx::current_dev()?;
         let [id, size, compression, home]: [u64; 4] = call_raw(dev, vmm::IMPORT, 0, [lo, hi, 0])?;
         let handle = ((dev as u64 + 1) << 32) | id;
         books(|b| {

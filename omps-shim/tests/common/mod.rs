@@ -336,7 +336,7 @@ pub unsafe fn try_fill_kernel(
     p: u64,
     value: u32,
     count: u32,
-    s: omps_shim::api::exec::CUstream,
+    s: omps_shim::state::streams::CUstream,
 ) -> omps_shim::cuda::CUresult {
     let f = host_function(c"fill_u32");
     let (mut ptr, mut val, mut n) = (p, value, count);
@@ -368,7 +368,7 @@ pub unsafe fn try_fill_kernel(
 /// # Safety
 /// `s` is a live stream of the current context.
 #[allow(dead_code)]
-pub unsafe fn fill_kernel(p: u64, value: u32, count: u32, s: omps_shim::api::exec::CUstream) {
+pub unsafe fn fill_kernel(p: u64, value: u32, count: u32, s: omps_shim::state::streams::CUstream) {
     // SAFETY: the caller's contract.
     ok(unsafe { try_fill_kernel(p, value, count, s) });
 }
@@ -402,7 +402,7 @@ pub fn ok(r: omps_shim::cuda::CUresult) {
 /// Function `name` of the host test module, loaded through the shim's entry points (the
 /// process's own connection: `start_as_client` first).
 #[allow(dead_code)]
-pub fn host_function(name: &std::ffi::CStr) -> omps_shim::api::exec::CUfunction {
+pub fn host_function(name: &std::ffi::CStr) -> omps_shim::state::streams::CUfunction {
     use omps_shim::api::module::{cuModuleGetFunction, cuModuleLoadData};
     let (mut m, mut f) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: valid out-pointers; the image is NUL-terminated text.
@@ -613,7 +613,7 @@ pub type LinkedServer = (
 /// A server on two linked host GPUs (as [`linked_gpus_server`]) with this process's shim
 /// its client: initialized, both primary contexts retained (GPU 0's, GPU 1's).
 #[allow(dead_code)]
-pub fn shim_on_linked_gpus(tag: &str) -> (LinkedServer, [omps_shim::api::ctx::CUcontext; 2]) {
+pub fn shim_on_linked_gpus(tag: &str) -> (LinkedServer, [omps_shim::state::ctx::CUcontext; 2]) {
     use omps_shim::api::{ctx::*, device::*};
     let server = linked_gpus_server(tag);
     // SAFETY: set before this test starts threads that read it; the shim reads it at cuInit.
@@ -638,7 +638,7 @@ pub unsafe fn memset_graph(
     p: u64,
     value: u32,
 ) -> (
-    omps_shim::api::exec::CUstream,
+    omps_shim::state::streams::CUstream,
     omps_shim::api::graph::CUgraphExec,
 ) {
     use omps_shim::api::{capture::*, exec::*, graph::*, mem::*};
@@ -664,7 +664,7 @@ pub unsafe fn memset_graph(
 pub fn replay_writes(
     gpu: &HostGpu,
     e: omps_shim::api::graph::CUgraphExec,
-    s: omps_shim::api::exec::CUstream,
+    s: omps_shim::state::streams::CUstream,
     p: u64,
     value: u32,
 ) {
@@ -730,8 +730,8 @@ pub fn free_local_addr() -> std::net::SocketAddr {
 /// `s` is a stream of this process's shim.
 #[allow(dead_code)]
 pub unsafe fn capture_graph_of(
-    s: omps_shim::api::exec::CUstream,
-) -> (u32, omps_shim::api::capture::CUgraph) {
+    s: omps_shim::state::streams::CUstream,
+) -> (u32, omps_shim::state::capture::CUgraph) {
     let (mut status, mut g) = (0u32, std::ptr::null_mut());
     // SAFETY: valid out-pointers; the stream is the caller's.
     let r = unsafe {
@@ -745,5 +745,5 @@ pub unsafe fn capture_graph_of(
         )
     };
     assert_eq!(r, 0, "cuStreamGetCaptureInfo");
-    (status, g as omps_shim::api::capture::CUgraph)
+    (status, g as omps_shim::state::capture::CUgraph)
 }

@@ -27,7 +27,7 @@ impl Drop for Home {
             id: self.id,
             _pad: 0,
         };
-        let _ = crate::api::live()
+        let _ = crate::state::entry::live()
             .and_then(|c| c.push(self.dev, Op::GraphDestroy, &[bytemuck::bytes_of(&h)]));
     }
 }
@@ -38,7 +38,7 @@ pub(crate) fn cond_call(
     kind: u32,
     fill: impl FnOnce(&mut GraphCond),
 ) -> Result<u64, CUresult> {
-    let c = crate::api::live()?;
+    let c = crate::state::entry::live()?;
     let mut ch = c.channel();
     ch.call(dev, Op::GraphCond, |call| {
         let mut g = GraphCond {
@@ -121,7 +121,7 @@ pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
         }
         let gr = graph_ref(g)?;
         if !is_built(g) {
-            let h = match crate::api::capture::capture_stream_of(g) {
+            let h = match crate::state::capture::capture_stream_of(g) {
                 Some((dev, stream)) => capture_handle(dev, stream, default, flags)?,
                 None => {
                     return Err(crate::unsupported::unsupported(
@@ -205,7 +205,7 @@ pub(crate) fn has_conditionals(b: &Built) -> bool {
 /// Issues conditional node `c` where stream `s`'s capture stands: the server adds the
 /// node, and each body is captured into the body graph the driver made for it.
 pub(super) fn issue_conditional(c: &CondNode, s: CUstream) -> Result<(), CUresult> {
-    let (stream, dev) = crate::api::exec::stream_dev(s)?;
+    let (stream, dev) = crate::state::streams::stream_dev(s)?;
     let first = cond_call(dev, wg::COND_NODE, |g| {
         g.stream = stream;
         g.handle = c.handle;
@@ -256,7 +256,7 @@ pub(crate) fn add_to_capture(
     g: CUgraph,
     p: &mut CondParams,
 ) -> Result<(), CUresult> {
-    let (dev, stream) = crate::api::capture::capture_stream_of(g).ok_or_else(|| {
+    let (dev, stream) = crate::state::capture::capture_stream_of(g).ok_or_else(|| {
         crate::unsupported::unsupported("adding nodes to a graph the server captured")
     })?;
     if ph.is_null() {

@@ -172,7 +172,7 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
             let [gx, gy, gz] = k.grid;
             let [bx, by, bz] = k.block;
             if !k.attrs.is_empty() {
-                let config = crate::api::exec::LaunchConfig {
+                let config = crate::state::launch::LaunchConfig {
                     grid: k.grid,
                     block: k.block,
                     shared_mem: k.shared,
@@ -243,9 +243,9 @@ pub(crate) fn capture_then(
     b: &Built,
     then: impl FnOnce(u32) -> Result<u32, CUresult>,
 ) -> Result<u32, CUresult> {
-    let ctx = crate::api::ctx::primary_handle(b.dev);
+    let ctx = crate::state::ctx::primary_handle(b.dev);
     // SAFETY: the primary context of the graph's device, a handle of this shim.
-    ok(unsafe { crate::api::ctx::cuCtxPushCurrent_v2(ctx as _) })?;
+    ok(unsafe { crate::state::ctx::push_current(ctx as _) })?;
     let r = match &b.home {
         None => capture_built(b, Target::New).and_then(|g| {
             let r = then(g);
@@ -263,7 +263,7 @@ pub(crate) fn capture_then(
     };
     let mut popped = std::ptr::null_mut();
     // SAFETY: pops what was pushed above; a valid out-pointer.
-    unsafe { crate::api::ctx::cuCtxPopCurrent_v2(&mut popped) };
+    unsafe { crate::state::ctx::pop_current(&mut popped) };
     r
 }
 
@@ -280,7 +280,7 @@ fn capture_built(b: &Built, target: Target) -> Result<u32, CUresult> {
 
 fn destroy_server_graph(dev: usize, id: u32) {
     let h = omps_ring::wire::Handle { id, _pad: 0 };
-    let _ = crate::api::live().and_then(|c| {
+    let _ = crate::state::entry::live().and_then(|c| {
         c.push(
             dev,
             omps_ring::wire::Op::GraphDestroy,

@@ -9,15 +9,17 @@
 //! allocation and free (mem_nodes.rs), child graphs built by hand (inlined), and
 //! conditional nodes (cond.rs: these need a graph op of the server's).
 
-use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture, CUgraph, MODE_RELAXED};
+use super::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture};
 use super::hostmem::{cuMemcpy3DAsync_v2, Memcpy3D};
-use super::{entry, out};
 use crate::api::exec::{
     cuEventCreate, cuEventDestroy_v2, cuEventRecord, cuEventRecordWithFlags, cuLaunchKernel,
-    cuStreamDestroy_v2, cuStreamWaitEvent, event, function, CUevent, CUfunction, CUstream,
+    cuStreamDestroy_v2, cuStreamWaitEvent,
 };
 use crate::cuda::*;
 use crate::handles::{leak, resolve, GraphHandle, GraphNode, GRAPH_MAGIC, NODE_MAGIC};
+use crate::state::capture::{CUgraph, MODE_RELAXED};
+use crate::state::entry::{entry, out};
+use crate::state::streams::{event, function, CUevent, CUfunction, CUstream};
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::sync::Mutex;
@@ -542,7 +544,7 @@ pub unsafe extern "C" fn cuGraphCreate(ph: *mut CUgraph, flags: c_uint) -> CUres
         if ph.is_null() || flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let dev = super::ctx::current_dev()?;
+        let dev = crate::state::ctx::current_dev()?;
         let h = leak(GraphHandle::new(GRAPH_MAGIC, 0, dev));
         with(|r| {
             r.graphs.insert(

@@ -34,7 +34,7 @@ pub(super) unsafe fn kernel_node(
 ) -> Result<KernelNode, CUresult> {
     let f = if p.func.is_null() { kern } else { p.func };
     // A library's kernel: its function on the device the graph is built on.
-    let func = crate::api::module::function_here(f)?;
+    let func = crate::state::modules::function_here(f)?;
     let mut args = vec![0u8; func.args_size];
     // SAFETY: forwarded contract.
     unsafe { crate::api::exec::pack_args(func, p.kernel_params, p.extra, &mut args) }?;

@@ -61,7 +61,7 @@ pub unsafe extern "C" fn cuGraphKernelNodeGetParams_v2(
         let v = KernelNodeParamsV2 {
             v1,
             kern: v1.func,
-            ctx: crate::api::ctx::current_ctx(),
+            ctx: crate::state::ctx::current_ctx(),
         };
         // SAFETY: the caller's pointer.
         unsafe { out(p, v) }

@@ -28,7 +28,7 @@ impl Drop for ServerGraph {
             id: self.id,
             _pad: 0,
         };
-        let _ = crate::api::live().and_then(|c| {
+        let _ = crate::state::entry::live().and_then(|c| {
             c.push(
                 self.dev,
                 wire::Op::GraphDestroy,
@@ -60,10 +60,10 @@ pub(crate) fn server_graph(dev: usize, id: u32, handle: usize) -> Kind {
 
 /// Issues child node `c` where stream `s`'s capture stands.
 pub(super) fn issue_server_child(c: &ServerGraph, s: CUstream) -> Result<(), CUresult> {
-    let (stream, dev) = crate::api::exec::stream_dev(s)?;
+    let (stream, dev) = crate::state::streams::stream_dev(s)?;
     // The capture's graph replays the child: it holds what the child holds.
     let capture = crate::api::staged::capturing(s)?;
-    if let Some(g) = capture.and_then(crate::api::capture::capture_graph) {
+    if let Some(g) = capture.and_then(crate::state::capture::capture_graph) {
         crate::api::user_object::share(c.handle, g);
     }
     cond_call(dev, wg::CHILD_NODE, |g| {

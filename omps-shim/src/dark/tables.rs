@@ -6,34 +6,14 @@
 //! cudart is not known to call get a stub that names itself once; the integrity check's
 //! answer covers the addresses of two tables and one function, so all are statics.
 
-use crate::api::ctx::{current_ctx, primary_handle};
+use super::table::{note_unknown, size, Table};
 use crate::cuda::*;
 use crate::integrity;
+use crate::state::cls::{cls_delete, cls_get, cls_put, ctx_or_current};
+use crate::state::ctx::{current_ctx, primary_handle};
 use std::collections::HashSet;
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
-
-#[repr(C)]
-pub struct Table<const N: usize>(pub [*const c_void; N]);
-// SAFETY: the tables are immutable arrays of function addresses and sizes.
-unsafe impl<const N: usize> Sync for Table<N> {}
-
-const fn size(slots: usize) -> *const c_void {
-    (slots * 8) as *const c_void
-}
-
-fn note_unknown(what: &'static str) {
-    static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-    if SEEN
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashSet::new)
-        .insert(what)
-    {
-        eprintln!("omps: export table entry {what} called; not supported yet");
-    }
-}
+use std::sync::Mutex;
 
 macro_rules! stubs {
     ($($name:ident = $what:literal => $ret:expr;)*) => {$(
@@ -112,7 +92,7 @@ unsafe extern "C" fn get_primary_context(pctx: *mut *mut c_void, dev: CUdevice) 
     if pctx.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if let Err(e) = crate::api::device::device(dev) {
+    if let Err(e) = crate::state::device::device(dev) {
         return e;
     }
     // SAFETY: checked non-null; cudart's out-pointer.
@@ -201,132 +181,6 @@ pub static TOOLS_TLS: Table<3> = Table([
 
 // ---- c693336e: context-local storage (no size header). `get` runs on every runtime
 // call, so a thread caches its last answer until a put or delete changes the generation.
-
-type Dtor = Option<unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_void)>;
-
-struct Slot {
-    ctx: usize,
-    key: usize,
-    value: usize,
-    dtor: Dtor,
-}
-
-static STORE: RwLock<Vec<Slot>> = RwLock::new(Vec::new());
-static GENERATION: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// (generation, ctx, key, value) of this thread's last successful get.
-    static LAST_GET: std::cell::Cell<(u64, usize, usize, usize)> = const { std::cell::Cell::new((0, 0, 0, 0)) };
-}
-
-fn ctx_or_current(ctx: *mut c_void) -> Result<usize, CUresult> {
-    let c = if ctx.is_null() { current_ctx() } else { ctx };
-    if c.is_null() {
-        Err(CUDA_ERROR_INVALID_CONTEXT)
-    } else {
-        Ok(c as usize)
-    }
-}
-
-unsafe extern "C" fn cls_put(
-    ctx: *mut c_void,
-    key: *mut c_void,
-    value: *mut c_void,
-    dtor: Dtor,
-) -> CUresult {
-    let ctx = match ctx_or_current(ctx) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let mut s = STORE.write().unwrap_or_else(|e| e.into_inner());
-    match s.iter_mut().find(|x| x.ctx == ctx && x.key == key as usize) {
-        Some(x) => {
-            x.value = value as usize;
-            x.dtor = dtor;
-        }
-        None => s.push(Slot {
-            ctx,
-            key: key as usize,
-            value: value as usize,
-            dtor,
-        }),
-    }
-    GENERATION.fetch_add(1, Ordering::Release);
-    CUDA_SUCCESS
-}
-
-unsafe extern "C" fn cls_delete(ctx: *mut c_void, key: *mut c_void) -> CUresult {
-    let ctx = match ctx_or_current(ctx) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    STORE
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|x| !(x.ctx == ctx && x.key == key as usize));
-    GENERATION.fetch_add(1, Ordering::Release);
-    CUDA_SUCCESS
-}
-
-unsafe extern "C" fn cls_get(
-    value: *mut *mut c_void,
-    ctx: *mut c_void,
-    key: *mut c_void,
-) -> CUresult {
-    let ctx = match ctx_or_current(ctx) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let gen = GENERATION.load(Ordering::Acquire);
-    let (g, c, k, v) = LAST_GET.get();
-    let found = if g == gen && c == ctx && k == key as usize {
-        Some(v)
-    } else {
-        let s = STORE.read().unwrap_or_else(|e| e.into_inner());
-        let v = s
-            .iter()
-            .find(|x| x.ctx == ctx && x.key == key as usize)
-            .map(|x| x.value);
-        if let Some(v) = v {
-            LAST_GET.set((gen, ctx, key as usize, v));
-        }
-        v
-    };
-    match found {
-        Some(v) if !value.is_null() => {
-            // SAFETY: cudart's out-pointer, checked non-null.
-            unsafe { value.write(v as *mut c_void) };
-            CUDA_SUCCESS
-        }
-        Some(_) => CUDA_ERROR_INVALID_VALUE,
-        None => CUDA_ERROR_INVALID_HANDLE,
-    }
-}
-
-/// Runs the destructors of everything stored for `ctx` (its primary context was reset).
-pub fn cls_reset(ctx: *mut c_void) {
-    let gone: Vec<Slot> = {
-        let mut s = STORE.write().unwrap_or_else(|e| e.into_inner());
-        let (gone, keep) = std::mem::take(&mut *s)
-            .into_iter()
-            .partition(|x| x.ctx == ctx as usize);
-        *s = keep;
-        gone
-    };
-    GENERATION.fetch_add(1, Ordering::Release);
-    for x in gone {
-        if let Some(d) = x.dtor {
-            // SAFETY: the destructor and arguments cudart stored with cls_put.
-            unsafe {
-                d(
-                    x.ctx as *mut c_void,
-                    x.key as *mut c_void,
-                    x.value as *mut c_void,
-                )
-            };
-        }
-    }
-}
 
 pub static CONTEXT_LOCAL_STORAGE: Table<4> = Table([
     cls_put as *const c_void,
@@ -503,10 +357,10 @@ fn table(uuid: &[u8; 16]) -> Option<*const c_void> {
         "tls" => &TOOLS_TLS as *const _ as *const c_void,
         "cls" => &CONTEXT_LOCAL_STORAGE as *const _ as *const c_void,
         "checks" => &CONTEXT_CHECKS as *const _ as *const c_void,
-        "tools context" => &crate::dark_tools::TOOLS_CONTEXT as *const _ as *const c_void,
-        "cluster" => &crate::dark_tools::CLUSTER as *const _ as *const c_void,
-        "tools module" => &crate::dark_tools::TOOLS_MODULE as *const _ as *const c_void,
-        "runtime first" => &crate::dark_tools::RUNTIME_FIRST as *const _ as *const c_void,
+        "tools context" => &super::tools::TOOLS_CONTEXT as *const _ as *const c_void,
+        "cluster" => &super::tools::CLUSTER as *const _ as *const c_void,
+        "tools module" => &super::tools::TOOLS_MODULE as *const _ as *const c_void,
+        "runtime first" => &super::tools::RUNTIME_FIRST as *const _ as *const c_void,
         _ => &INTEGRITY as *const _ as *const c_void,
     })
 }
@@ -589,7 +443,9 @@ mod tests {
 #[cfg(test)]
 mod cls_tests {
     use super::*;
+    use crate::state::cls::cls_reset;
     use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::Ordering;
 
     static DESTROYED: AtomicUsize = AtomicUsize::new(0);
 

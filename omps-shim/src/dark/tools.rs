@@ -7,10 +7,11 @@
 //! Every other slot is a stub that returns CUDA_ERROR_NOT_SUPPORTED and names its table and
 //! index once, so a library that reaches a new entry fails loudly.
 
-use crate::api::ctx::cuCtxGetId;
-use crate::api::exec::{cuStreamGetId, CUstream};
+use super::table::Table;
+use crate::api::exec::cuStreamGetId;
 use crate::cuda::*;
-use crate::dark::Table;
+use crate::state::ctx::ctx_id;
+use crate::state::streams::CUstream;
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -53,7 +54,7 @@ macro_rules! stub_table {
 unsafe extern "C" fn context_id(ctx: *mut c_void, id: *mut u64) -> CUresult {
     // SAFETY: forwarded contract: a context handle (or null for the current) and an
     // out-pointer.
-    unsafe { cuCtxGetId(ctx as _, id) }
+    unsafe { ctx_id(ctx as _, id) }
 }
 
 unsafe extern "C" fn stream_id(_ctx: *mut c_void, s: CUstream, id: *mut u64) -> CUresult {
@@ -73,9 +74,9 @@ unsafe extern "C" fn stream_tools_handle(
         return CUDA_ERROR_INVALID_VALUE;
     }
     let resolved = if per_thread != 0 && s.is_null() {
-        crate::api::exec::per_thread(|| crate::api::exec::resolve_stream(s))
+        crate::state::streams::per_thread(|| crate::state::streams::resolve_stream(s))
     } else {
-        crate::api::exec::resolve_stream(s)
+        crate::state::streams::resolve_stream(s)
     };
     match resolved {
         Ok(st) => {
@@ -124,11 +125,11 @@ unsafe extern "C" fn tpc_maps(vgpc: *mut *mut u8, mtpc: *mut *mut u8) -> CUresul
     if vgpc.is_null() || mtpc.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let dev = match crate::api::ctx::current_dev() {
+    let dev = match crate::state::ctx::current_dev() {
         Ok(d) => d,
         Err(e) => return e,
     };
-    let snap = match crate::api::device::device(dev as CUdevice) {
+    let snap = match crate::state::device::device(dev as CUdevice) {
         Ok(s) => s,
         Err(e) => return e,
     };

@@ -40,14 +40,14 @@ impl Server {
             ["stats"] => (true, self.stats_text()),
             ["metrics"] => (true, self.board.render()),
             ["terminate_client", args @ ..] => self.terminate_client(args),
-            [cmd, args @ ..] if crate::memlimit::COMMANDS.contains(cmd) => {
+            [cmd, args @ ..] if crate::client::memlimit::COMMANDS.contains(cmd) => {
                 let clients = self.client_list();
                 self.mem_limits.command(cmd, args, &clients, &self.snapshots)
             }
-            [cmd, args @ ..] if crate::namespace::COMMANDS.contains(cmd) => {
+            [cmd, args @ ..] if crate::control::namespace::COMMANDS.contains(cmd) => {
                 self.namespaces.command(cmd, args, &self.policy, &self.snapshots)
             }
-            [cmd, args @ ..] if crate::policy::COMMANDS.contains(cmd) => {
+            [cmd, args @ ..] if crate::worker::policy::COMMANDS.contains(cmd) => {
                 let clients = self.client_list();
                 let r = self.policy.command(cmd, args, &clients, &self.gpus);
                 self.policy.publish(&clients);
@@ -222,7 +222,7 @@ impl Server {
             );
             s += &format!(
                 "  {}\n",
-                crate::features::Features::of(snap, self.policy.confines(i)).summary()
+                crate::gpu::features::Features::of(snap, self.policy.confines(i)).summary()
             );
         }
         let unattributed = self.printf.unattributed();
@@ -423,9 +423,9 @@ fn known_commands() -> String {
     ];
     own.iter()
         .copied()
-        .chain(crate::policy::COMMANDS.iter().copied())
-        .chain(crate::memlimit::COMMANDS.iter().copied())
-        .chain(crate::namespace::COMMANDS.iter().copied())
+        .chain(crate::worker::policy::COMMANDS.iter().copied())
+        .chain(crate::client::memlimit::COMMANDS.iter().copied())
+        .chain(crate::control::namespace::COMMANDS.iter().copied())
         .collect::<Vec<_>>()
         .join(", ")
 }

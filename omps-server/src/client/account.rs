@@ -13,11 +13,13 @@
 //! bounds (crate::client::bounds). A namespace's memory limit likewise holds for all its clients
 //! together ([`Group`]): a pod that starts more processes gets no more memory.
 
-use crate::client::NO_LIMIT;
 use omps_ring::segment::MAX_DEVICES;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+/// A limit that is not set.
+pub const NO_LIMIT: u64 = u64::MAX;
 
 /// What every client together holds, for the server-wide bounds.
 #[derive(Default, Debug)]

@@ -46,7 +46,7 @@ pub fn resolve(key: &DeviceKey, gpus: &[DeviceSnapshot]) -> Result<usize, String
         )),
         DeviceKey::Uuid(u) => gpus
             .iter()
-            .position(|g| crate::control::uuid_text(&g.uuid) == *u)
+            .position(|g| crate::base::ids::uuid_text(&g.uuid) == *u)
             .ok_or_else(|| format!("no GPU of this server has UUID {u}")),
     }
 }
@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn lists_resolve_ordinals_and_uuids() {
         let g = gpus();
-        let u = crate::control::uuid_text(&g[1].uuid).to_uppercase();
+        let u = crate::base::ids::uuid_text(&g[1].uuid).to_uppercase();
         let l = resolve_list(&format!("0=2G,{u}=512M"), &g).unwrap();
         assert_eq!((l[0], l[1], l[2]), (2 << 30, 512 << 20, NO_LIMIT));
         assert!(resolve_list("2=1G", &g)

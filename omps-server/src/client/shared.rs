@@ -1,14 +1,8 @@
-//! What the server knows of one connected client, shared by the control thread and every
-//! GPU worker.
+//! The state of one connected client that the control thread and every GPU worker share:
+//! its segment, its memory use and limits, its allocations as peer copies see them.
 
-pub mod account;
-pub mod bounds;
-pub mod ipc;
-pub mod limits;
-pub mod memlimit;
-pub mod printf;
-pub mod visible;
-
+use super::account::NO_LIMIT;
+use super::identity::{one_word, Identity};
 use crate::gpu::Gpu;
 use omps_ring::futex;
 use omps_ring::segment::{state, SegmentView, CHUNKS_PER_CHANNEL, MAX_DEVICES};
@@ -16,60 +10,6 @@ use omps_ring::shm::Mapping;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-
-/// Who a client is, as ps, top and the metrics show it.
-#[derive(Clone, Debug, Default)]
-pub struct Identity {
-    /// Its program (argv[0]), without whitespace; read off the control thread (a client's
-    /// argv lies in its own memory, which it could make slow to read), so unset at first.
-    pub command: std::sync::OnceLock<String>,
-    /// The inode of its PID namespace (0: unknown).
-    pub pid_ns: u64,
-    /// Its PID in its own namespace, as it said (0: not said).
-    pub ns_pid: u32,
-    /// The container it runs in, read from its cgroup (empty: none found).
-    pub container: String,
-    /// The Kubernetes pod UID, read from its cgroup (empty: none found).
-    pub pod: String,
-}
-
-impl Identity {
-    /// Reads what the kernel says of process `pid` (as the server sees it): its PID
-    /// namespace and cgroup, never the process's own memory.
-    pub fn of(pid: i32, ns_pid: u32) -> Identity {
-        let pid_ns = std::fs::read_link(format!("/proc/{pid}/ns/pid"))
-            .ok()
-            .and_then(|l| {
-                let l = l.to_string_lossy().into_owned();
-                l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
-            })
-            .unwrap_or(0);
-        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let (container, pod) = container_of(&cgroup);
-        Identity {
-            command: Default::default(),
-            pid_ns,
-            ns_pid,
-            container,
-            pod,
-        }
-    }
-}
-
-/// Text a client chose (its argv[0], its comm), made one word: at most `max` characters,
-/// whitespace and control characters replaced, so ps rows and log lines stay whole.
-pub fn one_word(text: &str, max: usize) -> String {
-    text.chars()
-        .take(max)
-        .map(|c| {
-            if c.is_whitespace() || c.is_control() {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect()
-}
 
 /// Reads client `c`'s argv[0] into its identity, on a thread of its own: reading another
 /// process's cmdline reads its memory, which a hostile client can make block.
@@ -89,37 +29,6 @@ pub fn read_command_later(c: &Arc<ClientShared>) {
             }
         });
 }
-
-/// The container id (64 hex digits) and Kubernetes pod UID a cgroup path names, as
-/// Docker, containerd, CRI-O and the kubelet lay them out (`…/docker-<id>.scope`,
-/// `…/kubepods-…-pod<uid>.slice/cri-containerd-<id>.scope`, `/kubepods/…/pod<uid>/<id>`).
-pub fn container_of(cgroup: &str) -> (String, String) {
-    let path = cgroup
-        .lines()
-        .find_map(|l| l.splitn(3, ':').nth(2))
-        .unwrap_or("");
-    let mut container = String::new();
-    let mut pod = String::new();
-    for part in path.split('/') {
-        let stem = part
-            .strip_suffix(".scope")
-            .or_else(|| part.strip_suffix(".slice"))
-            .unwrap_or(part);
-        if let Some(p) = stem.rsplit("-pod").next().filter(|_| stem.contains("-pod")) {
-            pod = p.replace('_', "-");
-        } else if let Some(p) = stem.strip_prefix("pod") {
-            pod = p.to_string();
-        }
-        let id = stem.rsplit(['-', ':']).next().unwrap_or(stem);
-        if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            container = id.to_string();
-        }
-    }
-    (container, pod)
-}
-
-/// A limit that is not set.
-pub const NO_LIMIT: u64 = u64::MAX;
 
 /// A client's allocations on one GPU, as peer copies from other GPUs see them.
 #[derive(Default)]
@@ -653,174 +562,7 @@ impl ClientShared {
     }
 }
 
-impl ClientShared {
-    /// Whether `[addr, addr+len)` lies inside one of the client's pinned allocations.
-    pub fn pinned_contains(&self, addr: u64, len: u64) -> bool {
-        let p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
-        p.range(..=addr)
-            .next_back()
-            .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
-    }
-
-    /// Runs `f` with the pinned ranges held still: `f` gets a test of whether a range lies
-    /// in one, true as long as `f` runs (a range leaves the list before it is unmapped).
-    pub fn with_pinned<R>(&self, f: impl FnOnce(&dyn Fn(u64, u64) -> bool) -> R) -> R {
-        let p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
-        let inside = |addr: u64, len: u64| {
-            p.range(..=addr)
-                .next_back()
-                .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|end| end <= s + n))
-        };
-        f(&inside)
-    }
-
-    /// Maps the client's memfd at `addr` (never over anything already mapped here) and
-    /// registers it, so the GPU reaches the same pages at the same address.
-    pub fn pin(&self, fd: std::os::fd::BorrowedFd, addr: u64, len: u64) -> Result<(), i32> {
-        use crate::gpu::code;
-        let page = 4096;
-        if len == 0 || !len.is_multiple_of(page) || !addr.is_multiple_of(page) {
-            return Err(code::INVALID_VALUE);
-        }
-        {
-            let b = crate::client::bounds::bounds();
-            let p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
-            let (_, gone_ranges) = *self.unpinning.lock().unwrap_or_else(|e| e.into_inner());
-            // Bytes are bounded per process (what it holds through any connection, ranges
-            // given back but not yet unregistered included), ranges per connection.
-            let held = self.account.pinned.load(Ordering::Relaxed);
-            if p.len() + gone_ranges >= b.pinned_ranges || held.saturating_add(len) > b.pinned_bytes
-            {
-                return Err(code::OUT_OF_MEMORY);
-            }
-        }
-        omps_ring::shm::check_segment(fd, len as usize).map_err(|_| code::INVALID_VALUE)?;
-        let gpu = self.registered_on.as_ref().ok_or(code::NOT_SUPPORTED)?;
-        // And every client together: N clients may not pin N times the per-client bound.
-        if !self.account.totals.take_pinned(len) {
-            return Err(code::OUT_OF_MEMORY);
-        }
-        if let Err(e) = self.charge_pinned(len, MAX_DEVICES) {
-            self.account.totals.give_pinned(len);
-            return Err(e);
-        }
-        self.map_and_register(gpu, fd, addr, len)
-            .inspect_err(|_| self.unpinned(len))
-    }
-
-    fn map_and_register(
-        &self,
-        gpu: &Arc<dyn Gpu>,
-        fd: std::os::fd::BorrowedFd,
-        addr: u64,
-        len: u64,
-    ) -> Result<(), i32> {
-        use crate::gpu::code;
-        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the kernel checks
-        // the address range; the fd is sealed against shrinking.
-        let p = unsafe {
-            libc::mmap(
-                addr as *mut libc::c_void,
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(code::NOT_SUPPORTED);
-        }
-        if p as u64 != addr {
-            // SAFETY: unmapping what this call just mapped (an old kernel ignored the hint).
-            unsafe { libc::munmap(p, len as usize) };
-            return Err(code::NOT_SUPPORTED);
-        }
-        // SAFETY: just mapped; stays mapped until unpin or drop, which unregister first.
-        if let Err(e) = unsafe { gpu.register_host(p as *mut u8, len as usize) } {
-            // SAFETY: unmapping what this call just mapped.
-            unsafe { libc::munmap(p, len as usize) };
-            return Err(e.0);
-        }
-        self.pinned
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(addr, len);
-        Ok(())
-    }
-
-    /// Unregisters and unmaps a pinned range once nothing uses it.
-    /// Pinned ranges given back whose fences have not all passed yet.
-    pub fn unpinning_ranges(&self) -> usize {
-        self.unpinning.lock().unwrap_or_else(|e| e.into_inner()).1
-    }
-
-    pub fn release_pinned(&self, addr: u64, len: u64) {
-        if let Some(gpu) = &self.registered_on {
-            // SAFETY: the range was registered by pin(); the caller fenced the client's work.
-            if let Err(e) = unsafe { gpu.unregister_host(addr as *mut u8) } {
-                tracing::warn!(
-                    client = self.id,
-                    "unregistering pinned memory failed: {}",
-                    e.0
-                );
-            }
-        }
-        // SAFETY: the range was mapped by pin() and nothing references it any more.
-        unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) };
-    }
-}
-
-impl Drop for ClientShared {
-    fn drop(&mut self) {
-        // The client is gone: its pinned ranges and segment are unregistered once the GPU
-        // is quiet, since unregistering waits for every running kernel and holds up every
-        // client's launches meanwhile.
-        let pinned = std::mem::take(&mut *self.pinned.lock().unwrap_or_else(|e| e.into_inner()));
-        for &len in pinned.values() {
-            self.unpinned(len);
-        }
-        let mapping = self.mapping.take();
-        let Some(gpu) = self.registered_on.clone() else {
-            for (addr, len) in pinned {
-                drop(Unmap(addr, len));
-            }
-            return;
-        };
-        for (addr, len) in pinned {
-            // SAFETY: registered by pin(); the last reference is gone, so every worker has
-            // fenced this client's streams; Unmap keeps the range mapped until then.
-            unsafe {
-                crate::release::unpin::unpinner().unregister_later(
-                    gpu.clone(),
-                    addr as *mut u8,
-                    len,
-                    Box::new(Unmap(addr, len)),
-                )
-            };
-        }
-        let (off, len) = self.seg.layout.registered_range();
-        // SAFETY: as above, for the segment's registered range; the mapping travels along.
-        unsafe {
-            crate::release::unpin::unpinner().unregister_later(
-                gpu,
-                self.seg.base().add(off),
-                len as u64,
-                Box::new(mapping),
-            )
-        };
-    }
-}
-
-/// A pinned range mapped by [`ClientShared::pin`], unmapped when dropped.
-struct Unmap(u64, u64);
-
-impl Drop for Unmap {
-    fn drop(&mut self) {
-        // SAFETY: the range was mapped by pin() and nothing references it any more.
-        unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1 as usize) };
-    }
-}
+mod pinned;
 
 #[cfg(test)]
 mod tests {
@@ -849,24 +591,5 @@ mod tests {
         c.forget_allocs(2);
         assert!(!c.holds_on(2, 0x3000, 8, 0, 0), "its session there ended");
         assert!(!c.holds_on(super::MAX_DEVICES, 0x3000, 8, 0, 0));
-    }
-
-    use super::container_of;
-
-    #[test]
-    fn containers_and_pods_are_read_from_cgroup_paths() {
-        let id = "4f2a".repeat(16);
-        let docker = format!("0::/system.slice/docker-{id}.scope\n");
-        assert_eq!(container_of(&docker), (id.clone(), String::new()));
-        let k8s = format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1c2d_3e4f.slice/cri-containerd-{id}.scope\n"
-        );
-        assert_eq!(container_of(&k8s), (id.clone(), "1c2d-3e4f".into()));
-        let v1 = format!("12:memory:/kubepods/besteffort/pod77aa-bb/{id}\n");
-        assert_eq!(container_of(&v1), (id, "77aa-bb".into()));
-        assert_eq!(
-            container_of("0::/user.slice/session-3.scope\n"),
-            (String::new(), String::new())
-        );
     }
 }

@@ -14,7 +14,7 @@ pub fn resolve(spec: Option<&str>, gpus: &[DeviceSnapshot]) -> Vec<usize> {
     };
     let uuids: Vec<String> = gpus
         .iter()
-        .map(|g| crate::control::uuid_text(&g.uuid))
+        .map(|g| crate::base::ids::uuid_text(&g.uuid))
         .collect();
     let mut out: Vec<usize> = Vec::new();
     for entry in spec.split(',').map(str::trim) {

@@ -1,11 +1,7 @@
-//! The control thread: the socket, the handshake, omps-ctl requests, and client death.
+//! The control thread (`Server`): its configuration, the socket, the handshake, omps-ctl
+//! requests, and client death.
 
-pub mod listen;
-pub mod metrics;
-pub mod namespace;
-pub mod peers;
-pub mod restart;
-
+use crate::base::ids::uuid_text;
 use crate::client::printf::PrintfRouter;
 use crate::client::ClientShared;
 use crate::gpu::{code, Gpu};
@@ -25,8 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 mod commands;
-mod control_log;
-mod lane_queue;
+use super::{control_log, lane_queue};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -1460,18 +1455,6 @@ fn presize(
         })?;
     }
     Ok(())
-}
-
-pub fn uuid_text(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
 }
 
 /// A listening socket's poll entry: watched for connections, or left out (-1).

@@ -1,5 +1,5 @@
-//! One client's state on one GPU, and the decoding, validation and execution of its
-//! commands.
+//! A client's [`Session`] on one GPU: what it holds there, the checks every family of
+//! its commands shares, and the dispatch of each record to its family.
 //!
 //! Everything read from the ring is hostile: records are copied out of shared memory
 //! before they are looked at (the ring does that), sizes are checked against the op, and
@@ -11,47 +11,30 @@
 //! (launches, function queries, TMA descriptors), `memory`, `modules`, `sync` (streams,
 //! events, synchronizing calls), `vmm` and `link`, each in its own file under `session/`.
 
-use crate::client::ClientShared;
-use crate::gpu::{code, CuError};
-use crate::sched::placement;
-use crate::worker::WorkerCtx;
-use omps_ring::futex;
-use omps_ring::ring::Consumer;
-use omps_ring::segment::{Channel, Word, CHUNKS_PER_CHANNEL};
-use omps_ring::wire::{self, CallHdr, Op};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use super::{arrays, conditional, depth, graph_memory, green, vmm};
+pub(super) use crate::client::ClientShared;
+pub(super) use crate::gpu::{code, CuError};
+pub(super) use crate::sched::placement;
+pub(super) use crate::worker::WorkerCtx;
+pub(super) use omps_ring::futex;
+pub(super) use omps_ring::ring::Consumer;
+pub(super) use omps_ring::segment::{Channel, Word, CHUNKS_PER_CHANNEL};
+pub(super) use omps_ring::wire::{self, CallHdr, Op};
+pub(super) use std::collections::{BTreeMap, HashMap};
+pub(super) use std::sync::atomic::Ordering;
+pub(super) use std::sync::Arc;
 
 /// Unfinished events of streams a client gave up, before they are folded into one
 /// (`Session::fold_left`).
-const MAX_LEFT: usize = 64;
-
-mod arrays;
-mod conditional;
-mod depth;
-mod exec;
-mod graph_memory;
-mod graphs;
-mod green;
-mod ipc;
-mod link;
-pub use link::{jit_verdict, link_verdict};
-mod memory;
-mod modules;
-mod pool_share;
-mod sync;
-mod vmm;
-
-pub use vmm::VmmRelease;
+pub(super) const MAX_LEFT: usize = 64;
 
 /// The fixed part of a record whose length `handle` checked.
-fn rec<T: bytemuck::Pod>(p: &[u8]) -> T {
+pub(super) fn rec<T: bytemuck::Pod>(p: &[u8]) -> T {
     wire::get::<T>(p).expect("length checked above")
 }
 
 /// A record that must carry nothing after its fixed part.
-fn fixed_only(tail: &[u8], name: &str) -> Result<(), Malformed> {
+pub(super) fn fixed_only(tail: &[u8], name: &str) -> Result<(), Malformed> {
     if tail.is_empty() {
         Ok(())
     } else {
@@ -63,16 +46,16 @@ fn fixed_only(tail: &[u8], name: &str) -> Result<(), Malformed> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Malformed(pub String);
 
-fn bad<T>(why: impl Into<String>) -> Result<T, Malformed> {
+pub(super) fn bad<T>(why: impl Into<String>) -> Result<T, Malformed> {
     Err(Malformed(why.into()))
 }
 
-struct Function {
-    handle: u64,
-    args_size: usize,
-    module: u32,
+pub(super) struct Function {
+    pub(super) handle: u64,
+    pub(super) args_size: usize,
+    pub(super) module: u32,
     /// In a shared module: its settable attributes as loaded (each client sees its own).
-    shared: Option<[Option<i32>; 7]>,
+    pub(super) shared: Option<[Option<i32>; 7]>,
 }
 
 /// A client stream: the pool stream it runs on (bound at its first work, so that idle
@@ -80,28 +63,28 @@ struct Function {
 /// legacy stream (id 0) waits for earlier work of the client's blocking streams, and
 /// theirs for earlier legacy work; non-blocking streams never wait. Only transitions cost
 /// anything: an event record and a wait.
-struct ClientStream {
-    pool: Option<usize>,
-    priority: i32,
-    blocking: bool,
+pub(super) struct ClientStream {
+    pub(super) pool: Option<usize>,
+    pub(super) priority: i32,
+    pub(super) blocking: bool,
     /// Has queued work that later legacy-stream work must wait for.
-    dirty: bool,
+    pub(super) dirty: bool,
     /// Must wait for the legacy stream's work before its next work.
-    stale: bool,
+    pub(super) stale: bool,
     /// Pieces of work queued on it so far.
-    submits: u64,
+    pub(super) submits: u64,
     /// Its last synchronization that went to the GPU.
-    synced: Option<SyncMark>,
+    pub(super) synced: Option<SyncMark>,
     /// Its work stream is being captured (graphs.rs).
-    capturing: bool,
+    pub(super) capturing: bool,
     /// The capture was begun on this stream (it did not fork into it from another).
-    origin: bool,
+    pub(super) origin: bool,
     /// The green context it was made in (green.rs), 0 for none.
-    green: u32,
+    pub(super) green: u32,
 }
 
 impl ClientStream {
-    fn new(priority: i32, blocking: bool) -> Self {
+    pub(super) fn new(priority: i32, blocking: bool) -> Self {
         ClientStream {
             pool: None,
             priority,
@@ -121,16 +104,16 @@ impl ClientStream {
 /// `channel` (a synchronization's done word, or a staging chunk's after its copy), and
 /// how many submissions had been queued when it was.
 #[derive(Clone, Copy)]
-struct SyncMark {
-    channel: u32,
-    word: Word,
-    seq: u32,
-    submits: u64,
+pub(super) struct SyncMark {
+    pub(super) channel: u32,
+    pub(super) word: Word,
+    pub(super) seq: u32,
+    pub(super) submits: u64,
 }
 
 impl SyncMark {
     /// The done word of `call`, after `submits` submissions.
-    fn done(call: CallHdr, submits: u64) -> Self {
+    pub(super) fn done(call: CallHdr, submits: u64) -> Self {
         SyncMark {
             channel: call.channel,
             word: Word::Done,
@@ -140,17 +123,17 @@ impl SyncMark {
     }
 }
 
-struct Module {
-    handle: u64,
-    functions: Vec<u32>,
+pub(super) struct Module {
+    pub(super) handle: u64,
+    pub(super) functions: Vec<u32>,
     /// Loaded once for every client with the same image ([`crate::image::module_cache`]).
-    shared: bool,
+    pub(super) shared: bool,
     /// Device memory its variables take, counted as the client's.
-    data_bytes: u64,
+    pub(super) data_bytes: u64,
 }
 
 /// A device range: start and length.
-type Range = (u64, u64);
+pub(super) type Range = (u64, u64);
 
 /// A pinned range a client gave back: every GPU's worker fences the client's work that
 /// may still use it, and the last of them unregisters it.
@@ -198,7 +181,7 @@ pub struct Release {
     pub ipc: Vec<(u64, u64)>,
     /// Other clients' allocations it opened and closed (or left open when it went).
     pub ipc_close: Vec<u64>,
-    pub vmm: VmmRelease,
+    pub vmm: vmm::VmmRelease,
     pub arrays: arrays::ArrayRelease,
     /// The GPU whose context limits the departed client had raised: they come back down
     /// once its work is done (crate::client::limits).
@@ -259,88 +242,88 @@ impl Release {
 
 pub struct Session {
     pub client: Arc<ClientShared>,
-    consumer: Consumer,
-    dev: usize,
+    pub(super) consumer: Consumer,
+    pub(super) dev: usize,
     /// Whether `client.used_gpus` has this GPU's bit (set at its first record here).
-    marked_used: bool,
-    streams: HashMap<u32, ClientStream>,
+    pub(super) marked_used: bool,
+    pub(super) streams: HashMap<u32, ClientStream>,
     /// Streams the client destroyed while a capture that forked into them still goes: the
     /// driver keeps them in the capture until its origin ends it, so their work streams
     /// stay this client's until then (graphs.rs, `refresh_capture_flags`).
-    parked: Vec<ClientStream>,
-    events: HashMap<u32, u64>,
-    modules: HashMap<u32, Module>,
-    functions: HashMap<u32, Function>,
+    pub(super) parked: Vec<ClientStream>,
+    pub(super) events: HashMap<u32, u64>,
+    pub(super) modules: HashMap<u32, Module>,
+    pub(super) functions: HashMap<u32, Function>,
     /// Device ranges this client may copy to and from: its allocations and module globals.
-    allocs: BTreeMap<u64, u64>,
+    pub(super) allocs: BTreeMap<u64, u64>,
     /// Module globals: start -> (length, the module whose unloading ends them).
-    globals: BTreeMap<u64, (u64, u32)>,
-    blobs: Vec<Vec<u8>>,
+    pub(super) globals: BTreeMap<u64, (u64, u32)>,
+    pub(super) blobs: Vec<Vec<u8>>,
     /// Channels whose image went over OMPS_MAX_IMAGE_BYTES: dropped, and its load is
     /// answered CUDA_ERROR_OUT_OF_MEMORY.
-    blob_over: Vec<bool>,
+    pub(super) blob_over: Vec<bool>,
     /// Per channel: the last JIT link's image and logs, until the next link.
-    link_out: Vec<Vec<u8>>,
+    pub(super) link_out: Vec<Vec<u8>>,
     /// Bit i set when work stream i has carried this client's work.
     /// Its own stream for synchronizations and fences (made at its first), so that what
     /// it waits for never queues behind another client's waits (see `sync_stream`).
-    sync: Option<usize>,
+    pub(super) sync: Option<usize>,
     /// The placement its streams are bound under.
-    placement: placement::Placement,
+    pub(super) placement: placement::Placement,
     /// First asynchronous error since the last synchronizing call.
-    pending_error: i32,
-    next_id: u32,
+    pub(super) pending_error: i32,
+    pub(super) next_id: u32,
     /// Pieces of work queued on all of its streams so far.
-    submits: u64,
+    pub(super) submits: u64,
     /// Its last context synchronization that went to the GPU.
-    ctx_synced: Option<SyncMark>,
+    pub(super) ctx_synced: Option<SyncMark>,
     /// Context limits it set (crate::client::limits).
-    limits: HashMap<i32, u64>,
+    pub(super) limits: HashMap<i32, u64>,
     /// Per limit, the device memory its value costs beyond the context's default, charged
     /// to it (session/exec.rs).
-    limit_charges: HashMap<i32, u64>,
+    pub(super) limit_charges: HashMap<i32, u64>,
     /// Attributes it set on shared modules' functions: (function, attribute) -> value.
-    fn_attrs: HashMap<(u32, i32), i32>,
+    pub(super) fn_attrs: HashMap<(u32, i32), i32>,
     /// Its graphs and executable graphs: id -> the driver's handle.
-    graphs: HashMap<u32, u64>,
-    execs: HashMap<u32, u64>,
+    pub(super) graphs: HashMap<u32, u64>,
+    pub(super) execs: HashMap<u32, u64>,
     /// The device memory each executable graph's memset and memcpy nodes use, and the
     /// blocks freed while one does, held until none does (session/graph_memory.rs).
-    exec_ranges: HashMap<u32, Vec<Range>>,
-    graph_held: Vec<Range>,
+    pub(super) exec_ranges: HashMap<u32, Vec<Range>>,
+    pub(super) graph_held: Vec<Range>,
     /// Modules unloaded and IPC openings closed while such a graph used their memory.
-    graph_held_other: Vec<graph_memory::HeldForGraphs>,
+    pub(super) graph_held_other: Vec<graph_memory::HeldForGraphs>,
     /// How many of its streams are being captured.
-    capturing: usize,
+    pub(super) capturing: usize,
     /// Its conditional nodes' homes, handles and bodies.
-    cond: conditional::CondState,
+    pub(super) cond: conditional::CondState,
     /// How many of its requests were refused (for `log_refusal`).
-    refusals: u32,
+    pub(super) refusals: u32,
     /// Its events last recorded in a capturing stream: not to be waited for or queried.
-    captured_events: std::collections::HashSet<u32>,
+    pub(super) captured_events: std::collections::HashSet<u32>,
     /// The last sequence queued through each host-function slot it used.
-    hostfn_last: HashMap<u32, u32>,
+    pub(super) hostfn_last: HashMap<u32, u32>,
     /// Host-function slots its graphs' host nodes hold.
-    host_nodes: std::collections::BTreeSet<u32>,
+    pub(super) host_nodes: std::collections::BTreeSet<u32>,
     /// The `ack` words in its pinned memory that its graphs' other host nodes wait on.
-    host_words: std::collections::BTreeSet<u64>,
+    pub(super) host_words: std::collections::BTreeSet<u64>,
     /// The last work of streams it gave up (see `left_events`), at most [`MAX_LEFT`] + 1.
-    left: Vec<u64>,
+    pub(super) left: Vec<u64>,
     /// Its events to destroy as it goes (set by into_release: shared ones stay).
-    events_to_destroy: Vec<u64>,
+    pub(super) events_to_destroy: Vec<u64>,
     /// Other clients' allocations it opened through IPC: pointer -> (size, openings).
-    imported: BTreeMap<u64, (u64, u32)>,
+    pub(super) imported: BTreeMap<u64, (u64, u32)>,
     /// How far the GPU is behind each work stream it queued on (depth.rs).
-    depths: HashMap<usize, depth::Depth>,
+    pub(super) depths: HashMap<usize, depth::Depth>,
     /// Its work streams queued too deep, and since when it is held back.
-    deep: Vec<usize>,
-    held_since: Option<std::time::Instant>,
+    pub(super) deep: Vec<usize>,
+    pub(super) held_since: Option<std::time::Instant>,
     /// When its oldest depth mark was last asked about (depth.rs).
-    depth_checked: Option<std::time::Instant>,
-    vmm: vmm::VmmState,
-    arrays: arrays::ArrayState,
+    pub(super) depth_checked: Option<std::time::Instant>,
+    pub(super) vmm: vmm::VmmState,
+    pub(super) arrays: arrays::ArrayState,
     /// Its green contexts (green.rs).
-    greens: HashMap<u32, green::GreenCtx>,
+    pub(super) greens: HashMap<u32, green::GreenCtx>,
 }
 
 impl Session {
@@ -425,7 +408,7 @@ impl Session {
     /// The pool stream of client stream `id`, for questions about it (queries and
     /// synchronizing), which take no part in the legacy stream's ordering; None while
     /// nothing was ever queued on it.
-    fn stream_pool(&self, id: u32) -> Result<Option<usize>, Malformed> {
+    pub(super) fn stream_pool(&self, id: u32) -> Result<Option<usize>, Malformed> {
         self.streams
             .get(&id)
             .map(|s| s.pool)
@@ -437,7 +420,11 @@ impl Session {
     /// none is left to the client (its share of the hardware queues is taken by its own
     /// captures): the work is refused, and its next synchronization says
     /// CUDA_ERROR_OUT_OF_MEMORY, as a driver out of streams would.
-    fn stream(&mut self, ctx: &mut WorkerCtx, id: u32) -> Result<Option<usize>, Malformed> {
+    pub(super) fn stream(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        id: u32,
+    ) -> Result<Option<usize>, Malformed> {
         let place = self.client.placement(self.dev);
         if place != self.placement {
             self.move_to(ctx, place);
@@ -518,7 +505,7 @@ impl Session {
 
     /// Moves every bound stream to the client's new placement (QoS class, SM confinement):
     /// later work goes to a work stream there, after what the old one still holds.
-    fn move_to(&mut self, ctx: &mut WorkerCtx, place: placement::Placement) {
+    pub(super) fn move_to(&mut self, ctx: &mut WorkerCtx, place: placement::Placement) {
         self.placement = place;
         let greens: HashMap<u32, placement::Placement> = self
             .greens
@@ -545,14 +532,14 @@ impl Session {
         }
     }
 
-    fn event(&self, id: u32) -> Result<u64, Malformed> {
+    pub(super) fn event(&self, id: u32) -> Result<u64, Malformed> {
         self.events
             .get(&id)
             .copied()
             .ok_or_else(|| Malformed(format!("unknown event {id}")))
     }
 
-    fn channel(&self, c: u32) -> Result<&Channel, Malformed> {
+    pub(super) fn channel(&self, c: u32) -> Result<&Channel, Malformed> {
         self.client
             .seg
             .channel(c as usize)
@@ -562,7 +549,12 @@ impl Session {
     /// Whether a synchronization can complete at once, without the GPU: nothing was
     /// queued since `mark`, which the GPU has signalled, and there is no error to report.
     /// (A client that fakes its own done word only cuts its own waits short.)
-    fn already_synced(&self, ctx: &WorkerCtx, mark: Option<SyncMark>, submits: u64) -> bool {
+    pub(super) fn already_synced(
+        &self,
+        ctx: &WorkerCtx,
+        mark: Option<SyncMark>,
+        submits: u64,
+    ) -> bool {
         let Some(m) = mark else {
             return false;
         };
@@ -581,14 +573,14 @@ impl Session {
     /// Counts `n` bytes against the client's memory on this GPU (its limit), first letting
     /// what it freed come back if that would take it over: PyTorch frees its cache and
     /// retries at once when an allocation fails.
-    fn charge(&self, ctx: &mut WorkerCtx, n: u64) -> Result<(), CuError> {
+    pub(super) fn charge(&self, ctx: &mut WorkerCtx, n: u64) -> Result<(), CuError> {
         match self.client.charge(self.dev, n) {
             Err(_) if ctx.reclaim_for(self.client.id) => self.client.charge(self.dev, n),
             r => r,
         }
     }
 
-    fn note_error(&mut self, e: CuError) {
+    pub(super) fn note_error(&mut self, e: CuError) {
         tracing::debug!(client = self.client.id, "asynchronous error {}", e.0);
         if e.0 == code::STREAM_CAPTURE_INVALIDATED {
             // Work queued into an invalidated capture: natively the call fails at once and
@@ -603,14 +595,14 @@ impl Session {
     /// The first asynchronous error since the last synchronization, for the client. One
     /// that poisons the context (a launch the host GPU ran at once) faults the GPU here, as
     /// a stuck completion does on a real one.
-    fn take_pending(&mut self, ctx: &mut WorkerCtx) -> i32 {
+    pub(super) fn take_pending(&mut self, ctx: &mut WorkerCtx) -> i32 {
         let e = std::mem::take(&mut self.pending_error);
         ctx.fault_if_sticky(e);
         e
     }
 
     /// Whether `[addr, addr+len)` lies inside one allocation or global of this client.
-    fn owns_range(&self, addr: u64, len: u64) -> bool {
+    pub(super) fn owns_range(&self, addr: u64, len: u64) -> bool {
         /// Whether the range lies inside the entry of `m` that starts at or below it.
         fn covers<V>(m: &BTreeMap<u64, V>, addr: u64, len: u64, size: impl Fn(&V) -> u64) -> bool {
             m.range(..=addr).next_back().is_some_and(|(&s, v)| {
@@ -634,7 +626,7 @@ impl Session {
     /// The image uploaded into `channel` for a load or a link (which checked the channel),
     /// which the channel gives up: Err(CUDA_ERROR_OUT_OF_MEMORY) if it went over the
     /// bound, Err(`short`) if it is not `len` bytes long.
-    fn take_blob(&mut self, channel: u32, len: u64, short: i32) -> Result<Vec<u8>, i32> {
+    pub(super) fn take_blob(&mut self, channel: u32, len: u64, short: i32) -> Result<Vec<u8>, i32> {
         let c = channel as usize;
         let blob = std::mem::take(&mut self.blobs[c]);
         self.client.account.totals.give_image(blob.len() as u64);
@@ -649,7 +641,7 @@ impl Session {
 
     /// Appends `bytes` to `channel`'s image, unless the client's images would go over
     /// OMPS_MAX_IMAGE_BYTES: then the image is dropped and its load will say so.
-    fn append_blob(&mut self, channel: usize, bytes: &[u8]) {
+    pub(super) fn append_blob(&mut self, channel: usize, bytes: &[u8]) {
         let held: usize = self.blobs.iter().map(Vec::len).sum();
         let totals = self.client.account.totals.clone();
         // All clients' uploads together count too (OMPS_MAX_IMAGE_BYTES_TOTAL): N clients
@@ -690,7 +682,7 @@ impl Session {
         self.refusals = self.refusals.saturating_add(1);
     }
 
-    fn check_range(&mut self, addr: u64, len: u64) -> bool {
+    pub(super) fn check_range(&mut self, addr: u64, len: u64) -> bool {
         let ok = self.owns_range(addr, len);
         if !ok {
             self.note_error(CuError(code::INVALID_VALUE));
@@ -699,7 +691,12 @@ impl Session {
     }
 
     /// Answers a call from the CPU: reply bytes, then result, then `done` (Release).
-    fn complete(&self, call: CallHdr, result: i32, reply: &[u8]) -> Result<(), Malformed> {
+    pub(super) fn complete(
+        &self,
+        call: CallHdr,
+        result: i32,
+        reply: &[u8],
+    ) -> Result<(), Malformed> {
         let ch = self.channel(call.channel)?;
         ch.write_reply(reply);
         ch.reply_len.store(reply.len() as u32, Ordering::Relaxed);
@@ -710,7 +707,7 @@ impl Session {
         Ok(())
     }
 
-    fn complete_pod<T: bytemuck::Pod>(
+    pub(super) fn complete_pod<T: bytemuck::Pod>(
         &self,
         call: CallHdr,
         r: Result<T, CuError>,
@@ -723,7 +720,7 @@ impl Session {
 
     /// Answers a call once stream `s` reaches this point: the GPU writes `done`. Ok(true)
     /// when the GPU will; Ok(false) when the call was answered at once with an error.
-    fn complete_on_gpu(
+    pub(super) fn complete_on_gpu(
         &mut self,
         ctx: &mut WorkerCtx,
         call: CallHdr,
@@ -738,7 +735,7 @@ impl Session {
 
     /// Has the GPU store `seq` into a completion word in stream order. Ok(true) when it
     /// will; Ok(false) when the word was set at once with the error that prevented it.
-    fn signal_on_gpu(
+    pub(super) fn signal_on_gpu(
         &mut self,
         ctx: &mut WorkerCtx,
         channel: u32,
@@ -769,7 +766,13 @@ impl Session {
     }
 
     /// Sets a completion word from the CPU, with `result` for the client to see.
-    fn signal_now(&self, channel: u32, word: Word, seq: u32, result: i32) -> Result<(), Malformed> {
+    pub(super) fn signal_now(
+        &self,
+        channel: u32,
+        word: Word,
+        seq: u32,
+        result: i32,
+    ) -> Result<(), Malformed> {
         let ch = self.channel(channel)?;
         if result != 0 {
             ch.result.store(result, Ordering::Relaxed);
@@ -887,7 +890,7 @@ impl Session {
     }
 
     /// The staging chunk a ChunkCopy names, bounds-checked.
-    fn chunk(&self, c: &wire::ChunkCopy) -> Result<(*mut u8, usize), Malformed> {
+    pub(super) fn chunk(&self, c: &wire::ChunkCopy) -> Result<(*mut u8, usize), Malformed> {
         if c.chunk as usize >= CHUNKS_PER_CHANNEL {
             return bad("chunk index out of range");
         }
@@ -1084,7 +1087,7 @@ impl Session {
     /// [`MAX_LEFT`] unfinished ones, the client's sync stream waits for them all and one
     /// event recorded there stands for them. The sync stream carries only waits that
     /// cover that work anyway (fences, context synchronizations).
-    fn fold_left(&mut self, ctx: &mut WorkerCtx) {
+    pub(super) fn fold_left(&mut self, ctx: &mut WorkerCtx) {
         self.left_events(ctx);
         if self.left.len() <= MAX_LEFT / 2 {
             return;
@@ -1136,7 +1139,7 @@ pub fn answer_later(client: &ClientShared, channel: u32, seq: u32, result: i32, 
     wake_if_waiting(ch, &ch.done);
 }
 
-fn wake_if_waiting(ch: &Channel, w: &std::sync::atomic::AtomicU32) {
+pub(super) fn wake_if_waiting(ch: &Channel, w: &std::sync::atomic::AtomicU32) {
     if ch.waiting.load(Ordering::SeqCst) != 0 {
         futex::wake(w, u32::MAX);
     }

@@ -2,9 +2,6 @@
 //! wakes clients whose completions the GPU wrote, and frees what clients released once the
 //! GPU is done with it. It never waits for the GPU.
 
-pub mod policy;
-pub mod stats;
-
 use crate::client::ClientShared;
 use crate::gpu::{CuError, Gpu, GpuResult};
 use crate::sched::placement::{Binding, StreamSet};

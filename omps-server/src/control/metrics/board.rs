@@ -1,6 +1,5 @@
-//! Live figures per client and per GPU, in Prometheus's exposition format: served by
-//! `omps-ctl metrics` (which `omps-ctl top` reads) and, when the server is started with
-//! `--metrics ADDR`, over HTTP at `/metrics`.
+//! The board a metrics scrape reads: the connected clients and every GPU, encoded in
+//! Prometheus's exposition format for `omps-ctl metrics` and `/metrics`.
 //!
 //! Each scrape reads the counters the workers keep (relaxed atomics) into a registry made
 //! for it; nothing is kept between scrapes. Clients are labelled with their PID (in the
@@ -18,8 +17,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-mod http;
 
 type Labels = Vec<(String, String)>;
 type FGauge = Gauge<f64, AtomicU64>;
@@ -114,7 +111,7 @@ impl Board {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         for (g, (gpu, snap, shared)) in self.gpus.iter().enumerate() {
-            let uuid = crate::control::uuid_text(&snap.uuid);
+            let uuid = crate::base::ids::uuid_text(&snap.uuid);
             let l: Labels = vec![
                 ("gpu".into(), g.to_string()),
                 ("uuid".into(), uuid.clone()),
@@ -172,7 +169,7 @@ impl Board {
             for (g, (_, snap, _)) in self.gpus.iter().enumerate() {
                 let mut lg = l.clone();
                 lg.push(("gpu".into(), g.to_string()));
-                lg.push(("uuid".into(), crate::control::uuid_text(&snap.uuid)));
+                lg.push(("uuid".into(), crate::base::ids::uuid_text(&snap.uuid)));
                 mem.get_or_create(&lg)
                     .set(c.mem_bytes[g].load(Ordering::Relaxed) as i64);
                 if let Some(v) = c.limit(g) {
@@ -197,9 +194,4 @@ where
     let f = Family::<Labels, M>::default();
     reg.register(name, help, f.clone());
     f
-}
-
-/// Serves `board` at `http://ADDR/metrics` on a thread of its own (crate::control::metrics::http).
-pub fn serve(addr: std::net::SocketAddr, board: Arc<Board>) -> std::io::Result<()> {
-    http::serve(addr, board).map(drop)
 }

@@ -16,75 +16,16 @@
 //! It plays one GPU generation ([`HostProfile`]): the attributes its driver reports, and
 //! the features it lacks refused as that driver refuses them.
 
-pub mod machine_vmm;
-pub mod profile;
-
-pub use crate::gpu::host::profile::HostProfile;
+use super::profile::HostProfile;
 use crate::gpu::{
     code, ArrayShape, CopyPlace, CuError, FunctionInfo, Gpu, GpuResult, LoadedModule, Resource,
 };
 use omps_ring::segment::DeviceSnapshot;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-mod queues;
-mod replay;
-use replay::{cond_handles, HostOp};
-
-#[derive(Default)]
-struct State {
-    mem: BTreeMap<u64, Vec<u8>>,
-    /// Bytes freed with `mem_free_async` and still held, as the driver's memory pool holds
-    /// them until the next synchronization ([`Gpu::settle_frees`]).
-    held_by_frees: u64,
-    next_addr: u64,
-    modules: BTreeMap<u64, (Vec<FunctionInfo>, Vec<Global>)>,
-    next_handle: u64,
-    /// Host ranges registered with the driver, shared by the GPUs of one group: a
-    /// registration is portable (every context reaches it), as the server makes them.
-    registered: Arc<Mutex<Vec<(usize, usize)>>>,
-    sticky: Option<i32>,
-    events: BTreeMap<u64, ()>,
-    printf_buffer: Vec<u8>,
-    /// Messages of failed asserts, written to the err descriptor.
-    assert_buffer: Vec<u8>,
-    /// Context limits that were set (CUlimit 0..=6 exist; each defaults to 1024).
-    limits: BTreeMap<i64, i64>,
-    /// A module whose code calls `malloc` or `free` was loaded: the driver allocated the
-    /// heap then, and its size (CU_LIMIT_MALLOC_HEAP_SIZE) no longer changes.
-    heap_fixed: bool,
-    /// cuCtxResetPersistingL2Cache calls.
-    l2_resets: usize,
-    /// VMM, shared by the GPUs of one machine (crate::gpu::host::machine_vmm).
-    vmm: Arc<Mutex<crate::gpu::host::machine_vmm::VmmSpace>>,
-    /// This GPU's ordinal: which access of a mapping is its own.
-    ordinal: usize,
-    /// Confinement slot -> the SM set its streams are held to.
-    confined: BTreeMap<usize, crate::sched::confine::SmSet>,
-    /// Streams being captured: capture id, whether invalidated, the work recorded.
-    capturing: BTreeMap<usize, (u64, bool, Vec<HostOp>)>,
-    /// Streams a capture forked into (they waited on an event it recorded) -> its origin.
-    joined: BTreeMap<usize, usize>,
-    /// Events last recorded in a capture -> that capture's origin stream.
-    event_capture: BTreeMap<u64, usize>,
-    /// Graphs and executable graphs: the work they replay.
-    graphs: BTreeMap<u64, Vec<HostOp>>,
-    execs: BTreeMap<u64, Vec<HostOp>>,
-    /// CUDA arrays: shape and contents (rows of width x channels x format bytes).
-    arrays: BTreeMap<u64, (ArrayShape, Vec<u8>)>,
-    /// Mipmapped arrays: their levels' arrays.
-    mipmaps: BTreeMap<u64, Vec<u64>>,
-    /// Texture and surface objects: what each is over.
-    textures: BTreeMap<u64, Resource>,
-    surfaces: BTreeMap<u64, u64>,
-    /// Conditional handles: default value, flags, value now.
-    conds: BTreeMap<u64, (u32, u32, u32)>,
-    /// Streams capturing into a given graph -> that graph.
-    capture_into: BTreeMap<usize, u64>,
-    /// Conditional handles an executable graph holds.
-    cond_bound: std::collections::BTreeSet<u64>,
-}
+use super::ops::{cond_handles, HostOp};
+use super::state::{HostGpu, State};
 
 /// An image holding these bytes kills the process that loads it on the host GPU, as an
 /// image made to crash the driver's parser would (tests of crate::image::verifier).
@@ -98,49 +39,6 @@ fn row_bytes(s: &ArrayShape) -> u64 {
 
 fn array_bytes(s: &ArrayShape) -> u64 {
     crate::gpu::shape_bytes(s, 0)
-}
-
-pub struct HostGpu {
-    ordinal: usize,
-    total: u64,
-    profile: HostProfile,
-    printf_fd: std::sync::atomic::AtomicI32,
-    assert_fd: std::sync::atomic::AtomicI32,
-    flushes: std::sync::atomic::AtomicU64,
-    /// While set, frees and unloads wait, as the driver's do behind a long kernel.
-    stuck: std::sync::Mutex<bool>,
-    /// While set, module unloads alone wait: a kernel that never ends runs on some stream,
-    /// and cuModuleUnload waits for every running kernel, whatever its module, while other
-    /// streams' work still completes (`hold_unloads`).
-    unloads_held: std::sync::Mutex<bool>,
-    unloads_go: std::sync::Condvar,
-    unstuck: std::sync::Condvar,
-    completions: std::sync::atomic::AtomicUsize,
-    /// How long after it is recorded an event passes (microseconds; 0: at once), as a
-    /// fence a real GPU has not reached yet; and when each was recorded.
-    fence_lag_us: std::sync::atomic::AtomicU64,
-    recorded: Mutex<BTreeMap<u64, std::time::Instant>>,
-    /// While set, context resets fail (CUDA_ERROR_NOT_PERMITTED), as the H100's did after
-    /// a fault.
-    resets_fail: std::sync::atomic::AtomicBool,
-    /// Plays a driver without cuGraphNodeGetParams (CUDA 13.0): a conditional node's
-    /// bodies are not read with its graph's memory ranges.
-    cond_bodies_hidden: std::sync::atomic::AtomicBool,
-    /// Makes reading a graph's memory ranges fail (a node the driver will not describe).
-    graph_reads_fail: std::sync::atomic::AtomicBool,
-    /// Module loads asked of it.
-    loads: std::sync::atomic::AtomicUsize,
-    /// Launches asked of it.
-    launches: std::sync::atomic::AtomicUsize,
-    /// The work stream of the last launch (where confined work ran).
-    last_launch_stream: std::sync::atomic::AtomicUsize,
-    /// The GPUs of its machine it can reach directly (`link_peers`).
-    peers: Mutex<Vec<(usize, std::sync::Weak<HostGpu>)>>,
-    /// Those a client has had access enabled to.
-    peers_enabled: Mutex<Vec<usize>>,
-    state: Mutex<State>,
-    /// Hardware queues and the driver's depth bound, when a test plays them (queues.rs).
-    model: Mutex<queues::Model>,
 }
 
 /// The first device address: above every address a host mapping can have (user space ends
@@ -454,8 +352,6 @@ impl State {
     }
 }
 
-/// (name, address, size) of a module global.
-type Global = (String, u64, u64);
 /// (name, parameter layout) of a kernel.
 type Kernel = (String, Vec<(u32, u32)>);
 

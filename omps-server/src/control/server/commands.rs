@@ -1,6 +1,7 @@
 //! The control commands (omps-ctl, nvidia-cuda-mps-control's): what each prints.
 
 use super::*;
+use crate::base::ids::uuid_text;
 
 impl Server {
     /// Runs one omps-ctl / nvidia-cuda-mps-control command line: (success, output).

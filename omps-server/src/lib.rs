@@ -37,6 +37,7 @@ pub use control::{Server, ServerConfig};
 // The paths other crates, targets and tests have used since before the folders.
 pub use base::log_file;
 pub use control::listen;
+pub use control::restart;
 pub use gpu::cuda as gpu_cuda;
 pub use gpu::host as gpu_host;
 pub use image::verifier;

@@ -7,10 +7,10 @@
 //! CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (clients' defaults), OMPS_METRICS or `--metrics ADDR`
 //! (Prometheus metrics over HTTP at ADDR/metrics).
 
+use omps_server::gpu::cuda::{self as gpu_cuda, CudaGpu};
 use omps_server::gpu::Gpu;
-use omps_server::gpu_cuda::{self, CudaGpu};
+use omps_server::image::verifier::Work;
 use omps_server::session::{jit_verdict, link_verdict};
-use omps_server::verifier::Work;
 use omps_server::ServerConfig;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -21,8 +21,8 @@ fn main() -> ExitCode {
         // The image verifier the server starts (omps_server::verifier); `--host` plays the
         // driver with the host GPU, for tests.
         if args.get(2).is_some_and(|a| a == "--host") {
-            return omps_server::verifier::child_main(|ordinal, bytes, work| {
-                let g = omps_server::gpu_host::HostGpu::new(ordinal, 1 << 20);
+            return omps_server::image::verifier::child_main(|ordinal, bytes, work| {
+                let g = omps_server::gpu::host::HostGpu::new(ordinal, 1 << 20);
                 match work {
                     Work::Load => g.module_load(bytes).map_or_else(|e| e.0, |_| 0),
                     Work::Link => link_verdict(bytes, |o, i| g.link(o, i).0.map(drop)),
@@ -30,7 +30,7 @@ fn main() -> ExitCode {
                 }
             });
         }
-        return omps_server::verifier::child_main(|ordinal, bytes, work| match work {
+        return omps_server::image::verifier::child_main(|ordinal, bytes, work| match work {
             Work::Load => gpu_cuda::verify_load(ordinal, bytes),
             Work::Link => gpu_cuda::verify_link(ordinal, bytes),
             Work::Jit => gpu_cuda::verify_jit(ordinal, bytes),
@@ -40,7 +40,7 @@ fn main() -> ExitCode {
         println!("omps-server {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
-    omps_server::log_file::init_logging();
+    omps_server::base::log_file::init_logging();
     // Panic messages to the server's own stderr: fd 2 becomes the assert pipe, whose text
     // goes to clients.
     std::panic::set_hook(Box::new(|info| omps_server::say!("omps-server: {info}")));
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    omps_server::restart::serve(cfg, open_gpus)
+    omps_server::control::restart::serve(cfg, open_gpus)
 }
 
 /// The driver and every GPU it shows, or why not.
@@ -72,7 +72,7 @@ fn open_gpus() -> Result<(Vec<Arc<dyn Gpu>>, i32), String> {
         unsafe {
             std::env::set_var(
                 "CUDA_DEVICE_MAX_CONNECTIONS",
-                omps_server::placement::Layout::SERVER
+                omps_server::sched::placement::Layout::SERVER
                     .connections
                     .to_string(),
             )
@@ -95,7 +95,7 @@ fn open_gpus() -> Result<(Vec<Arc<dyn Gpu>>, i32), String> {
     let count = count.min(omps_ring::segment::MAX_DEVICES);
     let mut gpus: Vec<Arc<dyn Gpu>> = Vec::new();
     for i in 0..count {
-        let g = CudaGpu::open(i, omps_server::placement::Layout::SERVER)
+        let g = CudaGpu::open(i, omps_server::sched::placement::Layout::SERVER)
             .map_err(|e| format!("opening GPU {i} failed with CUDA error {}", e.0))?;
         gpus.push(Arc::new(g));
     }

@@ -21,7 +21,7 @@ pub fn fake_client(
 pub fn fake_client_printing(
     gpu: &Arc<dyn Gpu>,
     id: u32,
-    printf: Option<Arc<crate::printf::PrintfRouter>>,
+    printf: Option<Arc<crate::client::printf::PrintfRouter>>,
 ) -> std::io::Result<(Arc<ClientShared>, UnixStream)> {
     let layout = LayoutParams::for_devices(1)
         .validate()
@@ -53,7 +53,7 @@ pub fn fake_client_printing(
 /// the host-memory GPU. A record may be refused or fail as CUDA would; nothing may panic,
 /// and once the session is retired every byte and event it held must be free again.
 pub fn run_command_bytes(data: &[u8]) {
-    use crate::gpu_host::HostGpu;
+    use crate::gpu::host::HostGpu;
     use crate::session::Session;
     use crate::worker::WorkerCtx;
     let host = Arc::new(HostGpu::new(0, 1 << 26));
@@ -156,7 +156,7 @@ pub fn elf_with(sections: &[&str], syms: &[(&str, u16)]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu_host::HostGpu;
+    use crate::gpu::host::HostGpu;
     use crate::session::{Release, Session};
     use crate::worker::WorkerCtx;
     use proptest::prelude::*;

@@ -5,7 +5,7 @@
 use std::io::Write;
 
 pub struct ControlLog {
-    file: Option<crate::log_file::CappedLog>,
+    file: Option<crate::base::log_file::CappedLog>,
 }
 
 impl ControlLog {
@@ -13,9 +13,13 @@ impl ControlLog {
     pub fn open(dir: Option<&std::path::Path>) -> ControlLog {
         let file = dir.and_then(|d| {
             let _ = std::fs::create_dir_all(d);
-            crate::log_file::CappedLog::open(d, "control.log", crate::log_file::max_bytes())
-                .inspect_err(|e| tracing::warn!("cannot open {}/control.log: {e}", d.display()))
-                .ok()
+            crate::base::log_file::CappedLog::open(
+                d,
+                "control.log",
+                crate::base::log_file::max_bytes(),
+            )
+            .inspect_err(|e| tracing::warn!("cannot open {}/control.log: {e}", d.display()))
+            .ok()
         });
         ControlLog { file }
     }

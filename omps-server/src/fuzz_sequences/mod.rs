@@ -17,8 +17,8 @@ mod client;
 mod graphs;
 mod more;
 
+use crate::gpu::host::HostGpu;
 use crate::gpu::Gpu;
-use crate::gpu_host::HostGpu;
 use crate::worker::WorkerCtx;
 use client::{Bytes, Client, Held, BYSTANDER_BYTES, PATTERN, SHARED_BYTES};
 use omps_ring::wire;
@@ -258,8 +258,8 @@ mod tests {
     /// allocation, no host page can be mapped at its address.
     #[test]
     fn no_host_mapping_can_be_made_at_a_device_address() {
+        use crate::gpu::host::{HostGpu, HostProfile, VMM_GRANULE};
         use crate::gpu::Gpu;
-        use crate::gpu_host::{HostGpu, HostProfile, VMM_GRANULE};
         for ordinal in 0..4 {
             let gpu = HostGpu::with_profile(ordinal, 1 << 26, HostProfile::Sm90);
             let alloc = gpu.mem_alloc(4096).expect("alloc");

@@ -6,7 +6,7 @@
 //! made, or lie about it; every record is one a hostile client could send.
 
 use super::client::{Bytes, Client, Held};
-use crate::gpu_host::VMM_GRANULE;
+use crate::gpu::host::VMM_GRANULE;
 use crate::worker::WorkerCtx;
 use omps_ring::segment::HOSTFN_SLOTS;
 use omps_ring::wire::{self, array, graph, vmm, Op};

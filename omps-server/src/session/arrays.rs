@@ -5,7 +5,7 @@
 //! does not hold is a lie. Arrays count as the client's memory from creation to release.
 //! Copies check their device side against the client's memory, the driver the array
 //! side. A texture over device memory must lie in the client's memory. What the client
-//! destroys, or leaves behind, goes once its queued work is done (`crate::releaser`).
+//! destroys, or leaves behind, goes once its queued work is done (`crate::release::releaser`).
 
 use super::*;
 use crate::gpu::{ArrayShape, CopyPlace, Resource};

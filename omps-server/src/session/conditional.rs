@@ -271,7 +271,7 @@ impl Session {
     }
 
     /// Room for `n` more graphs within what the client was granted (OMPS_MAX_GRAPHS, or
-    /// less where the server-wide total is shared out: crate::account::Grant).
+    /// less where the server-wide total is shared out: crate::client::account::Grant).
     pub(super) fn room_for_graphs(&self, n: usize) -> Result<(), CuError> {
         let held = self.graphs.len() + self.execs.len() + self.cond.bodies.len();
         match held.saturating_add(n) > self.client.max_graphs() {

@@ -101,7 +101,7 @@ impl Session {
     pub(crate) fn queued_join(
         &mut self,
         ctx: &WorkerCtx,
-        streams: &crate::placement::StreamSet,
+        streams: &crate::sched::placement::StreamSet,
         left: usize,
         m: usize,
         extra: u32,

@@ -1,6 +1,6 @@
 //! A client's green contexts (`cuGreenCtxCreate` in the shim, `api/green.rs`). The shim
 //! keeps them; the server needs two things of each: how many SMs it has, so that the work
-//! of its streams runs in the confinement slot ([`crate::confine`]) of that many chunks,
+//! of its streams runs in the confinement slot ([`crate::sched::confine`]) of that many chunks,
 //! never wider than the client's own share; and which stream is its legacy default stream,
 //! which orders against the green context's blocking streams only, as a context's does.
 
@@ -22,7 +22,7 @@ pub(super) struct GreenCtx {
 pub fn narrowed(
     place: placement::Placement,
     sms: u32,
-    chunks: crate::confine::SmChunks,
+    chunks: crate::sched::confine::SmChunks,
 ) -> placement::Placement {
     if chunks.chunks == 0 {
         return place;
@@ -131,8 +131,8 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::confine::SmChunks;
-    use crate::placement::{Placement, Qos};
+    use crate::sched::confine::SmChunks;
+    use crate::sched::placement::{Placement, Qos};
 
     const H100: SmChunks = SmChunks {
         total: 132,

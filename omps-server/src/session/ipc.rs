@@ -1,7 +1,7 @@
-//! IPC handles (crate::ipc): exporting an allocation, opening another client's, closing.
+//! IPC handles (crate::client::ipc): exporting an allocation, opening another client's, closing.
 
 use super::*;
-use crate::ipc::{OpenError, Token};
+use crate::client::ipc::{OpenError, Token};
 use omps_ring::wire::ipc::MAGIC;
 
 /// CUDA_ERROR_INVALID_CONTEXT: a process opening its own handle, as CUDA answers.

@@ -6,7 +6,7 @@
 
 use super::{bad, Malformed, Session};
 use crate::gpu::{code, GpuResult};
-use crate::verifier::Work;
+use crate::image::verifier::Work;
 use crate::worker::WorkerCtx;
 use omps_ring::segment::Word;
 use omps_ring::wire::{self, link};
@@ -176,8 +176,8 @@ impl Session {
         // Linked first where a crash of the driver's linker harms no one (finding 1): the
         // verifier child links the same container.
         let device = ctx.shared.modules.cc().to_le_bytes();
-        if crate::verifier::check(ctx.gpu.ordinal(), &device, &blob, Work::Link)
-            == crate::verifier::Verdict::Crashed
+        if crate::image::verifier::check(ctx.gpu.ordinal(), &device, &blob, Work::Link)
+            == crate::image::verifier::Verdict::Crashed
         {
             self.log_refusal(format_args!("link refused: it stopped the verifier"));
             return self.refuse_link(l.call);
@@ -234,8 +234,8 @@ impl Session {
             Err(e) => return self.complete(l.call, e.0, &[]),
         };
         let device = ctx.shared.modules.cc().to_le_bytes();
-        if crate::verifier::check(ctx.gpu.ordinal(), &device, &blob, Work::Jit)
-            == crate::verifier::Verdict::Crashed
+        if crate::image::verifier::check(ctx.gpu.ordinal(), &device, &blob, Work::Jit)
+            == crate::image::verifier::Verdict::Crashed
         {
             self.client.uncharge(self.dev, need);
             self.log_refusal(format_args!("PTX refused: it stopped the verifier"));

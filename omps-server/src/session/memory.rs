@@ -138,7 +138,7 @@ impl Session {
                     Some(len) => {
                         let everywhere = self.client.frees_wait_everywhere();
                         // Before the release is held: a peer copy the client sent after
-                        // the free is refused (crate::peer_fence).
+                        // the free is refused (crate::release::peer_fence).
                         self.client.note_free(self.dev, f.ptr, everywhere);
                         let exported = ctx
                             .shared

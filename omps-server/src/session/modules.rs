@@ -1,7 +1,7 @@
 //! Module images, their loading and unloading, globals and function attributes.
 
 use super::*;
-use crate::module_cache::{Defaults, SETTABLE};
+use crate::image::module_cache::{Defaults, SETTABLE};
 
 impl Session {
     pub(super) fn handle_modules(
@@ -64,16 +64,17 @@ impl Session {
                     return self.finish_module_load(ctx, m.call, loaded, Some(d), 0, None);
                 }
                 // A new image is loaded first where a crash of the driver's parser harms
-                // no one (crate::verifier).
+                // no one (crate::image::verifier).
                 let device = ctx.shared.modules.cc().to_le_bytes();
-                match crate::verifier::check(
+                match crate::image::verifier::check(
                     gpu.ordinal(),
                     &device,
                     &blob,
-                    crate::verifier::Work::Load,
+                    crate::image::verifier::Work::Load,
                 ) {
-                    crate::verifier::Verdict::Good | crate::verifier::Verdict::Unverified => {}
-                    crate::verifier::Verdict::Crashed => {
+                    crate::image::verifier::Verdict::Good
+                    | crate::image::verifier::Verdict::Unverified => {}
+                    crate::image::verifier::Verdict::Crashed => {
                         self.log_refusal(format_args!(
                             "module image refused: it stopped the verifier"
                         ));
@@ -94,7 +95,7 @@ impl Session {
                 match gpu.module_load(&blob) {
                     Ok(loaded) => {
                         // Whether its code prints, read by the server: the client's own
-                        // word for it is not taken (crate::printf routes by it).
+                        // word for it is not taken (crate::client::printf routes by it).
                         let cache = &ctx.shared.modules;
                         let printf = omps_ring::image::printf_use(&blob, cache.cc());
                         self.uses_printf(printf);
@@ -339,7 +340,7 @@ impl Session {
 /// would be forced on every client's launches: refused. The others only tune performance.
 fn set_function_attribute(
     gpu: &dyn crate::gpu::Gpu,
-    cache: &crate::module_cache::ModuleCache,
+    cache: &crate::image::module_cache::ModuleCache,
     f: u64,
     attr: i32,
     value: i32,
@@ -378,14 +379,14 @@ fn settable_defaults(gpu: &dyn crate::gpu::Gpu, m: &crate::gpu::LoadedModule) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::printf::{PrintfRouter, Stream};
+    use crate::client::printf::{PrintfRouter, Stream};
     use omps_ring::wire::printf_use;
     use std::io::Write;
     use std::os::fd::FromRawFd;
 
     #[test]
     fn a_loaded_images_level_reaches_the_router_before_any_text() {
-        let host = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 24));
+        let host = Arc::new(crate::gpu::host::HostGpu::new(0, 1 << 24));
         let gpu: Arc<dyn crate::gpu::Gpu> = host.clone();
         let router = Arc::new(PrintfRouter::new(false).expect("router"));
         let (client, _peer) =
@@ -410,7 +411,7 @@ mod tests {
 
     #[test]
     fn a_client_retired_while_its_load_ran_is_not_declared_again() {
-        let host = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 24));
+        let host = Arc::new(crate::gpu::host::HostGpu::new(0, 1 << 24));
         let gpu: Arc<dyn crate::gpu::Gpu> = host.clone();
         let router = Arc::new(PrintfRouter::new(false).expect("router"));
         let (client, _peer) =

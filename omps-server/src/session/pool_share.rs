@@ -4,14 +4,14 @@
 //! A pool is the client's own (the shim keeps it, omps-shim/src/api/pool.rs); what the
 //! server keeps is who may reach what. A pool's key is its owner's client id and the
 //! owner's number for it, so no client can name another's pool but through a token it
-//! was given (crate::ipc). An allocation is exported as a member of one pool of its
+//! was given (crate::client::ipc). An allocation is exported as a member of one pool of its
 //! owner's, and opened only by a client that imported that pool; it is then one of the
 //! importer's IPC openings (`Session::imported`), closed when the importer frees it or
 //! goes, and the owner's free leaves it to the last importer, as with IPC handles.
 
 use super::{bad, Malformed, Session};
+use crate::client::ipc::OpenError;
 use crate::gpu::{code, CuError};
-use crate::ipc::OpenError;
 use crate::worker::WorkerCtx;
 use omps_ring::wire::{self, vmm};
 use std::collections::{HashMap, HashSet};
@@ -30,7 +30,7 @@ pub struct PoolShareState {
 
 impl PoolShareState {
     /// A departed client lets go of every pool it exported or imported.
-    pub fn release_all(&mut self, reg: &mut crate::ipc::Registry) {
+    pub fn release_all(&mut self, reg: &mut crate::client::ipc::Registry) {
         for key in self.exported.drain() {
             reg.release_pool(key);
         }
@@ -42,7 +42,7 @@ impl PoolShareState {
     }
 }
 
-fn token_of(lo: u64, hi: u64) -> crate::ipc::Token {
+fn token_of(lo: u64, hi: u64) -> crate::client::ipc::Token {
     let mut t = [0u8; 16];
     t[..8].copy_from_slice(&lo.to_le_bytes());
     t[8..].copy_from_slice(&hi.to_le_bytes());
@@ -50,7 +50,7 @@ fn token_of(lo: u64, hi: u64) -> crate::ipc::Token {
 }
 
 /// A token and a word, as the shim reads them: [u8; 16] then a u64.
-fn token_and(t: crate::ipc::Token, w: u64) -> [u64; 3] {
+fn token_and(t: crate::client::ipc::Token, w: u64) -> [u64; 3] {
     [
         u64::from_le_bytes(t[..8].try_into().expect("8 bytes")),
         u64::from_le_bytes(t[8..].try_into().expect("8 bytes")),

@@ -5,13 +5,13 @@
 //! is looked up in this client's tables, so no client can map, unmap or reach another's.
 //! Physical memory counts as the client's memory from creation to release. Mapped ranges
 //! join the ranges the client may copy to and from. What a client leaves behind is
-//! unmapped, released and freed once its work is done (`crate::releaser`).
+//! unmapped, released and freed once its work is done (`crate::release::releaser`).
 //!
 //! Access from another GPU (`cuMemSetAccess` naming a peer device, as NCCL's cuMem
 //! transport asks) is passed to the driver for whole mappings of the client's; the
 //! mapping joins the client's table other GPUs' sessions check copies against
 //! (`ClientShared::vmm_reaches`), and its unmap waits for the client's work on every GPU
-//! (crate::peer_fence) before the driver unmaps it and the call is answered (R14).
+//! (crate::release::peer_fence) before the driver unmaps it and the call is answered (R14).
 
 use super::{bad, Malformed, Session};
 use crate::gpu::{code, CuError, GpuResult};
@@ -143,7 +143,7 @@ impl VmmState {
     /// unmaps, `released_mapped_bytes`).
     pub fn keep_shared(
         &mut self,
-        reg: &mut crate::ipc::Registry,
+        reg: &mut crate::client::ipc::Registry,
         client: &crate::client::ClientShared,
         dev: usize,
     ) {
@@ -196,7 +196,7 @@ impl Session {
         let dev = self.dev;
         let uncharge = |n: u64| client.uncharge(dev, n);
         // Memory it is done with but another client may still hold: charged to its
-        // process until the last holder lets go (crate::ipc), given back now otherwise.
+        // process until the last holder lets go (crate::client::ipc), given back now otherwise.
         let shared = ctx.shared.clone();
         let done_with = |h: u64, n: u64| {
             shared
@@ -464,7 +464,7 @@ mod tests {
     /// the client freed them are still the driver's, and count toward its entries.
     #[test]
     fn reservations_held_for_graphs_count_toward_the_entries() {
-        let gpu: Arc<dyn Gpu> = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 26));
+        let gpu: Arc<dyn Gpu> = Arc::new(crate::gpu::host::HostGpu::new(0, 1 << 26));
         let (client, _peer) = crate::testing::fake_client(&gpu, 1).expect("fake client");
         let mut ctx = WorkerCtx::new(gpu.clone()).expect("worker ctx");
         // SAFETY: the fake client's segment has ring 0 and outlives the session.
@@ -494,7 +494,7 @@ mod tests {
 
     #[test]
     fn handle_ids_never_wrap_onto_ones_in_use() {
-        let gpu: Arc<dyn Gpu> = Arc::new(crate::gpu_host::HostGpu::new(0, 1 << 26));
+        let gpu: Arc<dyn Gpu> = Arc::new(crate::gpu::host::HostGpu::new(0, 1 << 26));
         let (client, _peer) = crate::testing::fake_client(&gpu, 1).expect("fake client");
         let mut ctx = WorkerCtx::new(gpu.clone()).expect("worker ctx");
         // SAFETY: the fake client's segment has ring 0 and outlives the session.

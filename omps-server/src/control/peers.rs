@@ -1,0 +1,319 @@
+//! Connections the control thread has not handed on yet: handshakes in progress and
+//! operators' control connections. Their sockets are non-blocking and polled with the
+//! clients', and each has a deadline, so a peer that stays silent, sends a byte at a time
+//! or holds a control connection open costs the control thread nothing: it goes on
+//! accepting clients, answering pin and printf requests and seeing hang-ups. Answers are
+//! written the same way: what the peer's socket does not take at once waits in the
+//! peer's buffer, sent as the socket drains, and the peer's next command is not read
+//! before; one that does not take its answer by its deadline is dropped.
+
+use omps_ring::wire::{self, Hello};
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+/// The whole handshake (hello and client settings) must arrive within this.
+pub const HANDSHAKE_TIME: Duration = Duration::from_secs(2);
+/// A control connection may wait this long between commands.
+pub const CONTROL_IDLE: Duration = Duration::from_secs(10);
+/// The longest control command line.
+const MAX_COMMAND: usize = 4096;
+/// Connections in progress the operator's socket has of its own: clients filling every
+/// other slot never lock the operator (or a liveness probe) out.
+pub const OPERATOR_HANDSHAKES: usize = 8;
+/// Connections in progress one process may have on the sockets clients reach.
+pub const HANDSHAKES_PER_PID: usize = 8;
+
+/// What a peer has sent so far.
+pub enum Stage {
+    /// Its hello.
+    Hello,
+    /// A client's settings, after its hello.
+    Settings,
+    /// A control connection: a command frame (length, then text).
+    Control,
+}
+
+/// Which socket a connection came through, which decides what it may do: clients
+/// connect through the clients' socket or a namespace's, control commands come through
+/// the operator's (docs/design.md, "Operator and client principals").
+#[derive(Clone)]
+pub enum Origin {
+    /// `omps.sock`: clients, with the server's defaults.
+    Clients,
+    /// A namespace's socket: clients, held to the namespace's limits.
+    Namespace(std::sync::Arc<crate::control::namespace::Limits>),
+    /// The operator's socket: control commands only.
+    Operator,
+    /// Passed by the root daemon (OMPS_MULTIUSER) for the server's own user, who is its
+    /// operator there: both.
+    Handoff,
+}
+
+impl Origin {
+    pub fn takes_commands(&self) -> bool {
+        matches!(self, Origin::Operator | Origin::Handoff)
+    }
+
+    pub fn takes_clients(&self) -> bool {
+        !matches!(self, Origin::Operator)
+    }
+}
+
+/// Whether process `pid`, with `its` connections in handshake, may have no more. A peer
+/// of another PID namespace shows as pid 0: no per-process bucket for those (they would
+/// all share one, and one container could lock out the others), the total bounds them.
+fn process_full(pid: i32, its: usize) -> bool {
+    pid != 0 && its >= HANDSHAKES_PER_PID
+}
+
+/// A connection in progress.
+pub struct Peer {
+    pub stream: UnixStream,
+    pub pid: i32,
+    pub origin: Origin,
+    /// Of another user (root): it may open a control connection, not be a client.
+    pub operator_only: bool,
+    pub stage: Stage,
+    buf: Vec<u8>,
+    /// An answer not yet taken by the peer, and how much of it has been sent.
+    out: Vec<u8>,
+    sent: usize,
+    pub deadline: Instant,
+}
+
+/// What a peer's bytes amounted to.
+pub enum Progress {
+    /// Not a whole message yet.
+    Waiting,
+    /// A client's hello and settings.
+    Client(Box<wire::ClientSettings>),
+    /// A control connection's command line.
+    Command(String),
+    /// A hello of another protocol: answer that, then drop it (the reason).
+    Refused(String),
+    /// The peer closed, sent something malformed, or failed: drop it (the reason).
+    Gone(String),
+}
+
+impl Peer {
+    /// A new connection, of the server's user `uid` (or root, which may only control it,
+    /// as an operator); `in_progress` connections are already in their handshake.
+    /// The operator's socket counts its connections apart (at most
+    /// [`OPERATOR_HANDSHAKES`]); the others share OMPS_MAX_HANDSHAKES, at most
+    /// [`HANDSHAKES_PER_PID`] of them one process's.
+    pub fn admit(
+        stream: UnixStream,
+        uid: u32,
+        others: &[Peer],
+        origin: Origin,
+    ) -> io::Result<Peer> {
+        let cred = omps_ring::sock::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&stream))?;
+        if cred.uid != uid && cred.uid != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("peer uid {} is not the server's uid {uid}", cred.uid),
+            ));
+        }
+        let operator = matches!(origin, Origin::Operator);
+        let alike = others
+            .iter()
+            .filter(|p| matches!(p.origin, Origin::Operator) == operator);
+        // Dropping it closes it: the peer sees the connection fail.
+        if operator {
+            if alike.count() >= OPERATOR_HANDSHAKES {
+                return Err(io::Error::other(
+                    "too many connections in progress on the operator's socket",
+                ));
+            }
+        } else {
+            let (mut all, mut its) = (0, 0);
+            for p in alike {
+                all += 1;
+                its += usize::from(p.pid == cred.pid);
+            }
+            if all >= crate::client::bounds::bounds().handshakes {
+                return Err(io::Error::other(
+                    "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
+                ));
+            }
+            if process_full(cred.pid, its) {
+                return Err(io::Error::other(format!(
+                    "process {} has {HANDSHAKES_PER_PID} connections in handshake",
+                    cred.pid
+                )));
+            }
+        }
+        Peer::new(stream, cred.pid, cred.uid != uid, origin)
+    }
+
+    pub fn new(
+        stream: UnixStream,
+        pid: i32,
+        operator_only: bool,
+        origin: Origin,
+    ) -> io::Result<Peer> {
+        stream.set_nonblocking(true)?;
+        Ok(Peer {
+            stream,
+            pid,
+            origin,
+            operator_only,
+            stage: Stage::Hello,
+            buf: Vec::new(),
+            out: Vec::new(),
+            sent: 0,
+            deadline: Instant::now() + HANDSHAKE_TIME,
+        })
+    }
+
+    /// How many bytes the current message has in all, once its head is in.
+    fn wanted(&self) -> usize {
+        match self.stage {
+            Stage::Hello => std::mem::size_of::<Hello>(),
+            Stage::Settings => std::mem::size_of::<wire::ClientSettings>(),
+            Stage::Control => match self.buf.get(..4) {
+                Some(l) => 4 + u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize,
+                None => 4,
+            },
+        }
+    }
+
+    /// What to poll its socket for: room for the rest of an answer, else what it sends.
+    pub fn events(&self) -> libc::c_short {
+        if self.sent < self.out.len() {
+            libc::POLLOUT
+        } else {
+            libc::POLLIN | libc::POLLRDHUP
+        }
+    }
+
+    /// Sends what the socket takes now of the answer in hand; whether all of it is sent.
+    fn flush(&mut self) -> io::Result<bool> {
+        use std::io::Write;
+        while self.sent < self.out.len() {
+            match (&self.stream).write(&self.out[self.sent..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.out = Vec::new();
+        self.sent = 0;
+        Ok(true)
+    }
+
+    /// Sends what it can of the answer in hand, then reads what has arrived, without
+    /// blocking, and says what it amounts to.
+    pub fn progress(&mut self) -> Progress {
+        match self.flush() {
+            Ok(true) => {}
+            Ok(false) => return Progress::Waiting,
+            Err(e) => return Progress::Gone(e.to_string()),
+        }
+        loop {
+            let want = self.wanted();
+            if matches!(self.stage, Stage::Control) && want > 4 + MAX_COMMAND {
+                return Progress::Gone("a control command too long".into());
+            }
+            if self.buf.len() < want {
+                let mut chunk = vec![0u8; want - self.buf.len()];
+                match self.stream.read(&mut chunk) {
+                    Ok(0) => return Progress::Gone("closed".into()),
+                    Ok(n) => {
+                        self.buf.extend_from_slice(&chunk[..n]);
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Progress::Waiting,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Progress::Gone(e.to_string()),
+                }
+            }
+            if matches!(self.stage, Stage::Control) && self.wanted() > want {
+                // The length is in; the text comes next.
+                continue;
+            }
+            let msg = std::mem::take(&mut self.buf);
+            match self.stage {
+                Stage::Hello => {
+                    let hello: Hello = bytemuck::pod_read_unaligned(&msg);
+                    if hello.magic != wire::HELLO_MAGIC || hello.version != wire::PROTOCOL_VERSION {
+                        return Progress::Refused("bad hello (protocol version mismatch?)".into());
+                    }
+                    self.stage = match hello.kind {
+                        wire::kind::CLIENT => Stage::Settings,
+                        // A socket that takes no commands answers the first with a
+                        // refusal and closes (control.rs): its handshake time, not a
+                        // control connection's, bounds the wait for it.
+                        wire::kind::CONTROL if !self.origin.takes_commands() => Stage::Control,
+                        wire::kind::CONTROL => {
+                            self.deadline = Instant::now() + CONTROL_IDLE;
+                            Stage::Control
+                        }
+                        k => return Progress::Gone(format!("unknown connection kind {k}")),
+                    };
+                }
+                Stage::Settings => {
+                    return Progress::Client(Box::new(bytemuck::pod_read_unaligned(&msg)));
+                }
+                Stage::Control => {
+                    self.deadline = Instant::now() + CONTROL_IDLE;
+                    let line = String::from_utf8_lossy(&msg[4..]).trim().to_string();
+                    return Progress::Command(line);
+                }
+            }
+        }
+    }
+
+    /// Sends a control command's answer, as much as the socket takes now; the rest goes
+    /// as the peer reads ([`Peer::progress`]), within [`CONTROL_IDLE`]. An error only when
+    /// the connection failed.
+    pub fn answer(&mut self, ok: bool, text: &str) -> io::Result<()> {
+        let mut reply = vec![u8::from(!ok)];
+        reply.extend_from_slice(text.as_bytes());
+        let mut frame = Vec::with_capacity(4 + reply.len());
+        omps_ring::sock::write_frame(&mut frame, &reply)?;
+        self.out = frame;
+        self.sent = 0;
+        self.deadline = Instant::now() + CONTROL_IDLE;
+        self.flush().map(drop)
+    }
+
+    /// The stream, blocking again with short timeouts, for the rest of a client's
+    /// handshake (the server's welcome).
+    pub fn into_stream(self) -> io::Result<UnixStream> {
+        self.stream.set_nonblocking(false)?;
+        self.stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        self.stream
+            .set_write_timeout(Some(Duration::from_secs(2)))?;
+        Ok(self.stream)
+    }
+}
+
+/// A handshake's answer with `status` and nothing else (a refusal, or not ready).
+pub fn send_status(s: &UnixStream, status: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let w = wire::Welcome {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        status,
+        ..Default::default()
+    };
+    omps_ring::sock::send_with_fds(s.as_raw_fd(), bytemuck::bytes_of(&w), &[])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn peers_of_another_pid_namespace_share_no_per_process_bucket() {
+        use super::{process_full, HANDSHAKES_PER_PID};
+        assert!(!process_full(42, HANDSHAKES_PER_PID - 1));
+        assert!(
+            process_full(42, HANDSHAKES_PER_PID),
+            "a process's bucket is full"
+        );
+        assert!(!process_full(0, 1000), "pid 0 is many processes");
+    }
+}

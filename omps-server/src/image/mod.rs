@@ -1,0 +1,8 @@
+//! Module images: checked in a process of their own before the server's context loads
+//! them ([`verifier`]), and loaded once for every client that loads the same image
+//! ([`module_cache`]).
+//!
+//! May use `gpu/` (the interface it loads through) and `base/`.
+
+pub mod module_cache;
+pub mod verifier;

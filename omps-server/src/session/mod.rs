@@ -1,0 +1,30 @@
+//! One client's state on one GPU, and the decoding, validation and execution of its
+//! commands, one file per family of operations.
+//!
+//! Owns the [`Session`] of a client on a GPU ([`state`]) and the families of its commands:
+//! memory, modules, launches, streams and events, graphs and captures, arrays, VMM,
+//! IPC, pools, JIT links, green contexts, conditional nodes, stream depth.
+//!
+//! May use the worker lane's context (`worker/`), the client (`client/`), what a release
+//! gives back (`release/`), the GPU (`gpu/`), `image/`, `sched/` and `base/`; never the
+//! control thread.
+
+mod arrays;
+mod conditional;
+mod depth;
+mod exec;
+mod graph_memory;
+mod graphs;
+mod green;
+mod ipc;
+mod link;
+mod memory;
+mod modules;
+mod pool_share;
+mod state;
+mod sync;
+mod vmm;
+
+pub use link::{jit_verdict, link_verdict};
+pub use state::*;
+pub use vmm::VmmRelease;

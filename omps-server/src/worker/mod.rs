@@ -1,0 +1,16 @@
+//! The worker lanes of each GPU: threads that poll their clients' rings, run the records
+//! on the GPU's work streams, wake clients whose completions the GPU wrote, and hand what
+//! clients released to the releaser once the GPU is done with it.
+//!
+//! Owns a lane's context and loop ([`WorkerCtx`], [`run`]), what the lanes of one GPU
+//! share ([`GpuShared`]), operators' scheduling policy ([`policy`]) and the lanes'
+//! counters of their own time ([`stats`]).
+//!
+//! May use `session/` (the lanes run sessions), `client/`, `release/`, `gpu/`, `image/`,
+//! `sched/` and `base/`; never the control thread.
+
+mod ctx;
+pub mod policy;
+pub mod stats;
+
+pub use ctx::*;

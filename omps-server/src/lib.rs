@@ -11,6 +11,8 @@
 //! * [`limits`]: context limits, per client.
 //! * [`account`]: what one client process is charged for over its connections.
 //! * [`module_cache`]: one loaded module for every client that loads the same image.
+//! * [`compile`]: module loads, JIT compiles and links off the workers, so a slow one
+//!   holds up only its own client; [`verifier`] loads new images first in a child process.
 //! * [`confine`]: SM confinements (green contexts): thread limits, partitions, the QoS reserve.
 //! * [`placement`]: which work stream (and hardware queue) carries a client stream.
 //! * [`policy`]: each client's QoS and the defaults, as operators set them.
@@ -30,6 +32,7 @@
 pub mod account;
 pub mod bounds;
 pub mod client;
+pub mod compile;
 pub mod confine;
 pub mod control;
 pub mod features;

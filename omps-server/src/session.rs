@@ -28,6 +28,7 @@ use std::sync::Arc;
 const MAX_LEFT: usize = 64;
 
 mod arrays;
+mod compile;
 mod conditional;
 mod depth;
 mod exec;
@@ -338,6 +339,8 @@ pub struct Session {
     arrays: arrays::ArrayState,
     /// Its green contexts (green.rs).
     greens: HashMap<u32, green::GreenCtx>,
+    /// Its module load, JIT compile or link running off the lane (compile.rs).
+    compile: Option<compile::Pending>,
 }
 
 impl Session {
@@ -397,6 +400,7 @@ impl Session {
             vmm: Default::default(),
             arrays: Default::default(),
             greens: HashMap::new(),
+            compile: None,
         };
         s.streams
             .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));

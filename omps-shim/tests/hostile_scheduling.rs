@@ -244,3 +244,111 @@ fn one_legacy_record_after_many_blocking_streams_does_not_hold_up_the_lane() {
         memset_words_on(a, 0, p, 7, 0);
     });
 }
+
+/// A client of the same lane as `a` (the test server has two: id modulo 2), and the
+/// clients connected on the way, to keep open.
+fn same_lane(srv: &TestServer, a: &Conn) -> (Conn, Vec<Conn>) {
+    let mut others = Vec::new();
+    loop {
+        let c = Conn::connect_to(&srv.socket()).unwrap();
+        if c.client_id() % 2 == a.client_id() % 2 {
+            return (c, others);
+        }
+        others.push(c);
+    }
+}
+
+/// A host module whose load takes the host GPU's `slow_loads` time, with a global of
+/// 4 KiB (device memory its unload gives back).
+const SLOW_IMAGE: &[u8] = b"omps-host-module\nfn omps-host-slow-load 0:8\nglobal g 4096\n\0";
+
+/// Found in review: a module load ran on the lane, verifier and driver compile included,
+/// so PTX made to compile slowly stopped every other client of the lane for as long.
+/// Now it compiles off the lane (omps-server/src/compile.rs): only its client waits, and
+/// another client of the same lane keeps getting its pings and memsets answered.
+#[test]
+fn a_slow_module_load_does_not_hold_up_the_lane() {
+    let srv = TestServer::start("slow-load");
+    srv.gpu.slow_loads(Duration::from_secs(2));
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    let (b, _others) = same_lane(&srv, &a);
+    let p = alloc(&b, 4096);
+    let loader = std::thread::spawn(move || {
+        let r = load_image(&a, SLOW_IMAGE);
+        (a, r)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let worst = within(Duration::from_secs(10), move || {
+        let mut worst = Duration::ZERO;
+        for k in 0..10 {
+            let t = Instant::now();
+            b.ping(0).unwrap();
+            memset_and_sync(&b, p, k).unwrap();
+            worst = worst.max(t.elapsed());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (b, worst)
+    });
+    let (a, r) = loader.join().unwrap();
+    let (b, worst) = worst.expect("a client of the same lane waited for the load");
+    assert!(
+        worst < Duration::from_millis(500),
+        "a ping and memset of the same lane took {worst:?} behind another client's load"
+    );
+    let (_, funcs) = r.expect("the slow load itself succeeds");
+    assert_eq!(funcs.len(), 1);
+    assert_eq!(srv.gpu.peek(p, 4).unwrap(), 9u32.to_le_bytes());
+    a.ping(0).unwrap();
+    b.ping(0).unwrap();
+}
+
+/// A client that goes while its load compiles off the lane leaves nothing behind: the
+/// module loaded after it left is unloaded (its global's memory with it), and the server
+/// serves the next client.
+#[test]
+fn a_client_gone_during_its_load_leaves_nothing_behind() {
+    use omps_ring::wire::{ChunkCopy, ModuleLoad};
+    let srv = TestServer::start("gone-during-load");
+    srv.gpu.slow_loads(Duration::from_millis(600));
+    let before = srv.gpu.bytes_allocated();
+    let a = Conn::connect_to(&srv.socket()).unwrap();
+    {
+        let mut ch = a.channel();
+        ch.wait_chunk(0).unwrap();
+        let (ptr, cap) = ch.chunk_ptr(0);
+        assert!(SLOW_IMAGE.len() <= cap);
+        // SAFETY: the chunk is ours and larger than the image.
+        unsafe { std::ptr::copy_nonoverlapping(SLOW_IMAGE.as_ptr(), ptr, SLOW_IMAGE.len()) };
+        let seq = ch.claim_chunk(0);
+        let rec = ChunkCopy {
+            channel: ch.idx,
+            chunk: 0,
+            len: SLOW_IMAGE.len() as u32,
+            seq,
+            ..Default::default()
+        };
+        a.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
+            .unwrap();
+        ch.wait_chunk(0).unwrap();
+        // The load, its answer never waited for.
+        let call = ch.next_call();
+        let load = ModuleLoad {
+            call,
+            blob_len: SLOW_IMAGE.len() as u64,
+        };
+        a.push(0, Op::ModuleLoad, &[bytemuck::bytes_of(&load)])
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    drop(a);
+    assert!(
+        eventually(|| srv.gpu.module_loads() == (1, 0) && srv.gpu.bytes_allocated() == before),
+        "left behind: (loads, loaded) {:?}, {} bytes",
+        srv.gpu.module_loads(),
+        srv.gpu.bytes_allocated() - before
+    );
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    c.ping(0).unwrap();
+    let (_, funcs) = load_image(&c, b"omps-host-module\nfn k 0:8\n\0").unwrap();
+    assert_eq!(funcs.len(), 1);
+}

@@ -13,6 +13,11 @@
 //! child's context (some hundreds of MiB of GPU memory) goes with the child, which exits
 //! after [`IDLE`] without work.
 //!
+//! Checks run on the compile threads ([`crate::image::compile`]), never on a lane. Different
+//! images are checked at once, each in a child of its own, up to [`MAX_CHILDREN`]; a check
+//! beyond waits for a child to be free, and a second check of an image being checked
+//! waits for that one's verdict.
+//!
 //! A JIT link's container (cuLinkAddData inputs: cubins, objects, libraries, PTX, LTO IR)
 //! goes to the driver's linker, another parser, and is linked first in the child too; PTX
 //! loaded with JIT options is compiled there with those options.
@@ -26,7 +31,7 @@ use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long the child may take over one image before it counts as hung.
@@ -36,6 +41,11 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 pub const COMPILE_DEADLINE: Duration = Duration::from_secs(300);
 /// How long an idle child is kept (its context holds GPU memory).
 pub const IDLE: Duration = Duration::from_secs(20);
+/// Children at most at once: images of different hashes are checked concurrently, each
+/// in a child of its own, up to this many; a further one waits for a child to be free.
+/// Each child holds a context (some hundreds of MiB of GPU memory), and a client must not
+/// be able to make the server fork without bound.
+pub const MAX_CHILDREN: usize = 4;
 
 /// How the server starts its verifier, and where it keeps verdicts.
 #[derive(Clone, Debug)]
@@ -105,6 +115,8 @@ struct Running {
 pub struct Verifier {
     spec: Spec,
     state: Mutex<State>,
+    /// Signalled when a check ends (its hash verdicted, its child free again).
+    changed: Condvar,
     /// The driver's version, part of every verdict's name.
     driver: i32,
 }
@@ -114,7 +126,12 @@ struct State {
     good: HashSet<[u8; 32]>,
     /// Images that killed or hung the child: refused without a load.
     bad: HashSet<[u8; 32]>,
-    child: Option<Running>,
+    /// Children waiting for a request, the most recently used last.
+    idle: Vec<Running>,
+    /// Children started and not stopped, idle or checking an image.
+    children: usize,
+    /// Hashes being checked now: a second check of one waits for the first's verdict.
+    checking: HashSet<[u8; 32]>,
     /// Children started (tests read it).
     spawned: u64,
     /// Whether the log has said that images load unverified.
@@ -132,6 +149,7 @@ impl Verifier {
         Verifier {
             spec,
             state: Mutex::new(state),
+            changed: Condvar::new(),
             driver: 0,
         }
     }
@@ -191,22 +209,53 @@ impl Verifier {
             .into();
         tracing::debug!(us = started.elapsed().as_micros() as u64, "image hashed");
         let mut st = self.lock();
-        if st.good.contains(&hash) {
-            return Verdict::Good;
+        // One check per hash at a time: a second waits for the first's verdict.
+        loop {
+            if st.good.contains(&hash) {
+                return Verdict::Good;
+            }
+            if st.bad.contains(&hash) {
+                return Verdict::Crashed;
+            }
+            if !st.checking.contains(&hash) {
+                break;
+            }
+            st = self.wait(st);
         }
-        if st.bad.contains(&hash) {
-            return Verdict::Crashed;
+        st.checking.insert(hash);
+        let checking = Checking {
+            verifier: self,
+            hash,
+        };
+        // A child of its own for this check: an idle one, else a new one while fewer than
+        // MAX_CHILDREN run, else the first to be free.
+        let child = loop {
+            reap(&mut st);
+            if let Some(c) = st.idle.pop() {
+                break Some(c);
+            }
+            if st.children < MAX_CHILDREN {
+                st.children += 1;
+                break None;
+            }
+            st = self.wait(st);
+        };
+        drop(st);
+        // The child is asked with no lock held: other images are checked meanwhile.
+        let fresh = child.is_none();
+        let mut child = match child {
+            Some(c) => Ok(c),
+            None => self.spawn().map_err(|e| format!("cannot start: {e}")),
+        };
+        let answer = match &mut child {
+            Ok(c) => ask(c, ordinal, image, work),
+            Err(why) => Err(why.clone()),
+        };
+        let mut st = self.lock();
+        if fresh && child.is_ok() {
+            st.spawned += 1;
         }
-        // A child idle past IDLE is replaced (it leaves by itself a little later), and one
-        // that has ended is too.
-        let ended = st
-            .child
-            .as_mut()
-            .is_some_and(|c| c.last.elapsed() > IDLE || !matches!(c.child.try_wait(), Ok(None)));
-        if ended {
-            stop(st.child.take());
-        }
-        let verdict = match self.ask(&mut st, ordinal, image, work) {
+        let verdict = match answer {
             Ok(NO_CONTEXT) => {
                 if !st.warned {
                     st.warned = true;
@@ -214,7 +263,7 @@ impl Verifier {
                         "the image verifier cannot open GPU {ordinal} (compute mode, or memory): images load unverified"
                     );
                 }
-                return Verdict::Unverified;
+                Verdict::Unverified
             }
             // Loaded, or refused for what the image is: the parser has seen it whole.
             Ok(code) if code == 0 || IMAGE_ERRORS.contains(&code) => Verdict::Good,
@@ -224,48 +273,39 @@ impl Verifier {
                 tracing::warn!(
                     "the image verifier could not load an image (CUDA error {code}): loaded unverified"
                 );
-                return Verdict::Unverified;
+                Verdict::Unverified
             }
-            Err(why) => {
+            Err(ref why) => {
                 tracing::warn!("an image stopped the verifier ({why}): refused");
-                stop(st.child.take());
                 Verdict::Crashed
             }
         };
-        if verdict == Verdict::Good {
-            st.good.insert(hash);
-            self.remember(&hash);
-        } else {
-            st.bad.insert(hash);
+        match (child, verdict) {
+            (Ok(c), Verdict::Good | Verdict::Unverified) => st.idle.push(c),
+            // Stopped: it died or hung, or its answer may still come.
+            (Ok(c), Verdict::Crashed) => {
+                st.children -= 1;
+                stop(Some(c));
+            }
+            (Err(_), _) => st.children -= 1,
         }
+        match verdict {
+            Verdict::Good => {
+                st.good.insert(hash);
+                self.remember(&hash);
+            }
+            Verdict::Crashed => {
+                st.bad.insert(hash);
+            }
+            Verdict::Unverified => {}
+        }
+        drop(st);
+        drop(checking);
         verdict
     }
 
-    /// One request to the child, started first if none runs: its answer, or why none came.
-    fn ask(&self, st: &mut State, ordinal: usize, image: &[u8], work: Work) -> Result<i32, String> {
-        if st.child.is_none() {
-            st.child = Some(self.spawn().map_err(|e| format!("cannot start: {e}"))?);
-            st.spawned += 1;
-        }
-        let c = st.child.as_mut().expect("started above");
-        c.last = Instant::now();
-        let flag = match work {
-            Work::Load => 0,
-            Work::Link => LINK,
-            Work::Jit => JIT,
-        };
-        let mut head = (ordinal as u32 | flag).to_le_bytes().to_vec();
-        head.extend_from_slice(&(image.len() as u64).to_le_bytes());
-        c.stdin
-            .write_all(&head)
-            .and_then(|_| c.stdin.write_all(image))
-            .and_then(|_| c.stdin.flush())
-            .map_err(|e| format!("writing the image: {e}"))?;
-        let limit = match work {
-            Work::Load => DEADLINE,
-            Work::Link | Work::Jit => COMPILE_DEADLINE,
-        };
-        read_answer(&mut c.stdout, &mut c.child, limit)
+    fn wait<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(st).unwrap_or_else(|e| e.into_inner())
     }
 
     fn spawn(&self) -> std::io::Result<Running> {
@@ -308,8 +348,62 @@ impl Verifier {
 
 impl Drop for Verifier {
     fn drop(&mut self) {
-        stop(self.lock().child.take());
+        for c in std::mem::take(&mut self.lock().idle) {
+            stop(Some(c));
+        }
     }
+}
+
+/// A hash being checked: no longer once this goes, and whoever waits looks again.
+struct Checking<'a> {
+    verifier: &'a Verifier,
+    hash: [u8; 32],
+}
+
+impl Drop for Checking<'_> {
+    fn drop(&mut self) {
+        self.verifier.lock().checking.remove(&self.hash);
+        self.verifier.changed.notify_all();
+    }
+}
+
+/// Stops idle children idle past IDLE (each leaves by itself a little later) or ended.
+fn reap(st: &mut State) {
+    let mut k = 0;
+    while k < st.idle.len() {
+        let c = &mut st.idle[k];
+        if c.last.elapsed() > IDLE || !matches!(c.child.try_wait(), Ok(None)) {
+            let c = st.idle.swap_remove(k);
+            st.children -= 1;
+            stop(Some(c));
+        } else {
+            k += 1;
+        }
+    }
+}
+
+/// One request to child `c`: its answer, or why none came.
+fn ask(c: &mut Running, ordinal: usize, image: &[u8], work: Work) -> Result<i32, String> {
+    c.last = Instant::now();
+    let flag = match work {
+        Work::Load => 0,
+        Work::Link => LINK,
+        Work::Jit => JIT,
+    };
+    let mut head = (ordinal as u32 | flag).to_le_bytes().to_vec();
+    head.extend_from_slice(&(image.len() as u64).to_le_bytes());
+    c.stdin
+        .write_all(&head)
+        .and_then(|_| c.stdin.write_all(image))
+        .and_then(|_| c.stdin.flush())
+        .map_err(|e| format!("writing the image: {e}"))?;
+    let limit = match work {
+        Work::Load => DEADLINE,
+        Work::Link | Work::Jit => COMPILE_DEADLINE,
+    };
+    let answer = read_answer(&mut c.stdout, &mut c.child, limit);
+    c.last = Instant::now();
+    answer
 }
 
 fn stop(c: Option<Running>) {
@@ -482,6 +576,61 @@ mod tests {
         assert_eq!(dying.check(0, b"sm80", b"x"), Verdict::Crashed);
         assert_eq!(dying.spawned(), 2, "another device's verdict is its own");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A stand-in child that takes `secs` over each 3-byte image and finds it good.
+    fn slow_spec(secs: &str) -> Spec {
+        Spec {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                format!(
+                    "while head -c 15 > /dev/null && [ -n x ]; do sleep {secs}; printf '\\000\\000\\000\\000'; done"
+                ),
+            ],
+            known_file: None,
+        }
+    }
+
+    /// Checks `images` on a thread each: their verdicts, and how long all took.
+    fn check_at_once(
+        v: &std::sync::Arc<Verifier>,
+        images: &[&'static [u8]],
+    ) -> (Vec<Verdict>, Duration) {
+        let t = Instant::now();
+        let threads: Vec<_> = images
+            .iter()
+            .map(|&img| {
+                let v = v.clone();
+                std::thread::spawn(move || v.check(0, b"", img))
+            })
+            .collect();
+        let verdicts = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        (verdicts, t.elapsed())
+    }
+
+    /// Found in review: one lock over every check made a client loading a new image wait
+    /// behind any other client's, on every GPU. Different images are checked at once,
+    /// each in a child of its own (at most MAX_CHILDREN); the same image once.
+    #[test]
+    fn different_images_are_checked_at_once_and_the_same_once() {
+        // The same new image asked by several at once: one check, one verdict for all.
+        let v = std::sync::Arc::new(Verifier::new(slow_spec("0.4")));
+        let (verdicts, _) = check_at_once(&v, &[b"ten", b"ten", b"ten"]);
+        assert_eq!(verdicts, vec![Verdict::Good; 3]);
+        assert_eq!(v.spawned(), 1, "the image checked once");
+        let (verdicts, took) = check_at_once(&v, &[b"one", b"two", b"six"]);
+        assert_eq!(verdicts, vec![Verdict::Good; 3]);
+        assert!(
+            took < Duration::from_millis(1100),
+            "one after another: {took:?}"
+        );
+        assert_eq!(v.spawned(), 3, "the idle child and two more");
+        // More images than children: the rest wait for a child, none is forked beyond.
+        let many: Vec<&'static [u8]> = vec![b"a01", b"a02", b"a03", b"a04", b"a05", b"a06"];
+        let (verdicts, _) = check_at_once(&v, &many);
+        assert_eq!(verdicts, vec![Verdict::Good; 6]);
+        assert_eq!(v.spawned() as usize, MAX_CHILDREN);
     }
 
     #[test]

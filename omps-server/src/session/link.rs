@@ -4,8 +4,9 @@
 //! Everything in the container is hostile: counts, lengths and names are checked against
 //! what was uploaded before anything is used.
 
+use super::compile::Outcome;
 use super::{bad, Malformed, Session};
-use crate::gpu::{code, GpuResult};
+use crate::gpu::{code, CuError, GpuResult};
 use crate::image::verifier::Work;
 use crate::worker::WorkerCtx;
 use omps_ring::segment::Word;
@@ -166,43 +167,35 @@ impl Session {
             Ok(b) => b,
             Err(e) => return self.complete(l.call, e, &[]),
         };
-        let (options, inputs) = match prepare(&blob).map_err(Malformed)? {
-            Ok(p) => p,
-            Err(why) => {
-                self.log_refusal(format_args!("link input refused: {why}"));
-                return self.refuse_link(l.call);
-            }
-        };
-        // Linked first where a crash of the driver's linker harms no one (finding 1): the
-        // verifier child links the same container.
-        let device = ctx.shared.modules.cc().to_le_bytes();
-        if crate::image::verifier::check(ctx.gpu.ordinal(), &device, &blob, Work::Link)
-            == crate::image::verifier::Verdict::Crashed
-        {
-            self.log_refusal(format_args!("link refused: it stopped the verifier"));
+        if let Err(why) = prepare(&blob).map_err(Malformed)? {
+            self.log_refusal(format_args!("link input refused: {why}"));
             return self.refuse_link(l.call);
         }
-        let inputs = as_inputs(&inputs);
-        let (image, info, error) = ctx.gpu.link(&options, &inputs);
-        let (r, image) = match image {
-            Ok(img) => (0, img),
-            Err(e) => (e.0, Vec::new()),
-        };
-        let reply = wire::LinkReply {
-            image_len: image.len() as u64,
-            info_len: info.len() as u64,
-            error_len: error.len() as u64,
-        };
-        let mut out = image;
-        out.extend_from_slice(info.as_bytes());
-        out.extend_from_slice(error.as_bytes());
-        self.link_out[l.call.channel as usize] = out;
-        // The logs come back even when the link failed, as the driver fills them then too.
-        self.complete(l.call, r, bytemuck::bytes_of(&reply))
+        // Linked first where a crash of the driver's linker harms no one (finding 1): the
+        // verifier child links the same container. Both off the lane (crate::image::compile).
+        let gpu = ctx.gpu.clone();
+        let device = ctx.shared.modules.cc().to_le_bytes();
+        self.compile(ctx, l.call, 0, move || {
+            if crate::image::verifier::check(gpu.ordinal(), &device, &blob, Work::Link)
+                == crate::image::verifier::Verdict::Crashed
+            {
+                return Outcome::Refused(Work::Link);
+            }
+            // The same bytes the lane parsed: prepared alike here.
+            let (r, info, error) = match prepare(&blob) {
+                Ok(Ok((options, inputs))) => gpu.link(&options, &as_inputs(&inputs)),
+                _ => (
+                    Err(CuError(code::INVALID_VALUE)),
+                    String::new(),
+                    String::new(),
+                ),
+            };
+            Outcome::Link { r, info, error }
+        })
     }
 
     /// A link refused before the driver saw it: CUDA_ERROR_INVALID_IMAGE, no image.
-    fn refuse_link(&mut self, call: wire::CallHdr) -> Result<(), Malformed> {
+    pub(super) fn refuse_link(&mut self, call: wire::CallHdr) -> Result<(), Malformed> {
         let reply = wire::LinkReply::default();
         self.link_out[call.channel as usize] = Vec::new();
         self.complete(call, code::INVALID_IMAGE, bytemuck::bytes_of(&reply))
@@ -223,43 +216,42 @@ impl Session {
             Err(e) => return self.complete(l.call, e, &[]),
         };
         // The driver reads PTX up to its NUL.
-        let Some((options, ptx)) = jit_container(&blob).map_err(Malformed)? else {
+        let Some((_, ptx)) = jit_container(&blob).map_err(Malformed)? else {
             return self.complete(l.call, code::INVALID_IMAGE, &[]);
         };
         // Charged first (a load over the client's limit costs no compile), then compiled,
-        // with the client's options, where a crash of the driver's compiler harms no one.
+        // with the client's options, where a crash of the driver's compiler harms no one,
+        // then by the driver: both off the lane (crate::image::compile).
         let gpu = ctx.gpu.clone();
         let need = match self.charge_image(ctx, gpu.image_data_bytes(ptx)) {
             Ok(n) => n,
             Err(e) => return self.complete(l.call, e.0, &[]),
         };
-        let device = ctx.shared.modules.cc().to_le_bytes();
-        if crate::image::verifier::check(ctx.gpu.ordinal(), &device, &blob, Work::Jit)
-            == crate::image::verifier::Verdict::Crashed
-        {
-            self.client.uncharge(self.dev, need);
-            self.log_refusal(format_args!("PTX refused: it stopped the verifier"));
-            return self.complete(l.call, code::INVALID_IMAGE, &[]);
-        }
-        let (r, info, error) = gpu.module_load_jit(ptx, &options);
-        let answer = wire::LinkReply {
-            image_len: 0,
-            info_len: info.len() as u64,
-            error_len: error.len() as u64,
-        };
-        let mut out = info.into_bytes();
-        out.extend_from_slice(error.as_bytes());
-        self.link_out[l.call.channel as usize] = out;
-        match r {
-            Ok(loaded) => {
-                self.uses_printf(omps_ring::image::printf_use(ptx, ctx.shared.modules.cc()));
-                self.finish_module_load(ctx, l.call, loaded, None, need, Some(answer))
+        let cc = ctx.shared.modules.cc();
+        self.compile(ctx, l.call, need, move || {
+            if crate::image::verifier::check(gpu.ordinal(), &cc.to_le_bytes(), &blob, Work::Jit)
+                == crate::image::verifier::Verdict::Crashed
+            {
+                return Outcome::Refused(Work::Jit);
             }
-            Err(e) => {
-                self.client.uncharge(self.dev, need);
-                self.complete(l.call, e.0, bytemuck::bytes_of(&answer))
+            // The same bytes the lane read: one PTX input here too.
+            let Ok(Some((options, ptx))) = jit_container(&blob) else {
+                let r = Err(CuError(code::INVALID_IMAGE));
+                return Outcome::Jit {
+                    r,
+                    info: String::new(),
+                    error: String::new(),
+                    printf: 0,
+                };
+            };
+            let (r, info, error) = gpu.module_load_jit(ptx, &options);
+            Outcome::Jit {
+                r,
+                info,
+                error,
+                printf: omps_ring::image::printf_use(ptx, cc),
             }
-        }
+        })
     }
 
     pub(super) fn handle_blob_fetch(&mut self, c: wire::ChunkCopy) -> Result<(), Malformed> {

@@ -10,6 +10,7 @@
 //! control thread.
 
 mod arrays;
+mod compile;
 mod conditional;
 mod depth;
 mod exec;

@@ -1,7 +1,9 @@
 //! Module images, their loading and unloading, globals and function attributes.
 
+use super::compile::Outcome;
 use super::*;
 use crate::image::module_cache::{Defaults, SETTABLE};
+use crate::image::verifier::Work;
 
 impl Session {
     pub(super) fn handle_modules(
@@ -63,24 +65,6 @@ impl Session {
                     self.uses_printf(printf);
                     return self.finish_module_load(ctx, m.call, loaded, Some(d), 0, None);
                 }
-                // A new image is loaded first where a crash of the driver's parser harms
-                // no one (crate::image::verifier).
-                let device = ctx.shared.modules.cc().to_le_bytes();
-                match crate::image::verifier::check(
-                    gpu.ordinal(),
-                    &device,
-                    &blob,
-                    crate::image::verifier::Work::Load,
-                ) {
-                    crate::image::verifier::Verdict::Good
-                    | crate::image::verifier::Verdict::Unverified => {}
-                    crate::image::verifier::Verdict::Crashed => {
-                        self.log_refusal(format_args!(
-                            "module image refused: it stopped the verifier"
-                        ));
-                        return self.complete(m.call, code::INVALID_IMAGE, &[]);
-                    }
-                }
                 // Its variables count against the client's memory limit, before anything
                 // is loaded (a shareable image has none).
                 let need = if share {
@@ -92,24 +76,28 @@ impl Session {
                     Ok(n) => n,
                     Err(e) => return self.complete(m.call, e.0, &[]),
                 };
-                match gpu.module_load(&blob) {
-                    Ok(loaded) => {
-                        // Whether its code prints, read by the server: the client's own
-                        // word for it is not taken (crate::client::printf routes by it).
-                        let cache = &ctx.shared.modules;
-                        let printf = omps_ring::image::printf_use(&blob, cache.cc());
-                        self.uses_printf(printf);
-                        let d = share.then(|| settable_defaults(&*gpu, &loaded));
-                        if let Some(d) = &d {
-                            cache.insert(blob, loaded.clone(), d.clone(), printf);
-                        }
-                        self.finish_module_load(ctx, m.call, loaded, d, need, None)?
+                // A new image is loaded first where a crash of the driver's parser harms
+                // no one (crate::verifier), then by the driver: both off the lane
+                // (crate::image::compile), so that a slow one holds up its own client only.
+                let cc = ctx.shared.modules.cc();
+                self.compile(ctx, m.call, need, move || {
+                    let verdict =
+                        crate::image::verifier::check(gpu.ordinal(), &cc.to_le_bytes(), &blob, Work::Load);
+                    if verdict == crate::image::verifier::Verdict::Crashed {
+                        return Outcome::Refused(Work::Load);
                     }
-                    Err(e) => {
-                        self.client.uncharge(self.dev, need);
-                        self.complete(m.call, e.0, &[])?
+                    let r = gpu.module_load(&blob);
+                    let defaults = match &r {
+                        Ok(loaded) if share => Some(settable_defaults(&*gpu, loaded)),
+                        _ => None,
+                    };
+                    Outcome::Load {
+                        r,
+                        defaults,
+                        printf: omps_ring::image::printf_use(&blob, cc),
+                        blob,
                     }
-                }
+                })?;
             }
             Op::ModuleGetGlobal => {
                 let g = rec::<wire::ModuleGetGlobal>(p);

@@ -324,6 +324,8 @@ pub struct Session {
     pub(super) arrays: arrays::ArrayState,
     /// Its green contexts (green.rs).
     pub(super) greens: HashMap<u32, green::GreenCtx>,
+    /// Its module load, JIT compile or link running off the lane (compile.rs).
+    pub(super) compile: Option<super::compile::Pending>,
 }
 
 impl Session {
@@ -383,6 +385,7 @@ impl Session {
             vmm: Default::default(),
             arrays: Default::default(),
             greens: HashMap::new(),
+            compile: None,
         };
         s.streams
             .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));

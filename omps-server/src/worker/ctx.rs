@@ -102,6 +102,8 @@ pub struct GpuShared {
     pub held: std::sync::atomic::AtomicUsize,
     /// When the newest of them was held (microseconds since [`epoch`]).
     held_at: std::sync::atomic::AtomicU64,
+    /// Module loads, JIT compiles and links off the lanes (crate::image::compile).
+    pub compiler: crate::image::compile::Compiler,
 }
 
 /// The process's clock origin, for instants kept in atomics.
@@ -159,6 +161,7 @@ impl GpuShared {
             vmm_ipc,
             held: Default::default(),
             held_at: Default::default(),
+            compiler: Default::default(),
             modules: crate::image::module_cache::ModuleCache::new({
                 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
                 let snap = gpu.snapshot();
@@ -298,6 +301,8 @@ impl WorkerCtx {
         if self.lane != 0
             || self.shared.sessions.load(Ordering::SeqCst) != 0
             || !self.shared.releaser.idle()
+            // A load of a client gone meanwhile may still be in the driver.
+            || self.shared.compiler.busy()
             || self
                 .last_reset_try
                 .is_some_and(|t| t.elapsed() < Duration::from_millis(5))
@@ -981,6 +986,8 @@ pub fn run(
         pin_to(cpu);
     }
     let dev = gpu.ordinal();
+    // Module loads and links run off the lanes (crate::image::compile).
+    shared.compiler.go_threaded();
     let mut ctx = match WorkerCtx::lane(gpu, shared.clone(), lane) {
         Ok(c) => c,
         Err(e) => {
@@ -1053,21 +1060,25 @@ pub fn run(
         while i < sessions.len() {
             // A client whose stream is queued too deep waits on its own full ring, not
             // the worker in the driver (session/depth.rs).
+            // A client whose module load or link runs off the lane waits for it the same
+            // way (session/compile.rs); one done is answered first.
             // A panic in what the worker does for one client (its depth marks, its fences
             // for peers, as in its records below) ends that client, not the lane.
             let held = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                sessions[i].held_back(&ctx)
+                let s = &mut sessions[i];
+                Ok(s.compile_waiting(&mut ctx)? || s.held_back(&ctx))
             }));
             let mut outcome = match held {
-                Ok(true) => {
+                Ok(Ok(true)) => {
                     i += 1;
                     continue;
                 }
-                Ok(false) => Ok(()),
+                Ok(Ok(false)) => Ok(()),
+                Ok(Err(e)) => Err(e),
                 Err(_) => {
                     tracing::error!(
                         client = sessions[i].client.id,
-                        "the server panicked over a client's depth: it is cut off"
+                        "the server panicked over a client's depth or load: it is cut off"
                     );
                     Err(crate::session::Malformed("server failure".into()))
                 }
@@ -1104,7 +1115,7 @@ pub fn run(
                             outcome = Err(e);
                             break;
                         }
-                        if sessions[i].is_deep() {
+                        if sessions[i].is_deep() || sessions[i].compiling() {
                             break;
                         }
                     }
@@ -1161,14 +1172,15 @@ pub fn run(
             // Rest until a client rings; wake now and then while the GPU owes completions,
             // and in any case so a client that clears the shared sleep flag can delay
             // others by a few milliseconds at most.
-            let timeout = if ctx.has_pending() {
+            // A load off the lane is looked for as often as the GPU's completions are.
+            let timeout = if ctx.has_pending() || sessions.iter().any(Session::compiling) {
                 Duration::from_micros(50)
             } else {
                 Duration::from_millis(5)
             };
             stats.naps.fetch_add(1, Ordering::Relaxed);
             bell.sleep_unless(
-                || !rx.is_empty() || sessions.iter_mut().any(|s| s.has_data()),
+                || !rx.is_empty() || sessions.iter_mut().any(|s| !s.compiling() && s.has_data()),
                 Some(timeout),
             );
         } else {

@@ -31,6 +31,11 @@ use super::state::{HostGpu, State};
 /// image made to crash the driver's parser would (tests of crate::image::verifier).
 pub const PARSER_CRASH: &[u8] = b"omps-host-parser-crash";
 
+/// An image or link input holding these bytes takes the host GPU [`HostGpu::slow_loads`]
+/// to load, compile or link, as PTX made to compile slowly takes the driver (tests of
+/// crate::image::compile: a slow load costs only the client that asked).
+pub const SLOW_LOAD: &[u8] = b"omps-host-slow-load";
+
 /// Bytes per row of an array of `s`: unknown formats count 4 bytes a channel.
 fn row_bytes(s: &ArrayShape) -> u64 {
     s.width
@@ -187,6 +192,7 @@ impl HostGpu {
             cond_bodies_hidden: Default::default(),
             graph_reads_fail: Default::default(),
             loads: Default::default(),
+            slow_load: Default::default(),
             launches: Default::default(),
             last_launch_stream: Default::default(),
             peers: Default::default(),
@@ -240,6 +246,19 @@ impl HostGpu {
     pub fn graph_count(&self) -> (usize, usize) {
         let st = self.state.lock().unwrap();
         (st.graphs.len(), st.execs.len())
+    }
+
+    /// Makes loads, JIT compiles and links of images holding [`SLOW_LOAD`] take `d`.
+    pub fn slow_loads(&self, d: std::time::Duration) {
+        *self.slow_load.lock().unwrap() = d;
+    }
+
+    /// Sleeps for [`HostGpu::slow_loads`] if `bytes` hold [`SLOW_LOAD`].
+    fn maybe_slow(&self, bytes: &[u8]) {
+        if bytes.windows(SLOW_LOAD.len()).any(|w| w == SLOW_LOAD) {
+            let d = *self.slow_load.lock().unwrap();
+            std::thread::sleep(d);
+        }
     }
 
     /// Module loads so far, and modules loaded now.
@@ -619,6 +638,9 @@ impl Gpu for HostGpu {
             // A linker that dies on an input, as the parser above (crate::image::verifier).
             std::process::abort();
         }
+        for i in inputs {
+            self.maybe_slow(i.2);
+        }
         if inputs.is_empty() || inputs.iter().any(|i| i.1 == "bad") {
             return (Err(CuError(218)), info, "link failed".into());
         }
@@ -848,6 +870,7 @@ impl Gpu for HostGpu {
             // image verifier's child process (crate::image::verifier) is to meet it.
             std::process::abort();
         }
+        self.maybe_slow(image);
         self.loads.fetch_add(1, Ordering::Relaxed);
         if image.starts_with(&omps_ring::image::ELF_MAGIC) {
             // A cubin: code this device cannot run, loaded as a module of no functions

@@ -1,0 +1,299 @@
+//! A module load, JIT compile or link run off the lane ([`crate::image::compile`]): what the
+//! session keeps of it meanwhile, how the lane completes its record once it is done, and
+//! what is given back of one whose client left before.
+//!
+//! The lane checks the record, takes the image and charges its variables, then hands the
+//! rest (the verifier's check and the driver's load, compile or link) to the GPU's
+//! compile threads. Until it is done the client's ring is left alone
+//! ([`Session::compile_waiting`], read by the worker before anything else of the client):
+//! its next records wait, as they would behind the load natively. Done, the lane
+//! registers the module and answers the record as it did when it ran the work itself.
+//! A client gone meanwhile leaves its work's result to the thread that ran it: a module
+//! loaded is unloaded (through the releaser, as the client's own would be) and the
+//! charge given back.
+
+use super::*;
+use crate::gpu::{Gpu, GpuResult, LoadedModule};
+use crate::image::module_cache::Defaults;
+use crate::image::verifier::Work;
+use crate::worker::GpuShared;
+use std::sync::Mutex;
+
+/// What work off the lane came to.
+pub(super) enum Outcome {
+    /// It stopped the verifier: refused, never given to the server's driver.
+    Refused(Work),
+    /// A module load: the module, its settable attributes if shareable, whether its code
+    /// prints, and the image (for the module cache).
+    Load {
+        r: GpuResult<LoadedModule>,
+        defaults: Option<Defaults>,
+        printf: u64,
+        blob: Vec<u8>,
+    },
+    /// A JIT load: the module, the compiler's logs, whether its code prints.
+    Jit {
+        r: GpuResult<LoadedModule>,
+        info: String,
+        error: String,
+        printf: u64,
+    },
+    /// A link: the image and the linker's logs.
+    Link {
+        r: GpuResult<Vec<u8>>,
+        info: String,
+        error: String,
+    },
+    /// The work panicked (a bug): its client is cut off, as for a record the lane failed.
+    Panicked,
+}
+
+impl Outcome {
+    /// The module it loaded, if any.
+    fn module(&self) -> Option<u64> {
+        match self {
+            Outcome::Load { r: Ok(m), .. } | Outcome::Jit { r: Ok(m), .. } => Some(m.handle),
+            _ => None,
+        }
+    }
+}
+
+enum State {
+    Running,
+    Done(Outcome),
+    /// Taken by its session, or left by it: nothing more to do with it there.
+    Over,
+}
+
+/// What the work and its session share.
+struct Slot {
+    state: Mutex<State>,
+    leftover: Leftover,
+}
+
+impl Slot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What to give back of work whose client left while it ran.
+struct Leftover {
+    client: Arc<ClientShared>,
+    gpu: Arc<dyn Gpu>,
+    shared: Arc<GpuShared>,
+    /// The context generation it ran in (no reset runs while it does: crate::image::compile).
+    generation: u64,
+    /// What its module's variables were charged to the client.
+    charged: u64,
+}
+
+impl Leftover {
+    fn give_back(&self, out: Outcome) {
+        match out.module() {
+            // Through the releaser: an unload waits for running kernels, a compile thread
+            // must not.
+            Some(handle) => crate::worker::free_on(
+                &self.shared,
+                &self.gpu,
+                self.client.clone(),
+                Release {
+                    modules: vec![handle],
+                    module_bytes: self.charged,
+                    ..Default::default()
+                },
+                false,
+                Some(self.generation),
+            ),
+            None => self.client.uncharge(self.gpu.ordinal(), self.charged),
+        }
+    }
+}
+
+/// The record a session waits on while its work runs off the lane.
+pub(super) struct Pending {
+    call: CallHdr,
+    slot: Arc<Slot>,
+}
+
+impl Drop for Pending {
+    /// The session goes (its client left) or has taken the outcome: a result not taken
+    /// is given back now, one still to come by the thread that runs it.
+    fn drop(&mut self) {
+        let left = std::mem::replace(&mut *self.slot.lock(), State::Over);
+        if let State::Done(out) = left {
+            self.slot.leftover.give_back(out);
+        }
+    }
+}
+
+impl Session {
+    /// Runs `work` off the lane, and answers `call` with what it comes to once done;
+    /// `charged`: what the module's variables were charged (given back if none comes of
+    /// it). Without compile threads (tests), at once.
+    pub(super) fn compile(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        call: CallHdr,
+        charged: u64,
+        work: impl FnOnce() -> Outcome + Send + 'static,
+    ) -> Result<(), Malformed> {
+        let compiler = &ctx.shared.compiler;
+        if !compiler.threaded() {
+            let out = work();
+            return self.finish_compile(ctx, call, charged, out);
+        }
+        let slot = Arc::new(Slot {
+            state: Mutex::new(State::Running),
+            leftover: Leftover {
+                client: self.client.clone(),
+                gpu: ctx.gpu.clone(),
+                shared: ctx.shared.clone(),
+                generation: ctx.shared.generation().load(Ordering::SeqCst),
+                charged,
+            },
+        });
+        let done = slot.clone();
+        compiler.submit(move || {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                .unwrap_or(Outcome::Panicked);
+            let mut st = done.lock();
+            if matches!(*st, State::Running) {
+                *st = State::Done(out);
+            } else {
+                drop(st);
+                done.leftover.give_back(out);
+            }
+        });
+        self.compile = Some(Pending { call, slot });
+        Ok(())
+    }
+
+    /// Whether the client waits for work off the lane (then none of its records is taken
+    /// this pass). Work done is completed first: its record answered, its module the
+    /// client's.
+    pub fn compile_waiting(&mut self, ctx: &mut WorkerCtx) -> Result<bool, Malformed> {
+        let Some(p) = &self.compile else {
+            return Ok(false);
+        };
+        let out = {
+            let mut st = p.slot.lock();
+            match std::mem::replace(&mut *st, State::Over) {
+                State::Done(out) => out,
+                other => {
+                    *st = other;
+                    return Ok(true);
+                }
+            }
+        };
+        let p = self.compile.take().expect("looked at above");
+        let charged = p.slot.leftover.charged;
+        self.finish_compile(ctx, p.call, charged, out)?;
+        Ok(false)
+    }
+
+    /// Whether work of this client runs off the lane now.
+    pub fn compiling(&self) -> bool {
+        self.compile.is_some()
+    }
+
+    /// Answers `call` with `out`, as the lane did when it ran the work itself.
+    fn finish_compile(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        call: CallHdr,
+        charged: u64,
+        out: Outcome,
+    ) -> Result<(), Malformed> {
+        match out {
+            Outcome::Refused(work) => {
+                self.client.uncharge(self.dev, charged);
+                match work {
+                    Work::Load => {
+                        self.log_refusal(format_args!(
+                            "module image refused: it stopped the verifier"
+                        ));
+                        self.complete(call, code::INVALID_IMAGE, &[])
+                    }
+                    Work::Jit => {
+                        self.log_refusal(format_args!("PTX refused: it stopped the verifier"));
+                        self.complete(call, code::INVALID_IMAGE, &[])
+                    }
+                    Work::Link => {
+                        self.log_refusal(format_args!("link refused: it stopped the verifier"));
+                        self.refuse_link(call)
+                    }
+                }
+            }
+            Outcome::Load {
+                r,
+                defaults,
+                printf,
+                blob,
+            } => match r {
+                Ok(loaded) => {
+                    // Whether its code prints, read by the server: the client's own word
+                    // for it is not taken (crate::printf routes by it).
+                    self.uses_printf(printf);
+                    if let Some(d) = &defaults {
+                        ctx.shared
+                            .modules
+                            .insert(blob, loaded.clone(), d.clone(), printf);
+                    }
+                    self.finish_module_load(ctx, call, loaded, defaults, charged, None)
+                }
+                Err(e) => {
+                    self.client.uncharge(self.dev, charged);
+                    self.complete(call, e.0, &[])
+                }
+            },
+            Outcome::Jit {
+                r,
+                info,
+                error,
+                printf,
+            } => {
+                let answer = wire::LinkReply {
+                    image_len: 0,
+                    info_len: info.len() as u64,
+                    error_len: error.len() as u64,
+                };
+                let mut logs = info.into_bytes();
+                logs.extend_from_slice(error.as_bytes());
+                self.link_out[call.channel as usize] = logs;
+                match r {
+                    Ok(loaded) => {
+                        self.uses_printf(printf);
+                        self.finish_module_load(ctx, call, loaded, None, charged, Some(answer))
+                    }
+                    Err(e) => {
+                        self.client.uncharge(self.dev, charged);
+                        self.complete(call, e.0, bytemuck::bytes_of(&answer))
+                    }
+                }
+            }
+            Outcome::Link { r, info, error } => {
+                let (r, image) = match r {
+                    Ok(img) => (0, img),
+                    Err(e) => (e.0, Vec::new()),
+                };
+                let reply = wire::LinkReply {
+                    image_len: image.len() as u64,
+                    info_len: info.len() as u64,
+                    error_len: error.len() as u64,
+                };
+                let mut out = image;
+                out.extend_from_slice(info.as_bytes());
+                out.extend_from_slice(error.as_bytes());
+                self.link_out[call.channel as usize] = out;
+                // The logs come back even when the link failed, as the driver fills them
+                // then too.
+                self.complete(call, r, bytemuck::bytes_of(&reply))
+            }
+            Outcome::Panicked => {
+                self.client.uncharge(self.dev, charged);
+                bad("the server failed loading or linking a module")
+            }
+        }
+    }
+}

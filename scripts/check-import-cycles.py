@@ -148,8 +148,9 @@ def expand_use(tree, prefix=()):
 class Crate:
     def __init__(self, src_dir):
         self.src_dir = os.path.abspath(src_dir)
-        self.files = {}  # module path tuple -> (file, root name)
+        self.files = {}  # module path tuple -> file
         self.by_file = {}
+        self._code, self._defs, self._reexports = {}, {}, {}
         for root in ("lib.rs", "main.rs"):
             f = os.path.join(self.src_dir, root)
             if os.path.exists(f):
@@ -175,14 +176,22 @@ class Crate:
     def module_file(self, path):
         return self.files.get(tuple(path))
 
+    def code(self, f):
+        if f not in self._code:
+            self._code[f] = strip(open(f, encoding="utf-8").read())
+        return self._code[f]
+
     def defines(self, f, name):
-        code = strip(open(f, encoding="utf-8").read())
-        return any(name in (m.group(1), m.group(2)) for m in ITEM_DEF.finditer(code))
+        if f not in self._defs:
+            self._defs[f] = {m.group(1) or m.group(2) for m in ITEM_DEF.finditer(self.code(f))}
+        return name in self._defs[f]
 
 
 def reexports(crate, f):
     """Name -> list of absolute paths it is re-exported from, plus glob sources."""
-    code = strip(open(f, encoding="utf-8").read())
+    if f in crate._reexports:
+        return crate._reexports[f]
+    code = crate.code(f)
     mod = crate.by_file[f]
     names, globs = {}, []
     for m in re.finditer(r"\bpub(?:\s*\([^)]*\))?\s+use\s+([^;]+);", code):
@@ -194,6 +203,7 @@ def reexports(crate, f):
                 globs.append(absp[:-1])
             elif bound:
                 names.setdefault(bound, []).append(absp)
+    crate._reexports[f] = (names, globs)
     return names, globs
 
 
@@ -262,17 +272,20 @@ def edges(crate):
     """(from file, to file) -> first line number of a reference."""
     found = {}
     for f, mod in crate.by_file.items():
-        raw = strip_test_items(strip(open(f, encoding="utf-8").read()))
-        aliases = {}
+        raw = strip_test_items(crate.code(f))
+        aliases, glob_mods = {}, []
         # use statements (re-exports aside)
         for m in re.finditer(r"(\bpub(?:\s*\([^)]*\))?\s+)?\buse\s+([^;]+);", raw):
             line = raw.count("\n", 0, m.start()) + 1
             for path, bound in uses_of(m.group(2)):
-                if path and path[-1] == "*":
+                glob = bool(path) and path[-1] == "*"
+                if glob:
                     path = path[:-1]
                 absp = absolute(crate, mod, path)
                 if absp is None:
                     continue
+                if glob and crate.module_file(absp):
+                    glob_mods.append((absp, line))
                 if bound and crate.module_file(absp):
                     aliases[bound] = absp
                 if m.group(1):
@@ -281,6 +294,14 @@ def edges(crate):
                 if t and t != f:
                     found.setdefault((f, t), line)
         code = re.sub(r"\buse\s+[^;]+;", lambda m: "\n" * m.group(0).count("\n"), raw)
+        # A glob import (`use super::*`) depends on the files defining the names used.
+        if glob_mods:
+            idents = set(re.findall(r"\b" + IDENT + r"\b", code))
+            for absp, line in glob_mods:
+                for ident in idents:
+                    t = resolve(crate, absp + (ident,))
+                    if t and t != f and crate.defines(t, ident):
+                        found.setdefault((f, t), line)
         for m in re.finditer(r"\b(" + IDENT + r")((?:\s*::\s*" + IDENT + r")+)(\s*!)?", code):
             if m.group(3):
                 continue

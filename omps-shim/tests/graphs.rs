@@ -492,3 +492,37 @@ fn page_locked_memory_a_live_graph_copies_into_stays_until_the_graph_goes() {
         "gone with the graph"
     );
 }
+
+/// Review of the server core (issue 23): a host node's two words (HostNodeAt) lie in
+/// page-locked memory and every replay writes them, but they are batch memory operation
+/// nodes, which the graph's ranges leave out. So once the client unregisters that memory
+/// the server unmaps and unregisters it while the executable graph lives, and a replay
+/// writes (and waits on) whatever the server maps there next. Expected: held as a memcpy
+/// node's page-locked side is.
+#[test]
+fn page_locked_words_a_live_graphs_host_node_uses_stay_until_the_graph_goes() {
+    let srv = TestServer::start("graph-pinned-words");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    stream_create(&c, S);
+    let before = srv.gpu.registered_ranges();
+    let (addr, _fd) = pin_somewhere(&c, 64 << 10);
+    assert_eq!(srv.gpu.registered_ranges(), before + 1);
+    capture(&c, Op::CaptureBegin, S).unwrap();
+    let h = wire::HostNodeAt {
+        stream: S,
+        _pad: 0,
+        words: addr,
+    };
+    c.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)]).unwrap();
+    let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
+    let _exec = instantiate(&c, graph).unwrap();
+    c.host_request(wire::hostmem::UNPIN, addr, 0, None)
+        .expect("unregistered, as natively");
+    c.ping(0).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        srv.gpu.registered_ranges(),
+        before + 1,
+        "unregistered while a live graph's host node writes it"
+    );
+}

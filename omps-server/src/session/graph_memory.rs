@@ -122,14 +122,35 @@ impl Session {
     /// The ranges `graph` uses, its conditional nodes' bodies included: the server knows
     /// the bodies it made, where the driver cannot list them (cuGraphNodeGetParams is
     /// newer than CUDA 13.0), and a body's memset replays as any other.
+    /// So are the bodies of graphs it holds copies of (a clone, a child node: CondState::reach).
     fn graph_ranges(&self, ctx: &WorkerCtx, graph: u64) -> crate::gpu::GpuResult<Vec<(u64, u64)>> {
         let mut ranges = ctx.gpu.graph_memory_ranges(graph)?;
-        for body in self.cond.bodies_of(graph) {
+        let (bodies, inherited) = self.cond.reach(graph);
+        for body in bodies {
             ranges.extend(ctx.gpu.graph_memory_ranges(body)?);
         }
+        ranges.extend(inherited);
         ranges.sort_unstable();
         ranges.dedup();
         Ok(ranges)
+    }
+
+    /// What a copy of `graph` (a clone, or a child node) inherits beyond the nodes the
+    /// driver lists: the ranges its bodies and what it inherited use now; None if it has
+    /// none (nothing to record).
+    pub(super) fn copied_ranges(
+        &self,
+        ctx: &WorkerCtx,
+        graph: u64,
+    ) -> crate::gpu::GpuResult<Option<Vec<(u64, u64)>>> {
+        let (bodies, mut ranges) = self.cond.reach(graph);
+        if bodies.is_empty() && ranges.is_empty() {
+            return Ok(None);
+        }
+        for body in bodies {
+            ranges.extend(ctx.gpu.graph_memory_ranges(body)?);
+        }
+        Ok(Some(ranges))
     }
 
     /// The ranges `graph`'s memset and memcpy nodes use, read once for its instantiation

@@ -526,3 +526,48 @@ fn page_locked_words_a_live_graphs_host_node_uses_stay_until_the_graph_goes() {
         "unregistered while a live graph's host node writes it"
     );
 }
+
+/// As above, for a copy of the graph (cuGraphClone, GRAPH_CLONE) whose original is gone:
+/// the copy's host node writes the same words, so they stay while its executable graph
+/// lives.
+#[test]
+fn page_locked_words_a_cloned_graphs_host_node_uses_stay_until_the_graph_goes() {
+    let srv = TestServer::start("graph-pinned-words-clone");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    stream_create(&c, S);
+    let before = srv.gpu.registered_ranges();
+    let (addr, _fd) = pin_somewhere(&c, 64 << 10);
+    capture(&c, Op::CaptureBegin, S).unwrap();
+    let h = wire::HostNodeAt {
+        stream: S,
+        _pad: 0,
+        words: addr,
+    };
+    c.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)]).unwrap();
+    let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
+    let mut ch = c.channel();
+    ch.call(0, Op::GraphCond, |call| {
+        bytemuck::bytes_of(&wire::GraphCond {
+            call,
+            kind: wire::graph::GRAPH_CLONE,
+            graph,
+            ..Default::default()
+        })
+        .to_vec()
+    })
+    .unwrap();
+    let copy = ch.reply::<wire::U64Reply>().value as u32;
+    let gone = wire::Handle { id: graph, _pad: 0 };
+    c.push(0, Op::GraphDestroy, &[bytemuck::bytes_of(&gone)])
+        .unwrap();
+    let _exec = instantiate(&c, copy).unwrap();
+    c.host_request(wire::hostmem::UNPIN, addr, 0, None)
+        .expect("unregistered, as natively");
+    c.ping(0).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        srv.gpu.registered_ranges(),
+        before + 1,
+        "unregistered while a live copy's host node writes it"
+    );
+}

@@ -31,7 +31,7 @@ pub(super) struct CondState {
     capture_into: HashMap<u32, u64>,
     /// Graphs (the driver's handles) that are copies of graphs with bodies, or took such
     /// graphs as child nodes: the driver copies the bodies, which the server then does not
-    /// know by id (see [`Inherited`]).
+    /// know by id (see [`Inherited`]); and graphs with host nodes, whose words it lists.
     inherited: HashMap<u64, Inherited>,
 }
 
@@ -46,6 +46,10 @@ struct Inherited {
     /// The ranges their bodies (and what they knew) used when copied, kept for after the
     /// sources go: the copy's bodies are its own and outlive them.
     ranges: Vec<(u64, u64)>,
+    /// The words in the client's page-locked memory its own host nodes (HostNodeAt)
+    /// write and wait on at every replay: batch memory operations, which the driver's
+    /// ranges leave out.
+    words: Vec<u64>,
 }
 
 /// More handles than any program makes; a client asking beyond gets OUT_OF_MEMORY.
@@ -100,6 +104,7 @@ impl CondState {
             for x in std::iter::once(g).chain(own.iter().copied()) {
                 if let Some(i) = self.inherited.get(&x) {
                     ranges.extend_from_slice(&i.ranges);
+                    ranges.extend(i.words.iter().map(|&w| (w, 8)));
                     todo.extend_from_slice(&i.from);
                 }
             }
@@ -118,6 +123,14 @@ impl CondState {
         i.ranges.extend(ranges);
         i.ranges.sort_unstable();
         i.ranges.dedup();
+    }
+
+    /// A host node of graph `g` (being captured) uses the two words at `words`.
+    pub(super) fn host_words(&mut self, g: u64, words: u64) {
+        let i = self.inherited.entry(g).or_default();
+        if !i.words.contains(&words) {
+            i.words.push(words);
+        }
     }
 
     /// Graph `g` is gone: what it inherited, and the links to it (the driver may give its

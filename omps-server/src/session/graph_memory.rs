@@ -41,6 +41,11 @@ pub(super) enum HeldForGraphs {
     /// stays mapped and registered here, so nothing else of the server's (another
     /// client's segment, say) is mapped at its addresses while a replay may copy there.
     Pinned(super::PinnedRelease),
+    /// A CUDA array (handle, bytes charged, whether a mipmapped array) destroyed after a
+    /// capture copied to or from it: a memcpy node names it, and its handle, reused for
+    /// another client's array, would have a replay copy there. Held, charged and counted
+    /// among its arrays, while the client holds any graph (as a module).
+    Array(u64, u64, bool),
 }
 
 /// What a departing client's graphs held, for its last release.
@@ -50,13 +55,15 @@ pub(super) struct HeldAtLast {
     pub closes: Vec<u64>,
     pub reservations: Vec<(u64, u64)>,
     pub pinned: Vec<super::PinnedRelease>,
+    pub arrays: Vec<(u64, u64)>,
+    pub mipmaps: Vec<(u64, u64)>,
 }
 
 impl Session {
     /// Whether `h` must still be held.
     fn needed_by_graphs(&self, h: &HeldForGraphs) -> bool {
         match *h {
-            HeldForGraphs::Module(..) => {
+            HeldForGraphs::Module(..) | HeldForGraphs::Array(..) => {
                 // A capture under way becomes a graph too.
                 !self.graphs.is_empty() || !self.execs.is_empty() || self.capturing > 0
             }
@@ -84,6 +91,7 @@ impl Session {
             (HeldForGraphs::Module(a, ..), HeldForGraphs::Module(b, ..)) => a == b,
             (HeldForGraphs::IpcClose(a, _), HeldForGraphs::IpcClose(b, _)) => a == b,
             (HeldForGraphs::Reservation(a, _), HeldForGraphs::Reservation(b, _)) => a == b,
+            (HeldForGraphs::Array(a, ..), HeldForGraphs::Array(b, ..)) => a == b,
             _ => false,
         };
         if self.graph_held_other.iter().any(same) {
@@ -101,6 +109,14 @@ impl Session {
         self.graph_held_other
             .iter()
             .filter(|h| matches!(h, HeldForGraphs::Reservation(..)))
+            .count()
+    }
+
+    /// Arrays its graphs hold: they count toward its arrays (arrays.rs).
+    pub(super) fn held_arrays(&self) -> usize {
+        self.graph_held_other
+            .iter()
+            .filter(|h| matches!(h, HeldForGraphs::Array(..)))
             .count()
     }
 
@@ -242,6 +258,14 @@ impl Session {
                         ..Default::default()
                     },
                 ),
+                HeldForGraphs::Array(h, n, mip) => {
+                    let mut rel = Release::default();
+                    match mip {
+                        true => rel.arrays.mipmaps.push((h, n)),
+                        false => rel.arrays.arrays.push((h, n)),
+                    }
+                    ctx.release_later(self, rel)
+                }
             }
         }
         let ranges = &self.exec_ranges;
@@ -284,6 +308,8 @@ impl Session {
                 HeldForGraphs::IpcClose(ptr, _) => last.closes.push(ptr),
                 HeldForGraphs::Reservation(at, n) => last.reservations.push((at, n)),
                 HeldForGraphs::Pinned(r) => last.pinned.push(r),
+                HeldForGraphs::Array(h, n, false) => last.arrays.push((h, n)),
+                HeldForGraphs::Array(h, n, true) => last.mipmaps.push((h, n)),
             }
         }
         last

@@ -991,6 +991,8 @@ impl Session {
                 v.keep_shared(&mut reg, &self.client, self.dev);
                 let mut r = v.into_release();
                 r.reservations.extend(held_reservations);
+                // And those other GPUs' graphs held that none does any more.
+                r.reservations.extend(self.take_reach_held());
                 r
             },
             arrays: {

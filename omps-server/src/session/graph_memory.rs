@@ -200,6 +200,7 @@ impl Session {
     /// Executable graph `id`, instantiated from (or updated to) a graph, uses `ranges`
     /// ([`Session::owned_graph_ranges`]).
     pub(super) fn note_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32, ranges: Vec<Range>) {
+        self.note_reach(ctx, id, Some(&ranges));
         self.exec_ranges.insert(id, ranges);
         self.release_graph_held(ctx);
     }
@@ -207,9 +208,91 @@ impl Session {
     /// A graph, or executable graph `exec`, is gone: what it alone held goes back.
     pub(super) fn graph_gone(&mut self, ctx: &mut WorkerCtx, exec: Option<u32>) {
         let had_ranges = exec.is_some_and(|id| self.exec_ranges.remove(&id).is_some());
+        if let Some(id) = exec.filter(|_| had_ranges) {
+            self.note_reach(ctx, id, None);
+        }
         if had_ranges || !self.graph_held_other.is_empty() {
             self.release_graph_held(ctx);
         }
+    }
+
+    /// Executable graph `id` now uses `ranges` (None: it is gone). The part of them in VMM
+    /// memory another GPU's session maps goes into the client's books every GPU sees
+    /// (ClientShared::graph_reach): a reservation freed there is held while it is used.
+    /// Reservations held so that no graph uses any more go, once the client's work on every
+    /// GPU is done (the graph that used them ran on this one).
+    fn note_reach(&mut self, ctx: &mut WorkerCtx, id: u32, ranges: Option<&[Range]>) {
+        if !self.client.vmm_peer.load(Ordering::SeqCst) {
+            // Never given another GPU access: no graph reaches such memory.
+            return;
+        }
+        let reached: Vec<Range> = ranges
+            .unwrap_or_default()
+            .iter()
+            .copied()
+            .filter(|&(a, n)| {
+                !self.vmm.mapped(a, n)
+                    && self
+                        .client
+                        .vmm_reaches(self.dev, a, n, self.consumer.position())
+            })
+            .collect();
+        let free = {
+            let mut r = self
+                .client
+                .graph_reach
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match reached.is_empty() {
+                true => r.uses.remove(&(self.dev, id)),
+                false => r.uses.insert((self.dev, id), reached),
+            };
+            r.unused()
+        };
+        if !free.is_empty() {
+            let rel = Release {
+                vmm: VmmRelease {
+                    reservations: free,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            ctx.release_everywhere(self, rel);
+        }
+    }
+
+    /// Whether a graph of the client's on another GPU uses a byte of reservation `r`,
+    /// being freed here: then it is held in the client's books until none does.
+    pub(super) fn hold_for_other_gpus(&mut self, r: Range) -> bool {
+        if !self.client.vmm_peer.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut reach = self
+            .client
+            .graph_reach
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let used = reach.used(r);
+        if used {
+            reach.held.push(r);
+        }
+        used
+    }
+
+    /// The session goes: its graphs use nothing now; the reservations held that no other
+    /// GPU's graph uses, for its last release.
+    pub(super) fn take_reach_held(&mut self) -> Vec<Range> {
+        if !self.client.vmm_peer.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let mut r = self
+            .client
+            .graph_reach
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let dev = self.dev;
+        r.uses.retain(|&(d, _), _| d != dev);
+        r.unused()
     }
 
     /// Whether the block `[ptr, ptr+len)` being freed is still used by one of the client's

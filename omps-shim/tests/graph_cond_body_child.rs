@@ -36,7 +36,13 @@ fn a_built_graph_whose_child_has_a_body_writing_a_freed_block_is_refused() {
         ok(cuStreamBeginCapture_v2(s, 2));
         let (_, cg) = capture_graph_of(s);
         let mut handle = 0u64;
-        ok(cuGraphConditionalHandleCreate(&mut handle, cg, null_mut(), 1, ASSIGN_DEFAULT));
+        ok(cuGraphConditionalHandleCreate(
+            &mut handle,
+            cg,
+            null_mut(),
+            1,
+            ASSIGN_DEFAULT,
+        ));
         let mut np: NodeParams = std::mem::zeroed();
         np.ty = 13;
         let cp = np.params.as_mut_ptr() as *mut CondParams;
@@ -47,7 +53,14 @@ fn a_built_graph_whose_child_has_a_body_writing_a_freed_block_is_refused() {
         ok(cuGraphAddNode(&mut cnode, cg, null(), 0, &mut np));
         let body = *(*cp).graph_out;
         ok(cuStreamUpdateCaptureDependencies(s, &cnode, 1, 1));
-        ok(cuStreamBeginCaptureToGraph(body_stream, body, null(), null(), 0, 2));
+        ok(cuStreamBeginCaptureToGraph(
+            body_stream,
+            body,
+            null(),
+            null(),
+            0,
+            2,
+        ));
         ok(cuMemsetD32Async(block, 5, WORDS, body_stream));
         let mut ended = null_mut();
         ok(cuStreamEndCapture(body_stream, &mut ended));
@@ -58,7 +71,13 @@ fn a_built_graph_whose_child_has_a_body_writing_a_freed_block_is_refused() {
         let mut parent = null_mut();
         ok(cuGraphCreate(&mut parent, 0));
         let mut child = null_mut();
-        ok(cuGraphAddChildGraphNode(&mut child, parent, null(), 0, graph));
+        ok(cuGraphAddChildGraphNode(
+            &mut child,
+            parent,
+            null(),
+            0,
+            graph,
+        ));
         ok(cuGraphDestroy(graph));
         ok(cuMemFree_v2(block));
         let mut exec = null_mut();

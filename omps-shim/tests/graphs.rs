@@ -513,7 +513,8 @@ fn page_locked_words_a_live_graphs_host_node_uses_stay_until_the_graph_goes() {
         _pad: 0,
         words: addr,
     };
-    c.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)]).unwrap();
+    c.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)])
+        .unwrap();
     let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
     let _exec = instantiate(&c, graph).unwrap();
     c.host_request(wire::hostmem::UNPIN, addr, 0, None)
@@ -543,7 +544,8 @@ fn page_locked_words_a_cloned_graphs_host_node_uses_stay_until_the_graph_goes() 
         _pad: 0,
         words: addr,
     };
-    c.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)]).unwrap();
+    c.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)])
+        .unwrap();
     let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
     let mut ch = c.channel();
     ch.call(0, Op::GraphCond, |call| {

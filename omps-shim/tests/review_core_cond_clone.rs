@@ -34,7 +34,13 @@ fn a_clone_of_a_graph_whose_body_writes_a_freed_block_is_refused() {
         ok(cuStreamBeginCapture_v2(s, 2));
         let (_, cg) = capture_graph_of(s);
         let mut handle = 0u64;
-        ok(cuGraphConditionalHandleCreate(&mut handle, cg, null_mut(), 1, ASSIGN_DEFAULT));
+        ok(cuGraphConditionalHandleCreate(
+            &mut handle,
+            cg,
+            null_mut(),
+            1,
+            ASSIGN_DEFAULT,
+        ));
         let mut np: NodeParams = std::mem::zeroed();
         np.ty = 13;
         let cp = np.params.as_mut_ptr() as *mut CondParams;
@@ -45,7 +51,14 @@ fn a_clone_of_a_graph_whose_body_writes_a_freed_block_is_refused() {
         ok(cuGraphAddNode(&mut cnode, cg, null(), 0, &mut np));
         let body = *(*cp).graph_out;
         ok(cuStreamUpdateCaptureDependencies(s, &cnode, 1, 1));
-        ok(cuStreamBeginCaptureToGraph(body_stream, body, null(), null(), 0, 2));
+        ok(cuStreamBeginCaptureToGraph(
+            body_stream,
+            body,
+            null(),
+            null(),
+            0,
+            2,
+        ));
         ok(cuMemsetD32Async(block, 5, WORDS, body_stream));
         let mut ended = null_mut();
         ok(cuStreamEndCapture(body_stream, &mut ended));

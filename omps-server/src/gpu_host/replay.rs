@@ -85,7 +85,11 @@ impl State {
                 } => {
                     let mut copies = Vec::with_capacity(bodies.len());
                     for b in bodies {
-                        let body = self.graphs.get(b).cloned().ok_or(CuError(code::INVALID_VALUE))?;
+                        let body = self
+                            .graphs
+                            .get(b)
+                            .cloned()
+                            .ok_or(CuError(code::INVALID_VALUE))?;
                         let body = self.copy_ops(&body)?;
                         let g = self.next_handle;
                         self.next_handle += 1;

@@ -168,7 +168,9 @@ impl Session {
                 match known {
                     // The same level asked again is the same array.
                     Some(&(_, id)) => Ok(id as u64),
-                    None if self.arrays.full(self.held_arrays()) => Err(CuError(code::OUT_OF_MEMORY)),
+                    None if self.arrays.full(self.held_arrays()) => {
+                        Err(CuError(code::OUT_OF_MEMORY))
+                    }
                     None => gpu.mipmap_level(m, level).map(|h| {
                         // Charged nothing: the mipmapped array was.
                         let id = self.arrays.add_array(h, 0, true);
@@ -206,8 +208,7 @@ impl Session {
                     }
                 }
                 // As an array: a level a capture copied holds it while graphs live.
-                let held =
-                    copied && self.hold_other_for_graphs(HeldForGraphs::Array(h, n, true));
+                let held = copied && self.hold_other_for_graphs(HeldForGraphs::Array(h, n, true));
                 if !held {
                     let mut rel = Release::default();
                     rel.arrays.mipmaps.push((h, n));

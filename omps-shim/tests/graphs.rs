@@ -492,3 +492,154 @@ fn page_locked_memory_a_live_graph_copies_into_stays_until_the_graph_goes() {
         "gone with the graph"
     );
 }
+
+/// Review of the server core (issue 23): a host node's two words (HostNodeAt) lie in
+/// page-locked memory and every replay writes them, but they are batch memory operation
+/// nodes, which the graph's ranges leave out. So once the client unregisters that memory
+/// the server unmaps and unregisters it while the executable graph lives, and a replay
+/// writes (and waits on) whatever the server maps there next. Expected: held as a memcpy
+/// node's page-locked side is.
+#[test]
+fn page_locked_words_a_live_graphs_host_node_uses_stay_until_the_graph_goes() {
+    let srv = TestServer::start("graph-pinned-words");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    stream_create(&c, S);
+    let before = srv.gpu.registered_ranges();
+    let (addr, _fd) = pin_somewhere(&c, 64 << 10);
+    assert_eq!(srv.gpu.registered_ranges(), before + 1);
+    capture(&c, Op::CaptureBegin, S).unwrap();
+    let h = wire::HostNodeAt {
+        stream: S,
+        _pad: 0,
+        words: addr,
+    };
+    c.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)])
+        .unwrap();
+    let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
+    let _exec = instantiate(&c, graph).unwrap();
+    c.host_request(wire::hostmem::UNPIN, addr, 0, None)
+        .expect("unregistered, as natively");
+    c.ping(0).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        srv.gpu.registered_ranges(),
+        before + 1,
+        "unregistered while a live graph's host node writes it"
+    );
+}
+
+/// As above, for a copy of the graph (cuGraphClone, GRAPH_CLONE) whose original is gone:
+/// the copy's host node writes the same words, so they stay while its executable graph
+/// lives.
+#[test]
+fn page_locked_words_a_cloned_graphs_host_node_uses_stay_until_the_graph_goes() {
+    let srv = TestServer::start("graph-pinned-words-clone");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    stream_create(&c, S);
+    let before = srv.gpu.registered_ranges();
+    let (addr, _fd) = pin_somewhere(&c, 64 << 10);
+    capture(&c, Op::CaptureBegin, S).unwrap();
+    let h = wire::HostNodeAt {
+        stream: S,
+        _pad: 0,
+        words: addr,
+    };
+    c.push(0, Op::HostNodeAt, &[bytemuck::bytes_of(&h)])
+        .unwrap();
+    let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
+    let mut ch = c.channel();
+    ch.call(0, Op::GraphCond, |call| {
+        bytemuck::bytes_of(&wire::GraphCond {
+            call,
+            kind: wire::graph::GRAPH_CLONE,
+            graph,
+            ..Default::default()
+        })
+        .to_vec()
+    })
+    .unwrap();
+    let copy = ch.reply::<wire::U64Reply>().value as u32;
+    let gone = wire::Handle { id: graph, _pad: 0 };
+    c.push(0, Op::GraphDestroy, &[bytemuck::bytes_of(&gone)])
+        .unwrap();
+    let _exec = instantiate(&c, copy).unwrap();
+    c.host_request(wire::hostmem::UNPIN, addr, 0, None)
+        .expect("unregistered, as natively");
+    c.ping(0).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        srv.gpu.registered_ranges(),
+        before + 1,
+        "unregistered while a live copy's host node writes it"
+    );
+}
+
+/// Review of the server core (issue 23, finding 3): a capture's copy to a CUDA array is a
+/// memcpy node naming the array, which the graph's ranges leave out (an array is no
+/// device range), so destroying the array freed it while a live graph copied there, and
+/// its handle could become another client's array. It stays until the client's graphs go.
+#[test]
+fn an_array_a_live_graph_copies_into_stays_until_the_graphs_go() {
+    let srv = TestServer::start("graph-array");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    stream_create(&c, S);
+    let p = alloc(&c, 4096);
+    let mut ch = c.channel();
+    ch.call(0, Op::Array, |call| {
+        bytemuck::bytes_of(&wire::ArrayCall {
+            call,
+            kind: wire::array::CREATE,
+            id: 0,
+            // 16 x 8 floats, one channel.
+            args: [16, 8, 0, 0x20, 1, 0, 0],
+        })
+        .to_vec()
+    })
+    .unwrap();
+    let array = ch.reply::<wire::U64Reply>().value as u32;
+    let before = srv.gpu.arrays_live();
+    capture(&c, Op::CaptureBegin, S).unwrap();
+    let copy = wire::ArrayCopy {
+        stream: S,
+        src: wire::CopySide {
+            dev: p,
+            pitch: 64,
+            ..Default::default()
+        },
+        dst: wire::CopySide {
+            array,
+            ..Default::default()
+        },
+        width: 64,
+        height: 8,
+        depth: 1,
+        ..Default::default()
+    };
+    c.push(0, Op::ArrayCopy, &[bytemuck::bytes_of(&copy)])
+        .unwrap();
+    let graph = capture(&c, Op::CaptureEnd, S).unwrap() as u32;
+    let exec = instantiate(&c, graph).unwrap();
+    let gone = wire::ArrayCall {
+        kind: wire::array::DESTROY,
+        id: array,
+        ..Default::default()
+    };
+    ch.call(0, Op::Array, |call| {
+        bytemuck::bytes_of(&wire::ArrayCall { call, ..gone }).to_vec()
+    })
+    .unwrap();
+    c.ping(0).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        srv.gpu.arrays_live(),
+        before,
+        "destroyed while a live graph copies into it"
+    );
+    let g = wire::Handle { id: graph, _pad: 0 };
+    c.push(0, Op::GraphDestroy, &[bytemuck::bytes_of(&g)])
+        .unwrap();
+    assert!(
+        destroy_exec_until(&c, exec, || srv.gpu.arrays_live() + 1 == before),
+        "gone with the graphs"
+    );
+}

@@ -52,6 +52,37 @@ struct VmmReach {
     unmapped: Option<[u64; MAX_DEVICES]>,
 }
 
+/// A client's VMM memory reached from GPUs other than the one whose session maps it, as
+/// its graphs use it: a reservation freed on one GPU while a graph on another writes in
+/// it stays reserved until no such graph is left.
+#[derive(Default)]
+pub struct GraphReach {
+    /// (server GPU, executable graph id) -> the ranges it uses in such memory.
+    pub uses: std::collections::HashMap<(usize, u32), Vec<(u64, u64)>>,
+    /// Reservations (start, size) freed while one did. At most one per distinct range
+    /// above: a held reservation stays the driver's, so no other can overlap it.
+    pub held: Vec<(u64, u64)>,
+}
+
+impl GraphReach {
+    /// Whether an executable graph on any GPU uses a byte of `[a, a+n)`.
+    pub fn used(&self, (a, n): (u64, u64)) -> bool {
+        self.uses
+            .values()
+            .flatten()
+            .any(|&(b, m)| a < b.saturating_add(m) && b < a.saturating_add(n))
+    }
+
+    /// The held reservations no graph uses any more, out of the list to be released.
+    pub fn unused(&mut self) -> Vec<(u64, u64)> {
+        let (still, free) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|&r| self.used(r));
+        self.held = still;
+        free
+    }
+}
+
 /// The value of the range of `m` that holds all of `[addr, addr+len)`, if one does.
 fn inside<V>(
     m: &std::collections::BTreeMap<u64, V>,
@@ -133,6 +164,9 @@ pub struct ClientShared {
     /// It gave another GPU access to VMM memory: what it leaves behind waits for its work
     /// on every GPU (crate::release::peer_fence). Never cleared.
     pub vmm_peer: AtomicBool,
+    /// While `vmm_peer`: the ranges of such memory its executable graphs on each GPU use,
+    /// and the reservations freed on another GPU while one does (session/graph_memory.rs).
+    pub graph_reach: std::sync::Mutex<GraphReach>,
     /// Hung up, killed, or disconnected by the server.
     pub gone: AtomicBool,
     /// Workers that have released everything this client held.
@@ -193,6 +227,7 @@ impl ClientShared {
             allocs_on: Default::default(),
             vmm_reach: Default::default(),
             vmm_peer: AtomicBool::new(false),
+            graph_reach: Default::default(),
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,

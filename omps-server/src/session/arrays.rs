@@ -7,6 +7,7 @@
 //! side. A texture over device memory must lie in the client's memory. What the client
 //! destroys, or leaves behind, goes once its queued work is done (`crate::release::releaser`).
 
+use super::graph_memory::HeldForGraphs;
 use super::*;
 use crate::gpu::{ArrayShape, CopyPlace, Resource};
 use omps_ring::wire::{array, tex};
@@ -27,6 +28,10 @@ pub struct ArrayState {
     textures: std::collections::HashSet<u64>,
     surfaces: std::collections::HashSet<u64>,
     next_id: u32,
+    /// Arrays (the driver's handles) a capture copied to or from: a graph's memcpy node
+    /// may name them, so they outlive their destruction while the client holds graphs
+    /// (graph_memory.rs, HeldForGraphs::Array).
+    captured: std::collections::HashSet<u64>,
 }
 
 /// What goes once the client's work is done, in this order.
@@ -40,8 +45,9 @@ pub struct ArrayRelease {
 }
 
 impl ArrayState {
-    fn full(&self) -> bool {
-        self.arrays.len() + self.mipmaps.len() + self.textures.len() + self.surfaces.len()
+    /// Whether it holds all it may (`held`: arrays its graphs hold past their destruction).
+    fn full(&self, held: usize) -> bool {
+        self.arrays.len() + self.mipmaps.len() + self.textures.len() + self.surfaces.len() + held
             >= MAX_OBJECTS
             || self.next_id == u32::MAX
     }
@@ -117,7 +123,7 @@ impl Session {
                     _ => u32::try_from(c.args[6])
                         .map_err(|_| Malformed("mipmap levels out of range".into()))?,
                 };
-                if self.arrays.full() {
+                if self.arrays.full(self.held_arrays()) {
                     Err(CuError(code::OUT_OF_MEMORY))
                 } else if levels > crate::gpu::MAX_MIP_LEVELS {
                     // More than any extent halves in: the driver's answer, before any cost.
@@ -162,7 +168,9 @@ impl Session {
                 match known {
                     // The same level asked again is the same array.
                     Some(&(_, id)) => Ok(id as u64),
-                    None if self.arrays.full() => Err(CuError(code::OUT_OF_MEMORY)),
+                    None if self.arrays.full(self.held_arrays()) => {
+                        Err(CuError(code::OUT_OF_MEMORY))
+                    }
                     None => gpu.mipmap_level(m, level).map(|h| {
                         // Charged nothing: the mipmapped array was.
                         let id = self.arrays.add_array(h, 0, true);
@@ -178,9 +186,14 @@ impl Session {
                 Some(&(_, _, true)) => Err(CuError(code::INVALID_VALUE)),
                 Some(_) => {
                     let (h, n, _) = self.arrays.arrays.remove(&c.id).expect("looked up");
-                    let mut rel = Release::default();
-                    rel.arrays.arrays.push((h, n));
-                    ctx.release_later(self, rel);
+                    // A graph's memcpy node may name it: held while graphs live.
+                    let held = self.arrays.captured.remove(&h)
+                        && self.hold_other_for_graphs(HeldForGraphs::Array(h, n, false));
+                    if !held {
+                        let mut rel = Release::default();
+                        rel.arrays.arrays.push((h, n));
+                        ctx.release_later(self, rel);
+                    }
                     Ok(0)
                 }
             },
@@ -188,12 +201,19 @@ impl Session {
                 let Some((h, n, levels)) = self.arrays.mipmaps.remove(&c.id) else {
                     return bad(format!("destroying unknown mipmapped array {}", c.id));
                 };
+                let mut copied = false;
                 for (_, id) in levels {
-                    self.arrays.arrays.remove(&id);
+                    if let Some((l, _, _)) = self.arrays.arrays.remove(&id) {
+                        copied |= self.arrays.captured.remove(&l);
+                    }
                 }
-                let mut rel = Release::default();
-                rel.arrays.mipmaps.push((h, n));
-                ctx.release_later(self, rel);
+                // As an array: a level a capture copied holds it while graphs live.
+                let held = copied && self.hold_other_for_graphs(HeldForGraphs::Array(h, n, true));
+                if !held {
+                    let mut rel = Release::default();
+                    rel.arrays.mipmaps.push((h, n));
+                    ctx.release_later(self, rel);
+                }
                 Ok(0)
             }
             k => return bad(format!("array call kind {k}")),
@@ -268,6 +288,12 @@ impl Session {
         ) else {
             return Ok(());
         };
+        if self.streams.get(&c.stream).is_some_and(|st| st.capturing) {
+            // The graph's node names the arrays (graph_memory.rs).
+            self.arrays
+                .captured
+                .extend(src.array.into_iter().chain(dst.array));
+        }
         if let Err(e) = ctx.gpu.clone().array_copy(&src, &dst, extent, s) {
             self.note_error(e);
         }
@@ -315,7 +341,7 @@ impl Session {
                 };
                 if memory.is_some_and(|(d, n)| !self.owns_range(d, n)) {
                     Err(CuError(code::INVALID_VALUE))
-                } else if self.arrays.full() {
+                } else if self.arrays.full(self.held_arrays()) {
                     Err(CuError(code::OUT_OF_MEMORY))
                 } else if c.kind == tex::CREATE_TEXTURE {
                     let view = (c.has_view != 0).then_some(&c.view);

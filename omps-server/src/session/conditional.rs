@@ -29,6 +29,27 @@ pub(super) struct CondState {
     bodies: HashMap<u32, (u64, u64)>,
     /// Client streams capturing into a home or body -> that graph.
     capture_into: HashMap<u32, u64>,
+    /// Graphs (the driver's handles) that are copies of graphs with bodies, or took such
+    /// graphs as child nodes: the driver copies the bodies, which the server then does not
+    /// know by id (see [`Inherited`]); and graphs with host nodes, whose words it lists.
+    inherited: HashMap<u64, Inherited>,
+}
+
+/// What a copy of a graph (GRAPH_CLONE) or a graph that took one as a child node
+/// (CHILD_NODE) replays that the driver may not list: its sources' conditional bodies, whose
+/// copies it holds (CUDA 13.0 cannot read a conditional node's bodies).
+#[derive(Default)]
+struct Inherited {
+    /// The graphs copied in, while they live: their bodies are read again at each
+    /// instantiation (what they know included, transitively).
+    from: Vec<u64>,
+    /// The ranges their bodies (and what they knew) used when copied, kept for after the
+    /// sources go: the copy's bodies are its own and outlive them.
+    ranges: Vec<(u64, u64)>,
+    /// The words in the client's page-locked memory its own host nodes (HostNodeAt)
+    /// write and wait on at every replay: batch memory operations, which the driver's
+    /// ranges leave out.
+    words: Vec<u64>,
 }
 
 /// More handles than any program makes; a client asking beyond gets OUT_OF_MEMORY.
@@ -61,20 +82,77 @@ impl CondState {
             .collect()
     }
 
-    /// Home `home` lost its nodes: its bodies are gone.
+    /// Home `home` lost its nodes: its bodies are gone, and what it and they inherited.
     fn cleared(&mut self, home: u64) {
+        for b in self.bodies_of(home).into_iter().chain([home]) {
+            self.forget_inherited(b);
+        }
         self.bodies.retain(|_, &mut (_, h)| h != home);
+    }
+
+    /// The bodies and inherited ranges graph `graph` replays beyond what the driver lists
+    /// of it: its own bodies, and those of the graphs it copied in (transitively).
+    pub(super) fn reach(&self, graph: u64) -> (Vec<u64>, Vec<(u64, u64)>) {
+        let (mut bodies, mut ranges) = (Vec::new(), Vec::new());
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![graph];
+        while let Some(g) = todo.pop() {
+            if !seen.insert(g) {
+                continue;
+            }
+            let own = self.bodies_of(g);
+            for x in std::iter::once(g).chain(own.iter().copied()) {
+                if let Some(i) = self.inherited.get(&x) {
+                    ranges.extend_from_slice(&i.ranges);
+                    ranges.extend(i.words.iter().map(|&w| (w, 8)));
+                    todo.extend_from_slice(&i.from);
+                }
+            }
+            bodies.extend(own);
+        }
+        (bodies, ranges)
+    }
+
+    /// Graph `copy` holds a copy of `source` (a clone of it, or a child node), whose
+    /// bodies and what it inherited used `ranges` when copied.
+    pub(super) fn inherit(&mut self, copy: u64, source: u64, ranges: Vec<(u64, u64)>) {
+        let i = self.inherited.entry(copy).or_default();
+        if !i.from.contains(&source) {
+            i.from.push(source);
+        }
+        i.ranges.extend(ranges);
+        i.ranges.sort_unstable();
+        i.ranges.dedup();
+    }
+
+    /// A host node of graph `g` (being captured) uses the two words at `words`.
+    pub(super) fn host_words(&mut self, g: u64, words: u64) {
+        let i = self.inherited.entry(g).or_default();
+        if !i.words.contains(&words) {
+            i.words.push(words);
+        }
+    }
+
+    /// Graph `g` is gone: what it inherited, and the links to it (the driver may give its
+    /// handle to a new graph), go; its copies keep the ranges they inherited from it.
+    fn forget_inherited(&mut self, g: u64) {
+        self.inherited.remove(&g);
+        for i in self.inherited.values_mut() {
+            i.from.retain(|&f| f != g);
+        }
     }
 
     /// Graph `g` (any of the client's) is destroyed: Err when a capture goes into it.
     pub(super) fn destroying(&mut self, g: u64) -> Result<(), Malformed> {
         if !self.homes.contains(&g) {
+            self.forget_inherited(g);
             return Ok(());
         }
         if self.being_captured(g) {
             return bad("destroying a graph a capture goes into");
         }
         self.forget_home(g);
+        self.forget_inherited(g);
         Ok(())
     }
 
@@ -87,7 +165,7 @@ impl CondState {
 
     /// Whether any home is tracked (so a capture's end must look at its graph).
     pub(super) fn any(&self) -> bool {
-        !self.homes.is_empty()
+        !self.homes.is_empty() || !self.inherited.is_empty()
     }
 
     /// Client streams capturing into bodies of homes that are the graphs of captures
@@ -117,6 +195,20 @@ impl CondState {
             .collect();
         for h in gone {
             self.forget_home(h);
+        }
+        // And what graphs thrown away with a capture had inherited.
+        let gone: Vec<u64> = self
+            .inherited
+            .keys()
+            .copied()
+            .filter(|g| {
+                !graphs.values().any(|h| h == g)
+                    && !capturing.contains(g)
+                    && !self.bodies.values().any(|&(b, _)| b == *g)
+            })
+            .collect();
+        for g in gone {
+            self.forget_inherited(g);
         }
     }
 
@@ -219,12 +311,17 @@ impl Session {
             graph::GRAPH_CLONE => match self.graphs.get(&c.graph) {
                 Some(&g) => self
                     .room_for_graphs(1)
-                    .and_then(|()| gpu.graph_clone(g))
-                    .and_then(|copy| {
+                    .and_then(|()| self.copied_ranges(ctx, g))
+                    .and_then(|inherited| {
+                        let copy = gpu.graph_clone(g)?;
                         let id = self.new_id().inspect_err(|_| {
                             let _ = gpu.graph_destroy(copy);
                         })?;
                         self.graphs.insert(id, copy);
+                        // Its bodies are copies of g's, which the server knows only as g's.
+                        if let Some(r) = inherited {
+                            self.cond.inherit(copy, g, r);
+                        }
                         Ok(id as u64)
                     }),
                 None => Err(CuError(code::INVALID_VALUE)),
@@ -238,7 +335,19 @@ impl Session {
             ) {
                 // A graph being captured into cannot be its own child.
                 (Some(&g), Some(s)) if !self.cond.capture_into.values().any(|&t| t == g) => {
-                    gpu.capture_child(s, g).map(|()| 0)
+                    // The capture's graph (a home's, a body's or a plain one) holds a copy
+                    // of g's bodies from now on, as a clone does.
+                    self.copied_ranges(ctx, g).and_then(|inherited| {
+                        let into = match inherited {
+                            Some(_) => Some(gpu.capture_graph(s)?),
+                            None => None,
+                        };
+                        gpu.capture_child(s, g)?;
+                        if let (Some(r), Some(into)) = (inherited, into) {
+                            self.cond.inherit(into, g, r);
+                        }
+                        Ok(0)
+                    })
                 }
                 _ => Err(CuError(code::INVALID_VALUE)),
             },

@@ -41,6 +41,11 @@ pub(super) enum HeldForGraphs {
     /// stays mapped and registered here, so nothing else of the server's (another
     /// client's segment, say) is mapped at its addresses while a replay may copy there.
     Pinned(super::PinnedRelease),
+    /// A CUDA array (handle, bytes charged, whether a mipmapped array) destroyed after a
+    /// capture copied to or from it: a memcpy node names it, and its handle, reused for
+    /// another client's array, would have a replay copy there. Held, charged and counted
+    /// among its arrays, while the client holds any graph (as a module).
+    Array(u64, u64, bool),
 }
 
 /// What a departing client's graphs held, for its last release.
@@ -50,13 +55,15 @@ pub(super) struct HeldAtLast {
     pub closes: Vec<u64>,
     pub reservations: Vec<(u64, u64)>,
     pub pinned: Vec<super::PinnedRelease>,
+    pub arrays: Vec<(u64, u64)>,
+    pub mipmaps: Vec<(u64, u64)>,
 }
 
 impl Session {
     /// Whether `h` must still be held.
     fn needed_by_graphs(&self, h: &HeldForGraphs) -> bool {
         match *h {
-            HeldForGraphs::Module(..) => {
+            HeldForGraphs::Module(..) | HeldForGraphs::Array(..) => {
                 // A capture under way becomes a graph too.
                 !self.graphs.is_empty() || !self.execs.is_empty() || self.capturing > 0
             }
@@ -84,6 +91,7 @@ impl Session {
             (HeldForGraphs::Module(a, ..), HeldForGraphs::Module(b, ..)) => a == b,
             (HeldForGraphs::IpcClose(a, _), HeldForGraphs::IpcClose(b, _)) => a == b,
             (HeldForGraphs::Reservation(a, _), HeldForGraphs::Reservation(b, _)) => a == b,
+            (HeldForGraphs::Array(a, ..), HeldForGraphs::Array(b, ..)) => a == b,
             _ => false,
         };
         if self.graph_held_other.iter().any(same) {
@@ -101,6 +109,14 @@ impl Session {
         self.graph_held_other
             .iter()
             .filter(|h| matches!(h, HeldForGraphs::Reservation(..)))
+            .count()
+    }
+
+    /// Arrays its graphs hold: they count toward its arrays (arrays.rs).
+    pub(super) fn held_arrays(&self) -> usize {
+        self.graph_held_other
+            .iter()
+            .filter(|h| matches!(h, HeldForGraphs::Array(..)))
             .count()
     }
 
@@ -122,14 +138,35 @@ impl Session {
     /// The ranges `graph` uses, its conditional nodes' bodies included: the server knows
     /// the bodies it made, where the driver cannot list them (cuGraphNodeGetParams is
     /// newer than CUDA 13.0), and a body's memset replays as any other.
+    /// So are the bodies of graphs it holds copies of (a clone, a child node: CondState::reach).
     fn graph_ranges(&self, ctx: &WorkerCtx, graph: u64) -> crate::gpu::GpuResult<Vec<(u64, u64)>> {
         let mut ranges = ctx.gpu.graph_memory_ranges(graph)?;
-        for body in self.cond.bodies_of(graph) {
+        let (bodies, inherited) = self.cond.reach(graph);
+        for body in bodies {
             ranges.extend(ctx.gpu.graph_memory_ranges(body)?);
         }
+        ranges.extend(inherited);
         ranges.sort_unstable();
         ranges.dedup();
         Ok(ranges)
+    }
+
+    /// What a copy of `graph` (a clone, or a child node) inherits beyond the nodes the
+    /// driver lists: the ranges its bodies and what it inherited use now; None if it has
+    /// none (nothing to record).
+    pub(super) fn copied_ranges(
+        &self,
+        ctx: &WorkerCtx,
+        graph: u64,
+    ) -> crate::gpu::GpuResult<Option<Vec<(u64, u64)>>> {
+        let (bodies, mut ranges) = self.cond.reach(graph);
+        if bodies.is_empty() && ranges.is_empty() {
+            return Ok(None);
+        }
+        for body in bodies {
+            ranges.extend(ctx.gpu.graph_memory_ranges(body)?);
+        }
+        Ok(Some(ranges))
     }
 
     /// The ranges `graph`'s memset and memcpy nodes use, read once for its instantiation
@@ -163,6 +200,7 @@ impl Session {
     /// Executable graph `id`, instantiated from (or updated to) a graph, uses `ranges`
     /// ([`Session::owned_graph_ranges`]).
     pub(super) fn note_exec_ranges(&mut self, ctx: &mut WorkerCtx, id: u32, ranges: Vec<Range>) {
+        self.note_reach(ctx, id, Some(&ranges));
         self.exec_ranges.insert(id, ranges);
         self.release_graph_held(ctx);
     }
@@ -170,9 +208,91 @@ impl Session {
     /// A graph, or executable graph `exec`, is gone: what it alone held goes back.
     pub(super) fn graph_gone(&mut self, ctx: &mut WorkerCtx, exec: Option<u32>) {
         let had_ranges = exec.is_some_and(|id| self.exec_ranges.remove(&id).is_some());
+        if let Some(id) = exec.filter(|_| had_ranges) {
+            self.note_reach(ctx, id, None);
+        }
         if had_ranges || !self.graph_held_other.is_empty() {
             self.release_graph_held(ctx);
         }
+    }
+
+    /// Executable graph `id` now uses `ranges` (None: it is gone). The part of them in VMM
+    /// memory another GPU's session maps goes into the client's books every GPU sees
+    /// (ClientShared::graph_reach): a reservation freed there is held while it is used.
+    /// Reservations held so that no graph uses any more go, once the client's work on every
+    /// GPU is done (the graph that used them ran on this one).
+    fn note_reach(&mut self, ctx: &mut WorkerCtx, id: u32, ranges: Option<&[Range]>) {
+        if !self.client.vmm_peer.load(Ordering::SeqCst) {
+            // Never given another GPU access: no graph reaches such memory.
+            return;
+        }
+        let reached: Vec<Range> = ranges
+            .unwrap_or_default()
+            .iter()
+            .copied()
+            .filter(|&(a, n)| {
+                !self.vmm.mapped(a, n)
+                    && self
+                        .client
+                        .vmm_reaches(self.dev, a, n, self.consumer.position())
+            })
+            .collect();
+        let free = {
+            let mut r = self
+                .client
+                .graph_reach
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match reached.is_empty() {
+                true => r.uses.remove(&(self.dev, id)),
+                false => r.uses.insert((self.dev, id), reached),
+            };
+            r.unused()
+        };
+        if !free.is_empty() {
+            let rel = Release {
+                vmm: VmmRelease {
+                    reservations: free,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            ctx.release_everywhere(self, rel);
+        }
+    }
+
+    /// Whether a graph of the client's on another GPU uses a byte of reservation `r`,
+    /// being freed here: then it is held in the client's books until none does.
+    pub(super) fn hold_for_other_gpus(&mut self, r: Range) -> bool {
+        if !self.client.vmm_peer.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut reach = self
+            .client
+            .graph_reach
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let used = reach.used(r);
+        if used {
+            reach.held.push(r);
+        }
+        used
+    }
+
+    /// The session goes: its graphs use nothing now; the reservations held that no other
+    /// GPU's graph uses, for its last release.
+    pub(super) fn take_reach_held(&mut self) -> Vec<Range> {
+        if !self.client.vmm_peer.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let mut r = self
+            .client
+            .graph_reach
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let dev = self.dev;
+        r.uses.retain(|&(d, _), _| d != dev);
+        r.unused()
     }
 
     /// Whether the block `[ptr, ptr+len)` being freed is still used by one of the client's
@@ -221,6 +341,14 @@ impl Session {
                         ..Default::default()
                     },
                 ),
+                HeldForGraphs::Array(h, n, mip) => {
+                    let mut rel = Release::default();
+                    match mip {
+                        true => rel.arrays.mipmaps.push((h, n)),
+                        false => rel.arrays.arrays.push((h, n)),
+                    }
+                    ctx.release_later(self, rel)
+                }
             }
         }
         let ranges = &self.exec_ranges;
@@ -263,6 +391,8 @@ impl Session {
                 HeldForGraphs::IpcClose(ptr, _) => last.closes.push(ptr),
                 HeldForGraphs::Reservation(at, n) => last.reservations.push((at, n)),
                 HeldForGraphs::Pinned(r) => last.pinned.push(r),
+                HeldForGraphs::Array(h, n, false) => last.arrays.push((h, n)),
+                HeldForGraphs::Array(h, n, true) => last.mipmaps.push((h, n)),
             }
         }
         last

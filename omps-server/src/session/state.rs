@@ -940,6 +940,8 @@ impl Session {
             closes: held_closes,
             reservations: held_reservations,
             pinned: held_pinned,
+            arrays: held_arrays,
+            mipmaps: held_mipmaps,
         } = self.take_graph_held_other();
         let (ipc, mut allocs) = {
             let mut reg = shared.ipc.lock().unwrap_or_else(|e| e.into_inner());
@@ -998,9 +1000,17 @@ impl Session {
                 v.keep_shared(&mut reg, &self.client, self.dev);
                 let mut r = v.into_release();
                 r.reservations.extend(held_reservations);
+                // And those other GPUs' graphs held that none does any more.
+                r.reservations.extend(self.take_reach_held());
                 r
             },
-            arrays: std::mem::take(&mut self.arrays).into_release(),
+            arrays: {
+                // Arrays its graphs held go with the rest.
+                let mut a = std::mem::take(&mut self.arrays).into_release();
+                a.arrays.extend(held_arrays);
+                a.mipmaps.extend(held_mipmaps);
+                a
+            },
         };
         (self.client, rel)
     }

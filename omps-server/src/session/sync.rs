@@ -249,6 +249,13 @@ impl Session {
                 if let Err(e) = r {
                     self.note_error(e);
                 }
+                // The graph's replays use the words: checked and held as its memcpy
+                // nodes' page-locked sides are (graph_memory.rs).
+                match gpu.capture_graph(s) {
+                    Ok(g) => self.cond.host_words(g, h.words),
+                    // Not known, so never instantiated.
+                    Err(_) => gpu.capture_invalidate(s),
+                }
                 self.host_words.insert(h.words + 4);
             }
             Op::StreamSync => {

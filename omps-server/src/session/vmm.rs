@@ -312,7 +312,8 @@ impl Session {
         } else {
             st.reservations.remove(&at);
             let held = super::graph_memory::HeldForGraphs::Reservation(at, size);
-            if self.hold_other_for_graphs(held) {
+            // Graphs on other GPUs may write it too (VMM memory they were given access to).
+            if self.hold_other_for_graphs(held) || self.hold_for_other_gpus((at, size)) {
                 Ok(0)
             } else {
                 ctx.gpu.vmm_address_free(at, size).map(|()| 0)

@@ -1429,6 +1429,8 @@ impl Gpu for HostGpu {
             .get(&graph)
             .cloned()
             .ok_or(CuError(code::INVALID_HANDLE))?;
+        // Conditional bodies are copied too: the copy's own, outliving the original's.
+        let ops = st.copy_ops(&ops)?;
         let g = st.next_handle;
         st.next_handle += 1;
         st.graphs.insert(g, ops);
@@ -1437,10 +1439,19 @@ impl Gpu for HostGpu {
 
     fn capture_child(&self, s: usize, child: u64) -> GpuResult<()> {
         let mut st = self.state.lock().unwrap();
-        let ops = st.graphs.get(&child).ok_or(CuError(code::INVALID_HANDLE))?;
-        // A child's work runs in its place: copied in, as the driver copies the graph.
-        let ops = st.resolve(ops)?;
+        let ops = st
+            .graphs
+            .get(&child)
+            .cloned()
+            .ok_or(CuError(code::INVALID_HANDLE))?;
         let origin = st.origin(s);
+        if !st.capturing.contains_key(&origin) {
+            return Err(CuError(code::ILLEGAL_STATE));
+        }
+        // A child's work runs in its place: copied in, as the driver copies the graph
+        // (conditional bodies included).
+        let ops = st.copy_ops(&ops)?;
+        let ops = st.resolve(&ops)?;
         let c = st
             .capturing
             .get_mut(&origin)

@@ -23,6 +23,42 @@ impl State {
         }
     }
 
+    /// `ops` as a copy of their graph has them (cuGraphClone, a child node): conditional
+    /// nodes get bodies of their own, copies of theirs, as the driver copies them.
+    pub(super) fn copy_ops(&mut self, ops: &[HostOp]) -> GpuResult<Vec<HostOp>> {
+        ops.iter()
+            .map(|op| match op {
+                HostOp::Cond {
+                    handle,
+                    kind,
+                    bodies,
+                    run,
+                } => {
+                    let mut copies = Vec::with_capacity(bodies.len());
+                    for b in bodies {
+                        let body = self
+                            .graphs
+                            .get(b)
+                            .cloned()
+                            .ok_or(CuError(code::INVALID_VALUE))?;
+                        let body = self.copy_ops(&body)?;
+                        let g = self.next_handle;
+                        self.next_handle += 1;
+                        self.graphs.insert(g, body);
+                        copies.push(g);
+                    }
+                    Ok(HostOp::Cond {
+                        handle: *handle,
+                        kind: *kind,
+                        bodies: copies,
+                        run: run.clone(),
+                    })
+                }
+                op => Ok(op.clone()),
+            })
+            .collect()
+    }
+
     /// The capture stream `s` records into: its own, or the one it forked from.
     pub(super) fn origin(&self, s: usize) -> usize {
         match self.joined.get(&s) {

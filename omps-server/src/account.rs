@@ -291,6 +291,15 @@ impl Account {
         self.group.get().and_then(Option::as_ref)
     }
 
+    /// Whether the process joined `group` (None: the server's own socket, no namespace).
+    pub fn joined(&self, group: Option<&Arc<Group>>) -> bool {
+        match (self.group(), group) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// Whether `n` more bytes on GPU `dev` (None: pinned, on every one of `gpus`) keep its
     /// namespace within its limit: Err(dev, limit, used) where they would not. Called
     /// under [`Account::lock`]; the group's lock is held until [`Account::add_mem`] or

@@ -1118,6 +1118,10 @@ impl Server {
             );
             return refuse(code::MPS_MAX_CLIENTS_REACHED);
         }
+        if let Some(why) = self.over_share(pid, ns) {
+            tracing::warn!(pid, "refusing a client: {why}");
+            return refuse(code::MPS_MAX_CLIENTS_REACHED);
+        }
         let lc_present = crate::policy::Policy::lc_present(&self.client_list());
         let mut settled = match self.policy.settle(settings) {
             Ok(s) => s,
@@ -1332,6 +1336,45 @@ impl Server {
             self.workers[w].send(ToWorker::Add(c.clone()));
         }
         Ok(())
+    }
+
+    /// Why one more client of process `pid`, through namespace `ns` (None: the server's
+    /// own socket), would take more than its share of the client slots: its process's
+    /// (OMPS_MAX_CLIENTS_PER_PROCESS; PID 0, a process the server cannot see, has none)
+    /// or its namespace's (`max_clients=`, else all but a quarter of OMPS_MAX_CLIENTS;
+    /// the server's own socket is held to that only while namespaces exist), so that one
+    /// tenant cannot lock the others out (issue 23).
+    fn over_share(&self, pid: i32, ns: Option<&crate::namespace::Limits>) -> Option<String> {
+        let b = crate::bounds::bounds();
+        let group = ns.map(|n| &n.held);
+        let (mut mine, mut ours) = (0, 0);
+        for (c, _) in self.clients.values() {
+            mine += usize::from(pid != 0 && c.pid == pid);
+            ours += usize::from(c.account.joined(group));
+        }
+        if mine >= b.clients_per_process {
+            return Some(format!(
+                "process {pid} has {mine} clients (OMPS_MAX_CLIENTS_PER_PROCESS)"
+            ));
+        }
+        let cap = match ns {
+            Some(n) => n.max_clients.unwrap_or_else(|| b.namespace_clients()),
+            None if self.namespaces.is_empty() => return None,
+            None => b.namespace_clients(),
+        };
+        (ours >= cap).then(|| match ns {
+            Some(n) if n.max_clients.is_some() => format!(
+                "namespace '{}' has {ours} clients (its max_clients={cap})",
+                n.name
+            ),
+            Some(n) => format!(
+                "namespace '{}' has {ours} clients, its share (OMPS_MAX_CLIENTS less a quarter; the operator may set max_clients=)",
+                n.name
+            ),
+            None => format!(
+                "the server's own socket has {ours} clients, its share while namespaces exist (OMPS_MAX_CLIENTS less a quarter)"
+            ),
+        })
     }
 
     /// Whether a GPU is in FAULT: its clients have been told, new clients are refused

@@ -46,6 +46,10 @@ pub struct Limits {
     /// with CUDA_VISIBLE_DEVICES, and a namespace's limit on one GPU means nothing if its
     /// pods may use the others.
     pub gpus: Option<Vec<usize>>,
+    /// How many clients it may have at once (None: OMPS_MAX_CLIENTS less a quarter,
+    /// crate::bounds::Bounds::namespace_clients), so that one namespace's pods cannot
+    /// take every client slot of the server.
+    pub max_clients: Option<usize>,
     /// What its clients hold together, against `mem`: the limit is the namespace's, not
     /// each process's (a client may set a lower one of its own).
     pub held: Arc<crate::account::Group>,
@@ -141,6 +145,7 @@ fn parse(
         qos: Qos::Normal,
         partition: None,
         gpus: None,
+        max_clients: None,
         held: Arc::new(crate::account::Group::new([NO_LIMIT; MAX_DEVICES])),
     };
     for a in args {
@@ -177,9 +182,17 @@ fn parse(
                 }
                 l.gpus = Some(list);
             }
+            "max_clients" => {
+                let n = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| format!("max_clients={value}: not a number of clients"))?;
+                l.max_clients = Some(n);
+            }
             _ => {
                 return Err(format!(
-                    "unknown setting '{key}' (mem_limit, thread_percentage, qos, partition, gpus)"
+                    "unknown setting '{key}' (mem_limit, thread_percentage, qos, partition, gpus, max_clients)"
                 ))
             }
         }
@@ -250,7 +263,7 @@ impl Namespaces {
         gpus: &[DeviceSnapshot],
     ) -> Result<(), String> {
         let [name, args @ ..] = words else {
-            return Err("usage: create_namespace NAME [mem_limit=SIZE or DEV=SIZE,...] [thread_percentage=PCT] [qos=normal|below-normal|latency-critical] [partition=UUID/pN] [gpus=DEV,...]".into());
+            return Err("usage: create_namespace NAME [mem_limit=SIZE or DEV=SIZE,...] [thread_percentage=PCT] [qos=normal|below-normal|latency-critical] [partition=UUID/pN] [gpus=DEV,...] [max_clients=N]".into());
         };
         let mut limits = parse(name, args, policy, gpus)?;
         if self.list.iter().any(|n| n.limits.name == *name) {
@@ -343,7 +356,7 @@ impl Namespaces {
                     .join(",")
             });
             s.push_str(&format!(
-                "{} {} mem_limit={} thread_percentage={} qos={} partition={} gpus={gpus}\n",
+                "{} {} mem_limit={} thread_percentage={} qos={} partition={} gpus={gpus} max_clients={}\n",
                 l.name,
                 sock::namespace_dir_in(&self.pipe_dir, &l.name)
                     .join(sock::NAMESPACE_SOCKET)
@@ -358,9 +371,14 @@ impl Namespaces {
                 l.qos.name(),
                 l.partition
                     .map_or("none".into(), |(g, id)| format!("gpu{g}/p{id}")),
+                l.max_clients.unwrap_or_else(|| crate::bounds::bounds().namespace_clients()),
             ));
         }
         s
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
     }
 
     /// One pollfd per namespace, in order ([`Namespaces::accept`] takes the position).
@@ -489,6 +507,7 @@ mod tests {
             qos: Qos::Normal,
             partition: None,
             gpus,
+            max_clients: None,
             held: Arc::new(crate::account::Group::new([NO_LIMIT; MAX_DEVICES])),
         }
     }

@@ -36,20 +36,61 @@ fn one_process_of_one_namespace_takes_every_client_slot() {
     let b = ns_socket(&srv, "team-b");
     let plain = settings_from(|_| None).unwrap();
     let mut held = Vec::new();
-    while let Ok(c) = Conn::connect_with(&a, &plain) {
-        held.push(c);
-        if held.len() > 64 {
-            break;
+    let refused = loop {
+        match Conn::connect_with(&a, &plain) {
+            Ok(c) => held.push(c),
+            Err(e) => break Some(e),
         }
-    }
-    assert!(held.len() >= 16, "the attacker got {} connections", held.len());
-    let victim = Conn::connect_with(&b, &plain);
+        if held.len() > 64 {
+            break None;
+        }
+    };
+    // Fixed: team-a's share stops it short of every slot, with the clients' refusal.
+    assert!(
+        !held.is_empty() && held.len() < 16,
+        "the attacker got {} connections",
+        held.len()
+    );
+    assert_eq!(refused.map(|e| e.0), Some(808), "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED");
+    let victim = victim_connects(&b);
     assert!(
         victim.is_ok(),
         "a client of team-b was refused while one process of team-a holds {} connections: {:?}",
         held.len(),
         victim.err()
     );
+}
+
+/// The child process of a victim: connects to the socket in `REVIEW_CTL_VICTIM` and says how it went.
+const VICTIM: &str = "REVIEW_CTL_VICTIM";
+
+#[test]
+fn review_ctl_victim_child() {
+    let Some(path) = std::env::var_os(VICTIM) else {
+        return;
+    };
+    let plain = settings_from(|_| None).unwrap();
+    match Conn::connect_with(std::path::Path::new(&path), &plain) {
+        Ok(c) => println!("VICTIM ok {:?}", c.ping(0)),
+        Err(e) => println!("VICTIM refused {e:?}"),
+    }
+}
+
+/// Connects from another process (a process is a client of one namespace only) to
+/// `path`: Ok, or the refusal.
+fn victim_connects(path: &std::path::Path) -> Result<(), String> {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "review_ctl_victim_child", "--nocapture"])
+        .env(VICTIM, path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("VICTIM")).unwrap_or("VICTIM none");
+    if line.starts_with("VICTIM ok Ok") {
+        Ok(())
+    } else {
+        Err(line.to_string())
+    }
 }
 
 /// The child processes of the handshake test: each opens 8 connections to the socket in

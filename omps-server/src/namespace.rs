@@ -77,6 +77,21 @@ pub fn visible_in(
     }
 }
 
+/// A namespace with no settings (other modules' tests).
+#[cfg(test)]
+pub fn test_limits(name: &str) -> Limits {
+    Limits {
+        name: name.into(),
+        mem: [NO_LIMIT; MAX_DEVICES],
+        milli_pct: None,
+        qos: Qos::Normal,
+        partition: None,
+        gpus: None,
+        max_clients: None,
+        held: Arc::new(crate::account::Group::new([NO_LIMIT; MAX_DEVICES])),
+    }
+}
+
 /// How QoS classes rank: a client may go down from its namespace's, not up.
 pub fn qos_rank(q: Qos) -> u8 {
     match q {

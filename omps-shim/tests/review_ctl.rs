@@ -155,7 +155,10 @@ fn eight_processes_of_one_namespace_lock_every_other_namespace_out_of_handshakes
     }
     std::thread::sleep(Duration::from_millis(200));
     let plain = settings_from(|_| None).unwrap();
+    let t = std::time::Instant::now();
     let victim = Conn::connect_with(&b, &plain);
+    // At once, not after team-a's handshakes timed out (2 s) and the shim tried again.
+    let took = t.elapsed();
     for (mut k, _) in kids_out {
         let _ = k.wait();
     }
@@ -163,5 +166,9 @@ fn eight_processes_of_one_namespace_lock_every_other_namespace_out_of_handshakes
         victim.is_ok(),
         "a client of team-b was refused while team-a's pod held the handshakes: {:?}",
         victim.err()
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "team-b's client got in only after {took:?}"
     );
 }

@@ -108,6 +108,37 @@ struct Namespace {
     listener: UnixListener,
     /// The socket file it bound, by identity, so that only that one is removed.
     bound: Option<(u64, u64)>,
+    /// Whether its directory was last seen tampered with (said once, not per connection).
+    tampered: std::sync::atomic::AtomicBool,
+}
+
+/// What namespace directory `dir` holds besides its `control` socket bound as `bound`
+/// (None where it holds nothing else): a pod that could write it may have put a socket of
+/// its own there (an `omps.sock`, which the shim takes before `control`, would catch the
+/// next pods' handshakes), a link, or a `control` of its own.
+fn strangers(dir: &Path, bound: Option<(u64, u64)>) -> Option<String> {
+    let mut odd: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != sock::NAMESPACE_SOCKET)
+            .take(8)
+            .collect(),
+        Err(e) => return Some(format!("{}: {e}", dir.display())),
+    };
+    if identity(&dir.join(sock::NAMESPACE_SOCKET)) != bound {
+        odd.push(format!("{} (not the server's)", sock::NAMESPACE_SOCKET));
+    }
+    (!odd.is_empty()).then(|| {
+        format!(
+            "{} holds {} besides the server's socket",
+            dir.display(),
+            odd.iter()
+                .map(|n| crate::client::one_word(n, 64))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
 }
 
 /// The server's namespaces.
@@ -306,6 +337,9 @@ impl Namespaces {
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("{}: {e}", socket.display()))?;
+        if let Some(why) = strangers(&dir, identity(&socket)) {
+            return Err(format!("{why}: not served until it is removed"));
+        }
         self.deleted.retain(|_, g| g.strong_count() > 0);
         if let Some(held) = self.deleted.remove(*name).and_then(|g| g.upgrade()) {
             held.set_limit(limits.mem);
@@ -316,6 +350,7 @@ impl Namespaces {
             line: words.join(" "),
             listener,
             bound: identity(&socket),
+            tampered: Default::default(),
         });
         Ok(())
     }
@@ -406,10 +441,30 @@ impl Namespaces {
     }
 
     /// A connection on the `i`th namespace's socket, with what it is held to.
+    /// One whose namespace directory holds anything besides the server's socket is
+    /// closed at once, and that said (once until the directory is clean again).
     pub fn accept(&self, i: usize) -> Option<io::Result<(UnixStream, Arc<Limits>)>> {
+        use std::sync::atomic::Ordering::Relaxed;
         let n = self.list.get(i)?;
         match n.listener.accept() {
-            Ok((s, _)) => Some(Ok((s, n.limits.clone()))),
+            Ok((s, _)) => {
+                let dir = sock::namespace_dir_in(&self.pipe_dir, &n.limits.name);
+                match strangers(&dir, n.bound) {
+                    Some(why) => {
+                        if !n.tampered.swap(true, Relaxed) {
+                            tracing::warn!(
+                                namespace = n.limits.name,
+                                "{why}: its connections are refused until it is removed"
+                            );
+                        }
+                        None
+                    }
+                    None => {
+                        n.tampered.store(false, Relaxed);
+                        Some(Ok((s, n.limits.clone())))
+                    }
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
             Err(e) => Some(Err(e)),
         }

@@ -3,12 +3,14 @@
 //! teams and each pod mounts only its team's directory.
 //!
 //! The operator makes one with `create_namespace NAME [mem_limit=…] [thread_percentage=…]
-//! [qos=…] [partition=…]`; its socket is `PIPE/omps/NAME/control` (MPS v3's
+//! [qos=…] [partition=…] [gpus=…] [max_clients=…]`; its socket is `PIPE/omps/NAME/control` (MPS v3's
 //! `$CUDA_MPS_PIPE_DIRECTORY/<server>/<namespace>/control`, `omps` the one server of the
 //! pipe directory), in a directory of the server's user alone. A client that connects
 //! there gets the namespace's memory limit, thread percentage, QoS class and partition as
 //! caps: what it asks for itself can lower them, never raise them, and a partition other
-//! than the namespace's is refused. The definitions are kept in `PIPE/operator/namespaces`
+//! than the namespace's is refused. A namespace with a partition runs on the partition's
+//! GPU only (its `gpus=`, which may name no other). It may have `max_clients=` clients at
+//! once (by default all but a quarter of OMPS_MAX_CLIENTS). The definitions are kept in `PIPE/operator/namespaces`
 //! (one command line each), so a server started again on the pipe directory makes them
 //! again; a restart after a GPU fault keeps their sockets open (crate::listen).
 
@@ -243,8 +245,28 @@ fn parse(
             }
         }
     }
+    confine_to_partition(&mut l)?;
     l.held = Arc::new(crate::account::Group::new(l.mem));
     Ok(l)
+}
+
+/// A partition is of one GPU, and its namespace's clients run on that GPU alone (as an MPS
+/// client of an SM partition does): with no `gpus=` the namespace gets that GPU's; a
+/// `gpus=` naming any other is refused (its clients would run unconfined there).
+fn confine_to_partition(l: &mut Limits) -> Result<(), String> {
+    let Some((pg, id)) = l.partition else {
+        return Ok(());
+    };
+    match &l.gpus {
+        None => l.gpus = Some(vec![pg]),
+        Some(g) if g.iter().all(|&x| x == pg) => {}
+        Some(_) => {
+            return Err(format!(
+                "partition gpu{pg}/p{id} is on GPU {pg}: gpus= may name that GPU only"
+            ))
+        }
+    }
+    Ok(())
 }
 
 impl Namespaces {
@@ -604,6 +626,25 @@ mod tests {
             Ok(vec![0, 1]),
             "no names: every GPU"
         );
+    }
+
+    #[test]
+    fn a_partitions_namespace_runs_on_the_partitions_gpu_only() {
+        let mut l = ns(None);
+        l.partition = Some((1, 3));
+        confine_to_partition(&mut l).unwrap();
+        assert_eq!(l.gpus, Some(vec![1]), "no gpus=: the partition's GPU");
+        assert_eq!(visible_in(&l, None, 4), Ok(vec![1]));
+        assert!(visible_in(&l, Some(vec![0]), 4).is_err());
+        let mut l = ns(Some(vec![1]));
+        l.partition = Some((1, 3));
+        assert!(confine_to_partition(&mut l).is_ok());
+        let mut l = ns(Some(vec![0, 1]));
+        l.partition = Some((1, 3));
+        assert!(confine_to_partition(&mut l).is_err(), "GPU 0 would be unconfined");
+        let mut l = ns(None);
+        confine_to_partition(&mut l).unwrap();
+        assert_eq!(l.gpus, None, "no partition: every GPU, as before");
     }
 
     #[test]

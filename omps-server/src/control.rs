@@ -774,8 +774,8 @@ impl Server {
     }
 
     /// A control daemon connects to pass a connection it accepted: one message, one
-    /// descriptor, read once it comes (crate::listen::Handoffs). Only root's daemon or
-    /// this server's own user may pass one; the connection itself is then checked like
+    /// descriptor, read once it comes (crate::listen::Handoffs). Only root's daemon
+    /// (OMPS_MULTIUSER) may pass one; the connection itself is then checked like
     /// any other (its peer must be this server's user, or root).
     fn take_handoff(&mut self) {
         let Some(handoff) = &self.sockets.handoff else {

@@ -109,6 +109,9 @@ struct Daemon {
     /// The primary group of a uid the system knows (a field so that tests can name
     /// users: their uids are no one's).
     passwd: fn(u32) -> Option<u32>,
+    /// Whether a uid has a passwd entry, as looked up lately (admit::KNOWN_FOR), for the
+    /// accepting thread: passwd-less uids share one bucket of connections.
+    known: Mutex<HashMap<u32, (bool, std::time::Instant)>>,
     /// `set_default_*` commands so far, replayed to each server started later, and how
     /// many were ever set (a start replays until it has seen them all).
     defaults: Mutex<(Vec<String>, u64)>,
@@ -171,6 +174,39 @@ fn serve() -> Result<(), String> {
 }
 
 impl Daemon {
+    /// Whose share of the connections one of `uid` takes: its own, or, for a uid with no
+    /// passwd entry (a user namespace's subordinate uid: there may be 65,536 of them per
+    /// user), the one all such uids share (admit::UNKNOWN_USERS), so that they cannot
+    /// take the total between them (issue 23 review, finding 4). Looked up once in
+    /// admit::KNOWN_FOR per uid.
+    fn bucket(&self, uid: u32) -> u32 {
+        if uid == 0 {
+            return 0;
+        }
+        let now = std::time::Instant::now();
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = known
+            .get(&uid)
+            .filter(|(_, at)| now.duration_since(*at) < admit::KNOWN_FOR)
+            .map(|&(k, _)| k);
+        let k = fresh.unwrap_or_else(|| {
+            if known.len() >= admit::KNOWN_KEPT {
+                known.retain(|_, (_, at)| now.duration_since(*at) < admit::KNOWN_FOR);
+                if known.len() >= admit::KNOWN_KEPT {
+                    known.clear();
+                }
+            }
+            let k = (self.passwd)(uid).is_some();
+            known.insert(uid, (k, now));
+            k
+        });
+        if k {
+            uid
+        } else {
+            admit::UNKNOWN_USERS
+        }
+    }
+
     fn new(pipe: RootDir, log: Option<RootDir>, server: PathBuf) -> Daemon {
         Daemon {
             pipe,
@@ -180,6 +216,7 @@ impl Daemon {
             launching: AtomicUsize::new(0),
             max_servers: admit::max_user_servers(),
             passwd: admit::passwd_gid,
+            known: Default::default(),
             defaults: Default::default(),
             admission: Default::default(),
             server,
@@ -213,13 +250,19 @@ impl Daemon {
             let Ok(cred) = sock::peer_cred(conn.as_raw_fd()) else {
                 continue;
             };
-            let Some(ticket) = self.admission.admit(cred.uid, admit::PER_USER) else {
+            let bucket = self.bucket(cred.uid);
+            let Some(ticket) = self.admission.admit(bucket, admit::PER_USER) else {
                 refused += 1;
                 if refused.is_power_of_two() {
                     self.log(&format!(
-                        "uid {} has {} connections in progress: one more closed ({refused}x)",
+                        "uid {} has {} connections in progress{}: one more closed ({refused}x)",
                         cred.uid,
-                        admit::PER_USER
+                        admit::PER_USER,
+                        if bucket == cred.uid {
+                            ""
+                        } else {
+                            " (with every uid that has no passwd entry)"
+                        }
                     ));
                 }
                 continue;

@@ -507,16 +507,38 @@ impl Daemon {
     }
 }
 
-/// One command to `uid`'s server of pipe directory `dir`, as root (its operator).
+/// The longest answer root takes from a user's server (its lists of clients run to some
+/// hundred bytes a client).
+const USER_ANSWER_MAX: usize = 1 << 20;
+
+/// One command to `uid`'s server of pipe directory `dir`, as root (its operator). The
+/// server is the user's, who may have changed it: its answer is held to
+/// [`USER_ANSWER_MAX`] and stripped of control characters (an escape sequence would
+/// reach root's terminal).
 fn ask(dir: &Path, uid: u32, cmd: &str) -> (bool, String) {
     let asked = dirs::connect_owned(&dir.join(sock::OPERATOR_DIR), sock::OPERATOR_SOCKET, uid)
         .and_then(crate::talk::control_hello)
         .map_err(|e| format!("{}: {e}\n", dir.display()))
-        .and_then(|s| crate::talk::ask_on(s, cmd));
+        .and_then(|s| {
+            crate::talk::ask_capped(s, cmd, Duration::from_secs(10), USER_ANSWER_MAX)
+        });
     match asked {
-        Ok(text) => (true, text),
-        Err(text) => (false, text),
+        Ok(text) => (true, plain_text(&text)),
+        Err(text) => (false, plain_text(&text)),
     }
+}
+
+/// `text` with every control character but newline and tab made '?'.
+fn plain_text(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                '?'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 /// Passes `conn` to `uid`'s server of pipe directory `dir`.

@@ -429,3 +429,11 @@ fn uids_with_no_passwd_entry_share_one_bucket_of_connections() {
     drop(held);
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[test]
+fn users_servers_answers_reach_root_without_control_characters() {
+    assert_eq!(
+        plain_text("pid 7\tgpu0\n\x1b]2;owned\x07\r\u{9b}31m"),
+        "pid 7\tgpu0\n?]2;owned???31m"
+    );
+}

@@ -253,37 +253,68 @@ enum SlowJob {
     },
 }
 
-/// The thread that runs slow requests one after another.
+/// The thread that runs slow requests one after another. A pin that must wait for a
+/// range the client gave back (pin_once) waits aside, tried again every millisecond
+/// between the other requests, so that it holds up no one else's (issue 23 review).
 fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc::Sender<SlowJob>> {
+    use std::sync::mpsc::RecvTimeoutError;
     let (tx, rx) = std::sync::mpsc::channel::<SlowJob>();
     std::thread::Builder::new()
         .name("omps-requests".into())
         .spawn(move || {
-            for job in rx {
-                match job {
-                    SlowJob::Flush { gpu, client, sock } => {
-                        let got = printf.flush(&*gpu, client.id, wire::PRINTF_REPLY_MAX - 4);
-                        answer_slow(&client, &sock, 0, &wire::printf_reply(&got.out, &got.err));
-                    }
-                    SlowJob::Pin {
-                        client,
-                        fd,
-                        addr,
-                        len,
-                        sock,
-                    } => {
-                        // A client gone meanwhile gets nothing mapped for it.
-                        let status = if client.gone.load(Ordering::Acquire) {
-                            code::MPS_CLIENT_TERMINATED
-                        } else {
-                            pin_after_unpins(&client, fd.as_fd(), addr, len)
-                        };
-                        answer_slow(&client, &sock, status, &[]);
-                    }
+            // Pins waiting for an unpin, with when they came (one per client at most: a
+            // client has one slow request at a time).
+            let mut waiting: Vec<(SlowJob, Instant)> = Vec::new();
+            loop {
+                let next = if waiting.is_empty() {
+                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv_timeout(Duration::from_millis(1))
+                };
+                match next {
+                    Ok(job) => run_slow(&printf, job, Instant::now(), &mut waiting),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+                for (job, since) in std::mem::take(&mut waiting) {
+                    run_slow(&printf, job, since, &mut waiting);
                 }
             }
         })?;
     Ok(tx)
+}
+
+/// Runs one slow request that came at `since`, answering it, or puts it in `waiting`.
+fn run_slow(
+    printf: &PrintfRouter,
+    job: SlowJob,
+    since: Instant,
+    waiting: &mut Vec<(SlowJob, Instant)>,
+) {
+    match job {
+        SlowJob::Flush { gpu, client, sock } => {
+            let got = printf.flush(&*gpu, client.id, wire::PRINTF_REPLY_MAX - 4);
+            answer_slow(&client, &sock, 0, &wire::printf_reply(&got.out, &got.err));
+        }
+        SlowJob::Pin {
+            ref client,
+            ref fd,
+            addr,
+            len,
+            ref sock,
+        } => {
+            // A client gone meanwhile gets nothing mapped for it.
+            let status = if client.gone.load(Ordering::Acquire) {
+                Some(code::MPS_CLIENT_TERMINATED)
+            } else {
+                pin_once(client, fd.as_fd(), addr, len, since)
+            };
+            match status {
+                Some(status) => answer_slow(client, sock, status, &[]),
+                None => waiting.push((job, since)),
+            }
+        }
+    }
 }
 
 /// How long the slow-request thread waits for a client to take any more of its answer:
@@ -358,24 +389,23 @@ fn send_within(sock: &UnixStream, bytes: &[u8], limit: Duration) -> bool {
 
 /// Pins a client's range; one it gave back a moment ago may still be mapped at the same
 /// address until its fences pass on every GPU (cudaHostUnregister returns before then), and
-/// a range pinned there again waits for it (2 s at most), as natively the first is gone by
-/// the time the call returns. The status to answer.
-fn pin_after_unpins(
+/// a range pinned there again waits for it (2 s after `since`, when it was asked, at
+/// most), as natively the first is gone by the time the call returns. The status to
+/// answer, or None: to be tried again in a moment.
+fn pin_once(
     client: &ClientShared,
     fd: std::os::fd::BorrowedFd,
     addr: u64,
     len: u64,
-) -> i32 {
-    let t = Instant::now();
-    loop {
-        match client.pin(fd, addr, len) {
-            Err(code::NOT_SUPPORTED)
-                if client.unpinning_ranges() > 0 && t.elapsed() < Duration::from_secs(2) =>
-            {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            r => return r.err().unwrap_or(0),
+    since: Instant,
+) -> Option<i32> {
+    match client.pin(fd, addr, len) {
+        Err(code::NOT_SUPPORTED)
+            if client.unpinning_ranges() > 0 && since.elapsed() < Duration::from_secs(2) =>
+        {
+            None
         }
+        r => Some(r.err().unwrap_or(0)),
     }
 }
 

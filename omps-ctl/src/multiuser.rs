@@ -519,9 +519,7 @@ fn ask(dir: &Path, uid: u32, cmd: &str) -> (bool, String) {
     let asked = dirs::connect_owned(&dir.join(sock::OPERATOR_DIR), sock::OPERATOR_SOCKET, uid)
         .and_then(crate::talk::control_hello)
         .map_err(|e| format!("{}: {e}\n", dir.display()))
-        .and_then(|s| {
-            crate::talk::ask_capped(s, cmd, Duration::from_secs(10), USER_ANSWER_MAX)
-        });
+        .and_then(|s| crate::talk::ask_capped(s, cmd, Duration::from_secs(10), USER_ANSWER_MAX));
     match asked {
         Ok(text) => (true, plain_text(&text)),
         Err(text) => (false, plain_text(&text)),

@@ -560,7 +560,10 @@ mod tests {
         let (a, new_a) = all.of(0);
         let (b, new_b) = all.of(0);
         assert!(new_a && new_b, "each a new account, its limits set afresh");
-        assert!(!Arc::ptr_eq(&a, &b), "processes the server cannot see share nothing");
+        assert!(
+            !Arc::ptr_eq(&a, &b),
+            "processes the server cannot see share nothing"
+        );
     }
 
     #[test]

@@ -641,7 +641,10 @@ mod tests {
         assert!(confine_to_partition(&mut l).is_ok());
         let mut l = ns(Some(vec![0, 1]));
         l.partition = Some((1, 3));
-        assert!(confine_to_partition(&mut l).is_err(), "GPU 0 would be unconfined");
+        assert!(
+            confine_to_partition(&mut l).is_err(),
+            "GPU 0 would be unconfined"
+        );
         let mut l = ns(None);
         confine_to_partition(&mut l).unwrap();
         assert_eq!(l.gpus, None, "no partition: every GPU, as before");

@@ -166,7 +166,9 @@ impl Conn {
         let mut pause = std::time::Duration::from_millis(10);
         loop {
             match Self::connect_once(path, settings) {
-                Err((_, why)) if why.starts_with(CLOSED_EARLY) && start.elapsed() < CLOSED_RETRY => {
+                Err((_, why))
+                    if why.starts_with(CLOSED_EARLY) && start.elapsed() < CLOSED_RETRY =>
+                {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(std::time::Duration::from_millis(200));
                 }
@@ -743,8 +745,8 @@ mod tests {
                 drop(l.accept().unwrap());
             }
             let (s, _) = l.accept().unwrap();
-            let mut hello = [0u8; std::mem::size_of::<Hello>()
-                + std::mem::size_of::<wire::ClientSettings>()];
+            let mut hello =
+                [0u8; std::mem::size_of::<Hello>() + std::mem::size_of::<wire::ClientSettings>()];
             std::io::Read::read_exact(&mut &s, &mut hello).unwrap();
             let w = Welcome {
                 magic: wire::HELLO_MAGIC,
@@ -773,8 +775,7 @@ mod tests {
             }
         });
         let t = std::time::Instant::now();
-        let Err((code, _)) =
-            Conn::connect_with(&d.join("closing"), &wire::ClientSettings::none())
+        let Err((code, _)) = Conn::connect_with(&d.join("closing"), &wire::ClientSettings::none())
         else {
             panic!("connected to a server that closes every connection");
         };

@@ -67,7 +67,10 @@ fn victim_connects(path: &std::path::Path) -> Result<(), String> {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("VICTIM")).unwrap_or("VICTIM none");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("VICTIM"))
+        .unwrap_or("VICTIM none");
     if line.starts_with("VICTIM ok Ok") {
         Ok(())
     } else {
@@ -110,7 +113,9 @@ fn a_namespace_has_at_most_its_max_clients_and_the_others_go_on() {
     assert_eq!(fill(&small, &mut held), (2, 808));
     victim_connects(&other).expect("another namespace's client");
     assert!(
-        srv.ctl("create_namespace bad max_clients=0").1.contains("max_clients=0"),
+        srv.ctl("create_namespace bad max_clients=0")
+            .1
+            .contains("max_clients=0"),
         "max_clients=0 is refused"
     );
 }

@@ -43,7 +43,8 @@ fn a_pin_waiting_for_an_unpin_holds_up_no_other_clients_pin() {
     a.host_request(hostmem::UNPIN, addr, 0, None)
         .expect("unpin");
     std::thread::scope(|s| {
-        let waits = s.spawn(|| a.host_request(hostmem::PIN, addr, len as u64, Some(fd.as_raw_fd())));
+        let waits =
+            s.spawn(|| a.host_request(hostmem::PIN, addr, len as u64, Some(fd.as_raw_fd())));
         // A's pin is waiting now.
         std::thread::sleep(Duration::from_millis(100));
         let t = std::time::Instant::now();
@@ -51,7 +52,11 @@ fn a_pin_waiting_for_an_unpin_holds_up_no_other_clients_pin() {
         let took = t.elapsed();
         std::thread::sleep(Duration::from_millis(100));
         srv.gpu.stick_releases(false);
-        assert_eq!(waits.join().unwrap(), Ok(()), "A pinned again once its unpin passed");
+        assert_eq!(
+            waits.join().unwrap(),
+            Ok(()),
+            "A pinned again once its unpin passed"
+        );
         assert!(
             took < Duration::from_millis(500),
             "B's pin waited {took:?} behind A's"

@@ -51,7 +51,11 @@ fn one_process_of_one_namespace_takes_every_client_slot() {
         "the attacker got {} connections",
         held.len()
     );
-    assert_eq!(refused.map(|e| e.0), Some(808), "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED");
+    assert_eq!(
+        refused.map(|e| e.0),
+        Some(808),
+        "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"
+    );
     let victim = victim_connects(&b);
     assert!(
         victim.is_ok(),
@@ -85,7 +89,10 @@ fn victim_connects(path: &std::path::Path) -> Result<(), String> {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("VICTIM")).unwrap_or("VICTIM none");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("VICTIM"))
+        .unwrap_or("VICTIM none");
     if line.starts_with("VICTIM ok Ok") {
         Ok(())
     } else {

@@ -8,6 +8,9 @@ if [ ! -x "$venv/bin/kubernetes-validate" ]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 fi
+if ! "$venv/bin/python" -c 'import celpy' 2> /dev/null; then
+    "$venv/bin/pip" install --quiet --disable-pip-version-check cel-python==0.5.0
+fi
 for v in 1.30.0 1.33.0; do
     "$venv/bin/kubernetes-validate" --strict --quiet -k "$v" deploy/kubernetes/*.yaml
 done
@@ -19,4 +22,16 @@ if "$venv/bin/kubernetes-validate" --strict --quiet -k 1.33.0 "$bad" > /dev/null
     exit 1
 fi
 rm -f "$bad"
+# tenant-guard.yaml's CEL rules against example pods it must admit and refuse; and the
+# check can fail: the rules as they were before issue 23's review admitted a writable
+# mount of /run/omps/omps/.
+"$venv/bin/python" .ci/tenant_guard.py deploy/kubernetes/tenant-guard.yaml .ci/tenant-guard-pods.yaml
+weak=$(mktemp --suffix=.yaml)
+sed -e "s|v.hostPath.path.matches('[^']*')|v.hostPath.path.startsWith('/run/omps/omps/')|" \
+    deploy/kubernetes/tenant-guard.yaml > "$weak"
+if "$venv/bin/python" .ci/tenant_guard.py "$weak" .ci/tenant-guard-pods.yaml > /dev/null; then
+    echo "tenant_guard.py passed a policy that admits /run/omps/omps/: the check proves nothing" >&2
+    exit 1
+fi
+rm -f "$weak"
 echo "manifests valid (Kubernetes 1.30, 1.33, strict)"

@@ -109,6 +109,9 @@ struct Daemon {
     /// The primary group of a uid the system knows (a field so that tests can name
     /// users: their uids are no one's).
     passwd: fn(u32) -> Option<u32>,
+    /// Whether a uid has a passwd entry, as looked up lately (admit::KNOWN_FOR), for the
+    /// accepting thread: passwd-less uids share one bucket of connections.
+    known: Mutex<HashMap<u32, (bool, std::time::Instant)>>,
     /// `set_default_*` commands so far, replayed to each server started later, and how
     /// many were ever set (a start replays until it has seen them all).
     defaults: Mutex<(Vec<String>, u64)>,
@@ -171,6 +174,39 @@ fn serve() -> Result<(), String> {
 }
 
 impl Daemon {
+    /// Whose share of the connections one of `uid` takes: its own, or, for a uid with no
+    /// passwd entry (a user namespace's subordinate uid: there may be 65,536 of them per
+    /// user), the one all such uids share (admit::UNKNOWN_USERS), so that they cannot
+    /// take the total between them (issue 23 review, finding 4). Looked up once in
+    /// admit::KNOWN_FOR per uid.
+    fn bucket(&self, uid: u32) -> u32 {
+        if uid == 0 {
+            return 0;
+        }
+        let now = std::time::Instant::now();
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = known
+            .get(&uid)
+            .filter(|(_, at)| now.duration_since(*at) < admit::KNOWN_FOR)
+            .map(|&(k, _)| k);
+        let k = fresh.unwrap_or_else(|| {
+            if known.len() >= admit::KNOWN_KEPT {
+                known.retain(|_, (_, at)| now.duration_since(*at) < admit::KNOWN_FOR);
+                if known.len() >= admit::KNOWN_KEPT {
+                    known.clear();
+                }
+            }
+            let k = (self.passwd)(uid).is_some();
+            known.insert(uid, (k, now));
+            k
+        });
+        if k {
+            uid
+        } else {
+            admit::UNKNOWN_USERS
+        }
+    }
+
     fn new(pipe: RootDir, log: Option<RootDir>, server: PathBuf) -> Daemon {
         Daemon {
             pipe,
@@ -180,6 +216,7 @@ impl Daemon {
             launching: AtomicUsize::new(0),
             max_servers: admit::max_user_servers(),
             passwd: admit::passwd_gid,
+            known: Default::default(),
             defaults: Default::default(),
             admission: Default::default(),
             server,
@@ -213,13 +250,19 @@ impl Daemon {
             let Ok(cred) = sock::peer_cred(conn.as_raw_fd()) else {
                 continue;
             };
-            let Some(ticket) = self.admission.admit(cred.uid, admit::PER_USER) else {
+            let bucket = self.bucket(cred.uid);
+            let Some(ticket) = self.admission.admit(bucket, admit::PER_USER) else {
                 refused += 1;
                 if refused.is_power_of_two() {
                     self.log(&format!(
-                        "uid {} has {} connections in progress: one more closed ({refused}x)",
+                        "uid {} has {} connections in progress{}: one more closed ({refused}x)",
                         cred.uid,
-                        admit::PER_USER
+                        admit::PER_USER,
+                        if bucket == cred.uid {
+                            ""
+                        } else {
+                            " (with every uid that has no passwd entry)"
+                        }
                     ));
                 }
                 continue;
@@ -464,16 +507,36 @@ impl Daemon {
     }
 }
 
-/// One command to `uid`'s server of pipe directory `dir`, as root (its operator).
+/// The longest answer root takes from a user's server (its lists of clients run to some
+/// hundred bytes a client).
+const USER_ANSWER_MAX: usize = 1 << 20;
+
+/// One command to `uid`'s server of pipe directory `dir`, as root (its operator). The
+/// server is the user's, who may have changed it: its answer is held to
+/// [`USER_ANSWER_MAX`] and stripped of control characters (an escape sequence would
+/// reach root's terminal).
 fn ask(dir: &Path, uid: u32, cmd: &str) -> (bool, String) {
     let asked = dirs::connect_owned(&dir.join(sock::OPERATOR_DIR), sock::OPERATOR_SOCKET, uid)
         .and_then(crate::talk::control_hello)
         .map_err(|e| format!("{}: {e}\n", dir.display()))
-        .and_then(|s| crate::talk::ask_on(s, cmd));
+        .and_then(|s| crate::talk::ask_capped(s, cmd, Duration::from_secs(10), USER_ANSWER_MAX));
     match asked {
-        Ok(text) => (true, text),
-        Err(text) => (false, text),
+        Ok(text) => (true, plain_text(&text)),
+        Err(text) => (false, plain_text(&text)),
     }
+}
+
+/// `text` with every control character but newline and tab made '?'.
+fn plain_text(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                '?'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 /// Passes `conn` to `uid`'s server of pipe directory `dir`.

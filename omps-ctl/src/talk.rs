@@ -146,10 +146,15 @@ impl std::io::Read for Until<'_> {
 
 /// As [`ask_on`], the whole exchange within `limit`.
 pub fn ask_within(s: UnixStream, cmd: &str, limit: Duration) -> Result<String, String> {
+    ask_capped(s, cmd, limit, 16 << 20)
+}
+
+/// As [`ask_within`], an answer longer than `max` bytes failing.
+pub fn ask_capped(s: UnixStream, cmd: &str, limit: Duration, max: usize) -> Result<String, String> {
     let end = Instant::now() + limit;
     s.set_write_timeout(Some(limit)).ok();
     sock::write_frame(&mut &s, cmd.as_bytes()).map_err(|e| format!("sending '{cmd}': {e}"))?;
-    let reply = sock::read_frame(&mut Until { s: &s, end }, 16 << 20)
+    let reply = sock::read_frame(&mut Until { s: &s, end }, max)
         .map_err(|e| format!("reading the reply to '{cmd}': {e}"))?
         .ok_or_else(|| format!("the server closed the connection after '{cmd}'"))?;
     let (status, text) = reply.split_first().ok_or("empty reply")?;

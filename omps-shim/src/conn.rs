@@ -100,6 +100,11 @@ pub fn connected() -> Option<&'static Conn> {
 
 pub type ConnectError = (CUresult, String);
 
+/// How a connection closed before the server's welcome fails: [`Conn::connect_with`]
+/// tries it again, for up to [`CLOSED_RETRY`].
+const CLOSED_EARLY: &str = "handshake failed";
+pub const CLOSED_RETRY: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// How long a program's first CUDA call waits for a server that answers "not ready"
 /// (CUDA_ERROR_MPS_SERVER_NOT_READY: in FAULT until its clients are gone, or starting
 /// again after a fault), as an MPS client waits for its server: OMPS_CONNECT_WAIT seconds,
@@ -151,7 +156,28 @@ impl Conn {
     }
 
     /// As [`Conn::connect_to`], asking for `settings` rather than what the environment says.
+    /// A connection the server closes before its welcome (it sheds handshakes beyond its
+    /// slots: OMPS_MAX_HANDSHAKES) is tried again for up to [`CLOSED_RETRY`].
     pub fn connect_with(
+        path: &std::path::Path,
+        settings: &wire::ClientSettings,
+    ) -> Result<Conn, ConnectError> {
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(10);
+        loop {
+            match Self::connect_once(path, settings) {
+                Err((_, why))
+                    if why.starts_with(CLOSED_EARLY) && start.elapsed() < CLOSED_RETRY =>
+                {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn connect_once(
         path: &std::path::Path,
         settings: &wire::ClientSettings,
     ) -> Result<Conn, ConnectError> {
@@ -169,13 +195,18 @@ impl Conn {
         };
         let mut first = bytemuck::bytes_of(&hello).to_vec();
         first.extend_from_slice(bytemuck::bytes_of(settings));
-        std::io::Write::write_all(&mut &s, &first)
-            .map_err(|e| fail(format!("handshake failed: {e}")))?;
+        // Without SIGPIPE (MSG_NOSIGNAL): a server that closed the connection must not
+        // kill the program.
+        sock::send_with_fds(s.as_raw_fd(), &first, &[])
+            .map_err(|e| fail(format!("{CLOSED_EARLY}: {e}")))?;
         let mut buf = [0u8; std::mem::size_of::<Welcome>()];
         let (n, fds) = sock::recv_with_fds(s.as_raw_fd(), &mut buf)
-            .map_err(|e| fail(format!("handshake failed: {e}")))?;
-        let w: Welcome =
-            wire::get(&buf[..n]).ok_or_else(|| fail("short handshake reply".into()))?;
+            .map_err(|e| fail(format!("{CLOSED_EARLY}: {e}")))?;
+        let w: Welcome = wire::get(&buf[..n]).ok_or_else(|| {
+            fail(format!(
+                "{CLOSED_EARLY}: the server closed the connection before its welcome"
+            ))
+        })?;
         if w.magic != wire::HELLO_MAGIC || w.version != wire::PROTOCOL_VERSION {
             return Err(fail(format!(
                 "server speaks protocol {} (this shim: {})",
@@ -699,6 +730,61 @@ pub fn settings_from(var: impl Fn(&str) -> Option<String>) -> Result<wire::Clien
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_connection_closed_before_its_welcome_is_tried_again() {
+        let d = std::env::temp_dir().join(format!("omps-shim-retry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join(sock::SOCKET_NAME);
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        // The first two are closed at once (as a server short of handshake slots does);
+        // the third is answered: a refusal, CUDA_ERROR_MPS_MAX_CLIENTS_REACHED.
+        let server = std::thread::spawn(move || {
+            for _ in 0..2 {
+                drop(l.accept().unwrap());
+            }
+            let (s, _) = l.accept().unwrap();
+            let mut hello =
+                [0u8; std::mem::size_of::<Hello>() + std::mem::size_of::<wire::ClientSettings>()];
+            std::io::Read::read_exact(&mut &s, &mut hello).unwrap();
+            let w = Welcome {
+                magic: wire::HELLO_MAGIC,
+                version: wire::PROTOCOL_VERSION,
+                status: 808,
+                ..Default::default()
+            };
+            sock::send_with_fds(s.as_raw_fd(), bytemuck::bytes_of(&w), &[]).unwrap();
+        });
+        let Err((code, why)) = Conn::connect_with(&path, &wire::ClientSettings::none()) else {
+            panic!("connected to a server that refuses");
+        };
+        server.join().unwrap();
+        assert_eq!(code, 808, "the answer after two closed connections: {why}");
+        // One that is always closed fails within the bounded while.
+        let l = std::os::unix::net::UnixListener::bind(d.join("closing")).unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = done.clone();
+        l.set_nonblocking(true).unwrap();
+        let server = std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((s, _)) = l.accept() {
+                    drop(s);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        let t = std::time::Instant::now();
+        let Err((code, _)) = Conn::connect_with(&d.join("closing"), &wire::ClientSettings::none())
+        else {
+            panic!("connected to a server that closes every connection");
+        };
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        server.join().unwrap();
+        assert_eq!(code, CUDA_ERROR_MPS_CONNECTION_FAILED);
+        assert!(t.elapsed() < CLOSED_RETRY + std::time::Duration::from_secs(1));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn a_server_of_another_uid_fails_the_connection() {

@@ -305,3 +305,32 @@ fn a_namespace_made_again_counts_its_old_processes_with_its_new() {
     try_alloc(&again, 8 << 20).expect("within what is left");
     drop((first, again));
 }
+
+/// A pod that could write its namespace's directory could put a socket of its own there
+/// (an `omps.sock`, which the shim takes before `control`) and catch the next pods'
+/// handshakes: the server serves no namespace directory that holds anything besides its
+/// socket (issue 23 review, finding 3d).
+#[test]
+fn a_namespace_directory_holding_anything_else_is_not_served() {
+    let srv = TestServer::start("ns-strangers");
+    let (ok, made) = srv.ctl("create_namespace team-a");
+    assert!(ok, "{made}");
+    let dir = std::path::PathBuf::from(made.trim());
+    let plain = settings_from(|_| None).unwrap();
+    let control = dir.join(sock::NAMESPACE_SOCKET);
+    Conn::connect_with(&control, &plain).expect("a clean namespace serves");
+    let planted = std::os::unix::net::UnixListener::bind(dir.join(sock::SOCKET_NAME)).unwrap();
+    match Conn::connect_with(&control, &plain) {
+        Err((code, _)) => assert_eq!(code, 805, "CUDA_ERROR_MPS_CONNECTION_FAILED"),
+        Ok(_) => panic!("a namespace holding a planted omps.sock served"),
+    }
+    drop(planted);
+    std::fs::remove_file(dir.join(sock::SOCKET_NAME)).unwrap();
+    Conn::connect_with(&control, &plain).expect("served again once it is removed");
+    // Made with something in its directory already: refused.
+    let b = sock::namespace_dir_in(&srv.dir, "team-b");
+    std::fs::create_dir_all(&b).unwrap();
+    std::os::unix::fs::symlink("/", b.join("link")).unwrap();
+    let (ok, why) = srv.ctl("create_namespace team-b");
+    assert!(!ok && why.contains("link"), "{why}");
+}

@@ -18,6 +18,12 @@ use std::sync::{Arc, Condvar, Mutex};
 pub const TOTAL: usize = 256;
 /// Connections of one user served at once.
 pub const PER_USER: usize = 32;
+/// The share all uids with no passwd entry have together (uid (uid_t)-1, which no process
+/// has): each counts against it, not against one of its own.
+pub const UNKNOWN_USERS: u32 = u32::MAX;
+/// How long a uid's passwd lookup stands for the accepting thread, and how many are kept.
+pub const KNOWN_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+pub const KNOWN_KEPT: usize = 4096;
 
 /// Users' servers running or starting at once, root's not counted (OMPS_MAX_USER_SERVERS).
 pub fn max_user_servers() -> usize {

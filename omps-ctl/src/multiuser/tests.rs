@@ -408,3 +408,43 @@ fn users_servers_are_capped_running_and_starting_together() {
     }
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[test]
+fn uids_with_no_passwd_entry_share_one_bucket_of_connections() {
+    let base = scratch("bucket");
+    let d = daemon(&base, "exit 1", Duration::from_secs(1));
+    assert_eq!(
+        d.bucket(60001),
+        60001,
+        "a user the system knows has its own"
+    );
+    assert_eq!(d.bucket(0), 0);
+    assert_eq!(d.bucket(165_536), admit::UNKNOWN_USERS);
+    assert_eq!(d.bucket(165_537), admit::UNKNOWN_USERS);
+    // Subordinate uids together fill one share; a known user still comes in.
+    let held: Vec<_> = (0..admit::PER_USER as u32)
+        .map(|k| {
+            d.admission
+                .admit(d.bucket(165_536 + k), admit::PER_USER)
+                .unwrap()
+        })
+        .collect();
+    assert!(d
+        .admission
+        .admit(d.bucket(200_000), admit::PER_USER)
+        .is_none());
+    assert!(d
+        .admission
+        .admit(d.bucket(60002), admit::PER_USER)
+        .is_some());
+    drop(held);
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn users_servers_answers_reach_root_without_control_characters() {
+    assert_eq!(
+        plain_text("pid 7\tgpu0\n\x1b]2;owned\x07\r\u{9b}31m"),
+        "pid 7\tgpu0\n?]2;owned???31m"
+    );
+}

@@ -293,6 +293,15 @@ impl Account {
         self.group.get().and_then(Option::as_ref)
     }
 
+    /// Whether the process joined `group` (None: the server's own socket, no namespace).
+    pub fn joined(&self, group: Option<&Arc<Group>>) -> bool {
+        match (self.group(), group) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// Whether `n` more bytes on GPU `dev` (None: pinned, on every one of `gpus`) keep its
     /// namespace within its limit: Err(dev, limit, used) where they would not. Called
     /// under [`Account::lock`]; the group's lock is held until [`Account::add_mem`] or
@@ -405,6 +414,11 @@ impl Accounts {
     /// be set). One held by no connection any more is gone, as is one of an earlier
     /// process with that PID.
     pub fn of(&mut self, pid: i32) -> (Arc<Account>, bool) {
+        if pid == 0 {
+            // A process the server cannot see (of another PID namespace): PID 0 is many
+            // processes, of any namespace, so each connection has an account of its own.
+            return (Arc::new(Account::new(0, self.totals.clone())), true);
+        }
         let started = start_time(pid);
         if let Some(a) = self
             .by_pid
@@ -543,6 +557,18 @@ mod tests {
         assert!(all.of(me).1, "none left: a new one");
         let (other, new) = all.of(1);
         assert!(new && other.pid == 1);
+    }
+
+    #[test]
+    fn connections_of_pid_0_share_no_account() {
+        let mut all = Accounts::default();
+        let (a, new_a) = all.of(0);
+        let (b, new_b) = all.of(0);
+        assert!(new_a && new_b, "each a new account, its limits set afresh");
+        assert!(
+            !Arc::ptr_eq(&a, &b),
+            "processes the server cannot see share nothing"
+        );
     }
 
     #[test]

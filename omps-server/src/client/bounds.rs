@@ -39,6 +39,10 @@ pub struct Bounds {
     /// holding a control connection (OMPS_MAX_HANDSHAKES).
     pub clients: usize,
     pub handshakes: usize,
+    /// Clients one process may have at once (OMPS_MAX_CLIENTS_PER_PROCESS; a program has
+    /// one connection, whatever its GPUs and threads). A namespace's clients together may
+    /// have its `max_clients=`, by default [`Bounds::namespace_clients`].
+    pub clients_per_process: usize,
     /// Graphs, executable graphs and conditional bodies per client and GPU
     /// (OMPS_MAX_GRAPHS), for all clients together per GPU of the server
     /// (OMPS_MAX_GRAPHS_TOTAL), and the least each is granted (OMPS_MIN_GRAPHS), as
@@ -74,6 +78,13 @@ pub fn bounds() -> &'static Bounds {
 }
 
 impl Bounds {
+    /// The clients one namespace (or, while namespaces exist, the server's own socket)
+    /// may have at once unless the operator set its `max_clients=`: all but a quarter of
+    /// OMPS_MAX_CLIENTS, which stays for the others (issue 23).
+    pub fn namespace_clients(&self) -> usize {
+        self.clients.saturating_sub(self.clients / 4).max(1)
+    }
+
     /// The bounds the environment sets (what [`bounds`] keeps).
     pub fn from_env() -> Bounds {
         Bounds {
@@ -94,6 +105,7 @@ impl Bounds {
             pinned_ranges_total: env("OMPS_MAX_PINNED_RANGES_TOTAL", 32_768),
             clients: env("OMPS_MAX_CLIENTS", 1024),
             handshakes: env("OMPS_MAX_HANDSHAKES", 64),
+            clients_per_process: env("OMPS_MAX_CLIENTS_PER_PROCESS", 64),
             graphs: env("OMPS_MAX_GRAPHS", 1 << 16),
             // An empty graph takes the driver about a kilobyte: a million, about a gigabyte.
             graphs_total: env("OMPS_MAX_GRAPHS_TOTAL", 1 << 20),

@@ -467,8 +467,10 @@ impl Handoffs {
     }
 
     /// Accepts a connection on the handoff socket, without waiting for its message. Only
-    /// root's daemon or this server's own user (`uid`) may pass one; `room`: whether the
-    /// caller takes another connection in progress now (else it is closed at once).
+    /// root's daemon (OMPS_MULTIUSER) may pass one: a connection passed is an operator's
+    /// (crate::control::peers::Origin::Handoff), and a process of the server's user `uid` that
+    /// reaches this socket need not reach the operator's; `room`: whether the caller takes
+    /// another connection in progress now (else it is closed at once).
     pub fn accept(&mut self, handoff: &UnixListener, uid: u32, room: bool) -> io::Result<()> {
         let conn = match handoff.accept() {
             Ok((c, _)) => c,
@@ -476,9 +478,13 @@ impl Handoffs {
             Err(e) => return Err(e),
         };
         let from = match sock::peer_cred(conn.as_raw_fd()) {
-            Ok(c) if c.uid == 0 || c.uid == uid => c,
+            Ok(c) if c.uid == 0 => c,
             Ok(c) => {
-                tracing::warn!(uid = c.uid, "a handoff from another user refused");
+                tracing::warn!(
+                    uid = c.uid,
+                    server_uid = uid,
+                    "a handoff not from root's daemon refused"
+                );
                 return Ok(());
             }
             Err(e) => {

@@ -3,12 +3,14 @@
 //! teams and each pod mounts only its team's directory.
 //!
 //! The operator makes one with `create_namespace NAME [mem_limit=…] [thread_percentage=…]
-//! [qos=…] [partition=…]`; its socket is `PIPE/omps/NAME/control` (MPS v3's
+//! [qos=…] [partition=…] [gpus=…] [max_clients=…]`; its socket is `PIPE/omps/NAME/control` (MPS v3's
 //! `$CUDA_MPS_PIPE_DIRECTORY/<server>/<namespace>/control`, `omps` the one server of the
 //! pipe directory), in a directory of the server's user alone. A client that connects
 //! there gets the namespace's memory limit, thread percentage, QoS class and partition as
 //! caps: what it asks for itself can lower them, never raise them, and a partition other
-//! than the namespace's is refused. The definitions are kept in `PIPE/operator/namespaces`
+//! than the namespace's is refused. A namespace with a partition runs on the partition's
+//! GPU only (its `gpus=`, which may name no other). It may have `max_clients=` clients at
+//! once (by default all but a quarter of OMPS_MAX_CLIENTS). The definitions are kept in `PIPE/operator/namespaces`
 //! (one command line each), so a server started again on the pipe directory makes them
 //! again; a restart after a GPU fault keeps their sockets open (crate::control::listen).
 
@@ -46,6 +48,10 @@ pub struct Limits {
     /// with CUDA_VISIBLE_DEVICES, and a namespace's limit on one GPU means nothing if its
     /// pods may use the others.
     pub gpus: Option<Vec<usize>>,
+    /// How many clients it may have at once (None: OMPS_MAX_CLIENTS less a quarter,
+    /// crate::client::bounds::Bounds::namespace_clients), so that one namespace's pods cannot
+    /// take every client slot of the server.
+    pub max_clients: Option<usize>,
     /// What its clients hold together, against `mem`: the limit is the namespace's, not
     /// each process's (a client may set a lower one of its own).
     pub held: Arc<crate::client::account::Group>,
@@ -73,6 +79,21 @@ pub fn visible_in(
     }
 }
 
+/// A namespace with no settings (other modules' tests).
+#[cfg(test)]
+pub fn test_limits(name: &str) -> Limits {
+    Limits {
+        name: name.into(),
+        mem: [NO_LIMIT; MAX_DEVICES],
+        milli_pct: None,
+        qos: Qos::Normal,
+        partition: None,
+        gpus: None,
+        max_clients: None,
+        held: Arc::new(crate::client::account::Group::new([NO_LIMIT; MAX_DEVICES])),
+    }
+}
+
 /// How QoS classes rank: a client may go down from its namespace's, not up.
 pub fn qos_rank(q: Qos) -> u8 {
     match q {
@@ -89,6 +110,37 @@ struct Namespace {
     listener: UnixListener,
     /// The socket file it bound, by identity, so that only that one is removed.
     bound: Option<(u64, u64)>,
+    /// Whether its directory was last seen tampered with (said once, not per connection).
+    tampered: std::sync::atomic::AtomicBool,
+}
+
+/// What namespace directory `dir` holds besides its `control` socket bound as `bound`
+/// (None where it holds nothing else): a pod that could write it may have put a socket of
+/// its own there (an `omps.sock`, which the shim takes before `control`, would catch the
+/// next pods' handshakes), a link, or a `control` of its own.
+fn strangers(dir: &Path, bound: Option<(u64, u64)>) -> Option<String> {
+    let mut odd: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != sock::NAMESPACE_SOCKET)
+            .take(8)
+            .collect(),
+        Err(e) => return Some(format!("{}: {e}", dir.display())),
+    };
+    if identity(&dir.join(sock::NAMESPACE_SOCKET)) != bound {
+        odd.push(format!("{} (not the server's)", sock::NAMESPACE_SOCKET));
+    }
+    (!odd.is_empty()).then(|| {
+        format!(
+            "{} holds {} besides the server's socket",
+            dir.display(),
+            odd.iter()
+                .map(|n| crate::client::one_word(n, 64))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
 }
 
 /// The server's namespaces.
@@ -141,6 +193,7 @@ fn parse(
         qos: Qos::Normal,
         partition: None,
         gpus: None,
+        max_clients: None,
         held: Arc::new(crate::client::account::Group::new([NO_LIMIT; MAX_DEVICES])),
     };
     for a in args {
@@ -177,15 +230,43 @@ fn parse(
                 }
                 l.gpus = Some(list);
             }
+            "max_clients" => {
+                let n = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| format!("max_clients={value}: not a number of clients"))?;
+                l.max_clients = Some(n);
+            }
             _ => {
                 return Err(format!(
-                    "unknown setting '{key}' (mem_limit, thread_percentage, qos, partition, gpus)"
+                    "unknown setting '{key}' (mem_limit, thread_percentage, qos, partition, gpus, max_clients)"
                 ))
             }
         }
     }
+    confine_to_partition(&mut l)?;
     l.held = Arc::new(crate::client::account::Group::new(l.mem));
     Ok(l)
+}
+
+/// A partition is of one GPU, and its namespace's clients run on that GPU alone (as an MPS
+/// client of an SM partition does): with no `gpus=` the namespace gets that GPU's; a
+/// `gpus=` naming any other is refused (its clients would run unconfined there).
+fn confine_to_partition(l: &mut Limits) -> Result<(), String> {
+    let Some((pg, id)) = l.partition else {
+        return Ok(());
+    };
+    match &l.gpus {
+        None => l.gpus = Some(vec![pg]),
+        Some(g) if g.iter().all(|&x| x == pg) => {}
+        Some(_) => {
+            return Err(format!(
+                "partition gpu{pg}/p{id} is on GPU {pg}: gpus= may name that GPU only"
+            ))
+        }
+    }
+    Ok(())
 }
 
 impl Namespaces {
@@ -251,7 +332,7 @@ impl Namespaces {
         gpus: &[DeviceSnapshot],
     ) -> Result<(), String> {
         let [name, args @ ..] = words else {
-            return Err("usage: create_namespace NAME [mem_limit=SIZE or DEV=SIZE,...] [thread_percentage=PCT] [qos=normal|below-normal|latency-critical] [partition=UUID/pN] [gpus=DEV,...]".into());
+            return Err("usage: create_namespace NAME [mem_limit=SIZE or DEV=SIZE,...] [thread_percentage=PCT] [qos=normal|below-normal|latency-critical] [partition=UUID/pN] [gpus=DEV,...] [max_clients=N]".into());
         };
         let mut limits = parse(name, args, policy, gpus)?;
         if self.list.iter().any(|n| n.limits.name == *name) {
@@ -281,6 +362,9 @@ impl Namespaces {
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("{}: {e}", socket.display()))?;
+        if let Some(why) = strangers(&dir, identity(&socket)) {
+            return Err(format!("{why}: not served until it is removed"));
+        }
         self.deleted.retain(|_, g| g.strong_count() > 0);
         if let Some(held) = self.deleted.remove(*name).and_then(|g| g.upgrade()) {
             held.set_limit(limits.mem);
@@ -291,6 +375,7 @@ impl Namespaces {
             line: words.join(" "),
             listener,
             bound: identity(&socket),
+            tampered: Default::default(),
         });
         Ok(())
     }
@@ -346,7 +431,7 @@ impl Namespaces {
                     .join(",")
             });
             s.push_str(&format!(
-                "{} {} mem_limit={} thread_percentage={} qos={} partition={} gpus={gpus}\n",
+                "{} {} mem_limit={} thread_percentage={} qos={} partition={} gpus={gpus} max_clients={}\n",
                 l.name,
                 sock::namespace_dir_in(&self.pipe_dir, &l.name)
                     .join(sock::NAMESPACE_SOCKET)
@@ -361,9 +446,14 @@ impl Namespaces {
                 l.qos.name(),
                 l.partition
                     .map_or("none".into(), |(g, id)| format!("gpu{g}/p{id}")),
+                l.max_clients.unwrap_or_else(|| crate::client::bounds::bounds().namespace_clients()),
             ));
         }
         s
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
     }
 
     /// One pollfd per namespace, in order ([`Namespaces::accept`] takes the position).
@@ -376,10 +466,30 @@ impl Namespaces {
     }
 
     /// A connection on the `i`th namespace's socket, with what it is held to.
+    /// One whose namespace directory holds anything besides the server's socket is
+    /// closed at once, and that said (once until the directory is clean again).
     pub fn accept(&self, i: usize) -> Option<io::Result<(UnixStream, Arc<Limits>)>> {
+        use std::sync::atomic::Ordering::Relaxed;
         let n = self.list.get(i)?;
         match n.listener.accept() {
-            Ok((s, _)) => Some(Ok((s, n.limits.clone()))),
+            Ok((s, _)) => {
+                let dir = sock::namespace_dir_in(&self.pipe_dir, &n.limits.name);
+                match strangers(&dir, n.bound) {
+                    Some(why) => {
+                        if !n.tampered.swap(true, Relaxed) {
+                            tracing::warn!(
+                                namespace = n.limits.name,
+                                "{why}: its connections are refused until it is removed"
+                            );
+                        }
+                        None
+                    }
+                    None => {
+                        n.tampered.store(false, Relaxed);
+                        Some(Ok((s, n.limits.clone())))
+                    }
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
             Err(e) => Some(Err(e)),
         }
@@ -492,6 +602,7 @@ mod tests {
             qos: Qos::Normal,
             partition: None,
             gpus,
+            max_clients: None,
             held: Arc::new(crate::client::account::Group::new([NO_LIMIT; MAX_DEVICES])),
         }
     }
@@ -518,6 +629,28 @@ mod tests {
             Ok(vec![0, 1]),
             "no names: every GPU"
         );
+    }
+
+    #[test]
+    fn a_partitions_namespace_runs_on_the_partitions_gpu_only() {
+        let mut l = ns(None);
+        l.partition = Some((1, 3));
+        confine_to_partition(&mut l).unwrap();
+        assert_eq!(l.gpus, Some(vec![1]), "no gpus=: the partition's GPU");
+        assert_eq!(visible_in(&l, None, 4), Ok(vec![1]));
+        assert!(visible_in(&l, Some(vec![0]), 4).is_err());
+        let mut l = ns(Some(vec![1]));
+        l.partition = Some((1, 3));
+        assert!(confine_to_partition(&mut l).is_ok());
+        let mut l = ns(Some(vec![0, 1]));
+        l.partition = Some((1, 3));
+        assert!(
+            confine_to_partition(&mut l).is_err(),
+            "GPU 0 would be unconfined"
+        );
+        let mut l = ns(None);
+        confine_to_partition(&mut l).unwrap();
+        assert_eq!(l.gpus, None, "no partition: every GPU, as before");
     }
 
     #[test]

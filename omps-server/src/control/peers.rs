@@ -23,6 +23,11 @@ const MAX_COMMAND: usize = 4096;
 pub const OPERATOR_HANDSHAKES: usize = 8;
 /// Connections in progress one process may have on the sockets clients reach.
 pub const HANDSHAKES_PER_PID: usize = 8;
+/// Of OMPS_MAX_HANDSHAKES, the part (1/8: 8 of the default 64) each socket clients reach
+/// (the clients' socket, each namespace's, the handoffs) keeps of its own: while it has
+/// fewer in progress it takes one more even when the others fill the shared slots, so
+/// one namespace's pods cannot lock another's out of their handshakes (issue 23).
+pub const SOCKET_RESERVE_DIVISOR: usize = 8;
 
 /// What a peer has sent so far.
 pub enum Stage {
@@ -58,6 +63,21 @@ impl Origin {
     pub fn takes_clients(&self) -> bool {
         !matches!(self, Origin::Operator)
     }
+
+    /// Whether two connections came through the same socket.
+    fn same_socket(&self, other: &Origin) -> bool {
+        match (self, other) {
+            (Origin::Namespace(a), Origin::Namespace(b)) => std::sync::Arc::ptr_eq(a, b),
+            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
+    }
+}
+
+/// Whether a socket whose connections in progress are `its` of `all` on the sockets
+/// clients reach may take no more, `most` (OMPS_MAX_HANDSHAKES) being their shared
+/// slots: only when those are full and it has its reserve in use too.
+fn socket_full(all: usize, its: usize, most: usize) -> bool {
+    all >= most && its >= most / SOCKET_RESERVE_DIVISOR
 }
 
 /// Whether process `pid`, with `its` connections in handshake, may have no more. A peer
@@ -101,7 +121,8 @@ impl Peer {
     /// as an operator); `in_progress` connections are already in their handshake.
     /// The operator's socket counts its connections apart (at most
     /// [`OPERATOR_HANDSHAKES`]); the others share OMPS_MAX_HANDSHAKES, at most
-    /// [`HANDSHAKES_PER_PID`] of them one process's.
+    /// [`HANDSHAKES_PER_PID`] of them one process's, and each socket has a reserve of
+    /// its own beyond them ([`SOCKET_RESERVE_DIVISOR`]).
     pub fn admit(
         stream: UnixStream,
         uid: u32,
@@ -127,14 +148,15 @@ impl Peer {
                 ));
             }
         } else {
-            let (mut all, mut its) = (0, 0);
+            let (mut all, mut its, mut socket) = (0, 0, 0);
             for p in alike {
                 all += 1;
                 its += usize::from(p.pid == cred.pid);
+                socket += usize::from(p.origin.same_socket(&origin));
             }
-            if all >= crate::client::bounds::bounds().handshakes {
+            if socket_full(all, socket, crate::client::bounds::bounds().handshakes) {
                 return Err(io::Error::other(
-                    "too many connections in handshake (OMPS_MAX_HANDSHAKES)",
+                    "too many connections in handshake (OMPS_MAX_HANDSHAKES), and this socket's reserve of them in use",
                 ));
             }
             if process_full(cred.pid, its) {
@@ -315,5 +337,31 @@ mod tests {
             "a process's bucket is full"
         );
         assert!(!process_full(0, 1000), "pid 0 is many processes");
+    }
+
+    #[test]
+    fn a_socket_keeps_its_reserve_when_the_others_fill_the_shared_slots() {
+        use super::socket_full;
+        assert!(!socket_full(63, 63, 64), "room in the shared slots");
+        assert!(socket_full(64, 64, 64), "one socket took every shared slot");
+        assert!(
+            !socket_full(64, 0, 64),
+            "another socket's connection still comes in"
+        );
+        assert!(!socket_full(71, 7, 64), "its 8th of its own");
+        assert!(socket_full(72, 8, 64), "its reserve is used up");
+        assert!(socket_full(6, 0, 6), "small bounds have no reserve");
+    }
+
+    #[test]
+    fn namespaces_sockets_are_told_apart() {
+        use super::Origin;
+        let a = std::sync::Arc::new(crate::control::namespace::test_limits("a"));
+        let b = std::sync::Arc::new(crate::control::namespace::test_limits("b"));
+        let (na, nb) = (Origin::Namespace(a.clone()), Origin::Namespace(b));
+        assert!(na.same_socket(&Origin::Namespace(a)));
+        assert!(!na.same_socket(&nb));
+        assert!(!na.same_socket(&Origin::Clients));
+        assert!(Origin::Clients.same_socket(&Origin::Clients));
     }
 }

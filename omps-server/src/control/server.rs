@@ -254,37 +254,68 @@ enum SlowJob {
     },
 }
 
-/// The thread that runs slow requests one after another.
+/// The thread that runs slow requests one after another. A pin that must wait for a
+/// range the client gave back (pin_once) waits aside, tried again every millisecond
+/// between the other requests, so that it holds up no one else's (issue 23 review).
 fn start_slow_requests(printf: Arc<PrintfRouter>) -> io::Result<std::sync::mpsc::Sender<SlowJob>> {
+    use std::sync::mpsc::RecvTimeoutError;
     let (tx, rx) = std::sync::mpsc::channel::<SlowJob>();
     std::thread::Builder::new()
         .name("omps-requests".into())
         .spawn(move || {
-            for job in rx {
-                match job {
-                    SlowJob::Flush { gpu, client, sock } => {
-                        let got = printf.flush(&*gpu, client.id, wire::PRINTF_REPLY_MAX - 4);
-                        answer_slow(&client, &sock, 0, &wire::printf_reply(&got.out, &got.err));
-                    }
-                    SlowJob::Pin {
-                        client,
-                        fd,
-                        addr,
-                        len,
-                        sock,
-                    } => {
-                        // A client gone meanwhile gets nothing mapped for it.
-                        let status = if client.gone.load(Ordering::Acquire) {
-                            code::MPS_CLIENT_TERMINATED
-                        } else {
-                            pin_after_unpins(&client, fd.as_fd(), addr, len)
-                        };
-                        answer_slow(&client, &sock, status, &[]);
-                    }
+            // Pins waiting for an unpin, with when they came (one per client at most: a
+            // client has one slow request at a time).
+            let mut waiting: Vec<(SlowJob, Instant)> = Vec::new();
+            loop {
+                let next = if waiting.is_empty() {
+                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv_timeout(Duration::from_millis(1))
+                };
+                match next {
+                    Ok(job) => run_slow(&printf, job, Instant::now(), &mut waiting),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+                for (job, since) in std::mem::take(&mut waiting) {
+                    run_slow(&printf, job, since, &mut waiting);
                 }
             }
         })?;
     Ok(tx)
+}
+
+/// Runs one slow request that came at `since`, answering it, or puts it in `waiting`.
+fn run_slow(
+    printf: &PrintfRouter,
+    job: SlowJob,
+    since: Instant,
+    waiting: &mut Vec<(SlowJob, Instant)>,
+) {
+    match job {
+        SlowJob::Flush { gpu, client, sock } => {
+            let got = printf.flush(&*gpu, client.id, wire::PRINTF_REPLY_MAX - 4);
+            answer_slow(&client, &sock, 0, &wire::printf_reply(&got.out, &got.err));
+        }
+        SlowJob::Pin {
+            ref client,
+            ref fd,
+            addr,
+            len,
+            ref sock,
+        } => {
+            // A client gone meanwhile gets nothing mapped for it.
+            let status = if client.gone.load(Ordering::Acquire) {
+                Some(code::MPS_CLIENT_TERMINATED)
+            } else {
+                pin_once(client, fd.as_fd(), addr, len, since)
+            };
+            match status {
+                Some(status) => answer_slow(client, sock, status, &[]),
+                None => waiting.push((job, since)),
+            }
+        }
+    }
 }
 
 /// How long the slow-request thread waits for a client to take any more of its answer:
@@ -359,24 +390,23 @@ fn send_within(sock: &UnixStream, bytes: &[u8], limit: Duration) -> bool {
 
 /// Pins a client's range; one it gave back a moment ago may still be mapped at the same
 /// address until its fences pass on every GPU (cudaHostUnregister returns before then), and
-/// a range pinned there again waits for it (2 s at most), as natively the first is gone by
-/// the time the call returns. The status to answer.
-fn pin_after_unpins(
+/// a range pinned there again waits for it (2 s after `since`, when it was asked, at
+/// most), as natively the first is gone by the time the call returns. The status to
+/// answer, or None: to be tried again in a moment.
+fn pin_once(
     client: &ClientShared,
     fd: std::os::fd::BorrowedFd,
     addr: u64,
     len: u64,
-) -> i32 {
-    let t = Instant::now();
-    loop {
-        match client.pin(fd, addr, len) {
-            Err(code::NOT_SUPPORTED)
-                if client.unpinning_ranges() > 0 && t.elapsed() < Duration::from_secs(2) =>
-            {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            r => return r.err().unwrap_or(0),
+    since: Instant,
+) -> Option<i32> {
+    match client.pin(fd, addr, len) {
+        Err(code::NOT_SUPPORTED)
+            if client.unpinning_ranges() > 0 && since.elapsed() < Duration::from_secs(2) =>
+        {
+            None
         }
+        r => Some(r.err().unwrap_or(0)),
     }
 }
 
@@ -775,8 +805,8 @@ impl Server {
     }
 
     /// A control daemon connects to pass a connection it accepted: one message, one
-    /// descriptor, read once it comes (crate::control::listen::Handoffs). Only root's daemon or
-    /// this server's own user may pass one; the connection itself is then checked like
+    /// descriptor, read once it comes (crate::control::listen::Handoffs). Only root's daemon
+    /// (OMPS_MULTIUSER) may pass one; the connection itself is then checked like
     /// any other (its peer must be this server's user, or root).
     fn take_handoff(&mut self) {
         let Some(handoff) = &self.sockets.handoff else {
@@ -1126,6 +1156,10 @@ impl Server {
             );
             return refuse(code::MPS_MAX_CLIENTS_REACHED);
         }
+        if let Some(why) = self.over_share(pid, ns) {
+            tracing::warn!(pid, "refusing a client: {why}");
+            return refuse(code::MPS_MAX_CLIENTS_REACHED);
+        }
         let lc_present = crate::worker::policy::Policy::lc_present(&self.client_list());
         let mut settled = match self.policy.settle(settings) {
             Ok(s) => s,
@@ -1343,6 +1377,45 @@ impl Server {
             self.workers[w].send(ToWorker::Add(c.clone()));
         }
         Ok(())
+    }
+
+    /// Why one more client of process `pid`, through namespace `ns` (None: the server's
+    /// own socket), would take more than its share of the client slots: its process's
+    /// (OMPS_MAX_CLIENTS_PER_PROCESS; PID 0, a process the server cannot see, has none)
+    /// or its namespace's (`max_clients=`, else all but a quarter of OMPS_MAX_CLIENTS;
+    /// the server's own socket is held to that only while namespaces exist), so that one
+    /// tenant cannot lock the others out (issue 23).
+    fn over_share(&self, pid: i32, ns: Option<&crate::control::namespace::Limits>) -> Option<String> {
+        let b = crate::client::bounds::bounds();
+        let group = ns.map(|n| &n.held);
+        let (mut mine, mut ours) = (0, 0);
+        for (c, _) in self.clients.values() {
+            mine += usize::from(pid != 0 && c.pid == pid);
+            ours += usize::from(c.account.joined(group));
+        }
+        if mine >= b.clients_per_process {
+            return Some(format!(
+                "process {pid} has {mine} clients (OMPS_MAX_CLIENTS_PER_PROCESS)"
+            ));
+        }
+        let cap = match ns {
+            Some(n) => n.max_clients.unwrap_or_else(|| b.namespace_clients()),
+            None if self.namespaces.is_empty() => return None,
+            None => b.namespace_clients(),
+        };
+        (ours >= cap).then(|| match ns {
+            Some(n) if n.max_clients.is_some() => format!(
+                "namespace '{}' has {ours} clients (its max_clients={cap})",
+                n.name
+            ),
+            Some(n) => format!(
+                "namespace '{}' has {ours} clients, its share (OMPS_MAX_CLIENTS less a quarter; the operator may set max_clients=)",
+                n.name
+            ),
+            None => format!(
+                "the server's own socket has {ours} clients, its share while namespaces exist (OMPS_MAX_CLIENTS less a quarter)"
+            ),
+        })
     }
 
     /// Whether a GPU is in FAULT: its clients have been told, new clients are refused

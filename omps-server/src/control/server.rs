@@ -1385,7 +1385,11 @@ impl Server {
     /// or its namespace's (`max_clients=`, else all but a quarter of OMPS_MAX_CLIENTS;
     /// the server's own socket is held to that only while namespaces exist), so that one
     /// tenant cannot lock the others out (issue 23).
-    fn over_share(&self, pid: i32, ns: Option<&crate::control::namespace::Limits>) -> Option<String> {
+    fn over_share(
+        &self,
+        pid: i32,
+        ns: Option<&crate::control::namespace::Limits>,
+    ) -> Option<String> {
         let b = crate::client::bounds::bounds();
         let group = ns.map(|n| &n.held);
         let (mut mine, mut ours) = (0, 0);

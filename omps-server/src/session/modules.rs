@@ -81,8 +81,12 @@ impl Session {
                 // (crate::image::compile), so that a slow one holds up its own client only.
                 let cc = ctx.shared.modules.cc();
                 self.compile(ctx, m.call, need, move || {
-                    let verdict =
-                        crate::image::verifier::check(gpu.ordinal(), &cc.to_le_bytes(), &blob, Work::Load);
+                    let verdict = crate::image::verifier::check(
+                        gpu.ordinal(),
+                        &cc.to_le_bytes(),
+                        &blob,
+                        Work::Load,
+                    );
                     if verdict == crate::image::verifier::Verdict::Crashed {
                         return Outcome::Refused(Work::Load);
                     }

@@ -10,4 +10,4 @@ pub mod table;
 pub mod tables;
 pub mod tools;
 
-pub use tables::cuGetExportTable;
+pub use tables::{cuGetExportTable, CONTEXT_LOCAL_STORAGE};

@@ -4,9 +4,9 @@
 //! Beyond, CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, as beyond OMPS_MAX_CLIENTS.
 
 mod common;
+use common::namespaces::*;
 use common::*;
 use omps_shim::conn::{settings_from, Conn};
-use std::path::PathBuf;
 
 const PER_PROCESS: usize = 4;
 
@@ -19,12 +19,6 @@ fn small_bounds() {
             std::env::set_var("OMPS_MAX_CLIENTS_PER_PROCESS", PER_PROCESS.to_string());
         }
     });
-}
-
-fn ns_socket(srv: &TestServer, line: &str) -> PathBuf {
-    let (ok, made) = srv.ctl(&format!("create_namespace {line}"));
-    assert!(ok, "{made}");
-    PathBuf::from(made.trim()).join("control")
 }
 
 /// Connections until the first refusal: (how many, its code).
@@ -43,39 +37,12 @@ fn fill(path: &std::path::Path, held: &mut Vec<Conn>) -> (usize, i32) {
     }
 }
 
-/// The child process of a victim: connects to the socket in `CLIENT_SHARES_VICTIM` and says how it went.
+/// The child process of a victim (common::namespaces::victim_child).
 const VICTIM: &str = "CLIENT_SHARES_VICTIM";
 
 #[test]
 fn client_shares_victim_child() {
-    let Some(path) = std::env::var_os(VICTIM) else {
-        return;
-    };
-    let plain = settings_from(|_| None).unwrap();
-    match Conn::connect_with(std::path::Path::new(&path), &plain) {
-        Ok(c) => println!("VICTIM ok {:?}", c.ping(0)),
-        Err(e) => println!("VICTIM refused {e:?}"),
-    }
-}
-
-/// Connects from another process (a process is a client of one namespace only) to
-/// `path`: Ok, or the refusal.
-fn victim_connects(path: &std::path::Path) -> Result<(), String> {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "client_shares_victim_child", "--nocapture"])
-        .env(VICTIM, path)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("VICTIM"))
-        .unwrap_or("VICTIM none");
-    if line.starts_with("VICTIM ok Ok") {
-        Ok(())
-    } else {
-        Err(line.to_string())
-    }
+    victim_child(VICTIM);
 }
 
 #[test]
@@ -111,7 +78,8 @@ fn a_namespace_has_at_most_its_max_clients_and_the_others_go_on() {
     assert!(list.contains("max_clients=12"), "{list}");
     let mut held = Vec::new();
     assert_eq!(fill(&small, &mut held), (2, 808));
-    victim_connects(&other).expect("another namespace's client");
+    victim_connects("client_shares_victim_child", VICTIM, &other)
+        .expect("another namespace's client");
     assert!(
         srv.ctl("create_namespace bad max_clients=0")
             .1

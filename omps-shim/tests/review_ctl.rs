@@ -1,13 +1,15 @@
-//! Fresh review of issue 23 (control plane): proofs of what one namespace's pod can do to
-//! another's. Each test here FAILS on the reviewed code; it is a proof, not a fix.
+//! What one namespace's pod could do to another's, found by the third review of issue 23
+//! (control plane): take every client slot from one process, or every handshake slot
+//! from eight. Each test failed on the reviewed code (01c2493).
 
 mod common;
+use common::namespaces::*;
 use common::*;
 use omps_ring::wire::{self, Hello};
 use omps_shim::conn::{settings_from, Conn};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// The bounds every test of this binary runs under (read once per process).
@@ -17,12 +19,6 @@ fn small_bounds() {
         // SAFETY: set before any server in this process reads its bounds.
         unsafe { std::env::set_var("OMPS_MAX_CLIENTS", "16") };
     });
-}
-
-fn ns_socket(srv: &TestServer, name: &str) -> PathBuf {
-    let (ok, made) = srv.ctl(&format!("create_namespace {name}"));
-    assert!(ok, "{made}");
-    PathBuf::from(made.trim()).join("control")
 }
 
 /// A pod of namespace `team-a`, from one process, opens OMPS_MAX_CLIENTS client
@@ -56,7 +52,7 @@ fn one_process_of_one_namespace_takes_every_client_slot() {
         Some(808),
         "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"
     );
-    let victim = victim_connects(&b);
+    let victim = victim_connects("review_ctl_victim_child", VICTIM, &b);
     assert!(
         victim.is_ok(),
         "a client of team-b was refused while one process of team-a holds {} connections: {:?}",
@@ -65,39 +61,12 @@ fn one_process_of_one_namespace_takes_every_client_slot() {
     );
 }
 
-/// The child process of a victim: connects to the socket in `REVIEW_CTL_VICTIM` and says how it went.
+/// The child process of a victim (common::namespaces::victim_child).
 const VICTIM: &str = "REVIEW_CTL_VICTIM";
 
 #[test]
 fn review_ctl_victim_child() {
-    let Some(path) = std::env::var_os(VICTIM) else {
-        return;
-    };
-    let plain = settings_from(|_| None).unwrap();
-    match Conn::connect_with(std::path::Path::new(&path), &plain) {
-        Ok(c) => println!("VICTIM ok {:?}", c.ping(0)),
-        Err(e) => println!("VICTIM refused {e:?}"),
-    }
-}
-
-/// Connects from another process (a process is a client of one namespace only) to
-/// `path`: Ok, or the refusal.
-fn victim_connects(path: &std::path::Path) -> Result<(), String> {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "review_ctl_victim_child", "--nocapture"])
-        .env(VICTIM, path)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("VICTIM"))
-        .unwrap_or("VICTIM none");
-    if line.starts_with("VICTIM ok Ok") {
-        Ok(())
-    } else {
-        Err(line.to_string())
-    }
+    victim_child(VICTIM);
 }
 
 /// The child processes of the handshake test: each opens 8 connections to the socket in

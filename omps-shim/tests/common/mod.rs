@@ -1,6 +1,8 @@
 //! A server on the host-memory GPU in this process, and an omps-ctl stand-in.
 #![allow(dead_code)]
 
+pub mod namespaces;
+
 use omps_ring::sock;
 use omps_ring::wire::{self, Hello};
 use omps_server::gpu::Gpu;

@@ -31,13 +31,17 @@ mod mem_nodes;
 mod nodes;
 mod queries;
 mod server_child;
+mod server_graph;
+mod to_graph;
 pub use cond::*;
 pub use edges::*;
 pub(crate) use emit::capture_then;
 pub use mem_nodes::*;
 pub use nodes::*;
 pub use queries::*;
-pub(crate) use server_child::{add_captured, check_deps};
+pub(crate) use server_graph::cond_call;
+use server_graph::{copy_of, ServerGraph};
+pub use to_graph::*;
 
 /// CUgraphNodeType values.
 pub(crate) mod node_type {
@@ -85,7 +89,7 @@ pub(crate) enum Kind {
     /// the node's).
     Child(usize),
     /// A child graph the server captured: the node holds the server's copy.
-    ServerChild(std::sync::Arc<server_child::ServerGraph>),
+    ServerChild(std::sync::Arc<ServerGraph>),
     /// An event record or wait node: the event's handle.
     EventRecord(usize),
     EventWait(usize),
@@ -306,7 +310,21 @@ pub(crate) fn child_kind(child: CUgraph) -> Result<Kind, CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: resolved by graph_ref above.
-    server_child::server_child_kind(unsafe { &*child })
+    server_child_kind(unsafe { &*child })
+}
+
+/// A child node's kind for graph `child`, which the server captured.
+pub(crate) fn server_child_kind(child: &GraphHandle) -> Result<Kind, CUresult> {
+    let (id, handle) = copy_of(child)?;
+    // The copy replays what the original does: it holds the same objects (the buffers of
+    // its staged copies).
+    crate::api::user_object::share(child as *const GraphHandle as usize, handle as usize);
+    Ok(server_graph(child.dev, id, handle as usize))
+}
+
+/// A child node's graph: server graph `id` under graph handle `handle`, both the node's.
+pub(crate) fn server_graph(dev: usize, id: u32, handle: usize) -> Kind {
+    Kind::ServerChild(std::sync::Arc::new(ServerGraph { dev, id, handle }))
 }
 
 /// Forgets the graphs a child or conditional kind made for a node that was not kept.

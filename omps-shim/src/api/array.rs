@@ -600,7 +600,7 @@ fn make_object(
                     dev
                 }
                 // Mapped page-locked memory, which the server checks as the client's.
-                None if super::hostmem::is_shared(t.dev, 1) => crate::state::ctx::current_dev()?,
+                None if crate::state::host_ranges::is_shared(t.dev, 1) => crate::state::ctx::current_dev()?,
                 None => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }

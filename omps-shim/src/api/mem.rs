@@ -2,7 +2,7 @@
 //! pipelined chunks, memsets. The shim keeps its own table of the client's ranges so bad
 //! pointers get their error synchronously, as from the driver; the server checks again.
 
-use super::hostmem::is_shared;
+use crate::state::host_ranges::is_shared;
 use crate::cuda::*;
 use crate::state::capture::stream_for;
 use crate::state::ctx::current_dev;
@@ -163,10 +163,10 @@ fn memset(
     // client's; the stream names the GPU that writes it.
     let dev = match range_dev(dst, bytes) {
         Ok(dev) => dev,
-        Err(_) if super::hostmem::is_shared(dst, bytes as usize) => {
+        Err(_) if crate::state::host_ranges::is_shared(dst, bytes as usize) => {
             crate::state::streams::stream_dev(stream)?.1
         }
-        Err(_) if super::hostmem::is_unshared_host(dst, bytes as usize) => {
+        Err(_) if crate::state::host_ranges::is_unshared_host(dst, bytes as usize) => {
             return memset_on_host(dst, value, elem_size, count, stream);
         }
         Err(e) => return Err(e),
@@ -216,7 +216,7 @@ fn memset_on_host(
 /// A synchronous memset or device-to-device copy that touches page-locked or managed
 /// memory returns once done, as the driver's does (in device memory it need not).
 pub(crate) fn finish_if_host(dst: u64, src: u64) -> Result<(), CUresult> {
-    if super::hostmem::is_shared(dst, 1) || super::hostmem::is_shared(src, 1) {
+    if crate::state::host_ranges::is_shared(dst, 1) || crate::state::host_ranges::is_shared(src, 1) {
         crate::state::streams::stream_sync(std::ptr::null_mut())
     } else {
         Ok(())
@@ -541,7 +541,7 @@ fn uva_copy(
     src_dev: bool,
 ) -> Option<Result<(), CUresult>> {
     let pinned = |p: u64, named_dev: bool| {
-        named_dev && range_info(p).is_none() && super::hostmem::is_pinned_host(p, n)
+        named_dev && range_info(p).is_none() && crate::state::host_ranges::is_pinned_host(p, n)
     };
     (pinned(dst, dst_dev) || pinned(src, src_dev))
         .then(|| super::hostmem::copy_any(dst, src, n, s, sync))

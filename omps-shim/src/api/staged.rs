@@ -182,10 +182,10 @@ fn arena_alloc(n: usize) -> Result<(usize, usize), CUresult> {
     } else {
         BLOCK
     };
-    let base = super::hostmem::host_alloc(len, 0)? as usize;
-    if !super::hostmem::is_shared(base as u64, len) {
+    let base = crate::state::host_ranges::host_alloc(len, 0)? as usize;
+    if !crate::state::host_ranges::is_shared(base as u64, len) {
         // The server could not map it: useless for staging.
-        let _ = super::hostmem::free_host(base, false);
+        let _ = crate::state::host_ranges::free_host(base, false);
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let mut free = BTreeMap::new();
@@ -221,7 +221,7 @@ fn arena_free(addr: usize, n: usize) {
     if l == b.len && a.len() > 1 {
         let b = a.remove(i);
         drop(a);
-        let _ = super::hostmem::free_host(b.base, false);
+        let _ = crate::state::host_ranges::free_host(b.base, false);
     }
 }
 

@@ -18,6 +18,7 @@ pub mod device;
 pub mod entry;
 pub mod green;
 pub mod host_mirror;
+pub mod host_ranges;
 pub mod launch;
 pub mod modules;
 pub mod ranges;

@@ -7,9 +7,9 @@
 //! the descriptors they were made from are kept here for the queries.
 
 use super::hostmem::Memcpy3D;
-use super::mem::{alloc, free_block};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
+use crate::state::blocks::{alloc, free_block};
 use crate::state::entry::{entry, live, out};
 use crate::state::ranges::range_info;
 use crate::state::streams::CUstream;
@@ -600,7 +600,9 @@ fn make_object(
                     dev
                 }
                 // Mapped page-locked memory, which the server checks as the client's.
-                None if crate::state::host_ranges::is_shared(t.dev, 1) => crate::state::ctx::current_dev()?,
+                None if crate::state::host_ranges::is_shared(t.dev, 1) => {
+                    crate::state::ctx::current_dev()?
+                }
                 None => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }

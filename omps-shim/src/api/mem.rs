@@ -2,36 +2,17 @@
 //! pipelined chunks, memsets. The shim keeps its own table of the client's ranges so bad
 //! pointers get their error synchronously, as from the driver; the server checks again.
 
-use crate::state::host_ranges::is_shared;
 use crate::cuda::*;
+use crate::state::blocks::alloc;
 use crate::state::capture::stream_for;
 use crate::state::ctx::current_dev;
 use crate::state::entry::{entry, live, out};
+use crate::state::host_ranges::is_shared;
 use crate::state::ranges::*;
 use crate::state::streams::CUstream;
 use omps_ring::segment::CHUNKS_PER_CHANNEL;
-use omps_ring::wire::{
-    self, CallHdr, ChunkCopy, CopyDtoD, MemAlloc, MemFree, Memset, Op, PinnedCopy,
-};
+use omps_ring::wire::{self, CallHdr, ChunkCopy, CopyDtoD, Memset, Op, PinnedCopy};
 use std::ffi::c_void;
-
-pub(crate) fn alloc(dev: usize, size: usize) -> Result<u64, CUresult> {
-    if size == 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let c = live()?;
-    let mut ch = c.channel();
-    ch.call(dev, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&MemAlloc {
-            call,
-            size: size as u64,
-        })
-        .to_vec()
-    })?;
-    let p = ch.reply::<wire::U64Reply>().value;
-    add_range(p, size as u64, dev, true);
-    Ok(p)
-}
 
 /// # Safety
 /// `dptr` is null or writable.
@@ -88,38 +69,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry(|| {
         crate::state::capture::unsafe_call_allowed()?;
-        free(ptr)
+        super::pool::free(ptr)
     })
-}
-
-/// cuMemFree's work, for frees the capture modes do not restrict (cuMemFreeAsync's).
-pub(crate) fn free(ptr: CUdeviceptr) -> Result<(), CUresult> {
-    if ptr == 0 || super::graph_mem::freed(ptr, false) {
-        // Graph memory is its graphs' to free (graph_mem.rs).
-        return Ok(());
-    }
-    if let Some(r) = super::managed::free(ptr) {
-        return r;
-    }
-    if let Some(r) = super::pool_share::free_imported(ptr) {
-        return r;
-    }
-    free_block(ptr)
-}
-
-/// Frees allocation `ptr`: the server frees it once the GPU is done with this client's
-/// queued work.
-pub(crate) fn free_block(ptr: u64) -> Result<(), CUresult> {
-    let c = live()?;
-    super::pool::forget(ptr);
-    let (_, dev, _) = {
-        let mut r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
-        match r.get(&ptr) {
-            Some(&(_, _, true)) => r.remove(&ptr).expect("present"),
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        }
-    };
-    c.push(dev, Op::MemFree, &[bytemuck::bytes_of(&MemFree { ptr })])
 }
 
 /// # Safety
@@ -216,7 +167,8 @@ fn memset_on_host(
 /// A synchronous memset or device-to-device copy that touches page-locked or managed
 /// memory returns once done, as the driver's does (in device memory it need not).
 pub(crate) fn finish_if_host(dst: u64, src: u64) -> Result<(), CUresult> {
-    if crate::state::host_ranges::is_shared(dst, 1) || crate::state::host_ranges::is_shared(src, 1) {
+    if crate::state::host_ranges::is_shared(dst, 1) || crate::state::host_ranges::is_shared(src, 1)
+    {
         crate::state::streams::stream_sync(std::ptr::null_mut())
     } else {
         Ok(())

@@ -14,9 +14,9 @@
 //! through the server (pool_share.rs); its freed blocks are not kept, since another
 //! process may still hold them.
 
-use super::mem::alloc;
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, POOL_MAGIC};
+use crate::state::blocks::alloc;
 use crate::state::entry::{entry, out};
 use crate::state::streams::{per_thread, resolve_stream, CUstream};
 use std::collections::HashMap;
@@ -185,7 +185,7 @@ fn trim(p: &Pool, keep: u64) {
         gone
     };
     for ptr in gone {
-        let _ = super::mem::free(ptr);
+        let _ = free(ptr);
     }
 }
 
@@ -208,6 +208,23 @@ pub(crate) fn forget(ptr: u64) {
     st.used = st.used.saturating_sub(len);
 }
 
+/// cuMemFree's work, for frees the capture modes do not restrict (cuMemFreeAsync's).
+pub(crate) fn free(ptr: CUdeviceptr) -> Result<(), CUresult> {
+    if ptr == 0 || crate::api::graph_mem::freed(ptr, false) {
+        // Graph memory is its graphs' to free (graph_mem.rs).
+        return Ok(());
+    }
+    if let Some(r) = crate::api::managed::free(ptr) {
+        return r;
+    }
+    if let Some(r) = crate::state::blocks::free_imported(ptr) {
+        return r;
+    }
+    crate::state::entry::live()?;
+    forget(ptr);
+    crate::state::blocks::free_block(ptr)
+}
+
 fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     let (key, dev) = stream_key(s)?;
     pools_on(dev)?;
@@ -222,7 +239,7 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     let Some((p, len)) = lock(&ALLOCS).as_mut().and_then(|m| m.remove(&ptr)) else {
         // Memory from cuMemAlloc may be freed this way too; the server's free waits for
         // all of the client's queued work, which covers this stream's.
-        return super::mem::free(ptr);
+        return free(ptr);
     };
     // SAFETY: recorded from a live pool; pools are never freed.
     let p = unsafe { &*(p as *const Pool) };
@@ -232,7 +249,7 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
         if p.share.exportable() {
             // Another process may hold it: the server frees it after the last importer.
             drop(st);
-            return super::mem::free(ptr);
+            return free(ptr);
         }
         st.cached.push((ptr, len, key));
         st.release_threshold

@@ -14,8 +14,8 @@ use super::pool::{new_pool, pool, CUmemoryPool, Pool};
 use super::vmm::call_raw;
 use super::vmm_share::{read_descriptor, write_descriptor, POSIX_FD};
 use crate::cuda::*;
-use crate::state::entry::{entry, live, out};
-use omps_ring::wire::{vmm, IpcCall, Op};
+use crate::state::entry::{entry, out};
+use omps_ring::wire::vmm;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -72,30 +72,6 @@ pub(crate) fn destroyed(p: &Pool) {
     if let Some(key) = exported.or(p.share.imported) {
         let _ = call_raw::<[u64; 3]>(p.dev, vmm::POOL_RELEASE, 0, [key, 0, 0]);
     }
-}
-
-/// Allocations imported from other processes' pools: pointer -> (device, times imported).
-static IMPORTED: Mutex<Option<HashMap<u64, (usize, u32)>>> = Mutex::new(None);
-
-/// Frees `ptr` if it is an imported allocation: this process's hold on it is given up
-/// once its queued work is done. None for any other pointer.
-pub(crate) fn free_imported(ptr: u64) -> Option<Result<(), CUresult>> {
-    let dev = {
-        let mut m = IMPORTED.lock().unwrap_or_else(|e| e.into_inner());
-        let e = m.as_mut()?.get_mut(&ptr)?;
-        e.1 -= 1;
-        let dev = e.0;
-        if e.1 == 0 {
-            m.as_mut().expect("present").remove(&ptr);
-            crate::state::ranges::remove_opened_range(ptr);
-        }
-        dev
-    };
-    Some(live().and_then(|c| {
-        c.channel().call(dev, Op::IpcCloseMemHandle, |call| {
-            bytemuck::bytes_of(&IpcCall { call, ptr }).to_vec()
-        })
-    }))
 }
 
 /// # Safety
@@ -209,7 +185,9 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
         }
         let [p, size, _]: [u64; 3] =
             call_raw(pl.dev, vmm::POOL_IMPORT_PTR, 0, [key, word(8), word(16)])?;
-        let mut m = IMPORTED.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = crate::state::blocks::IMPORTED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let n = m
             .get_or_insert_with(HashMap::new)
             .entry(p)

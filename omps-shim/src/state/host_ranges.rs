@@ -203,4 +203,3 @@ pub(crate) fn free_host(p: usize, managed: bool) -> Result<(), CUresult> {
         }
     }
 }
-

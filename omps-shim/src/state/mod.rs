@@ -11,6 +11,7 @@
 //! `crate::dark`: those sit above this layer and call down into it.
 
 pub mod answers;
+pub mod blocks;
 pub mod capture;
 pub mod cls;
 pub mod ctx;

@@ -340,7 +340,7 @@ fn push_copy(
     };
     live()?.push(dev, Op::ArrayCopy, &[bytemuck::bytes_of(&rec)])?;
     if wait {
-        super::mem::wait_stream(dev, stream)?;
+        crate::state::copies::wait_stream(dev, stream)?;
     }
     Ok(())
 }

@@ -8,8 +8,9 @@
 //! stage and kernels cannot reach (cuMemHostGetDevicePointer then says NOT_SUPPORTED).
 //! cuMemHostRegister of the program's own memory is bookkeeping; copies from it stage.
 
-use super::mem::{copy_dtod, copy_dtoh, copy_htod};
+use super::staged::{copy_dtoh, copy_htod};
 use crate::cuda::*;
+use crate::state::copies::copy_dtod;
 use crate::state::entry::{entry, live, out};
 use crate::state::host_ranges::*;
 use crate::state::ranges::range_info;
@@ -233,7 +234,7 @@ pub(crate) fn copy_any(
             copy_dtod(dst, src, len, s)?;
             if sync {
                 // Managed memory the CPU touches next: done before the return.
-                super::mem::finish_if_host(dst, src)?;
+                crate::state::copies::finish_if_host(dst, src)?;
             }
             Ok(())
         }

@@ -565,7 +565,7 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
                 (true, 3) => {}
                 // The pool's own device keeps its access, as natively.
                 (true, _) => return Err(CUDA_ERROR_INVALID_VALUE),
-                (false, 3) if super::peer::can_reach(dev, pl.dev) => peers.push(dev),
+                (false, 3) if crate::state::copies::can_reach(dev, pl.dev) => peers.push(dev),
                 (false, 3) => return Err(CUDA_ERROR_INVALID_DEVICE),
                 (false, _) => return Err(crate::unsupported::unsupported(
                     "cuMemPoolSetAccess other than read-write (read-only, or taking access away)",
@@ -573,7 +573,7 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
             }
         }
         for dev in peers {
-            super::peer::ask_server(dev, pl.dev)?;
+            crate::state::copies::ask_server(dev, pl.dev)?;
             lock(&pl.state).peers |= 1 << dev;
         }
         Ok(())

@@ -14,6 +14,7 @@ pub mod answers;
 pub mod blocks;
 pub mod capture;
 pub mod cls;
+pub mod copies;
 pub mod ctx;
 pub mod device;
 pub mod entry;

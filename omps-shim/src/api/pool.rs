@@ -14,14 +14,17 @@
 //! through the server (pool_share.rs); its freed blocks are not kept, since another
 //! process may still hold them.
 
+use super::vmm::call_raw;
+use super::vmm_share::POSIX_FD;
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, POOL_MAGIC};
 use crate::state::blocks::alloc;
 use crate::state::entry::{entry, out};
 use crate::state::streams::{per_thread, resolve_stream, CUstream};
+use omps_ring::wire::vmm;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 #[derive(Default)]
@@ -56,16 +59,12 @@ pub struct Pool {
     pub(crate) dev: usize,
     is_default: bool,
     state: Mutex<PoolState>,
-    pub(crate) share: super::pool_share::Share,
+    pub(crate) share: Share,
 }
 
 pub type CUmemoryPool = *mut Pool;
 
-pub(crate) fn new_pool(
-    dev: usize,
-    is_default: bool,
-    share: super::pool_share::Share,
-) -> &'static Pool {
+pub(crate) fn new_pool(dev: usize, is_default: bool, share: Share) -> &'static Pool {
     let reuse = [1, 1, 1]; // the driver's defaults
                            // SAFETY: freshly leaked, never freed (handles stay readable, see handles.rs).
     unsafe {
@@ -100,6 +99,56 @@ fn devices() -> Result<&'static Devices, CUresult> {
             current: Mutex::new(current),
         }
     }))
+}
+
+/// How a pool is shared (pool_share.rs shares it).
+#[derive(Default)]
+pub struct Share {
+    /// The handle types it was made exportable as (0: not exportable).
+    pub(crate) handle_types: c_uint,
+    /// This process's number for it, which the server knows it by.
+    pub(crate) number: u32,
+    /// The server's key of the pool it was imported as.
+    pub(crate) imported: Option<u64>,
+    /// The server's key of this process's pool, once exported.
+    pub(crate) exported: Mutex<Option<u64>>,
+}
+
+impl Share {
+    /// Sharing for a new pool of `handle_types` (CUmemPoolProps::handleTypes).
+    pub(crate) fn new(handle_types: c_uint) -> Result<Self, CUresult> {
+        const FABRIC: c_uint = 8;
+        const NOT_PERMITTED: CUresult = 800;
+        match handle_types {
+            0 => Ok(Share::default()),
+            POSIX_FD => {
+                static NEXT: AtomicU32 = AtomicU32::new(1);
+                Ok(Share {
+                    handle_types,
+                    number: NEXT.fetch_add(1, Ordering::Relaxed),
+                    ..Default::default()
+                })
+            }
+            // As the driver answers where no fabric is set up (api/vmm.rs).
+            t if t & FABRIC != 0 => Err(NOT_PERMITTED),
+            _ => Err(crate::unsupported::unsupported(
+                "cuMemPoolCreate with a handle type other than a POSIX descriptor",
+            )),
+        }
+    }
+
+    /// Whether other processes may hold its blocks: they are not kept for reuse.
+    pub(crate) fn exportable(&self) -> bool {
+        self.handle_types != 0
+    }
+}
+
+/// A pool is destroyed: the server forgets this process's part in sharing it.
+pub(crate) fn destroyed(p: &Pool) {
+    let exported = *p.share.exported.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(key) = exported.or(p.share.imported) {
+        let _ = call_raw::<[u64; 3]>(p.dev, vmm::POOL_RELEASE, 0, [key, 0, 0]);
+    }
 }
 
 /// What the driver answers the stream-ordered allocator's calls on a device without it
@@ -378,7 +427,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         if pr.alloc_type != ALLOC_PINNED || pr.location_type != LOCATION_DEVICE {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let share = super::pool_share::Share::new(pr.handle_types)?;
+        let share = Share::new(pr.handle_types)?;
         crate::state::device::device(pr.location_id)?;
         pools_on(pr.location_id as usize)?;
         let p = new_pool(pr.location_id as usize, false, share);
@@ -396,7 +445,7 @@ pub extern "C" fn cuMemPoolDestroy(p: CUmemoryPool) -> CUresult {
         }
         trim(pl, 0);
         retire(&pl.magic, POOL_MAGIC)?;
-        super::pool_share::destroyed(pl);
+        destroyed(pl);
         // A destroyed current pool leaves its device with the default one.
         let d = devices()?;
         let mut cur = lock(&d.current);

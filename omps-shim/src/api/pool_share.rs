@@ -10,7 +10,7 @@
 //! exporter's own device pointer; freeing it (cuMemFree or cuMemFreeAsync) gives up this
 //! process's hold, and the exporter's free leaves the memory to the last importer.
 
-use super::pool::{new_pool, pool, CUmemoryPool, Pool};
+use super::pool::{new_pool, pool, CUmemoryPool, Pool, Share};
 use super::vmm::call_raw;
 use super::vmm_share::{read_descriptor, write_descriptor, POSIX_FD};
 use crate::cuda::*;
@@ -18,61 +18,9 @@ use crate::state::entry::{entry, out};
 use omps_ring::wire::vmm;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 
 const POOL_MAGIC: [u8; 8] = *b"omps-pol";
 const PTR_MAGIC: [u8; 8] = *b"omps-ppt";
-
-/// How a pool is shared.
-#[derive(Default)]
-pub struct Share {
-    /// The handle types it was made exportable as (0: not exportable).
-    handle_types: c_uint,
-    /// This process's number for it, which the server knows it by.
-    number: u32,
-    /// The server's key of the pool it was imported as.
-    pub(crate) imported: Option<u64>,
-    /// The server's key of this process's pool, once exported.
-    exported: Mutex<Option<u64>>,
-}
-
-impl Share {
-    /// Sharing for a new pool of `handle_types` (CUmemPoolProps::handleTypes).
-    pub(crate) fn new(handle_types: c_uint) -> Result<Self, CUresult> {
-        const FABRIC: c_uint = 8;
-        const NOT_PERMITTED: CUresult = 800;
-        match handle_types {
-            0 => Ok(Share::default()),
-            POSIX_FD => {
-                static NEXT: AtomicU32 = AtomicU32::new(1);
-                Ok(Share {
-                    handle_types,
-                    number: NEXT.fetch_add(1, Ordering::Relaxed),
-                    ..Default::default()
-                })
-            }
-            // As the driver answers where no fabric is set up (api/vmm.rs).
-            t if t & FABRIC != 0 => Err(NOT_PERMITTED),
-            _ => Err(crate::unsupported::unsupported(
-                "cuMemPoolCreate with a handle type other than a POSIX descriptor",
-            )),
-        }
-    }
-
-    /// Whether other processes may hold its blocks: they are not kept for reuse.
-    pub(crate) fn exportable(&self) -> bool {
-        self.handle_types != 0
-    }
-}
-
-/// A pool is destroyed: the server forgets this process's part in sharing it.
-pub(crate) fn destroyed(p: &Pool) {
-    let exported = *p.share.exported.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(key) = exported.or(p.share.imported) {
-        let _ = call_raw::<[u64; 3]>(p.dev, vmm::POOL_RELEASE, 0, [key, 0, 0]);
-    }
-}
 
 /// # Safety
 /// `handle` is null or a writable int.

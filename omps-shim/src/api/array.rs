@@ -6,7 +6,7 @@
 //! Texture and surface objects are the driver's values (kernels read them as they are);
 //! the descriptors they were made from are kept here for the queries.
 
-use super::hostmem::Memcpy3D;
+use super::copy_any::{copy_linear_3d, Memcpy3D};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
 use crate::state::blocks::{alloc, free_block};
@@ -423,7 +423,7 @@ pub(crate) fn copy(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult
             (h.src_x, h.src_y, h.src_z, h.src_pitch, h.src_height) =
                 (0, 0, 0, extent[0], extent[1]);
         }
-        super::hostmem::copy_3d(&h, s, sync)
+        copy_linear_3d(&h, s, sync)
     };
     let r = if src_host || dst_host {
         let n = extent[0] * extent[1] * extent[2];

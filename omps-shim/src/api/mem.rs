@@ -241,7 +241,7 @@ fn uva_copy(
         named_dev && range_info(p).is_none() && crate::state::host_ranges::is_pinned_host(p, n)
     };
     (pinned(dst, dst_dev) || pinned(src, src_dev))
-        .then(|| super::hostmem::copy_any(dst, src, n, s, sync))
+        .then(|| super::copy_any::copy_any(dst, src, n, s, sync))
 }
 
 /// # Safety

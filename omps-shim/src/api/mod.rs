@@ -9,6 +9,7 @@
 
 pub mod array;
 pub mod capture;
+pub mod copy_any;
 pub mod ctx;
 pub mod ctx_params;
 pub mod device;

@@ -27,6 +27,7 @@ pub mod mem;
 pub mod module;
 pub mod peer;
 pub mod pool;
+pub mod pool_attr;
 pub mod pool_share;
 pub mod proc;
 pub mod ptds;

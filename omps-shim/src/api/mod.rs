@@ -35,6 +35,7 @@ pub mod query;
 pub mod staged;
 pub mod stream_info;
 pub mod tensor_map;
+pub mod tex_object;
 pub mod user_object;
 pub mod vmm;
 pub mod vmm_share;

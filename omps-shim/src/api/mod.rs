@@ -21,6 +21,7 @@ pub mod green;
 pub mod green_res;
 pub mod hostmem;
 pub mod ipc;
+pub mod kernel_launch;
 pub mod link;
 pub mod managed;
 pub mod mem;

@@ -17,6 +17,7 @@ pub mod exec;
 pub mod graph;
 pub mod graph_build;
 pub mod graph_mem;
+pub mod graph_update;
 pub mod green;
 pub mod green_res;
 pub mod hostmem;

@@ -2,6 +2,8 @@
 //! the channels that carry synchronous calls, and waiting that never hangs on a lost server.
 
 use crate::cuda::*;
+/// The server's bounds on what the client holds, under the path they always had.
+pub use crate::quota::Quota;
 /// The environment's settings for the server, under the path they always had.
 pub use crate::settings::{settings_from, settings_from_env};
 use omps_ring::futex::{self, Doorbell, WaitResult};
@@ -41,38 +43,6 @@ pub struct Conn {
     /// Streams and events the server lets this client hold, and how many it holds.
     pub streams: Quota,
     pub events: Quota,
-}
-
-/// A bound the server set on what the client holds, and the count held.
-pub struct Quota {
-    max: u32,
-    held: AtomicU32,
-}
-
-impl Quota {
-    fn new(max: u32) -> Quota {
-        Quota {
-            max,
-            held: AtomicU32::new(0),
-        }
-    }
-
-    /// One more held: CUDA_ERROR_OUT_OF_MEMORY at the bound, as the driver answers when
-    /// it can make no more.
-    pub fn take(&self) -> Result<(), CUresult> {
-        self.held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .map(drop)
-            .map_err(|_| crate::cuda::CUDA_ERROR_OUT_OF_MEMORY)
-    }
-
-    pub fn give_back(&self) {
-        let _ = self
-            .held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-    }
 }
 
 /// A channel held by one thread for the length of a call.

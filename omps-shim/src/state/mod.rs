@@ -3,7 +3,9 @@
 //! storage (cls), stream, event and function handles and their synchronizations
 //! (streams, green), capture bookkeeping (capture), device memory ranges (ranges),
 //! loaded modules (modules), cached driver answers (answers), launch configurations
-//! (launch) and the mirrors of registered host memory (host_mirror).
+//! (launch), the mirrors of registered host memory (host_mirror), page-locked and managed
+//! host ranges (host_ranges), plain device blocks and imported allocations (blocks), and
+//! the copy paths the memory families share (copies).
 //!
 //! Owns: everything more than one API family reads or changes.
 //! May use: `crate::conn` (the ring to the server), `crate::handles`, `crate::cuda`,

@@ -2,6 +2,10 @@
 //! the channels that carry synchronous calls, and waiting that never hangs on a lost server.
 
 use crate::cuda::*;
+/// The server's bounds on what the client holds, under the path they always had.
+pub use crate::quota::Quota;
+/// The environment's settings for the server, under the path they always had.
+pub use crate::settings::{settings_from, settings_from_env};
 use omps_ring::futex::{self, Doorbell, WaitResult};
 use omps_ring::ring::{Producer, PushError};
 use omps_ring::segment::{
@@ -39,38 +43,6 @@ pub struct Conn {
     /// Streams and events the server lets this client hold, and how many it holds.
     pub streams: Quota,
     pub events: Quota,
-}
-
-/// A bound the server set on what the client holds, and the count held.
-pub struct Quota {
-    max: u32,
-    held: AtomicU32,
-}
-
-impl Quota {
-    fn new(max: u32) -> Quota {
-        Quota {
-            max,
-            held: AtomicU32::new(0),
-        }
-    }
-
-    /// One more held: CUDA_ERROR_OUT_OF_MEMORY at the bound, as the driver answers when
-    /// it can make no more.
-    pub fn take(&self) -> Result<(), CUresult> {
-        self.held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .map(drop)
-            .map_err(|_| crate::cuda::CUDA_ERROR_OUT_OF_MEMORY)
-    }
-
-    pub fn give_back(&self) {
-        let _ = self
-            .held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-    }
 }
 
 /// A channel held by one thread for the length of a call.
@@ -640,90 +612,6 @@ impl<'a> ChanGuard<'a> {
         self.st.chunk_seq[k] = self.st.seq;
         self.st.seq
     }
-}
-
-/// What the environment asks of the server, as MPS's clients read it:
-/// `CUDA_MPS_CLIENT_PRIORITY` (0 normal, 1 below normal), omps's `OMPS_CLIENT_QOS`
-/// (`normal`, `below-normal`, `latency-critical`; it wins over the former),
-/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (a percentage, can only lower the server's default),
-/// `CUDA_MPS_SM_PARTITION` and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (can only lower limits). A value that makes no sense is an error naming it.
-pub fn settings_from_env() -> Result<wire::ClientSettings, String> {
-    settings_from(|k| std::env::var(k).ok())
-}
-
-pub fn settings_from(var: impl Fn(&str) -> Option<String>) -> Result<wire::ClientSettings, String> {
-    let mut s = wire::ClientSettings::none();
-    s.ns_pid = std::process::id();
-    if let Some(v) = var("CUDA_MPS_CLIENT_PRIORITY") {
-        s.qos = match v.trim() {
-            "0" => 0,
-            "1" => 1,
-            _ => {
-                return Err(format!(
-                    "CUDA_MPS_CLIENT_PRIORITY={v}: must be 0 (normal) or 1 (below normal)"
-                ))
-            }
-        };
-    }
-    if let Some(v) = var("OMPS_CLIENT_QOS") {
-        s.qos = match v.trim() {
-            "normal" | "0" => 0,
-            "below-normal" | "1" => 1,
-            "latency-critical" | "2" => 2,
-            _ => {
-                return Err(format!(
-                    "OMPS_CLIENT_QOS={v}: must be normal, below-normal or latency-critical"
-                ))
-            }
-        };
-    }
-    if let Some(v) = var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") {
-        s.thread_milli_pct = wire::parse_percentage(&v)
-            .ok_or_else(|| format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={v}: must be a percentage above 0 and at most 100"))?;
-    }
-    if let Some(v) = var("CUDA_MPS_SM_PARTITION") {
-        let v = v.trim();
-        if v.is_empty() || v.len() >= s.partition.len() {
-            return Err(format!(
-                "CUDA_MPS_SM_PARTITION={v}: must be a partition as lspart names it (UUID/ID)"
-            ));
-        }
-        s.partition[..v.len()].copy_from_slice(v.as_bytes());
-    }
-    // The devices it may see, as natively: CUDA_VISIBLE_DEVICES, else (in a container,
-    // where the runtime mounts only these GPUs) NVIDIA_VISIBLE_DEVICES. Empty or `void`
-    // there means none; the server resolves the list against its GPUs.
-    let visible = var("CUDA_VISIBLE_DEVICES").or_else(|| {
-        var("NVIDIA_VISIBLE_DEVICES").map(|v| match v.trim() {
-            "none" | "void" | "" => "void".to_string(),
-            v => v.to_string(),
-        })
-    });
-    if let Some(v) = visible {
-        let v = v.trim();
-        if v.len() >= s.visible.len() {
-            return Err(format!(
-                "CUDA_VISIBLE_DEVICES={v}: longer than {} bytes",
-                s.visible.len() - 1
-            ));
-        }
-        // An empty list is the server's "none": marked so it is not read as unsaid.
-        let v = if v.is_empty() { "void" } else { v };
-        s.visible[..v.len()].copy_from_slice(v.as_bytes());
-    }
-    if let Some(v) = var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
-        let v = v.trim();
-        omps_ring::memlimit::parse_limits(v)
-            .map_err(|why| format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v}: {why}"))?;
-        if v.len() >= s.mem_limit.len() {
-            return Err(format!(
-                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v}: longer than {} bytes",
-                s.mem_limit.len() - 1
-            ));
-        }
-        s.mem_limit[..v.len()].copy_from_slice(v.as_bytes());
-    }
-    Ok(s)
 }
 
 #[cfg(test)]

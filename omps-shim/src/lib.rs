@@ -19,6 +19,8 @@ pub mod integrity;
 pub mod pcopy;
 pub mod preload;
 pub mod printf;
+pub mod quota;
+pub mod settings;
 pub mod stats;
 pub mod unsupported;
 

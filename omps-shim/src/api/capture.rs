@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 /// The handle types of this family, named where the program sees them.
 pub use crate::state::capture::CUgraph;
 
-fn capture_call(op: Op, s: CUstream, mode: c_uint) -> Result<(usize, u64), CUresult> {
+pub(crate) fn capture_call(op: Op, s: CUstream, mode: c_uint) -> Result<(usize, u64), CUresult> {
     let (id, dev) = stream_dev(s)?;
     let c = live()?;
     let mut ch = c.channel();
@@ -69,7 +69,7 @@ pub(crate) fn begin_to(
 /// The books of a capture the server began on stream `s` in `mode`, which ends in
 /// `handle` (a graph the caller holds) or in a handle made now; `into` names the graph
 /// built by hand that receives what it captured (cuStreamBeginCaptureToGraph).
-fn begun(
+pub(crate) fn begun(
     s: CUstream,
     handle: Option<CUgraph>,
     mode: c_uint,
@@ -157,13 +157,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) ->
                         .id
                         .store(id as u32, Ordering::Release);
                     let g = into.graph as CUgraph;
-                    super::graph_build::add_captured(
-                        g,
-                        &into.deps,
-                        dev,
-                        id as u32,
-                        h as *mut GraphHandle,
-                    )?;
+                    (into.add)(g, &into.deps, dev, id as u32, h as *mut GraphHandle)?;
                     if graph.is_null() {
                         return Ok(());
                     }
@@ -226,154 +220,4 @@ fn ends_in_given_graph(s: CUstream) -> bool {
 pub unsafe extern "C" fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) -> CUresult {
     // SAFETY: forwarded contract.
     per_thread(|| unsafe { cuStreamEndCapture(s, graph) })
-}
-
-/// Capturing into an existing graph: the bodies of a conditional node added to a capture
-/// (how the CUDA guide and PyTorch fill them), with no dependencies; or a graph built by
-/// hand, which receives what was captured as one child-graph node after `deps` (the
-/// capture is an ordinary one on the server, and its graph the node's). Graphs the server
-/// captured are not captured into.
-fn begin_to_graph(
-    s: CUstream,
-    g: CUgraph,
-    deps: *const *mut crate::handles::GraphNode,
-    n: usize,
-    mode: c_uint,
-) -> Result<(), CUresult> {
-    if mode > MODE_RELAXED || (n > 0 && deps.is_null()) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: the caller passed a graph handle, as the API requires.
-    let h = unsafe { crate::handles::resolve(g as *const GraphHandle, GRAPH_MAGIC) }?;
-    if super::graph_build::is_built(g) {
-        // SAFETY: forwarded contract: n node handles.
-        let deps = unsafe { super::graph_build::check_deps(g, deps, n) }?;
-        let (_, dev) = stream_dev(s)?;
-        if dev != h.dev {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        capture_call(Op::CaptureBegin, s, mode)?;
-        let into = IntoBuilt {
-            graph: g as usize,
-            deps,
-        };
-        return begun(s, None, mode, Some(into));
-    }
-    if !super::graph_build::is_captured_body(g) {
-        return Err(crate::unsupported::unsupported(
-            "cuStreamBeginCaptureToGraph into a graph other than a conditional node's body",
-        ));
-    }
-    if n > 0 {
-        return Err(crate::unsupported::unsupported(
-            "cuStreamBeginCaptureToGraph with dependencies",
-        ));
-    }
-    begin_to(s, h.id(), Some(g), mode)
-}
-
-/// # Safety
-/// `deps` is null or holds `n` node handles.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
-    s: CUstream,
-    g: CUgraph,
-    deps: *const *mut crate::handles::GraphNode,
-    _data: *const u8,
-    n: usize,
-    mode: c_uint,
-) -> CUresult {
-    entry(|| begin_to_graph(s, g, deps, n, mode))
-}
-
-/// # Safety
-/// As [`cuStreamBeginCaptureToGraph`].
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
-    s: CUstream,
-    g: CUgraph,
-    deps: *const *mut crate::handles::GraphNode,
-    data: *const u8,
-    n: usize,
-    mode: c_uint,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    per_thread(|| unsafe { cuStreamBeginCaptureToGraph(s, g, deps, data, n, mode) })
-}
-
-/// What omps takes of cuStreamUpdateCaptureDependencies: moving a capture past the
-/// conditional node just added to it, which the server already did when it added the
-/// node (graph_build/cond.rs). The capture's other nodes are the server's and have no
-/// handles here.
-fn update_dependencies(
-    s: CUstream,
-    deps: *const *mut crate::handles::GraphNode,
-    n: usize,
-    flags: c_uint,
-) -> Result<(), CUresult> {
-    const SET: c_uint = 1;
-    if flags > SET || (n > 0 && deps.is_null()) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let (stream, dev) = stream_dev(s)?;
-    // SAFETY: n > 0 and non-null: the caller's array of n handles.
-    let first = (n == 1).then(|| unsafe { *deps });
-    match first {
-        Some(node) if flags == SET && super::graph_build::added_on(node, dev, stream) => Ok(()),
-        _ => Err(crate::unsupported::unsupported(
-            "cuStreamUpdateCaptureDependencies beyond moving a capture past a conditional node added to it",
-        )),
-    }
-}
-
-/// # Safety
-/// `deps` is null or holds `n` node handles.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies(
-    s: CUstream,
-    deps: *const *mut crate::handles::GraphNode,
-    n: usize,
-    flags: c_uint,
-) -> CUresult {
-    entry(|| update_dependencies(s, deps, n, flags))
-}
-
-/// # Safety
-/// As [`cuStreamUpdateCaptureDependencies`]; `data` (edge data) is null or default.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_v2(
-    s: CUstream,
-    deps: *const *mut crate::handles::GraphNode,
-    _data: *const u8,
-    n: usize,
-    flags: c_uint,
-) -> CUresult {
-    entry(|| update_dependencies(s, deps, n, flags))
-}
-
-/// # Safety
-/// As [`cuStreamUpdateCaptureDependencies`].
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_ptsz(
-    s: CUstream,
-    deps: *const *mut crate::handles::GraphNode,
-    n: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    per_thread(|| unsafe { cuStreamUpdateCaptureDependencies(s, deps, n, flags) })
-}
-
-/// # Safety
-/// As [`cuStreamUpdateCaptureDependencies_v2`].
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_v2_ptsz(
-    s: CUstream,
-    deps: *const *mut crate::handles::GraphNode,
-    data: *const u8,
-    n: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    per_thread(|| unsafe { cuStreamUpdateCaptureDependencies_v2(s, deps, data, n, flags) })
 }

@@ -13,8 +13,8 @@
 //! the sum of a graph's allocations, where the driver would reuse memory between an
 //! allocation freed inside the graph and a later one (docs/design.md, section 7).
 
-use super::mem::{alloc, free_block};
 use crate::cuda::*;
+use crate::state::blocks::{alloc, free_block};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};

@@ -8,162 +8,17 @@
 //! stage and kernels cannot reach (cuMemHostGetDevicePointer then says NOT_SUPPORTED).
 //! cuMemHostRegister of the program's own memory is bookkeeping; copies from it stage.
 
-use super::mem::{copy_dtod, copy_dtoh, copy_htod};
+pub use super::copy_any::Memcpy3D;
+use super::copy_any::{copy_any, copy_linear_3d, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST};
 use crate::cuda::*;
 use crate::state::entry::{entry, live, out};
+use crate::state::host_ranges::*;
 use crate::state::ranges::range_info;
 use crate::state::streams::CUstream;
 use omps_ring::shm::{self, Mapping};
 use omps_ring::wire::hostmem;
-use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::Mutex;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
-    /// Shared with the server and registered there: DMA and zero-copy.
-    Shared,
-    /// The shim's own memory (the fallback): staged.
-    Private,
-    /// The program's memory, registered with cuMemHostRegister: staged.
-    Registered,
-}
-
-#[derive(Clone, Copy)]
-struct HostRange {
-    len: usize,
-    flags: u32,
-    kind: Kind,
-}
-
-static HOST: Mutex<BTreeMap<usize, HostRange>> = Mutex::new(BTreeMap::new());
-static SHARED_MAPS: Mutex<Option<HashMap<usize, Mapping>>> = Mutex::new(None);
-
-fn host_range(p: usize) -> Option<(usize, HostRange)> {
-    let h = HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let (&s, &r) = h.range(..=p).next_back()?;
-    (p < s + r.len).then_some((s, r))
-}
-
-/// Whether `[p, p+len)` lies in one shared (server-registered) allocation.
-pub(crate) fn is_shared(p: u64, len: usize) -> bool {
-    host_range(p as usize)
-        .is_some_and(|(s, r)| r.kind == Kind::Shared && p as usize + len <= s + r.len)
-}
-
-/// Whether `[p, p+len)` lies in one page-locked range the server cannot reach (the
-/// shim's own fallback memory, or program memory registered in place of nothing).
-pub(crate) fn is_unshared_host(p: u64, len: usize) -> bool {
-    host_range(p as usize).is_some_and(|(s, r)| {
-        r.kind != Kind::Shared
-            && (p as usize)
-                .checked_add(len)
-                .is_some_and(|e| e <= s + r.len)
-    })
-}
-
-/// Whether `[p, p+len)` lies in one page-locked range of any kind: under unified
-/// addressing such memory is a valid "device" pointer for the copies that name a
-/// direction (cuMemcpyDtoD with a pinned buffer on one side, as XLA's autotuner does).
-pub(crate) fn is_pinned_host(p: u64, len: usize) -> bool {
-    is_shared(p, len) || is_unshared_host(p, len)
-}
-
-/// With unified addressing every page-locked allocation is mapped: the driver reports
-/// CU_MEMHOSTALLOC_DEVICEMAP whether or not it was asked for.
-const DEVICEMAP: u32 = 2;
-
-fn shared_alloc(len: usize) -> Option<usize> {
-    let c = live().ok()?;
-    let fd = shm::create_segment("omps-pinned", len).ok()?;
-    // The server maps the memfd at the same address, which may already be in use there
-    // (its own mappings, the driver's address reservations): then try elsewhere, at
-    // random addresses between the programs' heaps and their mmap areas.
-    for attempt in 0..PIN_ATTEMPTS {
-        let hint = if attempt == 0 { 0 } else { random_hint() };
-        let map = Mapping::map_near(fd.as_fd(), len, hint).ok()?;
-        let addr = map.as_ptr() as usize;
-        if c.host_request(hostmem::PIN, addr as u64, len as u64, Some(fd.as_raw_fd()))
-            .is_ok()
-        {
-            SHARED_MAPS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert_with(HashMap::new)
-                .insert(addr, map);
-            return Some(addr);
-        }
-    }
-    None
-}
-
-const PIN_ATTEMPTS: usize = 4;
-
-/// A 2 MiB-aligned address in [16 TiB, 80 TiB): above the heaps of both processes and
-/// below where Linux puts executables (about 85 TiB) and the mmap area (near 128 TiB).
-fn random_hint() -> usize {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static STATE: AtomicU64 = AtomicU64::new(0);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-        ^ (std::process::id() as u64) << 32;
-    let mut x = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed) ^ seed;
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-    x ^= x >> 33;
-    const LOW: u64 = 16 << 40;
-    const SPAN: u64 = 64 << 40;
-    (LOW + (x % SPAN) / (2 << 20) * (2 << 20)) as usize
-}
-
-/// Whether `p` starts a shared allocation made by cuMemHostAlloc (not a registration).
-fn allocated_here(p: usize) -> bool {
-    SHARED_MAPS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .is_some_and(|m| m.contains_key(&p))
-}
-
-/// Not a CUDA flag: marks managed memory (api/managed.rs), which is shared memory that
-/// is also one of the client's device ranges.
-pub(crate) const MANAGED: u32 = 1 << 31;
-
-pub(crate) fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void, CUresult> {
-    live()?;
-    if size == 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let len = size
-        .checked_next_multiple_of(4096)
-        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-    let (p, kind) = match shared_alloc(len) {
-        Some(p) => (p, Kind::Shared),
-        // Managed memory must be the GPU's to reach.
-        None if flags & MANAGED != 0 => return Err(CUDA_ERROR_OUT_OF_MEMORY),
-        None => {
-            let layout = std::alloc::Layout::from_size_align(len, 4096)
-                .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-            // SAFETY: non-zero size.
-            let p = unsafe { std::alloc::alloc_zeroed(layout) };
-            if p.is_null() {
-                return Err(CUDA_ERROR_OUT_OF_MEMORY);
-            }
-            (p as usize, Kind::Private)
-        }
-    };
-    HOST.lock().unwrap_or_else(|e| e.into_inner()).insert(
-        p,
-        HostRange {
-            len,
-            flags: flags | DEVICEMAP,
-            kind,
-        },
-    );
-    Ok(p as *mut c_void)
-}
 
 /// # Safety
 /// `pp` is null or writable.
@@ -198,54 +53,6 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
         }
         free_host(p as usize, false)
     })
-}
-
-/// The managed allocation holding `p`: (start, length).
-pub(crate) fn managed_range(p: usize) -> Option<(usize, usize)> {
-    host_range(p).and_then(|(s, r)| (r.flags & MANAGED != 0).then_some((s, r.len)))
-}
-
-/// Frees what host_alloc made at `p`: page-locked memory (cuMemFreeHost) or, with
-/// `managed`, managed memory (cuMemFree).
-pub(crate) fn free_host(p: usize, managed: bool) -> Result<(), CUresult> {
-    {
-        let p = p as *mut c_void;
-        let r = {
-            let mut h = HOST.lock().unwrap_or_else(|e| e.into_inner());
-            match h.get(&(p as usize)) {
-                Some(r)
-                    if (r.flags & MANAGED != 0) == managed
-                        && (r.kind == Kind::Private
-                            || (r.kind == Kind::Shared && allocated_here(p as usize))) =>
-                {
-                    h.remove(&(p as usize)).expect("present")
-                }
-                _ => return Err(CUDA_ERROR_INVALID_VALUE),
-            }
-        };
-        match r.kind {
-            Kind::Shared => {
-                // The server releases its side once this client's queued work is done.
-                let res = live()?.host_request(hostmem::UNPIN, p as u64, r.len as u64, None);
-                SHARED_MAPS
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_or_insert_with(HashMap::new)
-                    .remove(&(p as usize));
-                res
-            }
-            _ => {
-                // SAFETY: allocated by host_alloc with this size and alignment.
-                unsafe {
-                    std::alloc::dealloc(
-                        p as *mut u8,
-                        std::alloc::Layout::from_size_align_unchecked(r.len, 4096),
-                    )
-                };
-                Ok(())
-            }
-        }
-    }
 }
 
 /// # Safety
@@ -410,58 +217,6 @@ pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     })
 }
 
-/// With unified addressing a pointer says what it is: the client's device ranges, or host.
-fn is_device(p: u64) -> bool {
-    range_info(p).is_some()
-}
-
-pub(crate) fn copy_any(
-    dst: u64,
-    src: u64,
-    len: usize,
-    s: CUstream,
-    sync: bool,
-) -> Result<(), CUresult> {
-    match (is_device(dst), is_device(src)) {
-        (true, true) => {
-            copy_dtod(dst, src, len, s)?;
-            if sync {
-                // Managed memory the CPU touches next: done before the return.
-                super::mem::finish_if_host(dst, src)?;
-            }
-            Ok(())
-        }
-        (true, false) => copy_htod(dst, src as *const u8, len, s, sync),
-        (false, true) => copy_dtoh(dst as *mut u8, src, len, s, sync),
-        (false, false) => {
-            if !sync && len > 0 {
-                if let Some(id) = super::staged::capturing(s)? {
-                    // In a capture: a host node copying on every replay.
-                    return super::staged::capture_copy(
-                        None,
-                        0,
-                        dst as usize,
-                        src as usize,
-                        len,
-                        s,
-                        id,
-                    );
-                }
-            }
-            if len > 0 && !sync {
-                // In stream order: what the stream's earlier work writes to either buffer
-                // (page-locked memory kernels reach) lands before the bytes move.
-                crate::state::streams::stream_sync(s)?;
-            }
-            if len > 0 {
-                // SAFETY: both are host memory of len bytes, per cuMemcpy's contract.
-                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
-            }
-            Ok(())
-        }
-    }
-}
-
 #[no_mangle]
 pub extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
     entry(|| copy_any(dst, src, n, std::ptr::null_mut(), true))
@@ -475,41 +230,6 @@ pub extern "C" fn cuMemcpyAsync(
     s: CUstream,
 ) -> CUresult {
     entry(|| copy_any(dst, src, n, s, false))
-}
-
-const MEMORYTYPE_HOST: c_uint = 1;
-const MEMORYTYPE_DEVICE: c_uint = 2;
-const MEMORYTYPE_UNIFIED: c_uint = 4;
-
-/// CUDA_MEMCPY3D as cuda.h lays it out; CUDA_MEMCPY2D is read into the same shape.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Memcpy3D {
-    pub src_x: usize,
-    pub src_y: usize,
-    pub src_z: usize,
-    pub src_lod: usize,
-    pub src_type: c_uint,
-    pub src_host: *const c_void,
-    pub src_device: CUdeviceptr,
-    pub src_array: *mut c_void,
-    pub reserved0: *mut c_void,
-    pub src_pitch: usize,
-    pub src_height: usize,
-    pub dst_x: usize,
-    pub dst_y: usize,
-    pub dst_z: usize,
-    pub dst_lod: usize,
-    pub dst_type: c_uint,
-    pub dst_host: *mut c_void,
-    pub dst_device: CUdeviceptr,
-    pub dst_array: *mut c_void,
-    pub reserved1: *mut c_void,
-    pub dst_pitch: usize,
-    pub dst_height: usize,
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
 }
 
 #[repr(C)]
@@ -533,59 +253,12 @@ pub struct Memcpy2D {
     pub height: usize,
 }
 
-fn base(kind: c_uint, host: usize, dev: u64) -> Result<u64, CUresult> {
-    match kind {
-        MEMORYTYPE_HOST => Ok(host as u64),
-        MEMORYTYPE_DEVICE | MEMORYTYPE_UNIFIED => Ok(dev),
-        _ => Err(CUDA_ERROR_INVALID_VALUE),
-    }
-}
-
-/// A pitched copy as rows of plain copies; one copy when both sides are contiguous. A
-/// copy with an array goes to api/array.rs.
+/// A 2D or 3D copy: through the array code where either side is an array.
 pub(crate) fn copy_3d(c: &Memcpy3D, s: CUstream, sync: bool) -> Result<(), CUresult> {
     if super::array::involves_array(c) {
         return super::array::copy(c, s, sync);
     }
-    if c.src_lod != 0 || c.dst_lod != 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let src = base(c.src_type, c.src_host as usize, c.src_device)?;
-    let dst = base(c.dst_type, c.dst_host as usize, c.dst_device)?;
-    let (sp, dp) = (c.src_pitch.max(c.width), c.dst_pitch.max(c.width));
-    let (sh, dh) = (c.src_height.max(c.height), c.dst_height.max(c.height));
-    let depth = c.depth.max(1);
-    let at = |b: u64, x: usize, y: usize, z: usize, pitch: usize, h: usize| {
-        b + (x + (y + z * h) * pitch) as u64
-    };
-    if c.width == sp
-        && c.width == dp
-        && c.src_x == 0
-        && c.dst_x == 0
-        && sh == c.height
-        && dh == c.height
-    {
-        let n = c.width * c.height * depth;
-        return copy_any(
-            at(dst, 0, c.dst_y, c.dst_z, dp, dh),
-            at(src, 0, c.src_y, c.src_z, sp, sh),
-            n,
-            s,
-            sync,
-        );
-    }
-    for z in 0..depth {
-        for y in 0..c.height {
-            copy_any(
-                at(dst, c.dst_x, c.dst_y + y, c.dst_z + z, dp, dh),
-                at(src, c.src_x, c.src_y + y, c.src_z + z, sp, sh),
-                c.width,
-                s,
-                sync,
-            )?;
-        }
-    }
-    Ok(())
+    copy_linear_3d(c, s, sync)
 }
 
 fn from_2d(c: &Memcpy2D) -> Memcpy3D {

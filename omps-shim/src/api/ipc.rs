@@ -111,7 +111,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
         let (p, dev) = on_any_device(c, here, open_on)?;
         if dev != here && flags & LAZY_ENABLE_PEER_ACCESS != 0 {
             // As the driver: the current context gets access to the memory's GPU.
-            super::peer::ask_server(here, dev)?;
+            crate::state::copies::ask_server(here, dev)?;
         }
         let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
         let n = opened

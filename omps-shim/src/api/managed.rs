@@ -11,9 +11,9 @@
 //! 4 KiB page and read back by cuMemRangeGetAttribute(s) as the driver answers them.
 //! `__managed__` variables of modules are not supported (docs/design.md, section 13).
 
-use super::hostmem::{free_host, host_alloc, managed_range, MANAGED};
 use crate::cuda::*;
 use crate::state::entry::{entry, out};
+use crate::state::host_ranges::{free_host, host_alloc, managed_range, MANAGED};
 use crate::state::ranges::{add_range, remove_range};
 use crate::state::streams::{stream_of, CUstream};
 use std::collections::HashMap;

@@ -2,36 +2,17 @@
 //! pipelined chunks, memsets. The shim keeps its own table of the client's ranges so bad
 //! pointers get their error synchronously, as from the driver; the server checks again.
 
-use super::hostmem::is_shared;
+use super::staged::{copy_dtoh, copy_htod};
 use crate::cuda::*;
+use crate::state::blocks::alloc;
 use crate::state::capture::stream_for;
+use crate::state::copies::{copy_dtod, finish_if_host, wait_stream};
 use crate::state::ctx::current_dev;
 use crate::state::entry::{entry, live, out};
 use crate::state::ranges::*;
 use crate::state::streams::CUstream;
-use omps_ring::segment::CHUNKS_PER_CHANNEL;
-use omps_ring::wire::{
-    self, CallHdr, ChunkCopy, CopyDtoD, MemAlloc, MemFree, Memset, Op, PinnedCopy,
-};
+use omps_ring::wire::{self, CallHdr, Memset, Op};
 use std::ffi::c_void;
-
-pub(crate) fn alloc(dev: usize, size: usize) -> Result<u64, CUresult> {
-    if size == 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let c = live()?;
-    let mut ch = c.channel();
-    ch.call(dev, Op::MemAlloc, |call| {
-        bytemuck::bytes_of(&MemAlloc {
-            call,
-            size: size as u64,
-        })
-        .to_vec()
-    })?;
-    let p = ch.reply::<wire::U64Reply>().value;
-    add_range(p, size as u64, dev, true);
-    Ok(p)
-}
 
 /// # Safety
 /// `dptr` is null or writable.
@@ -88,38 +69,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry(|| {
         crate::state::capture::unsafe_call_allowed()?;
-        free(ptr)
+        super::pool::free(ptr)
     })
-}
-
-/// cuMemFree's work, for frees the capture modes do not restrict (cuMemFreeAsync's).
-pub(crate) fn free(ptr: CUdeviceptr) -> Result<(), CUresult> {
-    if ptr == 0 || super::graph_mem::freed(ptr, false) {
-        // Graph memory is its graphs' to free (graph_mem.rs).
-        return Ok(());
-    }
-    if let Some(r) = super::managed::free(ptr) {
-        return r;
-    }
-    if let Some(r) = super::pool_share::free_imported(ptr) {
-        return r;
-    }
-    free_block(ptr)
-}
-
-/// Frees allocation `ptr`: the server frees it once the GPU is done with this client's
-/// queued work.
-pub(crate) fn free_block(ptr: u64) -> Result<(), CUresult> {
-    let c = live()?;
-    super::pool::forget(ptr);
-    let (_, dev, _) = {
-        let mut r = RANGES.lock().unwrap_or_else(|p| p.into_inner());
-        match r.get(&ptr) {
-            Some(&(_, _, true)) => r.remove(&ptr).expect("present"),
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        }
-    };
-    c.push(dev, Op::MemFree, &[bytemuck::bytes_of(&MemFree { ptr })])
 }
 
 /// # Safety
@@ -163,10 +114,10 @@ fn memset(
     // client's; the stream names the GPU that writes it.
     let dev = match range_dev(dst, bytes) {
         Ok(dev) => dev,
-        Err(_) if super::hostmem::is_shared(dst, bytes as usize) => {
+        Err(_) if crate::state::host_ranges::is_shared(dst, bytes as usize) => {
             crate::state::streams::stream_dev(stream)?.1
         }
-        Err(_) if super::hostmem::is_unshared_host(dst, bytes as usize) => {
+        Err(_) if crate::state::host_ranges::is_unshared_host(dst, bytes as usize) => {
             return memset_on_host(dst, value, elem_size, count, stream);
         }
         Err(e) => return Err(e),
@@ -211,16 +162,6 @@ fn memset_on_host(
         c.copy_from_slice(bytes);
     }
     Ok(())
-}
-
-/// A synchronous memset or device-to-device copy that touches page-locked or managed
-/// memory returns once done, as the driver's does (in device memory it need not).
-pub(crate) fn finish_if_host(dst: u64, src: u64) -> Result<(), CUresult> {
-    if super::hostmem::is_shared(dst, 1) || super::hostmem::is_shared(src, 1) {
-        crate::state::streams::stream_sync(std::ptr::null_mut())
-    } else {
-        Ok(())
-    }
 }
 
 macro_rules! memsets {
@@ -286,250 +227,6 @@ memsets_2d! {
     cuMemsetD2D32_v2, cuMemsetD2D32Async, u32, 4;
 }
 
-/// Host to device; a synchronous copy also delivers device printf output, as the driver's does.
-pub(crate) fn copy_htod(
-    dst: u64,
-    src: *const u8,
-    len: usize,
-    stream: CUstream,
-    sync: bool,
-) -> Result<(), CUresult> {
-    if !sync && len > 0 && !is_shared(src as u64, len) {
-        if let Some(id) = super::staged::capturing(stream)? {
-            // A pageable source in a capture: read on every replay (api/staged.rs).
-            range_dev(dst, len as u64)?;
-            return super::staged::capture_copy(Some(true), dst, src as usize, 0, len, stream, id);
-        }
-    }
-    let r = copy_htod_queued(dst, src, len, stream, sync);
-    if sync {
-        deliver_printf(dst, len, r.is_err());
-    }
-    r
-}
-
-/// Device to host; a synchronous copy also delivers device printf output.
-pub(crate) fn copy_dtoh(
-    dst: *mut u8,
-    src: u64,
-    len: usize,
-    stream: CUstream,
-    sync: bool,
-) -> Result<(), CUresult> {
-    if !sync && len > 0 && !is_shared(dst as u64, len) {
-        if let Some(id) = super::staged::capturing(stream)? {
-            // A pageable destination in a capture: written on every replay.
-            range_dev(src, len as u64)?;
-            return super::staged::capture_copy(Some(false), src, dst as usize, 0, len, stream, id);
-        }
-    }
-    let r = copy_dtoh_queued(dst, src, len, stream, sync);
-    if sync {
-        deliver_printf(src, len, r.is_err());
-    }
-    r
-}
-
-fn deliver_printf(dptr: u64, len: usize, failed: bool) {
-    if let Ok(dev) = range_dev(dptr, len as u64) {
-        if crate::printf::wanted(dev, failed) {
-            crate::printf::deliver(dev, failed, crate::printf::Covers::Unknown, 0);
-        }
-    }
-}
-
-/// Host to device through the staging chunks: copy a piece in while earlier pieces DMA.
-/// An asynchronous copy returns once the source is consumed, a blocking one once the
-/// data has landed.
-fn copy_htod_queued(
-    dst: u64,
-    src: *const u8,
-    len: usize,
-    stream: CUstream,
-    sync: bool,
-) -> Result<(), CUresult> {
-    if len == 0 {
-        return Ok(());
-    }
-    if src.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let dev = range_dev(dst, len as u64)?;
-    let (s, foreign) = stream_for(dev, stream)?;
-    let sync = sync || foreign;
-    if is_shared(src as u64, len) {
-        return pinned_copy(Op::CopyHtoDPinned, dev, dst, src as u64, len, s, sync);
-    }
-    let c = live()?;
-    if len <= wire::INLINE_COPY_MAX && len.is_multiple_of(4) && dst.is_multiple_of(4) {
-        // A few bytes travel in the record: no chunk to fill, wait for or signal.
-        let rec = wire::InlineCopy {
-            dev: dst,
-            stream: s,
-            len: len as u32,
-        };
-        // SAFETY: the caller's source holds len bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(src, len) };
-        c.push(dev, Op::CopyHtoDInline, &[bytemuck::bytes_of(&rec), bytes])?;
-        return if sync { wait_stream(dev, s) } else { Ok(()) };
-    }
-    let mut ch = c.channel();
-    let chunk = c.params().chunk_bytes as usize;
-    for (i, off) in (0..len).step_by(chunk).enumerate() {
-        let k = i % CHUNKS_PER_CHANNEL;
-        let n = chunk.min(len - off);
-        ch.wait_chunk(k)?;
-        let (p, _) = ch.chunk_ptr(k);
-        // SAFETY: the caller's source holds len bytes; the chunk holds `chunk` >= n bytes
-        // and is ours until its transfer is queued.
-        unsafe { crate::pcopy::copy(p, src.add(off), n) };
-        let seq = ch.claim_chunk(k);
-        let rec = ChunkCopy {
-            dev: dst + off as u64,
-            channel: ch.idx,
-            chunk: k as u32,
-            len: n as u32,
-            seq,
-            stream: s,
-            _pad: 0,
-        };
-        c.push(dev, Op::CopyHtoDChunk, &[bytemuck::bytes_of(&rec)])?;
-    }
-    drop(ch);
-    // A blocking copy's data is on the GPU when it returns: a kernel the program queues
-    // next on a stream that does not wait for this one must find it there.
-    if sync {
-        wait_stream(dev, s)?;
-    }
-    Ok(())
-}
-
-/// A copy between device memory and a shared pinned allocation: one DMA in stream
-/// order, no staging. A synchronous copy waits for it, as CUDA's does.
-fn pinned_copy(
-    op: Op,
-    dev: usize,
-    dptr: u64,
-    host: u64,
-    len: usize,
-    stream: u32,
-    sync: bool,
-) -> Result<(), CUresult> {
-    let c = live()?;
-    let rec = PinnedCopy {
-        dev: dptr,
-        host,
-        len: len as u64,
-        stream,
-        _pad: 0,
-    };
-    c.push(dev, op, &[bytemuck::bytes_of(&rec)])?;
-    if sync {
-        wait_stream(dev, stream)?;
-    }
-    Ok(())
-}
-
-/// Waits until everything queued on `stream` so far is done on the GPU.
-pub(crate) fn wait_stream(dev: usize, stream: u32) -> Result<(), CUresult> {
-    let c = live()?;
-    let mut ch = c.channel();
-    ch.call(dev, Op::StreamSync, |call| {
-        bytemuck::bytes_of(&wire::HandleCall {
-            call,
-            id: stream,
-            _pad: 0,
-        })
-        .to_vec()
-    })
-}
-
-/// Device to host: keep up to CHUNKS_PER_CHANNEL pieces in flight, copy each out as it lands.
-fn copy_dtoh_queued(
-    dst: *mut u8,
-    src: u64,
-    len: usize,
-    stream: CUstream,
-    sync: bool,
-) -> Result<(), CUresult> {
-    if len == 0 {
-        return Ok(());
-    }
-    if dst.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let dev = range_dev(src, len as u64)?;
-    let (s, foreign) = stream_for(dev, stream)?;
-    if is_shared(dst as u64, len) {
-        let sync = sync || foreign;
-        return pinned_copy(Op::CopyDtoHPinned, dev, src, dst as u64, len, s, sync);
-    }
-    let c = live()?;
-    let mut ch = c.channel();
-    ch.wait_all_chunks()?;
-    let chunk = c.params().chunk_bytes as usize;
-    let pieces: Vec<(usize, usize)> = (0..len)
-        .step_by(chunk)
-        .map(|off| (off, chunk.min(len - off)))
-        .collect();
-    let land = |ch: &mut crate::conn::ChanGuard, i: usize| -> Result<(), CUresult> {
-        let k = i % CHUNKS_PER_CHANNEL;
-        ch.wait_chunk(k)?;
-        let (p, _) = ch.chunk_ptr(k);
-        let (off, n) = pieces[i];
-        // SAFETY: the GPU has written n bytes into the chunk; the caller's buffer holds len.
-        unsafe { crate::pcopy::copy(dst.add(off), p, n) };
-        Ok(())
-    };
-    for (i, &(off, n)) in pieces.iter().enumerate() {
-        if i >= CHUNKS_PER_CHANNEL {
-            land(&mut ch, i - CHUNKS_PER_CHANNEL)?;
-        }
-        let k = i % CHUNKS_PER_CHANNEL;
-        let seq = ch.claim_chunk(k);
-        let rec = ChunkCopy {
-            dev: src + off as u64,
-            channel: ch.idx,
-            chunk: k as u32,
-            len: n as u32,
-            seq,
-            stream: s,
-            _pad: 0,
-        };
-        c.push(dev, Op::CopyDtoHChunk, &[bytemuck::bytes_of(&rec)])?;
-    }
-    for i in pieces.len().saturating_sub(CHUNKS_PER_CHANNEL)..pieces.len() {
-        land(&mut ch, i)?;
-    }
-    Ok(())
-}
-
-pub(crate) fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Result<(), CUresult> {
-    if len == 0 {
-        return Ok(());
-    }
-    let dev = range_dev(dst, len as u64)?;
-    let src_dev = range_dev(src, len as u64)?;
-    if src_dev != dev {
-        return super::peer::copy_between(dst, src, len, (dev, src_dev), stream);
-    }
-    let (s, wait) = stream_for(dev, stream)?;
-    let rec = CopyDtoD {
-        dst,
-        src,
-        len: len as u64,
-        stream: s,
-        _pad: 0,
-    };
-    live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])?;
-    if wait {
-        wait_stream(dev, s)?;
-    }
-    Ok(())
-}
-
-/// A copy that names its direction but has page-locked host memory where it says device:
-/// valid under unified addressing (the driver looks at the pointers, not the name), so it
 /// goes the way cuMemcpy goes. `None` when the named direction is the real one.
 fn uva_copy(
     dst: u64,
@@ -541,10 +238,10 @@ fn uva_copy(
     src_dev: bool,
 ) -> Option<Result<(), CUresult>> {
     let pinned = |p: u64, named_dev: bool| {
-        named_dev && range_info(p).is_none() && super::hostmem::is_pinned_host(p, n)
+        named_dev && range_info(p).is_none() && crate::state::host_ranges::is_pinned_host(p, n)
     };
     (pinned(dst, dst_dev) || pinned(src, src_dev))
-        .then(|| super::hostmem::copy_any(dst, src, n, s, sync))
+        .then(|| super::copy_any::copy_any(dst, src, n, s, sync))
 }
 
 /// # Safety

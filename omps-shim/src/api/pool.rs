@@ -14,34 +14,39 @@
 //! through the server (pool_share.rs); its freed blocks are not kept, since another
 //! process may still hold them.
 
-use super::mem::alloc;
+/// The pool settings entry points, under the path they always had.
+pub use super::pool_attr::*;
+use super::vmm::call_raw;
+use super::vmm_share::POSIX_FD;
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire, POOL_MAGIC};
+use crate::state::blocks::alloc;
 use crate::state::entry::{entry, out};
 use crate::state::streams::{per_thread, resolve_stream, CUstream};
+use omps_ring::wire::vmm;
 use std::collections::HashMap;
-use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::AtomicU32;
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 #[derive(Default)]
-struct PoolState {
-    release_threshold: u64,
+pub(crate) struct PoolState {
+    pub(crate) release_threshold: u64,
     /// REUSE_FOLLOW_EVENT_DEPENDENCIES, REUSE_ALLOW_OPPORTUNISTIC,
     /// REUSE_ALLOW_INTERNAL_DEPENDENCIES: kept and read back (reuse here is always the
     /// strictest, same-stream kind).
-    reuse: [c_int; 3],
+    pub(crate) reuse: [c_int; 3],
     /// Freed blocks kept for reuse: (address, size, stream that freed it).
-    cached: Vec<(u64, u64, usize)>,
-    used: u64,
-    used_high: u64,
-    reserved_high: u64,
+    pub(crate) cached: Vec<(u64, u64, usize)>,
+    pub(crate) used: u64,
+    pub(crate) used_high: u64,
+    pub(crate) reserved_high: u64,
     /// Other devices given read-write access (cuMemPoolSetAccess), bit per device.
-    peers: u64,
+    pub(crate) peers: u64,
 }
 
 impl PoolState {
-    fn reserved(&self) -> u64 {
+    pub(crate) fn reserved(&self) -> u64 {
         self.used + self.cached.iter().map(|b| b.1).sum::<u64>()
     }
     fn note_high(&mut self) {
@@ -55,17 +60,13 @@ pub struct Pool {
     magic: AtomicU32,
     pub(crate) dev: usize,
     is_default: bool,
-    state: Mutex<PoolState>,
-    pub(crate) share: super::pool_share::Share,
+    pub(crate) state: Mutex<PoolState>,
+    pub(crate) share: Share,
 }
 
 pub type CUmemoryPool = *mut Pool;
 
-pub(crate) fn new_pool(
-    dev: usize,
-    is_default: bool,
-    share: super::pool_share::Share,
-) -> &'static Pool {
+pub(crate) fn new_pool(dev: usize, is_default: bool, share: Share) -> &'static Pool {
     let reuse = [1, 1, 1]; // the driver's defaults
                            // SAFETY: freshly leaked, never freed (handles stay readable, see handles.rs).
     unsafe {
@@ -102,6 +103,56 @@ fn devices() -> Result<&'static Devices, CUresult> {
     }))
 }
 
+/// How a pool is shared (pool_share.rs shares it).
+#[derive(Default)]
+pub struct Share {
+    /// The handle types it was made exportable as (0: not exportable).
+    pub(crate) handle_types: c_uint,
+    /// This process's number for it, which the server knows it by.
+    pub(crate) number: u32,
+    /// The server's key of the pool it was imported as.
+    pub(crate) imported: Option<u64>,
+    /// The server's key of this process's pool, once exported.
+    pub(crate) exported: Mutex<Option<u64>>,
+}
+
+impl Share {
+    /// Sharing for a new pool of `handle_types` (CUmemPoolProps::handleTypes).
+    pub(crate) fn new(handle_types: c_uint) -> Result<Self, CUresult> {
+        const FABRIC: c_uint = 8;
+        const NOT_PERMITTED: CUresult = 800;
+        match handle_types {
+            0 => Ok(Share::default()),
+            POSIX_FD => {
+                static NEXT: AtomicU32 = AtomicU32::new(1);
+                Ok(Share {
+                    handle_types,
+                    number: NEXT.fetch_add(1, Ordering::Relaxed),
+                    ..Default::default()
+                })
+            }
+            // As the driver answers where no fabric is set up (api/vmm.rs).
+            t if t & FABRIC != 0 => Err(NOT_PERMITTED),
+            _ => Err(crate::unsupported::unsupported(
+                "cuMemPoolCreate with a handle type other than a POSIX descriptor",
+            )),
+        }
+    }
+
+    /// Whether other processes may hold its blocks: they are not kept for reuse.
+    pub(crate) fn exportable(&self) -> bool {
+        self.handle_types != 0
+    }
+}
+
+/// A pool is destroyed: the server forgets this process's part in sharing it.
+pub(crate) fn destroyed(p: &Pool) {
+    let exported = *p.share.exported.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(key) = exported.or(p.share.imported) {
+        let _ = call_raw::<[u64; 3]>(p.dev, vmm::POOL_RELEASE, 0, [key, 0, 0]);
+    }
+}
+
 /// What the driver answers the stream-ordered allocator's calls on a device without it
 /// (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 0, as on Pascal-like GPUs):
 /// CUDA_ERROR_NOT_SUPPORTED. The pools here are the shim's own, so no driver says it.
@@ -124,7 +175,7 @@ pub(crate) fn pool(p: CUmemoryPool) -> Result<&'static Pool, CUresult> {
 /// Which pool each live pool allocation came from, and its size.
 static ALLOCS: Mutex<Option<HashMap<u64, (usize, u64)>>> = Mutex::new(None);
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -172,7 +223,7 @@ fn alloc_from(p: &'static Pool, size: usize, s: CUstream) -> Result<u64, CUresul
 }
 
 /// Frees cached blocks of `p` until it holds at most `keep` bytes.
-fn trim(p: &Pool, keep: u64) {
+pub(crate) fn trim(p: &Pool, keep: u64) {
     let gone: Vec<u64> = {
         let mut st = lock(&p.state);
         let mut gone = Vec::new();
@@ -185,7 +236,7 @@ fn trim(p: &Pool, keep: u64) {
         gone
     };
     for ptr in gone {
-        let _ = super::mem::free(ptr);
+        let _ = free(ptr);
     }
 }
 
@@ -208,6 +259,23 @@ pub(crate) fn forget(ptr: u64) {
     st.used = st.used.saturating_sub(len);
 }
 
+/// cuMemFree's work, for frees the capture modes do not restrict (cuMemFreeAsync's).
+pub(crate) fn free(ptr: CUdeviceptr) -> Result<(), CUresult> {
+    if ptr == 0 || crate::api::graph_mem::freed(ptr, false) {
+        // Graph memory is its graphs' to free (graph_mem.rs).
+        return Ok(());
+    }
+    if let Some(r) = crate::api::managed::free(ptr) {
+        return r;
+    }
+    if let Some(r) = crate::state::blocks::free_imported(ptr) {
+        return r;
+    }
+    crate::state::entry::live()?;
+    forget(ptr);
+    crate::state::blocks::free_block(ptr)
+}
+
 fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     let (key, dev) = stream_key(s)?;
     pools_on(dev)?;
@@ -222,7 +290,7 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
     let Some((p, len)) = lock(&ALLOCS).as_mut().and_then(|m| m.remove(&ptr)) else {
         // Memory from cuMemAlloc may be freed this way too; the server's free waits for
         // all of the client's queued work, which covers this stream's.
-        return super::mem::free(ptr);
+        return free(ptr);
     };
     // SAFETY: recorded from a live pool; pools are never freed.
     let p = unsafe { &*(p as *const Pool) };
@@ -232,7 +300,7 @@ fn free_async(ptr: u64, s: CUstream) -> Result<(), CUresult> {
         if p.share.exportable() {
             // Another process may hold it: the server frees it after the last importer.
             drop(st);
-            return super::mem::free(ptr);
+            return free(ptr);
         }
         st.cached.push((ptr, len, key));
         st.release_threshold
@@ -343,7 +411,7 @@ pub struct PoolProps {
 }
 
 const ALLOC_PINNED: c_uint = 1;
-const LOCATION_DEVICE: c_uint = 1;
+pub(crate) const LOCATION_DEVICE: c_uint = 1;
 
 /// # Safety
 /// `out_pool` is null or writable; `props` is null or a CUmemPoolProps.
@@ -361,7 +429,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         if pr.alloc_type != ALLOC_PINNED || pr.location_type != LOCATION_DEVICE {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let share = super::pool_share::Share::new(pr.handle_types)?;
+        let share = Share::new(pr.handle_types)?;
         crate::state::device::device(pr.location_id)?;
         pools_on(pr.location_id as usize)?;
         let p = new_pool(pr.location_id as usize, false, share);
@@ -379,7 +447,7 @@ pub extern "C" fn cuMemPoolDestroy(p: CUmemoryPool) -> CUresult {
         }
         trim(pl, 0);
         retire(&pl.magic, POOL_MAGIC)?;
-        super::pool_share::destroyed(pl);
+        destroyed(pl);
         // A destroyed current pool leaves its device with the default one.
         let d = devices()?;
         let mut cur = lock(&d.current);
@@ -394,76 +462,6 @@ pub extern "C" fn cuMemPoolDestroy(p: CUmemoryPool) -> CUresult {
 pub extern "C" fn cuMemPoolTrimTo(p: CUmemoryPool, keep: usize) -> CUresult {
     entry(|| {
         trim(pool(p)?, keep as u64);
-        Ok(())
-    })
-}
-
-const ATTR_RELEASE_THRESHOLD: c_int = 4;
-const ATTR_RESERVED_CURRENT: c_int = 5;
-const ATTR_RESERVED_HIGH: c_int = 6;
-const ATTR_USED_CURRENT: c_int = 7;
-const ATTR_USED_HIGH: c_int = 8;
-
-/// # Safety
-/// `v` is null or points at an int (attributes 1-3) or a u64 (4-8).
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolSetAttribute(
-    p: CUmemoryPool,
-    attr: c_int,
-    v: *const c_void,
-) -> CUresult {
-    entry(|| {
-        let pl = pool(p)?;
-        if v.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let mut st = lock(&pl.state);
-        // SAFETY: non-null; the attribute says the value's type.
-        unsafe {
-            match attr {
-                1..=3 => st.reuse[attr as usize - 1] = *(v as *const c_int),
-                ATTR_RELEASE_THRESHOLD => st.release_threshold = *(v as *const u64),
-                // Only resetting a high watermark (to 0) is allowed, as with the driver.
-                ATTR_RESERVED_HIGH if *(v as *const u64) == 0 => st.reserved_high = st.reserved(),
-                ATTR_USED_HIGH if *(v as *const u64) == 0 => st.used_high = st.used,
-                _ => return Err(CUDA_ERROR_INVALID_VALUE),
-            }
-        }
-        let threshold = st.release_threshold;
-        drop(st);
-        trim(pl, threshold);
-        Ok(())
-    })
-}
-
-/// # Safety
-/// `v` is null or points at room for an int (attributes 1-3) or a u64 (4-8).
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolGetAttribute(
-    p: CUmemoryPool,
-    attr: c_int,
-    v: *mut c_void,
-) -> CUresult {
-    entry(|| {
-        let st = lock(&pool(p)?.state);
-        if v.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let value = match attr {
-            1..=3 => {
-                // SAFETY: non-null; an int attribute.
-                unsafe { *(v as *mut c_int) = st.reuse[attr as usize - 1] };
-                return Ok(());
-            }
-            ATTR_RELEASE_THRESHOLD => st.release_threshold,
-            ATTR_RESERVED_CURRENT => st.reserved(),
-            ATTR_RESERVED_HIGH => st.reserved_high,
-            ATTR_USED_CURRENT => st.used,
-            ATTR_USED_HIGH => st.used_high,
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        };
-        // SAFETY: non-null; a u64 attribute.
-        unsafe { *(v as *mut u64) = value };
         Ok(())
     })
 }
@@ -510,80 +508,5 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, p: CUmemoryPool) -> CUresult
         }
         lock(&devices()?.current)[dev as usize] = p as usize;
         Ok(())
-    })
-}
-
-/// Access to a pool's memory from another device. Its blocks are the server's allocations
-/// on the pool's GPU, which another GPU's kernels reach once the server's context there
-/// has peer access to it: so access is asked as cuCtxEnablePeerAccess asks it, and from
-/// then on what the process frees waits for its work on every GPU (R14). Read-only access
-/// and taking access away are not built.
-///
-/// # Safety
-/// `map` is null or `count` access descriptors.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolSetAccess(
-    p: CUmemoryPool,
-    map: *const super::vmm::AccessDesc,
-    count: usize,
-) -> CUresult {
-    entry(|| {
-        let pl = pool(p)?;
-        if count == 0 {
-            return Ok(());
-        }
-        if map.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: non-null; `count` descriptors, per the contract.
-        let descs = unsafe { std::slice::from_raw_parts(map, count) };
-        let mut peers = Vec::new();
-        for d in descs {
-            if d.location_type != LOCATION_DEVICE {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            crate::state::device::device(d.location_id)?;
-            let dev = d.location_id as usize;
-            match (dev == pl.dev, d.flags) {
-                (true, 3) => {}
-                // The pool's own device keeps its access, as natively.
-                (true, _) => return Err(CUDA_ERROR_INVALID_VALUE),
-                (false, 3) if super::peer::can_reach(dev, pl.dev) => peers.push(dev),
-                (false, 3) => return Err(CUDA_ERROR_INVALID_DEVICE),
-                (false, _) => return Err(crate::unsupported::unsupported(
-                    "cuMemPoolSetAccess other than read-write (read-only, or taking access away)",
-                )),
-            }
-        }
-        for dev in peers {
-            super::peer::ask_server(dev, pl.dev)?;
-            lock(&pl.state).peers |= 1 << dev;
-        }
-        Ok(())
-    })
-}
-
-/// A pool's own device has read-write access, and the devices cuMemPoolSetAccess gave it.
-///
-/// # Safety
-/// `flags` is null or writable; `loc` is null or a CUmemLocation.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolGetAccess(
-    flags: *mut c_uint,
-    p: CUmemoryPool,
-    loc: *const [c_int; 2],
-) -> CUresult {
-    entry(|| {
-        let pl = pool(p)?;
-        if loc.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: non-null; the caller's CUmemLocation {type, id}.
-        let [ty, id] = unsafe { *loc };
-        let peers = lock(&pl.state).peers;
-        let has = ty == LOCATION_DEVICE as c_int
-            && (id as usize == pl.dev || ((0..64).contains(&id) && peers & (1 << id) != 0));
-        // SAFETY: the caller's pointer. CU_MEM_ACCESS_FLAGS_PROT_READWRITE is 3.
-        unsafe { out(flags, if has { 3 } else { 0 }) }
     })
 }

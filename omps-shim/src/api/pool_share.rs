@@ -10,93 +10,17 @@
 //! exporter's own device pointer; freeing it (cuMemFree or cuMemFreeAsync) gives up this
 //! process's hold, and the exporter's free leaves the memory to the last importer.
 
-use super::pool::{new_pool, pool, CUmemoryPool, Pool};
+use super::pool::{new_pool, pool, CUmemoryPool, Pool, Share};
 use super::vmm::call_raw;
 use super::vmm_share::{read_descriptor, write_descriptor, POSIX_FD};
 use crate::cuda::*;
-use crate::state::entry::{entry, live, out};
-use omps_ring::wire::{vmm, IpcCall, Op};
+use crate::state::entry::{entry, out};
+use omps_ring::wire::vmm;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 
 const POOL_MAGIC: [u8; 8] = *b"omps-pol";
 const PTR_MAGIC: [u8; 8] = *b"omps-ppt";
-
-/// How a pool is shared.
-#[derive(Default)]
-pub struct Share {
-    /// The handle types it was made exportable as (0: not exportable).
-    handle_types: c_uint,
-    /// This process's number for it, which the server knows it by.
-    number: u32,
-    /// The server's key of the pool it was imported as.
-    pub(crate) imported: Option<u64>,
-    /// The server's key of this process's pool, once exported.
-    exported: Mutex<Option<u64>>,
-}
-
-impl Share {
-    /// Sharing for a new pool of `handle_types` (CUmemPoolProps::handleTypes).
-    pub(crate) fn new(handle_types: c_uint) -> Result<Self, CUresult> {
-        const FABRIC: c_uint = 8;
-        const NOT_PERMITTED: CUresult = 800;
-        match handle_types {
-            0 => Ok(Share::default()),
-            POSIX_FD => {
-                static NEXT: AtomicU32 = AtomicU32::new(1);
-                Ok(Share {
-                    handle_types,
-                    number: NEXT.fetch_add(1, Ordering::Relaxed),
-                    ..Default::default()
-                })
-            }
-            // As the driver answers where no fabric is set up (api/vmm.rs).
-            t if t & FABRIC != 0 => Err(NOT_PERMITTED),
-            _ => Err(crate::unsupported::unsupported(
-                "cuMemPoolCreate with a handle type other than a POSIX descriptor",
-            )),
-        }
-    }
-
-    /// Whether other processes may hold its blocks: they are not kept for reuse.
-    pub(crate) fn exportable(&self) -> bool {
-        self.handle_types != 0
-    }
-}
-
-/// A pool is destroyed: the server forgets this process's part in sharing it.
-pub(crate) fn destroyed(p: &Pool) {
-    let exported = *p.share.exported.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(key) = exported.or(p.share.imported) {
-        let _ = call_raw::<[u64; 3]>(p.dev, vmm::POOL_RELEASE, 0, [key, 0, 0]);
-    }
-}
-
-/// Allocations imported from other processes' pools: pointer -> (device, times imported).
-static IMPORTED: Mutex<Option<HashMap<u64, (usize, u32)>>> = Mutex::new(None);
-
-/// Frees `ptr` if it is an imported allocation: this process's hold on it is given up
-/// once its queued work is done. None for any other pointer.
-pub(crate) fn free_imported(ptr: u64) -> Option<Result<(), CUresult>> {
-    let dev = {
-        let mut m = IMPORTED.lock().unwrap_or_else(|e| e.into_inner());
-        let e = m.as_mut()?.get_mut(&ptr)?;
-        e.1 -= 1;
-        let dev = e.0;
-        if e.1 == 0 {
-            m.as_mut().expect("present").remove(&ptr);
-            crate::state::ranges::remove_opened_range(ptr);
-        }
-        dev
-    };
-    Some(live().and_then(|c| {
-        c.channel().call(dev, Op::IpcCloseMemHandle, |call| {
-            bytemuck::bytes_of(&IpcCall { call, ptr }).to_vec()
-        })
-    }))
-}
 
 /// # Safety
 /// `handle` is null or a writable int.
@@ -209,7 +133,9 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
         }
         let [p, size, _]: [u64; 3] =
             call_raw(pl.dev, vmm::POOL_IMPORT_PTR, 0, [key, word(8), word(16)])?;
-        let mut m = IMPORTED.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = crate::state::blocks::IMPORTED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let n = m
             .get_or_insert_with(HashMap::new)
             .entry(p)

@@ -13,6 +13,9 @@
 
 use crate::cuda::*;
 use crate::hostfn::NodeWords;
+use crate::state::copies::{copy_dtoh_queued, copy_htod_queued, deliver_printf};
+use crate::state::host_ranges::is_shared;
+use crate::state::ranges::range_dev;
 use crate::state::streams::CUstream;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -139,10 +142,10 @@ pub(crate) fn capture_copy(
         None => node(),
         Some(true) => {
             node()?;
-            super::mem::copy_htod(dptr, other as *const u8, len, s, false)
+            copy_htod(dptr, other as *const u8, len, s, false)
         }
         Some(false) => {
-            super::mem::copy_dtoh(other as *mut u8, dptr, len, s, false)?;
+            copy_dtoh(other as *mut u8, dptr, len, s, false)?;
             node()
         }
     }
@@ -182,10 +185,10 @@ fn arena_alloc(n: usize) -> Result<(usize, usize), CUresult> {
     } else {
         BLOCK
     };
-    let base = super::hostmem::host_alloc(len, 0)? as usize;
-    if !super::hostmem::is_shared(base as u64, len) {
+    let base = crate::state::host_ranges::host_alloc(len, 0)? as usize;
+    if !crate::state::host_ranges::is_shared(base as u64, len) {
         // The server could not map it: useless for staging.
-        let _ = super::hostmem::free_host(base, false);
+        let _ = crate::state::host_ranges::free_host(base, false);
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let mut free = BTreeMap::new();
@@ -221,7 +224,7 @@ fn arena_free(addr: usize, n: usize) {
     if l == b.len && a.len() > 1 {
         let b = a.remove(i);
         drop(a);
-        let _ = super::hostmem::free_host(b.base, false);
+        let _ = crate::state::host_ranges::free_host(b.base, false);
     }
 }
 
@@ -253,4 +256,48 @@ pub(crate) fn adopt_from(g: usize) {
 /// What this thread's instantiation captured, for its executable graph.
 pub(crate) fn take_adopted() -> Vec<(usize, u64)> {
     ADOPTED.with(|a| std::mem::take(&mut *a.borrow_mut()))
+}
+
+/// Host to device; a synchronous copy also delivers device printf output, as the driver's does.
+pub(crate) fn copy_htod(
+    dst: u64,
+    src: *const u8,
+    len: usize,
+    stream: CUstream,
+    sync: bool,
+) -> Result<(), CUresult> {
+    if !sync && len > 0 && !is_shared(src as u64, len) {
+        if let Some(id) = capturing(stream)? {
+            // A pageable source in a capture: read on every replay (api/staged.rs).
+            range_dev(dst, len as u64)?;
+            return capture_copy(Some(true), dst, src as usize, 0, len, stream, id);
+        }
+    }
+    let r = copy_htod_queued(dst, src, len, stream, sync);
+    if sync {
+        deliver_printf(dst, len, r.is_err());
+    }
+    r
+}
+
+/// Device to host; a synchronous copy also delivers device printf output.
+pub(crate) fn copy_dtoh(
+    dst: *mut u8,
+    src: u64,
+    len: usize,
+    stream: CUstream,
+    sync: bool,
+) -> Result<(), CUresult> {
+    if !sync && len > 0 && !is_shared(dst as u64, len) {
+        if let Some(id) = capturing(stream)? {
+            // A pageable destination in a capture: written on every replay.
+            range_dev(src, len as u64)?;
+            return capture_copy(Some(false), src, dst as usize, 0, len, stream, id);
+        }
+    }
+    let r = copy_dtoh_queued(dst, src, len, stream, sync);
+    if sync {
+        deliver_printf(src, len, r.is_err());
+    }
+    r
 }

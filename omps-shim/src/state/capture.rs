@@ -75,7 +75,20 @@ pub(crate) const MODE_RELAXED: c_uint = 2;
 pub(crate) struct IntoBuilt {
     pub(crate) graph: usize,
     pub(crate) deps: Vec<usize>,
+    /// How what was captured joins the graph at the capture's end (graph_build's
+    /// `add_captured`), named by the code that began it, which sits above this layer.
+    pub(crate) add: AddCaptured,
 }
+
+/// Adds the server graph `id` a capture ended in (on device `dev`, named by `handle`) to
+/// built graph `g` as a child-graph node after nodes `deps`.
+pub(crate) type AddCaptured = fn(
+    g: CUgraph,
+    deps: &[usize],
+    dev: usize,
+    id: u32,
+    handle: *mut GraphHandle,
+) -> Result<(), CUresult>;
 
 pub(crate) fn thread_id() -> i32 {
     // SAFETY: gettid has no preconditions.

@@ -3,7 +3,9 @@
 //! storage (cls), stream, event and function handles and their synchronizations
 //! (streams, green), capture bookkeeping (capture), device memory ranges (ranges),
 //! loaded modules (modules), cached driver answers (answers), launch configurations
-//! (launch) and the mirrors of registered host memory (host_mirror).
+//! (launch), the mirrors of registered host memory (host_mirror), page-locked and managed
+//! host ranges (host_ranges), plain device blocks and imported allocations (blocks), and
+//! the copy paths the memory families share (copies).
 //!
 //! Owns: everything more than one API family reads or changes.
 //! May use: `crate::conn` (the ring to the server), `crate::handles`, `crate::cuda`,
@@ -11,13 +13,16 @@
 //! `crate::dark`: those sit above this layer and call down into it.
 
 pub mod answers;
+pub mod blocks;
 pub mod capture;
 pub mod cls;
+pub mod copies;
 pub mod ctx;
 pub mod device;
 pub mod entry;
 pub mod green;
 pub mod host_mirror;
+pub mod host_ranges;
 pub mod launch;
 pub mod modules;
 pub mod ranges;

@@ -7,8 +7,9 @@
 //! server adds the node where the capture stands and each body is captured into the body
 //! graph the driver made for it.
 
+use super::server_graph::cond_call;
 use super::*;
-use omps_ring::wire::{self, graph as wg, GraphCond, Op};
+use omps_ring::wire::{self, graph as wg, Op};
 use std::sync::Arc;
 
 /// A built graph's server graph, which makes its conditional handles and which every
@@ -32,33 +33,13 @@ impl Drop for Home {
     }
 }
 
-/// A GraphCond call on device `dev`: its answer.
-pub(crate) fn cond_call(
-    dev: usize,
-    kind: u32,
-    fill: impl FnOnce(&mut GraphCond),
-) -> Result<u64, CUresult> {
-    let c = crate::state::entry::live()?;
-    let mut ch = c.channel();
-    ch.call(dev, Op::GraphCond, |call| {
-        let mut g = GraphCond {
-            call,
-            kind,
-            ..Default::default()
-        };
-        fill(&mut g);
-        bytemuck::bytes_of(&g).to_vec()
-    })?;
-    Ok(ch.reply::<wire::U64Reply>().value)
-}
-
 /// A conditional node: its handle, CUgraphConditionalNodeType, and the bodies it owns
 /// (built graph handles; the array is what `phGraph_out` points at, as long as the node
 /// lives).
 #[derive(Clone)]
 pub(crate) struct CondNode {
-    handle: u64,
-    ty: u32,
+    pub(super) handle: u64,
+    pub(super) ty: u32,
     pub(super) bodies: Arc<[usize]>,
 }
 
@@ -200,23 +181,6 @@ pub(crate) fn cond_kind(g: CUgraph, p: &mut CondParams) -> Result<Kind, CUresult
 /// graphs take new parameters.
 pub(crate) fn has_conditionals(b: &Built) -> bool {
     b.home.is_some()
-}
-
-/// Issues conditional node `c` where stream `s`'s capture stands: the server adds the
-/// node, and each body is captured into the body graph the driver made for it.
-pub(super) fn issue_conditional(c: &CondNode, s: CUstream) -> Result<(), CUresult> {
-    let (stream, dev) = crate::state::streams::stream_dev(s)?;
-    let first = cond_call(dev, wg::COND_NODE, |g| {
-        g.stream = stream;
-        g.handle = c.handle;
-        g.value = c.ty;
-        g.size = c.bodies.len() as u32;
-    })? as u32;
-    for (k, &b) in c.bodies.iter().enumerate() {
-        let body = child_graph(b).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        super::emit::capture_into(&body, first + k as u32)?;
-    }
-    Ok(())
 }
 
 /// Conditional nodes added to captures going on (the CUDA guide's way, and PyTorch's for

@@ -369,7 +369,7 @@ pub unsafe extern "C" fn cuGraphClone(ph: *mut CUgraph, original: CUgraph) -> CU
             h
         } else {
             // The server copies a graph it captured; the copy holds its graph memory too.
-            let (_, h) = super::server_child::copy_of(gr)?;
+            let (_, h) = super::server_graph::copy_of(gr)?;
             crate::api::graph_mem::share(original as usize, h as usize);
             h
         };

@@ -1,7 +1,9 @@
 //! Instantiating a graph built by hand: its nodes issued in dependency order onto
 //! private streams inside a capture on the server (see the parent module).
 
+use super::server_graph::cond_call;
 use super::*;
+use omps_ring::wire::graph as wg;
 
 /// A node of the flat graph that is issued: a child graph's nodes are inlined.
 struct Flat {
@@ -222,7 +224,7 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
             // SAFETY: the function and argument the program gave for the node.
             ok(unsafe { crate::api::exec::cuLaunchHostFunc(s, Some(f), data as *mut c_void) })
         }
-        Kind::Conditional(c) => super::cond::issue_conditional(c, s),
+        Kind::Conditional(c) => issue_conditional(c, s),
         Kind::ServerChild(c) => super::server_child::issue_server_child(c, s),
     }
 }
@@ -233,6 +235,23 @@ fn issue(kind: &Kind, s: CUstream) -> Result<(), CUresult> {
 enum Target {
     New,
     Into(u32),
+}
+
+/// Issues conditional node `c` where stream `s`'s capture stands: the server adds the
+/// node, and each body is captured into the body graph the driver made for it.
+fn issue_conditional(c: &CondNode, s: CUstream) -> Result<(), CUresult> {
+    let (stream, dev) = crate::state::streams::stream_dev(s)?;
+    let first = cond_call(dev, wg::COND_NODE, |g| {
+        g.stream = stream;
+        g.handle = c.handle;
+        g.value = c.ty;
+        g.size = c.bodies.len() as u32;
+    })? as u32;
+    for (k, &b) in c.bodies.iter().enumerate() {
+        let body = child_graph(b).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        capture_into(&body, first + k as u32)?;
+    }
+    Ok(())
 }
 
 /// Captures built graph `b` on the server and runs `then` with the server graph's id
@@ -255,9 +274,10 @@ pub(crate) fn capture_then(
         Some(home) => {
             let _busy = home.busy.lock().unwrap_or_else(|e| e.into_inner());
             let r = capture_built(b, Target::Into(home.id)).and_then(then);
-            let cleared = super::cond::cond_call(b.dev, omps_ring::wire::graph::COND_CLEAR, |c| {
-                c.graph = home.id
-            });
+            let cleared =
+                super::server_graph::cond_call(b.dev, omps_ring::wire::graph::COND_CLEAR, |c| {
+                    c.graph = home.id
+                });
             r.and_then(|e| cleared.map(|_| e))
         }
     };

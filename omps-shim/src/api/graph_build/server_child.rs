@@ -4,59 +4,9 @@
 //! capture into a graph built here (cuStreamBeginCaptureToGraph) ends in such a node too,
 //! owning the graph the capture made.
 
-use super::cond::cond_call;
+use super::server_graph::{cond_call, ServerGraph};
 use super::*;
-use omps_ring::wire::{self, graph as wg};
-use std::sync::Arc;
-
-/// A server graph a child node owns, with the handle cuGraphChildGraphNodeGetGraph gives
-/// out; destroyed with the last node (or copy of a node) that holds it.
-pub(crate) struct ServerGraph {
-    dev: usize,
-    pub(super) id: u32,
-    pub(super) handle: usize,
-}
-
-impl Drop for ServerGraph {
-    fn drop(&mut self) {
-        // SAFETY: a handle made in `copy_of`, never freed (handles stay readable).
-        let h = unsafe { &*(self.handle as *const GraphHandle) };
-        let _ = crate::handles::retire(&h.magic, GRAPH_MAGIC);
-        // What the copy held (its staged copies' buffers) goes with it.
-        crate::api::user_object::graph_gone(self.handle);
-        let rec = wire::Handle {
-            id: self.id,
-            _pad: 0,
-        };
-        let _ = crate::state::entry::live().and_then(|c| {
-            c.push(
-                self.dev,
-                wire::Op::GraphDestroy,
-                &[bytemuck::bytes_of(&rec)],
-            )
-        });
-    }
-}
-
-/// The server's copy of graph `g` (one the server captured), under a handle of its own.
-pub(crate) fn copy_of(g: &GraphHandle) -> Result<(u32, CUgraph), CUresult> {
-    let id = cond_call(g.dev, wg::GRAPH_CLONE, |c| c.graph = g.id())? as u32;
-    Ok((id, leak(GraphHandle::new(GRAPH_MAGIC, id, g.dev))))
-}
-
-/// A child node's kind for graph `child`, which the server captured.
-pub(crate) fn server_child_kind(child: &GraphHandle) -> Result<Kind, CUresult> {
-    let (id, handle) = copy_of(child)?;
-    // The copy replays what the original does: it holds the same objects (the buffers of
-    // its staged copies).
-    crate::api::user_object::share(child as *const GraphHandle as usize, handle as usize);
-    Ok(server_graph(child.dev, id, handle as usize))
-}
-
-/// A child node's graph: server graph `id` under graph handle `handle`, both the node's.
-pub(crate) fn server_graph(dev: usize, id: u32, handle: usize) -> Kind {
-    Kind::ServerChild(Arc::new(ServerGraph { dev, id, handle }))
-}
+use omps_ring::wire::graph as wg;
 
 /// Issues child node `c` where stream `s`'s capture stands.
 pub(super) fn issue_server_child(c: &ServerGraph, s: CUstream) -> Result<(), CUresult> {

@@ -241,6 +241,7 @@ pub(super) fn query(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn launch(
     gpu: &CudaGpu,
     func: u64,

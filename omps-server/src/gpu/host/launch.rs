@@ -66,6 +66,7 @@ pub(super) fn query(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn launch(
     gpu: &HostGpu,
     func: u64,

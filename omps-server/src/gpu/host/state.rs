@@ -95,7 +95,7 @@ pub struct HostGpu {
     pub(super) graph_reads_fail: std::sync::atomic::AtomicBool,
     /// Module loads asked of it.
     pub(super) loads: std::sync::atomic::AtomicUsize,
-    /// How long a load, JIT compile or link of an image holding [`super::device::SLOW_LOAD`] takes.
+    /// How long a load, JIT compile or link of an image holding [`super::setup::SLOW_LOAD`] takes.
     pub(super) slow_load: Mutex<std::time::Duration>,
     /// Launches asked of it.
     pub(super) launches: std::sync::atomic::AtomicUsize,

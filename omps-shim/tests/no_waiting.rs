@@ -107,49 +107,6 @@ fn an_allocation_right_after_a_free_gets_the_freed_memory() {
     );
 }
 
-#[test]
-fn a_thousand_and_twenty_four_clients_work_at_once() {
-    // Client and server share this process: three descriptors per client (its socket and
-    // the server's two ends), 3,087 in all. Raise the soft limit as far as it may go.
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    unsafe {
-        let mut r: libc::rlimit = std::mem::zeroed();
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        r.rlim_cur = r.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        assert!(
-            r.rlim_cur >= 4096,
-            "this test needs 4096 descriptors; the hard limit here is {}",
-            r.rlim_max
-        );
-    }
-    let srv = TestServer::start("many");
-    let clients: Vec<Conn> = (0..1024)
-        .map(|i| Conn::connect_to(&srv.socket()).unwrap_or_else(|e| panic!("client {i}: {e:?}")))
-        .collect();
-    // Beyond the first 64, clients get small segments (2.3 MiB, not 33 MiB of pinned memory).
-    assert_eq!(clients[0].params().num_channels, 8);
-    assert_eq!(clients[1023].params().num_channels, 2);
-    for c in &clients {
-        assert!(alloc(c, 4096) != 0);
-    }
-    for c in &clients {
-        c.ping(0).unwrap();
-    }
-    assert_eq!(srv.gpu.bytes_allocated(), 1024 * 4096);
-    drop(clients);
-    let t = Instant::now();
-    while srv.gpu.bytes_allocated() != 0 && t.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(
-        srv.gpu.bytes_allocated(),
-        0,
-        "every client's memory released"
-    );
-}
-
 /// Unregistering host memory waits for every running kernel and holds up every client's
 /// launches: a client that exits beside a long kernel leaves its segment registered until
 /// the GPU is quiet, and no one waits for it.

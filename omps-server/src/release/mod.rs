@@ -7,6 +7,8 @@
 //!
 //! May use `gpu/`, `client/` (whom a release is charged back to) and `base/`.
 
+pub mod cross;
+pub mod given;
 pub mod peer_fence;
 pub mod releaser;
 pub mod segpool;

@@ -34,16 +34,6 @@ pub struct ArrayState {
     captured: std::collections::HashSet<u64>,
 }
 
-/// What goes once the client's work is done, in this order.
-#[derive(Default)]
-pub struct ArrayRelease {
-    pub textures: Vec<u64>,
-    pub surfaces: Vec<u64>,
-    /// (handle, bytes) of arrays, then of mipmapped arrays.
-    pub arrays: Vec<(u64, u64)>,
-    pub mipmaps: Vec<(u64, u64)>,
-}
-
 impl ArrayState {
     /// Whether it holds all it may (`held`: arrays its graphs hold past their destruction).
     fn full(&self, held: usize) -> bool {

@@ -26,6 +26,6 @@ mod state;
 mod sync;
 mod vmm;
 
+pub use crate::release::given::{ArrayRelease, PinnedRelease, Release, VmmRelease};
 pub use link::{jit_verdict, link_verdict};
 pub use state::*;
-pub use vmm::VmmRelease;

@@ -15,6 +15,7 @@
 
 use super::{bad, Malformed, Session};
 use crate::gpu::{code, CuError, GpuResult};
+use crate::release::given::VmmRelease;
 use crate::worker::WorkerCtx;
 use omps_ring::wire::{self, vmm};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -49,20 +50,6 @@ pub struct VmmState {
     next_handle: u32,
     /// Memory pools it shares with other clients (pool_share.rs).
     pub(super) pools: super::pool_share::PoolShareState,
-}
-
-/// What a departed client's virtual memory leaves to release, in this order.
-#[derive(Default)]
-pub struct VmmRelease {
-    pub unmap: Vec<(u64, u64)>,
-    pub handles: Vec<(u64, u64)>,
-    pub reservations: Vec<(u64, u64)>,
-    /// Memory of handles released but still mapped: charged until the unmaps above.
-    pub released_mapped_bytes: u64,
-    /// Mappings other GPUs reached: out of the client's table once unmapped.
-    pub reach: Vec<u64>,
-    /// A call (channel, sequence) answered once the unmaps are done: a held cuMemUnmap.
-    pub answer: Option<(u32, u32)>,
 }
 
 impl VmmState {

@@ -375,7 +375,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64, unloads: &Unloads) -> bool {
         } else {
             &[]
         };
-        crate::session::answer_later(&client, channel, seq, unmapped, reply);
+        crate::client::answer::answer_later(&client, channel, seq, unmapped, reply);
     }
     // Module bytes are the unload thread's to give back (with the unload).
     client.uncharge(dev, rel.limit_bytes);

@@ -18,14 +18,18 @@ mod graph_memory;
 mod graphs;
 mod green;
 mod ipc;
+mod kinds;
 mod link;
 mod memory;
 mod modules;
 mod pool_share;
+mod record;
 mod state;
 mod sync;
 mod vmm;
 
+pub use crate::client::answer::answer_later;
 pub use crate::release::given::{ArrayRelease, PinnedRelease, Release, VmmRelease};
 pub use link::{jit_verdict, link_verdict};
+pub use record::Malformed;
 pub use state::*;

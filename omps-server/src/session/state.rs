@@ -11,13 +11,20 @@
 //! (launches, function queries, TMA descriptors), `memory`, `modules`, `sync` (streams,
 //! events, synchronizing calls), `vmm` and `link`, each in its own file under `session/`.
 
-use super::{arrays, conditional, depth, graph_memory, green, vmm};
+use super::kinds::arrays::ArrayState;
+use super::kinds::compile::Pending;
+use super::kinds::cond::CondState;
+use super::kinds::depth::Depth;
+use super::kinds::graph_held::{HeldAtLast, HeldForGraphs};
+use super::kinds::green::GreenCtx;
+use super::kinds::vmm::VmmState;
+pub(super) use super::record::{bad, fixed_only, rec, Malformed, Range};
+pub(super) use crate::client::answer::wake_if_waiting;
 pub(super) use crate::client::ClientShared;
 pub(super) use crate::gpu::{code, CuError};
 use crate::release::given::Release;
 pub(super) use crate::sched::placement;
 pub(super) use crate::worker::WorkerCtx;
-pub(super) use omps_ring::futex;
 pub(super) use omps_ring::ring::Consumer;
 pub(super) use omps_ring::segment::{Channel, Word, CHUNKS_PER_CHANNEL};
 pub(super) use omps_ring::wire::{self, CallHdr, Op};
@@ -28,28 +35,6 @@ pub(super) use std::sync::Arc;
 /// Unfinished events of streams a client gave up, before they are folded into one
 /// (`Session::fold_left`).
 pub(super) const MAX_LEFT: usize = 64;
-
-/// The fixed part of a record whose length `handle` checked.
-pub(super) fn rec<T: bytemuck::Pod>(p: &[u8]) -> T {
-    wire::get::<T>(p).expect("length checked above")
-}
-
-/// A record that must carry nothing after its fixed part.
-pub(super) fn fixed_only(tail: &[u8], name: &str) -> Result<(), Malformed> {
-    if tail.is_empty() {
-        Ok(())
-    } else {
-        bad(format!("{name}: trailing bytes"))
-    }
-}
-
-/// Why a client is cut off.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Malformed(pub String);
-
-pub(super) fn bad<T>(why: impl Into<String>) -> Result<T, Malformed> {
-    Err(Malformed(why.into()))
-}
 
 pub(super) struct Function {
     pub(super) handle: u64,
@@ -133,9 +118,6 @@ pub(super) struct Module {
     pub(super) data_bytes: u64,
 }
 
-/// A device range: start and length.
-pub(super) type Range = (u64, u64);
-
 pub struct Session {
     pub client: Arc<ClientShared>,
     pub(super) consumer: Consumer,
@@ -188,11 +170,11 @@ pub struct Session {
     pub(super) exec_ranges: HashMap<u32, Vec<Range>>,
     pub(super) graph_held: Vec<Range>,
     /// Modules unloaded and IPC openings closed while such a graph used their memory.
-    pub(super) graph_held_other: Vec<graph_memory::HeldForGraphs>,
+    pub(super) graph_held_other: Vec<HeldForGraphs>,
     /// How many of its streams are being captured.
     pub(super) capturing: usize,
     /// Its conditional nodes' homes, handles and bodies.
-    pub(super) cond: conditional::CondState,
+    pub(super) cond: CondState,
     /// How many of its requests were refused (for `log_refusal`).
     pub(super) refusals: u32,
     /// Its events last recorded in a capturing stream: not to be waited for or queried.
@@ -210,18 +192,18 @@ pub struct Session {
     /// Other clients' allocations it opened through IPC: pointer -> (size, openings).
     pub(super) imported: BTreeMap<u64, (u64, u32)>,
     /// How far the GPU is behind each work stream it queued on (depth.rs).
-    pub(super) depths: HashMap<usize, depth::Depth>,
+    pub(super) depths: HashMap<usize, Depth>,
     /// Its work streams queued too deep, and since when it is held back.
     pub(super) deep: Vec<usize>,
     pub(super) held_since: Option<std::time::Instant>,
     /// When its oldest depth mark was last asked about (depth.rs).
     pub(super) depth_checked: Option<std::time::Instant>,
-    pub(super) vmm: vmm::VmmState,
-    pub(super) arrays: arrays::ArrayState,
+    pub(super) vmm: VmmState,
+    pub(super) arrays: ArrayState,
     /// Its green contexts (green.rs).
-    pub(super) greens: HashMap<u32, green::GreenCtx>,
+    pub(super) greens: HashMap<u32, GreenCtx>,
     /// Its module load, JIT compile or link running off the lane (compile.rs).
-    pub(super) compile: Option<super::compile::Pending>,
+    pub(super) compile: Option<Pending>,
 }
 
 impl Session {
@@ -831,7 +813,7 @@ impl Session {
             self.allocs.insert(p, n);
         }
         // Modules and IPC openings held for its graphs go with the rest.
-        let graph_memory::HeldAtLast {
+        let HeldAtLast {
             modules: held_modules,
             closes: held_closes,
             reservations: held_reservations,
@@ -1030,26 +1012,5 @@ impl Session {
 
     pub fn dev(&self) -> usize {
         self.dev
-    }
-}
-
-/// Answers `client`'s call (`channel`, `seq`) off its session, once what it waited for
-/// is done (a VMM unmap held for other GPUs' fences, session/vmm.rs): as
-/// `Session::complete` does.
-pub fn answer_later(client: &ClientShared, channel: u32, seq: u32, result: i32, reply: &[u8]) {
-    let Some(ch) = client.seg.channel(channel as usize) else {
-        return;
-    };
-    ch.write_reply(reply);
-    ch.reply_len.store(reply.len() as u32, Ordering::Relaxed);
-    ch.result.store(result, Ordering::Relaxed);
-    // SYNC POINT: pairs with the client's Acquire load of `done`.
-    ch.done.store(seq, Ordering::Release);
-    wake_if_waiting(ch, &ch.done);
-}
-
-pub(super) fn wake_if_waiting(ch: &Channel, w: &std::sync::atomic::AtomicU32) {
-    if ch.waiting.load(Ordering::SeqCst) != 0 {
-        futex::wake(w, u32::MAX);
     }
 }

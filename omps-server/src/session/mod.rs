@@ -11,20 +11,24 @@
 
 mod arrays;
 mod compile;
+mod complete;
 mod conditional;
 mod depth;
+mod dispatch;
 mod exec;
 mod graph_memory;
 mod graphs;
 mod green;
 mod ipc;
 mod kinds;
+mod leave;
 mod link;
 mod memory;
 mod modules;
 mod pool_share;
 mod record;
 mod state;
+mod streams;
 mod sync;
 mod vmm;
 

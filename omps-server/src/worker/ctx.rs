@@ -1,6 +1,11 @@
 //! One worker thread per GPU: polls every client's ring for that GPU, runs the commands,
 //! wakes clients whose completions the GPU wrote, and frees what clients released once the
 //! GPU is done with it. It never waits for the GPU.
+//!
+//! This file holds a lane's context ([`WorkerCtx`]), which the sessions use: its
+//! bindings of work streams, markers and deferred frees. What it does for a session
+//! (fences, retirement) is in its child ctx/session.rs, the lane loop in run.rs, what the
+//! lanes of a GPU share in gpu_shared.rs: none of them is used by the sessions' state.
 
 use super::free::free_on;
 use super::GpuShared;

@@ -1,7 +1,8 @@
 //! One client's state on one GPU, and the decoding, validation and execution of its
 //! commands, one file per family of operations.
 //!
-//! Owns the [`Session`] of a client on a GPU ([`state`]) and the families of its commands:
+//! Owns the [`Session`] of a client on a GPU ([`state`], above the per-family parts of its
+//! state in `kinds/` and record.rs's checks) and the families of its commands:
 //! memory, modules, launches, streams and events, graphs and captures, arrays, VMM,
 //! IPC, pools, JIT links, green contexts, conditional nodes, stream depth.
 //!

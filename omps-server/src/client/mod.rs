@@ -12,6 +12,7 @@
 //! workers, sessions or the control thread.
 
 pub mod account;
+pub mod answer;
 pub mod bounds;
 pub mod identity;
 pub mod ipc;

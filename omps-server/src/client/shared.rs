@@ -151,7 +151,7 @@ pub struct ClientShared {
     /// (crate::release::peer_fence). Never cleared: disabling access leaves kernels in flight.
     pub peer_access: AtomicBool,
     /// Per server GPU: fences other GPUs' workers asked for (crate::release::peer_fence).
-    pub cross: [std::sync::Mutex<crate::release::peer_fence::CrossQueue>; MAX_DEVICES],
+    pub cross: [std::sync::Mutex<crate::release::cross::CrossQueue>; MAX_DEVICES],
     /// Per server GPU: its queue in `cross` may hold requests.
     pub cross_waiting: [AtomicBool; MAX_DEVICES],
     /// Per server GPU: its allocations there, as the session there holds them, and those

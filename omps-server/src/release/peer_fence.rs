@@ -17,114 +17,12 @@
 //! two GPUs' final releases that wait on each other's queues cannot wait in a circle.
 
 use crate::client::ClientShared;
-use crate::gpu::Gpu;
-use crate::session::Release;
-use crate::worker::GpuShared;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// A release held until every GPU's fence for it has passed.
-pub struct CrossRelease {
-    /// Fences still to pass.
-    left: AtomicUsize,
-    job: Mutex<Option<Job>>,
-}
-
-/// The release and where it goes once every fence has passed.
-struct Job {
-    shared: Arc<GpuShared>,
-    gpu: Arc<dyn Gpu>,
-    client: Arc<ClientShared>,
-    release: Release,
-    final_for_client: bool,
-    /// The context generation its handles belong to.
-    generation: u64,
-}
-
-impl CrossRelease {
-    /// One fence passed (or none is needed): the last one sends the release to its GPU's
-    /// releaser.
-    pub fn done(&self) {
-        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
-            return;
-        }
-        let job = self.job.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(j) = job {
-            let g = j.gpu.ordinal();
-            // Every copy read before the free has been queued before a fence that has
-            // passed: the ranges are no longer the client's to copy from.
-            for &(p, _) in j.release.allocs.iter().chain(&j.release.ipc) {
-                j.client.forget_freed(g, p);
-            }
-            let shared = j.shared.clone();
-            crate::worker::free_on(
-                &j.shared,
-                &j.gpu,
-                j.client,
-                j.release,
-                j.final_for_client,
-                Some(j.generation),
-            );
-            shared.held.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-/// Per client and GPU: the fences other GPUs asked this GPU's worker for.
-#[derive(Default)]
-pub enum CrossQueue {
-    /// The session runs (or is about to: the control thread opens the queue before it
-    /// hands the client to the workers): its worker takes each once it has read the
-    /// client's ring up to the position given with it.
-    Open(Vec<(Arc<CrossRelease>, u64)>),
-    /// The session ended; these pass when the fence of its last work does.
-    Retired(Vec<Arc<CrossRelease>>),
-    /// The session's last work is done: nothing of the client runs on this GPU.
-    #[default]
-    Released,
-}
-
-/// Holds `release` of `client` (its session on `shared`'s GPU) until the client's work on
-/// every GPU it sees has passed a fence; returns the token that this GPU's own fence must
-/// pass (queue it as this GPU's part of the release).
-pub fn hold(
-    shared: &Arc<GpuShared>,
-    gpu: &Arc<dyn Gpu>,
-    generation: u64,
-    client: &Arc<ClientShared>,
-    release: Release,
-    final_for_client: bool,
-) -> Arc<CrossRelease> {
-    let own = gpu.ordinal();
-    shared.note_held();
-    let others: Vec<usize> = client
-        .visible
-        .iter()
-        .copied()
-        .filter(|&g| g != own)
-        .collect();
-    let token = Arc::new(CrossRelease {
-        // This GPU's fence, and one per other GPU; a count of one more while they are
-        // asked, so that an answer given at once cannot free it before all are asked.
-        left: AtomicUsize::new(2 + others.len()),
-        job: Mutex::new(Some(Job {
-            shared: shared.clone(),
-            gpu: gpu.clone(),
-            client: client.clone(),
-            release,
-            final_for_client,
-            generation,
-        })),
-    });
-    for g in others {
-        ask(client, g, &token);
-    }
-    token.done();
-    token
-}
+use crate::release::cross::{CrossPart, CrossQueue, CrossRelease};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Asks GPU `g`'s worker to fence `client`'s work there for `token`.
-fn ask(client: &ClientShared, g: usize, token: &Arc<CrossRelease>) {
+pub fn ask(client: &ClientShared, g: usize, token: &Arc<CrossRelease>) {
     let Some(q) = client.cross.get(g) else {
         return token.done();
     };
@@ -215,26 +113,12 @@ pub fn settle(client: &ClientShared, g: usize) {
     }
 }
 
-/// A release's part in cross-GPU fencing: tokens whose fence on this GPU it carries, and
-/// whether its passing means the client's session here has nothing left running.
-#[derive(Default)]
-pub struct CrossPart {
-    pub tokens: Vec<Arc<CrossRelease>>,
-    pub settles: bool,
-}
-
-impl CrossPart {
-    /// Its fence has passed on `g`.
-    pub fn passed(self, client: &ClientShared, g: usize) {
-        if self.settles {
-            settle(client, g);
-        }
-        for t in self.tokens {
-            t.done();
-        }
+/// A release's fence (its part `part`) has passed on `g`.
+pub fn passed(part: CrossPart, client: &ClientShared, g: usize) {
+    if part.settles {
+        settle(client, g);
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty() && !self.settles
+    for t in part.tokens {
+        t.done();
     }
 }

@@ -18,7 +18,7 @@
 
 use crate::client::ClientShared;
 use crate::gpu::Gpu;
-use crate::session::Release;
+use crate::release::given::Release;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -308,9 +308,8 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64, unloads: &Unloads) -> bool {
         }
         client.uncharge(dev, len);
     }
-    if let (Some(g), Some(shared)) = (gpu, &rel.limits) {
-        shared
-            .limits
+    if let (Some(g), Some(limits)) = (gpu, &rel.limits) {
+        limits
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .gone(g, client.id);
@@ -376,7 +375,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64, unloads: &Unloads) -> bool {
         } else {
             &[]
         };
-        crate::session::answer_later(&client, channel, seq, unmapped, reply);
+        crate::client::answer::answer_later(&client, channel, seq, unmapped, reply);
     }
     // Module bytes are the unload thread's to give back (with the unload).
     client.uncharge(dev, rel.limit_bytes);
@@ -390,7 +389,7 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64, unloads: &Unloads) -> bool {
     for p in rel.pinned {
         p.done();
     }
-    rel.cross.passed(&client, dev);
+    crate::release::peer_fence::passed(rel.cross, &client, dev);
     match later {
         Some((g, u)) => unloads.send(g, u, now),
         None => {

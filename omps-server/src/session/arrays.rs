@@ -7,79 +7,10 @@
 //! side. A texture over device memory must lie in the client's memory. What the client
 //! destroys, or leaves behind, goes once its queued work is done (`crate::release::releaser`).
 
-use super::graph_memory::HeldForGraphs;
+use super::kinds::graph_held::HeldForGraphs;
 use super::*;
 use crate::gpu::{ArrayShape, CopyPlace, Resource};
 use omps_ring::wire::{array, tex};
-
-/// Bounds a client's tables, so it cannot make the server's grow without end.
-const MAX_OBJECTS: usize = 1 << 16;
-
-/// A mipmapped array's levels asked for: (level, array id).
-type Levels = Vec<(u32, u32)>;
-
-#[derive(Default)]
-pub struct ArrayState {
-    /// Array id -> (driver handle, bytes charged, whether a mipmapped array's level).
-    arrays: HashMap<u32, (u64, u64, bool)>,
-    /// Mipmapped array id -> (driver handle, bytes charged, (level, array id) of the
-    /// levels asked for).
-    mipmaps: HashMap<u32, (u64, u64, Levels)>,
-    textures: std::collections::HashSet<u64>,
-    surfaces: std::collections::HashSet<u64>,
-    next_id: u32,
-    /// Arrays (the driver's handles) a capture copied to or from: a graph's memcpy node
-    /// may name them, so they outlive their destruction while the client holds graphs
-    /// (graph_memory.rs, HeldForGraphs::Array).
-    captured: std::collections::HashSet<u64>,
-}
-
-/// What goes once the client's work is done, in this order.
-#[derive(Default)]
-pub struct ArrayRelease {
-    pub textures: Vec<u64>,
-    pub surfaces: Vec<u64>,
-    /// (handle, bytes) of arrays, then of mipmapped arrays.
-    pub arrays: Vec<(u64, u64)>,
-    pub mipmaps: Vec<(u64, u64)>,
-}
-
-impl ArrayState {
-    /// Whether it holds all it may (`held`: arrays its graphs hold past their destruction).
-    fn full(&self, held: usize) -> bool {
-        self.arrays.len() + self.mipmaps.len() + self.textures.len() + self.surfaces.len() + held
-            >= MAX_OBJECTS
-            || self.next_id == u32::MAX
-    }
-
-    /// A fresh id; ids are never reused while the session lives (a client that made
-    /// 2^32 objects gets no more: `full`).
-    fn new_id(&mut self) -> u32 {
-        self.next_id += 1;
-        self.next_id
-    }
-
-    fn add_array(&mut self, handle: u64, bytes: u64, level: bool) -> u32 {
-        let id = self.new_id();
-        self.arrays.insert(id, (handle, bytes, level));
-        id
-    }
-
-    pub fn into_release(self) -> ArrayRelease {
-        ArrayRelease {
-            textures: self.textures.into_iter().collect(),
-            surfaces: self.surfaces.into_iter().collect(),
-            // A level goes with its mipmapped array.
-            arrays: self
-                .arrays
-                .into_values()
-                .filter(|&(_, _, level)| !level)
-                .map(|(h, n, _)| (h, n))
-                .collect(),
-            mipmaps: self.mipmaps.into_values().map(|(h, n, _)| (h, n)).collect(),
-        }
-    }
-}
 
 fn shape(a: &[u64; 7]) -> Result<ArrayShape, Malformed> {
     let narrow = |v: u64, what: &str| {

@@ -4,14 +4,9 @@
 //! never wider than the client's own share; and which stream is its legacy default stream,
 //! which orders against the green context's blocking streams only, as a context's does.
 
+use super::kinds::green::GreenCtx;
 use super::*;
 use wire::green;
-
-pub(super) struct GreenCtx {
-    sms: u32,
-    /// Its legacy default stream's id.
-    legacy: u32,
-}
 
 /// Where work of `sms` SMs runs for a client placed at `place`, on a GPU split as `chunks`:
 /// the slot of the last `ceil(sms / chunk)` chunks, if that is inside the client's share

@@ -67,7 +67,8 @@ impl Session {
                     // The last opening stays while an executable graph of the client uses
                     // the memory (session/graph_memory.rs): closed, the exporter's free
                     // would let the driver give it to someone else under the graph.
-                    let held = super::graph_memory::HeldForGraphs::IpcClose(c.ptr, size);
+                    let held =
+                        crate::session::kinds::graph_held::HeldForGraphs::IpcClose(c.ptr, size);
                     if self.hold_other_for_graphs(held) {
                         return self.complete(c.call, 0, &[]);
                     }

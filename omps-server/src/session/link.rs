@@ -4,7 +4,7 @@
 //! Everything in the container is hostile: counts, lengths and names are checked against
 //! what was uploaded before anything is used.
 
-use super::compile::Outcome;
+use super::kinds::compile::Outcome;
 use super::{bad, Malformed, Session};
 use crate::gpu::{code, CuError, GpuResult};
 use crate::image::verifier::Work;

@@ -1,6 +1,6 @@
 //! Module images, their loading and unloading, globals and function attributes.
 
-use super::compile::Outcome;
+use super::kinds::compile::Outcome;
 use super::*;
 use crate::image::module_cache::{Defaults, SETTABLE};
 use crate::image::verifier::Work;
@@ -38,8 +38,11 @@ impl Session {
                 // It stays loaded while the client holds graphs (session/graph_memory.rs):
                 // their kernel nodes may name its functions, and memset or memcpy nodes its
                 // variables, whose memory the driver would give to the next allocation.
-                let held =
-                    super::graph_memory::HeldForGraphs::Module(m.handle, m.shared, m.data_bytes);
+                let held = crate::session::kinds::graph_held::HeldForGraphs::Module(
+                    m.handle,
+                    m.shared,
+                    m.data_bytes,
+                );
                 if !self.hold_other_for_graphs(held) {
                     self.give_back_module(ctx, m.handle, m.shared, m.data_bytes);
                 }

@@ -9,38 +9,12 @@
 //! importer's IPC openings (`Session::imported`), closed when the importer frees it or
 //! goes, and the owner's free leaves it to the last importer, as with IPC handles.
 
+use super::kinds::pool_share::{MAX_IMPORTS, MAX_POOLS};
 use super::{bad, Malformed, Session};
 use crate::client::ipc::OpenError;
 use crate::gpu::{code, CuError};
 use crate::worker::WorkerCtx;
 use omps_ring::wire::{self, vmm};
-use std::collections::{HashMap, HashSet};
-
-/// Bounds the pools one client exports or imports, and how often it imports one.
-const MAX_POOLS: usize = 1 << 12;
-const MAX_IMPORTS: u32 = 1 << 16;
-
-#[derive(Default)]
-pub struct PoolShareState {
-    /// Keys of its own pools it exported.
-    exported: HashSet<u64>,
-    /// Keys of other clients' pools it imported -> how many times.
-    imported: HashMap<u64, u32>,
-}
-
-impl PoolShareState {
-    /// A departed client lets go of every pool it exported or imported.
-    pub fn release_all(&mut self, reg: &mut crate::client::ipc::Registry) {
-        for key in self.exported.drain() {
-            reg.release_pool(key);
-        }
-        for (key, n) in self.imported.drain() {
-            for _ in 0..n {
-                reg.release_pool(key);
-            }
-        }
-    }
-}
 
 fn token_of(lo: u64, hi: u64) -> crate::client::ipc::Token {
     let mut t = [0u8; 16];

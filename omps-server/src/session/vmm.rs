@@ -13,149 +13,13 @@
 //! (`ClientShared::vmm_reaches`), and its unmap waits for the client's work on every GPU
 //! (crate::release::peer_fence) before the driver unmaps it and the call is answered (R14).
 
+use super::kinds::vmm::MAX_ENTRIES;
 use super::{bad, Malformed, Session};
 use crate::gpu::{code, CuError, GpuResult};
+use crate::release::given::VmmRelease;
 use crate::worker::WorkerCtx;
 use omps_ring::wire::{self, vmm};
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
-
-/// Bounds a client's tables, so it cannot make the server's grow without end.
-#[cfg(not(test))]
-const MAX_ENTRIES: usize = 1 << 16;
-/// Small in unit tests, so that reaching it costs nothing.
-#[cfg(test)]
-const MAX_ENTRIES: usize = 16;
-
-#[derive(Default)]
-pub struct VmmState {
-    /// Reservation start -> size.
-    reservations: BTreeMap<u64, u64>,
-    /// Handle id -> (driver handle, size).
-    handles: HashMap<u32, (u64, u64)>,
-    /// Handle ids whose memory the driver made compressible: importers learn it too.
-    compressed: HashSet<u32>,
-    /// Mapping start -> (size, handle id, the server GPUs other than this session's with
-    /// access to it, bit per ordinal).
-    pub(super) mappings: BTreeMap<u64, (u64, u32, u64)>,
-    /// Handles released while still mapped (PyTorch releases right after mapping): the
-    /// driver keeps their memory until the last unmap, and the client stays charged for
-    /// it until then. Handle id -> (size, driver handle).
-    released_mapped: HashMap<u32, (u64, u64)>,
-    /// Handles imported from another client: id -> size. Charged nothing while the
-    /// exporter's process is; charged to this client if it releases the memory last while
-    /// it still maps it (the driver keeps it for the mapping).
-    imported: HashMap<u32, u64>,
-    next_handle: u32,
-    /// Memory pools it shares with other clients (pool_share.rs).
-    pub(super) pools: super::pool_share::PoolShareState,
-}
-
-/// What a departed client's virtual memory leaves to release, in this order.
-#[derive(Default)]
-pub struct VmmRelease {
-    pub unmap: Vec<(u64, u64)>,
-    pub handles: Vec<(u64, u64)>,
-    pub reservations: Vec<(u64, u64)>,
-    /// Memory of handles released but still mapped: charged until the unmaps above.
-    pub released_mapped_bytes: u64,
-    /// Mappings other GPUs reached: out of the client's table once unmapped.
-    pub reach: Vec<u64>,
-    /// A call (channel, sequence) answered once the unmaps are done: a held cuMemUnmap.
-    pub answer: Option<(u32, u32)>,
-}
-
-impl VmmState {
-    fn reservation_holding(&self, addr: u64, len: u64) -> bool {
-        self.reservations
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(&s, &n)| addr.checked_add(len).is_some_and(|e| e <= s + n))
-    }
-
-    fn overlaps_mapping(&self, addr: u64, len: u64) -> bool {
-        let end = addr.saturating_add(len);
-        self.mappings
-            .range(..end)
-            .next_back()
-            .is_some_and(|(&s, &(n, ..))| s + n > addr)
-    }
-
-    /// Whether `[addr, addr+len)` lies inside mappings of this client.
-    pub fn mapped(&self, addr: u64, len: u64) -> bool {
-        let (mut at, end) = (addr, addr.saturating_add(len));
-        while at < end {
-            match self.mappings.range(..=at).next_back() {
-                Some((&s, &(n, ..))) if s + n > at => at = s + n,
-                _ => return false,
-            }
-        }
-        true
-    }
-
-    /// Handle `id`'s mapping went: if it was its last and the handle was released, the
-    /// driver frees the memory with it, and what the client was charged comes back.
-    fn unmapped_last(&mut self, id: u32) -> Option<(u64, u64)> {
-        if self.mappings.values().any(|&(_, other, _)| other == id) {
-            return None;
-        }
-        self.released_mapped.remove(&id)
-    }
-
-    /// The mappings `[addr, addr+len)` consists of, whole: their starts.
-    fn whole_mappings(&self, addr: u64, len: u64) -> Option<Vec<u64>> {
-        let end = addr.checked_add(len)?;
-        let parts: Vec<(u64, u64)> = self
-            .mappings
-            .range(addr..end)
-            .map(|(&s, &(n, ..))| (s, n))
-            .collect();
-        let mut at = addr;
-        for &(s, n) in &parts {
-            if s != at {
-                return None;
-            }
-            at = s + n;
-        }
-        (at == end && !parts.is_empty()).then(|| parts.into_iter().map(|p| p.0).collect())
-    }
-
-    pub fn into_release(self) -> VmmRelease {
-        VmmRelease {
-            unmap: self.mappings.iter().map(|(&s, &(n, ..))| (s, n)).collect(),
-            reach: self
-                .mappings
-                .iter()
-                .filter(|m| m.1 .2 != 0)
-                .map(|m| *m.0)
-                .collect(),
-            handles: self.handles.values().copied().collect(),
-            reservations: self.reservations.into_iter().collect(),
-            released_mapped_bytes: self.released_mapped.values().map(|r| r.0).sum(),
-            answer: None,
-        }
-    }
-}
-
-impl VmmState {
-    /// The client goes: memory it released while mapped that other clients still hold
-    /// stays charged to its process until they release it too (the rest goes with the
-    /// unmaps, `released_mapped_bytes`).
-    pub fn keep_shared(
-        &mut self,
-        reg: &mut crate::client::ipc::Registry,
-        client: &crate::client::ClientShared,
-        dev: usize,
-    ) {
-        self.released_mapped.retain(|_, &mut (size, h)| {
-            let shared = reg.vmm_shared(h);
-            if shared {
-                reg.keep_vmm(h, client.hold(dev, size));
-            }
-            !shared
-        });
-    }
-}
 
 impl Session {
     pub(super) fn handle_vmm(
@@ -311,7 +175,7 @@ impl Session {
             Err(CuError(code::INVALID_VALUE))
         } else {
             st.reservations.remove(&at);
-            let held = super::graph_memory::HeldForGraphs::Reservation(at, size);
+            let held = crate::session::kinds::graph_held::HeldForGraphs::Reservation(at, size);
             // Graphs on other GPUs may write it too (VMM memory they were given access to).
             if self.hold_other_for_graphs(held) || self.hold_for_other_gpus((at, size)) {
                 Ok(0)
@@ -478,10 +342,7 @@ mod tests {
         };
         for i in 0..MAX_ENTRIES as u64 {
             s.graph_held_other
-                .push(super::super::graph_memory::HeldForGraphs::Reservation(
-                    i << 20,
-                    g,
-                ));
+                .push(crate::session::kinds::graph_held::HeldForGraphs::Reservation(i << 20, g));
         }
         s.handle_vmm(&mut ctx, reserve).expect("well formed");
         assert!(

@@ -10,7 +10,13 @@
 //! `sched/` and `base/`; never the control thread.
 
 mod ctx;
+mod free;
+mod gpu_shared;
 pub mod policy;
+mod run;
 pub mod stats;
 
 pub use ctx::*;
+pub use free::free_on;
+pub use gpu_shared::*;
+pub use run::run;

@@ -1,0 +1,224 @@
+//! A client's conditional-node books ([`CondState`]): its homes, handles, bodies and what
+//! copies of its graphs inherited. Below the session (state.rs holds them) and the family
+//! that serves conditional nodes (conditional.rs).
+
+use crate::session::record::{bad, Malformed};
+use std::collections::HashMap;
+
+/// A client's conditional-node books.
+#[derive(Default)]
+pub(in crate::session) struct CondState {
+    /// Home graphs (the driver's handles): those made for built graphs, and the graphs
+    /// of captures that made handles.
+    pub(in crate::session) homes: std::collections::HashSet<u64>,
+    /// Conditional handles -> the home that made them.
+    pub(in crate::session) handles: HashMap<u64, u64>,
+    /// Body ids -> (the driver's body graph, the home it lies in).
+    pub(in crate::session) bodies: HashMap<u32, (u64, u64)>,
+    /// Client streams capturing into a home or body -> that graph.
+    pub(in crate::session) capture_into: HashMap<u32, u64>,
+    /// Graphs (the driver's handles) that are copies of graphs with bodies, or took such
+    /// graphs as child nodes: the driver copies the bodies, which the server then does not
+    /// know by id (see [`Inherited`]); and graphs with host nodes, whose words it lists.
+    pub(in crate::session) inherited: HashMap<u64, Inherited>,
+}
+
+/// What a copy of a graph (GRAPH_CLONE) or a graph that took one as a child node
+/// (CHILD_NODE) replays that the driver may not list: its sources' conditional bodies, whose
+/// copies it holds (CUDA 13.0 cannot read a conditional node's bodies).
+#[derive(Default)]
+pub(in crate::session) struct Inherited {
+    /// The graphs copied in, while they live: their bodies are read again at each
+    /// instantiation (what they know included, transitively).
+    pub(in crate::session) from: Vec<u64>,
+    /// The ranges their bodies (and what they knew) used when copied, kept for after the
+    /// sources go: the copy's bodies are its own and outlive them.
+    pub(in crate::session) ranges: Vec<(u64, u64)>,
+    /// The words in the client's page-locked memory its own host nodes (HostNodeAt)
+    /// write and wait on at every replay: batch memory operations, which the driver's
+    /// ranges leave out.
+    pub(in crate::session) words: Vec<u64>,
+}
+
+/// More handles than any program makes; a client asking beyond gets OUT_OF_MEMORY.
+pub(in crate::session) const MAX_HANDLES: usize = 1 << 16;
+
+impl CondState {
+    /// The home graph `g` (a home or a body) lies in.
+    pub(in crate::session) fn home_of(&self, g: u64) -> Option<u64> {
+        if self.homes.contains(&g) {
+            return Some(g);
+        }
+        self.bodies
+            .values()
+            .find(|&&(b, _)| b == g)
+            .map(|&(_, home)| home)
+    }
+
+    pub(in crate::session) fn being_captured(&self, home: u64) -> bool {
+        self.capture_into
+            .values()
+            .any(|&g| self.home_of(g) == Some(home))
+    }
+
+    /// The driver's body graphs of home `home` (nested ones too: all name the outermost).
+    pub(in crate::session) fn bodies_of(&self, home: u64) -> Vec<u64> {
+        self.bodies
+            .values()
+            .filter(|&&(_, h)| h == home)
+            .map(|&(b, _)| b)
+            .collect()
+    }
+
+    /// Home `home` lost its nodes: its bodies are gone, and what it and they inherited.
+    pub(in crate::session) fn cleared(&mut self, home: u64) {
+        for b in self.bodies_of(home).into_iter().chain([home]) {
+            self.forget_inherited(b);
+        }
+        self.bodies.retain(|_, &mut (_, h)| h != home);
+    }
+
+    /// The bodies and inherited ranges graph `graph` replays beyond what the driver lists
+    /// of it: its own bodies, and those of the graphs it copied in (transitively).
+    pub(in crate::session) fn reach(&self, graph: u64) -> (Vec<u64>, Vec<(u64, u64)>) {
+        let (mut bodies, mut ranges) = (Vec::new(), Vec::new());
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![graph];
+        while let Some(g) = todo.pop() {
+            if !seen.insert(g) {
+                continue;
+            }
+            let own = self.bodies_of(g);
+            for x in std::iter::once(g).chain(own.iter().copied()) {
+                if let Some(i) = self.inherited.get(&x) {
+                    ranges.extend_from_slice(&i.ranges);
+                    ranges.extend(i.words.iter().map(|&w| (w, 8)));
+                    todo.extend_from_slice(&i.from);
+                }
+            }
+            bodies.extend(own);
+        }
+        (bodies, ranges)
+    }
+
+    /// Graph `copy` holds a copy of `source` (a clone of it, or a child node), whose
+    /// bodies and what it inherited used `ranges` when copied.
+    pub(in crate::session) fn inherit(&mut self, copy: u64, source: u64, ranges: Vec<(u64, u64)>) {
+        let i = self.inherited.entry(copy).or_default();
+        if !i.from.contains(&source) {
+            i.from.push(source);
+        }
+        i.ranges.extend(ranges);
+        i.ranges.sort_unstable();
+        i.ranges.dedup();
+    }
+
+    /// A host node of graph `g` (being captured) uses the two words at `words`.
+    pub(in crate::session) fn host_words(&mut self, g: u64, words: u64) {
+        let i = self.inherited.entry(g).or_default();
+        if !i.words.contains(&words) {
+            i.words.push(words);
+        }
+    }
+
+    /// Graph `g` is gone: what it inherited, and the links to it (the driver may give its
+    /// handle to a new graph), go; its copies keep the ranges they inherited from it.
+    pub(in crate::session) fn forget_inherited(&mut self, g: u64) {
+        self.inherited.remove(&g);
+        for i in self.inherited.values_mut() {
+            i.from.retain(|&f| f != g);
+        }
+    }
+
+    /// Graph `g` (any of the client's) is destroyed: Err when a capture goes into it.
+    pub(in crate::session) fn destroying(&mut self, g: u64) -> Result<(), Malformed> {
+        if !self.homes.contains(&g) {
+            self.forget_inherited(g);
+            return Ok(());
+        }
+        if self.being_captured(g) {
+            return bad("destroying a graph a capture goes into");
+        }
+        self.forget_home(g);
+        self.forget_inherited(g);
+        Ok(())
+    }
+
+    /// Home `g` is gone (destroyed, or a capture's graph the driver threw away).
+    pub(in crate::session) fn forget_home(&mut self, g: u64) {
+        self.cleared(g);
+        self.handles.retain(|_, &mut h| h != g);
+        self.homes.remove(&g);
+    }
+
+    /// Whether any home is tracked (so a capture's end must look at its graph).
+    pub(in crate::session) fn any(&self) -> bool {
+        !self.homes.is_empty() || !self.inherited.is_empty()
+    }
+
+    /// Client streams capturing into bodies of homes that are the graphs of captures
+    /// still going (they have no id yet): a plain capture's end may throw such a home,
+    /// and its bodies, away, so captures into them end first.
+    pub(in crate::session) fn captures_into_capture_homes(
+        &self,
+        graphs: &HashMap<u32, u64>,
+    ) -> Vec<u32> {
+        self.capture_into
+            .iter()
+            .filter(|(_, &g)| {
+                self.home_of(g)
+                    .is_some_and(|root| !graphs.values().any(|&h| h == root))
+            })
+            .map(|(&s, _)| s)
+            .collect()
+    }
+
+    /// After a capture ended: homes that are neither one of the client's graphs nor the
+    /// graph of a capture still going are gone (the driver threw them away with a failed
+    /// capture), and with them their bodies and handles, before any id of theirs could
+    /// name freed memory.
+    pub(in crate::session) fn prune(&mut self, graphs: &HashMap<u32, u64>, capturing: &[u64]) {
+        let gone: Vec<u64> = self
+            .homes
+            .iter()
+            .copied()
+            .filter(|h| !graphs.values().any(|g| g == h) && !capturing.contains(h))
+            .collect();
+        for h in gone {
+            self.forget_home(h);
+        }
+        // And what graphs thrown away with a capture had inherited.
+        let gone: Vec<u64> = self
+            .inherited
+            .keys()
+            .copied()
+            .filter(|g| {
+                !graphs.values().any(|h| h == g)
+                    && !capturing.contains(g)
+                    && !self.bodies.values().any(|&(b, _)| b == *g)
+            })
+            .collect();
+        for g in gone {
+            self.forget_inherited(g);
+        }
+    }
+
+    /// Client stream `id`'s capture ended (or the stream stopped capturing).
+    pub(in crate::session) fn capture_over(&mut self, id: u32) {
+        self.capture_into.remove(&id);
+    }
+
+    /// Whether client stream `id` captures into a home or body.
+    pub(in crate::session) fn is_capturing_into(&self, id: u32) -> bool {
+        self.capture_into.contains_key(&id)
+    }
+
+    /// The id a graph handle a capture ended in already has (a home or body).
+    pub(in crate::session) fn known_id(&self, graphs: &HashMap<u32, u64>, g: u64) -> Option<u32> {
+        graphs
+            .iter()
+            .chain(self.bodies.iter().map(|(id, (b, _))| (id, b)))
+            .find(|(_, &h)| h == g)
+            .map(|(&id, _)| id)
+    }
+}

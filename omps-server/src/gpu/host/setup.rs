@@ -250,6 +250,14 @@ impl HostGpu {
         self.state.lock().unwrap().registered.lock().unwrap().len()
     }
 
+    /// Whether a registered range starts at `addr`: unlike [`HostGpu::registered_ranges`],
+    /// not moved by the segments the server registers ahead of connections meanwhile.
+    pub fn registered_at(&self, addr: u64) -> bool {
+        let st = self.state.lock().unwrap();
+        let r = st.registered.lock().unwrap();
+        r.iter().any(|&(s, _)| s == addr as usize)
+    }
+
     pub fn modules_loaded(&self) -> usize {
         self.state.lock().unwrap().modules.len()
     }

@@ -8,7 +8,11 @@
 
 use super::copy_any::{copy_linear_3d, Memcpy3D};
 /// The texture and surface object entry points, under the path they always had.
-pub use super::tex_object::*;
+pub use super::tex_object::{
+    cuSurfObjectCreate, cuSurfObjectDestroy, cuSurfObjectGetResourceDesc, cuTexObjectCreate,
+    cuTexObjectDestroy, cuTexObjectGetResourceDesc, cuTexObjectGetResourceViewDesc,
+    cuTexObjectGetTextureDesc, ResourceDesc,
+};
 use crate::cuda::*;
 use crate::handles::{leak, resolve, retire};
 use crate::state::blocks::{alloc, free_block};

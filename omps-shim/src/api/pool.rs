@@ -15,7 +15,9 @@
 //! process may still hold them.
 
 /// The pool settings entry points, under the path they always had.
-pub use super::pool_attr::*;
+pub use super::pool_attr::{
+    cuMemPoolGetAccess, cuMemPoolGetAttribute, cuMemPoolSetAccess, cuMemPoolSetAttribute,
+};
 use super::vmm::call_raw;
 use super::vmm_share::POSIX_FD;
 use crate::cuda::*;

@@ -2,7 +2,7 @@
 //! in the server from an array or linear memory; the descriptors they were made from are
 //! kept here for the queries. Apart from the arrays themselves (array.rs), which they name.
 
-use super::array::*;
+use super::array::{handle, Array3DDesc, CUarray, CUmipmappedArray, ARRAY_MAGIC, MIPMAP_MAGIC};
 use crate::cuda::*;
 use crate::state::entry::{entry, live, out};
 use crate::state::ranges::range_info;

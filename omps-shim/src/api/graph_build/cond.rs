@@ -7,51 +7,18 @@
 //! server adds the node where the capture stands and each body is captured into the body
 //! graph the driver made for it.
 
+use super::registry::{graph_ref, is_built, with};
 use super::server_graph::cond_call;
-use super::*;
-use omps_ring::wire::{self, graph as wg, Op};
+use super::types::{Built, CondNode, Home, Kind};
+use crate::cuda::*;
+use crate::handles::{leak, GraphHandle, GraphNode, GRAPH_MAGIC, NODE_MAGIC};
+use crate::state::capture::CUgraph;
+use crate::state::entry::{entry, out};
+use omps_ring::wire::graph as wg;
+use std::collections::HashMap;
+use std::ffi::{c_uint, c_void};
 use std::sync::Arc;
-
-/// A built graph's server graph, which makes its conditional handles and which every
-/// instantiation captures into. Its bodies and copies share it.
-pub(crate) struct Home {
-    dev: usize,
-    pub(super) id: u32,
-    /// Held while an instantiation captures into the home and clears it again.
-    pub(super) busy: Mutex<()>,
-    handles: Mutex<Vec<u64>>,
-}
-
-impl Drop for Home {
-    fn drop(&mut self) {
-        let h = wire::Handle {
-            id: self.id,
-            _pad: 0,
-        };
-        let _ = crate::state::entry::live()
-            .and_then(|c| c.push(self.dev, Op::GraphDestroy, &[bytemuck::bytes_of(&h)]));
-    }
-}
-
-/// A conditional node: its handle, CUgraphConditionalNodeType, and the bodies it owns
-/// (built graph handles; the array is what `phGraph_out` points at, as long as the node
-/// lives).
-#[derive(Clone)]
-pub(crate) struct CondNode {
-    pub(super) handle: u64,
-    pub(super) ty: u32,
-    pub(super) bodies: Arc<[usize]>,
-}
-
-impl CondNode {
-    /// The same node with its own copies of the bodies (see `deep`).
-    pub(super) fn with_bodies(&self, bodies: Vec<usize>) -> CondNode {
-        CondNode {
-            bodies: bodies.into(),
-            ..self.clone()
-        }
-    }
-}
+use std::sync::Mutex;
 
 /// CUDA_CONDITIONAL_NODE_PARAMS.
 #[repr(C)]

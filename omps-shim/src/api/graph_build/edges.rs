@@ -1,6 +1,10 @@
 //! Edges of graphs built by hand, node lists and queries, node removal, clones.
 
-use super::*;
+use super::registry::{clone_graph, drop_child, graph_ref, is_built, locate, node_handle, with};
+use crate::cuda::*;
+use crate::handles::{leak, GraphHandle, GraphNode, GRAPH_MAGIC};
+use crate::state::capture::CUgraph;
+use crate::state::entry::{entry, out};
 
 /// Adds (or removes) the edges `from[k] -> to[k]`.
 ///

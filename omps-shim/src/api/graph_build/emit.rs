@@ -1,9 +1,22 @@
 //! Instantiating a graph built by hand: its nodes issued in dependency order onto
 //! private streams inside a capture on the server (see the parent module).
 
+use super::registry::{child_graph, graph_ref};
 use super::server_graph::cond_call;
-use super::*;
+use super::types::{Built, CondNode, Kind};
+use crate::api::capture::{cuStreamBeginCapture_v2, cuStreamEndCapture};
+use crate::api::exec::{
+    cuEventCreate, cuEventDestroy_v2, cuEventRecord, cuEventRecordWithFlags, cuLaunchKernel,
+    cuStreamDestroy_v2, cuStreamWaitEvent,
+};
+use crate::api::hostmem::cuMemcpy3DAsync_v2;
+use crate::cuda::*;
+use crate::handles::GRAPH_MAGIC;
+use crate::state::capture::{CUgraph, MODE_RELAXED};
+use crate::state::streams::{CUevent, CUfunction, CUstream};
 use omps_ring::wire::graph as wg;
+use std::collections::HashMap;
+use std::ffi::{c_uint, c_void};
 
 /// A node of the flat graph that is issued: a child graph's nodes are inlined.
 struct Flat {

@@ -2,7 +2,10 @@
 //! updates see them: node edits applied to a copy of the source, nodes enabled or
 //! disabled, and the lookups from an executable graph's node handles into its source.
 
-use super::*;
+use super::registry::{with, Registry};
+use super::types::{Built, Kind, Node};
+use crate::cuda::*;
+use crate::handles::GraphNode;
 
 /// A copy of the graph executable graph `e` was made from with `edit` applied to its
 /// node `node` (a node of the graph `e` was instantiated from): the changed source to

@@ -2,12 +2,15 @@
 //! the node is (graph_mem.rs says how graph memory is held); both nodes order the graph
 //! as an empty node does.
 
-use super::*;
+use super::registry::{add, graph_ref, node_kind};
+use super::types::{Built, Kind, MemAllocNode, PoolPropsBytes};
 use crate::api::graph_mem::{allocate, is_graph_alloc, GraphAlloc};
+use crate::cuda::*;
+use crate::handles::GraphNode;
+use crate::state::capture::CUgraph;
+use crate::state::entry::{entry, out};
+use std::ffi::c_uint;
 use std::sync::Arc;
-
-/// CUmemPoolProps: 88 bytes, of which omps reads the first four fields.
-pub type PoolPropsBytes = [u8; 88];
 
 /// CUDA_MEM_ALLOC_NODE_PARAMS (v1, and v2 in CUgraphNodeParams): `dptr` is written.
 #[repr(C)]
@@ -30,12 +33,6 @@ pub struct CUmemAccessDescRaw {
 }
 
 const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
-
-#[derive(Clone)]
-pub(crate) struct MemAllocNode {
-    pub alloc: Arc<GraphAlloc>,
-    pub props: PoolPropsBytes,
-}
 
 /// A 32-bit field of the pool properties.
 fn field(p: &PoolPropsBytes, at: usize) -> u32 {

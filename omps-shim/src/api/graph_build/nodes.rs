@@ -2,7 +2,18 @@
 //! add calls (one per kind and the generic `cuGraphAddNode`), and parameter reads and
 //! writes.
 
-use super::*;
+use super::cond::{add_to_capture, cond_kind, CondParams};
+use super::edges::default_edges;
+use super::mem_nodes::{mem_alloc_kind, mem_free_kind, MemAllocNodeParams};
+use super::registry::{add, child_kind, graph_ref, is_built, locate, node_kind, set_node};
+use super::types::{node_type, CopyNode, HostFn, KernelNode, Kind, MemsetNodeParams};
+use crate::api::hostmem::Memcpy3D;
+use crate::cuda::*;
+use crate::handles::GraphNode;
+use crate::state::capture::CUgraph;
+use crate::state::entry::{entry, out};
+use crate::state::streams::{event, CUevent, CUfunction};
+use std::ffi::{c_uint, c_void};
 
 /// CUDA_KERNEL_NODE_PARAMS (v1); v2 appends a CUkernel and a context.
 #[repr(C)]
@@ -64,18 +75,6 @@ pub(crate) unsafe fn kernel_kind_v1(p: &KernelNodeParams) -> Result<Kind, CUresu
 pub(crate) unsafe fn kernel_kind_v2(p: &KernelNodeParamsV2) -> Result<Kind, CUresult> {
     // SAFETY: forwarded contract.
     unsafe { kernel_node(&p.v1, p.kern) }.map(Kind::Kernel)
-}
-
-/// CUDA_MEMSET_NODE_PARAMS.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemsetNodeParams {
-    pub dst: u64,
-    pub pitch: usize,
-    pub value: c_uint,
-    pub elem: c_uint,
-    pub width: usize,
-    pub height: usize,
 }
 
 pub(crate) fn memset_kind(p: &MemsetNodeParams) -> Result<Kind, CUresult> {
@@ -431,49 +430,6 @@ add_node_calls! {
     cuGraphAddMemsetNode(MemsetNodeParams) => memset_kind, _ctx;
     cuGraphAddMemcpyNode(Memcpy3D) => copy_kind, _ctx;
     cuGraphAddHostNode(HostNodeParams) => host_kind;
-}
-
-/// A copy of node `node`'s kind and parameters.
-pub(super) fn node_kind(node: *mut GraphNode) -> Result<Kind, CUresult> {
-    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    with(|r| {
-        r.graphs
-            .get(&g)
-            .and_then(|b| b.nodes.get(i))
-            .and_then(|n| n.as_ref())
-            .map(|n| n.kind.clone())
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
-    })
-}
-
-/// Gives node `node` new parameters of its own kind.
-/// Gives node `node` new parameters of its own kind (a kernel keeps its launch
-/// attributes).
-pub(super) fn set_node(node: *mut GraphNode, kind: Kind) -> Result<(), CUresult> {
-    edit_node(node, |old| kind.keeping(old))
-}
-
-/// Replaces node `node`'s kind and parameters as they are (`make` sees the old ones), the
-/// node kind unchanged.
-pub(super) fn edit_node(
-    node: *mut GraphNode,
-    make: impl FnOnce(&Kind) -> Kind,
-) -> Result<(), CUresult> {
-    let (g, i) = locate(node).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    with(|r| {
-        let n = r
-            .graphs
-            .get_mut(&g)
-            .and_then(|b| b.nodes.get_mut(i))
-            .and_then(|n| n.as_mut())
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let kind = make(&n.kind);
-        if n.kind.type_code() != kind.type_code() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        n.kind = kind;
-        Ok(())
-    })
 }
 
 /// # Safety

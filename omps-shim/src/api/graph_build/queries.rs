@@ -1,8 +1,18 @@
 //! What a program may read back from a graph built by hand: a kernel node's parameters,
 //! the edges, a DOT picture.
 
-use super::*;
+use super::nodes::{KernelNodeParams, KernelNodeParamsV2};
+use super::registry::{built_node_type, edit_node, graph_ref, node_handles, node_kind, with};
+use super::types::{node_type, KernelNode, Kind};
+use crate::cuda::*;
+use crate::handles::GraphNode;
+use crate::state::capture::CUgraph;
+use crate::state::entry::{entry, out};
+use crate::state::streams::{function, CUfunction};
+use std::collections::HashMap;
+use std::ffi::{c_uint, c_void};
 use std::sync::LazyLock;
+use std::sync::Mutex;
 
 /// Argument copies cuGraphKernelNodeGetParams handed out, by node handle: the packed
 /// arguments and a pointer to each, valid until that node's parameters are read again.

@@ -4,8 +4,12 @@
 //! capture into a graph built here (cuStreamBeginCaptureToGraph) ends in such a node too,
 //! owning the graph the capture made.
 
+use super::registry::{add, dep_indices, server_graph};
 use super::server_graph::{cond_call, ServerGraph};
-use super::*;
+use crate::cuda::*;
+use crate::handles::{GraphHandle, GraphNode};
+use crate::state::capture::CUgraph;
+use crate::state::streams::CUstream;
 use omps_ring::wire::graph as wg;
 
 /// Issues child node `c` where stream `s`'s capture stands.

@@ -2,12 +2,19 @@
 //! capture past a conditional node added to it): here beside the built graphs it reads,
 //! so that capture.rs, which this calls, never calls back into graph_build.
 
+use super::cond::{added_on, is_captured_body};
+use super::registry::is_built;
 use super::server_child::{add_captured, check_deps};
-use super::*;
 use crate::api::capture::{begin_to, begun, capture_call};
+use crate::cuda::*;
+use crate::handles::{GraphHandle, GRAPH_MAGIC};
+use crate::state::capture::CUgraph;
 use crate::state::capture::{IntoBuilt, MODE_RELAXED};
+use crate::state::entry::entry;
+use crate::state::streams::CUstream;
 use crate::state::streams::{per_thread, stream_dev};
 use omps_ring::wire::Op;
+use std::ffi::c_uint;
 
 /// Capturing into an existing graph: the bodies of a conditional node added to a capture
 /// (how the CUDA guide and PyTorch fill them), with no dependencies; or a graph built by

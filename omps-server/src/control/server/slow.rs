@@ -114,13 +114,19 @@ pub(super) fn answer_slow(client: &ClientShared, sock: &UnixStream, status: i32,
     };
     let mut bytes = bytemuck::bytes_of(&head).to_vec();
     bytes.extend_from_slice(text);
+    // Free for its next request before it can have this answer: the shim sends the next
+    // one as soon as it reads this, and a flag cleared after the send was, now and then
+    // on a loaded machine, still set when that request came, which cut off an honest
+    // client ("a second request before the first was answered").
+    // SYNC POINT: this release pairs with the control thread's swap (AcqRel) in
+    // requests.rs that takes the flag for the client's next slow request.
+    client.slow_pending.store(false, Ordering::Release);
     if !send_within(sock, &bytes, SLOW_ANSWER_TIME) {
         client.disconnect(
             code::MPS_CLIENT_TERMINATED,
             "it did not take the answer to its request",
         );
     }
-    client.slow_pending.store(false, Ordering::Release);
 }
 
 /// Sends all of `bytes`, never waiting `limit` for the peer to take any (ZERO: never

@@ -257,6 +257,10 @@ pub struct Account {
     /// The namespace its connections came through, set by the first (a process is a
     /// client of one namespace, or of none).
     group: std::sync::OnceLock<Option<Arc<Group>>>,
+    /// Whether a module load, JIT compile or link of the process is queued or running
+    /// off the lanes: one at a time, over all its connections and GPUs
+    /// (crate::image::compile).
+    pub compiling: std::sync::atomic::AtomicBool,
 }
 
 impl Account {
@@ -275,6 +279,7 @@ impl Account {
             lock: Mutex::new(()),
             totals,
             group: std::sync::OnceLock::new(),
+            compiling: Default::default(),
         }
     }
 

@@ -11,11 +11,23 @@
 //! (the driver is thread-safe; each call makes the GPU's context current on its thread).
 //! The client waits, its ring untouched, as a client held back for its depth does; the
 //! lane serves its other clients and completes the record when the work is done
-//! (session/compile.rs). A client has at most one such record in flight per GPU (its ring
-//! is held meanwhile), and each runs on a thread of its own up to [`MAX_THREADS`] per
+//! (session/compile.rs). Each job runs on a thread of its own, up to [`MAX_THREADS`] per
 //! GPU: a compile that takes long, even one the driver never ends, holds one thread and
-//! its own client, never another client's load. Only [`MAX_THREADS`] clients compiling at
-//! once make the next one wait for a thread.
+//! its own client, never another client's load.
+//!
+//! A *process* (its account, crate::client::account, shared by all its connections) has
+//! at most one job queued or running, over all its connections and GPUs, and keeps it
+//! after it disconnects, until the job ends (review 4): its further loads wait, their
+//! rings held, until it ends. So one process cannot hold more than one thread, nor fill
+//! the queue, and as the queue holds at most one job per process, taking them in order
+//! serves processes round robin: a process's next load goes behind every other process's
+//! waiting one. Only [`MAX_THREADS`] processes compiling at once make the next one wait
+//! for a thread.
+//!
+//! A job whose client is gone is not run: its thread drops it when it comes to it, and a
+//! new job clears such jobs (and their image bytes) from the queue; the work itself looks
+//! again between the verifier and the driver (session/compile.rs). The queue holds at
+//! most [`MAX_QUEUED`] jobs besides; a load beyond waits, its ring held, for room.
 //!
 //! Unit tests and the fuzz targets drive sessions without lanes: there the work runs on
 //! the caller's thread, as before ([`Compiler::threaded`] is set by the lanes).
@@ -27,10 +39,18 @@ use std::time::Duration;
 
 /// Compile threads per GPU: at most this many clients' loads run at once.
 pub const MAX_THREADS: usize = 8;
+/// Jobs queued at most per GPU (each of a different process: see the module's notes); a
+/// load beyond waits for room, its ring held.
+pub const MAX_QUEUED: usize = 256;
 /// How long an idle compile thread waits for work before it ends.
 const IDLE: Duration = Duration::from_secs(10);
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A job, and whether it is still wanted (false once its client is gone: then it is
+/// dropped unrun, which gives back what it holds).
+struct Job {
+    wanted: Box<dyn Fn() -> bool + Send>,
+    run: Box<dyn FnOnce() + Send>,
+}
 
 /// One GPU's compile threads.
 #[derive(Default)]
@@ -74,16 +94,37 @@ impl Compiler {
         !q.jobs.is_empty() || q.running > 0
     }
 
+    /// Whether the queue has room for another job ([`MAX_QUEUED`]); jobs no longer
+    /// wanted are cleared from it first.
+    pub fn has_room(&self) -> bool {
+        let mut q = self.inner.lock();
+        let gone = q.clear_unwanted();
+        let room = q.jobs.len() < MAX_QUEUED;
+        drop(q);
+        drop(gone);
+        room
+    }
+
     /// Runs `job` on a compile thread, a new one if none is idle and fewer than
-    /// [`MAX_THREADS`] run; else it waits for the first thread free. Run at once on this
-    /// thread while not [`Compiler::threaded`].
-    pub fn submit(&self, job: impl FnOnce() + Send + 'static) {
+    /// [`MAX_THREADS`] run; else it waits for the first thread free, and is dropped unrun
+    /// if `wanted` no longer holds by then. Run at once on this thread while not
+    /// [`Compiler::threaded`].
+    pub fn submit(
+        &self,
+        wanted: impl Fn() -> bool + Send + 'static,
+        job: impl FnOnce() + Send + 'static,
+    ) {
         if !self.threaded() {
             job();
             return;
         }
         let mut q = self.inner.lock();
-        q.jobs.push_back(Box::new(job));
+        // Dropped once the lock is let go (a job's drop gives back what it holds).
+        let gone = q.clear_unwanted();
+        q.jobs.push_back(Job {
+            wanted: Box::new(wanted),
+            run: Box::new(job),
+        });
         if q.idle >= q.jobs.len() {
             self.inner.ready.notify_one();
             return;
@@ -101,10 +142,26 @@ impl Compiler {
         }
         if q.threads == 0 {
             // Not one thread: the work runs here, as without compile threads.
-            let job = q.jobs.pop_back().expect("pushed above");
-            drop(q);
-            job();
+            if let Some(job) = q.jobs.pop_back() {
+                drop(q);
+                (job.run)();
+            }
         }
+        drop(gone);
+    }
+}
+
+impl Queue {
+    /// Takes the jobs no longer wanted out of the queue, to be dropped without the lock.
+    fn clear_unwanted(&mut self) -> VecDeque<Job> {
+        if self.jobs.iter().all(|j| (j.wanted)()) {
+            return VecDeque::new();
+        }
+        let (keep, gone): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .partition(|j| (j.wanted)());
+        self.jobs = keep;
+        gone
     }
 }
 
@@ -120,9 +177,14 @@ impl Inner {
             if let Some(job) = q.jobs.pop_front() {
                 q.running += 1;
                 drop(q);
-                // A panic in a job (a bug) ends that job, not the thread's count: the
-                // job's client learns through its slot's drop (session/compile.rs).
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                // A job whose client is gone is dropped unrun (its drop gives back).
+                if (job.wanted)() {
+                    // A panic in a job (a bug) ends that job, not the thread's count: the
+                    // job's client learns through its slot's drop (session/compile.rs).
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job.run));
+                } else {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(job)));
+                }
                 q = self.lock();
                 q.running -= 1;
                 continue;
@@ -153,14 +215,20 @@ mod tests {
         c.go_threaded();
         let (tx, rx) = std::sync::mpsc::channel();
         let slow = tx.clone();
-        c.submit(move || {
-            std::thread::sleep(Duration::from_millis(500));
-            let _ = slow.send("slow");
-        });
+        c.submit(
+            || true,
+            move || {
+                std::thread::sleep(Duration::from_millis(500));
+                let _ = slow.send("slow");
+            },
+        );
         let t = Instant::now();
-        c.submit(move || {
-            let _ = tx.send("quick");
-        });
+        c.submit(
+            || true,
+            move || {
+                let _ = tx.send("quick");
+            },
+        );
         assert_eq!(rx.recv().unwrap(), "quick");
         assert!(t.elapsed() < Duration::from_millis(400));
         assert!(c.busy(), "the slow one still runs");
@@ -173,11 +241,61 @@ mod tests {
     }
 
     #[test]
+    fn a_job_no_longer_wanted_is_dropped_unrun() {
+        let c = Compiler::default();
+        c.go_threaded();
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        // Every thread held, so the next job queues.
+        for _ in 0..MAX_THREADS {
+            let gate = gate.clone();
+            c.submit(
+                || true,
+                move || {
+                    let (m, cv) = &*gate;
+                    drop(cv.wait_while(m.lock().unwrap(), |open| !*open).unwrap());
+                },
+            );
+        }
+        struct Dropped(Arc<AtomicBool>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let (ran, dropped, wanted) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(true)),
+        );
+        let (r, d, w) = (ran.clone(), Dropped(dropped.clone()), wanted.clone());
+        c.submit(
+            move || w.load(Ordering::SeqCst),
+            move || {
+                let _d = d;
+                r.store(true, Ordering::SeqCst);
+            },
+        );
+        assert!(c.has_room());
+        wanted.store(false, Ordering::SeqCst);
+        // Cleared from the queue, its bytes given back, before a thread is free.
+        assert!(c.has_room());
+        assert!(dropped.load(Ordering::SeqCst), "dropped from the queue");
+        let (m, cv) = &*gate;
+        *m.lock().unwrap() = true;
+        cv.notify_all();
+        let end = Instant::now() + Duration::from_secs(2);
+        while c.busy() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!ran.load(Ordering::SeqCst), "never run");
+    }
+
+    #[test]
     fn without_lanes_work_runs_at_once() {
         let c = Compiler::default();
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
-        c.submit(move || r.store(true, Ordering::SeqCst));
+        c.submit(|| true, move || r.store(true, Ordering::SeqCst));
         assert!(ran.load(Ordering::SeqCst));
         assert!(!c.busy());
     }
@@ -190,11 +308,14 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         for k in 0..MAX_THREADS + 2 {
             let (gate, tx) = (gate.clone(), tx.clone());
-            c.submit(move || {
-                let (m, cv) = &*gate;
-                drop(cv.wait_while(m.lock().unwrap(), |open| !*open).unwrap());
-                let _ = tx.send(k);
-            });
+            c.submit(
+                || true,
+                move || {
+                    let (m, cv) = &*gate;
+                    drop(cv.wait_while(m.lock().unwrap(), |open| !*open).unwrap());
+                    let _ = tx.send(k);
+                },
+            );
         }
         assert_eq!(c.inner.lock().threads, MAX_THREADS);
         let (m, cv) = &*gate;

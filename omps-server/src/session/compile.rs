@@ -11,8 +11,14 @@
 //! A client gone meanwhile leaves its work's result to the thread that ran it: a module
 //! loaded is unloaded (through the releaser, as the client's own would be) and the
 //! charge given back.
+//!
+//! A process has one such job at a time, over all its connections and GPUs
+//! ([`Turn`]; crate::image::compile): a load of a process with one running (or queued)
+//! waits in its session, the ring held, until the process's turn comes, and takes it
+//! then. The work itself asks again whether its client still waits before the driver
+//! ([`Wanted`]): a client that left after the verifier's check costs no driver load.
 
-use super::kinds::compile::{Leftover, Outcome, Pending, Slot, State};
+use super::kinds::compile::{Job, Leftover, Outcome, Pending, Slot, State, Turn, Wanted};
 use super::*;
 use crate::image::verifier::Work;
 use std::sync::Mutex;
@@ -26,13 +32,9 @@ impl Session {
         ctx: &mut WorkerCtx,
         call: CallHdr,
         charged: u64,
-        work: impl FnOnce() -> Outcome + Send + 'static,
+        work: impl FnOnce(&Wanted) -> Outcome + Send + 'static,
     ) -> Result<(), Malformed> {
         let compiler = &ctx.shared.compiler;
-        if !compiler.threaded() {
-            let out = work();
-            return self.finish_compile(ctx, call, charged, out);
-        }
         let slot = Arc::new(Slot {
             state: Mutex::new(State::Running),
             leftover: Leftover {
@@ -43,26 +45,52 @@ impl Session {
                 charged,
             },
         });
-        let done = slot.clone();
-        compiler.submit(move || {
-            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                .unwrap_or(Outcome::Panicked);
-            let mut st = done.lock();
-            if matches!(*st, State::Running) {
-                *st = State::Done(out);
-            } else {
-                drop(st);
-                done.leftover.give_back(out);
-            }
+        if !compiler.threaded() {
+            let out = work(&Wanted(slot));
+            return self.finish_compile(ctx, call, charged, out);
+        }
+        self.compile = Some(Pending {
+            call,
+            slot,
+            waiting: Some(Box::new(work)),
         });
-        self.compile = Some(Pending { call, slot });
+        self.hand_on(ctx);
         Ok(())
+    }
+
+    /// Hands the work waiting in the session to the compile threads, if its process's
+    /// turn is free and the queue has room; else it waits on (till the next pass).
+    fn hand_on(&mut self, ctx: &WorkerCtx) {
+        let Some(p) = self.compile.as_mut() else {
+            return;
+        };
+        if p.waiting.is_none() {
+            return;
+        }
+        let compiler = &ctx.shared.compiler;
+        if !compiler.has_room() {
+            return;
+        }
+        let Some(turn) = Turn::take(&self.client.account) else {
+            return;
+        };
+        let job = Job {
+            slot: p.slot.clone(),
+            turn: Some(turn),
+            work: p.waiting.take(),
+        };
+        let wanted = Wanted(p.slot.clone());
+        compiler.submit(move || !wanted.gone(), move || job.run());
     }
 
     /// Whether the client waits for work off the lane (then none of its records is taken
     /// this pass). Work done is completed first: its record answered, its module the
     /// client's.
     pub fn compile_waiting(&mut self, ctx: &mut WorkerCtx) -> Result<bool, Malformed> {
+        if self.compile.as_ref().is_some_and(|p| p.waiting.is_some()) {
+            self.hand_on(ctx);
+            return Ok(true);
+        }
         let Some(p) = &self.compile else {
             return Ok(false);
         };
@@ -183,6 +211,11 @@ impl Session {
             Outcome::Panicked => {
                 self.client.uncharge(self.dev, charged);
                 bad("the server failed loading or linking a module")
+            }
+            // Only for a session that had gone (or threads dropped with the server).
+            Outcome::Abandoned => {
+                self.client.uncharge(self.dev, charged);
+                self.complete(call, code::UNKNOWN, &[])
             }
         }
     }

@@ -97,6 +97,7 @@ impl Session {
             graph::GRAPH_CLONE => match self.graphs.get(&c.graph) {
                 Some(&g) => self
                     .room_for_graphs(1)
+                    .and_then(|()| self.copy_within_depth(g))
                     .and_then(|()| self.copied_ranges(ctx, g))
                     .and_then(|inherited| {
                         let copy = gpu.graph_clone(g)?;
@@ -123,23 +124,39 @@ impl Session {
                 (Some(&g), Some(s)) if !self.cond.capture_into.values().any(|&t| t == g) => {
                     // The capture's graph (a home's, a body's or a plain one) holds a copy
                     // of g's bodies from now on, as a clone does.
-                    self.copied_ranges(ctx, g).and_then(|inherited| {
-                        let into = match inherited {
-                            Some(_) => Some(gpu.capture_graph(s)?),
-                            None => None,
-                        };
-                        gpu.capture_child(s, g)?;
-                        if let (Some(r), Some(into)) = (inherited, into) {
-                            self.cond.inherit(into, g, r);
-                        }
-                        Ok(0)
-                    })
+                    self.copy_within_depth(g)
+                        .and_then(|()| self.copied_ranges(ctx, g))
+                        .and_then(|inherited| {
+                            let into = match inherited {
+                                Some(_) => Some(gpu.capture_graph(s)?),
+                                None => None,
+                            };
+                            gpu.capture_child(s, g)?;
+                            if let (Some(r), Some(into)) = (inherited, into) {
+                                self.cond.inherit(into, g, r);
+                            }
+                            Ok(0)
+                        })
                 }
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
             k => return bad(format!("unknown conditional-graph op {k}")),
         };
         self.complete_pod(c.call, r.map(|value| wire::U64Reply { value }))
+    }
+
+    /// Refuses a copy of `g` (a clone, a child node) that would make a chain of copies of
+    /// graphs with conditional bodies deeper than MAX_COPY_DEPTH: CUDA_ERROR_NOT_SUPPORTED,
+    /// said in the log (kinds/cond.rs says why this code).
+    fn copy_within_depth(&mut self, g: u64) -> Result<(), CuError> {
+        if self.cond.may_copy(g) {
+            return Ok(());
+        }
+        self.log_refusal(format_args!(
+            "graph copy refused: copies of graphs with conditional nodes may go {} levels deep",
+            super::kinds::cond::MAX_COPY_DEPTH
+        ));
+        Err(CuError(code::NOT_SUPPORTED))
     }
 
     /// A conditional handle of home `g`.

@@ -4,7 +4,7 @@
 //! Everything in the container is hostile: counts, lengths and names are checked against
 //! what was uploaded before anything is used.
 
-use super::kinds::compile::Outcome;
+use super::kinds::compile::{Outcome, Wanted};
 use super::{bad, Malformed, Session};
 use crate::gpu::{code, CuError, GpuResult};
 use crate::image::verifier::Work;
@@ -175,11 +175,15 @@ impl Session {
         // verifier child links the same container. Both off the lane (crate::image::compile).
         let gpu = ctx.gpu.clone();
         let device = ctx.shared.modules.cc().to_le_bytes();
-        self.compile(ctx, l.call, 0, move || {
+        self.compile(ctx, l.call, 0, move |wanted: &Wanted| {
             if crate::image::verifier::check(gpu.ordinal(), &device, &blob, Work::Link)
                 == crate::image::verifier::Verdict::Crashed
             {
                 return Outcome::Refused(Work::Link);
+            }
+            // A client gone during the check costs the driver nothing.
+            if wanted.gone() {
+                return Outcome::Abandoned;
             }
             // The same bytes the lane parsed: prepared alike here.
             let (r, info, error) = match prepare(&blob) {
@@ -228,11 +232,15 @@ impl Session {
             Err(e) => return self.complete(l.call, e.0, &[]),
         };
         let cc = ctx.shared.modules.cc();
-        self.compile(ctx, l.call, need, move || {
+        self.compile(ctx, l.call, need, move |wanted: &Wanted| {
             if crate::image::verifier::check(gpu.ordinal(), &cc.to_le_bytes(), &blob, Work::Jit)
                 == crate::image::verifier::Verdict::Crashed
             {
                 return Outcome::Refused(Work::Jit);
+            }
+            // A client gone during the check costs the driver nothing.
+            if wanted.gone() {
+                return Outcome::Abandoned;
             }
             // The same bytes the lane read: one PTX input here too.
             let Ok(Some((options, ptx))) = jit_container(&blob) else {

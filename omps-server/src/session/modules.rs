@@ -1,6 +1,6 @@
 //! Module images, their loading and unloading, globals and function attributes.
 
-use super::kinds::compile::Outcome;
+use super::kinds::compile::{Outcome, Wanted};
 use super::*;
 use crate::image::module_cache::{Defaults, SETTABLE};
 use crate::image::verifier::Work;
@@ -83,7 +83,7 @@ impl Session {
                 // no one (crate::verifier), then by the driver: both off the lane
                 // (crate::image::compile), so that a slow one holds up its own client only.
                 let cc = ctx.shared.modules.cc();
-                self.compile(ctx, m.call, need, move || {
+                self.compile(ctx, m.call, need, move |wanted: &Wanted| {
                     let verdict = crate::image::verifier::check(
                         gpu.ordinal(),
                         &cc.to_le_bytes(),
@@ -92,6 +92,10 @@ impl Session {
                     );
                     if verdict == crate::image::verifier::Verdict::Crashed {
                         return Outcome::Refused(Work::Load);
+                    }
+                    // A client gone during the check costs no driver load.
+                    if wanted.gone() {
+                        return Outcome::Abandoned;
                     }
                     let r = gpu.module_load(&blob);
                     let defaults = match &r {

@@ -3,19 +3,25 @@
 //! below the session (state.rs holds one) and the family that starts and completes them
 //! (compile.rs).
 
+use crate::client::account::Account;
 use crate::client::ClientShared;
 use crate::gpu::{Gpu, GpuResult, LoadedModule};
 use crate::image::module_cache::Defaults;
-use crate::image::verifier::Work;
+use crate::image::verifier::Work as Kind;
 use crate::release::given::Release;
 use crate::worker::GpuShared;
 use omps_ring::wire::CallHdr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+
+/// The work itself, as a session hands it to the compile threads: it is given what tells
+/// whether its client still waits for it.
+pub(in crate::session) type Work = Box<dyn FnOnce(&Wanted) -> Outcome + Send>;
 
 /// What work off the lane came to.
 pub(in crate::session) enum Outcome {
     /// It stopped the verifier: refused, never given to the server's driver.
-    Refused(Work),
+    Refused(Kind),
     /// A module load: the module, its settable attributes if shareable, whether its code
     /// prints, and the image (for the module cache).
     Load {
@@ -39,6 +45,8 @@ pub(in crate::session) enum Outcome {
     },
     /// The work panicked (a bug): its client is cut off, as for a record the lane failed.
     Panicked,
+    /// Its client left before the driver was reached: nothing was loaded.
+    Abandoned,
 }
 
 impl Outcome {
@@ -103,19 +111,101 @@ impl Leftover {
     }
 }
 
-/// The record a session waits on while its work runs off the lane.
+/// What work off the lane asks whether its client still waits for it (a job of a client
+/// gone is not given to the verifier or the driver: review 4).
+pub(in crate::session) struct Wanted(pub(in crate::session) Arc<Slot>);
+
+impl Wanted {
+    /// Whether its client is gone (it will take no outcome).
+    pub(in crate::session) fn gone(&self) -> bool {
+        matches!(*self.0.lock(), State::Over)
+    }
+}
+
+/// A process's turn at the compile threads: at most one job per account is queued or
+/// running, over all its connections and GPUs, and after its client left too, until the
+/// job ends or is dropped (crate::image::compile).
+pub(in crate::session) struct Turn(Arc<Account>);
+
+impl Turn {
+    /// The turn of `account`, if no job of it is queued or running.
+    pub(in crate::session) fn take(account: &Arc<Account>) -> Option<Turn> {
+        account
+            .compiling
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()
+            .map(|_| Turn(account.clone()))
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.0.compiling.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A job on the compile threads: dropped unrun (its client gone, or the threads with it),
+/// it gives back what its client was charged and the process's turn.
+pub(in crate::session) struct Job {
+    pub(in crate::session) slot: Arc<Slot>,
+    pub(in crate::session) turn: Option<Turn>,
+    pub(in crate::session) work: Option<Work>,
+}
+
+impl Job {
+    /// Runs the work, unless its client is gone, and leaves the outcome for its session
+    /// (or gives it back, the session gone).
+    pub(in crate::session) fn run(mut self) {
+        let wanted = Wanted(self.slot.clone());
+        let out = match self.work.take() {
+            Some(_) if wanted.gone() => Outcome::Abandoned,
+            Some(work) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&wanted)))
+                .unwrap_or(Outcome::Panicked),
+            None => Outcome::Abandoned,
+        };
+        self.done(out);
+    }
+
+    /// The process's turn ends before the outcome shows: its next load, sent once this
+    /// one is answered, finds the turn free.
+    fn done(&mut self, out: Outcome) {
+        drop(self.turn.take());
+        let mut st = self.slot.lock();
+        if matches!(*st, State::Running) {
+            *st = State::Done(out);
+        } else {
+            drop(st);
+            self.slot.leftover.give_back(out);
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.work.take().is_some() {
+            self.done(Outcome::Abandoned);
+        }
+    }
+}
+
+/// The record a session waits on while its work runs off the lane, or waits for its
+/// process's turn (`waiting`: the work not yet handed on, the client's ring held).
 pub(in crate::session) struct Pending {
     pub(in crate::session) call: CallHdr,
     pub(in crate::session) slot: Arc<Slot>,
+    pub(in crate::session) waiting: Option<Work>,
 }
 
 impl Drop for Pending {
     /// The session goes (its client left) or has taken the outcome: a result not taken
-    /// is given back now, one still to come by the thread that runs it.
+    /// is given back now, one still to come by the thread that runs it (or that drops
+    /// it unrun), and the charge of work never handed on now too.
     fn drop(&mut self) {
         let left = std::mem::replace(&mut *self.slot.lock(), State::Over);
         if let State::Done(out) = left {
             self.slot.leftover.give_back(out);
+        } else if self.waiting.take().is_some() {
+            self.slot.leftover.give_back(Outcome::Abandoned);
         }
     }
 }

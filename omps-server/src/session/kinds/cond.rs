@@ -38,7 +38,18 @@ pub(in crate::session) struct Inherited {
     /// write and wait on at every replay: batch memory operations, which the driver's
     /// ranges leave out.
     pub(in crate::session) words: Vec<u64>,
+    /// How many copies deep its longest chain of sources goes (a copy of a graph that
+    /// inherited nothing: 1); see [`MAX_COPY_DEPTH`].
+    pub(in crate::session) depth: u32,
 }
+
+/// How deep copies of graphs with conditional bodies may go (a clone of a clone of ...,
+/// or child nodes alike): [`CondState::reach`] walks the chain at every instantiation and
+/// update, so a client must not make it as long as it likes (review 4, finding 6). No
+/// program copies a copy this often; one beyond is refused with CUDA_ERROR_NOT_SUPPORTED
+/// (conditional.rs): a limit of the server that no retry or freed memory lifts, where
+/// CUDA_ERROR_OUT_OF_MEMORY would invite a framework to free its caches and try again.
+pub(in crate::session) const MAX_COPY_DEPTH: u32 = 16;
 
 /// More handles than any program makes; a client asking beyond gets OUT_OF_MEMORY.
 pub(in crate::session) const MAX_HANDLES: usize = 1 << 16;
@@ -79,32 +90,59 @@ impl CondState {
     }
 
     /// The bodies and inherited ranges graph `graph` replays beyond what the driver lists
-    /// of it: its own bodies, and those of the graphs it copied in (transitively).
+    /// of it: its own bodies, and those of the graphs it copied in (transitively), each
+    /// once. The bodies are indexed by home once per call, and each graph of the chain
+    /// visited once: linear in the client's bodies and copies, not their product.
     pub(in crate::session) fn reach(&self, graph: u64) -> (Vec<u64>, Vec<(u64, u64)>) {
         let (mut bodies, mut ranges) = (Vec::new(), Vec::new());
+        let mut by_home: HashMap<u64, Vec<u64>> = HashMap::new();
+        for &(b, h) in self.bodies.values() {
+            by_home.entry(h).or_default().push(b);
+        }
         let mut seen = std::collections::HashSet::new();
         let mut todo = vec![graph];
         while let Some(g) = todo.pop() {
             if !seen.insert(g) {
                 continue;
             }
-            let own = self.bodies_of(g);
+            let own = by_home.get(&g).map_or(&[][..], Vec::as_slice);
             for x in std::iter::once(g).chain(own.iter().copied()) {
                 if let Some(i) = self.inherited.get(&x) {
                     ranges.extend_from_slice(&i.ranges);
                     ranges.extend(i.words.iter().map(|&w| (w, 8)));
-                    todo.extend_from_slice(&i.from);
+                    todo.extend(i.from.iter().filter(|f| !seen.contains(*f)));
                 }
             }
-            bodies.extend(own);
+            bodies.extend_from_slice(own);
         }
+        bodies.sort_unstable();
+        bodies.dedup();
+        ranges.sort_unstable();
+        ranges.dedup();
         (bodies, ranges)
+    }
+
+    /// How many copies deep `graph`'s longest chain of sources goes (its bodies' too): 0
+    /// for a graph that inherited nothing.
+    pub(in crate::session) fn copy_depth(&self, graph: u64) -> u32 {
+        std::iter::once(graph)
+            .chain(self.bodies_of(graph))
+            .filter_map(|x| self.inherited.get(&x).map(|i| i.depth))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether a copy of `source` (a clone, a child node) stays within [`MAX_COPY_DEPTH`].
+    pub(in crate::session) fn may_copy(&self, source: u64) -> bool {
+        self.copy_depth(source) < MAX_COPY_DEPTH
     }
 
     /// Graph `copy` holds a copy of `source` (a clone of it, or a child node), whose
     /// bodies and what it inherited used `ranges` when copied.
     pub(in crate::session) fn inherit(&mut self, copy: u64, source: u64, ranges: Vec<(u64, u64)>) {
+        let depth = self.copy_depth(source).saturating_add(1);
         let i = self.inherited.entry(copy).or_default();
+        i.depth = i.depth.max(depth);
         if !i.from.contains(&source) {
             i.from.push(source);
         }
@@ -220,5 +258,56 @@ impl CondState {
             .chain(self.bodies.iter().map(|(id, (b, _))| (id, b)))
             .find(|(_, &h)| h == g)
             .map(|(&id, _)| id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review 4, finding 6: a chain of copies stops at MAX_COPY_DEPTH, and what a copy
+    /// reaches is found once per graph and range, in time linear in the books.
+    #[test]
+    fn copy_chains_stop_at_the_cap_and_reach_is_linear() {
+        let mut c = CondState::default();
+        // A home with 30k bodies, each of which inherited a range.
+        let home = 1u64;
+        c.homes.insert(home);
+        for k in 0..30_000u32 {
+            let b = 1_000_000 + k as u64;
+            c.bodies.insert(k, (b, home));
+        }
+        c.inherit(1_000_000, 77, vec![(0x1000, 8)]);
+        // Clones of clones: graph n copies graph n - 1.
+        let mut g = home;
+        let mut made = 0;
+        for n in 2..100u64 {
+            if !c.may_copy(g) {
+                break;
+            }
+            let r = c.reach(g).1;
+            c.inherit(n, g, r);
+            g = n;
+            made += 1;
+        }
+        // The home is one copy deep already (a body of it inherited from graph 77).
+        assert_eq!(
+            made,
+            MAX_COPY_DEPTH as usize - 1,
+            "the chain stops at the cap"
+        );
+        assert_eq!(c.copy_depth(g), MAX_COPY_DEPTH);
+        assert!(!c.may_copy(g));
+        let t = std::time::Instant::now();
+        let (bodies, ranges) = c.reach(g);
+        assert_eq!(bodies.len(), 30_000, "each body once");
+        assert_eq!(ranges, vec![(0x1000, 8)], "each range once");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "reach took {:?}",
+            t.elapsed()
+        );
+        // A graph that inherited nothing copies freely.
+        assert!(c.may_copy(5_000_000));
     }
 }

@@ -413,7 +413,11 @@ mod tests {
             .uses
             .insert((1, 7), vec![(vas[0], g)]);
         ctx.poll();
-        assert_eq!(host.vmm_live().0, 1, "the other one is freed past the fence");
+        assert_eq!(
+            host.vmm_live().0,
+            1,
+            "the other one is freed past the fence"
+        );
         assert_eq!(
             client.graph_reach.lock().unwrap().held,
             vec![(vas[0], g)],

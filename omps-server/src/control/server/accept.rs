@@ -218,7 +218,7 @@ impl Server {
             .unwrap_or_default();
         let mut c = ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on);
         c.identity = crate::client::Identity::of(pid, settings.ns_pid);
-        let (account, first) = self.accounts.of(pid);
+        let (account, first) = self.accounts.of(pid, ns.map(|n| &n.held));
         // A namespace's memory limit holds for its clients together: the process joins
         // the namespace it came through, and another connection of its must come the
         // same way (or its memory would be counted in one place and used in another).
@@ -274,8 +274,8 @@ impl Server {
 
     /// Why one more client of process `pid`, through namespace `ns` (None: the server's
     /// own socket), would take more than its share of the client slots: its process's
-    /// (OMPS_MAX_CLIENTS_PER_PROCESS; PID 0, a process the server cannot see, has none)
-    /// or its namespace's (`max_clients=`, else all but a quarter of OMPS_MAX_CLIENTS;
+    /// (OMPS_MAX_CLIENTS_PER_PROCESS; PID 0, processes the server cannot see, counts per
+    /// socket they came through: those share an account, `Accounts::of`) or its namespace's (`max_clients=`, else all but a quarter of OMPS_MAX_CLIENTS;
     /// the server's own socket is held to that only while namespaces exist), so that one
     /// tenant cannot lock the others out (issue 23).
     pub(super) fn over_share(
@@ -286,8 +286,14 @@ impl Server {
         let b = crate::client::bounds::bounds();
         let group = ns.map(|n| &n.held);
         let (mut mine, mut ours) = (0, 0);
+        let bucket = (pid == 0)
+            .then(|| self.accounts.pid0_bucket(group))
+            .flatten();
         for (c, _) in self.clients.values() {
-            mine += usize::from(pid != 0 && c.pid == pid);
+            mine += usize::from(match &bucket {
+                Some(a) => Arc::ptr_eq(&c.account, a),
+                None => pid != 0 && c.pid == pid,
+            });
             ours += usize::from(c.account.joined(group));
         }
         if mine >= b.clients_per_process {

@@ -301,6 +301,25 @@ impl Server {
                 "process {pid} has {mine} clients (OMPS_MAX_CLIENTS_PER_PROCESS)"
             ));
         }
+        // The floors of the other namespaces, less what they use, stay free for them.
+        let floor = b.namespace_floor(self.namespaces.len());
+        let others = self
+            .namespaces
+            .limits()
+            .filter(|n| group.is_none_or(|mine| !Arc::ptr_eq(&n.held, mine)))
+            .map(|n| {
+                let used = self
+                    .clients
+                    .values()
+                    .filter(|(c, _)| c.account.joined(Some(&n.held)))
+                    .count();
+                (used, n.max_clients.map_or(floor, |m| m.min(floor)))
+            });
+        if let Some(kept) = b.takes_kept(self.clients.len(), others) {
+            return Some(format!(
+                "the other namespaces keep {kept} of the free client slots (each keeps up to {floor} of OMPS_MAX_CLIENTS)"
+            ));
+        }
         let cap = match ns {
             Some(n) => n.max_clients.unwrap_or_else(|| b.namespace_clients()),
             None if self.namespaces.is_empty() => return None,

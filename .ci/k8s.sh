@@ -26,12 +26,24 @@ rm -f "$bad"
 # check can fail: the rules as they were before issue 23's review admitted a writable
 # mount of /run/omps/omps/.
 "$venv/bin/python" .ci/tenant_guard.py deploy/kubernetes/tenant-guard.yaml .ci/tenant-guard-pods.yaml
-weak=$(mktemp --suffix=.yaml)
-sed -e "s|v.hostPath.path.matches('[^']*')|v.hostPath.path.startsWith('/run/omps/omps/')|" \
-    deploy/kubernetes/tenant-guard.yaml > "$weak"
-if "$venv/bin/python" .ci/tenant_guard.py "$weak" .ci/tenant-guard-pods.yaml > /dev/null; then
-    echo "tenant_guard.py passed a policy that admits /run/omps/omps/: the check proves nothing" >&2
-    exit 1
-fi
-rm -f "$weak"
+# Nor may the rules as they were before review 4, which took any namespace's directory
+# (a team-a pod could mount team-b's); each weakened copy must differ from the policy.
+bound="v.hostPath.path == '/run/omps/omps/' + variables.ompsNamespace"
+weaken() {
+    local weak
+    weak=$(mktemp --suffix=.yaml)
+    sed -e "s|(variables.ompsNamespace != '' \&\& $bound)|$1|" deploy/kubernetes/tenant-guard.yaml > "$weak"
+    if cmp -s "$weak" deploy/kubernetes/tenant-guard.yaml; then
+        echo "k8s.sh: tenant-guard.yaml no longer has the rule it weakens" >&2
+        exit 1
+    fi
+    if "$venv/bin/python" .ci/tenant_guard.py "$weak" .ci/tenant-guard-pods.yaml > /dev/null; then
+        echo "tenant_guard.py passed a policy that admits $2: the check proves nothing" >&2
+        exit 1
+    fi
+    rm -f "$weak"
+}
+weaken "v.hostPath.path.startsWith('/run/omps/omps/')" "/run/omps/omps/"
+weaken "v.hostPath.path.matches('^/run/omps/omps/[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}\$')" \
+    "another namespace's directory"
 echo "manifests valid (Kubernetes 1.30, 1.33, strict)"

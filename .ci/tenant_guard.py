@@ -2,7 +2,8 @@
 """Evaluates deploy/kubernetes/tenant-guard.yaml's CEL rules (its variables, then every
 validation) against the pods of .ci/tenant-guard-pods.yaml with cel-python: each `allow`
 pod must pass every rule, each `deny` pod must fail the rule whose message holds its
-`why`. cel-python is not Kubernetes' CEL (no cost limits, no Kubernetes extensions), so
+`why`. Each pod's Kubernetes namespace (`namespaceObject`) is labelled omps.io/tenant=true
+and omps.io/namespace=inference unless its case gives `namespaceLabels`. cel-python is not Kubernetes' CEL (no cost limits, no Kubernetes extensions), so
 this checks what the rules say, not that an API server takes them."""
 import sys
 
@@ -18,9 +19,16 @@ variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in pol
 rules = [(r["message"], env.program(env.compile(r["expression"]))) for r in policy["spec"]["validations"]]
 
 
-def failed(pod):
-    """The messages of the rules `pod` fails."""
-    act = {"object": celpy.json_to_cel(pod)}
+DEFAULT_LABELS = {"omps.io/tenant": "true", "omps.io/namespace": "inference"}
+
+
+def failed(pod, labels):
+    """The messages of the rules `pod` fails, in a Namespace labelled `labels`."""
+    name = pod.get("metadata", {}).get("namespace", "inference")
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    if labels:
+        ns["metadata"]["labels"] = labels
+    act = {"object": celpy.json_to_cel(pod), "namespaceObject": celpy.json_to_cel(ns)}
     vals = {}
     for name, prog in variables:
         act["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in vals.items()})
@@ -39,7 +47,7 @@ def failed(pod):
 bad = 0
 cases = yaml.safe_load(open(pods_path))
 for case in cases:
-    got = failed(case["pod"])
+    got = failed(case["pod"], case.get("namespaceLabels", DEFAULT_LABELS))
     if case["expect"] == "allow" and got:
         print(f"FAIL {case['name']}: an allowed pod was denied: {got}")
         bad += 1

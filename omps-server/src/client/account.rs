@@ -411,18 +411,31 @@ impl Drop for Held {
 #[derive(Default)]
 pub struct Accounts {
     by_pid: HashMap<i32, (u64, Weak<Account>)>,
+    /// Connections of PID 0 (processes the server cannot see), by the socket they came
+    /// through ([`Accounts::bucket_key`]): one account per socket.
+    pid0: HashMap<usize, Weak<Account>>,
     totals: Arc<Totals>,
 }
 
 impl Accounts {
-    /// The account of process `pid`, and whether it is new (then its limits are still to
-    /// be set). One held by no connection any more is gone, as is one of an earlier
-    /// process with that PID.
-    pub fn of(&mut self, pid: i32) -> (Arc<Account>, bool) {
+    /// The account of process `pid`, come through namespace `group` (None: the server's
+    /// own socket), and whether it is new (then its limits are still to be set). One held
+    /// by no connection any more is gone, as is one of an earlier process with that PID.
+    /// PID 0, a process the server cannot see (of another PID namespace), is many
+    /// processes: those that came through one socket share one account, and with it one
+    /// process's limits and caps (review 4, finding 7: an account each let them pass the
+    /// per-process caps); those of different namespaces never share one, so that one
+    /// namespace's cannot lock another's out.
+    pub fn of(&mut self, pid: i32, group: Option<&Arc<Group>>) -> (Arc<Account>, bool) {
         if pid == 0 {
-            // A process the server cannot see (of another PID namespace): PID 0 is many
-            // processes, of any namespace, so each connection has an account of its own.
-            return (Arc::new(Account::new(0, self.totals.clone())), true);
+            let key = Self::bucket_key(group);
+            if let Some(a) = self.pid0.get(&key).and_then(Weak::upgrade) {
+                return (a, false);
+            }
+            self.pid0.retain(|_, w| w.strong_count() > 0);
+            let a = Arc::new(Account::new(0, self.totals.clone()));
+            self.pid0.insert(key, Arc::downgrade(&a));
+            return (a, true);
         }
         let started = start_time(pid);
         if let Some(a) = self
@@ -440,6 +453,19 @@ impl Accounts {
         let a = Arc::new(Account::new(pid, self.totals.clone()));
         self.by_pid.insert(pid, (started, Arc::downgrade(&a)));
         (a, true)
+    }
+
+    /// The account PID-0 connections through namespace `group` share, while one lives.
+    pub fn pid0_bucket(&self, group: Option<&Arc<Group>>) -> Option<Arc<Account>> {
+        self.pid0
+            .get(&Self::bucket_key(group))
+            .and_then(Weak::upgrade)
+    }
+
+    /// A namespace's socket by its group (0: the server's own). An account of the bucket
+    /// holds its group, so no other group has that address while the bucket lives.
+    fn bucket_key(group: Option<&Arc<Group>>) -> usize {
+        group.map_or(0, |g| Arc::as_ptr(g) as usize)
     }
 
     pub fn totals(&self) -> &Arc<Totals> {
@@ -553,27 +579,41 @@ mod tests {
         let mut all = Accounts::default();
         let me = std::process::id() as i32;
         assert_ne!(start_time(me), 0, "this process's start time is readable");
-        let (a, new) = all.of(me);
+        let (a, new) = all.of(me, None);
         assert!(new);
-        let (b, again) = all.of(me);
+        let (b, again) = all.of(me, None);
         assert!(!again);
         assert!(Arc::ptr_eq(&a, &b), "one account for both connections");
         drop((a, b));
-        assert!(all.of(me).1, "none left: a new one");
-        let (other, new) = all.of(1);
+        assert!(all.of(me, None).1, "none left: a new one");
+        let (other, new) = all.of(1, None);
         assert!(new && other.pid == 1);
     }
 
+    /// Review 4, finding 7: each PID-0 connection had an account of its own, so the
+    /// per-process limits and caps never held for them.
     #[test]
-    fn connections_of_pid_0_share_no_account() {
+    fn connections_of_pid_0_share_an_account_per_socket() {
         let mut all = Accounts::default();
-        let (a, new_a) = all.of(0);
-        let (b, new_b) = all.of(0);
-        assert!(new_a && new_b, "each a new account, its limits set afresh");
-        assert!(
-            !Arc::ptr_eq(&a, &b),
-            "processes the server cannot see share nothing"
+        let (ns_a, ns_b) = (
+            Arc::new(Group::new([0; MAX_DEVICES])),
+            Arc::new(Group::new([0; MAX_DEVICES])),
         );
+        let (a, new_a) = all.of(0, Some(&ns_a));
+        assert!(a.join(Some(&ns_a)));
+        let (b, new_b) = all.of(0, Some(&ns_a));
+        assert!(new_a && !new_b, "the second shares the first's limits");
+        assert!(Arc::ptr_eq(&a, &b), "one account per namespace's socket");
+        assert!(all
+            .pid0_bucket(Some(&ns_a))
+            .is_some_and(|x| Arc::ptr_eq(&x, &a)));
+        let (c, new_c) = all.of(0, Some(&ns_b));
+        assert!(new_c && !Arc::ptr_eq(&a, &c), "another namespace's: apart");
+        let (d, new_d) = all.of(0, None);
+        assert!(new_d && !Arc::ptr_eq(&a, &d) && !Arc::ptr_eq(&c, &d));
+        drop((a, b));
+        assert!(all.pid0_bucket(Some(&ns_a)).is_none());
+        assert!(all.of(0, Some(&ns_a)).1, "none left: a new one");
     }
 
     #[test]

@@ -85,6 +85,26 @@ impl Bounds {
         self.clients.saturating_sub(self.clients / 4).max(1)
     }
 
+    /// The client slots each of `namespaces` namespaces keeps for itself, which clients of
+    /// other namespaces and of the server's own socket cannot take while it has fewer:
+    /// OMPS_MAX_CLIENTS shared out among them and the server's own socket, at most 16
+    /// each (review 4, finding 8: two namespaces of three-quarters each could lock a
+    /// third out).
+    pub fn namespace_floor(&self, namespaces: usize) -> usize {
+        (self.clients / (namespaces + 1)).min(16)
+    }
+
+    /// With `connected` clients, the slots the other namespaces keep, when each has
+    /// `others` (clients, its floor): Some(kept) if one more client would take one of them.
+    pub fn takes_kept(
+        &self,
+        connected: usize,
+        others: impl Iterator<Item = (usize, usize)>,
+    ) -> Option<usize> {
+        let kept: usize = others.map(|(used, floor)| floor.saturating_sub(used)).sum();
+        (connected + 1 + kept > self.clients).then_some(kept)
+    }
+
     /// The bounds the environment sets (what [`bounds`] keeps).
     pub fn from_env() -> Bounds {
         Bounds {
@@ -111,5 +131,31 @@ impl Bounds {
             graphs_total: env("OMPS_MAX_GRAPHS_TOTAL", 1 << 20),
             graphs_least: env("OMPS_MIN_GRAPHS", 256),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Review 4, finding 8: two namespaces of three-quarters each locked a third out.
+    #[test]
+    fn each_namespace_keeps_a_floor_of_the_client_slots() {
+        let mut b = super::Bounds::from_env();
+        b.clients = 16;
+        let floor = b.namespace_floor(3);
+        assert_eq!(floor, 4, "16 shared by 3 namespaces and omps.sock");
+        assert_eq!(b.namespace_floor(0), 16, "at most 16");
+        b.clients = 1024;
+        assert_eq!(b.namespace_floor(3), 16);
+        b.clients = 16;
+        // a has 8 and b 4 of 16: a takes none of c's 4; c does.
+        let (a, c) = ([(4, floor), (0, floor)], [(8, floor), (4, floor)]);
+        assert_eq!(b.takes_kept(12, a.into_iter()), Some(4));
+        assert_eq!(b.takes_kept(11, a.into_iter()), None);
+        assert_eq!(b.takes_kept(12, c.into_iter()), None, "c's own");
+        // A namespace of max_clients=2 keeps 2 at most.
+        assert_eq!(b.takes_kept(10, [(0, 2), (0, floor)].into_iter()), Some(6));
+        assert_eq!(b.takes_kept(9, [(0, 2), (0, floor)].into_iter()), None);
+        // Used up past the floor: nothing kept.
+        assert_eq!(b.takes_kept(15, [(9, floor), (6, floor)].into_iter()), None);
     }
 }

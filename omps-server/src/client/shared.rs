@@ -523,6 +523,19 @@ impl ClientShared {
             })
     }
 
+    /// Of reservations `rs` it freed (their release fenced on every GPU), those no
+    /// executable graph of its uses, to be freed now; the rest are held in `graph_reach`
+    /// until none does (session/graph_memory.rs gives them back then).
+    pub fn free_unless_reached(&self, rs: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+        if rs.is_empty() {
+            return rs;
+        }
+        let mut reach = self.graph_reach.lock().unwrap_or_else(|e| e.into_inner());
+        let (used, free): (Vec<_>, Vec<_>) = rs.into_iter().partition(|&r| reach.used(r));
+        reach.held.extend(used);
+        free
+    }
+
     /// Whether what it leaves behind waits for its work on every GPU it sees (it enabled
     /// peer access or gave another GPU access to its VMM memory).
     pub fn leaves_wait_everywhere(&self) -> bool {

@@ -456,6 +456,15 @@ impl Namespaces {
         self.list.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Each namespace's limits, in order.
+    pub fn limits(&self) -> impl Iterator<Item = &Arc<Limits>> + '_ {
+        self.list.iter().map(|n| &n.limits)
+    }
+
     /// One pollfd per namespace, in order ([`Namespaces::accept`] takes the position).
     pub fn pollfds(&self) -> impl Iterator<Item = libc::pollfd> + '_ {
         self.list.iter().map(|n| libc::pollfd {

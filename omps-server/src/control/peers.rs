@@ -80,11 +80,17 @@ fn socket_full(all: usize, its: usize, most: usize) -> bool {
     all >= most && its >= most / SOCKET_RESERVE_DIVISOR
 }
 
-/// Whether process `pid`, with `its` connections in handshake, may have no more. A peer
-/// of another PID namespace shows as pid 0: no per-process bucket for those (they would
-/// all share one, and one container could lock out the others), the total bounds them.
-fn process_full(pid: i32, its: usize) -> bool {
-    pid != 0 && its >= HANDSHAKES_PER_PID
+/// Whether process `pid`, with `its` connections in handshake, may have no more.
+fn process_full(its: usize) -> bool {
+    its >= HANDSHAKES_PER_PID
+}
+
+/// Whether peer `p` counts as the same process as a new connection of `pid` through
+/// `origin` (`operator_only`: of root). A peer of another PID namespace shows as pid 0:
+/// those count together per socket and user (review 4, finding 7: uncounted, they had no
+/// cap), never across sockets, so that one namespace's pods cannot lock another's out.
+fn same_process(p: &Peer, pid: i32, origin: &Origin, operator_only: bool) -> bool {
+    p.pid == pid && (pid != 0 || (p.origin.same_socket(origin) && p.operator_only == operator_only))
 }
 
 /// A connection in progress.
@@ -151,7 +157,7 @@ impl Peer {
             let (mut all, mut its, mut socket) = (0, 0, 0);
             for p in alike {
                 all += 1;
-                its += usize::from(p.pid == cred.pid);
+                its += usize::from(same_process(p, cred.pid, &origin, cred.uid != uid));
                 socket += usize::from(p.origin.same_socket(&origin));
             }
             if socket_full(all, socket, crate::client::bounds::bounds().handshakes) {
@@ -159,7 +165,7 @@ impl Peer {
                     "too many connections in handshake (OMPS_MAX_HANDSHAKES), and this socket's reserve of them in use",
                 ));
             }
-            if process_full(cred.pid, its) {
+            if process_full(its) {
                 return Err(io::Error::other(format!(
                     "process {} has {HANDSHAKES_PER_PID} connections in handshake",
                     cred.pid
@@ -328,15 +334,39 @@ pub fn send_status(s: &UnixStream, status: i32) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// Review 4, finding 7: peers of PID 0 had no per-process cap at all; now they count
+    /// together per socket (and user), apart from other sockets' PID-0 peers.
     #[test]
-    fn peers_of_another_pid_namespace_share_no_per_process_bucket() {
-        use super::{process_full, HANDSHAKES_PER_PID};
-        assert!(!process_full(42, HANDSHAKES_PER_PID - 1));
+    fn peers_of_pid_0_share_a_bucket_per_socket() {
+        use super::{process_full, same_process, Origin, Peer, HANDSHAKES_PER_PID};
+        assert!(!process_full(HANDSHAKES_PER_PID - 1));
         assert!(
-            process_full(42, HANDSHAKES_PER_PID),
+            process_full(HANDSHAKES_PER_PID),
             "a process's bucket is full"
         );
-        assert!(!process_full(0, 1000), "pid 0 is many processes");
+        let limits = |name: &str| std::sync::Arc::new(crate::control::namespace::test_limits(name));
+        let (a, b) = (
+            Origin::Namespace(limits("a")),
+            Origin::Namespace(limits("b")),
+        );
+        let peer = |pid, origin: &Origin| {
+            let (s, _) = std::os::unix::net::UnixStream::pair().unwrap();
+            Peer::new(s, pid, false, origin.clone()).unwrap()
+        };
+        let p = peer(0, &a);
+        assert!(
+            same_process(&p, 0, &a, false),
+            "PID 0 of one socket: one bucket"
+        );
+        assert!(!same_process(&p, 0, &b, false), "not another namespace's");
+        assert!(!same_process(&p, 0, &Origin::Clients, false));
+        assert!(!same_process(&p, 0, &a, true), "nor root's");
+        assert!(!same_process(&p, 7, &a, false), "a PID is its own");
+        let q = peer(7, &a);
+        assert!(
+            same_process(&q, 7, &b, false),
+            "a PID counts on every socket"
+        );
     }
 
     #[test]

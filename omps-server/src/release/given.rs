@@ -102,6 +102,7 @@ impl Release {
             && self.vmm.unmap.is_empty()
             && self.vmm.handles.is_empty()
             && self.vmm.reservations.is_empty()
+            && self.vmm.reach_reservations.is_empty()
             && self.vmm.released_mapped_bytes == 0
             && self.arrays.arrays.is_empty()
             && self.arrays.mipmaps.is_empty()
@@ -127,6 +128,11 @@ pub struct VmmRelease {
     pub unmap: Vec<(u64, u64)>,
     pub handles: Vec<(u64, u64)>,
     pub reservations: Vec<(u64, u64)>,
+    /// Reservations freed by a client that gave other GPUs access to its VMM memory,
+    /// released with its work on every GPU past a fence: freed then only if no executable
+    /// graph of its on any GPU uses a byte of them (ClientShared::graph_reach, which a
+    /// graph read before the fence is in by then); else held there until none does.
+    pub reach_reservations: Vec<(u64, u64)>,
     /// Memory of handles released but still mapped: charged until the unmaps above.
     pub released_mapped_bytes: u64,
     /// Mappings other GPUs reached: out of the client's table once unmapped.

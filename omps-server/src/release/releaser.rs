@@ -364,6 +364,12 @@ fn release(gpu: &dyn Gpu, job: Job, now: u64, unloads: &Unloads) -> bool {
         for (p, n) in rel.vmm.reservations {
             let _ = g.vmm_address_free(p, n);
         }
+        // The fences passed: a graph instantiated on another GPU from a record the client
+        // published before it unmapped the range there has been read, and is in the books.
+        let free = client.free_unless_reached(rel.vmm.reach_reservations);
+        for (p, n) in free {
+            let _ = g.vmm_address_free(p, n);
+        }
     }
     for start in rel.vmm.reach {
         client.forget_vmm(start);

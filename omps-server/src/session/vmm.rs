@@ -179,6 +179,21 @@ impl Session {
             // Graphs on other GPUs may write it too (VMM memory they were given access to).
             if self.hold_other_for_graphs(held) || self.hold_for_other_gpus((at, size)) {
                 Ok(0)
+            } else if self.client.vmm_peer.load(Ordering::SeqCst) {
+                // Another GPU's lane may not yet have read an instantiate (or update) the
+                // client published there before it unmapped the range: accepted then
+                // (ClientShared::vmm_reaches), its graph would write freed addresses. So,
+                // as the unmap, the free waits for the client's work on every GPU, and goes
+                // to the driver only if no graph of its uses the range by then.
+                let rel = super::Release {
+                    vmm: VmmRelease {
+                        reach_reservations: vec![(at, size)],
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                ctx.release_everywhere(self, rel);
+                Ok(0)
             } else {
                 ctx.gpu.vmm_address_free(at, size).map(|()| 0)
             }
@@ -352,6 +367,69 @@ mod tests {
         s.graph_held_other.clear();
         s.handle_vmm(&mut ctx, reserve).expect("well formed");
         assert_eq!(s.vmm.reservations.len(), 1, "room again");
+    }
+
+    /// Review 4, finding 4: a client that gave another GPU access to its VMM memory frees a
+    /// reservation here while that GPU's lane has yet to read an instantiate it published
+    /// there before the unmap (which `vmm_reaches` still accepts then). Its free went to the
+    /// driver at once; now it waits for the client's work on every GPU, as the unmap does,
+    /// and a graph read meanwhile keeps it reserved.
+    #[test]
+    fn a_reservation_other_gpus_may_reach_is_freed_only_past_their_fence() {
+        let host = Arc::new(crate::gpu::host::HostGpu::new(0, 1 << 26));
+        let gpu: Arc<dyn Gpu> = host.clone();
+        let (client, _peer) = crate::testing::fake_client(&gpu, 1).expect("fake client");
+        let mut ctx = WorkerCtx::new(gpu.clone()).expect("worker ctx");
+        // SAFETY: the fake client's segment has ring 0 and outlives the session.
+        let mut s = unsafe { Session::new(client.clone(), 0) };
+        client.vmm_peer.store(true, Ordering::SeqCst);
+        let g = gpu.vmm_granularity(false, false).expect("granularity");
+        let call = |kind, args| wire::Vmm {
+            kind,
+            args,
+            ..Default::default()
+        };
+        for _ in 0..2 {
+            s.handle_vmm(&mut ctx, call(vmm::RESERVE, [g, 0, 0]))
+                .expect("well formed");
+        }
+        let vas: Vec<u64> = s.vmm.reservations.keys().copied().collect();
+        assert_eq!(host.vmm_live().0, 2);
+        // Both freed while no graph anywhere is known to use them.
+        for &va in &vas {
+            s.handle_vmm(&mut ctx, call(vmm::ADDRESS_FREE, [va, g, 0]))
+                .expect("well formed");
+        }
+        assert_eq!(
+            host.vmm_live().0,
+            2,
+            "freed before the client's work on the other GPUs passed a fence"
+        );
+        // Before the fence, GPU 1's lane reads the instantiate of a graph over the first.
+        client
+            .graph_reach
+            .lock()
+            .unwrap()
+            .uses
+            .insert((1, 7), vec![(vas[0], g)]);
+        ctx.poll();
+        assert_eq!(
+            host.vmm_live().0,
+            1,
+            "the other one is freed past the fence"
+        );
+        assert_eq!(
+            client.graph_reach.lock().unwrap().held,
+            vec![(vas[0], g)],
+            "held while GPU 1's graph uses it"
+        );
+        // The graph goes: the reservation with it.
+        let free = {
+            let mut r = client.graph_reach.lock().unwrap();
+            r.uses.clear();
+            r.unused()
+        };
+        assert_eq!(free, vec![(vas[0], g)]);
     }
 
     #[test]

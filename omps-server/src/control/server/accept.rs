@@ -218,7 +218,7 @@ impl Server {
             .unwrap_or_default();
         let mut c = ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on);
         c.identity = crate::client::Identity::of(pid, settings.ns_pid);
-        let (account, first) = self.accounts.of(pid);
+        let (account, first) = self.accounts.of(pid, ns.map(|n| &n.held));
         // A namespace's memory limit holds for its clients together: the process joins
         // the namespace it came through, and another connection of its must come the
         // same way (or its memory would be counted in one place and used in another).
@@ -274,8 +274,8 @@ impl Server {
 
     /// Why one more client of process `pid`, through namespace `ns` (None: the server's
     /// own socket), would take more than its share of the client slots: its process's
-    /// (OMPS_MAX_CLIENTS_PER_PROCESS; PID 0, a process the server cannot see, has none)
-    /// or its namespace's (`max_clients=`, else all but a quarter of OMPS_MAX_CLIENTS;
+    /// (OMPS_MAX_CLIENTS_PER_PROCESS; PID 0, processes the server cannot see, counts per
+    /// socket they came through: those share an account, `Accounts::of`) or its namespace's (`max_clients=`, else all but a quarter of OMPS_MAX_CLIENTS;
     /// the server's own socket is held to that only while namespaces exist), so that one
     /// tenant cannot lock the others out (issue 23).
     pub(super) fn over_share(
@@ -286,13 +286,38 @@ impl Server {
         let b = crate::client::bounds::bounds();
         let group = ns.map(|n| &n.held);
         let (mut mine, mut ours) = (0, 0);
+        let bucket = (pid == 0)
+            .then(|| self.accounts.pid0_bucket(group))
+            .flatten();
         for (c, _) in self.clients.values() {
-            mine += usize::from(pid != 0 && c.pid == pid);
+            mine += usize::from(match &bucket {
+                Some(a) => Arc::ptr_eq(&c.account, a),
+                None => pid != 0 && c.pid == pid,
+            });
             ours += usize::from(c.account.joined(group));
         }
         if mine >= b.clients_per_process {
             return Some(format!(
                 "process {pid} has {mine} clients (OMPS_MAX_CLIENTS_PER_PROCESS)"
+            ));
+        }
+        // The floors of the other namespaces, less what they use, stay free for them.
+        let floor = b.namespace_floor(self.namespaces.len());
+        let others = self
+            .namespaces
+            .limits()
+            .filter(|n| group.is_none_or(|mine| !Arc::ptr_eq(&n.held, mine)))
+            .map(|n| {
+                let used = self
+                    .clients
+                    .values()
+                    .filter(|(c, _)| c.account.joined(Some(&n.held)))
+                    .count();
+                (used, n.max_clients.map_or(floor, |m| m.min(floor)))
+            });
+        if let Some(kept) = b.takes_kept(self.clients.len(), others) {
+            return Some(format!(
+                "the other namespaces keep {kept} of the free client slots (each keeps up to {floor} of OMPS_MAX_CLIENTS)"
             ));
         }
         let cap = match ns {

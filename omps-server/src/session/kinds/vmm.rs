@@ -103,6 +103,7 @@ impl VmmState {
                 .collect(),
             handles: self.handles.values().copied().collect(),
             reservations: self.reservations.into_iter().collect(),
+            reach_reservations: Vec::new(),
             released_mapped_bytes: self.released_mapped.values().map(|r| r.0).sum(),
             answer: None,
         }

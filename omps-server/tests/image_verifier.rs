@@ -67,20 +67,26 @@ fn a_link_that_kills_the_linker_never_reaches_the_server() {
     evil_bytes.extend_from_slice(omps_server::gpu_host::PARSER_CRASH);
     let evil = link::encode(&[], [(OBJECT, "b.o", evil_bytes.as_slice())]);
     let v = Verifier::new(spec(&dir.join("verified-images")));
-    assert_eq!(v.check_work(0, b"sm90", &good, Work::Link), Verdict::Good);
     assert_eq!(
-        v.check_work(0, b"sm90", &evil, Work::Link),
+        v.check_work(0, 0, b"sm90", &good, Work::Link),
+        Verdict::Good
+    );
+    assert_eq!(
+        v.check_work(0, 0, b"sm90", &evil, Work::Link),
         Verdict::Crashed,
         "the child's linker died on it"
     );
     assert_eq!(
-        v.check_work(0, b"sm90", &evil, Work::Link),
+        v.check_work(0, 0, b"sm90", &evil, Work::Link),
         Verdict::Crashed,
         "remembered"
     );
     assert_eq!(v.spawned(), 1);
     // The same bytes as an image are another question, asked of a new child.
-    assert_eq!(v.check_work(0, b"sm90", &good, Work::Load), Verdict::Good);
+    assert_eq!(
+        v.check_work(0, 0, b"sm90", &good, Work::Load),
+        Verdict::Good
+    );
     assert_eq!(v.spawned(), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -107,16 +113,16 @@ fn jit_ptx_that_kills_the_compiler_never_reaches_the_server() {
     let with = |ptx: &[u8], level: u64| link::encode(&[opt(7, level)], [(PTX, "k.ptx", ptx)]);
     let v = Verifier::new(spec(&dir.join("verified-images")));
     assert_ne!(
-        v.check_work(0, b"sm90", &with(&good, 3), Work::Jit),
+        v.check_work(0, 0, b"sm90", &with(&good, 3), Work::Jit),
         Verdict::Crashed
     );
     assert_eq!(
-        v.check_work(0, b"sm90", &with(&evil, 3), Work::Jit),
+        v.check_work(0, 0, b"sm90", &with(&evil, 3), Work::Jit),
         Verdict::Crashed,
         "the child's compiler died on it"
     );
     assert_eq!(
-        v.check_work(0, b"sm90", &with(&evil, 0), Work::Jit),
+        v.check_work(0, 0, b"sm90", &with(&evil, 0), Work::Jit),
         Verdict::Crashed,
         "other options: asked again, and refused again"
     );

@@ -294,6 +294,13 @@ impl Account {
         }
     }
 
+    /// Whose image checks share the verifier's children fairly (crate::image::verifier):
+    /// its namespace's clients together (the group's address, which lives while any of
+    /// its accounts does), or 0 for those of the server's own socket.
+    pub fn tenant(&self) -> usize {
+        self.group().map_or(0, |g| Arc::as_ptr(g) as usize)
+    }
+
     fn group(&self) -> Option<&Arc<Group>> {
         self.group.get().and_then(Option::as_ref)
     }

@@ -16,7 +16,10 @@
 //! Checks run on the compile threads ([`crate::image::compile`]), never on a lane. Different
 //! images are checked at once, each in a child of its own, up to [`MAX_CHILDREN`]; a check
 //! beyond waits for a child to be free, and a second check of an image being checked
-//! waits for that one's verdict.
+//! waits for that one's verdict. The last free child is kept for a *tenant* (a namespace's
+//! clients together, or those of the server's own socket) that holds none: one tenant
+//! checks at most MAX_CHILDREN - 1 images at once, so slow images of one (300 s each)
+//! never make another's new image wait for a child (see [`State::held`]).
 //!
 //! A JIT link's container (cuLinkAddData inputs: cubins, objects, libraries, PTX, LTO IR)
 //! goes to the driver's linker, another parser, and is linked first in the child too; PTX
@@ -27,7 +30,7 @@
 //! answer is the load's or the link's CUresult (i32 LE).
 
 use sha2::{Digest, Sha256};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -132,6 +135,11 @@ struct State {
     children: usize,
     /// Hashes being checked now: a second check of one waits for the first's verdict.
     checking: HashSet<[u8; 32]>,
+    /// Tenant -> children it checks images in now (none: absent). A check takes a child
+    /// while two or more are free (idle, or not started), and the last free one only for
+    /// a tenant that holds none: so one tenant holds at most MAX_CHILDREN - 1, and a
+    /// tenant without a child finds one free or one freed by the next check that ends.
+    held: HashMap<usize, usize>,
     /// Children started (tests read it).
     spawned: u64,
     /// Whether the log has said that images load unverified.
@@ -173,13 +181,21 @@ impl Verifier {
     /// capability, say): remembered, or from a load in the child. A verdict holds for one
     /// kind of GPU under one driver: the same image may meet another parser elsewhere.
     pub fn check(&self, ordinal: usize, device: &[u8], image: &[u8]) -> Verdict {
-        self.check_work(ordinal, device, image, Work::Load)
+        self.check_work(0, ordinal, device, image, Work::Load)
     }
 
-    /// The verdict on `bytes` for `work` (an image's load, a container's link).
-    pub fn check_work(&self, ordinal: usize, device: &[u8], image: &[u8], work: Work) -> Verdict {
+    /// The verdict on `bytes` for `work` (an image's load, a container's link), asked by
+    /// tenant `tenant` (`Account::tenant`: whose checks share the children fairly).
+    pub fn check_work(
+        &self,
+        tenant: usize,
+        ordinal: usize,
+        device: &[u8],
+        image: &[u8],
+        work: Work,
+    ) -> Verdict {
         let started = Instant::now();
-        let verdict = self.check_timed(ordinal, device, image, work);
+        let verdict = self.check_timed(tenant, ordinal, device, image, work);
         // What verification costs a load (scripts/probe/verifier_cost.sh reads these).
         tracing::debug!(
             bytes = image.len(),
@@ -190,7 +206,14 @@ impl Verifier {
         verdict
     }
 
-    fn check_timed(&self, ordinal: usize, device: &[u8], image: &[u8], work: Work) -> Verdict {
+    fn check_timed(
+        &self,
+        tenant: usize,
+        ordinal: usize,
+        device: &[u8],
+        image: &[u8],
+        work: Work,
+    ) -> Verdict {
         let started = Instant::now();
         // A link's verdict is not an image's of the same bytes (images keep the hashes
         // they had before links were verified, so kept verdicts stay good).
@@ -228,18 +251,23 @@ impl Verifier {
             hash,
         };
         // A child of its own for this check: an idle one, else a new one while fewer than
-        // MAX_CHILDREN run, else the first to be free.
+        // MAX_CHILDREN run, else the first to be free; the last free one only for a
+        // tenant that holds none (State::held).
         let child = loop {
             reap(&mut st);
-            if let Some(c) = st.idle.pop() {
-                break Some(c);
-            }
-            if st.children < MAX_CHILDREN {
+            let busy = st.children.saturating_sub(st.idle.len());
+            let free = MAX_CHILDREN.saturating_sub(busy);
+            let mine = st.held.get(&tenant).copied().unwrap_or(0);
+            if free >= 2 || (free == 1 && mine == 0) {
+                if let Some(c) = st.idle.pop() {
+                    break Some(c);
+                }
                 st.children += 1;
                 break None;
             }
             st = self.wait(st);
         };
+        *st.held.entry(tenant).or_default() += 1;
         drop(st);
         // The child is asked with no lock held: other images are checked meanwhile.
         let fresh = child.is_none();
@@ -254,6 +282,13 @@ impl Verifier {
         let mut st = self.lock();
         if fresh && child.is_ok() {
             st.spawned += 1;
+        }
+        // The tenant's child is free again (notified as `checking` goes, below).
+        if let Some(n) = st.held.get_mut(&tenant) {
+            *n -= 1;
+            if *n == 0 {
+                st.held.remove(&tenant);
+            }
         }
         let verdict = match answer {
             Ok(NO_CONTEXT) => {
@@ -471,10 +506,11 @@ pub fn install(v: Option<Verifier>) {
 
 /// The installed verifier's verdict on `bytes` for `work` (an image's load, a container's
 /// link or JIT compile); Good where none is installed.
-pub fn check(ordinal: usize, device: &[u8], bytes: &[u8], work: Work) -> Verdict {
+/// `tenant`: whose checks these are ([`Verifier::check_work`]).
+pub fn check(tenant: usize, ordinal: usize, device: &[u8], bytes: &[u8], work: Work) -> Verdict {
     let v = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
     v.map_or(Verdict::Good, |v| {
-        v.check_work(ordinal, device, bytes, work)
+        v.check_work(tenant, ordinal, device, bytes, work)
     })
 }
 
@@ -627,10 +663,48 @@ mod tests {
         );
         assert_eq!(v.spawned(), 3, "the idle child and two more");
         // More images than children: the rest wait for a child, none is forked beyond.
+        // One tenant's take MAX_CHILDREN - 1 children at most (the last is kept back).
         let many: Vec<&'static [u8]> = vec![b"a01", b"a02", b"a03", b"a04", b"a05", b"a06"];
         let (verdicts, _) = check_at_once(&v, &many);
         assert_eq!(verdicts, vec![Verdict::Good; 6]);
+        assert_eq!(v.spawned() as usize, MAX_CHILDREN - 1);
+        assert!(v.lock().held.is_empty(), "every child given back");
+    }
+
+    /// Hostile review: one tenant's slow images (distinct, as a compile each: 300 s) held
+    /// every child, and another tenant's new image waited for one. The last free child is
+    /// kept for a tenant that holds none: its image is checked at once.
+    #[test]
+    fn one_tenants_slow_images_leave_a_child_for_another() {
+        let v = std::sync::Arc::new(Verifier::new(slow_spec("1")));
+        let check = |tenant: usize, img: &'static [u8]| {
+            let v = v.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let verdict = v.check_work(tenant, 0, b"", img, Work::Jit);
+                (verdict, t.elapsed())
+            })
+        };
+        let hostile: Vec<_> = [b"h01", b"h02", b"h03", b"h04", b"h05"]
+            .into_iter()
+            .map(|img| check(7, img))
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        {
+            let st = v.lock();
+            assert_eq!(st.held.get(&7), Some(&(MAX_CHILDREN - 1)), "one kept back");
+        }
+        let (verdict, took) = check(8, b"new").join().unwrap();
+        assert_eq!(verdict, Verdict::Good);
+        assert!(
+            took < Duration::from_millis(1700),
+            "waited behind the other tenant's: {took:?}"
+        );
+        for t in hostile {
+            assert_eq!(t.join().unwrap().0, Verdict::Good);
+        }
         assert_eq!(v.spawned() as usize, MAX_CHILDREN);
+        assert!(v.lock().held.is_empty());
     }
 
     #[test]

@@ -176,8 +176,13 @@ impl Session {
         let gpu = ctx.gpu.clone();
         let device = ctx.shared.modules.cc().to_le_bytes();
         self.compile(ctx, l.call, 0, move |wanted: &Wanted| {
-            if crate::image::verifier::check(gpu.ordinal(), &device, &blob, Work::Link)
-                == crate::image::verifier::Verdict::Crashed
+            if crate::image::verifier::check(
+                wanted.tenant(),
+                gpu.ordinal(),
+                &device,
+                &blob,
+                Work::Link,
+            ) == crate::image::verifier::Verdict::Crashed
             {
                 return Outcome::Refused(Work::Link);
             }
@@ -233,8 +238,13 @@ impl Session {
         };
         let cc = ctx.shared.modules.cc();
         self.compile(ctx, l.call, need, move |wanted: &Wanted| {
-            if crate::image::verifier::check(gpu.ordinal(), &cc.to_le_bytes(), &blob, Work::Jit)
-                == crate::image::verifier::Verdict::Crashed
+            if crate::image::verifier::check(
+                wanted.tenant(),
+                gpu.ordinal(),
+                &cc.to_le_bytes(),
+                &blob,
+                Work::Jit,
+            ) == crate::image::verifier::Verdict::Crashed
             {
                 return Outcome::Refused(Work::Jit);
             }

@@ -85,6 +85,7 @@ impl Session {
                 let cc = ctx.shared.modules.cc();
                 self.compile(ctx, m.call, need, move |wanted: &Wanted| {
                     let verdict = crate::image::verifier::check(
+                        wanted.tenant(),
                         gpu.ordinal(),
                         &cc.to_le_bytes(),
                         &blob,

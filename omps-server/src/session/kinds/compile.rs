@@ -120,6 +120,11 @@ impl Wanted {
     pub(in crate::session) fn gone(&self) -> bool {
         matches!(*self.0.lock(), State::Over)
     }
+
+    /// Whose check this is to the verifier (`Account::tenant`).
+    pub(in crate::session) fn tenant(&self) -> usize {
+        self.0.leftover.client.account.tenant()
+    }
 }
 
 /// A process's turn at the compile threads: at most one job per account is queued or

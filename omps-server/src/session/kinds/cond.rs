@@ -3,14 +3,14 @@
 //! that serves conditional nodes (conditional.rs).
 
 use crate::session::record::{bad, Malformed};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A client's conditional-node books.
 #[derive(Default)]
 pub(in crate::session) struct CondState {
     /// Home graphs (the driver's handles): those made for built graphs, and the graphs
     /// of captures that made handles.
-    pub(in crate::session) homes: std::collections::HashSet<u64>,
+    pub(in crate::session) homes: HashSet<u64>,
     /// Conditional handles -> the home that made them.
     pub(in crate::session) handles: HashMap<u64, u64>,
     /// Body ids -> (the driver's body graph, the home it lies in).
@@ -21,6 +21,13 @@ pub(in crate::session) struct CondState {
     /// graphs as child nodes: the driver copies the bodies, which the server then does not
     /// know by id (see [`Inherited`]); and graphs with host nodes, whose words it lists.
     pub(in crate::session) inherited: HashMap<u64, Inherited>,
+    /// The index back of [`Inherited::from`]: a graph -> the copies that link to it, so a
+    /// graph that goes unlinks its copies without a walk over every copy the client made
+    /// (OMPS_MAX_GRAPHS of them: a walk each time is quadratic on the lane).
+    copies_of: HashMap<u64, HashSet<u64>>,
+    /// Entries the bookkeeping below visited (tests bound it: counts, not timings).
+    #[cfg(test)]
+    visits: u64,
 }
 
 /// What a copy of a graph (GRAPH_CLONE) or a graph that took one as a child node
@@ -30,7 +37,8 @@ pub(in crate::session) struct CondState {
 pub(in crate::session) struct Inherited {
     /// The graphs copied in, while they live: their bodies are read again at each
     /// instantiation (what they know included, transitively).
-    pub(in crate::session) from: Vec<u64>,
+    /// (A set: a graph may take many child nodes; indexed back by `CondState::copies_of`.)
+    pub(in crate::session) from: BTreeSet<u64>,
     /// The ranges their bodies (and what they knew) used when copied, kept for after the
     /// sources go: the copy's bodies are its own and outlive them.
     pub(in crate::session) ranges: Vec<(u64, u64)>,
@@ -143,9 +151,8 @@ impl CondState {
         let depth = self.copy_depth(source).saturating_add(1);
         let i = self.inherited.entry(copy).or_default();
         i.depth = i.depth.max(depth);
-        if !i.from.contains(&source) {
-            i.from.push(source);
-        }
+        i.from.insert(source);
+        self.copies_of.entry(source).or_default().insert(copy);
         i.ranges.extend(ranges);
         i.ranges.sort_unstable();
         i.ranges.dedup();
@@ -161,10 +168,36 @@ impl CondState {
 
     /// Graph `g` is gone: what it inherited, and the links to it (the driver may give its
     /// handle to a new graph), go; its copies keep the ranges they inherited from it.
+    /// In time linear in its own links (to its sources, from its copies), through
+    /// `copies_of`.
     pub(in crate::session) fn forget_inherited(&mut self, g: u64) {
-        self.inherited.remove(&g);
-        for i in self.inherited.values_mut() {
-            i.from.retain(|&f| f != g);
+        if let Some(i) = self.inherited.remove(&g) {
+            self.visit(1 + i.from.len());
+            for f in &i.from {
+                if let Some(copies) = self.copies_of.get_mut(f) {
+                    copies.remove(&g);
+                    if copies.is_empty() {
+                        self.copies_of.remove(f);
+                    }
+                }
+            }
+        }
+        if let Some(copies) = self.copies_of.remove(&g) {
+            self.visit(copies.len());
+            for c in copies {
+                if let Some(i) = self.inherited.get_mut(&c) {
+                    i.from.remove(&g);
+                }
+            }
+        }
+    }
+
+    /// Counts `n` entries visited (tests only).
+    #[cfg_attr(not(test), allow(unused_variables, clippy::unused_self))]
+    fn visit(&mut self, n: usize) {
+        #[cfg(test)]
+        {
+            self.visits += n as u64;
         }
     }
 
@@ -215,26 +248,44 @@ impl CondState {
     /// graph of a capture still going are gone (the driver threw them away with a failed
     /// capture), and with them their bodies and handles, before any id of theirs could
     /// name freed memory.
+    ///
+    /// Linear in the books (graphs, homes, bodies, handles, inherited entries and their
+    /// links): the graphs still there are a set built once, and the homes that went are
+    /// forgotten in one pass over the bodies and handles, not one each.
     pub(in crate::session) fn prune(&mut self, graphs: &HashMap<u32, u64>, capturing: &[u64]) {
-        let gone: Vec<u64> = self
+        let live: HashSet<u64> = graphs.values().chain(capturing).copied().collect();
+        self.visit(live.len() + self.homes.len());
+        let gone: HashSet<u64> = self
             .homes
             .iter()
             .copied()
-            .filter(|h| !graphs.values().any(|g| g == h) && !capturing.contains(h))
+            .filter(|h| !live.contains(h))
             .collect();
-        for h in gone {
-            self.forget_home(h);
+        if !gone.is_empty() {
+            // forget_home for each, at once: their bodies, what they and their bodies
+            // inherited, their handles.
+            self.visit(self.bodies.len() + self.handles.len());
+            let bodies: Vec<u64> = self
+                .bodies
+                .values()
+                .filter(|(_, h)| gone.contains(h))
+                .map(|&(b, _)| b)
+                .collect();
+            for g in bodies.into_iter().chain(gone.iter().copied()) {
+                self.forget_inherited(g);
+            }
+            self.bodies.retain(|_, (_, h)| !gone.contains(h));
+            self.handles.retain(|_, h| !gone.contains(h));
+            self.homes.retain(|h| !gone.contains(h));
         }
         // And what graphs thrown away with a capture had inherited.
+        let bodies: HashSet<u64> = self.bodies.values().map(|&(b, _)| b).collect();
+        self.visit(self.bodies.len() + self.inherited.len());
         let gone: Vec<u64> = self
             .inherited
             .keys()
             .copied()
-            .filter(|g| {
-                !graphs.values().any(|h| h == g)
-                    && !capturing.contains(g)
-                    && !self.bodies.values().any(|&(b, _)| b == *g)
-            })
+            .filter(|g| !live.contains(g) && !bodies.contains(g))
             .collect();
         for g in gone {
             self.forget_inherited(g);
@@ -309,5 +360,64 @@ mod tests {
         );
         // A graph that inherited nothing copies freely.
         assert!(c.may_copy(5_000_000));
+    }
+
+    /// Hostile review: a client's many copies cost what they link, not their square. Each
+    /// of N copies inherits from its own source and from one shared source; destroying
+    /// every graph, then a prune after captures threw N graphs away, visit a number of
+    /// entries linear in N (counts, not timings).
+    #[test]
+    fn forgetting_and_pruning_copies_is_linear() {
+        const N: u64 = 20_000;
+        let mut c = CondState::default();
+        let shared = 1u64;
+        for k in 0..N {
+            let (copy, source) = (1_000_000 + k, 2_000_000 + k);
+            c.inherit(copy, source, vec![(0x1000 + 8 * k, 8)]);
+            c.inherit(copy, shared, vec![]);
+        }
+        assert_eq!(c.copies_of[&shared].len(), N as usize);
+        // The shared source goes: its N copies unlink in one visit each.
+        c.visits = 0;
+        c.destroying(shared).unwrap();
+        assert!(c.visits <= 2 * N, "visited {}", c.visits);
+        assert!(c.inherited.values().all(|i| !i.from.contains(&shared)));
+        // Each source goes, then each copy: a few visits each.
+        c.visits = 0;
+        for k in 0..N {
+            c.destroying(2_000_000 + k).unwrap();
+            c.destroying(1_000_000 + k).unwrap();
+        }
+        assert!(c.visits <= 4 * N, "visited {}", c.visits);
+        assert!(c.inherited.is_empty() && c.copies_of.is_empty());
+
+        // A prune: N graphs the client holds, N copies a capture threw away, N homes
+        // (one body each) of which half are gone.
+        let graphs: HashMap<u32, u64> = (0..N).map(|k| (k as u32, 3_000_000 + k)).collect();
+        for k in 0..N {
+            c.inherit(4_000_000 + k, 3_000_000 + k, vec![]);
+            let home = if k % 2 == 0 {
+                3_000_000 + k
+            } else {
+                5_000_000 + k
+            };
+            c.homes.insert(home);
+            c.bodies.insert(k as u32, (6_000_000 + k, home));
+            c.handles.insert(7_000_000 + k, home);
+            c.inherit(6_000_000 + k, 3_000_000 + k, vec![]);
+        }
+        c.visits = 0;
+        c.prune(&graphs, &[]);
+        assert!(c.visits <= 12 * N, "visited {}", c.visits);
+        assert_eq!(c.homes.len(), N as usize / 2, "the homes still held stay");
+        assert_eq!(c.bodies.len(), N as usize / 2);
+        assert_eq!(c.handles.len(), N as usize / 2);
+        // The thrown-away copies went; the bodies of homes still held keep their links.
+        assert_eq!(c.inherited.len(), N as usize / 2);
+        assert!(c
+            .inherited
+            .keys()
+            .all(|g| (6_000_000..7_000_000).contains(g)));
+        assert_eq!(c.copies_of.len(), N as usize / 2);
     }
 }

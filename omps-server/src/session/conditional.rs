@@ -97,9 +97,9 @@ impl Session {
             graph::GRAPH_CLONE => match self.graphs.get(&c.graph) {
                 Some(&g) => self
                     .room_for_graphs(1)
-                    .and_then(|()| self.copy_within_depth(g))
                     .and_then(|()| self.copied_ranges(ctx, g))
                     .and_then(|inherited| {
+                        self.copy_within_limits(g, &inherited)?;
                         let copy = gpu.graph_clone(g)?;
                         let id = self.new_id().inspect_err(|_| {
                             let _ = gpu.graph_destroy(copy);
@@ -124,19 +124,18 @@ impl Session {
                 (Some(&g), Some(s)) if !self.cond.capture_into.values().any(|&t| t == g) => {
                     // The capture's graph (a home's, a body's or a plain one) holds a copy
                     // of g's bodies from now on, as a clone does.
-                    self.copy_within_depth(g)
-                        .and_then(|()| self.copied_ranges(ctx, g))
-                        .and_then(|inherited| {
-                            let into = match inherited {
-                                Some(_) => Some(gpu.capture_graph(s)?),
-                                None => None,
-                            };
-                            gpu.capture_child(s, g)?;
-                            if let (Some(r), Some(into)) = (inherited, into) {
-                                self.cond.inherit(into, g, r);
-                            }
-                            Ok(0)
-                        })
+                    self.copied_ranges(ctx, g).and_then(|inherited| {
+                        self.copy_within_limits(g, &inherited)?;
+                        let into = match inherited {
+                            Some(_) => Some(gpu.capture_graph(s)?),
+                            None => None,
+                        };
+                        gpu.capture_child(s, g)?;
+                        if let (Some(r), Some(into)) = (inherited, into) {
+                            self.cond.inherit(into, g, r);
+                        }
+                        Ok(0)
+                    })
                 }
                 _ => Err(CuError(code::INVALID_VALUE)),
             },
@@ -145,16 +144,24 @@ impl Session {
         self.complete_pod(c.call, r.map(|value| wire::U64Reply { value }))
     }
 
-    /// Refuses a copy of `g` (a clone, a child node) that would make a chain of copies of
-    /// graphs with conditional bodies deeper than MAX_COPY_DEPTH: CUDA_ERROR_NOT_SUPPORTED,
-    /// said in the log (kinds/cond.rs says why this code).
-    fn copy_within_depth(&mut self, g: u64) -> Result<(), CuError> {
-        if self.cond.may_copy(g) {
+    /// Refuses a copy of `g` (a clone, a child node) keeping `inherited` that would make a
+    /// chain of copies of graphs with conditional bodies deeper than MAX_COPY_DEPTH, or the
+    /// ranges copies keep more than MAX_INHERITED_RANGES: CUDA_ERROR_NOT_SUPPORTED, said in
+    /// the log (kinds/cond.rs says why this code).
+    fn copy_within_limits(
+        &mut self,
+        g: u64,
+        inherited: &Option<Vec<(u64, u64)>>,
+    ) -> Result<(), CuError> {
+        let adding = inherited.as_ref().map_or(0, Vec::len);
+        if inherited.is_none() || self.cond.may_copy(g, adding) {
             return Ok(());
         }
         self.log_refusal(format_args!(
-            "graph copy refused: copies of graphs with conditional nodes may go {} levels deep",
-            super::kinds::cond::MAX_COPY_DEPTH
+            "graph copy refused: copies of graphs with conditional nodes may go {} levels \
+             deep and keep {} ranges in all",
+            super::kinds::cond::MAX_COPY_DEPTH,
+            super::kinds::cond::MAX_INHERITED_RANGES
         ));
         Err(CuError(code::NOT_SUPPORTED))
     }

@@ -121,6 +121,11 @@ pub(super) fn answer_slow(client: &ClientShared, sock: &UnixStream, status: i32,
     // SYNC POINT: this release pairs with the control thread's swap (AcqRel) in
     // requests.rs that takes the flag for the client's next slow request.
     client.slow_pending.store(false, Ordering::Release);
+    // A client cut off already (one that took no answer, say) is owed none: it must not
+    // cost this thread another wait (review 5).
+    if client.gone.load(Ordering::Acquire) {
+        return;
+    }
     if !send_within(sock, &bytes, SLOW_ANSWER_TIME) {
         client.disconnect(
             code::MPS_CLIENT_TERMINATED,

@@ -25,6 +25,8 @@ pub(in crate::session) struct CondState {
     /// graph that goes unlinks its copies without a walk over every copy the client made
     /// (OMPS_MAX_GRAPHS of them: a walk each time is quadratic on the lane).
     copies_of: HashMap<u64, HashSet<u64>>,
+    /// Ranges kept in all of [`Inherited::ranges`], held under [`MAX_INHERITED_RANGES`].
+    inherited_ranges: usize,
     /// Entries the bookkeeping below visited (tests bound it: counts, not timings).
     #[cfg(test)]
     visits: u64,
@@ -46,9 +48,6 @@ pub(in crate::session) struct Inherited {
     /// write and wait on at every replay: batch memory operations, which the driver's
     /// ranges leave out.
     pub(in crate::session) words: Vec<u64>,
-    /// How many copies deep its longest chain of sources goes (a copy of a graph that
-    /// inherited nothing: 1); see [`MAX_COPY_DEPTH`].
-    pub(in crate::session) depth: u32,
 }
 
 /// How deep copies of graphs with conditional bodies may go (a clone of a clone of ...,
@@ -58,6 +57,11 @@ pub(in crate::session) struct Inherited {
 /// (conditional.rs): a limit of the server that no retry or freed memory lifts, where
 /// CUDA_ERROR_OUT_OF_MEMORY would invite a framework to free its caches and try again.
 pub(in crate::session) const MAX_COPY_DEPTH: u32 = 16;
+
+/// Most ranges a client's copies may keep in all (each copy keeps the union of what its
+/// sources reached, so fan-in over many copies multiplies them: review 5); a copy beyond
+/// is refused as one beyond [`MAX_COPY_DEPTH`] is. A million ranges is 16 MiB of books.
+pub(in crate::session) const MAX_INHERITED_RANGES: usize = 1 << 20;
 
 /// More handles than any program makes; a client asking beyond gets OUT_OF_MEMORY.
 pub(in crate::session) const MAX_HANDLES: usize = 1 << 16;
@@ -130,32 +134,55 @@ impl CondState {
         (bodies, ranges)
     }
 
-    /// How many copies deep `graph`'s longest chain of sources goes (its bodies' too): 0
-    /// for a graph that inherited nothing.
+    /// How many copies deep `graph`'s longest chain of sources goes (its bodies' too), as
+    /// the links stand now: 0 for a graph that inherited nothing, at most
+    /// `MAX_COPY_DEPTH + 1` (the walk stops there). Worked out at each copy, not kept: a
+    /// source may link to more after its copies were made (review 5: copies made first,
+    /// then chained through their sources' bodies, each passed a kept depth of 1).
     pub(in crate::session) fn copy_depth(&self, graph: u64) -> u32 {
-        std::iter::once(graph)
-            .chain(self.bodies_of(graph))
-            .filter_map(|x| self.inherited.get(&x).map(|i| i.depth))
-            .max()
-            .unwrap_or(0)
+        let mut by_home: HashMap<u64, Vec<u64>> = HashMap::new();
+        for &(b, h) in self.bodies.values() {
+            by_home.entry(h).or_default().push(b);
+        }
+        let mut frontier = vec![graph];
+        let mut depth = 0;
+        while depth <= MAX_COPY_DEPTH {
+            let mut next: HashSet<u64> = HashSet::new();
+            for &g in &frontier {
+                let own = by_home.get(&g).map_or(&[][..], Vec::as_slice);
+                for x in std::iter::once(g).chain(own.iter().copied()) {
+                    if let Some(i) = self.inherited.get(&x) {
+                        next.extend(i.from.iter().copied());
+                    }
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            depth += 1;
+            frontier = next.into_iter().collect();
+        }
+        depth
     }
 
-    /// Whether a copy of `source` (a clone, a child node) stays within [`MAX_COPY_DEPTH`].
-    pub(in crate::session) fn may_copy(&self, source: u64) -> bool {
+    /// Whether a copy of `source` (a clone, a child node) that keeps `adding` more ranges
+    /// stays within [`MAX_COPY_DEPTH`] and [`MAX_INHERITED_RANGES`].
+    pub(in crate::session) fn may_copy(&self, source: u64, adding: usize) -> bool {
         self.copy_depth(source) < MAX_COPY_DEPTH
+            && self.inherited_ranges.saturating_add(adding) <= MAX_INHERITED_RANGES
     }
 
     /// Graph `copy` holds a copy of `source` (a clone of it, or a child node), whose
     /// bodies and what it inherited used `ranges` when copied.
     pub(in crate::session) fn inherit(&mut self, copy: u64, source: u64, ranges: Vec<(u64, u64)>) {
-        let depth = self.copy_depth(source).saturating_add(1);
         let i = self.inherited.entry(copy).or_default();
-        i.depth = i.depth.max(depth);
         i.from.insert(source);
         self.copies_of.entry(source).or_default().insert(copy);
+        let before = i.ranges.len();
         i.ranges.extend(ranges);
         i.ranges.sort_unstable();
         i.ranges.dedup();
+        self.inherited_ranges = self.inherited_ranges - before + i.ranges.len();
     }
 
     /// A host node of graph `g` (being captured) uses the two words at `words`.
@@ -173,6 +200,7 @@ impl CondState {
     pub(in crate::session) fn forget_inherited(&mut self, g: u64) {
         if let Some(i) = self.inherited.remove(&g) {
             self.visit(1 + i.from.len());
+            self.inherited_ranges -= i.ranges.len();
             for f in &i.from {
                 if let Some(copies) = self.copies_of.get_mut(f) {
                     copies.remove(&g);
@@ -333,7 +361,7 @@ mod tests {
         let mut g = home;
         let mut made = 0;
         for n in 2..100u64 {
-            if !c.may_copy(g) {
+            if !c.may_copy(g, 0) {
                 break;
             }
             let r = c.reach(g).1;
@@ -348,7 +376,7 @@ mod tests {
             "the chain stops at the cap"
         );
         assert_eq!(c.copy_depth(g), MAX_COPY_DEPTH);
-        assert!(!c.may_copy(g));
+        assert!(!c.may_copy(g, 0));
         let t = std::time::Instant::now();
         let (bodies, ranges) = c.reach(g);
         assert_eq!(bodies.len(), 30_000, "each body once");
@@ -359,7 +387,7 @@ mod tests {
             t.elapsed()
         );
         // A graph that inherited nothing copies freely.
-        assert!(c.may_copy(5_000_000));
+        assert!(c.may_copy(5_000_000, 0));
     }
 
     /// Hostile review: a client's many copies cost what they link, not their square. Each
@@ -419,5 +447,75 @@ mod tests {
             .keys()
             .all(|g| (6_000_000..7_000_000).contains(g)));
         assert_eq!(c.copies_of.len(), N as usize / 2);
+    }
+
+    /// Review 5: a depth kept at copy time was never
+    /// raised when a graph upstream later copies more in. A client that clones every
+    /// home first (each copy depth 1) and only then links each body to the previous
+    /// copy (a child node of a copy of depth 1: depth 2) passes every `may_copy`, while
+    /// `reach` walks the whole chain and each body stores the union of every range below
+    /// it: n links, ~n^2/2 stored ranges, all walked (and sorted) at every
+    /// instantiation or copy of the last copy. Wire order: COND_HOME/COND_NODE per home,
+    /// GRAPH_CLONE of every home, then CAPTURE_TO body i + CHILD_NODE(copy i-1).
+    #[test]
+    fn copies_made_first_then_chained_stop_at_the_cap() {
+        let mut c = CondState::default();
+        let n: u64 = 300;
+        let (home, body, copy) = (
+            |i: u64| 10_000_000 + i,
+            |i: u64| 20_000_000 + i,
+            |i: u64| 30_000_000 + i,
+        );
+        // A distinct range per body, as the driver would list a memset of i+1 bytes there.
+        let own = |i: u64| (0x7000_0000_0000u64, i + 1);
+        for i in 0..n {
+            c.homes.insert(home(i));
+            c.bodies.insert(i as u32, (body(i), home(i)));
+        }
+        // GRAPH_CLONE of every home, while its body holds only its own memset.
+        for i in 0..n {
+            assert!(c.may_copy(home(i), 0));
+            let (bodies, mut r) = c.reach(home(i));
+            r.extend(bodies.iter().map(|&b| own(b - 20_000_000)));
+            c.inherit(copy(i), home(i), r);
+        }
+        // CHILD_NODE of copy i-1 into a capture of body i, in order.
+        let mut refused_at = None;
+        for i in 1..n {
+            if !c.may_copy(copy(i - 1), 0) {
+                refused_at = Some(i);
+                break;
+            }
+            let (bodies, mut r) = c.reach(copy(i - 1));
+            r.extend(bodies.iter().map(|&b| own(b - 20_000_000)));
+            c.inherit(body(i), copy(i - 1), r);
+        }
+        let stored: usize = c.inherited.values().map(|i| i.ranges.len()).sum();
+        let t = std::time::Instant::now();
+        let (bodies, _) = c.reach(copy(n - 1));
+        let took = t.elapsed();
+        assert!(
+            bodies.len() <= MAX_COPY_DEPTH as usize + 1,
+            "a chain of {} copies passed a cap of {MAX_COPY_DEPTH} (refused at {refused_at:?}, {stored} ranges stored, one reach {took:?})",
+            bodies.len()
+        );
+    }
+
+    /// Review 5: copies keep the union of what their sources reach, so many copies of a
+    /// copy that reaches much multiply it; what all of a client's copies keep is bounded,
+    /// and given back as they go.
+    #[test]
+    fn the_ranges_copies_keep_in_all_are_bounded_and_given_back() {
+        let mut c = CondState::default();
+        let big: Vec<(u64, u64)> = (0..MAX_INHERITED_RANGES as u64 - 10)
+            .map(|i| (i << 12, 8))
+            .collect();
+        assert!(c.may_copy(1, big.len()));
+        c.inherit(2, 1, big);
+        assert!(c.may_copy(2, 10), "within the bound");
+        assert!(!c.may_copy(2, 11), "a copy keeping more is refused");
+        c.forget_inherited(2);
+        assert_eq!(c.inherited_ranges, 0);
+        assert!(c.may_copy(1, MAX_INHERITED_RANGES));
     }
 }

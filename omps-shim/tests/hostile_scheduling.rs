@@ -307,38 +307,12 @@ fn a_slow_module_load_does_not_hold_up_the_lane() {
 /// serves the next client.
 #[test]
 fn a_client_gone_during_its_load_leaves_nothing_behind() {
-    use omps_ring::wire::{ChunkCopy, ModuleLoad};
     let srv = TestServer::start("gone-during-load");
     srv.gpu.slow_loads(Duration::from_millis(600));
     let before = srv.gpu.bytes_allocated();
     let a = Conn::connect_to(&srv.socket()).unwrap();
-    {
-        let mut ch = a.channel();
-        ch.wait_chunk(0).unwrap();
-        let (ptr, cap) = ch.chunk_ptr(0);
-        assert!(SLOW_IMAGE.len() <= cap);
-        // SAFETY: the chunk is ours and larger than the image.
-        unsafe { std::ptr::copy_nonoverlapping(SLOW_IMAGE.as_ptr(), ptr, SLOW_IMAGE.len()) };
-        let seq = ch.claim_chunk(0);
-        let rec = ChunkCopy {
-            channel: ch.idx,
-            chunk: 0,
-            len: SLOW_IMAGE.len() as u32,
-            seq,
-            ..Default::default()
-        };
-        a.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
-            .unwrap();
-        ch.wait_chunk(0).unwrap();
-        // The load, its answer never waited for.
-        let call = ch.next_call();
-        let load = ModuleLoad {
-            call,
-            blob_len: SLOW_IMAGE.len() as u64,
-        };
-        a.push(0, Op::ModuleLoad, &[bytemuck::bytes_of(&load)])
-            .unwrap();
-    }
+    // The load, its answer never waited for.
+    push_load(&a, SLOW_IMAGE);
     std::thread::sleep(Duration::from_millis(150));
     drop(a);
     assert!(

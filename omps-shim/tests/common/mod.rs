@@ -222,6 +222,36 @@ pub fn load_image(c: &omps_shim::conn::Conn, img: &[u8]) -> Result<(u32, Vec<(St
 }
 
 /// `load_image` on the client's device `dev`.
+/// Pushes a ModuleLoad of `img` on GPU 0 and never waits for its answer (a client that
+/// leaves, or loads on several connections at once, while its load compiles).
+pub fn push_load(c: &omps_shim::conn::Conn, img: &[u8]) {
+    use omps_ring::wire::{ChunkCopy, ModuleLoad, Op};
+    let mut ch = c.channel();
+    ch.wait_chunk(0).unwrap();
+    let (ptr, cap) = ch.chunk_ptr(0);
+    assert!(img.len() <= cap);
+    // SAFETY: the chunk is ours and at least as large as the image.
+    unsafe { std::ptr::copy_nonoverlapping(img.as_ptr(), ptr, img.len()) };
+    let seq = ch.claim_chunk(0);
+    let rec = ChunkCopy {
+        channel: ch.idx,
+        chunk: 0,
+        len: img.len() as u32,
+        seq,
+        ..Default::default()
+    };
+    c.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
+        .unwrap();
+    ch.wait_chunk(0).unwrap();
+    let call = ch.next_call();
+    let load = ModuleLoad {
+        call,
+        blob_len: img.len() as u64,
+    };
+    c.push(0, Op::ModuleLoad, &[bytemuck::bytes_of(&load)])
+        .unwrap();
+}
+
 #[allow(dead_code)]
 pub fn load_image_on(
     c: &omps_shim::conn::Conn,

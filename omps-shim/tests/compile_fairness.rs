@@ -1,44 +1,15 @@
-//! Review 4 (fix-compile): one process (its account) has one module load, JIT compile or
-//! link at a time on the compile threads, over all its connections, also after it left;
+//! Compile threads are shared fairly (issue 23, fourth review): one process (its account)
+//! has one module load, JIT compile or link at a time on the compile threads, over all its
+//! connections, also after it left;
 //! a job whose client left is not run. The victim is another process (a child of this
 //! test binary): loads of one process are meant to wait for each other.
 
 mod common;
 use common::*;
-use omps_ring::wire::{self, ChunkCopy, ModuleLoad, Op};
 use omps_shim::conn::Conn;
 use std::time::{Duration, Instant};
 
 const SLOW_IMAGE: &[u8] = b"omps-host-module\nfn omps-host-slow-load 0:8\nglobal g 4096\n\0";
-
-/// Pushes a ModuleLoad of `img` and never waits for its answer.
-fn push_load(a: &Conn, img: &[u8]) {
-    let mut ch = a.channel();
-    ch.wait_chunk(0).unwrap();
-    let (ptr, cap) = ch.chunk_ptr(0);
-    assert!(img.len() <= cap);
-    // SAFETY: the chunk is ours and larger than the image.
-    unsafe { std::ptr::copy_nonoverlapping(img.as_ptr(), ptr, img.len()) };
-    let seq = ch.claim_chunk(0);
-    let rec = ChunkCopy {
-        channel: ch.idx,
-        chunk: 0,
-        len: img.len() as u32,
-        seq,
-        ..Default::default()
-    };
-    a.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
-        .unwrap();
-    ch.wait_chunk(0).unwrap();
-    let call = ch.next_call();
-    let load = ModuleLoad {
-        call,
-        blob_len: img.len() as u64,
-    };
-    a.push(0, Op::ModuleLoad, &[bytemuck::bytes_of(&load)])
-        .unwrap();
-    let _ = wire::CallHdr::default();
-}
 
 /// One process, never more than ONE connection open at a time (well under every
 /// per-process cap), connects, pushes a slow load, and leaves; 24 times. A client gone

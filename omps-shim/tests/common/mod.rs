@@ -221,44 +221,14 @@ pub fn load_image(c: &omps_shim::conn::Conn, img: &[u8]) -> Result<(u32, Vec<(St
     load_image_on(c, 0, img)
 }
 
-/// `load_image` on the client's device `dev`.
-/// Pushes a ModuleLoad of `img` on GPU 0 and never waits for its answer (a client that
-/// leaves, or loads on several connections at once, while its load compiles).
-pub fn push_load(c: &omps_shim::conn::Conn, img: &[u8]) {
-    use omps_ring::wire::{ChunkCopy, ModuleLoad, Op};
-    let mut ch = c.channel();
-    ch.wait_chunk(0).unwrap();
-    let (ptr, cap) = ch.chunk_ptr(0);
-    assert!(img.len() <= cap);
-    // SAFETY: the chunk is ours and at least as large as the image.
-    unsafe { std::ptr::copy_nonoverlapping(img.as_ptr(), ptr, img.len()) };
-    let seq = ch.claim_chunk(0);
-    let rec = ChunkCopy {
-        channel: ch.idx,
-        chunk: 0,
-        len: img.len() as u32,
-        seq,
-        ..Default::default()
-    };
-    c.push(0, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
-        .unwrap();
-    ch.wait_chunk(0).unwrap();
-    let call = ch.next_call();
-    let load = ModuleLoad {
-        call,
-        blob_len: img.len() as u64,
-    };
-    c.push(0, Op::ModuleLoad, &[bytemuck::bytes_of(&load)])
-        .unwrap();
-}
-
-#[allow(dead_code)]
-pub fn load_image_on(
-    c: &omps_shim::conn::Conn,
+/// Uploads `img` into chunk 0 of a channel of the client's (BlobAppend on device `dev`),
+/// ready for a ModuleLoad on that channel.
+pub fn upload_image<'c>(
+    c: &'c omps_shim::conn::Conn,
     dev: usize,
     img: &[u8],
-) -> Result<(u32, Vec<(String, u32)>), i32> {
-    use omps_ring::wire::{ChunkCopy, FunctionDesc, ModuleLoad, ModuleReply, Op};
+) -> omps_shim::conn::ChanGuard<'c> {
+    use omps_ring::wire::{ChunkCopy, Op};
     let mut ch = c.channel();
     ch.wait_chunk(0).unwrap();
     let (p, cap) = ch.chunk_ptr(0);
@@ -276,6 +246,31 @@ pub fn load_image_on(
     c.push(dev, Op::BlobAppend, &[bytemuck::bytes_of(&rec)])
         .unwrap();
     ch.wait_chunk(0).unwrap();
+    ch
+}
+
+/// Pushes a ModuleLoad of `img` on GPU 0 and never waits for its answer (a client that
+/// leaves, or loads on several connections at once, while its load compiles).
+pub fn push_load(c: &omps_shim::conn::Conn, img: &[u8]) {
+    use omps_ring::wire::{ModuleLoad, Op};
+    let mut ch = upload_image(c, 0, img);
+    let load = ModuleLoad {
+        call: ch.next_call(),
+        blob_len: img.len() as u64,
+    };
+    c.push(0, Op::ModuleLoad, &[bytemuck::bytes_of(&load)])
+        .unwrap();
+}
+
+/// `load_image` on the client's device `dev`.
+#[allow(dead_code)]
+pub fn load_image_on(
+    c: &omps_shim::conn::Conn,
+    dev: usize,
+    img: &[u8],
+) -> Result<(u32, Vec<(String, u32)>), i32> {
+    use omps_ring::wire::{FunctionDesc, ModuleLoad, ModuleReply, Op};
+    let mut ch = upload_image(c, dev, img);
     ch.call(dev, Op::ModuleLoad, |call| {
         bytemuck::bytes_of(&ModuleLoad {
             call,

@@ -27,7 +27,7 @@ PY
 serve() { # log dir, then env for the server
     local d=$1; shift
     mkdir -p "$d/pipe"; chmod 700 "$d/pipe"
-    env OMPS_LOG=info,omps_server::verifier=debug "$@" OMPS_PIPE_DIRECTORY="$d/pipe" OMPS_LOG_DIRECTORY="$d" "$B/omps-server" > "$d/server.out" 2>&1 &
+    env OMPS_LOG=info,omps_server::image::verifier=debug "$@" OMPS_PIPE_DIRECTORY="$d/pipe" OMPS_LOG_DIRECTORY="$d" "$B/omps-server" > "$d/server.out" 2>&1 &
     SP=$!
     for _ in $(seq 100); do [ -S "$d/pipe/omps.sock" ] && break; sleep 0.1; done
 }

@@ -16,6 +16,8 @@ mod basic;
 mod client;
 mod graphs;
 mod more;
+#[cfg(test)]
+mod quick;
 
 use crate::gpu::host::HostGpu;
 use crate::gpu::Gpu;

@@ -25,6 +25,11 @@ impl Session {
                 .used_gpus
                 .fetch_or(1 << self.dev, Ordering::Relaxed);
         }
+        // Anything but an allocation or a free may queue work: a block freed after it
+        // waits for a fence again (kinds/quick_free.rs).
+        if !matches!(op, Op::MemAlloc | Op::MemFree) {
+            self.quick.touch();
+        }
         if (self.capturing > 0 || !self.captured_events.is_empty())
             && self.capture_guard(ctx, op, p)?.is_some()
         {

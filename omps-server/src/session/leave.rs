@@ -23,6 +23,10 @@ impl Session {
         for (p, n) in self.take_graph_held() {
             self.allocs.insert(p, n);
         }
+        // And blocks kept for its next allocations (kinds/quick_free.rs).
+        for (p, n) in self.quick.expired(std::time::Instant::now(), true) {
+            self.allocs.insert(p, n);
+        }
         // Modules and IPC openings held for its graphs go with the rest.
         let HeldAtLast {
             modules: held_modules,
@@ -79,6 +83,7 @@ impl Session {
             events: std::mem::take(&mut self.events_to_destroy)
                 .into_iter()
                 .chain(std::mem::take(&mut self.left))
+                .chain(self.quick.take_probe())
                 .chain(self.take_depth_events())
                 .collect(),
             graphs: self.graphs.drain().map(|(_, g)| g).collect(),

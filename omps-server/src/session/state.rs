@@ -19,6 +19,7 @@ use super::kinds::cond::CondState;
 use super::kinds::depth::Depth;
 use super::kinds::graph_held::HeldForGraphs;
 use super::kinds::green::GreenCtx;
+use super::kinds::quick_free::QuickFree;
 use super::kinds::vmm::VmmState;
 pub(super) use super::record::{bad, fixed_only, rec, Malformed, Range};
 pub(super) use crate::client::answer::wake_if_waiting;
@@ -205,6 +206,8 @@ pub struct Session {
     pub(super) greens: HashMap<u32, GreenCtx>,
     /// Its module load, JIT compile or link running off the lane (compile.rs).
     pub(super) compile: Option<Pending>,
+    /// Blocks it freed with nothing on the GPU, kept for its next allocation (memory.rs).
+    pub(super) quick: QuickFree,
 }
 
 impl Session {
@@ -265,6 +268,7 @@ impl Session {
             arrays: Default::default(),
             greens: HashMap::new(),
             compile: None,
+            quick: Default::default(),
         };
         s.streams
             .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));

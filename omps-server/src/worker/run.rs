@@ -183,7 +183,9 @@ pub fn run(
             }
             if outcome.is_ok() {
                 let fenced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    ctx.fence_for_peers(&mut sessions[i])
+                    ctx.fence_for_peers(&mut sessions[i]);
+                    // Blocks kept for allocations that did not come go back.
+                    sessions[i].give_back_quick(&mut ctx, false);
                 }));
                 if fenced.is_err() {
                     tracing::error!(
@@ -228,11 +230,12 @@ pub fn run(
             // and in any case so a client that clears the shared sleep flag can delay
             // others by a few milliseconds at most.
             // A load off the lane is looked for as often as the GPU's completions are.
-            let timeout = if ctx.has_pending() || sessions.iter().any(Session::compiling) {
-                Duration::from_micros(50)
-            } else {
-                Duration::from_millis(5)
-            };
+            let timeout =
+                if ctx.has_pending() || sessions.iter().any(|s| s.compiling() || s.holds_quick()) {
+                    Duration::from_micros(50)
+                } else {
+                    Duration::from_millis(5)
+                };
             stats.naps.fetch_add(1, Ordering::Relaxed);
             bell.sleep_unless(
                 || !rx.is_empty() || sessions.iter_mut().any(|s| !s.compiling() && s.has_data()),

@@ -10,4 +10,5 @@ pub mod depth;
 pub mod graph_held;
 pub mod green;
 pub mod pool_share;
+pub mod quick_free;
 pub mod vmm;

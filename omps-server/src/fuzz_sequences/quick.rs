@@ -1,0 +1,100 @@
+//! The quick free (session/kinds/quick_free.rs) through real records: a block freed while
+//! the client has nothing on the GPU is kept, still charged, for its next allocation of
+//! that size; any other record makes the next free wait for a fence again; kept blocks go
+//! back by age, for an allocation of another size, and when the client goes. Here with
+//! the fuzz body's client because it sends records as the shim does.
+
+use super::client::Client;
+use crate::gpu::host::HostGpu;
+use crate::gpu::Gpu;
+use crate::worker::WorkerCtx;
+use omps_ring::wire::{self, Op};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+fn free(me: &mut Client, ctx: &mut WorkerCtx, ptr: u64) {
+    assert!(me.send(
+        ctx,
+        Op::MemFree,
+        &[bytemuck::bytes_of(&wire::MemFree { ptr })]
+    ));
+}
+
+#[test]
+fn idle_frees_are_kept_for_the_same_size_and_given_back() {
+    let host = Arc::new(HostGpu::new(0, 1 << 26));
+    let gpu: Arc<dyn Gpu> = host.clone();
+    let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
+    let mut me = Client::new(&gpu, 1);
+    let charged = |me: &Client| me.client.mem_bytes[0].load(Ordering::Relaxed);
+
+    // The first free waits for a fence (nothing known of the client's work yet).
+    let p = me.alloc(&mut ctx, MIB).expect("alloc");
+    free(&mut me, &mut ctx, p);
+    assert!(!me.s.holds_quick(), "a free before any probe is fenced");
+    assert_eq!(
+        host.bytes_allocated(),
+        0,
+        "and given back once its fence passed"
+    );
+    assert_eq!(charged(&me), 0);
+
+    // Now quiet since the probe, which has passed: the block is kept, still charged.
+    let q = me.alloc(&mut ctx, MIB).expect("alloc");
+    free(&mut me, &mut ctx, q);
+    assert!(me.s.holds_quick());
+    assert_eq!(host.bytes_allocated(), MIB);
+    assert_eq!(charged(&me), MIB, "kept blocks stay the client's");
+    // The same size gets it back, without the driver, and charged once only.
+    assert_eq!(me.alloc(&mut ctx, MIB), Some(q));
+    assert_eq!(charged(&me), MIB);
+    assert_eq!(host.bytes_allocated(), MIB);
+    free(&mut me, &mut ctx, q);
+    assert!(me.s.holds_quick());
+
+    // An allocation of another size gives the kept block back.
+    let r = me.alloc(&mut ctx, 2 * MIB).expect("alloc");
+    assert!(!me.s.holds_quick());
+    ctx.poll();
+    assert_eq!(host.bytes_allocated(), 2 * MIB, "q went back");
+    assert_eq!(charged(&me), 2 * MIB);
+
+    // Work since the probe: the next free waits for a fence again.
+    let m = wire::Memset {
+        dst: r,
+        count: 4,
+        value: 7,
+        elem_size: 4,
+        stream: 0,
+        _pad: 0,
+    };
+    assert!(me.send(&mut ctx, Op::Memset, &[bytemuck::bytes_of(&m)]));
+    free(&mut me, &mut ctx, r);
+    assert!(!me.s.holds_quick(), "a free after work is fenced");
+    assert_eq!(host.bytes_allocated(), 0);
+
+    // Kept blocks go back once older than KEEP, as the lane looks each pass.
+    let t = me.alloc(&mut ctx, MIB).expect("alloc");
+    free(&mut me, &mut ctx, t);
+    assert!(me.s.holds_quick());
+    me.s.give_back_quick(&mut ctx, false);
+    assert!(me.s.holds_quick(), "too young to go");
+    std::thread::sleep(crate::session::QUICK_KEEP);
+    me.s.give_back_quick(&mut ctx, false);
+    assert!(!me.s.holds_quick());
+    ctx.poll();
+    assert_eq!(host.bytes_allocated(), 0);
+    assert_eq!(charged(&me), 0);
+
+    // And what is kept when the client goes is freed with the rest (its probe event too).
+    let u = me.alloc(&mut ctx, MIB).expect("alloc");
+    free(&mut me, &mut ctx, u);
+    assert!(me.s.holds_quick());
+    let events = host.events_live();
+    ctx.retire(me.s);
+    ctx.poll();
+    assert_eq!(host.bytes_allocated(), 0, "kept block freed at the end");
+    assert!(host.events_live() < events, "the probe event destroyed");
+}

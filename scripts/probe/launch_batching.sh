@@ -5,7 +5,7 @@
 # Prints markdown tables. About 1.5 min; each run is bounded by `timeout` (at most ~4.5 min in all).
 # Usage: scripts/probe/launch_batching.sh [OUTDIR] (default /tmp/launch_batching); SECS=1 per cell.
 set -u
-OUT=${1:-/tmp/launch_batching}; mkdir -p "$OUT"
+OUT=${1:-/tmp/launch_batching}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 1
 B=$OUT/launch_batching
 SECS=${SECS:-1}
 cd "$(dirname "$0")/../.." || exit 1

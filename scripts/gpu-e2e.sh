@@ -3,7 +3,8 @@
 # tests/gpu/README.md describes (what runs in which order, and how to add a program or a
 # measure). This wrapper stays so that scripts/gpu-verify.sh and the docs keep one command.
 #
-#   bash scripts/gpu-e2e.sh [--native-only] [--reps N] [--no-rt | --rt-only] [PYTEST ARGS...]
+#   bash scripts/gpu-e2e.sh [--native-only] [--reps N] [--no-rt | --rt-only]
+#                           [--serving | --serving-only] [PYTEST ARGS...]
 #
 # On a machine with an NVIDIA GPU, nvcc, python3 with pytest and (for the MPS columns)
 # nvidia-cuda-mps-control, the omps binaries prebuilt in target/release/ (or $OMPS_BIN):
@@ -16,6 +17,8 @@
 # under omps (median of --reps runs, default 3); kill -9 of one client of eight; ring_vandal
 # beside 4 clients. --no-rt skips the runtime-API programs and the benchmark, --rt-only
 # runs only those; --native-only (or missing omps binaries) skips the omps columns.
+# The serving benchmark (issue 25: PyTorch replicas under Poisson traffic, ~6 minutes) is
+# opt-in: --serving adds it, --serving-only runs it alone (tests/gpu/README.md).
 # Logs go to ${OUT:-/tmp/omps-e2e/out}: e2e.log, build.log, server.log, mps.log, bench.txt
 # and table.txt (the summary, also printed last). Unlike `pytest tests/gpu`, nothing is
 # skipped for want of nvcc or a GPU (--gpu-required). Exit status: 0 if every test that
@@ -25,7 +28,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 args=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         --reps) [ $# -ge 2 ] || { echo "--reps needs a value" >&2; exit 2; }; args+=("$1" "$2"); shift ;;
         *) args+=("$1") ;;
     esac

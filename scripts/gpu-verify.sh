@@ -10,6 +10,9 @@
 #             ~480 s alone on an H100)
 #   torch-stress  tests/torch/test_stress.py (~130 s)
 #   e2e       scripts/gpu-e2e.sh --reps 1 (~150 s)
+#   serving   scripts/gpu-e2e.sh --serving-only: the serving benchmark of issue 25, native,
+#             MPS and omps (~6-7 min: alone in a call); its table is verify-serving.txt,
+#             every request's latency $OUT/serving.json
 #   faults    scripts/faults/run.sh (~90 s)
 #   soak      scripts/soak/soak.sh with SOAK_KILLS kills (default 120) and 4 PyTorch kills
 #   verifier  scripts/probe/verifier_cost.sh 3 (~100 s)
@@ -45,6 +48,13 @@ for part in "$@"; do
             OUT=/tmp/omps-verify-e2e timeout 330 bash scripts/gpu-e2e.sh --reps 1 > /dev/null 2>&1
             rc=$?
             cp /tmp/omps-verify-e2e/table.txt "$f" 2>/dev/null ;;
+        serving)
+            OUT=/tmp/omps-verify-serving timeout -k 5 570 bash scripts/gpu-e2e.sh --serving-only \
+                > /tmp/omps-verify-serving.log 2>&1
+            rc=$?
+            cp /tmp/omps-verify-serving/serving.txt "$f" 2>/dev/null || : > "$f"
+            cp /tmp/omps-verify-serving/serving.json "$OUT/serving.json" 2>/dev/null
+            if [ "$rc" != 0 ]; then echo "--- end of the run's output:" >> "$f"; tail -c 6000 /tmp/omps-verify-serving.log >> "$f"; fi ;;
         faults)
             timeout 200 bash scripts/faults/run.sh /tmp/omps-verify-faults > "$f" 2>&1
             rc=$? ;;

@@ -10,7 +10,7 @@ so that N workers start together. Then it runs R requests, each timed with
 time.perf_counter() around the request and the torch.cuda.synchronize() that ends it,
 and writes {model, requests, wall_s, per_request_ms, ...} to --out.
 
-Models:
+Models (built by bench_models.py, beside this file, which the serving benchmark shares):
   resnet50  torchvision ResNet-50, fp16, eval, channels-last, batch 1, 224x224.
   decoder   a GPT-2-small-shaped decoder built from torch.nn (12 layers, d_model 768,
             12 heads, vocab 50257, 1024 positions, tied LM head), fp16, with a KV cache
@@ -24,84 +24,6 @@ import json
 import os
 import sys
 import time
-
-PROMPT_LEN = 16
-GEN_TOKENS = 32
-
-
-def build_resnet50(torch, dev):
-    import torchvision
-
-    model = torchvision.models.resnet50(weights=None)
-    model = model.to(device=dev, memory_format=torch.channels_last).half().eval()
-    x = torch.randn(1, 3, 224, 224, device=dev).half().contiguous(memory_format=torch.channels_last)
-    return lambda: model(x)
-
-
-def build_decoder(torch, dev):
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    layers, d, heads, vocab, ctx = 12, 768, 12, 50257, 1024
-    hd = d // heads
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, x, kc, vc, pos):
-            t = x.shape[1]
-            # (1, t, 3d) -> 3 x (1, heads, t, hd)
-            q, k, v = self.qkv(self.ln1(x)).view(1, t, 3, heads, hd).permute(2, 0, 3, 1, 4)
-            kc[:, :, pos:pos + t] = k
-            vc[:, :, pos:pos + t] = v
-            # prefill (pos == 0): causal over the prompt; decode (t == 1): all cached keys
-            a = F.scaled_dot_product_attention(q, kc[:, :, :pos + t], vc[:, :, :pos + t], is_causal=t > 1)
-            x = x + self.proj(a.transpose(1, 2).reshape(1, t, d))
-            return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-    class Decoder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.ln_f = nn.LayerNorm(d)
-            for m in self.modules():  # GPT-2's initialisation
-                if isinstance(m, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(m.weight, 0.0, 0.02)
-                if isinstance(m, nn.Linear):
-                    nn.init.zeros_(m.bias)
-
-        def forward(self, idx, pos, positions, caches):
-            t = idx.shape[1]
-            assert t == 1 or pos == 0
-            x = self.wte(idx) + self.wpe(positions[pos:pos + t])
-            for block, (kc, vc) in zip(self.blocks, caches):
-                x = block(x, kc, vc, pos)
-            return F.linear(self.ln_f(x[:, -1]), self.wte.weight)  # logits of the last position, tied head
-
-    model = Decoder().to(dev).half().eval()
-    positions = torch.arange(ctx, device=dev)
-    prompt = torch.randint(0, vocab, (1, PROMPT_LEN), device=dev)
-    total = PROMPT_LEN + GEN_TOKENS
-    caches = [(torch.empty(1, heads, total, hd, device=dev, dtype=torch.half),
-               torch.empty(1, heads, total, hd, device=dev, dtype=torch.half)) for _ in range(layers)]
-    out = torch.empty(1, GEN_TOKENS, dtype=torch.long, device=dev)
-
-    def request():
-        logits = model(prompt, 0, positions, caches)
-        for i in range(GEN_TOKENS):
-            tok = logits.argmax(-1, keepdim=True)  # (1, 1), greedy
-            out[:, i:i + 1] = tok
-            if i + 1 < GEN_TOKENS:
-                logits = model(tok, PROMPT_LEN + i, positions, caches)
-        return logits
-
-    return request
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,7 +48,9 @@ def main():
         torch.manual_seed(args.seed)
         guard = torch.inference_mode()  # kept referenced: inference mode for the rest of main()
         guard.__enter__()
-        request = (build_resnet50 if args.model == "resnet50" else build_decoder)(torch, args.device)
+        import bench_models
+
+        request = bench_models.build(args.model, args.device)
         if args.device == "cuda":
             sync = torch.cuda.synchronize
             info = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}

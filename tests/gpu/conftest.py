@@ -6,6 +6,11 @@ e2e.QUIET, none runs while native and NVIDIA MPS are timed, a fresh one from e2e
 It exists so that a test file says only what it runs and checks (see README.md).
 
     python3 -m pytest tests/gpu [--native-only] [--reps N] [--no-rt | --rt-only] [--gpu-required]
+                                [--serving | --serving-only | --serving-fake]
+
+The serving benchmark (test_serving.py, group "serving") is opt-in: it takes about six
+minutes. Its host tests (test_serving_host.py, group "host") need no GPU, no harness and
+no server: --serving-fake runs them alone.
 """
 
 import signal
@@ -32,6 +37,10 @@ def pytest_addoption(parser):
     g.addoption("--rt-only", action="store_true", help="only the runtime-API programs and the benchmark")
     g.addoption("--gpu-required", action="store_true",
                 help="fail instead of skipping when nvcc or a GPU is missing (scripts/gpu-e2e.sh sets it)")
+    g.addoption("--serving", action="store_true", help="also the serving benchmark (issue 25; ~6 minutes)")
+    g.addoption("--serving-only", action="store_true", help="only the serving benchmark (nothing is built)")
+    g.addoption("--serving-fake", action="store_true",
+                help="only the serving benchmark's host tests: fake replicas, the report, the M/D/1 math (no GPU)")
 
 
 def _term(signum, frame):
@@ -41,14 +50,19 @@ def _term(signum, frame):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "phase(n): where the test runs in a GPU harness run (tests run by phase)")
-    config.addinivalue_line("markers", "group(name): cuda (driver-API programs and their measures) or rt "
-                                       "(runtime-API programs and the benchmark); --rt-only / --no-rt pick")
+    config.addinivalue_line("markers", "group(name): cuda (driver-API programs and their measures), rt "
+                                       "(runtime-API programs and the benchmark), serving or host; "
+                                       "--rt-only / --no-rt / --serving* pick")
     opt = {n: config.getoption(n, default) for n, default in
-           (("native_only", False), ("reps", 3), ("no_rt", False), ("rt_only", False), ("gpu_required", False))}
+           (("native_only", False), ("reps", 3), ("no_rt", False), ("rt_only", False), ("gpu_required", False),
+            ("serving", False), ("serving_only", False), ("serving_fake", False))}
     if opt["no_rt"] and opt["rt_only"]:
         raise pytest.UsageError("--no-rt and --rt-only exclude each other")
+    if sum(bool(opt[k]) for k in ("serving", "serving_only", "serving_fake")) > 1:
+        raise pytest.UsageError("--serving, --serving-only and --serving-fake exclude each other")
     H.configure(native_only=opt["native_only"], reps=opt["reps"], rt=not opt["no_rt"], rt_only=opt["rt_only"],
-                gpu_required=opt["gpu_required"])
+                gpu_required=opt["gpu_required"], serving=opt["serving"], serving_only=opt["serving_only"],
+                serving_fake=opt["serving_fake"])
     H.omps, H.mps = Omps(), Mps()
     # A TERM (e.g. from `timeout`) unwinds like ^C, so the servers are stopped on the way out.
     if not config.option.collectonly:
@@ -64,8 +78,9 @@ def _phase(item):
 
 def _group(item):
     m = item.get_closest_marker("group")
-    if m is None or m.args[0] not in ("cuda", "rt"):
-        raise pytest.UsageError(f"{item.nodeid}: every test of tests/gpu needs pytest.mark.group('cuda' or 'rt')")
+    if m is None or m.args[0] not in ("cuda", "rt", "serving", "host"):
+        raise pytest.UsageError(f"{item.nodeid}: every test of tests/gpu needs pytest.mark.group: "
+                                "'cuda', 'rt', 'serving' or 'host'")
     return m.args[0]
 
 
@@ -155,9 +170,14 @@ _attributed = [0]  # failures noted up to the end of the last test: each is some
 
 
 @pytest.fixture(autouse=True)
-def _step(request, harness):
+def _step(request):
     """Each test: its round first; afterwards, a failure the harness noted while it ran
-    (a server that died or would not stop) fails it too, if nothing else did."""
+    (a server that died or would not stop) fails it too, if nothing else did. A host test
+    runs outside the harness: no build, no server, nothing in $OUT."""
+    if _group(request.node) == "host":
+        yield
+        return
+    request.getfixturevalue("harness")
     before = len(H.fail_reasons)
     _enter(_phase(request.node))
     yield

@@ -64,8 +64,15 @@ def executable(path):
 class Harness:
     """Settings and shared state of one run; `H` below is the one instance."""
 
-    def configure(self, native_only=False, reps=3, rt=True, rt_only=False, gpu_required=False):
-        self.native_only, self.reps, self.rt, self.rt_only = native_only, reps, rt, rt_only
+    def configure(self, native_only=False, reps=3, rt=True, rt_only=False, gpu_required=False,
+                  serving=False, serving_only=False, serving_fake=False):
+        """The groups that run (e2e_summary.enabled): cuda unless --rt-only, rt unless
+        --no-rt; serving (opt-in) with --serving or --serving-only, which alone runs;
+        host (the serving benchmark's tests without a GPU) with --serving-fake, alone."""
+        self.native_only, self.reps, self.rt_only = native_only, reps, rt_only
+        alone = serving_only or serving_fake
+        self.cuda, self.rt = not rt_only and not alone, rt and not alone
+        self.serving, self.host = (serving or serving_only) and not serving_fake, serving_fake
         self.gpu_required = gpu_required
         self.build = Path(os.environ.get("BUILD") or "/tmp/omps-e2e")
         self.out = Path(os.environ.get("OUT") or "/tmp/omps-e2e/out")
@@ -102,7 +109,7 @@ class Harness:
         scripts/gpu-e2e.sh runs it) nothing is skipped: a missing nvcc fails the run."""
         if self.gpu_required:
             return None
-        if not find_nvcc():
+        if (self.cuda or self.rt) and not find_nvcc():
             return "nvcc not found (set NVCC=...): the GPU harness needs a CUDA toolkit"
         if not os.path.exists("/dev/nvidiactl") and not nvidia_smi_ok():
             return "no NVIDIA GPU here (no /dev/nvidiactl, nvidia-smi fails)"
@@ -113,7 +120,7 @@ class Harness:
             d.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True, exist_ok=True)
-        for stale in ("table.txt", "bench.txt"):  # an interrupted run leaves none behind
+        for stale in ("table.txt", "bench.txt", "serving.txt", "serving.json"):  # an interrupted run leaves none
             (self.out / stale).unlink(missing_ok=True)
         self._log = open(self.out / "e2e.log", "w")
         self.began = True
@@ -121,10 +128,12 @@ class Harness:
         section(f"omps gpu-e2e {stamp}")
         log(f"repo: {ROOT}   build: {self.build}   out: {self.out}")
         log(self.omps_note)
-        if not self.rt:
+        if not self.rt and self.cuda:
             log("runtime-API section and benchmark skipped (--no-rt)")
         if self.rt_only:
             log("--rt-only: runtime-API build, section and benchmark only")
+        if self.serving:
+            log("with the serving benchmark" + ("" if self.cuda or self.rt else " only (--serving-only)"))
         self.gpu_desc = gpu_desc()
         log(f"GPU: {self.gpu_desc}")
 

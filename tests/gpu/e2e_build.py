@@ -77,7 +77,9 @@ def wait_builds(jobs):
 
 def build_all():
     """True if every program built (the runtime-API ones unless --no-rt, the driver-API
-    ones unless --rt-only)."""
+    ones unless --rt-only; none for --serving-only)."""
+    if not (H.rt or H.cuda):
+        return True
     section("build")
     nvcc = find_nvcc()
     if not nvcc:
@@ -90,6 +92,6 @@ def build_all():
     jobs = []
     if H.rt:
         build_rt(nvcc, jobs)
-    if not H.rt_only:
+    if H.cuda:
         build_driver(nvcc, jobs)
     return wait_builds(jobs)

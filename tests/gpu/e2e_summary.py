@@ -45,8 +45,10 @@ class Table:
 
 def enabled(group):
     """Whether a group's tests run: "cuda" (the driver-API programs and the measures on
-    them) unless --rt-only, "rt" (the runtime-API programs and the benchmark) unless --no-rt."""
-    return not H.rt_only if group == "cuda" else H.rt
+    them) unless --rt-only, "rt" (the runtime-API programs and the benchmark) unless --no-rt,
+    "serving" (the serving benchmark) with --serving or --serving-only, "host" (its tests
+    that need no GPU) with --serving-fake; --serving-only and --serving-fake run theirs alone."""
+    return {"cuda": H.cuda, "rt": H.rt, "serving": H.serving, "host": H.host}.get(group, False)
 
 
 def table(order, group, header, footer=None):

@@ -85,6 +85,8 @@ impl Client {
     pub(super) fn send(&mut self, ctx: &mut WorkerCtx, op: Op, parts: &[&[u8]]) -> bool {
         let rec: Vec<u8> = parts.concat();
         let ok = self.s.handle(ctx, op as u32, &rec).is_ok();
+        // The end of its turn, as the lane's (launches gathered go).
+        self.s.flush_run(ctx);
         ctx.poll();
         ok
     }

@@ -15,6 +15,8 @@
 mod basic;
 mod client;
 mod graphs;
+#[cfg(test)]
+mod launch_runs;
 mod more;
 #[cfg(test)]
 mod quick;

@@ -92,6 +92,20 @@ pub struct LoadedModule {
     pub functions: Vec<FunctionInfo>,
 }
 
+/// Run lengths [`Gpu::launch_run`] takes: a session cuts a run into these, longest first,
+/// and launches what is left under the shortest one by one.
+pub const RUN_LENGTHS: [usize; 4] = [32, 16, 8, 4];
+
+/// One kernel launch without attributes, as a run of them reaches [`Gpu::launch_run`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlainLaunch<'a> {
+    pub func: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared: u32,
+    pub args: &'a [u8],
+}
+
 pub trait Gpu: Send + Sync + 'static {
     fn ordinal(&self) -> usize;
     fn snapshot(&self) -> DeviceSnapshot;
@@ -245,6 +259,13 @@ pub trait Gpu: Send + Sync + 'static {
         attrs: &[u8],
         args: &[u8],
     ) -> GpuResult<()>;
+
+    /// Queues `run`, launches without attributes in order, on work stream `s` as one
+    /// submission where the GPU can (gpu/cuda/batch.rs). Err: nothing of it was queued,
+    /// and the caller launches them one by one.
+    fn launch_run(&self, _s: usize, _run: &[PlainLaunch<'_>]) -> GpuResult<()> {
+        Err(CuError(code::NOT_SUPPORTED))
+    }
 
     fn event_create(&self, flags: u32) -> GpuResult<u64>;
     fn event_destroy(&self, ev: u64) -> GpuResult<()>;

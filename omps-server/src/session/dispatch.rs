@@ -25,6 +25,13 @@ impl Session {
                 .used_gpus
                 .fetch_or(1 << self.dev, Ordering::Relaxed);
         }
+        // Launches gathered go before anything else (kinds/launch_run.rs).
+        if op != Op::Launch {
+            self.flush_run(ctx);
+            if op == Op::ModuleUnload {
+                self.run.forget_shapes();
+            }
+        }
         // Anything but an allocation or a free may queue work: a block freed after it
         // waits for a fence again (kinds/quick_free.rs).
         if !matches!(op, Op::MemAlloc | Op::MemFree) {

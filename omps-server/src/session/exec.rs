@@ -41,11 +41,29 @@ impl Session {
                     ));
                 }
                 let h = f.handle;
+                // A run gathered on another stream goes first: this stream's ordering
+                // events (legacy-stream semantics) must come after it.
+                if self.run.other_stream(l.stream) {
+                    self.flush_run(ctx);
+                }
                 let Some(s) = self.stream(ctx, l.stream)? else {
                     return Ok(());
                 };
-                if let Err(e) = gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
-                    self.note_error(e);
+                let shape = (h, l.grid, l.block, l.shared_mem);
+                if attrs.is_empty() && self.capturing == 0 && self.run.proven(&shape) {
+                    if self.run.other_work(s) {
+                        self.flush_run(ctx);
+                    }
+                    if self.run.push(l.stream, s, shape, tail) {
+                        self.flush_run(ctx);
+                    }
+                    return Ok(());
+                }
+                self.flush_run(ctx);
+                match gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
+                    Ok(()) if attrs.is_empty() => self.run.prove(shape),
+                    Ok(()) => {}
+                    Err(e) => self.note_error(e),
                 }
             }
             Op::Query => {
@@ -143,5 +161,52 @@ impl Session {
             _ => unreachable!("dispatched to the exec family: {op:?}"),
         }
         Ok(())
+    }
+
+    /// Sends the launches gathered (kinds/launch_run.rs): as graph launches of the lengths
+    /// the GPU keeps graphs for, what is left, or what the GPU would not take so, one by
+    /// one. Called before any record but a launch that joins the run, and at the end of
+    /// the client's turn in each pass (worker/run.rs).
+    pub fn flush_run(&mut self, ctx: &mut WorkerCtx) {
+        let Some(run) = self.run.take() else {
+            return;
+        };
+        let gpu = ctx.gpu.clone();
+        let plain = |i: usize| {
+            let ((func, grid, block, shared), ref r) = run.launches[i];
+            crate::gpu::PlainLaunch {
+                func,
+                grid,
+                block,
+                shared,
+                args: &run.args[r.clone()],
+            }
+        };
+        let mut i = 0;
+        while i < run.launches.len() {
+            let left = run.launches.len() - i;
+            if let Some(&k) = crate::gpu::RUN_LENGTHS.iter().find(|&&k| k <= left) {
+                let batch: Vec<_> = (i..i + k).map(plain).collect();
+                if gpu.launch_run(run.work, &batch).is_ok() {
+                    i += k;
+                    continue;
+                }
+                // Not taken as a run: each goes alone, and gets its own error.
+                for l in batch {
+                    if let Err(e) =
+                        gpu.launch(l.func, l.grid, l.block, l.shared, run.work, &[], l.args)
+                    {
+                        self.note_error(e);
+                    }
+                }
+                i += k;
+                continue;
+            }
+            let l = plain(i);
+            if let Err(e) = gpu.launch(l.func, l.grid, l.block, l.shared, run.work, &[], l.args) {
+                self.note_error(e);
+            }
+            i += 1;
+        }
     }
 }

@@ -19,6 +19,7 @@ use super::kinds::cond::CondState;
 use super::kinds::depth::Depth;
 use super::kinds::graph_held::HeldForGraphs;
 use super::kinds::green::GreenCtx;
+use super::kinds::launch_run::PendingRun;
 use super::kinds::quick_free::QuickFree;
 use super::kinds::vmm::VmmState;
 pub(super) use super::record::{bad, fixed_only, rec, Malformed, Range};
@@ -208,6 +209,8 @@ pub struct Session {
     pub(super) compile: Option<Pending>,
     /// Blocks it freed with nothing on the GPU, kept for its next allocation (memory.rs).
     pub(super) quick: QuickFree,
+    /// Launches gathered to go to the GPU as one run (exec.rs).
+    pub(super) run: PendingRun,
 }
 
 impl Session {
@@ -269,6 +272,7 @@ impl Session {
             greens: HashMap::new(),
             compile: None,
             quick: Default::default(),
+            run: Default::default(),
         };
         s.streams
             .insert(wire::STREAM_DEFAULT, ClientStream::new(0, false));

@@ -183,6 +183,8 @@ pub fn run(
             }
             if outcome.is_ok() {
                 let fenced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    // Launches gathered in its turn go now, before any fence.
+                    sessions[i].flush_run(&mut ctx);
                     ctx.fence_for_peers(&mut sessions[i]);
                     // Blocks kept for allocations that did not come go back.
                     sessions[i].give_back_quick(&mut ctx, false);

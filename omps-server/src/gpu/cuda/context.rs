@@ -171,6 +171,8 @@ pub(super) fn reset(gpu: &CudaGpu) -> GpuResult<()> {
     }
     // SAFETY: ctx is retained; make it current here again.
     ck(unsafe { cu::cuCtxSetCurrent(ctx) }).map_err(step("cuCtxSetCurrent"))?;
+    // Graphs kept for launch runs went with the context.
+    gpu.runs.forget();
     // The confined streams went with their green contexts' work; made again at use.
     for cell in &gpu.streams[gpu.layout.base()..] {
         cell.store(std::ptr::null_mut(), Ordering::Release);

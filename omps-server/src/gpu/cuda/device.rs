@@ -87,6 +87,8 @@ pub struct CudaGpu {
     pub(super) get_limit_fn: RawGetLimitFn,
     pub(super) set_limit_fn: RawSetLimitFn,
     pub(super) cache_config_fn: RawCacheConfigFn,
+    /// Graphs kept for runs of launches (batch.rs).
+    pub(super) runs: super::batch::RunGraphs,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -136,6 +138,7 @@ impl CudaGpu {
             get_limit_fn: raw_fn(b"cuCtxGetLimit\0")?,
             set_limit_fn: raw_fn(b"cuCtxSetLimit\0")?,
             cache_config_fn: raw_fn(b"cuFuncSetCacheConfig\0")?,
+            runs: Default::default(),
         };
         const MEMORY_POOLS_SUPPORTED: c_int = 115;
         let mut pools = 0;

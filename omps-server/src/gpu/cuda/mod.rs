@@ -1,6 +1,7 @@
 //! [`Gpu`] on the real CUDA driver, loaded at run time through cudarc's `sys` layer.
 
 pub mod arrays;
+mod batch;
 mod context;
 mod device;
 mod graphs;
@@ -231,6 +232,10 @@ impl Gpu for CudaGpu {
         args: &[u8],
     ) -> GpuResult<()> {
         launch::launch(self, func, grid, block, shared, s, attrs, args)
+    }
+
+    fn launch_run(&self, s: usize, run: &[crate::gpu::PlainLaunch<'_>]) -> GpuResult<()> {
+        batch::launch_run(self, s, run)
     }
 
     fn event_create(&self, flags: u32) -> GpuResult<u64> {

@@ -241,6 +241,17 @@ impl Gpu for HostGpu {
         launch::launch(self, func, _grid, _block, _shared, s, attrs, args)
     }
 
+    fn launch_run(&self, s: usize, run: &[crate::gpu::PlainLaunch<'_>]) -> GpuResult<()> {
+        if !self.takes_runs.load(Ordering::Relaxed) {
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
+        for l in run {
+            launch::launch(self, l.func, l.grid, l.block, l.shared, s, &[], l.args)?;
+        }
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn event_create(&self, _flags: u32) -> GpuResult<u64> {
         streams::event_create(self, _flags)
     }

@@ -166,6 +166,8 @@ impl HostGpu {
             loads: Default::default(),
             slow_load: Default::default(),
             launches: Default::default(),
+            takes_runs: Default::default(),
+            runs: Default::default(),
             last_launch_stream: Default::default(),
             peers: Default::default(),
             peers_enabled: Default::default(),
@@ -202,6 +204,17 @@ impl HostGpu {
     /// Launches so far.
     pub fn launches(&self) -> usize {
         self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Takes launch runs as one (as the CUDA GPU's graphs do), for tests of the sessions'
+    /// gathering; the launches of a run must each be valid (they run in turn).
+    pub fn take_runs(&self, on: bool) {
+        self.takes_runs.store(on, Ordering::Relaxed);
+    }
+
+    /// Launch runs taken as one so far.
+    pub fn runs(&self) -> usize {
+        self.runs.load(Ordering::Relaxed)
     }
 
     /// The work stream the last launch ran on.

@@ -99,6 +99,10 @@ pub struct HostGpu {
     pub(super) slow_load: Mutex<std::time::Duration>,
     /// Launches asked of it.
     pub(super) launches: std::sync::atomic::AtomicUsize,
+    /// Whether it takes launch runs (`take_runs`; off: each launch goes alone), and the
+    /// runs it took.
+    pub(super) takes_runs: std::sync::atomic::AtomicBool,
+    pub(super) runs: std::sync::atomic::AtomicUsize,
     /// The work stream of the last launch (where confined work ran).
     pub(super) last_launch_stream: std::sync::atomic::AtomicUsize,
     /// The GPUs of its machine it can reach directly (`link_peers`).

@@ -9,6 +9,7 @@ pub mod cond;
 pub mod depth;
 pub mod graph_held;
 pub mod green;
+pub mod launch_run;
 pub mod pool_share;
 pub mod quick_free;
 pub mod vmm;

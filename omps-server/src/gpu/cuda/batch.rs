@@ -1,0 +1,207 @@
+//! [`CudaGpu`]'s launch runs: consecutive plain launches of one client stream queued as
+//! one graph launch (issue 25: past one context's launch ceiling).
+//!
+//! One context takes about 300k `cuLaunchKernel` a second from one thread and 815k from
+//! eight (H100, `scripts/probe/launch_batching.cu`), while MPS's clients, each in a
+//! context of its own, reached 989k together. A graph of K chained kernel nodes, made and
+//! instantiated once and launched with `cuGraphLaunch`, ran 4.6M kernels a second from
+//! eight threads with every node's parameters set anew before each launch (0.16 us a
+//! node): the lanes keep such a graph per work stream and length, and set each node to
+//! the run's launch before launching it. Chained nodes run one after another, in order
+//! and after the stream's earlier work, as the launches would have; a node set to a new
+//! function, grid or parameters is a launch of those (the parameter buffer is copied when
+//! set). Each node carries the priority of its stream's class, as the stream's own
+//! launches do.
+//!
+//! A graph is used on its one work stream only, by one lane at a time (the map's lock is
+//! held while it is set and launched): its launches follow each other on that stream, as
+//! the stream's launches do, and never order one stream behind another. Streams of green
+//! contexts are left out (their launches go one by one). A context reset forgets the
+//! graphs with everything else of the context.
+
+use super::device::{ck, CudaGpu};
+use crate::gpu::{code, CuError, GpuResult, PlainLaunch, RUN_LENGTHS};
+use cudarc::driver::sys as cu;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+/// Shards of the graph map: lanes launching on different streams rarely meet.
+const SHARDS: usize = 64;
+
+/// `extra` keys of cuLaunchKernel (cuda.h: CU_LAUNCH_PARAM_*).
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+struct RunGraph {
+    graph: cu::CUgraph,
+    exec: cu::CUgraphExec,
+    nodes: Vec<cu::CUgraphNode>,
+}
+
+/// The graphs kept, by (work stream, run length).
+pub(super) struct RunGraphs {
+    shards: Vec<Mutex<HashMap<(usize, usize), RunGraph>>>,
+}
+
+// SAFETY: the graph handles are driver objects of the GPU's context, used only under
+// their shard's lock, from threads that made the context current (CudaGpu::bind).
+unsafe impl Send for RunGraphs {}
+// SAFETY: as above.
+unsafe impl Sync for RunGraphs {}
+
+impl Default for RunGraphs {
+    fn default() -> Self {
+        RunGraphs {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+}
+
+impl RunGraphs {
+    /// Forgets every graph: the context they lived in is gone (a reset).
+    pub(super) fn forget(&self) {
+        for s in &self.shards {
+            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+}
+
+/// Node parameters for launch `l`; `size` and `extra` must outlive their use.
+fn params(
+    l: &PlainLaunch<'_>,
+    extra: &mut [*mut c_void; 5],
+    size: &mut usize,
+) -> cu::CUDA_KERNEL_NODE_PARAMS {
+    *size = l.args.len();
+    *extra = [
+        LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
+        l.args.as_ptr() as *mut c_void,
+        LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
+        size as *mut usize as *mut c_void,
+        std::ptr::null_mut(),
+    ];
+    cu::CUDA_KERNEL_NODE_PARAMS {
+        func: l.func as cu::CUfunction,
+        gridDimX: l.grid[0],
+        gridDimY: l.grid[1],
+        gridDimZ: l.grid[2],
+        blockDimX: l.block[0],
+        blockDimY: l.block[1],
+        blockDimZ: l.block[2],
+        sharedMemBytes: l.shared,
+        kernelParams: std::ptr::null_mut(),
+        extra: if l.args.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            extra.as_mut_ptr()
+        },
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    }
+}
+
+/// A graph of `run.len()` chained kernel nodes set to `run`, with `priority`, instantiated.
+fn make(run: &[PlainLaunch<'_>], priority: i32) -> GpuResult<RunGraph> {
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the context is current (the caller bound it).
+    ck(unsafe { cu::cuGraphCreate(&mut graph, 0) })?;
+    let mut g = RunGraph {
+        graph,
+        exec: std::ptr::null_mut(),
+        nodes: Vec::with_capacity(run.len()),
+    };
+    let built = (|| {
+        for l in run {
+            let (mut extra, mut size) = ([std::ptr::null_mut(); 5], 0usize);
+            let p = params(l, &mut extra, &mut size);
+            let mut node = std::ptr::null_mut();
+            let dep = g.nodes.last().copied();
+            // SAFETY: `graph` is ours; `p` and what it points at live through the call;
+            // the dependency, when there is one, is this graph's previous node.
+            ck(unsafe {
+                cu::cuGraphAddKernelNode_v2(
+                    &mut node,
+                    g.graph,
+                    dep.as_ref().map_or(std::ptr::null(), |d| d as *const _),
+                    usize::from(dep.is_some()),
+                    &p,
+                )
+            })?;
+            let mut v: cu::CUkernelNodeAttrValue = unsafe_zeroed_attr();
+            v.priority = priority;
+            // SAFETY: `node` is a kernel node of ours; `v` is a whole attribute value.
+            ck(unsafe {
+                cu::cuGraphKernelNodeSetAttribute(
+                    node,
+                    cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY,
+                    &v,
+                )
+            })?;
+            g.nodes.push(node);
+        }
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `graph` is complete; a valid out-pointer.
+        ck(unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, g.graph, 0) })?;
+        g.exec = exec;
+        Ok(())
+    })();
+    match built {
+        Ok(()) => Ok(g),
+        Err(e) => {
+            destroy(g);
+            Err(e)
+        }
+    }
+}
+
+/// An all-zero launch attribute value (a plain union of integers and small structs).
+fn unsafe_zeroed_attr() -> cu::CUkernelNodeAttrValue {
+    // SAFETY: the union's members are integers, pointers and structs of them, for which
+    // all-zero bytes are a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+fn destroy(g: RunGraph) {
+    // SAFETY: handles of ours, each destroyed once (null ones skipped).
+    unsafe {
+        if !g.exec.is_null() {
+            cu::cuGraphExecDestroy(g.exec);
+        }
+        cu::cuGraphDestroy(g.graph);
+    }
+}
+
+/// Queues `run` on work stream `s` as one launch of a kept graph. Err: nothing of it was
+/// queued (the caller launches one by one).
+pub(super) fn launch_run(gpu: &CudaGpu, s: usize, run: &[PlainLaunch<'_>]) -> GpuResult<()> {
+    if !RUN_LENGTHS.contains(&run.len()) || s >= gpu.layout.base() {
+        return Err(CuError(code::NOT_SUPPORTED));
+    }
+    gpu.bind();
+    let st = gpu.stream(s)?;
+    let mut shard = gpu.runs.shards[s % SHARDS]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let key = (s, run.len());
+    if let Some(g) = shard.get(&key) {
+        for (l, &node) in run.iter().zip(&g.nodes) {
+            let (mut extra, mut size) = ([std::ptr::null_mut(); 5], 0usize);
+            let p = params(l, &mut extra, &mut size);
+            // SAFETY: the node is of this exec's graph; `p` and its pointers live through
+            // the call, which copies the parameter buffer.
+            ck(unsafe { cu::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &p) })?;
+        }
+    } else {
+        let (least, greatest) = gpu.priorities;
+        let class = gpu
+            .layout
+            .class_at(s)
+            .unwrap_or(crate::sched::placement::NORMAL);
+        let priority = crate::sched::placement::class_priority(class, least, greatest);
+        shard.insert(key, make(run, priority)?);
+    }
+    let g = shard.get(&key).expect("present");
+    // SAFETY: a work stream of this context and an exec of ours, launched under the lock.
+    ck(unsafe { cu::cuGraphLaunch(g.exec, st) })
+}

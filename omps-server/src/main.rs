@@ -3,6 +3,7 @@
 //! Environment: OMPS_PIPE_DIRECTORY / CUDA_MPS_PIPE_DIRECTORY (socket), OMPS_LOG_DIRECTORY /
 //! CUDA_MPS_LOG_DIRECTORY (server.log, kept under OMPS_LOG_MAX_BYTES), OMPS_SPIN_US (busy-poll window), OMPS_NO_PIN,
 //! OMPS_LANES (worker threads per GPU), OMPS_SPARE_SEGMENTS (segments made ahead),
+//! OMPS_LAUNCH_RUNS=1 (consecutive launches as graph launches: gpu/cuda/batch.rs),
 //! CUDA_VISIBLE_DEVICES (as for any CUDA program), CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
 //! CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (clients' defaults), OMPS_METRICS or `--metrics ADDR`
 //! (Prometheus metrics over HTTP at ADDR/metrics).

@@ -260,6 +260,12 @@ pub trait Gpu: Send + Sync + 'static {
         args: &[u8],
     ) -> GpuResult<()>;
 
+    /// Whether launches should be gathered into runs for [`Gpu::launch_run`] at all (off:
+    /// each launch goes to the driver as it is read).
+    fn takes_runs(&self) -> bool {
+        false
+    }
+
     /// Queues `run`, launches without attributes in order, on work stream `s` as one
     /// submission where the GPU can (gpu/cuda/batch.rs). Err: nothing of it was queued,
     /// and the caller launches them one by one.

@@ -50,7 +50,11 @@ impl Session {
                     return Ok(());
                 };
                 let shape = (h, l.grid, l.block, l.shared_mem);
-                if attrs.is_empty() && self.capturing == 0 && self.run.proven(&shape) {
+                if attrs.is_empty()
+                    && self.capturing == 0
+                    && gpu.takes_runs()
+                    && self.run.proven(&shape)
+                {
                     if self.run.other_work(s) {
                         self.flush_run(ctx);
                     }
@@ -61,7 +65,7 @@ impl Session {
                 }
                 self.flush_run(ctx);
                 match gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
-                    Ok(()) if attrs.is_empty() => self.run.prove(shape),
+                    Ok(()) if attrs.is_empty() && gpu.takes_runs() => self.run.prove(shape),
                     Ok(()) => {}
                     Err(e) => self.note_error(e),
                 }

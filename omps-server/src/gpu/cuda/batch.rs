@@ -13,6 +13,12 @@
 //! set). Each node carries the priority of its stream's class, as the stream's own
 //! launches do.
 //!
+//! **Off unless `OMPS_LAUNCH_RUNS=1`** (issue 25, 2026-11-27): measured on an H100 (the
+//! rate measure, gpu-e2e, the QoS measure), but the PyTorch suite has not yet run with it,
+//! and what the driver does with a kept graph whose node still names a function of a module
+//! that was unloaded since (a client left) is not yet known: such a graph may have to be
+//! dropped before the unload. Both are for the next GPU session (docs/design.md).
+//!
 //! A graph is used on its one work stream only, by one lane at a time (the map's lock is
 //! held while it is set and launched): its launches follow each other on that stream, as
 //! the stream's launches do, and never order one stream behind another. Streams of green
@@ -172,10 +178,16 @@ fn destroy(g: RunGraph) {
     }
 }
 
+/// Whether the server gathers launch runs: `OMPS_LAUNCH_RUNS=1` (read once).
+pub(super) fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("OMPS_LAUNCH_RUNS").is_ok_and(|v| v == "1"))
+}
+
 /// Queues `run` on work stream `s` as one launch of a kept graph. Err: nothing of it was
 /// queued (the caller launches one by one).
 pub(super) fn launch_run(gpu: &CudaGpu, s: usize, run: &[PlainLaunch<'_>]) -> GpuResult<()> {
-    if !RUN_LENGTHS.contains(&run.len()) || s >= gpu.layout.base() {
+    if !enabled() || !RUN_LENGTHS.contains(&run.len()) || s >= gpu.layout.base() {
         return Err(CuError(code::NOT_SUPPORTED));
     }
     gpu.bind();

@@ -234,6 +234,10 @@ impl Gpu for CudaGpu {
         launch::launch(self, func, grid, block, shared, s, attrs, args)
     }
 
+    fn takes_runs(&self) -> bool {
+        batch::enabled()
+    }
+
     fn launch_run(&self, s: usize, run: &[crate::gpu::PlainLaunch<'_>]) -> GpuResult<()> {
         batch::launch_run(self, s, run)
     }

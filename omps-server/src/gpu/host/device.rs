@@ -241,6 +241,10 @@ impl Gpu for HostGpu {
         launch::launch(self, func, _grid, _block, _shared, s, attrs, args)
     }
 
+    fn takes_runs(&self) -> bool {
+        self.takes_runs.load(Ordering::Relaxed)
+    }
+
     fn launch_run(&self, s: usize, run: &[crate::gpu::PlainLaunch<'_>]) -> GpuResult<()> {
         if !self.takes_runs.load(Ordering::Relaxed) {
             return Err(CuError(code::NOT_SUPPORTED));

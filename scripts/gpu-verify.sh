@@ -7,7 +7,8 @@
 #
 # Parts (each fits one call with the others named beside it where noted):
 #   torch     tests/torch but test_stress, through LD_PRELOAD (TORCH_SUITE_WAYS=preload;
-#             ~480 s alone on an H100)
+#             420-450 s alone on an H100: give its call the whole 595 s; progress in
+#             $OUT/torch-suite.log)
 #   torch-stress  tests/torch/test_stress.py (~130 s)
 #   e2e       scripts/gpu-e2e.sh --reps 1 (~150 s)
 #   serving   scripts/gpu-e2e.sh --serving-only: the serving benchmark of issue 25, native,
@@ -32,13 +33,15 @@ for part in "$@"; do
     f=$OUT/verify-$part.txt
     case $part in
         torch)
+            # Straight into $OUT (verbose: a line a test as it ends), so that a call cut off
+            # by its own limit still brings back how far the suite got (2026-11-27: one was
+            # cut at 490 s with nothing to show; the suite takes 420-450 s on an H100).
             TORCH_SUITE_WAYS=preload OMPS_BIN=$OMPS_BIN TORCH_SUITE_OUT=/tmp/omps-verify-torch \
-                timeout -k 5 560 python3 -m pytest -q -p no:cacheprovider -rfEsxX --tb=short \
-                --ignore=tests/torch/test_stress.py tests/torch > /tmp/omps-verify-torch.txt 2>&1
+                timeout -k 5 560 python3 -m pytest -v -p no:cacheprovider -rfEsxX --tb=short \
+                --ignore=tests/torch/test_stress.py tests/torch > "$OUT/torch-suite.log" 2>&1
             rc=$?
-            mkdir -p /tmp/omps-verify-torch; mv /tmp/omps-verify-torch.txt /tmp/omps-verify-torch/suite.txt
-            grep -E "passed|failed|FAILED|ERROR|XPASS" /tmp/omps-verify-torch/suite.txt > "$f" 2>/dev/null
-            tail -c 6000 /tmp/omps-verify-torch/suite.txt >> "$f" 2>/dev/null ;;
+            grep -E "passed|failed|FAILED|ERROR|XPASS" "$OUT/torch-suite.log" > "$f" 2>/dev/null
+            tail -c 6000 "$OUT/torch-suite.log" >> "$f" 2>/dev/null ;;
         torch-stress)
             OMPS_BIN=$OMPS_BIN TORCH_SUITE_OUT=/tmp/omps-verify-stress timeout -k 5 250 \
                 python3 -m pytest -q -p no:cacheprovider -rfEsxX --tb=short tests/torch/test_stress.py > "$f" 2>&1

@@ -205,13 +205,7 @@ pub(super) fn launch_run(gpu: &CudaGpu, s: usize, run: &[PlainLaunch<'_>]) -> Gp
             ck(unsafe { cu::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &p) })?;
         }
     } else {
-        let (least, greatest) = gpu.priorities;
-        let class = gpu
-            .layout
-            .class_at(s)
-            .unwrap_or(crate::sched::placement::NORMAL);
-        let priority = crate::sched::placement::class_priority(class, least, greatest);
-        shard.insert(key, make(run, priority)?);
+        shard.insert(key, make(run, super::launch::class_priority(gpu, s))?);
     }
     let g = shard.get(&key).expect("present");
     // SAFETY: a work stream of this context and an exec of ours, launched under the lock.

@@ -83,6 +83,17 @@ pub(super) type RawReplaceFn = unsafe extern "C" fn(Desc, u64) -> c_int;
 const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 
+/// The priority of work stream `s`'s QoS class (its launches run at it; a kernel may ask
+/// for less, never more).
+pub(super) fn class_priority(gpu: &CudaGpu, s: usize) -> i32 {
+    let (least, greatest) = gpu.priorities;
+    let class = gpu
+        .layout
+        .class_at(s)
+        .unwrap_or(crate::sched::placement::NORMAL);
+    crate::sched::placement::class_priority(class, least, greatest)
+}
+
 pub(super) fn tensor_map(
     gpu: &CudaGpu,
     t: &omps_ring::wire::TensorMap,
@@ -287,13 +298,8 @@ pub(super) fn launch(
             )
         });
     }
-    let (least, greatest) = gpu.priorities;
-    let class = gpu
-        .layout
-        .class_at(s)
-        .unwrap_or(crate::sched::placement::NORMAL);
-    let floor = crate::sched::placement::class_priority(class, least, greatest);
-    let attrs = crate::sched::placement::hold_launch_priority(attrs, floor, least);
+    let floor = class_priority(gpu, s);
+    let attrs = crate::sched::placement::hold_launch_priority(attrs, floor, gpu.priorities.0);
     let mut list = attr_list(&attrs);
     let n = list.len();
     let config = cu::CUlaunchConfig {

@@ -26,52 +26,11 @@
 //! graphs with everything else of the context.
 
 use super::device::{ck, CudaGpu};
+use super::launch::{LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE};
+use super::run_graphs::{RunGraph, SHARDS};
 use crate::gpu::{code, CuError, GpuResult, PlainLaunch, RUN_LENGTHS};
 use cudarc::driver::sys as cu;
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
-
-/// Shards of the graph map: lanes launching on different streams rarely meet.
-const SHARDS: usize = 64;
-
-/// `extra` keys of cuLaunchKernel (cuda.h: CU_LAUNCH_PARAM_*).
-const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
-const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
-
-struct RunGraph {
-    graph: cu::CUgraph,
-    exec: cu::CUgraphExec,
-    nodes: Vec<cu::CUgraphNode>,
-}
-
-/// The graphs kept, by (work stream, run length).
-pub(super) struct RunGraphs {
-    shards: Vec<Mutex<HashMap<(usize, usize), RunGraph>>>,
-}
-
-// SAFETY: the graph handles are driver objects of the GPU's context, used only under
-// their shard's lock, from threads that made the context current (CudaGpu::bind).
-unsafe impl Send for RunGraphs {}
-// SAFETY: as above.
-unsafe impl Sync for RunGraphs {}
-
-impl Default for RunGraphs {
-    fn default() -> Self {
-        RunGraphs {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-        }
-    }
-}
-
-impl RunGraphs {
-    /// Forgets every graph: the context they lived in is gone (a reset).
-    pub(super) fn forget(&self) {
-        for s in &self.shards {
-            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        }
-    }
-}
 
 /// Node parameters for launch `l`; `size` and `extra` must outlive their use.
 fn params(

@@ -88,7 +88,7 @@ pub struct CudaGpu {
     pub(super) set_limit_fn: RawSetLimitFn,
     pub(super) cache_config_fn: RawCacheConfigFn,
     /// Graphs kept for runs of launches (batch.rs).
-    pub(super) runs: super::batch::RunGraphs,
+    pub(super) runs: super::run_graphs::RunGraphs,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there

@@ -80,8 +80,8 @@ pub(super) type RawIm2colWideFn = unsafe extern "C" fn(
 pub(super) type RawReplaceFn = unsafe extern "C" fn(Desc, u64) -> c_int;
 
 /// `extra` keys of cuLaunchKernel (cuda.h: CU_LAUNCH_PARAM_*).
-const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
-const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+pub(super) const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+pub(super) const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 
 /// The priority of work stream `s`'s QoS class (its launches run at it; a kernel may ask
 /// for less, never more).

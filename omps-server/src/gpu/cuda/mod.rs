@@ -9,6 +9,7 @@ pub mod green;
 mod launch;
 mod memory;
 mod modules;
+mod run_graphs;
 mod streams;
 mod verify;
 mod vmm;

@@ -15,6 +15,8 @@
 #             MPS and omps (~6-7 min: alone in a call); its table is verify-serving.txt,
 #             every request's latency $OUT/serving.json
 #   faults    scripts/faults/run.sh (~90 s)
+#   rate      scripts/sched/run.py --only rate,qos (~150 s; OMPS_LAUNCH_RUNS=1 for launch runs)
+#   serving   the serving benchmark of tests/gpu (~6 min; alone in a call)
 #   soak      scripts/soak/soak.sh with SOAK_KILLS kills (default 120) and 4 PyTorch kills
 #   verifier  scripts/probe/verifier_cost.sh 3 (~100 s)
 #   multiuser scripts/multi-user/run.sh (as root; ~15 s)
@@ -58,6 +60,14 @@ for part in "$@"; do
             cp /tmp/omps-verify-serving/serving.txt "$f" 2>/dev/null || : > "$f"
             cp /tmp/omps-verify-serving/serving.json "$OUT/serving.json" 2>/dev/null
             if [ "$rc" != 0 ]; then echo "--- end of the run's output:" >> "$f"; tail -c 6000 /tmp/omps-verify-serving.log >> "$f"; fi ;;
+        rate)
+            # Issue 25: launches per second (N = 1, 8, 32, 256) and the QoS measure beside it,
+            # natively, under MPS and under omps (launch runs on only where the caller
+            # exported OMPS_LAUNCH_RUNS=1); ~150 s.
+            timeout -k 5 280 python3 scripts/sched/run.py --only rate,qos --out /tmp/omps-verify-rate \
+                > /tmp/omps-verify-rate.log 2>&1
+            rc=$?
+            sed -n '/^qos | mode/,$p' /tmp/omps-verify-rate.log > "$f" ;;
         faults)
             timeout 200 bash scripts/faults/run.sh /tmp/omps-verify-faults > "$f" 2>&1
             rc=$? ;;

@@ -16,8 +16,8 @@
 #             every request's latency $OUT/serving.json
 #   faults    scripts/faults/run.sh (~90 s)
 #   rate      scripts/sched/run.py --only rate,qos (~150 s; OMPS_LAUNCH_RUNS=1 for launch runs)
-#   serving   the serving benchmark of tests/gpu (~6 min; alone in a call)
-#   soak      scripts/soak/soak.sh with SOAK_KILLS kills (default 120) and 4 PyTorch kills
+#   soak      scripts/soak/soak.sh with SOAK_KILLS kills (default 120) and SOAK_TORCH_KILLS
+#             PyTorch kills (default 4)
 #   verifier  scripts/probe/verifier_cost.sh 3 (~100 s)
 #   multiuser scripts/multi-user/run.sh (as root; ~15 s)
 #   clients   scripts/clients/run.sh jax cupy numba, both ways in (~75 s)
@@ -73,7 +73,7 @@ for part in "$@"; do
             rc=$? ;;
         soak)
             SOAK_SURVIVOR_ROUNDS=${SOAK_SURVIVOR_ROUNDS:-600} SOAK_SETTLE=${SOAK_SETTLE:-35} \
-                timeout 400 bash scripts/soak/soak.sh "${SOAK_KILLS:-120}" 4 > "$f" 2>&1
+                timeout 400 bash scripts/soak/soak.sh "${SOAK_KILLS:-120}" "${SOAK_TORCH_KILLS:-4}" > "$f" 2>&1
             rc=$?
             grep -q "server alive: yes" "$f" && grep -q "survivors: \([0-9]*\) of \1" "$f" || rc=1
             grep -q "^exporter: .*FAIL" "$f" && rc=1 ;;

@@ -25,7 +25,12 @@
 //   roles limit                             a kernel of 264 blocks x 1024 threads spinning
 //                                           1 ms each (one wave on 132 SMs), timed:
 //                                           "LIMIT <SMs seen> <distinct SMs used> <ms>"
+//   roles fair [LAUNCHES EVERY]             LAUNCHES (100) kernels of 64 threads with a
+//                                           cudaStreamSynchronize after every EVERY (10):
+//                                           "FAIR <s from the start instant to the end>
+//                                           <s from its first launch to the end>"
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -61,15 +66,18 @@ static double secs_since(clk::time_point t) {
     return std::chrono::duration<double>(clk::now() - t).count();
 }
 
+static long long now_ns() {
+    timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+// One sleep to the instant (not a look every 200 us: 1,024 processes looking that often
+// kept every core of a 16-core machine busy while the last of them were still starting).
 static void wait_start(long long at_ns) {
     if (at_ns <= 0) return;
-    for (;;) {
-        timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        long long now = (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-        if (now >= at_ns) return;
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+    timespec at = {(time_t)(at_ns / 1000000000LL), (long)(at_ns % 1000000000LL)};
+    while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &at, nullptr) == EINTR) {}
 }
 
 int main(int argc, char **argv) {
@@ -79,16 +87,13 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--start-at") && i + 1 < argc) start_at = atoll(argv[++i]);
         else a.push_back(argv[i]);
     }
-    if (a.empty()) { fprintf(stderr, "usage: roles rate|hog|lc|be|limit|startup|tiny ARGS [--start-at NS]\n"); return 2; }
+    if (a.empty()) { fprintf(stderr, "usage: roles rate|hog|lc|be|limit|startup|tiny|deep|graph|fair ARGS [--start-at NS]\n"); return 2; }
     if (!strcmp(a[0], "startup") && a.size() >= 2) {
         // First thing: a cudaMalloc, timed from T0 (ns since the epoch, taken by the
         // harness just before it started this process).
         void *p;
         CK(cudaMalloc(&p, 1 << 20));
-        timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        long long now = (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-        printf("STARTUP %.3f\n", (now - atoll(a[1])) / 1e6);
+        printf("STARTUP %.3f\n", (now_ns() - atoll(a[1])) / 1e6);
         return 0;
     }
     CK(cudaFree(0));
@@ -234,6 +239,27 @@ int main(int argc, char **argv) {
         }
         std::sort(us.begin(), us.end());
         printf("GRAPH %.1f %.1f\n", us[us.size() / 2], us[us.size() * 99 / 100]);
+    } else if (!strcmp(role, "fair")) {
+        // Fairness among many clients (issue 25): each runs the same short job; the spread
+        // of their times is the figure. From the start instant (a client whose start-up
+        // ran past it counts that lateness) and from its own first launch.
+        int launches = a.size() >= 2 ? atoi(a[1]) : 100;
+        int every = a.size() >= 3 ? std::max(1, atoi(a[2])) : 10;
+        float *x;
+        CK(cudaMalloc(&x, 64 * sizeof(float)));
+        CK(cudaMemsetAsync(x, 0, 64 * sizeof(float), s));
+        CK(cudaStreamSynchronize(s));
+        wait_start(start_at);
+        auto t = clk::now();
+        long long first_ns = now_ns();
+        for (int i = 0; i < launches; i++) {
+            small<<<1, 64, 0, s>>>(x);
+            if ((i + 1) % every == 0) CK(cudaStreamSynchronize(s));
+        }
+        CK(cudaStreamSynchronize(s));
+        double own = secs_since(t);
+        long long from = start_at > 0 ? std::min(start_at, first_ns) : first_ns;
+        printf("FAIR %.6f %.6f\n", (now_ns() - from) / 1e9, own);
     } else if (!strcmp(role, "limit")) {
         int sms = 0;
         CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

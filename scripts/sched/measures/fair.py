@@ -10,6 +10,7 @@ VmRSS with its RssAnon / RssShmem / RssFile, the peak of each alone, and VmHWM a
 Target: at most 1 GB at 1,024 clients. omps runs 1,024; MPS stops at 48 clients and
 natively 64 contexts are about what fits, so every mode also runs 48, for ratios."""
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -117,6 +118,14 @@ def one(clients, n):
     # Every client's times beside the logs; the figures keep the order statistics.
     with open(Path(clients.workdir) / f"fair.{clients.mode}.{n}.times", "w") as f:
         f.writelines(f"{r[1]} {r[2]}\n" for r in rows)
+    if clients.mode == "omps":
+        # The lanes' records and time since the server started (cumulative), to tell
+        # uneven lanes apart from uneven clients.
+        try:
+            _, text = clients.ctl("stats")
+        except subprocess.SubprocessError as e:
+            text = f"omps-ctl stats: {e}\n"
+        (Path(clients.workdir) / f"fair.omps.{n}.stats").write_text(text)
     return {"own": (own[0], median(own), own[-1]), "start": (median(start), start[-1]), "late": late,
             "mem": mem, "idle": before.get("VmRSS")}
 

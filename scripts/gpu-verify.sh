@@ -68,7 +68,7 @@ for part in "$@"; do
             timeout -k 5 280 python3 scripts/sched/run.py --only "${RATE_MEASURES:-rate,qos}" --out /tmp/omps-verify-rate \
                 > /tmp/omps-verify-rate.log 2>&1
             rc=$?
-            grep -E '^\||^[a-z]+ \|' /tmp/omps-verify-rate.log > "$f" ;;
+            grep -F ' | ' /tmp/omps-verify-rate.log > "$f" ;;
         faults)
             timeout 200 bash scripts/faults/run.sh /tmp/omps-verify-faults > "$f" 2>&1
             rc=$? ;;

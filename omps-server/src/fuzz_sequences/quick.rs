@@ -1,7 +1,8 @@
 //! The quick free (session/kinds/quick_free.rs) through real records: a block freed while
-//! the client has nothing on the GPU is kept, still charged, for its next allocation of
-//! that size; any other record makes the next free wait for a fence again; kept blocks go
-//! back by age, for an allocation of another size, and when the client goes. Here with
+//! the client has nothing on the GPU is kept by its lane, still charged, for its next
+//! allocation of that size; any other record makes the next free wait for a fence again;
+//! kept blocks go back by age, when the client goes, and when any client's allocation runs
+//! out of memory. Here with
 //! the fuzz body's client because it sends records as the shim does.
 
 use super::client::Client;
@@ -33,7 +34,7 @@ fn idle_frees_are_kept_for_the_same_size_and_given_back() {
     // The first free waits for a fence (nothing known of the client's work yet).
     let p = me.alloc(&mut ctx, MIB).expect("alloc");
     free(&mut me, &mut ctx, p);
-    assert!(!me.s.holds_quick(), "a free before any probe is fenced");
+    assert!(!ctx.holds_kept(), "a free before any probe is fenced");
     assert_eq!(
         host.bytes_allocated(),
         0,
@@ -44,7 +45,7 @@ fn idle_frees_are_kept_for_the_same_size_and_given_back() {
     // Now quiet since the probe, which has passed: the block is kept, still charged.
     let q = me.alloc(&mut ctx, MIB).expect("alloc");
     free(&mut me, &mut ctx, q);
-    assert!(me.s.holds_quick());
+    assert!(ctx.holds_kept());
     assert_eq!(host.bytes_allocated(), MIB);
     assert_eq!(charged(&me), MIB, "kept blocks stay the client's");
     // The same size gets it back, without the driver, and charged once only.
@@ -52,11 +53,13 @@ fn idle_frees_are_kept_for_the_same_size_and_given_back() {
     assert_eq!(charged(&me), MIB);
     assert_eq!(host.bytes_allocated(), MIB);
     free(&mut me, &mut ctx, q);
-    assert!(me.s.holds_quick());
+    assert!(ctx.holds_kept());
 
-    // An allocation of another size gives the kept block back.
+    // An allocation of another size does not take it; it goes back with age.
     let r = me.alloc(&mut ctx, 2 * MIB).expect("alloc");
-    assert!(!me.s.holds_quick());
+    assert!(ctx.holds_kept());
+    std::thread::sleep(crate::worker::kept::KEEP);
+    ctx.give_back_kept();
     ctx.poll();
     assert_eq!(host.bytes_allocated(), 2 * MIB, "q went back");
     assert_eq!(charged(&me), 2 * MIB);
@@ -72,18 +75,18 @@ fn idle_frees_are_kept_for_the_same_size_and_given_back() {
     };
     assert!(me.send(&mut ctx, Op::Memset, &[bytemuck::bytes_of(&m)]));
     free(&mut me, &mut ctx, r);
-    assert!(!me.s.holds_quick(), "a free after work is fenced");
+    assert!(!ctx.holds_kept(), "a free after work is fenced");
     assert_eq!(host.bytes_allocated(), 0);
 
     // Kept blocks go back once older than KEEP, as the lane looks each pass.
     let t = me.alloc(&mut ctx, MIB).expect("alloc");
     free(&mut me, &mut ctx, t);
-    assert!(me.s.holds_quick());
-    me.s.give_back_quick(&mut ctx, false);
-    assert!(me.s.holds_quick(), "too young to go");
-    std::thread::sleep(crate::session::QUICK_KEEP);
-    me.s.give_back_quick(&mut ctx, false);
-    assert!(!me.s.holds_quick());
+    assert!(ctx.holds_kept());
+    ctx.give_back_kept();
+    assert!(ctx.holds_kept(), "too young to go");
+    std::thread::sleep(crate::worker::kept::KEEP);
+    ctx.give_back_kept();
+    assert!(!ctx.holds_kept());
     ctx.poll();
     assert_eq!(host.bytes_allocated(), 0);
     assert_eq!(charged(&me), 0);
@@ -91,10 +94,41 @@ fn idle_frees_are_kept_for_the_same_size_and_given_back() {
     // And what is kept when the client goes is freed with the rest (its probe event too).
     let u = me.alloc(&mut ctx, MIB).expect("alloc");
     free(&mut me, &mut ctx, u);
-    assert!(me.s.holds_quick());
+    assert!(ctx.holds_kept());
     let events = host.events_live();
     ctx.retire(me.s);
     ctx.poll();
     assert_eq!(host.bytes_allocated(), 0, "kept block freed at the end");
     assert!(host.events_live() < events, "the probe event destroyed");
+}
+
+#[test]
+fn an_allocation_out_of_memory_takes_back_what_other_clients_keep() {
+    let host = Arc::new(HostGpu::new(0, 64 * MIB));
+    let gpu: Arc<dyn Gpu> = host.clone();
+    let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
+    let mut a = Client::new(&gpu, 1);
+    let mut b = Client::new(&gpu, 2);
+    // a frees 40 MiB while idle (after a first fenced free): its lane keeps it.
+    let p = a.alloc(&mut ctx, MIB).expect("alloc");
+    free(&mut a, &mut ctx, p);
+    let big = a.alloc(&mut ctx, 40 * MIB).expect("alloc");
+    free(&mut a, &mut ctx, big);
+    assert!(ctx.holds_kept());
+    assert_eq!(host.bytes_allocated(), 40 * MIB);
+    // b's 40 MiB does not fit beside it: the allocation asks it back, and succeeds.
+    assert!(
+        b.alloc(&mut ctx, 40 * MIB).is_some(),
+        "kept blocks came back for b"
+    );
+    assert!(!ctx.holds_kept());
+    assert_eq!(
+        a.client.mem_bytes[0].load(Ordering::Relaxed),
+        0,
+        "a's charge went with it"
+    );
+    ctx.retire(a.s);
+    ctx.retire(b.s);
+    ctx.poll();
+    assert_eq!(host.bytes_allocated(), 0);
 }

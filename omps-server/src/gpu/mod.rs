@@ -260,9 +260,9 @@ pub trait Gpu: Send + Sync + 'static {
         args: &[u8],
     ) -> GpuResult<()>;
 
-    /// Whether launches should be gathered into runs for [`Gpu::launch_run`] at all (off:
-    /// each launch goes to the driver as it is read).
-    fn takes_runs(&self) -> bool {
+    /// Whether launches on work stream `s` should be gathered into runs for
+    /// [`Gpu::launch_run`] at all (off: each launch goes to the driver as it is read).
+    fn takes_runs(&self, _s: usize) -> bool {
         false
     }
 

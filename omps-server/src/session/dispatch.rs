@@ -28,7 +28,11 @@ impl Session {
         // Launches gathered go before anything else (kinds/launch_run.rs).
         if op != Op::Launch {
             self.flush_run(ctx);
-            if op == Op::ModuleUnload {
+            // What a function is may change with these: its shapes are proven again.
+            let cache_config = op == Op::Query
+                && p.len() >= std::mem::size_of::<wire::Query>()
+                && rec::<wire::Query>(p).kind == wire::query::FUNC_CACHE_CONFIG;
+            if matches!(op, Op::ModuleUnload | Op::FuncSetAttribute) || cache_config {
                 self.run.forget_shapes();
             }
         }

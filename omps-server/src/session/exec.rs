@@ -52,7 +52,7 @@ impl Session {
                 let shape = (h, l.grid, l.block, l.shared_mem);
                 if attrs.is_empty()
                     && self.capturing == 0
-                    && gpu.takes_runs()
+                    && gpu.takes_runs(s)
                     && self.run.proven(&shape)
                 {
                     if self.run.other_work(s) {
@@ -65,7 +65,7 @@ impl Session {
                 }
                 self.flush_run(ctx);
                 match gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
-                    Ok(()) if attrs.is_empty() && gpu.takes_runs() => self.run.prove(shape),
+                    Ok(()) if attrs.is_empty() && gpu.takes_runs(s) => self.run.prove(shape),
                     Ok(()) => {}
                     Err(e) => self.note_error(e),
                 }
@@ -195,7 +195,10 @@ impl Session {
                     i += k;
                     continue;
                 }
-                // Not taken as a run: each goes alone, and gets its own error.
+                // Not taken as a run: each goes alone, and gets its own error; the shapes
+                // are proven again one by one (a driver that refuses one in a graph, say a
+                // dynamic-parallelism kernel, is not asked again at every run).
+                self.run.forget_shapes();
                 for l in batch {
                     if let Err(e) =
                         gpu.launch(l.func, l.grid, l.block, l.shared, run.work, &[], l.args)

@@ -6,6 +6,12 @@ use super::kinds::graph_held::HeldAtLast;
 use super::*;
 
 impl Session {
+    /// Blocks its lane kept for its next allocations (worker/kept.rs), back among its
+    /// allocations as it ends, to go with them.
+    pub fn adopt_kept(&mut self, blocks: Vec<(u64, u64)>) {
+        self.allocs.extend(blocks);
+    }
+
     /// Everything the client still holds on this GPU, for release once its work is done.
     pub fn into_release(
         mut self,
@@ -21,10 +27,6 @@ impl Session {
         // Blocks held for its graphs go as its other allocations do (exported ones through
         // the IPC books).
         for (p, n) in self.take_graph_held() {
-            self.allocs.insert(p, n);
-        }
-        // And blocks kept for its next allocations (kinds/quick_free.rs).
-        for (p, n) in self.quick.expired(std::time::Instant::now(), true) {
             self.allocs.insert(p, n);
         }
         // Modules and IPC openings held for its graphs go with the rest.

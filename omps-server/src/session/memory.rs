@@ -156,7 +156,7 @@ impl Session {
                         if !exported
                             && !everywhere
                             && self.quick.idle(|e| gpu.event_query(e).unwrap_or(false))
-                            && self.quick.keep(f.ptr, len, std::time::Instant::now())
+                            && ctx.keep_freed(&self.client, f.ptr, len)
                         {
                             return Ok(());
                         }
@@ -180,14 +180,10 @@ impl Session {
                 let a = rec::<wire::MemAlloc>(p);
                 let r = if a.size == 0 {
                     Err(CuError(code::INVALID_VALUE))
-                } else if let Some(p) = self.quick.take(a.size) {
-                    // Freed with nothing on the GPU, still charged (kinds/quick_free.rs).
+                } else if let Some(p) = ctx.take_kept(self.client.id, a.size) {
+                    // Freed with nothing on the GPU, still charged (worker/kept.rs).
                     Ok(p)
-                } else if let Some(p) = {
-                    // Kept blocks of other sizes are not wanted now: back the usual way.
-                    self.give_back_quick(ctx, true);
-                    ctx.reuse_freed(&self.client, a.size)
-                } {
+                } else if let Some(p) = ctx.reuse_freed(&self.client, a.size) {
                     // A block of its own it freed, whose fence has passed: still counted
                     // (reuse_freed took it off), counted again, so never over its limit.
                     self.client.add_mem(self.dev, a.size);
@@ -288,41 +284,25 @@ impl Session {
         Ok(())
     }
 
-    /// Records the session's probe after the fence a free just queued: while nothing but
-    /// allocations and frees follow, its passing shows the client idle (kinds/quick_free.rs).
+    /// Records the session's probe after the fence a free just queued (unless quiet: then
+    /// it follows all the client's work already): while nothing but allocations and frees
+    /// follow, its passing shows the client idle (kinds/quick_free.rs). Counted toward the
+    /// sync stream's depth, as the fence's own record is.
     fn arm_quick_probe(&mut self, ctx: &mut WorkerCtx) {
         let Some(m) = self.sync else {
             return;
         };
-        let gpu = &ctx.gpu;
+        if !self.quick.wants_probe() {
+            return;
+        }
+        let gpu = ctx.gpu.clone();
         // Timing off, as the fences' events (worker/ctx.rs).
         let Some(ev) = self.quick.probe_or(|| gpu.event_create(0x2).ok()) else {
             return;
         };
         if gpu.event_record(ev, m).is_ok() {
+            self.queued_as(ctx, m, 1, false);
             self.quick.armed();
-        }
-    }
-
-    /// Whether blocks are kept for the client's next allocations (the lane looks back
-    /// soon to give them back: see `give_back_quick`).
-    pub fn holds_quick(&self) -> bool {
-        self.quick.holds()
-    }
-
-    /// Gives back, the usual way (after a fence), the blocks kept longer than
-    /// kinds::quick_free::KEEP, or all of them with `all`.
-    pub fn give_back_quick(&mut self, ctx: &mut WorkerCtx, all: bool) {
-        if !self.quick.holds() {
-            return;
-        }
-        let allocs = self.quick.expired(std::time::Instant::now(), all);
-        if !allocs.is_empty() {
-            let rel = Release {
-                allocs,
-                ..Default::default()
-            };
-            ctx.release_later(self, rel);
         }
     }
 }

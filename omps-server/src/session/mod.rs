@@ -35,8 +35,6 @@ mod vmm;
 
 pub use crate::client::answer::answer_later;
 pub use crate::release::given::{ArrayRelease, PinnedRelease, Release, VmmRelease};
-/// How long a block freed with nothing on the GPU is kept for the client's next allocation.
-pub use kinds::quick_free::KEEP as QUICK_KEEP;
 pub use link::{jit_verdict, link_verdict};
 pub use record::Malformed;
 pub use state::*;

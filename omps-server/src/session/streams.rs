@@ -107,6 +107,9 @@ impl Session {
     /// Moves every bound stream to the client's new placement (QoS class, SM confinement):
     /// later work goes to a work stream there, after what the old one still holds.
     pub(super) fn move_to(&mut self, ctx: &mut WorkerCtx, place: placement::Placement) {
+        // Launches gathered on the old work streams go there first, before the ordering
+        // events that make the new ones wait for them (kinds/launch_run.rs).
+        self.flush_run(ctx);
         self.placement = place;
         let greens: HashMap<u32, placement::Placement> = self
             .greens

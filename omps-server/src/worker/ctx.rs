@@ -86,6 +86,8 @@ pub struct WorkerCtx {
     /// Dead clients and the host-node slots of their graphs: acknowledged on every pass
     /// until the client's last fence has passed, so replays it queued run through.
     dead_host_nodes: Vec<(Arc<ClientShared>, Vec<u32>, Vec<u64>)>,
+    /// Blocks clients freed with nothing on the GPU, kept for their next allocations.
+    kept: super::kept::KeptBlocks,
 }
 
 impl WorkerCtx {
@@ -111,6 +113,7 @@ impl WorkerCtx {
             last_reset_try: None,
             fault: None,
             dead_host_nodes: Vec::new(),
+            kept: Default::default(),
         })
     }
 
@@ -353,6 +356,56 @@ impl WorkerCtx {
         );
     }
 
+    /// Keeps block `ptr` (`len` bytes), which `client` freed with nothing on the GPU, for
+    /// its next allocation of that size (worker/kept.rs): false if it must go the usual
+    /// way (no room, or an allocation that ran out of memory asks blocks back now).
+    pub fn keep_freed(&mut self, client: &Arc<ClientShared>, ptr: u64, len: u64) -> bool {
+        if self.shared.give_back_kept.load(Ordering::SeqCst)
+            || !self.kept.keep(client, ptr, len, Instant::now())
+        {
+            return false;
+        }
+        self.shared.kept_bytes.fetch_add(len, Ordering::SeqCst);
+        true
+    }
+
+    /// A block `client` freed and this lane kept, of exactly `len` bytes.
+    pub fn take_kept(&mut self, client: u32, len: u64) -> Option<u64> {
+        let p = self.kept.take(client, len)?;
+        self.shared.kept_bytes.fetch_sub(len, Ordering::SeqCst);
+        Some(p)
+    }
+
+    pub fn holds_kept(&self) -> bool {
+        !self.kept.is_empty()
+    }
+
+    /// `client`'s kept blocks, taken (its session ends: they go with its allocations).
+    pub fn kept_of(&mut self, client: u32) -> Vec<(u64, u64)> {
+        let mine = self.kept.of_client(client);
+        let bytes: u64 = mine.iter().map(|b| b.len).sum();
+        self.shared.kept_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        mine.into_iter().map(|k| (k.ptr, k.len)).collect()
+    }
+
+    /// Gives kept blocks older than kept::KEEP to the releaser, or all of them while an
+    /// allocation that ran out of memory asks for them. No fence: their clients had
+    /// nothing on the GPU when they freed them (worker/kept.rs).
+    pub fn give_back_kept(&mut self) {
+        if self.kept.is_empty() {
+            return;
+        }
+        let all = self.shared.give_back_kept.load(Ordering::SeqCst);
+        for k in self.kept.expired(Instant::now(), all) {
+            self.shared.kept_bytes.fetch_sub(k.len, Ordering::SeqCst);
+            let rel = Release {
+                allocs: vec![(k.ptr, k.len)],
+                ..Default::default()
+            };
+            self.free(k.client, rel, false, true);
+        }
+    }
+
     /// Completes what the GPU finished and frees what is idle, and waits until the
     /// releaser has given it back: one pass of the worker's housekeeping, made
     /// deterministic for tests and the fuzz targets (the worker itself never waits).
@@ -366,12 +419,23 @@ impl WorkerCtx {
     /// allocation that ran out of memory retries after it. Returns whether anything could
     /// have come back. Only on that path does a worker wait (at most 200 ms).
     pub fn reclaim(&mut self) -> bool {
+        let kept = self.shared.kept_bytes.load(Ordering::SeqCst) > 0;
         let had = self.deferred_len > 0
+            || kept
             || !self.shared.releaser.memory_back()
             || self.shared.held.load(Ordering::SeqCst) > 0;
+        if kept {
+            // Every lane gives back the blocks it keeps for quick frees (this one at once,
+            // the others on their next pass: reclaim_until waits for them).
+            self.shared.give_back_kept.store(true, Ordering::SeqCst);
+            self.give_back_kept();
+        }
         // Only releases that give memory back: a fence behind another client's long kernel
         // that frees only events or modules is not worth the lane's wait.
         self.reclaim_until(Duration::from_millis(200), |d| d.release.gives_memory());
+        if kept {
+            self.shared.give_back_kept.store(false, Ordering::SeqCst);
+        }
         let _ = self.gpu.settle_frees();
         had
     }
@@ -382,8 +446,20 @@ impl WorkerCtx {
     /// The wait is short (20 ms at most): a client at its limit must not hold up the
     /// other clients of its lane; it gets CUDA_ERROR_OUT_OF_MEMORY sooner instead.
     pub fn reclaim_for(&mut self, client: u32) -> bool {
+        // Its own blocks kept here for quick frees go first: they count against its limit.
+        let kept = self.kept.of_client(client);
+        let gave = !kept.is_empty();
+        for k in kept {
+            self.shared.kept_bytes.fetch_sub(k.len, Ordering::SeqCst);
+            let rel = Release {
+                allocs: vec![(k.ptr, k.len)],
+                ..Default::default()
+            };
+            self.free(k.client, rel, false, true);
+        }
         let own = |d: &Deferred| d.client.id == client;
-        if !self.deferred.iter().flatten().any(own)
+        if !gave
+            && !self.deferred.iter().flatten().any(own)
             && self.shared.releaser.memory_back()
             && self.shared.held.load(Ordering::SeqCst) == 0
         {
@@ -406,8 +482,11 @@ impl WorkerCtx {
         let t = Instant::now();
         loop {
             self.poll_deferred();
-            let waiting =
-                self.deferred.iter().flatten().any(&wanted) || self.shared.held_young(limit);
+            // Blocks other lanes keep for quick frees, asked back (reclaim).
+            let waiting = self.deferred.iter().flatten().any(&wanted)
+                || self.shared.held_young(limit)
+                || (self.shared.give_back_kept.load(Ordering::SeqCst)
+                    && self.shared.kept_bytes.load(Ordering::SeqCst) > 0);
             if !waiting || t.elapsed() >= limit {
                 break;
             }

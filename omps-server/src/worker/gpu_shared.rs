@@ -59,6 +59,10 @@ pub struct GpuShared {
     pub(super) held_at: std::sync::atomic::AtomicU64,
     /// Module loads, JIT compiles and links off the lanes (crate::image::compile).
     pub compiler: crate::image::compile::Compiler,
+    /// Bytes the lanes keep for quick frees (worker/kept.rs), and whether an allocation
+    /// that ran out of memory asks them all back now.
+    pub(super) kept_bytes: std::sync::atomic::AtomicU64,
+    pub(super) give_back_kept: std::sync::atomic::AtomicBool,
 }
 
 /// The process's clock origin, for instants kept in atomics.
@@ -117,6 +121,8 @@ impl GpuShared {
             held: Default::default(),
             held_at: Default::default(),
             compiler: Default::default(),
+            kept_bytes: Default::default(),
+            give_back_kept: Default::default(),
             modules: crate::image::module_cache::ModuleCache::new({
                 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
                 let snap = gpu.snapshot();

@@ -186,8 +186,6 @@ pub fn run(
                     // Launches gathered in its turn go now, before any fence.
                     sessions[i].flush_run(&mut ctx);
                     ctx.fence_for_peers(&mut sessions[i]);
-                    // Blocks kept for allocations that did not come go back.
-                    sessions[i].give_back_quick(&mut ctx, false);
                 }));
                 if fenced.is_err() {
                     tracing::error!(
@@ -208,6 +206,8 @@ pub fn run(
         }
         ctx.poll_markers();
         ctx.poll_deferred();
+        // Blocks kept for allocations that did not come go back (worker/kept.rs).
+        ctx.give_back_kept();
         ctx.sync_with_lanes();
         drop(pass);
         if let Some(e) = ctx.fault {
@@ -233,7 +233,8 @@ pub fn run(
             // others by a few milliseconds at most.
             // A load off the lane is looked for as often as the GPU's completions are.
             let timeout =
-                if ctx.has_pending() || sessions.iter().any(|s| s.compiling() || s.holds_quick()) {
+                if ctx.has_pending() || ctx.holds_kept() || sessions.iter().any(Session::compiling)
+                {
                     Duration::from_micros(50)
                 } else {
                     Duration::from_millis(5)

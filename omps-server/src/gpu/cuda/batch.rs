@@ -10,14 +10,14 @@
 //! the run's launch before launching it. Chained nodes run one after another, in order
 //! and after the stream's earlier work, as the launches would have; a node set to a new
 //! function, grid or parameters is a launch of those (the parameter buffer is copied when
-//! set). Each node carries the priority of its stream's class, as the stream's own
-//! launches do.
+//! set). Instantiated without CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY, a graph runs
+//! at the priority of the stream it is launched into, its class's, as the stream's own
+//! launches do. Before any module is unloaded every kept graph is destroyed (a node may
+//! still name one of its functions).
 //!
 //! **Off unless `OMPS_LAUNCH_RUNS=1`** (issue 25, 2026-11-27): measured on an H100 (the
-//! rate measure, gpu-e2e, the QoS measure), but the PyTorch suite has not yet run with it,
-//! and what the driver does with a kept graph whose node still names a function of a module
-//! that was unloaded since (a client left) is not yet known: such a graph may have to be
-//! dropped before the unload. Both are for the next GPU session (docs/design.md).
+//! rate measure, gpu-e2e, the QoS measure), but the PyTorch suite has not yet run with it
+//! (docs/design.md).
 //!
 //! A graph is used on its one work stream only, by one lane at a time (the map's lock is
 //! held while it is set and launched): its launches follow each other on that stream, as
@@ -27,7 +27,7 @@
 
 use super::device::{ck, CudaGpu};
 use super::launch::{LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE};
-use super::run_graphs::{RunGraph, SHARDS};
+use super::run_graphs::{destroy, RunGraph, SHARDS};
 use crate::gpu::{code, CuError, GpuResult, PlainLaunch, RUN_LENGTHS};
 use cudarc::driver::sys as cu;
 use std::ffi::c_void;
@@ -66,8 +66,8 @@ fn params(
     }
 }
 
-/// A graph of `run.len()` chained kernel nodes set to `run`, with `priority`, instantiated.
-fn make(run: &[PlainLaunch<'_>], priority: i32) -> GpuResult<RunGraph> {
+/// A graph of `run.len()` chained kernel nodes set to `run`, instantiated.
+fn make(run: &[PlainLaunch<'_>]) -> GpuResult<RunGraph> {
     let mut graph = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; the context is current (the caller bound it).
     ck(unsafe { cu::cuGraphCreate(&mut graph, 0) })?;
@@ -93,16 +93,6 @@ fn make(run: &[PlainLaunch<'_>], priority: i32) -> GpuResult<RunGraph> {
                     &p,
                 )
             })?;
-            let mut v: cu::CUkernelNodeAttrValue = unsafe_zeroed_attr();
-            v.priority = priority;
-            // SAFETY: `node` is a kernel node of ours; `v` is a whole attribute value.
-            ck(unsafe {
-                cu::cuGraphKernelNodeSetAttribute(
-                    node,
-                    cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY,
-                    &v,
-                )
-            })?;
             g.nodes.push(node);
         }
         let mut exec = std::ptr::null_mut();
@@ -120,33 +110,22 @@ fn make(run: &[PlainLaunch<'_>], priority: i32) -> GpuResult<RunGraph> {
     }
 }
 
-/// An all-zero launch attribute value (a plain union of integers and small structs).
-fn unsafe_zeroed_attr() -> cu::CUkernelNodeAttrValue {
-    // SAFETY: the union's members are integers, pointers and structs of them, for which
-    // all-zero bytes are a valid value.
-    unsafe { std::mem::zeroed() }
-}
-
-fn destroy(g: RunGraph) {
-    // SAFETY: handles of ours, each destroyed once (null ones skipped).
-    unsafe {
-        if !g.exec.is_null() {
-            cu::cuGraphExecDestroy(g.exec);
-        }
-        cu::cuGraphDestroy(g.graph);
-    }
-}
-
 /// Whether the server gathers launch runs: `OMPS_LAUNCH_RUNS=1` (read once).
 pub(super) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("OMPS_LAUNCH_RUNS").is_ok_and(|v| v == "1"))
 }
 
+/// Whether launches on work stream `s` are gathered: runs on, and not a green context's
+/// stream (its launches go one by one).
+pub(super) fn takes_runs(gpu: &CudaGpu, s: usize) -> bool {
+    enabled() && s < gpu.layout.base()
+}
+
 /// Queues `run` on work stream `s` as one launch of a kept graph. Err: nothing of it was
 /// queued (the caller launches one by one).
 pub(super) fn launch_run(gpu: &CudaGpu, s: usize, run: &[PlainLaunch<'_>]) -> GpuResult<()> {
-    if !enabled() || !RUN_LENGTHS.contains(&run.len()) || s >= gpu.layout.base() {
+    if !takes_runs(gpu, s) || !RUN_LENGTHS.contains(&run.len()) {
         return Err(CuError(code::NOT_SUPPORTED));
     }
     gpu.bind();
@@ -164,7 +143,7 @@ pub(super) fn launch_run(gpu: &CudaGpu, s: usize, run: &[PlainLaunch<'_>]) -> Gp
             ck(unsafe { cu::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &p) })?;
         }
     } else {
-        shard.insert(key, make(run, super::launch::class_priority(gpu, s))?);
+        shard.insert(key, make(run)?);
     }
     let g = shard.get(&key).expect("present");
     // SAFETY: a work stream of this context and an exec of ours, launched under the lock.

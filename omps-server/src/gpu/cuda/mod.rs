@@ -235,8 +235,8 @@ impl Gpu for CudaGpu {
         launch::launch(self, func, grid, block, shared, s, attrs, args)
     }
 
-    fn takes_runs(&self) -> bool {
-        batch::enabled()
+    fn takes_runs(&self, s: usize) -> bool {
+        batch::takes_runs(self, s)
     }
 
     fn launch_run(&self, s: usize, run: &[crate::gpu::PlainLaunch<'_>]) -> GpuResult<()> {

@@ -209,6 +209,8 @@ pub(super) fn image_data_bytes(gpu: &CudaGpu, image: &[u8]) -> u64 {
 
 pub(super) fn module_unload(gpu: &CudaGpu, module: u64) -> GpuResult<()> {
     gpu.bind();
+    // Graphs kept for launch runs may name its functions (batch.rs).
+    gpu.runs.destroy_all();
     // SAFETY: module is a handle from module_load, unloaded once.
     ck(unsafe { cu::cuModuleUnload(module as cu::CUmodule) })
 }

@@ -41,4 +41,28 @@ impl RunGraphs {
             s.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
     }
+
+    /// Destroys every graph, before a module is unloaded: a kept node may still name one
+    /// of its functions, and what the driver does with a function of an unloaded module
+    /// in a graph is not defined. An executable graph still running is freed when it ends
+    /// (cuGraphExecDestroy). The context must be current on this thread.
+    pub(super) fn destroy_all(&self) {
+        for s in &self.shards {
+            let mut shard = s.lock().unwrap_or_else(|e| e.into_inner());
+            for (_, g) in shard.drain() {
+                destroy(g);
+            }
+        }
+    }
+}
+
+/// Destroys a kept graph and its executable graph.
+pub(super) fn destroy(g: RunGraph) {
+    // SAFETY: handles of ours, each destroyed once (null ones skipped).
+    unsafe {
+        if !g.exec.is_null() {
+            cu::cuGraphExecDestroy(g.exec);
+        }
+        cu::cuGraphDestroy(g.graph);
+    }
 }

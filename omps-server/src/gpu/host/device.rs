@@ -241,13 +241,18 @@ impl Gpu for HostGpu {
         launch::launch(self, func, _grid, _block, _shared, s, attrs, args)
     }
 
-    fn takes_runs(&self) -> bool {
+    fn takes_runs(&self, _s: usize) -> bool {
         self.takes_runs.load(Ordering::Relaxed)
     }
 
     fn launch_run(&self, s: usize, run: &[crate::gpu::PlainLaunch<'_>]) -> GpuResult<()> {
         if !self.takes_runs.load(Ordering::Relaxed) {
             return Err(CuError(code::NOT_SUPPORTED));
+        }
+        // As a graph launch: all of it or none (a run of a function it does not know is
+        // refused whole, and its launches then go one by one).
+        if !run.iter().all(|l| launch::knows(self, l.func)) {
+            return Err(CuError(code::INVALID_VALUE));
         }
         for l in run {
             launch::launch(self, l.func, l.grid, l.block, l.shared, s, &[], l.args)?;

@@ -162,3 +162,12 @@ pub(super) fn launch(
     }
     Ok(())
 }
+
+/// Whether `func` names a function of a module loaded here (a run of launches is taken
+/// whole or not at all: host/device.rs `launch_run`).
+pub(super) fn knows(gpu: &HostGpu, func: u64) -> bool {
+    let st = gpu.state.lock().unwrap();
+    st.modules
+        .get(&(func >> 16))
+        .is_some_and(|(f, _)| f.get((func & 0xffff) as usize).is_some())
+}

@@ -80,6 +80,8 @@ impl WorkerCtx {
             }
         };
         let (fence_streams, left) = (s.fence_streams(), s.left_events(self));
+        // Blocks kept for its next allocations go with the rest of what it held.
+        s.adopt_kept(self.kept_of(s.client.id));
         let bound = s.bound_work_streams();
         let raised_limits = !s.limits_set().is_empty();
         let (client, mut rel) = s.into_release(&self.shared);

@@ -38,13 +38,7 @@ impl Client {
             Op::MemAlloc,
             bytemuck::bytes_of(&wire::MemAlloc { call, size }),
         );
-        let mut b = [0u8; 8];
-        self.client
-            .seg
-            .channel(0)
-            .expect("channel 0")
-            .read_reply(&mut b);
-        u64::from_le_bytes(b)
+        omps_server::testing::reply_u64(&self.client)
     }
 
     fn free(&mut self, ctx: &mut WorkerCtx, ptr: u64) {

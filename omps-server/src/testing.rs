@@ -48,6 +48,13 @@ pub fn fake_client_printing(
     Ok((Arc::new(c), theirs))
 }
 
+/// The u64 answer of the last call on channel 0 of `client` (an allocation's address).
+pub fn reply_u64(client: &ClientShared) -> u64 {
+    let mut b = [0u8; 8];
+    client.seg.channel(0).expect("channel 0").read_reply(&mut b);
+    u64::from_le_bytes(b)
+}
+
 /// The `commands` fuzz target's body, here so that CI runs it too (see the proptest below).
 /// `data` is a sequence of (tag byte, length u16 LE, payload) records for one session on
 /// the host-memory GPU. A record may be refused or fail as CUDA would; nothing may panic,

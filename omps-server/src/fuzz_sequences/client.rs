@@ -113,13 +113,7 @@ impl Client {
 
     /// The u64 answer of the last call.
     pub(super) fn reply_u64(&self) -> u64 {
-        let mut b = [0u8; 8];
-        self.client
-            .seg
-            .channel(0)
-            .expect("channel 0")
-            .read_reply(&mut b);
-        u64::from_le_bytes(b)
+        crate::testing::reply_u64(&self.client)
     }
 
     pub(super) fn result(&self) -> i32 {

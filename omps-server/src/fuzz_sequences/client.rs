@@ -85,8 +85,12 @@ impl Client {
     pub(super) fn send(&mut self, ctx: &mut WorkerCtx, op: Op, parts: &[&[u8]]) -> bool {
         let rec: Vec<u8> = parts.concat();
         let ok = self.s.handle(ctx, op as u32, &rec).is_ok();
-        // The end of its turn, as the lane's (launches gathered go).
-        self.s.flush_run(ctx);
+        // The end of its turn, as the lane's (launches gathered go), but for launches:
+        // launches in a row are one turn, so that the GPU (where it takes runs) gets them
+        // gathered (session/kinds/launch_run.rs), and the next record sends them.
+        if op != Op::Launch {
+            self.s.flush_run(ctx);
+        }
         ctx.poll();
         ok
     }

@@ -6,7 +6,8 @@
 //! records that lie and with
 //! the client's death at any step. Two clients share the host GPU: the fuzzed one, and a
 //! bystander whose memory holds a pattern and which synchronizes after every step.
-//! Whatever the sequence, nothing panics, the fuzzed client never changes the bystander's
+//! Half the sequences (odd lengths) run on a GPU that takes launch runs, and consecutive
+//! launches are one turn there. Whatever the sequence, nothing panics, the fuzzed client never changes the bystander's
 //! memory nor stalls it (its synchronization is answered within a bounded number of
 //! worker passes), and once it is retired every byte, event, module and graph it held is
 //! free again (arrays and virtual memory too). Run by CI under proptest (below) and by the `sequences`
@@ -66,6 +67,8 @@ fn step(
 /// One sequence (see the module's documentation).
 pub fn run_sequence(data: &[u8]) -> Done {
     let host = Arc::new(HostGpu::new(0, 1 << 26));
+    // Half the sequences on a GPU that takes launch runs (kinds/launch_run.rs).
+    host.take_runs(data.len() % 2 == 1);
     let gpu: Arc<dyn Gpu> = host.clone();
     let mut ctx = WorkerCtx::new(gpu.clone()).expect("worker ctx");
     let modules_before = host.modules_loaded();

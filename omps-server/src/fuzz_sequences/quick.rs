@@ -132,3 +132,47 @@ fn an_allocation_out_of_memory_takes_back_what_other_clients_keep() {
     ctx.poll();
     assert_eq!(host.bytes_allocated(), 0);
 }
+
+/// Work queued on a stream before a capture begins on it stays among what fences wait for
+/// (fences skip capturing streams): else a free after the capture began went back while
+/// that work still ran, and a quick free found the client idle.
+#[test]
+fn work_before_a_capture_is_still_fenced() {
+    let host = Arc::new(HostGpu::new(0, 1 << 26));
+    let gpu: Arc<dyn Gpu> = host.clone();
+    let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
+    let mut me = Client::new(&gpu, 1);
+    let p = me.alloc(&mut ctx, MIB).expect("alloc");
+    let c = wire::StreamCreate {
+        id: 1001,
+        flags: 1,
+        priority: 0,
+        _pad: 0,
+    };
+    assert!(me.send(&mut ctx, Op::StreamCreate, &[bytemuck::bytes_of(&c)]));
+    let m = wire::Memset {
+        dst: p,
+        count: 4,
+        value: 7,
+        elem_size: 4,
+        stream: 1001,
+        _pad: 0,
+    };
+    assert!(me.send(&mut ctx, Op::Memset, &[bytemuck::bytes_of(&m)]));
+    let before = me.s.left_len();
+    let cap = wire::CaptureCall {
+        call: me.call(),
+        stream: 1001,
+        mode: 0,
+    };
+    assert!(me.send(&mut ctx, Op::CaptureBegin, &[bytemuck::bytes_of(&cap)]));
+    assert_eq!(me.result(), 0, "the capture began");
+    assert_eq!(
+        me.s.left_len(),
+        before + 1,
+        "the work before it is remembered"
+    );
+    ctx.retire(me.s);
+    ctx.poll();
+    assert_eq!(host.bytes_allocated(), 0);
+}

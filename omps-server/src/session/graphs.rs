@@ -251,11 +251,19 @@ impl Session {
             );
             return Ok(Err(code::STREAM_CAPTURE_UNSUPPORTED));
         };
-        if let Some(o) = old.filter(|&o| o != new) {
-            if let Err(e) = ctx.order(o, new) {
-                self.note_error(e);
+        // Fences skip capturing streams, and no longer join one given up: the work queued
+        // before the capture is remembered (`left`), so that a free after it still waits
+        // for that work (review of issue 25: a block freed mid-capture went back while a
+        // kernel queued before the capture still used it).
+        match old {
+            Some(o) if o != new => {
+                if let Err(e) = ctx.order(o, new) {
+                    self.note_error(e);
+                }
+                self.leave_pool(ctx, o);
             }
-            ctx.unbind_work_stream(o);
+            Some(o) => self.remember_last_work(ctx, o),
+            None => {}
         }
         let st = self.streams.get_mut(&id).expect("looked up above");
         st.pool = Some(new);

@@ -188,9 +188,16 @@ impl Session {
 
     /// Gives up work stream `pool` of a client stream, remembering its last work.
     pub(crate) fn leave_pool(&mut self, ctx: &mut WorkerCtx, pool: usize) {
+        self.remember_last_work(ctx, pool);
+        ctx.unbind_work_stream(pool);
+    }
+
+    /// Remembers the work queued on `pool` so far among the work fences wait for (`left`),
+    /// for a stream that fences no longer join: one it gives up, or one a capture takes.
+    pub(super) fn remember_last_work(&mut self, ctx: &mut WorkerCtx, pool: usize) {
         match ctx.gpu.event_create(0x2) {
             Ok(ev) if ctx.gpu.event_record(ev, pool).is_ok() => {
-                // An operation of the stream it leaves (session/depth.rs).
+                // An operation of the stream (session/depth.rs).
                 self.queued_as(ctx, pool, 1, false);
                 self.left.push(ev)
             }
@@ -199,10 +206,15 @@ impl Session {
             }
             Err(_) => {}
         }
-        ctx.unbind_work_stream(pool);
         if self.left.len() > MAX_LEFT {
             self.fold_left(ctx);
         }
+    }
+
+    /// Events of work fences wait for besides the streams they join (tests).
+    #[cfg(test)]
+    pub(crate) fn left_len(&self) -> usize {
+        self.left.len()
     }
 
     /// Streams given up behind work that does not end (a client creating and destroying

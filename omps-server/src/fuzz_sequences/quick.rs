@@ -15,6 +15,14 @@ use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
 
+/// A host-memory GPU of `bytes`, as itself and as a Gpu, and a lane's context on it.
+fn host_gpu(bytes: u64) -> (Arc<HostGpu>, Arc<dyn Gpu>, WorkerCtx) {
+    let host = Arc::new(HostGpu::new(0, bytes));
+    let gpu: Arc<dyn Gpu> = host.clone();
+    let ctx = WorkerCtx::new(gpu.clone()).unwrap();
+    (host, gpu, ctx)
+}
+
 fn free(me: &mut Client, ctx: &mut WorkerCtx, ptr: u64) {
     assert!(me.send(
         ctx,
@@ -25,9 +33,7 @@ fn free(me: &mut Client, ctx: &mut WorkerCtx, ptr: u64) {
 
 #[test]
 fn idle_frees_are_kept_for_the_same_size_and_given_back() {
-    let host = Arc::new(HostGpu::new(0, 1 << 26));
-    let gpu: Arc<dyn Gpu> = host.clone();
-    let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
+    let (host, gpu, mut ctx) = host_gpu(1 << 26);
     let mut me = Client::new(&gpu, 1);
     let charged = |me: &Client| me.client.mem_bytes[0].load(Ordering::Relaxed);
 
@@ -104,9 +110,7 @@ fn idle_frees_are_kept_for_the_same_size_and_given_back() {
 
 #[test]
 fn an_allocation_out_of_memory_takes_back_what_other_clients_keep() {
-    let host = Arc::new(HostGpu::new(0, 64 * MIB));
-    let gpu: Arc<dyn Gpu> = host.clone();
-    let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
+    let (host, gpu, mut ctx) = host_gpu(64 * MIB);
     let mut a = Client::new(&gpu, 1);
     let mut b = Client::new(&gpu, 2);
     // a frees 40 MiB while idle (after a first fenced free): its lane keeps it.
@@ -138,9 +142,7 @@ fn an_allocation_out_of_memory_takes_back_what_other_clients_keep() {
 /// that work still ran, and a quick free found the client idle.
 #[test]
 fn work_before_a_capture_is_still_fenced() {
-    let host = Arc::new(HostGpu::new(0, 1 << 26));
-    let gpu: Arc<dyn Gpu> = host.clone();
-    let mut ctx = WorkerCtx::new(gpu.clone()).unwrap();
+    let (host, gpu, mut ctx) = host_gpu(1 << 26);
     let mut me = Client::new(&gpu, 1);
     let p = me.alloc(&mut ctx, MIB).expect("alloc");
     let c = wire::StreamCreate {

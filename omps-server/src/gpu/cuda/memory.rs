@@ -132,14 +132,12 @@ pub(super) unsafe fn wait_u32(
     value: u32,
     s: usize,
 ) -> GpuResult<()> {
-    gpu.bind();
-    let st = gpu.stream(s)?;
     // CU_STREAM_WAIT_VALUE_GEQ compares with wrap-around: a slot's sequence only grows,
     // so a later function's acknowledgement through the same slot also releases this
     // wait (EQ could miss the moment and wait forever).
     const WAIT_VALUE_GEQ: u32 = 0;
-    // SAFETY: as write_u32: registered with DEVICEMAP, host address = device address.
-    ck(unsafe { cu::cuStreamWaitValue32_v2(st, addr as u64, value, WAIT_VALUE_GEQ) })
+    // SAFETY: the caller's promise, as wait_value asks it.
+    unsafe { wait_value(gpu, addr, value, s, WAIT_VALUE_GEQ) }
 }
 
 /// # Safety
@@ -150,11 +148,27 @@ pub(super) unsafe fn wait_u32_eq(
     value: u32,
     s: usize,
 ) -> GpuResult<()> {
+    const WAIT_VALUE_EQ: u32 = 1;
+    // SAFETY: the caller's promise, as wait_value asks it.
+    unsafe { wait_value(gpu, addr, value, s, WAIT_VALUE_EQ) }
+}
+
+/// Makes work stream `s` wait until the word at `addr` compares with `value` as `flags`
+/// (CU_STREAM_WAIT_VALUE_*) say.
+///
+/// # Safety
+/// `addr` is in registered host memory that stays registered while the wait can run.
+unsafe fn wait_value(
+    gpu: &CudaGpu,
+    addr: *mut u32,
+    value: u32,
+    s: usize,
+    flags: u32,
+) -> GpuResult<()> {
     gpu.bind();
     let st = gpu.stream(s)?;
-    const WAIT_VALUE_EQ: u32 = 1;
     // SAFETY: as write_u32: registered with DEVICEMAP, host address = device address.
-    ck(unsafe { cu::cuStreamWaitValue32_v2(st, addr as u64, value, WAIT_VALUE_EQ) })
+    ck(unsafe { cu::cuStreamWaitValue32_v2(st, addr as u64, value, flags) })
 }
 
 /// # Safety

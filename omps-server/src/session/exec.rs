@@ -50,11 +50,9 @@ impl Session {
                     return Ok(());
                 };
                 let shape = (h, l.grid, l.block, l.shared_mem);
-                if attrs.is_empty()
-                    && self.capturing == 0
-                    && gpu.takes_runs(s)
-                    && self.run.proven(&shape)
-                {
+                // Whether a launch of this shape may join a run (kinds/launch_run.rs).
+                let gathers = attrs.is_empty() && self.capturing == 0 && gpu.takes_runs(s);
+                if gathers && self.run.proven(&shape) {
                     if self.run.other_work(s) {
                         self.flush_run(ctx);
                     }
@@ -65,7 +63,7 @@ impl Session {
                 }
                 self.flush_run(ctx);
                 match gpu.launch(h, l.grid, l.block, l.shared_mem, s, attrs, tail) {
-                    Ok(()) if attrs.is_empty() && gpu.takes_runs(s) => self.run.prove(shape),
+                    Ok(()) if gathers => self.run.prove(shape),
                     Ok(()) => {}
                     Err(e) => self.note_error(e),
                 }

@@ -61,7 +61,7 @@ base_rss=$(rss); base_fds=$(fds); base_gpu=$(gpumem)
 # Where the server's memory lies (heap, files, shared segments) and what its module cache
 # keeps, at each phase: growth that a phase leaves shows up in the line after it.
 phase() {
-    echo "$1: rss $(rss) KiB ($(awk '/^Rss(Anon|File|Shmem):/ {printf "%s %s ", $1, $2}' /proc/$SP/status)) fds $(fds) gpu $(gpumem) MiB; $(ctl stats | grep '^cache' | tr '\n' ' ')" >> "$W/phases.txt"
+    echo "$1: rss $(rss) KiB ($(awk '/^(Rss(Anon|File|Shmem)|Threads):/ {printf "%s %s ", $1, $2}' /proc/$SP/status)) fds $(fds) gpu $(gpumem) MiB; $(ctl stats | grep -E '^(cache|heap)' | tr '\n' ' ')" >> "$W/phases.txt"
 }
 phase baseline
 
@@ -86,7 +86,11 @@ while [ $done_kills -lt "$KILLS" ]; do
     kill -0 $SP 2>/dev/null || break
 done
 phase "after $done_kills kills"
-for _ in $(seq "$TORCH_KILLS"); do torch_kill; kill -0 $SP 2>/dev/null || break; done
+# A phase line every 4 PyTorch kills: whether what they leave grows with their number.
+for k in $(seq "$TORCH_KILLS"); do
+    torch_kill; kill -0 $SP 2>/dev/null || break
+    [ $((k % 4)) -eq 0 ] && [ "$k" -lt "$TORCH_KILLS" ] && phase "after $k PyTorch kills (survivors running)"
+done
 t1=$(date +%s)
 for p in "${spids[@]}"; do wait "$p"; done
 kill -TERM "$xp" 2>/dev/null && wait "$xp" 2>/dev/null

@@ -284,6 +284,7 @@ impl Server {
             let (modules, users, idle) = shared.modules.census();
             s += &format!("cache {g} modules {modules} users {users} idle_bytes {idle}\n");
         }
+        s += &heap_line();
         let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).collect();
         rows.sort_by_key(|c| c.id);
         for c in rows {
@@ -443,4 +444,17 @@ fn short_uuid(u: &[u8; 16]) -> String {
 fn text_of(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// glibc's own account of the server's heap: what is allocated, what is free but kept
+/// mapped, and what sits in large mmapped blocks. The soak reads it to tell a leak (in use
+/// grows) from memory the allocator keeps (free grows) and from memory that never came
+/// through malloc at all (resident grows, neither does).
+fn heap_line() -> String {
+    // SAFETY: mallinfo2 takes no arguments and only reads the allocator's counters.
+    let m = unsafe { libc::mallinfo2() };
+    format!(
+        "heap in_use {} free {} mmapped {} arena {}\n",
+        m.uordblks, m.fordblks, m.hblkhd, m.arena
+    )
 }

@@ -60,6 +60,7 @@ for part in "$@"; do
             rc=$?
             cp /tmp/omps-verify-serving/serving.txt "$f" 2>/dev/null || : > "$f"
             cp /tmp/omps-verify-serving/serving.json "$OUT/serving.json" 2>/dev/null
+            cp /tmp/omps-verify-serving/serving-stats.txt "$OUT/serving-stats.txt" 2>/dev/null
             if [ "$rc" != 0 ]; then echo "--- end of the run's output:" >> "$f"; tail -c 6000 /tmp/omps-verify-serving.log >> "$f"; fi ;;
         rate)
             # Issue 25: launches per second (N = 1, 8, 32, 256) and the QoS measure beside it,

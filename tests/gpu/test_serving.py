@@ -15,6 +15,8 @@ table, not failed: the test fails only when the benchmark could not run.
 
 import json
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -70,10 +72,40 @@ def _run(mode):
     work = H.work / "serving" / mode
     if mode != "native" and not serving.touch(cfg, _wrap(mode), work, log):
         log(f"serving {mode}: the warm-up client failed")
-    r = serving.run_mode(cfg, mode, _wrap(mode), work, log)
+    sampler = _StatsSampler() if mode == "omps" else None
+    try:
+        r = serving.run_mode(cfg, mode, _wrap(mode), work, log)
+    finally:
+        if sampler:
+            sampler.stop()
     STATE["runs"][mode] = r
     STATE["report"] = None
     check(r["status"] == "OK", f"serving {mode}: {r['reason']}")
+
+
+class _StatsSampler:
+    """`omps-ctl stats` every 2 s through the omps run, into $OUT/serving-stats.txt: each
+    lane's records and longest record of the interval, and each client's share, so that a
+    p99 far above its limit can be laid against what the lanes were doing (issue 25 asks
+    for measurements from inside the server)."""
+
+    def __init__(self, every=2.0):
+        self.path = H.out / "serving-stats.txt"
+        self.done = threading.Event()
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._loop, args=(every,), daemon=True)
+        self.thread.start()
+
+    def _loop(self, every):
+        with open(self.path, "w") as f:
+            while not self.done.wait(every):
+                text = H.omps.ctl_stdout("stats")
+                f.write(f"=== t {time.monotonic() - self.t0:.1f} s\n{text}\n")
+                f.flush()
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(timeout=10)
 
 
 @pytest.mark.phase(55)

@@ -8,6 +8,7 @@
 #![allow(non_snake_case)]
 
 pub mod api;
+pub mod bypass;
 pub mod conn;
 pub mod cuda;
 pub mod dark;

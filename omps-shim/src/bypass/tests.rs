@@ -1,0 +1,88 @@
+use super::*;
+
+fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+    let owned: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.into())
+}
+
+#[test]
+fn nothing_found_keeps_the_shim() {
+    assert_eq!(wanted(&vars(&[("PATH", "/bin")]), None), None);
+    assert_eq!(wanted(&vars(&[]), Some("gdb /usr/bin/gdb".into())), None);
+    // A profiler's injection (Nsight Systems) is not a sanitizer: omps serves profilers.
+    let nsys = vars(&[(
+        "CUDA_INJECTION64_PATH",
+        "/opt/nsys/target-linux-x64/libToolsInjection64.so",
+    )]);
+    assert_eq!(wanted(&nsys, None), None);
+}
+
+#[test]
+fn a_sanitizer_or_debugger_is_found() {
+    let san = vars(&[(
+        "CUDA_INJECTION64_PATH",
+        "/usr/local/cuda/compute-sanitizer/libsanitizer-collection.so",
+    )]);
+    assert!(wanted(&san, None).unwrap().contains("compute-sanitizer"));
+    let tl = vars(&[(
+        "CUDA_INJECTION64_PATH",
+        "/x/libTreeLauncherTargetInjection.so",
+    )]);
+    assert!(wanted(&tl, None).is_some());
+    assert!(wanted(
+        &vars(&[]),
+        Some("cuda-gdb /usr/local/cuda/bin/cuda-gdb".into())
+    )
+    .unwrap()
+    .contains("debugger"));
+    assert_eq!(
+        wanted(&vars(&[("OMPS_BYPASS", "1")]), None).as_deref(),
+        Some("OMPS_BYPASS=1")
+    );
+}
+
+#[test]
+fn omps_bypass_0_wins_over_any_tool() {
+    let v = vars(&[
+        ("OMPS_BYPASS", "0"),
+        ("CUDA_INJECTION64_PATH", "/x/libsanitizer-collection.so"),
+    ]);
+    assert_eq!(wanted(&v, Some("cuda-gdb".into())), None);
+}
+
+#[test]
+fn ld_preload_loses_only_the_shim() {
+    let ours = |e: &[u8]| e.ends_with(b"libomps_shim.so");
+    assert_eq!(without_shim(b"/a/libomps_shim.so", &ours), Some(vec![]));
+    assert_eq!(
+        without_shim(b"/x/libfoo.so:/a/libomps_shim.so /y/libbar.so", &ours),
+        Some(b"/x/libfoo.so /y/libbar.so".to_vec())
+    );
+    assert_eq!(without_shim(b"/x/libfoo.so", &ours), None);
+    assert_eq!(without_shim(b"", &ours), None);
+}
+
+#[test]
+fn the_next_environment_marks_itself_and_drops_an_empty_preload() {
+    let ours = |e: &[u8]| e == b"libomps_shim.so";
+    let env = vec![
+        ("LD_PRELOAD".into(), "libomps_shim.so".into()),
+        ("HOME".into(), "/root".into()),
+    ];
+    let next = next_env(env, &ours).unwrap();
+    assert!(!next.iter().any(|(k, _)| k == "LD_PRELOAD"));
+    assert!(next.iter().any(|(k, v)| k == "HOME" && v == "/root"));
+    assert!(next.iter().any(|(k, v)| k == DONE && v == "1"));
+    // Not preloaded: nothing to run again with.
+    assert!(next_env(vec![("HOME".into(), "/root".into())], &ours).is_none());
+}
+
+#[test]
+fn a_bare_name_matches_the_shims_file_name() {
+    let own = Path::new("/nowhere/libomps_shim.so");
+    assert!(is_shim(b"libomps_shim.so", own));
+    assert!(!is_shim(b"/elsewhere/libother.so", own));
+}

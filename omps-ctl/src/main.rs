@@ -10,6 +10,7 @@ mod daemon;
 mod multiuser;
 mod talk;
 mod top;
+mod v3;
 
 use clap::{ArgAction, Parser, Subcommand};
 use std::io::BufRead;
@@ -39,6 +40,20 @@ struct Cli {
     /// Print the version.
     #[arg(short = 'v', long = "version", action = ArgAction::Version)]
     version: Option<bool>,
+    /// MPS protocol: 2 (legacy, the default) or 3 (MPS v3's `module verb` commands);
+    /// CUDA_MPS_PROTOCOL_VERSION wins over it, and a running daemon's protocol over both.
+    #[arg(short = 'p', long = "protocol")]
+    protocol: Option<String>,
+    /// With -d or -f: an MPS v3 configuration file (TOML), checked whole before anything
+    /// starts.
+    #[arg(short = 'a', long = "apply")]
+    apply: Option<std::path::PathBuf>,
+    /// Stop the daemon and every server (as `quit`).
+    #[arg(short = 'q', long = "quit")]
+    quit: bool,
+    /// Multi-user mode (as OMPS_MULTIUSER=1).
+    #[arg(short = 'm', long = "multiuser")]
+    multiuser: bool,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -77,6 +92,41 @@ fn exit(r: Result<bool, String>) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let env_protocol = std::env::var("CUDA_MPS_PROTOCOL_VERSION").ok();
+    let asked = match v3::protocol::asked(cli.protocol.as_deref(), env_protocol.as_deref()) {
+        Ok(p) => p,
+        Err(e) => return exit(Err(e)),
+    };
+    let operator_dir = omps_ring::sock::pipe_directory().join(omps_ring::sock::OPERATOR_DIR);
+    if cli.multiuser {
+        // SAFETY: single-threaded here, before anything reads the environment concurrently.
+        unsafe { std::env::set_var("OMPS_MULTIUSER", "1") };
+    }
+    if let Some(file) = &cli.apply {
+        if !(cli.daemon || cli.foreground) {
+            return exit(Err("-a FILE goes with -d or -f".into()));
+        }
+        // Checked whole before anything starts; applying it is not built yet, so a valid
+        // file is refused too rather than started half-configured.
+        return exit(match v3::config::load(file) {
+            Err(e) => Err(e),
+            Ok(plan) => Err(format!(
+                "{}: valid ({} server(s), {} key(s) accepted with no effect in omps), but omps does \
+                 not apply MPS v3 configuration files yet; nothing was started",
+                file.display(),
+                plan.servers.len(),
+                plan.inert.len()
+            )),
+        });
+    }
+    if cli.quit {
+        return exit(talk::send(&["quit".to_string()]));
+    }
+    if cli.daemon || cli.foreground {
+        // SAFETY: single-threaded here; the server started below inherits it.
+        unsafe { std::env::set_var("OMPS_PROTOCOL", asked.to_string()) };
+    }
+    let protocol = v3::protocol::of_daemon(&operator_dir).unwrap_or(asked);
     if cli.daemon && multiuser::wanted() {
         return exit(multiuser::start_background().map(|()| true));
     }
@@ -101,6 +151,7 @@ fn main() -> ExitCode {
         Some(Cmd::Top { interval, .. }) => {
             exit(top::run(Duration::from_secs_f64(interval.clamp(0.1, 60.0))).map(|()| true))
         }
+        Some(Cmd::Server(words)) if v3::verbs::is_v3(&words[0]) => exit(v3::run(protocol, &words)),
         Some(Cmd::Server(words)) => exit(talk::send(&[words.join(" ")])),
         None => {
             let lines: Vec<String> = std::io::stdin()
@@ -108,6 +159,13 @@ fn main() -> ExitCode {
                 .lines()
                 .map_while(Result::ok)
                 .collect();
+            if let Some(l) = lines
+                .iter()
+                .find(|l| l.split_whitespace().next().is_some_and(v3::verbs::is_v3))
+            {
+                let words: Vec<String> = l.split_whitespace().map(String::from).collect();
+                return exit(v3::run(protocol, &words));
+            }
             exit(talk::send(&lines))
         }
     }

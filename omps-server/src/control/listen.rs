@@ -179,6 +179,18 @@ impl Locked {
         let handoff_id = handoff.as_ref().and_then(|_| identity(&hpath));
         let opath = sock::operator_socket_in(&self.dir);
         private_dir(&self.dir.join(sock::OPERATOR_DIR))?;
+        // The MPS protocol omps-ctl started it with (`-p 3`, issue 26): later omps-ctl
+        // invocations read it here and follow it, as MPS's follow their daemon's.
+        let protocol = match std::env::var("OMPS_PROTOCOL").as_deref() {
+            Ok("3") => "3",
+            _ => "2",
+        };
+        if let Err(e) = std::fs::write(
+            self.dir.join(sock::OPERATOR_DIR).join("protocol"),
+            format!("{protocol}\n"),
+        ) {
+            tracing::warn!("cannot record the protocol: {e}");
+        }
         let _ = std::fs::remove_file(&opath);
         let operator = UnixListener::bind(&opath).map_err(|e| {
             io::Error::new(

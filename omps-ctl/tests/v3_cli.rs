@@ -13,7 +13,11 @@ fn ctl(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
         .env_remove("OMPS_MULTIUSER")
         .output()
         .expect("omps-ctl runs");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.success(), text)
 }
 
@@ -25,9 +29,15 @@ fn v3_files_commands_and_protocols_are_checked_before_anything_runs() {
     std::fs::write(&bad, "[servers.training]\npinned_memory_limit = \"10X\"\n").unwrap();
     let (ok, text) = ctl(&dir, &["-d", "-p", "3", "-a", bad.to_str().unwrap()]);
     assert!(!ok);
-    assert!(text.contains("bad.toml") && text.contains("servers.training.pinned_memory_limit"), "{text}");
+    assert!(
+        text.contains("bad.toml") && text.contains("servers.training.pinned_memory_limit"),
+        "{text}"
+    );
     // Nothing was started: no pipe directory, no server.
-    assert!(!dir.join("pipe").join("omps.sock").exists() && !dir.join("pipe").join("operator").exists(), "{text}");
+    assert!(
+        !dir.join("pipe").join("omps.sock").exists() && !dir.join("pipe").join("operator").exists(),
+        "{text}"
+    );
 
     let (ok, text) = ctl(&dir, &["-p", "4", "status"]);
     assert!(!ok && text.contains("'4' is not a protocol"), "{text}");
@@ -38,8 +48,14 @@ fn v3_files_commands_and_protocols_are_checked_before_anything_runs() {
     assert!(!ok && text.contains("'json' is not table or csv"), "{text}");
     // Well formed, but no daemon speaks protocol 3 here: said so, nothing sent.
     let (ok, text) = ctl(&dir, &["client", "list", "--all"]);
-    assert!(!ok && text.contains("protocol 2") && text.contains("-p 3"), "{text}");
+    assert!(
+        !ok && text.contains("protocol 2") && text.contains("-p 3"),
+        "{text}"
+    );
     let (ok, text) = ctl(&dir, &["namespace", "help"]);
-    assert!(ok && text.contains("namespace create NAME --server=VALUE"), "{text}");
+    assert!(
+        ok && text.contains("namespace create NAME --server=VALUE"),
+        "{text}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

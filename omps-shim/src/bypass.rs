@@ -1,9 +1,10 @@
 //! Stepping aside for CUDA debuggers and sanitizers (issue 26).
 //!
-//! compute-sanitizer and cuda-gdb work with the real driver in the process they check: the
-//! sanitizer's injection library is loaded by libcuda itself at `cuInit`
-//! (`CUDA_INJECTION64_PATH`), and the debugger talks to the driver's debug API. Neither can
-//! see kernels that run in the omps server's context. NVIDIA's documented way for MPS is to
+//! compute-sanitizer, cuda-gdb and Nsight Compute work with the real driver in the process
+//! they check: the sanitizer's injection library is loaded by libcuda itself at `cuInit`
+//! (`CUDA_INJECTION64_PATH`), the debugger writes into the driver's debugger symbols, and
+//! ncu replays kernels in the process's own context. None can see kernels that run in the
+//! omps server's context. (Nsight Systems steps aside too until omps serves CUPTI's tables.) NVIDIA's documented way for MPS is to
 //! run a debugged process outside MPS; the shim does that by itself: when it finds a
 //! sanitizer's injection or a CUDA debugger at load, before the program's `main`, it runs
 //! the program again (same PID, same arguments) without itself in `LD_PRELOAD` and prints
@@ -30,30 +31,46 @@ pub fn wanted(var: &dyn Fn(&str) -> Option<OsString>, tracer: Option<String>) ->
         Some(b"1") => return Some("OMPS_BYPASS=1".into()),
         _ => {}
     }
+    if var("NV_SANITIZER_INJECTION_PORT_BASE").is_some() {
+        return Some("compute-sanitizer (NV_SANITIZER_INJECTION_PORT_BASE)".into());
+    }
     if let Some(inj) = var("CUDA_INJECTION64_PATH") {
         let name = Path::new(&inj)
             .file_name()
             .map(|n| n.to_string_lossy().to_lowercase())
             .unwrap_or_default();
-        // compute-sanitizer's launcher names its injection after itself; Nsight tools
-        // inject too, but they are profilers, which omps serves (CUPTI): only sanitizers
-        // and debuggers step aside.
-        if name.contains("sanitizer") || name.contains("treelauncher") {
+        if name.contains("sanitizer") {
             return Some(format!(
                 "compute-sanitizer (CUDA_INJECTION64_PATH={})",
                 inj.to_string_lossy()
             ));
         }
     }
+    // Nsight Compute replays kernels and reads counters in the process's own context, and
+    // Nsight Systems traces through the driver it injects into: neither can see kernels
+    // that run in the server. They run on the real driver until omps serves them.
+    if var("NV_NSIGHT_INJECTION_PORT_BASE").is_some() {
+        return Some("Nsight Compute (NV_NSIGHT_INJECTION_PORT_BASE)".into());
+    }
+    if var("NSYS_PROFILING_SESSION_ID").is_some() {
+        return Some("Nsight Systems (NSYS_PROFILING_SESSION_ID)".into());
+    }
+    // compute-sanitizer and ncu start their target through NVIDIA's launcher, which
+    // preloads its own injection ahead of the program.
+    if var("LD_PRELOAD").is_some_and(|p| {
+        p.to_string_lossy()
+            .contains("libTreeLauncherTargetInjection")
+    }) {
+        return Some(
+            "an NVIDIA tool's launcher (libTreeLauncherTargetInjection in LD_PRELOAD)".into(),
+        );
+    }
+    // cuda-gdb writes into the driver's own debugger symbols, which the shim has none of:
+    // the tracer is the one sure sign (its variables are exported broadly by job scripts).
     if let Some(t) = tracer {
         if t.contains("cuda-gdb") {
             return Some(format!("a CUDA debugger ({t})"));
         }
-    }
-    if var("CUDA_DEBUGGER_SOFTWARE_PREEMPTION").is_some()
-        || var("CUDBG_USE_LEGACY_DEBUGGER").is_some()
-    {
-        return Some("a CUDA debugger (its environment)".into());
     }
     None
 }

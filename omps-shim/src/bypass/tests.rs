@@ -12,12 +12,9 @@ fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
 fn nothing_found_keeps_the_shim() {
     assert_eq!(wanted(&vars(&[("PATH", "/bin")]), None), None);
     assert_eq!(wanted(&vars(&[]), Some("gdb /usr/bin/gdb".into())), None);
-    // A profiler's injection (Nsight Systems) is not a sanitizer: omps serves profilers.
-    let nsys = vars(&[(
-        "CUDA_INJECTION64_PATH",
-        "/opt/nsys/target-linux-x64/libToolsInjection64.so",
-    )]);
-    assert_eq!(wanted(&nsys, None), None);
+    // Another tool's injection alone (a CUPTI-based tracer) is not a sanitizer.
+    let other = vars(&[("CUDA_INJECTION64_PATH", "/opt/tool/libToolsInjection64.so")]);
+    assert_eq!(wanted(&other, None), None);
 }
 
 #[test]
@@ -28,10 +25,17 @@ fn a_sanitizer_or_debugger_is_found() {
     )]);
     assert!(wanted(&san, None).unwrap().contains("compute-sanitizer"));
     let tl = vars(&[(
-        "CUDA_INJECTION64_PATH",
-        "/x/libTreeLauncherTargetInjection.so",
+        "LD_PRELOAD",
+        "/x/libInterceptorInjectionTarget.so:/x/libTreeLauncherTargetInjection.so /s/libomps_shim.so",
     )]);
-    assert!(wanted(&tl, None).is_some());
+    assert!(wanted(&tl, None).unwrap().contains("launcher"));
+    let port = vars(&[("NV_SANITIZER_INJECTION_PORT_BASE", "49152")]);
+    assert!(wanted(&port, None).is_some());
+    let ncu = vars(&[("NV_NSIGHT_INJECTION_PORT_BASE", "49152")]);
+    assert!(wanted(&ncu, None).unwrap().contains("Nsight Compute"));
+    // A debugger's variables alone are exported by job scripts broadly: not a sign.
+    let pre = vars(&[("CUDA_DEBUGGER_SOFTWARE_PREEMPTION", "1")]);
+    assert_eq!(wanted(&pre, None), None);
     assert!(wanted(
         &vars(&[]),
         Some("cuda-gdb /usr/local/cuda/bin/cuda-gdb".into())

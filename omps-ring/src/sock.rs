@@ -87,9 +87,16 @@ pub fn operator_socket_in(dir: &std::path::Path) -> PathBuf {
     dir.join(OPERATOR_DIR).join(OPERATOR_SOCKET)
 }
 
-/// The directory of namespace `name` of pipe directory `dir`.
+/// The directory of namespace `name` of pipe directory `dir`: `omps/NAME` for a name of
+/// one component (the namespaces of omps's own server), `SERVER/NAMESPACE` for an MPS v3
+/// name (`PIPE/<server>/<namespace>/control`, issue 26). The server checks names before
+/// any reaches here (crate::control::namespace in omps-server).
 pub fn namespace_dir_in(dir: &std::path::Path, name: &str) -> PathBuf {
-    dir.join(NAMESPACE_SERVER).join(name)
+    if name.contains('/') {
+        dir.join(name)
+    } else {
+        dir.join(NAMESPACE_SERVER).join(name)
+    }
 }
 
 /// Who is at the other end of a Unix socket, as it connected (SO_PEERCRED).

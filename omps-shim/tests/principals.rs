@@ -334,3 +334,44 @@ fn a_namespace_directory_holding_anything_else_is_not_served() {
     let (ok, why) = srv.ctl("create_namespace team-b");
     assert!(!ok && why.contains("link"), "{why}");
 }
+
+/// MPS v3's layout (issue 26): a namespace `SERVER/NAMESPACE` listens at
+/// `PIPE/<server>/<namespace>/control`, holds its clients to its limit like any other,
+/// and its server's directory goes with its last namespace.
+#[test]
+fn a_v3_namespace_lives_under_its_servers_directory() {
+    let srv = TestServer::start("ns-v3");
+    let (ok, made) = srv.ctl("create_namespace training/high_priority mem_limit=16M");
+    assert!(ok, "{made}");
+    let dir = std::path::PathBuf::from(made.trim());
+    assert_eq!(dir, srv.dir.join("training").join("high_priority"));
+    let (ok, made) = srv.ctl("create_namespace training/default");
+    assert!(ok, "{made}");
+    for bad in [
+        "training/High",
+        "omps/x",
+        "operator/x",
+        "a/b/c",
+        "training/../x",
+    ] {
+        let (ok, why) = srv.ctl(&format!("create_namespace {bad}"));
+        assert!(!ok && why.contains("name"), "{bad}: {why}");
+    }
+    let plain = settings_from(|_| None).unwrap();
+    let c = Conn::connect_with(&dir.join(sock::NAMESPACE_SOCKET), &plain).expect("served");
+    assert_eq!(try_alloc(&c, 32 << 20), Err(2), "above the namespace's 16M");
+    try_alloc(&c, 8 << 20).expect("within it");
+    drop(c);
+    let (ok, list) = srv.ctl("list_namespaces");
+    assert!(
+        ok && list.contains("training/high_priority ") && list.contains("training/default "),
+        "{list}"
+    );
+    assert!(srv.ctl("delete_namespace training/high_priority").0);
+    assert!(srv.dir.join("training").exists(), "default is still there");
+    assert!(srv.ctl("delete_namespace training/default").0);
+    assert!(
+        !srv.dir.join("training").exists(),
+        "the server's directory goes with its last namespace"
+    );
+}

@@ -325,16 +325,18 @@ impl Sockets {
                 "{FDS_VAR}={text}: a descriptor listed twice"
             ))));
         }
-        // A namespace's socket is one bound inside the namespaces' directory; which
-        // namespace it is, crate::control::namespace reads from its path.
-        let ns_root = dir.join(sock::NAMESPACE_SERVER);
+        // A namespace's socket is `PIPE/<server>/<namespace>/control` (`omps` the server of
+        // namespaces made by name alone); which namespace it is, crate::control::namespace
+        // reads from its path.
         let ns: Vec<RawFd> = ns
             .iter()
             .copied()
             .filter(|&fd| {
                 fd >= 3
                     && bound_path(fd).is_some_and(|p| {
-                        p.parent().and_then(Path::parent) == Some(ns_root.as_path())
+                        let server = p.parent().and_then(Path::parent);
+                        server.and_then(Path::parent) == Some(dir)
+                            && server.and_then(Path::file_name) != Some(sock::OPERATOR_DIR.as_ref())
                     })
             })
             .collect();

@@ -160,14 +160,36 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
-/// A name that is one plain path component: letters, digits, `-`, `_`, `.`, not leading.
+/// A name that is one plain path component: letters, digits, `-`, `_`, `.`, not leading;
+/// or an MPS v3 `SERVER/NAMESPACE` (issue 26): two components of `[a-z0-9_]`, 1 to 64
+/// each, the server not `omps` (the directory of the one-component names) nor `operator`
+/// (the operator's), the namespace possibly `default` (that server's own).
 fn check_name(name: &str) -> Result<(), String> {
+    if let Some((server, ns)) = name.split_once('/') {
+        let v3 = |c: &str| {
+            !c.is_empty()
+                && c.len() <= 64
+                && c.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        if !v3(server) || !v3(ns) {
+            return Err(format!(
+                "'{name}' is not a SERVER/NAMESPACE name (each 1 to 64 of a-z, 0-9 and _)"
+            ));
+        }
+        if server == sock::NAMESPACE_SERVER || server == sock::OPERATOR_DIR {
+            return Err(format!(
+                "'{server}' is a directory of the server's own: not a server name"
+            ));
+        }
+        return Ok(());
+    }
     let plain = name
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if name.is_empty() || name.len() > 64 || !plain || name.starts_with('.') {
         return Err(format!(
-            "'{name}' is not a namespace name (1 to 64 letters, digits, '-', '_' or '.', not starting with '.')"
+            "'{name}' is not a namespace name (1 to 64 letters, digits, '-', '_' or '.', not starting with '.'; or SERVER/NAMESPACE)"
         ));
     }
     if name == "default" {
@@ -346,16 +368,15 @@ impl Namespaces {
         let listener = match kept {
             Some(l) => l,
             None => {
-                let made = crate::control::listen::private_dir(
-                    &self.pipe_dir.join(sock::NAMESPACE_SERVER),
-                )
-                .and_then(|()| crate::control::listen::private_dir(&dir))
-                .and_then(|()| {
-                    // Under the pipe directory's lock no other server owns the path:
-                    // what is there is left from one that died.
-                    let _ = std::fs::remove_file(&socket);
-                    UnixListener::bind(&socket)
-                });
+                let parent = dir.parent().unwrap_or(&self.pipe_dir).to_path_buf();
+                let made = crate::control::listen::private_dir(&parent)
+                    .and_then(|()| crate::control::listen::private_dir(&dir))
+                    .and_then(|()| {
+                        // Under the pipe directory's lock no other server owns the path:
+                        // what is there is left from one that died.
+                        let _ = std::fs::remove_file(&socket);
+                        UnixListener::bind(&socket)
+                    });
                 made.map_err(|e| format!("{}: {e}", socket.display()))?
             }
         };
@@ -520,6 +541,12 @@ impl Namespaces {
         }
         // Only if empty: a pod's files are not ours to remove.
         let _ = std::fs::remove_dir(&dir);
+        // An MPS v3 server's directory goes with its last namespace (if empty too).
+        if n.limits.name.contains('/') {
+            if let Some(server_dir) = dir.parent() {
+                let _ = std::fs::remove_dir(server_dir);
+            }
+        }
     }
 
     /// The server quits: the sockets go (the record stays, for the next server).
@@ -591,14 +618,29 @@ mod tests {
             ".",
             "..",
             ".x",
-            "a/b",
+            "a/",
+            "/b",
+            "a/b/c",
+            "a/../b",
+            "A/b",
+            "a/b-c",
+            "omps/b",
+            "operator/b",
             "a b",
             "default",
             &"x".repeat(65),
+            &format!("a/{}", "x".repeat(65)),
         ] {
             assert!(check_name(bad).is_err(), "{bad:?} taken");
         }
-        for good in ["team-a", "t_1", "a.b", "X9"] {
+        for good in [
+            "team-a",
+            "t_1",
+            "a.b",
+            "X9",
+            "training/high_priority",
+            "s/default",
+        ] {
             assert!(check_name(good).is_ok(), "{good:?} refused");
         }
     }

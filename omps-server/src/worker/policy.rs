@@ -381,6 +381,11 @@ impl Policy {
     }
 
     /// The partition `text` (`<GPU UUID>/p<N>`) names: (GPU, partition id).
+    /// GPU `g`'s SMs and whole chunks as partitions count them (None: no such GPU).
+    pub fn sm_chunks(&self, g: usize) -> Option<SmChunks> {
+        self.gpus.get(g).map(|(c, _)| *c)
+    }
+
     pub fn partition_named(&self, text: &str) -> Result<(usize, u32), String> {
         let i = self.find_partition(text)?;
         Ok((self.partitions[i].gpu, self.partitions[i].id))

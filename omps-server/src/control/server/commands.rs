@@ -39,6 +39,8 @@ impl Server {
                 Err(_) => (false, format!("ps: '{pid}' is not a PID\n")),
             },
             ["stats"] => (true, self.stats_text()),
+            ["client_namespaces"] => (true, self.client_namespaces()),
+            ["device_table"] => (true, self.device_table()),
             ["metrics"] => (true, self.board.render()),
             ["terminate_client", args @ ..] => self.terminate_client(args),
             [cmd, args @ ..] if crate::client::memlimit::COMMANDS.contains(cmd) => {
@@ -317,6 +319,58 @@ impl Server {
         s
     }
 
+    /// For omps-ctl's MPS v3 `client list` (issue 26): a tab-separated row per client and
+    /// GPU it has used: PID, the namespace it came through (`-`: the server's own socket),
+    /// the GPU's full UUID (`-`: none used yet), its PID namespace, its command.
+    fn client_namespaces(&self) -> String {
+        let mut rows: Vec<&Arc<ClientShared>> = self.clients.values().map(|(c, _)| c).collect();
+        rows.sort_by_key(|c| c.id);
+        let mut s = String::new();
+        for c in rows {
+            let ns = self
+                .namespaces
+                .limits()
+                .find(|l| c.account.joined(Some(&l.held)))
+                .map_or("-".to_string(), |l| l.name.clone());
+            let used = c.used_gpus.load(Ordering::Relaxed);
+            let mut devices: Vec<String> = (0..self.gpus.len())
+                .filter(|&g| used & (1 << g) != 0 || c.mem_bytes[g].load(Ordering::Relaxed) > 0)
+                .map(|g| uuid_text(&self.snapshots[g].uuid))
+                .collect();
+            if devices.is_empty() {
+                devices.push("-".into());
+            }
+            for d in devices {
+                s += &format!(
+                    "{}\t{ns}\t{d}\t{}\t{}\n",
+                    c.pid,
+                    c.identity.pid_ns,
+                    crate::client::one_word(c.command(), 64)
+                );
+            }
+        }
+        s
+    }
+
+    /// For omps-ctl's MPS v3 `device list`: a tab-separated row per GPU: ordinal, UUID,
+    /// PCI bus id, name, SMs, whole SM chunks (0: the GPU cannot be partitioned).
+    fn device_table(&self) -> String {
+        let mut s = String::new();
+        for (g, snap) in self.snapshots.iter().enumerate() {
+            let (sms, chunks) = self
+                .policy
+                .sm_chunks(g)
+                .map_or((0, 0), |c| (c.total, c.chunks));
+            s += &format!(
+                "{g}\t{}\t{}\t{}\t{sms}\t{chunks}\n",
+                uuid_text(&snap.uuid),
+                text_of(&snap.pci_bus_id),
+                snap.name_str()
+            );
+        }
+        s
+    }
+
     /// MPS's columns (PID ID SERVER DEVICE NAMESPACE COMMAND), a row per client and GPU it
     /// has used, then omps's: its memory on that GPU, its limit there, the records the
     /// server handled for it, the server's time on them, its QoS class and its PID in its
@@ -422,6 +476,8 @@ fn known_commands() -> String {
         "get_device_client_list",
         "device_query [--csv]",
         "quit [-t SECONDS]",
+        "client_namespaces",
+        "device_table",
     ];
     own.iter()
         .copied()

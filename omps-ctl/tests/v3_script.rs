@@ -1,0 +1,238 @@
+//! An MPS v3 operator's script through omps-ctl against a server that runs protocol 3
+//! (issue 26): servers, namespaces and their limits, devices, partitions and features,
+//! in v3's syntax and output formats, each change seen through the legacy commands too.
+//! The server runs in this process on the host GPU.
+
+use omps_server::gpu::Gpu;
+use omps_server::gpu_host::HostGpu;
+use omps_server::{Server, ServerConfig};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+fn ctl(dir: &Path, args: &str, env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_omps-ctl"));
+    c.args(args.split_whitespace())
+        .env("CUDA_MPS_PIPE_DIRECTORY", dir)
+        .env_remove("OMPS_PIPE_DIRECTORY")
+        .env_remove("CUDA_MPS_PROTOCOL_VERSION");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("omps-ctl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(dir: &Path, args: &str) -> String {
+    let (ok, out, err) = ctl(dir, args, &[]);
+    assert!(ok, "{args}: {out}{err}");
+    out
+}
+
+fn fails(dir: &Path, args: &str, why: &str) {
+    let (ok, out, err) = ctl(dir, args, &[]);
+    assert!(
+        !ok && err.contains(why),
+        "{args}: expected a failure naming {why:?}, got {out}{err}"
+    );
+}
+
+#[test]
+fn a_v3_operators_script_runs_against_omps() {
+    let base = std::env::temp_dir().join(format!("omps-v3-script-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let dir = base.join("pipe");
+    // SAFETY: set before the server (in this process) starts any thread.
+    unsafe {
+        std::env::set_var("OMPS_PROTOCOL", "3");
+        std::env::set_var("CUDA_MPS_LOG_DIRECTORY", base.join("log"));
+    }
+    let gpu: Arc<dyn Gpu> = Arc::new(HostGpu::new(0, 1 << 30));
+    let server =
+        Server::new(ServerConfig::minimal(dir.clone()), vec![gpu], 13000).expect("server starts");
+    std::thread::spawn(move || server.run().expect("server runs"));
+    let me = std::process::id().to_string();
+    let uid = unsafe { libc::getuid() }.to_string();
+    // The daemon's protocol is followed, whatever the invocation asks for.
+    let (good, out, err) = ctl(
+        &dir,
+        "server list --format=csv,noheader",
+        &[("CUDA_MPS_PROTOCOL_VERSION", "2")],
+    );
+    assert!(good, "{out}{err}");
+    assert_eq!(
+        out,
+        format!(
+            "omps,{uid},{me},Ready,{},GPU-{},-\n",
+            dir.display(),
+            out.split(",GPU-")
+                .nth(1)
+                .unwrap()
+                .trim_end()
+                .trim_end_matches(",-")
+        )
+    );
+
+    ok(&dir, "server create training --allowed-devices=0");
+    fails(&dir, "server create training", "exists");
+    fails(&dir, "server create other --uid=1", "serves user");
+    fails(
+        &dir,
+        "server create other --locality-domains=true",
+        "cannot be met",
+    );
+    fails(
+        &dir,
+        "server create other --allowed-devices=3",
+        "no device '3'",
+    );
+    ok(&dir, "namespace create high_priority --server=training");
+    fails(
+        &dir,
+        "namespace create high_priority --server=training",
+        "exists",
+    );
+    fails(
+        &dir,
+        "namespace create x --server=nowhere",
+        "no server 'nowhere'",
+    );
+    ok(&dir, "namespace set high_priority --server=training --pinned-memory-limit=5G --active-thread-percentage=25 --client-priority=1");
+    ok(&dir, "server set training --pinned-memory-limit=10G");
+    assert_eq!(
+        ok(
+            &dir,
+            "namespace get high_priority training pinned-memory-limit"
+        ),
+        "5G\n"
+    );
+    assert_eq!(
+        ok(
+            &dir,
+            "namespace get high_priority training active-thread-percentage"
+        ),
+        "25.00\n"
+    );
+    assert_eq!(
+        ok(&dir, "namespace get high_priority training client-priority"),
+        "1\n"
+    );
+    assert_eq!(
+        ok(&dir, "namespace get high_priority training pipe-directory"),
+        format!("{}\n", dir.join("training").join("high_priority").display())
+    );
+    let list = ok(&dir, "namespace list --server=training --format=csv");
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines[0], "name,server,server-status,pinned-memory-limit,active-thread-percentage,client-priority,pipe-directory");
+    assert!(
+        lines.contains(
+            &format!(
+                "default,training,Ready,10G,-,0,{}",
+                dir.join("training/default").display()
+            )
+            .as_str()
+        ),
+        "{list}"
+    );
+    assert!(
+        lines.contains(
+            &format!(
+                "high_priority,training,Ready,5G,25.00,1,{}",
+                dir.join("training/high_priority").display()
+            )
+            .as_str()
+        ),
+        "{list}"
+    );
+    let table = ok(&dir, "namespace list");
+    assert!(
+        table.starts_with("NAME ") && table.contains("PINNED MEMORY LIMIT"),
+        "{table}"
+    );
+    // The same namespaces through the legacy command: they are omps's own.
+    let legacy = ok(&dir, "list_namespaces");
+    assert!(
+        legacy.contains("training/high_priority ") && legacy.contains("thread_percentage=25.0"),
+        "{legacy}"
+    );
+    assert!(dir.join("training/high_priority/control").exists());
+
+    let servers = ok(&dir, "server list --format=csv,noheader");
+    assert!(
+        servers.lines().any(|l| l.starts_with(&format!(
+            "training,{uid},{me},Ready,{},GPU-",
+            dir.join("training").display()
+        ))),
+        "{servers}"
+    );
+    assert_eq!(
+        ok(&dir, "server get training pipe-directory"),
+        format!("{}\n", dir.join("training").display())
+    );
+    let devices = ok(&dir, "device list --format=csv");
+    assert!(
+        devices.starts_with(
+            "ordinal,server,pci-id,device-uuid,name,total-sms,total-chunks,attributes\n0,omps,"
+        ),
+        "{devices}"
+    );
+    assert_eq!(ok(&dir, "client list --format=csv,noheader"), "");
+    fails(&dir, "client terminate 999999", "no client");
+    let f = ok(&dir, "feature describe memacct --format=csv,noheader");
+    assert!(f.starts_with("memacct,enabled (always),memacct,"), "{f}");
+    fails(&dir, "feature disable context-share", "cannot be disabled");
+    fails(&dir, "memacct set audit_log=true", "cannot be met");
+    ok(&dir, "memacct set audit_log=false");
+    // A partition on a GPU that cannot make them is refused with the server's reason.
+    let (good, out, err) = ctl(
+        &dir,
+        "sm-partition create large --server=training --device=0 --chunks=1",
+        &[],
+    );
+    if good {
+        assert!(
+            out.contains("SM partition 'large' created on device GPU-"),
+            "{out}"
+        );
+        let parts = ok(&dir, "sm-partition list --format=csv,noheader");
+        assert!(
+            parts
+                .lines()
+                .any(|l| l.starts_with("training,GPU-") && l.contains(",large,1,")),
+            "{parts}"
+        );
+        assert!(ok(
+            &dir,
+            "sm-partition delete large --server=training --device=0"
+        )
+        .contains("deleted"));
+    } else {
+        assert!(
+            err.contains("SM partitions need") || err.contains("INVALID_RESOURCE"),
+            "{err}"
+        );
+    }
+
+    fails(
+        &dir,
+        "namespace delete default --server=training",
+        "goes with its server",
+    );
+    ok(&dir, "namespace delete high_priority --server=training");
+    ok(&dir, "server delete training");
+    assert!(!dir.join("training").exists());
+    assert_eq!(
+        ok(&dir, "server list --format=csv,noheader")
+            .lines()
+            .count(),
+        1
+    );
+    // Legacy commands keep working under protocol 3.
+    assert_eq!(ok(&dir, "get_server_list"), format!("{me}\n"));
+    let _ = ok(&dir, "quit");
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -121,6 +121,35 @@ impl Starting<'_> {
     }
 }
 
+/// `-f -a FILE`: runs the server in the foreground as a child (its output on this
+/// terminal), makes `setup` once it listens, and waits for it; a failed setup stops it.
+pub fn run_foreground_then(setup: impl FnOnce() -> Result<(), String>) -> String {
+    if server_running() {
+        return "An instance of this daemon is already running".into();
+    }
+    let server = server_binary();
+    let started = Starting {
+        what: "omps-server",
+        program: &server,
+        hint: "",
+        limit: Duration::from_secs(30),
+        kill_late: true,
+    }
+    .run(server_command(), server_running);
+    let mut child = match started {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if let Err(e) = setup() {
+        let _ = child.wait();
+        return e;
+    }
+    match child.wait() {
+        Ok(st) => format!("omps-server ended ({st})"),
+        Err(e) => format!("waiting for omps-server: {e}"),
+    }
+}
+
 /// `-f`: becomes the server, in the foreground.
 pub fn run_foreground() -> String {
     if server_running() {

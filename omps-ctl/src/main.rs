@@ -102,23 +102,22 @@ fn main() -> ExitCode {
         // SAFETY: single-threaded here, before anything reads the environment concurrently.
         unsafe { std::env::set_var("OMPS_MULTIUSER", "1") };
     }
-    if let Some(file) = &cli.apply {
-        if !(cli.daemon || cli.foreground) {
-            return exit(Err("-a FILE goes with -d or -f".into()));
+    let plan = match &cli.apply {
+        Some(_) if !(cli.daemon || cli.foreground) => {
+            return exit(Err("-a FILE goes with -d or -f".into()))
         }
-        // Checked whole before anything starts; applying it is not built yet, so a valid
-        // file is refused too rather than started half-configured.
-        return exit(match v3::config::load(file) {
-            Err(e) => Err(e),
-            Ok(plan) => Err(format!(
-                "{}: valid ({} server(s), {} key(s) accepted with no effect in omps), but omps does \
-                 not apply MPS v3 configuration files yet; nothing was started",
-                file.display(),
-                plan.servers.len(),
-                plan.inert.len()
-            )),
-        });
-    }
+        Some(_) if multiuser::wanted() => {
+            return exit(Err(
+                "-a FILE with the multi-user daemon: not yet (a file per user's server)".into(),
+            ))
+        }
+        // Checked whole before anything starts.
+        Some(file) => match v3::config::load(file) {
+            Ok(plan) => Some((file.clone(), plan)),
+            Err(e) => return exit(Err(e)),
+        },
+        None => None,
+    };
     if cli.quit {
         return exit(talk::send(&["quit".to_string()]));
     }
@@ -126,7 +125,15 @@ fn main() -> ExitCode {
         // SAFETY: single-threaded here; the server started below inherits it.
         unsafe { std::env::set_var("OMPS_PROTOCOL", asked.to_string()) };
     }
-    let protocol = v3::protocol::of_daemon(&operator_dir).unwrap_or(asked);
+    // A protocol file left by a daemon that is gone is not followed.
+    let protocol = match talk::server_running() {
+        true => v3::protocol::of_daemon(&operator_dir).unwrap_or(asked),
+        false => asked,
+    };
+    if (cli.daemon || cli.foreground) && cli.apply.is_none() {
+        // Notes of a configuration an earlier daemon applied are not this one's.
+        let _ = std::fs::remove_file(v3::apply::notes_path(&omps_ring::sock::pipe_directory()));
+    }
     if cli.daemon && multiuser::wanted() {
         return exit(multiuser::start_background().map(|()| true));
     }
@@ -135,6 +142,25 @@ fn main() -> ExitCode {
             e if e.is_empty() => Ok(true),
             e => Err(e),
         });
+    }
+    if let Some((file, plan)) = plan {
+        let applied = |plan: &v3::config::Plan| {
+            v3::apply::apply(plan).map_err(|e| {
+                let _ = talk::send(&["quit".to_string()]);
+                format!(
+                    "{}: {e}; the server was stopped, nothing is left configured",
+                    file.display()
+                )
+            })
+        };
+        if cli.daemon {
+            return exit(
+                daemon::start_background()
+                    .and_then(|()| applied(&plan))
+                    .map(|()| true),
+            );
+        }
+        return exit(Err(daemon::run_foreground_then(|| applied(&plan))));
     }
     if cli.daemon {
         return exit(daemon::start_background().map(|()| true));
@@ -152,6 +178,18 @@ fn main() -> ExitCode {
             exit(top::run(Duration::from_secs_f64(interval.clamp(0.1, 60.0))).map(|()| true))
         }
         Some(Cmd::Server(words)) if v3::verbs::is_v3(&words[0]) => exit(v3::run(protocol, &words)),
+        Some(Cmd::Server(words))
+            if words[0] == "get_server_status" && protocol == v3::protocol::V3 =>
+        {
+            let r = talk::send(&[words.join(" ")]);
+            // What an applied configuration asked for with no effect in omps, said where
+            // an operator looks for the server's state.
+            let notes = v3::apply::notes_path(&omps_ring::sock::pipe_directory());
+            if let (Ok(true), Ok(text)) = (&r, std::fs::read_to_string(notes)) {
+                print!("{text}");
+            }
+            exit(r)
+        }
         Some(Cmd::Server(words)) => exit(talk::send(&[words.join(" ")])),
         None => {
             let lines: Vec<String> = std::io::stdin()

@@ -217,6 +217,53 @@ fn a_v3_operators_script_runs_against_omps() {
         );
     }
 
+    // Written back, taken down, and made again from the file: the same state.
+    let saved = base.join("saved.toml");
+    ok(&dir, &format!("config save {}", saved.display()));
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert!(
+        text.contains("[servers.training]") && text.contains("pinned_memory_limit = \"10G\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("[servers.training.namespaces.high_priority]")
+            && text.contains("active_thread_percentage = \"25\""),
+        "{text}"
+    );
+    let before = ok(&dir, "namespace list --format=csv");
+    ok(&dir, "server delete training");
+    assert_eq!(
+        ok(
+            &dir,
+            "namespace list --server=training --format=csv,noheader"
+        ),
+        ""
+    );
+    ok(&dir, &format!("config apply {}", saved.display()));
+    assert_eq!(ok(&dir, "namespace list --format=csv"), before);
+    // A file that fails half-way takes back what it made: the first server is made,
+    // the second names a device the server lacks.
+    let bad = base.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[servers.aa]\n[servers.bb]\nallowed_devices = \"7\"\n",
+    )
+    .unwrap();
+    fails(
+        &dir,
+        &format!("config apply {}", bad.display()),
+        "servers.bb.allowed_devices: no device '7'",
+    );
+    assert!(
+        !ok(&dir, "server list").contains("aa"),
+        "server aa was taken back"
+    );
+    fails(
+        &dir,
+        &format!("config apply {}", saved.display()),
+        "exists already",
+    );
+
     fails(
         &dir,
         "namespace delete default --server=training",

@@ -253,6 +253,16 @@ fn a_namespaces_limit_holds_for_its_processes_together() {
         let socket = std::env::var_os("OMPS_TEST_NS_SOCKET").expect("the socket");
         let c = Conn::connect_with(Path::new(&socket), &settings_from(|_| None).unwrap())
             .expect("a second client of the namespace");
+        // cuMemGetInfo: the namespace's limit is the total, what its processes left of
+        // it together the free (issue 26: MPS reports the whole GPU).
+        let mut ch = c.channel();
+        ch.call(0, wire::Op::MemGetInfo, |call| {
+            bytemuck::bytes_of(&call).to_vec()
+        })
+        .unwrap();
+        let r = ch.reply::<wire::MemInfoReply>();
+        assert_eq!((r.free, r.total), (16 << 20, 64 << 20), "free and total");
+        drop(ch);
         assert_eq!(
             try_alloc(&c, 32 << 20),
             Err(2),

@@ -466,11 +466,46 @@ fn check(f: File) -> Result<Plan, String> {
                 }
                 continue;
             }
+            if nparts.len() > 1 {
+                return Err(at(
+                    &format!("{nkey}.devices"),
+                    format!(
+                        "{} partitions cannot be met: an omps namespace runs in one SM partition",
+                        nparts.len()
+                    ),
+                ));
+            }
             namespaces.push(NamespacePlan {
                 name: nname.clone(),
                 limits: l,
                 partitions: nparts,
             });
+        }
+        // A partition that is not shareable may be named by one namespace only.
+        for (u, parts) in &partitions {
+            for p in parts {
+                let users: Vec<&str> = namespaces
+                    .iter()
+                    .filter(|n| n.partitions.iter().any(|(x, q)| x == u && *q == p.name))
+                    .map(|n| n.name.as_str())
+                    .collect();
+                if !p.shareable && users.len() > 1 {
+                    return Err(at(
+                        &format!("{key}.devices"),
+                        format!(
+                            "partition '{}' of '{u}' is not shareable but namespaces {} name it",
+                            p.name,
+                            users.join(" and ")
+                        ),
+                    ));
+                }
+                if p.max_chunks.is_some() {
+                    inert.push((
+                        format!("{key}.devices.sm_partitions.{}.max_chunks", p.name),
+                        MAX_CHUNKS.into(),
+                    ));
+                }
+            }
         }
         servers.push(ServerPlan {
             name: sname.clone(),
@@ -529,6 +564,8 @@ pub const MEMACCT: &str = "omps counts every client's device memory itself, alwa
 pub const CONTEXT_SHARE: &str =
     "omps always shares one context per GPU among all clients; nothing to turn on or off";
 pub const LOCALITY: &str = "true cannot be met: omps does not split a GPU into locality domains (MLOPart); it serves whole GPUs";
+pub const MAX_CHUNKS: &str =
+    "omps partitions keep the size they were made with; a partition does not grow into free chunks";
 pub const CGROUP: &str =
     "omps routes clients by the namespace socket they connect to, not by cgroup";
 

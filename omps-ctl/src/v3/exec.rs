@@ -118,6 +118,17 @@ fn check_locality(o: &Opts) -> Result<(), String> {
 pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String, String> {
     match module {
         "feature" | "memacct" => return features(module, verb, args, o),
+        "config" => {
+            let path = std::path::Path::new(&args[0]);
+            return match verb {
+                "save" => super::apply::save(path),
+                _ => super::config::load(path).and_then(|plan| {
+                    super::apply::apply(&plan)
+                        .map_err(|e| format!("{}: {e}; nothing was applied", path.display()))
+                }),
+            }
+            .map(|()| String::new());
+        }
         _ => {}
     }
     let st = State::read()?;
@@ -279,7 +290,17 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
                     st.pipe.display().to_string(),
                 ]);
             }
-            for n in &st.namespaces {
+            // By server, its default first, then by name: the same list whatever order
+            // the namespaces were made in.
+            let mut sorted: Vec<&state::Namespace> = st.namespaces.iter().collect();
+            sorted.sort_by(|a, b| {
+                (&a.server, a.name != "default", &a.name).cmp(&(
+                    &b.server,
+                    b.name != "default",
+                    &b.name,
+                ))
+            });
+            for n in sorted {
                 if want_server.as_ref().is_some_and(|s| *s != n.server)
                     || want_name.as_ref().is_some_and(|w| *w != n.name)
                 {
@@ -504,28 +525,8 @@ fn features(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<Strin
 /// `sm-partition`: omps's partitions (`sm_partition add UUID CHUNKS`, named `UUID/pN`),
 /// with the v3 name kept in the partition's record (`PIPE/operator/v3-partitions`).
 fn partitions(st: &State, verb: &str, args: &[String], o: &Opts) -> Result<String, String> {
-    let names_path = st
-        .pipe
-        .join(omps_ring::sock::OPERATOR_DIR)
-        .join("v3-partitions");
-    let read_names = || -> Vec<(String, String, String, String)> {
-        std::fs::read_to_string(&names_path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                let [s, u, n, id] = f[..] else { return None };
-                Some((s.into(), u.into(), n.into(), id.into()))
-            })
-            .collect()
-    };
-    let write_names = |v: &[(String, String, String, String)]| {
-        let text: String = v
-            .iter()
-            .map(|(s, u, n, id)| format!("{s} {u} {n} {id}\n"))
-            .collect();
-        std::fs::write(&names_path, text).map_err(|e| format!("{}: {e}", names_path.display()))
-    };
+    let read_names = || state::read_partition_names(&st.pipe);
+    let write_names = |v: &[state::PartitionName]| state::write_partition_names(&st.pipe, v);
     let lspart = ask("lspart")?;
     let live: Vec<(String, String, String)> = lspart
         .lines()

@@ -9,6 +9,7 @@
 //!   before anything is started.
 //! - [`protocol`]: `-p 3` / `CUDA_MPS_PROTOCOL_VERSION`, and a later invocation following
 //!   the running daemon's protocol.
+//! - [`apply`]: `-a FILE` made on the server, and `config save FILE` writing it back.
 //! - [`state`], [`exec`], [`table`]: what the server has, read through its own commands;
 //!   each verb carried out with them; lists printed as v3 prints them.
 //!
@@ -16,6 +17,7 @@
 //! K/M/G units, percentages 1-100, which keys a table takes) are NVIDIA's documentation of
 //! MPS v3; where it is silent the module says what omps chose.
 
+pub mod apply;
 pub mod config;
 pub mod exec;
 pub mod protocol;

@@ -211,6 +211,38 @@ impl State {
     }
 }
 
+/// A v3 partition's name: (server, device UUID, name, omps's `UUID/pN`). omps names its
+/// partitions by id; the v3 names live in the operator's directory
+/// (`PIPE/operator/v3-partitions`), a line each, and a name whose partition the server no
+/// longer has (after a restart) is dropped when read against `lspart`.
+pub type PartitionName = (String, String, String, String);
+
+fn partition_names_path(pipe: &std::path::Path) -> PathBuf {
+    pipe.join(omps_ring::sock::OPERATOR_DIR)
+        .join("v3-partitions")
+}
+
+pub fn read_partition_names(pipe: &std::path::Path) -> Vec<PartitionName> {
+    std::fs::read_to_string(partition_names_path(pipe))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let [s, u, n, id] = f[..] else { return None };
+            Some((s.into(), u.into(), n.into(), id.into()))
+        })
+        .collect()
+}
+
+pub fn write_partition_names(pipe: &std::path::Path, v: &[PartitionName]) -> Result<(), String> {
+    let path = partition_names_path(pipe);
+    let text: String = v
+        .iter()
+        .map(|(s, u, n, id)| format!("{s} {u} {n} {id}\n"))
+        .collect();
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 fn parse_devices(text: &str) -> Vec<Device> {
     text.lines()
         .filter_map(|l| {

@@ -241,6 +241,22 @@ const SPECS: &[Spec] = &[
         options: &[("format", Kind::Format)],
         one_of: &[],
     },
+    // omps's own: the running state written back as a configuration file, and a file
+    // made on a running server (all of it or none).
+    Spec {
+        module: "config",
+        verb: "save",
+        positionals: &["FILE"],
+        options: &[],
+        one_of: &[],
+    },
+    Spec {
+        module: "config",
+        verb: "apply",
+        positionals: &["FILE"],
+        options: &[],
+        one_of: &[],
+    },
 ];
 
 /// Options every verb with them must have (besides `one_of`).
@@ -281,6 +297,7 @@ pub const MODULES: &[&str] = &[
     "sm-partition",
     "feature",
     "memacct",
+    "config",
 ];
 
 /// A parsed command.
@@ -562,6 +579,7 @@ fn check_args(
         }
         ("client", "terminate") => pid(&args[0]),
         ("feature", _) => args.iter().try_for_each(|a| field(a, FEATURES)),
+        ("config", _) => Ok(()),
         _ => args
             .iter()
             .try_for_each(|a| values::name(a).map(drop).or_else(|e| bad("NAME", e))),

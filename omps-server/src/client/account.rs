@@ -232,6 +232,16 @@ impl Group {
         }
     }
 
+    /// GPU `dev`'s limit and what is left of it for all the namespace's processes
+    /// together (None: no limit there).
+    pub fn headroom(&self, dev: usize) -> Option<(u64, u64)> {
+        let limit = self.limit.get(dev)?.load(Ordering::Relaxed);
+        let used = self.mem[dev]
+            .load(Ordering::Relaxed)
+            .saturating_add(self.pinned.load(Ordering::Relaxed));
+        (limit != NO_LIMIT).then_some((limit, limit.saturating_sub(used)))
+    }
+
     fn over(&self, dev: usize, n: u64) -> Option<(u64, u64)> {
         let limit = self.limit.get(dev)?.load(Ordering::Relaxed);
         let used = self.mem[dev]
@@ -299,6 +309,12 @@ impl Account {
     /// its accounts does), or 0 for those of the server's own socket.
     pub fn tenant(&self) -> usize {
         self.group().map_or(0, |g| Arc::as_ptr(g) as usize)
+    }
+
+    /// Its namespace's limit on GPU `dev` and what the namespace has left of it (None:
+    /// no namespace, or no limit there): `cuMemGetInfo` reports them.
+    pub fn namespace_headroom(&self, dev: usize) -> Option<(u64, u64)> {
+        self.group().and_then(|g| g.headroom(dev))
     }
 
     fn group(&self) -> Option<&Arc<Group>> {

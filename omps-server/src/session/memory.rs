@@ -267,16 +267,21 @@ impl Session {
                 let c = rec::<CallHdr>(p);
                 // Under a limit the client sees the limit as the GPU's size and what it
                 // has left of it as free (never more than the GPU has free), as MPS's
-                // clients do: PyTorch's allocator and mem_get_info plan by it.
-                let r = gpu
-                    .mem_info()
-                    .map(|(free, total)| match self.client.limit(self.dev) {
-                        Some(l) => wire::MemInfoReply {
-                            free: free.min(l.saturating_sub(self.client.mem_use(self.dev))),
-                            total: total.min(l),
-                        },
-                        None => wire::MemInfoReply { free, total },
-                    });
+                // clients see free: PyTorch's allocator and mem_get_info plan by it. A
+                // namespace's limit counts too, with what all its processes hold: MPS
+                // reports the whole GPU as total there, so vLLM sized by total
+                // overshoots (issue 26); here total is the namespace's limit.
+                let r = gpu.mem_info().map(|(mut free, mut total)| {
+                    if let Some(l) = self.client.limit(self.dev) {
+                        free = free.min(l.saturating_sub(self.client.mem_use(self.dev)));
+                        total = total.min(l);
+                    }
+                    if let Some((l, left)) = self.client.account.namespace_headroom(self.dev) {
+                        free = free.min(left);
+                        total = total.min(l);
+                    }
+                    wire::MemInfoReply { free, total }
+                });
                 self.complete_pod(c, r)?;
             }
             _ => unreachable!("dispatched to the memory family: {op:?}"),

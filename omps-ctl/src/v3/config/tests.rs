@@ -90,6 +90,7 @@ fn nvidias_example_reads_whole() {
         "servers.training.namespaces.high_priority.cgroup",
         "features.memacct",
         "features.context-share",
+        "servers.training.devices.sm_partitions.large.max_chunks",
     ] {
         assert!(inert.contains(&k), "{k} not reported as inert: {inert:?}");
     }
@@ -162,6 +163,21 @@ fn bad_files_are_refused_with_key_and_reason() {
             "differs",
         ),
         ("[servers.s\n", "line 1", "unclosed table"),
+        (
+            "[[servers.s.devices]]\nuuid = \"GPU-ab\"\n[[servers.s.devices.sm_partitions]]\nname = \"p\"\nchunks = 1\n\
+             [servers.s.namespaces.a]\n[[servers.s.namespaces.a.devices]]\nuuid = \"GPU-ab\"\nsm_partition = \"p\"\n\
+             [servers.s.namespaces.b]\n[[servers.s.namespaces.b.devices]]\nuuid = \"GPU-ab\"\nsm_partition = \"p\"\n",
+            "servers.s.devices",
+            "not shareable",
+        ),
+        (
+            "[[servers.s.devices]]\nuuid = \"GPU-ab\"\n[[servers.s.devices.sm_partitions]]\nname = \"p\"\nchunks = 1\n\
+             [[servers.s.devices]]\nuuid = \"GPU-cd\"\n[[servers.s.devices.sm_partitions]]\nname = \"q\"\nchunks = 1\n\
+             [servers.s.namespaces.a]\n[[servers.s.namespaces.a.devices]]\nuuid = \"GPU-ab\"\nsm_partition = \"p\"\n\
+             [[servers.s.namespaces.a.devices]]\nuuid = \"GPU-cd\"\nsm_partition = \"q\"\n",
+            "servers.s.namespaces.a.devices",
+            "one SM partition",
+        ),
     ];
     for (text, key, why) in cases {
         let e = parse(text).expect_err(text);

@@ -68,15 +68,22 @@ pub fn socket_path() -> PathBuf {
     client_socket_in(&pipe_directory())
 }
 
-/// [`socket_path`] for pipe directory `dir`.
+/// [`socket_path`] for pipe directory `dir`. An MPS v3 server's directory
+/// (`PIPE/<server>`, holding a directory per namespace) routes to that server's `default`
+/// namespace, as v3's `<server>/control` does.
 pub fn client_socket_in(dir: &std::path::Path) -> PathBuf {
     use std::os::unix::fs::FileTypeExt;
     let main = dir.join(SOCKET_NAME);
     let ns = dir.join(NAMESPACE_SOCKET);
+    let server_default = dir.join("default").join(NAMESPACE_SOCKET);
     let is_socket =
         |p: &std::path::Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket());
-    if !is_socket(&main) && is_socket(&ns) {
+    if is_socket(&main) {
+        main
+    } else if is_socket(&ns) {
         ns
+    } else if is_socket(&server_default) {
+        server_default
     } else {
         main
     }
@@ -303,6 +310,29 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
         d
+    }
+
+    /// The pipe directory's own socket, a namespace's `control`, an MPS v3 server's
+    /// directory routing to its `default` namespace, in that order.
+    #[test]
+    fn which_socket_a_pipe_directory_means() {
+        let d = open_dir("route");
+        assert_eq!(
+            client_socket_in(&d),
+            d.join(SOCKET_NAME),
+            "nothing: the main socket (it fails naming it)"
+        );
+        std::fs::create_dir_all(d.join("default")).unwrap();
+        let _def = UnixListener::bind(d.join("default").join(NAMESPACE_SOCKET)).unwrap();
+        assert_eq!(
+            client_socket_in(&d),
+            d.join("default").join(NAMESPACE_SOCKET)
+        );
+        let _ns = UnixListener::bind(d.join(NAMESPACE_SOCKET)).unwrap();
+        assert_eq!(client_socket_in(&d), d.join(NAMESPACE_SOCKET));
+        let _main = UnixListener::bind(d.join(SOCKET_NAME)).unwrap();
+        assert_eq!(client_socket_in(&d), d.join(SOCKET_NAME));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

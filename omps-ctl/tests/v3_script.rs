@@ -263,6 +263,42 @@ fn a_v3_operators_script_runs_against_omps() {
         &format!("config apply {}", saved.display()),
         "exists already",
     );
+    // The implicit server: its namespaces are omps's one-word ones (PIPE/omps/<name>),
+    // its limits the server's defaults, as the legacy commands see them.
+    let implicit = base.join("implicit.toml");
+    std::fs::write(
+        &implicit,
+        "[servers.omps]\npinned_memory_limit = \"40G\"\nactive_thread_percentage = \"60\"\n\
+         [servers.omps.namespaces.inference]\npinned_memory_limit = \"4G\"\nactive_thread_percentage = \"25\"\n",
+    )
+    .unwrap();
+    ok(&dir, &format!("config apply {}", implicit.display()));
+    assert!(dir.join("omps/inference/control").exists());
+    assert_eq!(ok(&dir, "get_default_device_pinned_mem_limit 0"), "40G\n");
+    assert_eq!(ok(&dir, "get_default_active_thread_percentage"), "60.0\n");
+    assert_eq!(
+        ok(&dir, "namespace get inference omps pinned-memory-limit"),
+        "4G\n"
+    );
+    let resaved = base.join("resaved.toml");
+    ok(&dir, &format!("config save {}", resaved.display()));
+    let text = std::fs::read_to_string(&resaved).unwrap();
+    assert!(
+        text.contains(
+            "[servers.omps]\npinned_memory_limit = \"40G\"\nactive_thread_percentage = \"60\""
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("[servers.omps.namespaces.inference]"),
+        "{text}"
+    );
+    fails(
+        &dir,
+        "server set omps --client-priority=1",
+        "legacy commands",
+    );
+    ok(&dir, "namespace delete inference --server=omps");
 
     fails(
         &dir,

@@ -85,9 +85,23 @@ fn apply_steps(plan: &Plan, made: &mut Made) -> Result<(), String> {
                 ));
             }
         }
-        if st.server_exists(&s.name) {
+        // `omps`, the implicit server (the pipe directory's own socket): its namespaces
+        // are the one-word ones (`PIPE/omps/<namespace>`), its limits the defaults.
+        let implicit = s.name == state::IMPLICIT;
+        if implicit && s.allowed_devices.is_some() {
+            return Err(format!(
+                "{key}.allowed_devices: the implicit server serves the GPUs it was started with \
+                 (CUDA_VISIBLE_DEVICES on the daemon); name the devices on a server of its own"
+            ));
+        }
+        if !implicit && st.server_exists(&s.name) {
             return Err(format!("{key}: a server '{}' exists already", s.name));
         }
+        let prefix = if implicit {
+            String::new()
+        } else {
+            format!("{}/", s.name)
+        };
         let gpus = match &s.allowed_devices {
             Some(ds) => {
                 let ords: Result<Vec<String>, String> = ds
@@ -127,13 +141,13 @@ fn apply_steps(plan: &Plan, made: &mut Made) -> Result<(), String> {
                 ids.insert((uuid.clone(), p.name.clone()), id);
             }
         }
-        let mut args = limit_args(&s.default_limits);
-        args.extend(gpus.iter().cloned());
-        ask(
-            &key,
-            format!("create_namespace {}/default {}", s.name, args.join(" ")).trim_end(),
-        )?;
-        made.namespaces.push(format!("{}/default", s.name));
+        if !implicit {
+            let mut args = limit_args(&s.default_limits);
+            args.extend(gpus.iter().cloned());
+            let line = format!("create_namespace {}/default {}", s.name, args.join(" "));
+            ask(&key, line.trim_end())?;
+            made.namespaces.push(format!("{}/default", s.name));
+        }
         for n in &s.namespaces {
             let mut args = limit_args(&n.limits);
             args.extend(gpus.iter().cloned());
@@ -142,11 +156,34 @@ fn apply_steps(plan: &Plan, made: &mut Made) -> Result<(), String> {
                 args.push(format!("partition={}", ids[&(u.clone(), p.clone())]));
             }
             let nkey = format!("{key}.namespaces.{}", n.name);
+            if st.namespace(&s.name, &n.name).is_some() {
+                return Err(format!("{nkey}: a namespace '{}' exists already", n.name));
+            }
+            let line = format!("create_namespace {prefix}{} {}", n.name, args.join(" "));
+            ask(&nkey, line.trim_end())?;
+            made.namespaces.push(format!("{prefix}{}", n.name));
+        }
+    }
+    // The implicit server's defaults last: nothing after them can fail and take them back.
+    for s in plan.servers.iter().filter(|s| s.name == state::IMPLICIT) {
+        let key = format!("servers.{}", s.name);
+        let l = &s.default_limits;
+        if let Some(b) = l.pinned_memory {
+            let size = omps_ring::memlimit::format_size(b);
+            for d in &st.devices {
+                let cmd = format!("set_default_device_pinned_mem_limit {} {size}", d.ordinal);
+                ask(&format!("{key}.pinned_memory_limit"), &cmd)?;
+            }
+        }
+        if let Some(p) = l.thread_percentage {
+            let cmd = format!("set_default_active_thread_percentage {p}");
+            ask(&format!("{key}.active_thread_percentage"), &cmd)?;
+        }
+        if let Some(p) = l.client_priority {
             ask(
-                &nkey,
-                format!("create_namespace {}/{} {}", s.name, n.name, args.join(" ")).trim_end(),
+                &format!("{key}.client_priority"),
+                &format!("set_default_client_priority {p}"),
             )?;
-            made.namespaces.push(format!("{}/{}", s.name, n.name));
         }
     }
     state::write_partition_names(&st.pipe, &names)?;
@@ -244,10 +281,41 @@ pub fn save_text() -> Result<String, String> {
             .unwrap_or(0)
     };
     let mut servers: BTreeMap<String, OutServer> = BTreeMap::new();
-    for n in st.namespaces.iter().filter(|n| n.full.contains('/')) {
+    // The implicit server's defaults, where set.
+    let mut implicit = OutServer::default();
+    let mems: Vec<String> = st
+        .devices
+        .iter()
+        .filter_map(|d| {
+            talk::ask(&format!(
+                "get_default_device_pinned_mem_limit {}",
+                d.ordinal
+            ))
+            .ok()
+        })
+        .map(|t| t.trim().to_string())
+        .collect();
+    if mems.len() == st.devices.len()
+        && mems
+            .first()
+            .is_some_and(|m| !m.is_empty() && mems.iter().all(|x| x == m))
+    {
+        implicit.pinned_memory_limit = Some(mems[0].clone());
+    }
+    if let Ok(p) = talk::ask("get_default_active_thread_percentage") {
+        let p: f64 = p.trim().parse().unwrap_or(100.0);
+        if p < 100.0 {
+            implicit.active_thread_percentage = Some(format!("{}", p.round().max(1.0) as u32));
+        }
+    }
+    if talk::ask("get_default_client_priority").is_ok_and(|p| p.trim() == "1") {
+        implicit.client_priority = Some("1".into());
+    }
+    servers.insert(state::IMPLICIT.to_string(), implicit);
+    for n in &st.namespaces {
         let s = servers.entry(n.server.clone()).or_default();
         let (mem, pct, prio) = out_limits(n);
-        if n.name == "default" {
+        if n.name == "default" && n.server != state::IMPLICIT {
             s.pinned_memory_limit = mem;
             s.active_thread_percentage = pct;
             s.client_priority = prio;

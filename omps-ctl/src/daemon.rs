@@ -140,6 +140,7 @@ pub fn run_foreground_then(setup: impl FnOnce() -> Result<(), String>) -> String
         Ok(c) => c,
         Err(e) => return e,
     };
+    forward_stop_signals(child.id());
     if let Err(e) = setup() {
         let _ = child.wait();
         return e;
@@ -147,6 +148,27 @@ pub fn run_foreground_then(setup: impl FnOnce() -> Result<(), String>) -> String
     match child.wait() {
         Ok(st) => format!("omps-server ended ({st})"),
         Err(e) => format!("waiting for omps-server: {e}"),
+    }
+}
+
+/// The server child that [`forward`] passes SIGTERM and SIGINT on to.
+static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe; pid is our own child's.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// A container stops its first process with SIGTERM (which, as PID 1 with no handler, it
+/// would ignore): the server, a child here, must get it and quit as it does under `-f`.
+fn forward_stop_signals(child: u32) {
+    CHILD.store(child as i32, std::sync::atomic::Ordering::Relaxed);
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: `forward` only reads an atomic and calls kill, both async-signal-safe.
+        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
     }
 }
 

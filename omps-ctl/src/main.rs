@@ -145,7 +145,7 @@ fn main() -> ExitCode {
     }
     if let Some((file, plan)) = plan {
         let applied = |plan: &v3::config::Plan| {
-            v3::apply::apply(plan).map_err(|e| {
+            v3::apply::apply(plan, true).map_err(|e| {
                 let _ = talk::send(&["quit".to_string()]);
                 format!(
                     "{}: {e}; the server was stopped, nothing is left configured",

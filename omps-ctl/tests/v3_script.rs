@@ -298,6 +298,24 @@ fn a_v3_operators_script_runs_against_omps() {
         "server set omps --client-priority=1",
         "legacy commands",
     );
+    // As at a daemon's start over its own record of an earlier run: the file wins.
+    fails(
+        &dir,
+        &format!("config apply {}", implicit.display()),
+        "exists already",
+    );
+    ok(
+        &dir,
+        "namespace set inference --server=omps --pinned-memory-limit=8G",
+    );
+    ok(
+        &dir,
+        &format!("config apply --replace {}", implicit.display()),
+    );
+    assert_eq!(
+        ok(&dir, "namespace get inference omps pinned-memory-limit"),
+        "4G\n"
+    );
     ok(&dir, "namespace delete inference --server=omps");
 
     fails(

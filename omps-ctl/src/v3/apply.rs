@@ -63,18 +63,48 @@ impl Made {
 
 /// Makes `plan` on the running server, all of it or (a step failing) none of it: what
 /// was made is taken back. Err names the file's key and the reason.
-pub fn apply(plan: &Plan) -> Result<(), String> {
+///
+/// `at_start` (the daemon's `-a`, or `config apply --replace`): the file wins over what
+/// the server has of what the file names (at start, what it made again from its own
+/// record of an earlier run: namespaces are kept across restarts); those are made anew
+/// with the file's limits. Otherwise (`config apply`) a namespace or server that exists
+/// is refused, and nothing is made.
+pub fn apply(plan: &Plan, at_start: bool) -> Result<(), String> {
     let mut made = Made::default();
-    let r = apply_steps(plan, &mut made);
+    let r = apply_steps(plan, at_start, &mut made);
     if r.is_err() {
         made.undo();
     }
     r
 }
 
-fn apply_steps(plan: &Plan, made: &mut Made) -> Result<(), String> {
+fn apply_steps(plan: &Plan, at_start: bool, made: &mut Made) -> Result<(), String> {
     let st = State::read()?;
-    let mut names = state::read_partition_names(&st.pipe);
+    if at_start {
+        // The server's record of an earlier run, for the servers and namespaces the file
+        // names: the file's limits replace them (no client has come yet).
+        for n in &st.namespaces {
+            let named = plan.servers.iter().any(|s| {
+                s.name == n.server
+                    && (s.name != state::IMPLICIT || s.namespaces.iter().any(|x| x.name == n.name))
+            });
+            if named {
+                ask(
+                    &format!("servers.{}", n.server),
+                    &format!("delete_namespace {}", n.full),
+                )?;
+            }
+        }
+        return apply_steps(plan, false, made);
+    }
+    let live = talk::ask("lspart").unwrap_or_default();
+    let mut names: Vec<state::PartitionName> = state::read_partition_names(&st.pipe)
+        .into_iter()
+        .filter(|(_, _, _, id)| {
+            live.lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(id))
+        })
+        .collect();
     for s in &plan.servers {
         let key = format!("servers.{}", s.name);
         if let Some(u) = s.uid {

@@ -123,7 +123,7 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
             return match verb {
                 "save" => super::apply::save(path),
                 _ => super::config::load(path).and_then(|plan| {
-                    super::apply::apply(&plan)
+                    super::apply::apply(&plan, o.contains_key("replace"))
                         .map_err(|e| format!("{}: {e}; nothing was applied", path.display()))
                 }),
             }

@@ -254,7 +254,7 @@ const SPECS: &[Spec] = &[
         module: "config",
         verb: "apply",
         positionals: &["FILE"],
-        options: &[],
+        options: &[("replace", Kind::Flag)],
         one_of: &[],
     },
 ];

@@ -187,10 +187,22 @@ impl Conn {
             )));
         }
         if w.status != 0 {
+            // The server's reason follows the welcome, in the same send (at most 400
+            // bytes, as text; none from an older server).
+            let mut why = [0u8; 512];
+            let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+            let n = std::io::Read::read(&mut &s, &mut why).unwrap_or(0);
+            let why = String::from_utf8_lossy(&why[..n]);
+            let why: String = why.chars().filter(|c| !c.is_control()).collect();
+            let said = if why.is_empty() {
+                String::new()
+            } else {
+                format!(": {why}")
+            };
             return Err((
                 w.status,
                 format!(
-                    "the omps server refused this client (CUDA error {})",
+                    "the omps server refused this client{said} (CUDA error {})",
                     w.status
                 ),
             ));

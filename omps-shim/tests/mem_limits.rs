@@ -249,3 +249,26 @@ fn operators_change_limits_of_running_clients() {
         assert!(!ok && out.contains(says), "{cmd}: {out}");
     }
 }
+
+/// MPS drops every limit when one entry of CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names a GPU
+/// the process cannot see (issue 26: a tenant's way out of its limit); omps refuses the
+/// client, naming the variable.
+#[test]
+fn a_limit_naming_a_gpu_the_client_cannot_see_fails_the_client() {
+    let srv = server("unseen", "0=1G");
+    let mut s = wire::ClientSettings::none();
+    let v = "0=16M,1=16M";
+    s.mem_limit[..v.len()].copy_from_slice(v.as_bytes());
+    match Conn::connect_with(&srv.socket(), &s) {
+        Ok(_) => panic!("a client naming GPU 1 of a one-GPU server was served"),
+        Err((code, why)) => {
+            assert!(
+                why.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+                "{code}: {why}"
+            );
+        }
+    }
+    connect(&srv, Some("0=16M"))
+        .ping(0)
+        .expect("its own GPU alone is fine");
+}

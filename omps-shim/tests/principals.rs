@@ -371,6 +371,13 @@ fn a_v3_namespace_lives_under_its_servers_directory() {
     let c = Conn::connect_with(&dir.join(sock::NAMESPACE_SOCKET), &plain).expect("served");
     assert_eq!(try_alloc(&c, 32 << 20), Err(2), "above the namespace's 16M");
     try_alloc(&c, 8 << 20).expect("within it");
+    // What omps-ctl's v3 `client list` reads: the client and the namespace it came through.
+    let (ok, rows) = srv.ctl("client_namespaces");
+    let me = std::process::id().to_string();
+    assert!(
+        ok && rows.lines().any(|l| l.starts_with(&format!("{me}\ttraining/high_priority\t"))),
+        "{rows}"
+    );
     drop(c);
     let (ok, list) = srv.ctl("list_namespaces");
     assert!(

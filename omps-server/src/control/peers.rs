@@ -320,6 +320,28 @@ impl Peer {
     }
 }
 
+/// Longest reason a refusal carries after its welcome.
+pub const MAX_REASON: usize = 400;
+
+/// A refusal: the welcome with `status`, then why, as text (at most [`MAX_REASON`]
+/// bytes), which the shim prints with the code; shims that do not read it lose nothing.
+pub fn send_refusal(s: &UnixStream, status: i32, why: &str) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let w = wire::Welcome {
+        magic: wire::HELLO_MAGIC,
+        version: wire::PROTOCOL_VERSION,
+        status,
+        ..Default::default()
+    };
+    let mut bytes = bytemuck::bytes_of(&w).to_vec();
+    let mut end = why.len().min(MAX_REASON);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    bytes.extend_from_slice(&why.as_bytes()[..end]);
+    omps_ring::sock::send_with_fds(s.as_raw_fd(), &bytes, &[])
+}
+
 /// A handshake's answer with `status` and nothing else (a refusal, or not ready).
 pub fn send_status(s: &UnixStream, status: i32) -> io::Result<()> {
     use std::os::fd::AsRawFd;

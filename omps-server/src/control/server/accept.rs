@@ -37,28 +37,28 @@ impl Server {
         settings: &wire::ClientSettings,
         ns: Option<&crate::control::namespace::Limits>,
     ) -> io::Result<()> {
-        let refuse = |status: i32| crate::control::peers::send_status(&stream, status);
+        // Said in the server's log and to the client, which prints it with the code.
+        let refuse = |status: i32, why: &str| {
+            tracing::warn!(pid, "refusing a client: {why}");
+            crate::control::peers::send_refusal(&stream, status, why)
+        };
         if self.draining.is_some() {
-            tracing::warn!(pid, "refusing a client: the server is shutting down");
-            return refuse(code::MPS_SERVER_NOT_READY);
+            return refuse(code::MPS_SERVER_NOT_READY, "the server is shutting down");
         }
         if self.clients.len() >= crate::client::bounds::bounds().clients {
-            tracing::warn!(
-                pid,
-                "refusing a client: OMPS_MAX_CLIENTS clients are connected"
+            return refuse(
+                code::MPS_MAX_CLIENTS_REACHED,
+                "OMPS_MAX_CLIENTS clients are connected",
             );
-            return refuse(code::MPS_MAX_CLIENTS_REACHED);
         }
         if let Some(why) = self.over_share(pid, ns) {
-            tracing::warn!(pid, "refusing a client: {why}");
-            return refuse(code::MPS_MAX_CLIENTS_REACHED);
+            return refuse(code::MPS_MAX_CLIENTS_REACHED, &why);
         }
         let lc_present = crate::worker::policy::Policy::lc_present(&self.client_list());
         let mut settled = match self.policy.settle(settings) {
             Ok(s) => s,
             Err((status, why)) => {
-                tracing::warn!(pid, "refusing a client: {why}");
-                return refuse(status);
+                return refuse(status, &why);
             }
         };
         // The GPUs it sees (its device k is the server's visible[k]), as natively; in a
@@ -71,19 +71,17 @@ impl Server {
                 match crate::control::namespace::visible_in(ns, named, self.snapshots.len()) {
                     Ok(v) => v,
                     Err(why) => {
-                        tracing::warn!(pid, namespace = ns.name, "refusing a client: {why}");
-                        return refuse(code::NO_DEVICE);
+                        return refuse(code::NO_DEVICE, &format!("namespace {}: {why}", ns.name));
                     }
                 }
             }
             None => named.unwrap_or_else(|| crate::client::visible::resolve(None, &self.snapshots)),
         };
         if visible.is_empty() {
-            tracing::warn!(
-                pid,
-                "refusing a client: its CUDA_VISIBLE_DEVICES names no GPU of this server"
+            return refuse(
+                code::NO_DEVICE,
+                "its CUDA_VISIBLE_DEVICES names no GPU of this server",
             );
-            return refuse(code::NO_DEVICE);
         }
         let seen: Vec<DeviceSnapshot> = visible.iter().map(|&g| self.snapshots[g]).collect();
         // Its own limits name its devices: moved to the server's numbering.
@@ -97,16 +95,17 @@ impl Server {
                     l
                 }
                 Err(why) => {
-                    tracing::warn!(pid, "refusing a client: {why}");
-                    return refuse(code::INVALID_DEVICE);
+                    return refuse(code::INVALID_DEVICE, &why);
                 }
             };
         if let Some(ns) = ns {
             if let Err(why) =
                 crate::control::namespace::hold_to(ns, settings, &mut settled, &mut own_limits)
             {
-                tracing::warn!(pid, namespace = ns.name, "refusing a client: {why}");
-                return refuse(code::INVALID_VALUE);
+                return refuse(
+                    code::INVALID_VALUE,
+                    &format!("namespace {}: {why}", ns.name),
+                );
             }
         }
         // A lane that has not taken its messages (it sits in the driver) would hold the
@@ -124,13 +123,15 @@ impl Server {
             match next {
                 Some(n) if skipped < self.cfg.lanes => self.next_id = n,
                 _ => {
-                    tracing::warn!(pid, "refusing a client: no worker lane is answering");
-                    return refuse(code::MPS_SERVER_NOT_READY);
+                    return refuse(code::MPS_SERVER_NOT_READY, "no worker lane is answering");
                 }
             }
         }
         if self.any_fault() {
-            return refuse(code::MPS_SERVER_NOT_READY);
+            return refuse(
+                code::MPS_SERVER_NOT_READY,
+                "a GPU of the server is in FAULT; it is served again once its clients are gone",
+            );
         }
         let id = self.next_id;
         // Client ids are never reused: after 4 billion connections the server takes no more.
@@ -163,11 +164,10 @@ impl Server {
             .totals()
             .grant(visible.len(), self.gpus.len(), others)
         else {
-            tracing::warn!(
-                pid,
-                "refusing a client: the server-wide totals of streams and events (OMPS_MAX_STREAMS_TOTAL, OMPS_MAX_EVENTS_TOTAL) are granted"
+            return refuse(
+                code::MPS_MAX_CLIENTS_REACHED,
+                "the server-wide totals of streams and events (OMPS_MAX_STREAMS_TOTAL, OMPS_MAX_EVENTS_TOTAL) are granted",
             );
-            return refuse(code::MPS_MAX_CLIENTS_REACHED);
         };
         let ours = stream.try_clone()?;
         let spare = if crowded { None } else { self.segments.take() };
@@ -223,16 +223,15 @@ impl Server {
         // the namespace it came through, and another connection of its must come the
         // same way (or its memory would be counted in one place and used in another).
         if !account.join(ns.map(|n| &n.held)) {
-            tracing::warn!(
-                pid,
-                "refusing a client: another connection of this process came through {}",
-                if ns.is_some() {
-                    "another namespace or the server's own socket"
-                } else {
-                    "a namespace"
-                }
+            let other = if ns.is_some() {
+                "another namespace or the server's own socket"
+            } else {
+                "a namespace"
+            };
+            return refuse(
+                code::INVALID_VALUE,
+                &format!("another connection of this process came through {other}"),
             );
-            return refuse(code::INVALID_VALUE);
         }
         c.account = account;
         c.visible = visible.clone();

@@ -375,7 +375,9 @@ fn a_v3_namespace_lives_under_its_servers_directory() {
     let (ok, rows) = srv.ctl("client_namespaces");
     let me = std::process::id().to_string();
     assert!(
-        ok && rows.lines().any(|l| l.starts_with(&format!("{me}\ttraining/high_priority\t"))),
+        ok && rows
+            .lines()
+            .any(|l| l.starts_with(&format!("{me}\ttraining/high_priority\t"))),
         "{rows}"
     );
     drop(c);

@@ -232,16 +232,23 @@ struct OutFile {
     servers: BTreeMap<String, OutServer>,
 }
 
+/// The limits a server's default namespace and a named one write alike.
 #[derive(Serialize, Default)]
-struct OutServer {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    allowed_devices: Option<String>,
+struct OutLimits {
     #[serde(skip_serializing_if = "Option::is_none")]
     pinned_memory_limit: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     active_thread_percentage: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     client_priority: Option<String>,
+}
+
+#[derive(Serialize, Default)]
+struct OutServer {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allowed_devices: Option<String>,
+    #[serde(flatten)]
+    limits: OutLimits,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     namespaces: BTreeMap<String, OutNamespace>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -250,12 +257,8 @@ struct OutServer {
 
 #[derive(Serialize, Default)]
 struct OutNamespace {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pinned_memory_limit: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    active_thread_percentage: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    client_priority: Option<String>,
+    #[serde(flatten)]
+    limits: OutLimits,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     devices: Vec<OutNamespaceDevice>,
 }
@@ -279,18 +282,17 @@ struct OutPartition {
 }
 
 /// The limits of a namespace as the file writes them (None: not set).
-fn out_limits(n: &state::Namespace) -> (Option<String>, Option<String>, Option<String>) {
+fn out_limits(n: &state::Namespace) -> OutLimits {
     let dash = |s: String| (s != "-").then_some(s);
-    let pct = n
-        .pct
-        .parse::<f64>()
-        .ok()
-        .map(|p| format!("{}", p.round() as u32));
-    (
-        dash(n.memory_text()),
-        pct,
-        dash(n.priority_text()).filter(|p| p == "0" || p == "1"),
-    )
+    OutLimits {
+        pinned_memory_limit: dash(n.memory_text()),
+        active_thread_percentage: n
+            .pct
+            .parse::<f64>()
+            .ok()
+            .map(|p| format!("{}", p.round() as u32)),
+        client_priority: dash(n.priority_text()).filter(|p| p == "0" || p == "1"),
+    }
 }
 
 /// The running state as a configuration file's text: every v3 server (`S/...`
@@ -330,25 +332,24 @@ pub fn save_text() -> Result<String, String> {
             .first()
             .is_some_and(|m| !m.is_empty() && mems.iter().all(|x| x == m))
     {
-        implicit.pinned_memory_limit = Some(mems[0].clone());
+        implicit.limits.pinned_memory_limit = Some(mems[0].clone());
     }
     if let Ok(p) = talk::ask("get_default_active_thread_percentage") {
         let p: f64 = p.trim().parse().unwrap_or(100.0);
         if p < 100.0 {
-            implicit.active_thread_percentage = Some(format!("{}", p.round().max(1.0) as u32));
+            implicit.limits.active_thread_percentage =
+                Some(format!("{}", p.round().max(1.0) as u32));
         }
     }
     if talk::ask("get_default_client_priority").is_ok_and(|p| p.trim() == "1") {
-        implicit.client_priority = Some("1".into());
+        implicit.limits.client_priority = Some("1".into());
     }
     servers.insert(state::IMPLICIT.to_string(), implicit);
     for n in &st.namespaces {
         let s = servers.entry(n.server.clone()).or_default();
-        let (mem, pct, prio) = out_limits(n);
+        let limits = out_limits(n);
         if n.name == "default" && n.server != state::IMPLICIT {
-            s.pinned_memory_limit = mem;
-            s.active_thread_percentage = pct;
-            s.client_priority = prio;
+            s.limits = limits;
             if n.gpus != "all" {
                 let uuids: Vec<String> = n
                     .gpus
@@ -373,15 +374,8 @@ pub fn save_text() -> Result<String, String> {
                 });
             }
         }
-        s.namespaces.insert(
-            n.name.clone(),
-            OutNamespace {
-                pinned_memory_limit: mem,
-                active_thread_percentage: pct,
-                client_priority: prio,
-                devices,
-            },
-        );
+        s.namespaces
+            .insert(n.name.clone(), OutNamespace { limits, devices });
     }
     for (server, uuid, name, id) in &names {
         let Some(s) = servers.get_mut(server) else {

@@ -9,7 +9,7 @@
 
 use super::state::{self, State, IMPLICIT};
 use super::table::{render, Format};
-use super::verbs::Value;
+use super::verbs::{Value, NAMESPACE_FIELDS, SERVER_FIELDS};
 use crate::talk;
 use std::collections::BTreeMap;
 
@@ -195,13 +195,13 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
                 }
             }
             if verb == "get" {
-                let i = SERVER_COLUMNS
+                let i = SERVER_FIELDS
                     .iter()
                     .position(|c| *c == args[1])
                     .unwrap_or(0);
                 return Ok(format!("{}\n", rows[0][i]));
             }
-            Ok(render(&SERVER_COLUMNS, &rows, format(o)))
+            Ok(render(&SERVER_FIELDS, &rows, format(o)))
         }
         ("server", "set") => {
             let name = &args[0];
@@ -323,13 +323,13 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
                         args[0], args[1]
                     ));
                 };
-                let i = NAMESPACE_COLUMNS
+                let i = NAMESPACE_FIELDS
                     .iter()
                     .position(|c| *c == args[2])
                     .unwrap_or(0);
                 return Ok(format!("{}\n", r[i]));
             }
-            Ok(render(&NAMESPACE_COLUMNS, &rows, format(o)))
+            Ok(render(&NAMESPACE_FIELDS, &rows, format(o)))
         }
         ("namespace", "set") => {
             let server = text(o, "server").unwrap_or_default();
@@ -444,25 +444,6 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
         _ => Err(format!("{module} {verb}: not known")),
     }
 }
-
-pub const SERVER_COLUMNS: [&str; 7] = [
-    "name",
-    "uid",
-    "pid",
-    "status",
-    "pipe-directory",
-    "allowed-devices",
-    "context-ids",
-];
-pub const NAMESPACE_COLUMNS: [&str; 7] = [
-    "name",
-    "server",
-    "server-status",
-    "pinned-memory-limit",
-    "active-thread-percentage",
-    "client-priority",
-    "pipe-directory",
-];
 
 fn server_row(st: &State, s: &str) -> Vec<String> {
     let dir = if s == IMPLICIT {

@@ -265,23 +265,25 @@ const REQUIRED: &[(&str, &str, &[&str])] = &[
     ("sm-partition", "delete", &["server", "device"]),
 ];
 
-/// Fields the `get` verbs print.
-pub const SERVER_FIELDS: &[&str] = &[
+/// The columns of `server list` and `namespace list`, which are also the fields their
+/// `get` verbs print.
+pub const SERVER_FIELDS: [&str; 7] = [
     "name",
     "uid",
     "pid",
     "status",
     "pipe-directory",
     "allowed-devices",
+    "context-ids",
 ];
-pub const NAMESPACE_FIELDS: &[&str] = &[
+pub const NAMESPACE_FIELDS: [&str; 7] = [
     "name",
     "server",
     "server-status",
-    "pipe-directory",
     "pinned-memory-limit",
     "active-thread-percentage",
     "client-priority",
+    "pipe-directory",
 ];
 pub const CLIENT_FIELDS: &[&str] = &[
     "pid", "server", "device", "pci-id", "linux-ns", "maws-ns", "cmd",
@@ -562,7 +564,7 @@ fn check_args(
             values::name(&args[0])
                 .map(drop)
                 .or_else(|e| bad("NAME", e))?;
-            field(&args[1], SERVER_FIELDS)
+            field(&args[1], &SERVER_FIELDS)
         }
         ("namespace", "get") => {
             values::name(&args[0])
@@ -571,7 +573,7 @@ fn check_args(
             values::name(&args[1])
                 .map(drop)
                 .or_else(|e| bad("SERVER", e))?;
-            field(&args[2], NAMESPACE_FIELDS)
+            field(&args[2], &NAMESPACE_FIELDS)
         }
         ("client", "get") => {
             pid(&args[0])?;

@@ -143,6 +143,14 @@ pub struct State {
 impl State {
     pub fn read() -> Result<State, String> {
         let server_pid = talk::ask("get_server_list")?.trim().to_string();
+        if server_pid.lines().count() != 1 {
+            // The multi-user daemon answers with each user's server.
+            return Err(format!(
+                "this daemon runs {} servers (one per user): MPS v3 commands go to one user's \
+                 server, through its pipe directory (PIPE/u<uid>)",
+                server_pid.lines().count()
+            ));
+        }
         let status = talk::ask(&format!("get_server_status {server_pid}"))?
             .trim()
             .to_string();

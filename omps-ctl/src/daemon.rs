@@ -96,10 +96,21 @@ pub struct Starting<'a> {
 
 impl Starting<'_> {
     /// Spawns `cmd` and waits until `ready`: the running child, or why not.
-    pub fn run(&self, mut cmd: Command, ready: impl Fn() -> bool) -> Result<Child, String> {
+    pub fn run(&self, cmd: Command, ready: impl Fn() -> bool) -> Result<Child, String> {
+        self.run_then(cmd, ready, |_| {})
+    }
+
+    /// As [`Starting::run`], telling `spawned` the child's PID as soon as it runs.
+    pub fn run_then(
+        &self,
+        mut cmd: Command,
+        ready: impl Fn() -> bool,
+        spawned: impl FnOnce(u32),
+    ) -> Result<Child, String> {
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", self.program.display()))?;
+        spawned(child.id());
         let t = Instant::now();
         while !ready() {
             if let Ok(Some(st)) = child.try_wait() {
@@ -122,32 +133,42 @@ impl Starting<'_> {
 }
 
 /// `-f -a FILE`: runs the server in the foreground as a child (its output on this
-/// terminal), makes `setup` once it listens, and waits for it; a failed setup stops it.
-pub fn run_foreground_then(setup: impl FnOnce() -> Result<(), String>) -> String {
+/// terminal, in a process group of its own so that a terminal's Ctrl-C reaches it once,
+/// through this process), makes `setup` once it listens, and waits for it; a failed
+/// setup stops it. SIGTERM and SIGINT to this process go on to the server. Ok when the
+/// server ended with status 0.
+pub fn run_foreground_then(setup: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
     if server_running() {
-        return "An instance of this daemon is already running".into();
+        return Err("An instance of this daemon is already running".into());
     }
+    forward_stop_signals();
     let server = server_binary();
-    let started = Starting {
+    let mut cmd = server_command();
+    // SAFETY: setpgid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setpgid(0, 0);
+            Ok(())
+        });
+    }
+    let mut child = Starting {
         what: "omps-server",
         program: &server,
         hint: "",
         limit: Duration::from_secs(30),
         kill_late: true,
     }
-    .run(server_command(), server_running);
-    let mut child = match started {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    forward_stop_signals(child.id());
+    .run_then(cmd, server_running, |pid| {
+        CHILD.store(pid as i32, std::sync::atomic::Ordering::Relaxed)
+    })?;
     if let Err(e) = setup() {
         let _ = child.wait();
-        return e;
+        return Err(e);
     }
     match child.wait() {
-        Ok(st) => format!("omps-server ended ({st})"),
-        Err(e) => format!("waiting for omps-server: {e}"),
+        Ok(st) if st.success() => Ok(()),
+        Ok(st) => Err(format!("omps-server ended ({st})")),
+        Err(e) => Err(format!("waiting for omps-server: {e}")),
     }
 }
 
@@ -163,9 +184,9 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 /// A container stops its first process with SIGTERM (which, as PID 1 with no handler, it
-/// would ignore): the server, a child here, must get it and quit as it does under `-f`.
-fn forward_stop_signals(child: u32) {
-    CHILD.store(child as i32, std::sync::atomic::Ordering::Relaxed);
+/// would ignore): the server, a child here, must get it as it does under `-f`. Set before
+/// the child starts, so that no signal falls between; [`CHILD`] names it once it runs.
+fn forward_stop_signals() {
     for sig in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: `forward` only reads an atomic and calls kill, both async-signal-safe.
         unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };

@@ -130,7 +130,7 @@ fn main() -> ExitCode {
         true => v3::protocol::of_daemon(&operator_dir).unwrap_or(asked),
         false => asked,
     };
-    if (cli.daemon || cli.foreground) && cli.apply.is_none() {
+    if (cli.daemon || cli.foreground) && cli.apply.is_none() && !talk::server_running() {
         // Notes of a configuration an earlier daemon applied are not this one's.
         let _ = std::fs::remove_file(v3::apply::notes_path(&omps_ring::sock::pipe_directory()));
     }
@@ -144,6 +144,10 @@ fn main() -> ExitCode {
         });
     }
     if let Some((file, plan)) = plan {
+        for (k, v) in v3::apply::default_env(&plan) {
+            // SAFETY: single-threaded here; the server started below inherits it.
+            unsafe { std::env::set_var(k, v) };
+        }
         let applied = |plan: &v3::config::Plan| {
             v3::apply::apply(plan, true).map_err(|e| {
                 let _ = talk::send(&["quit".to_string()]);
@@ -160,7 +164,7 @@ fn main() -> ExitCode {
                     .map(|()| true),
             );
         }
-        return exit(Err(daemon::run_foreground_then(|| applied(&plan))));
+        return exit(daemon::run_foreground_then(|| applied(&plan)).map(|()| true));
     }
     if cli.daemon {
         return exit(daemon::start_background().map(|()| true));
@@ -197,14 +201,30 @@ fn main() -> ExitCode {
                 .lines()
                 .map_while(Result::ok)
                 .collect();
-            if let Some(l) = lines
+            if !lines
                 .iter()
-                .find(|l| l.split_whitespace().next().is_some_and(v3::verbs::is_v3))
+                .any(|l| l.split_whitespace().next().is_some_and(v3::verbs::is_v3))
             {
-                let words: Vec<String> = l.split_whitespace().map(String::from).collect();
-                return exit(v3::run(protocol, &words));
+                return exit(talk::send(&lines));
             }
-            exit(talk::send(&lines))
+            // v3 and legacy lines mixed: each in turn, as a script runs them.
+            let mut all = Ok(true);
+            for l in lines.iter().filter(|l| !l.trim().is_empty()) {
+                let words: Vec<String> = l.split_whitespace().map(String::from).collect();
+                let r = match v3::verbs::is_v3(&words[0]) {
+                    true => v3::run(protocol, &words),
+                    false => talk::send(std::slice::from_ref(l)),
+                };
+                all = match (all, r) {
+                    (Err(e), _) => Err(e),
+                    (Ok(a), Ok(b)) => Ok(a && b),
+                    (Ok(_), Err(e)) => {
+                        eprintln!("omps-ctl: {e}");
+                        Ok(false)
+                    }
+                };
+            }
+            exit(all)
         }
     }
 }

@@ -332,8 +332,116 @@ fn a_v3_operators_script_runs_against_omps() {
             .count(),
         1
     );
+    partitions_stdin_and_what_the_file_cannot_say(&dir, &base);
     // Legacy commands keep working under protocol 3.
     assert_eq!(ok(&dir, "get_server_list"), format!("{me}\n"));
     let _ = ok(&dir, "quit");
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// A namespace in a partition keeps it through `namespace set` and `config save`; a server
+/// deleted takes its partitions; `--replace` takes the file's partitions as they are;
+/// several lines on standard input each run; what MPS v3's file cannot say is refused by
+/// `config save` with what and why.
+fn partitions_stdin_and_what_the_file_cannot_say(dir: &Path, base: &Path) {
+    let uuid = ok(dir, "device list --format=csv,noheader")
+        .split(',')
+        .nth(3)
+        .unwrap()
+        .to_string();
+    let file = base.join("parts.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[servers.parts]\n[[servers.parts.devices]]\nuuid = \"{uuid}\"\n\
+             [[servers.parts.devices.sm_partitions]]\nname = \"half\"\nchunks = 1\n\
+             [servers.parts.namespaces.inpart]\npinned_memory_limit = \"1G\"\n\
+             [[servers.parts.namespaces.inpart.devices]]\nuuid = \"{uuid}\"\nsm_partition = \"half\"\n"
+        ),
+    )
+    .unwrap();
+    let (good, out, err) = ctl(dir, &format!("config apply {}", file.display()), &[]);
+    if !good {
+        // A host GPU that cannot be partitioned: the server's reason, nothing left made.
+        assert!(
+            err.contains("SM partitions need") || err.contains("INVALID_RESOURCE"),
+            "{out}{err}"
+        );
+        assert!(!ok(dir, "server list").contains("parts"));
+        return;
+    }
+    let legacy = ok(dir, "list_namespaces");
+    let line = legacy
+        .lines()
+        .find(|l| l.starts_with("parts/inpart "))
+        .unwrap()
+        .to_string();
+    assert!(line.contains(&format!("partition={uuid}/p")), "{line}");
+    ok(
+        dir,
+        "namespace set inpart --server=parts --pinned-memory-limit=2G",
+    );
+    let after = ok(dir, "list_namespaces");
+    let line2 = after
+        .lines()
+        .find(|l| l.starts_with("parts/inpart "))
+        .unwrap();
+    assert!(
+        line2.contains("mem_limit=0=2G") && line2.contains(&format!("partition={uuid}/p")),
+        "{line2}"
+    );
+    let saved = base.join("parts-saved.toml");
+    ok(dir, &format!("config save {}", saved.display()));
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert!(
+        text.contains("sm_partition = \"half\"") && text.contains("name = \"half\""),
+        "{text}"
+    );
+    // The same file again, replacing: the partition is taken as it is, not made twice.
+    let parts_before = ok(dir, "sm-partition list --format=csv,noheader");
+    ok(dir, &format!("config apply --replace {}", file.display()));
+    assert_eq!(
+        ok(dir, "sm-partition list --format=csv,noheader"),
+        parts_before
+    );
+    ok(dir, "server delete parts");
+    assert!(
+        !ok(dir, "sm-partition list --format=csv,noheader").contains(",half,"),
+        "its partition went with it"
+    );
+
+    // Standard input: each line runs, v3 and legacy mixed.
+    let mut p = Command::new(env!("CARGO_BIN_EXE_omps-ctl"))
+        .env("CUDA_MPS_PIPE_DIRECTORY", dir)
+        .env_remove("OMPS_PIPE_DIRECTORY")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    p.stdin
+        .take()
+        .unwrap()
+        .write_all(b"server create lines\nnamespace create a --server=lines\nlist_namespaces\nnamespace create b --server=lines\n")
+        .unwrap();
+    let out = p.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("lines/a "), "{listed}");
+    assert!(ok(dir, "namespace list --server=lines --format=csv,noheader").contains("b,lines,"));
+    ok(dir, "server delete lines");
+
+    // What the file cannot say: omps's latency-critical class, a one-GPU limit on some GPUs.
+    ok(dir, "create_namespace lc qos=latency-critical");
+    let (good, _, err) = ctl(
+        dir,
+        &format!("config save {}", base.join("no.toml").display()),
+        &[],
+    );
+    assert!(
+        !good && err.contains("latency-critical") && err.contains("'lc'"),
+        "{err}"
+    );
+    assert!(!base.join("no.toml").exists(), "nothing written");
+    ok(dir, "delete_namespace lc");
 }

@@ -99,10 +99,14 @@ pub fn operator_socket_in(dir: &std::path::Path) -> PathBuf {
 /// name (`PIPE/<server>/<namespace>/control`, issue 26). The server checks names before
 /// any reaches here (crate::control::namespace in omps-server).
 pub fn namespace_dir_in(dir: &std::path::Path, name: &str) -> PathBuf {
-    if name.contains('/') {
-        dir.join(name)
-    } else {
-        dir.join(NAMESPACE_SERVER).join(name)
+    // Plain components only, whatever a caller passes: never above or outside `dir`.
+    let parts: Vec<&str> = name
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != "." && *c != "..")
+        .collect();
+    match parts.as_slice() {
+        [one] => dir.join(NAMESPACE_SERVER).join(one),
+        more => more.iter().fold(dir.to_path_buf(), |p, c| p.join(c)),
     }
 }
 
@@ -333,6 +337,21 @@ mod tests {
         let _main = UnixListener::bind(d.join(SOCKET_NAME)).unwrap();
         assert_eq!(client_socket_in(&d), d.join(SOCKET_NAME));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn namespace_directories_stay_inside_the_pipe_directory() {
+        let d = std::path::Path::new("/p");
+        assert_eq!(namespace_dir_in(d, "team"), PathBuf::from("/p/omps/team"));
+        assert_eq!(
+            namespace_dir_in(d, "training/hp"),
+            PathBuf::from("/p/training/hp")
+        );
+        assert_eq!(namespace_dir_in(d, "/etc/x"), PathBuf::from("/p/etc/x"));
+        assert_eq!(
+            namespace_dir_in(d, "../../etc/x"),
+            PathBuf::from("/p/etc/x")
+        );
     }
 
     #[test]

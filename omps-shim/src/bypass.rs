@@ -25,7 +25,10 @@ use std::path::Path;
 const DONE: &str = "OMPS_BYPASSED";
 
 /// Why the shim should step aside, if it should: the tool it found.
-pub fn wanted(var: &dyn Fn(&str) -> Option<OsString>, tracer: Option<String>) -> Option<String> {
+pub fn wanted(
+    var: &dyn Fn(&str) -> Option<OsString>,
+    tracer: &dyn Fn() -> Option<String>,
+) -> Option<String> {
     match var("OMPS_BYPASS").as_deref().map(OsStr::as_bytes) {
         Some(b"0") => return None,
         Some(b"1") => return Some("OMPS_BYPASS=1".into()),
@@ -67,7 +70,8 @@ pub fn wanted(var: &dyn Fn(&str) -> Option<OsString>, tracer: Option<String>) ->
     }
     // cuda-gdb writes into the driver's own debugger symbols, which the shim has none of:
     // the tracer is the one sure sign (its variables are exported broadly by job scripts).
-    if let Some(t) = tracer {
+    // Last: it reads /proc, which every preloaded process would pay for otherwise.
+    if let Some(t) = tracer() {
         if t.contains("cuda-gdb") {
             return Some(format!("a CUDA debugger ({t})"));
         }
@@ -103,14 +107,26 @@ pub fn without_shim(preload: &[u8], ours: &dyn Fn(&[u8]) -> bool) -> Option<Vec<
     (kept.len() != entries.len()).then(|| kept.join(&b' '))
 }
 
-/// The environment of the program run again: `LD_PRELOAD` less the shim, [`DONE`] set.
+/// The environment of the program run again: `LD_PRELOAD` less the shim, `LD_LIBRARY_PATH`
+/// less the directories where `libcuda.so.1` is the shim (`our_dir`: with both ways in set,
+/// the program would load it again by name), [`DONE`] set.
 pub fn next_env(
     env: Vec<(OsString, OsString)>,
     ours: &dyn Fn(&[u8]) -> bool,
+    our_dir: &dyn Fn(&[u8]) -> bool,
 ) -> Option<Vec<(OsString, OsString)>> {
     let mut found = false;
     let mut out: Vec<(OsString, OsString)> = Vec::with_capacity(env.len() + 1);
     for (k, v) in env {
+        if k == "LD_LIBRARY_PATH" {
+            let kept: Vec<&[u8]> = v
+                .as_bytes()
+                .split(|&b| b == b':')
+                .filter(|d| d.is_empty() || !our_dir(d))
+                .collect();
+            out.push((k, OsString::from_vec(kept.join(&b':'))));
+            continue;
+        }
         if k == "LD_PRELOAD" {
             if let Some(rest) = without_shim(v.as_bytes(), ours) {
                 found = true;
@@ -157,11 +173,24 @@ fn at_load() {
     if std::env::var_os(DONE).is_some() {
         return;
     }
-    let Some(why) = wanted(&|k| std::env::var_os(k), tracer()) else {
+    let Some(why) = wanted(&|k| std::env::var_os(k), &tracer) else {
         return;
     };
     let Some(own) = own_path() else { return };
-    let env = next_env(std::env::vars_os().collect(), &|e| is_shim(e, &own));
+    let our_dir = |d: &[u8]| {
+        is_shim(
+            Path::new(OsStr::from_bytes(d))
+                .join("libcuda.so.1")
+                .as_os_str()
+                .as_bytes(),
+            &own,
+        )
+    };
+    let env = next_env(
+        std::env::vars_os().collect(),
+        &|e| is_shim(e, &own),
+        &our_dir,
+    );
     let Some(env) = env else {
         eprintln!(
             "omps: {why} found, but the shim was not loaded through LD_PRELOAD and cannot step \
@@ -179,9 +208,12 @@ fn at_load() {
 /// execve of this program with its own arguments and `env`; returns only on failure.
 fn reexec(env: Vec<(OsString, OsString)>) -> std::io::Error {
     let argv: Vec<CString> = match std::fs::read("/proc/self/cmdline") {
+        // Each argument ends with a NUL; an empty one is kept (only the split after the
+        // last NUL is not an argument).
         Ok(raw) => raw
+            .strip_suffix(&[0])
+            .unwrap_or(&raw)
             .split(|&b| b == 0)
-            .filter(|a| !a.is_empty())
             .filter_map(|a| CString::new(a).ok())
             .collect(),
         Err(e) => return e,

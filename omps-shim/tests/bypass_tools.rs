@@ -64,3 +64,18 @@ fn asked_to_bypass_the_program_runs_again_without_the_shim() {
     assert!(!stdout.contains("OMPS_BYPASSED"), "{stdout}");
     assert!(!stderr.contains("omps:"), "{stderr}");
 }
+
+/// The program run again gets its arguments whole, empty ones too.
+#[test]
+fn arguments_survive_the_second_run_empty_ones_included() {
+    let out = Command::new("sh")
+        .args(["-c", "printf '[%s]' \"$@\"", "sh", "", "x y", ""])
+        .env("LD_PRELOAD", shim())
+        .env("OMPS_BYPASS", "1")
+        .env_remove("OMPS_BYPASSED")
+        .output()
+        .expect("sh runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("outside omps"), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[][x y][]");
+}

@@ -43,10 +43,13 @@ pub fn notes_path(pipe: &Path) -> std::path::PathBuf {
     pipe.join(omps_ring::sock::OPERATOR_DIR).join("v3-notes")
 }
 
-/// What one apply made, to take back if a later step fails.
+/// What one apply changed, to take back if a later step fails.
 #[derive(Default)]
 struct Made {
+    /// Namespaces it created.
     namespaces: Vec<String>,
+    /// Namespaces it set anew (`replace`), with the settings they had.
+    replaced: Vec<(String, Vec<String>)>,
     partitions: Vec<String>,
 }
 
@@ -55,6 +58,9 @@ impl Made {
         for n in self.namespaces.iter().rev() {
             let _ = talk::ask(&format!("delete_namespace {n}"));
         }
+        for (n, old) in self.replaced.iter().rev() {
+            let _ = talk::ask(format!("set_namespace {n} {}", old.join(" ")).trim_end());
+        }
         for p in self.partitions.iter().rev() {
             let _ = talk::ask(&format!("sm_partition rm {p}"));
         }
@@ -62,48 +68,77 @@ impl Made {
 }
 
 /// Makes `plan` on the running server, all of it or (a step failing) none of it: what
-/// was made is taken back. Err names the file's key and the reason.
+/// was made is taken back, what was set anew set back. Err names the key and the reason.
 ///
-/// `at_start` (the daemon's `-a`, or `config apply --replace`): the file wins over what
-/// the server has of what the file names (at start, what it made again from its own
-/// record of an earlier run: namespaces are kept across restarts); those are made anew
-/// with the file's limits. Otherwise (`config apply`) a namespace or server that exists
-/// is refused, and nothing is made.
-pub fn apply(plan: &Plan, at_start: bool) -> Result<(), String> {
+/// `replace` (the daemon's `-a`, or `config apply --replace`): the file wins over what the
+/// server has of what the file names (at start, what it made again from its own record of
+/// an earlier run: namespaces are kept across restarts): those namespaces get the file's
+/// settings in place (their sockets and directories stay, so pods that mount them keep
+/// them; refused while one has clients), and partitions of the file's names are taken as
+/// they are if their size is the file's. Otherwise (`config apply`) a namespace or server
+/// that exists is refused, and nothing is changed.
+pub fn apply(plan: &Plan, replace: bool) -> Result<(), String> {
     let mut made = Made::default();
-    let r = apply_steps(plan, at_start, &mut made);
+    let r = apply_steps(plan, replace, &mut made);
     if r.is_err() {
         made.undo();
     }
     r
 }
 
-fn apply_steps(plan: &Plan, at_start: bool, made: &mut Made) -> Result<(), String> {
-    let st = State::read()?;
-    if at_start {
-        // The server's record of an earlier run, for the servers and namespaces the file
-        // names: the file's limits replace them (no client has come yet).
-        for n in &st.namespaces {
-            let named = plan.servers.iter().any(|s| {
-                s.name == n.server
-                    && (s.name != state::IMPLICIT || s.namespaces.iter().any(|x| x.name == n.name))
-            });
-            if named {
-                ask(
-                    &format!("servers.{}", n.server),
-                    &format!("delete_namespace {}", n.full),
-                )?;
+/// Creates namespace `full` with `args`, or under `replace` sets an existing one anew.
+fn make_namespace(
+    st: &State,
+    key: &str,
+    (server, name, full): (&str, &str, String),
+    args: &[String],
+    replace: bool,
+    made: &mut Made,
+) -> Result<(), String> {
+    match st.namespace(server, name) {
+        Some(_) if !replace => Err(format!(
+            "{key}: a namespace '{name}' exists already (config apply --replace sets it anew)"
+        )),
+        Some(old) => {
+            let live = st.clients_of(&old.full);
+            if !live.is_empty() {
+                return Err(format!(
+                    "{key}: namespace '{name}' has clients ({}): its limits are not changed under them",
+                    live.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                ));
             }
+            ask(
+                key,
+                format!("set_namespace {full} {}", args.join(" ")).trim_end(),
+            )?;
+            made.replaced.push((full, old.settings()));
+            Ok(())
         }
-        return apply_steps(plan, false, made);
+        None => {
+            ask(
+                key,
+                format!("create_namespace {full} {}", args.join(" ")).trim_end(),
+            )?;
+            made.namespaces.push(full);
+            Ok(())
+        }
     }
-    let live = talk::ask("lspart").unwrap_or_default();
+}
+
+fn apply_steps(plan: &Plan, replace: bool, made: &mut Made) -> Result<(), String> {
+    let st = State::read()?;
+    let lspart = talk::ask("lspart").unwrap_or_default();
+    let live_part = |id: &str| -> Option<u32> {
+        lspart.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 3 && f[1] == id)
+                .then(|| f[2].parse().ok())
+                .flatten()
+        })
+    };
     let mut names: Vec<state::PartitionName> = state::read_partition_names(&st.pipe)
         .into_iter()
-        .filter(|(_, _, _, id)| {
-            live.lines()
-                .any(|l| l.split_whitespace().nth(1) == Some(id))
-        })
+        .filter(|(_, _, _, id)| live_part(id).is_some())
         .collect();
     for s in &plan.servers {
         let key = format!("servers.{}", s.name);
@@ -124,23 +159,29 @@ fn apply_steps(plan: &Plan, at_start: bool, made: &mut Made) -> Result<(), Strin
                  (CUDA_VISIBLE_DEVICES on the daemon); name the devices on a server of its own"
             ));
         }
-        if !implicit && st.server_exists(&s.name) {
-            return Err(format!("{key}: a server '{}' exists already", s.name));
+        if !implicit && !replace && st.server_exists(&s.name) {
+            return Err(format!(
+                "{key}: a server '{}' exists already (config apply --replace sets it anew)",
+                s.name
+            ));
         }
-        let prefix = if implicit {
-            String::new()
-        } else {
-            format!("{}/", s.name)
+        let full = |n: &str| {
+            if implicit {
+                n.to_string()
+            } else {
+                format!("{}/{n}", s.name)
+            }
+        };
+        let ordinal = |k: &str, d: &Device| {
+            st.device(d)
+                .map(|x| x.ordinal.to_string())
+                .map_err(|e| format!("{k}: {e}"))
         };
         let gpus = match &s.allowed_devices {
             Some(ds) => {
                 let ords: Result<Vec<String>, String> = ds
                     .iter()
-                    .map(|d| {
-                        st.device(d)
-                            .map(|x| x.ordinal.to_string())
-                            .map_err(|e| format!("{key}.allowed_devices: {e}"))
-                    })
+                    .map(|d| ordinal(&format!("{key}.allowed_devices"), d))
                     .collect();
                 vec![format!("gpus={}", ords?.join(","))]
             }
@@ -153,13 +194,24 @@ fn apply_steps(plan: &Plan, at_start: bool, made: &mut Made) -> Result<(), Strin
                 .device(&Device::Uuid(uuid.clone()))
                 .map_err(|e| format!("{key}.devices: {e}"))?;
             for p in parts {
-                if p.include_remainder {
-                    return Err(format!(
-                        "{key}.devices.sm_partitions.{}.include_remainder: true cannot be met yet: omps partitions whole chunks",
-                        p.name
-                    ));
-                }
                 let step = format!("{key}.devices.sm_partitions.{}", p.name);
+                if p.include_remainder {
+                    return Err(format!("{step}.include_remainder: true cannot be met yet: omps partitions whole chunks"));
+                }
+                let existing = names
+                    .iter()
+                    .find(|x| x.0 == s.name && x.1 == dev.uuid && x.2 == p.name);
+                if let Some((_, _, _, id)) = existing {
+                    let have = live_part(id).unwrap_or(0);
+                    if !replace || have != p.chunks {
+                        return Err(format!(
+                            "{step}: partition '{}' exists already ({have} chunks)",
+                            p.name
+                        ));
+                    }
+                    ids.insert((uuid.clone(), p.name.clone()), id.clone());
+                    continue;
+                }
                 let id = ask(
                     &step,
                     &format!("sm_partition add {} {}", dev.uuid, p.chunks),
@@ -174,46 +226,46 @@ fn apply_steps(plan: &Plan, at_start: bool, made: &mut Made) -> Result<(), Strin
         if !implicit {
             let mut args = limit_args(&s.default_limits);
             args.extend(gpus.iter().cloned());
-            let line = format!("create_namespace {}/default {}", s.name, args.join(" "));
-            ask(&key, line.trim_end())?;
-            made.namespaces.push(format!("{}/default", s.name));
+            make_namespace(
+                &st,
+                &key,
+                (&s.name, "default", full("default")),
+                &args,
+                replace,
+                made,
+            )?;
         }
         for n in &s.namespaces {
-            let mut args = limit_args(&n.limits);
-            args.extend(gpus.iter().cloned());
-            if let Some((u, p)) = n.partitions.first() {
-                args.retain(|a| !a.starts_with("gpus="));
-                args.push(format!("partition={}", ids[&(u.clone(), p.clone())]));
-            }
             let nkey = format!("{key}.namespaces.{}", n.name);
-            if st.namespace(&s.name, &n.name).is_some() {
-                return Err(format!("{nkey}: a namespace '{}' exists already", n.name));
+            let mut args = limit_args(&n.limits);
+            if let Some((u, p)) = n.partitions.first() {
+                args.push(format!("partition={}", ids[&(u.clone(), p.clone())]));
+            } else if !n.devices.is_empty() {
+                // Its own devices, within the server's.
+                let ords: Result<Vec<String>, String> = n
+                    .devices
+                    .iter()
+                    .map(|u| ordinal(&format!("{nkey}.devices"), &Device::Uuid(u.clone())))
+                    .collect();
+                args.push(format!("gpus={}", ords?.join(",")));
+            } else {
+                args.extend(gpus.iter().cloned());
             }
-            let line = format!("create_namespace {prefix}{} {}", n.name, args.join(" "));
-            ask(&nkey, line.trim_end())?;
-            made.namespaces.push(format!("{prefix}{}", n.name));
+            make_namespace(
+                &st,
+                &nkey,
+                (&s.name, &n.name, full(&n.name)),
+                &args,
+                replace,
+                made,
+            )?;
         }
     }
     // The implicit server's defaults last: nothing after them can fail and take them back.
     for s in plan.servers.iter().filter(|s| s.name == state::IMPLICIT) {
         let key = format!("servers.{}", s.name);
-        let l = &s.default_limits;
-        if let Some(b) = l.pinned_memory {
-            let size = omps_ring::memlimit::format_size(b);
-            for d in &st.devices {
-                let cmd = format!("set_default_device_pinned_mem_limit {} {size}", d.ordinal);
-                ask(&format!("{key}.pinned_memory_limit"), &cmd)?;
-            }
-        }
-        if let Some(p) = l.thread_percentage {
-            let cmd = format!("set_default_active_thread_percentage {p}");
-            ask(&format!("{key}.active_thread_percentage"), &cmd)?;
-        }
-        if let Some(p) = l.client_priority {
-            ask(
-                &format!("{key}.client_priority"),
-                &format!("set_default_client_priority {p}"),
-            )?;
+        for (cmd, what) in default_commands(&s.default_limits, st.devices.len()) {
+            ask(&format!("{key}.{what}"), &cmd)?;
         }
     }
     state::write_partition_names(&st.pipe, &names)?;
@@ -224,6 +276,48 @@ fn apply_steps(plan: &Plan, at_start: bool, made: &mut Made) -> Result<(), Strin
         .collect();
     std::fs::write(notes_path(&st.pipe), notes)
         .map_err(|e| format!("{}: {e}", notes_path(&st.pipe).display()))
+}
+
+/// The legacy commands that make `l` the server's defaults (on `ngpus` GPUs), each with
+/// the key it comes from.
+fn default_commands(l: &Limits, ngpus: usize) -> Vec<(String, &'static str)> {
+    let mut v = Vec::new();
+    if let Some(b) = l.pinned_memory {
+        let size = omps_ring::memlimit::format_size(b);
+        for d in 0..ngpus {
+            v.push((
+                format!("set_default_device_pinned_mem_limit {d} {size}"),
+                "pinned_memory_limit",
+            ));
+        }
+    }
+    if let Some(p) = l.thread_percentage {
+        v.push((
+            format!("set_default_active_thread_percentage {p}"),
+            "active_thread_percentage",
+        ));
+    }
+    if let Some(p) = l.client_priority {
+        v.push((
+            format!("set_default_client_priority {p}"),
+            "client_priority",
+        ));
+    }
+    v
+}
+
+/// The implicit server's thread percentage as the server's environment gives it at start
+/// (MPS's variable on the daemon), so that its first clients are held to it before the
+/// file is applied. (Its memory limit cannot go that way: the server's variable names
+/// each GPU, and their number is not known before it starts; clients of the pipe
+/// directory's own socket that come in the moment before the file is applied have none.)
+pub fn default_env(plan: &Plan) -> Vec<(&'static str, String)> {
+    plan.servers
+        .iter()
+        .filter(|s| s.name == state::IMPLICIT)
+        .filter_map(|s| s.default_limits.thread_percentage)
+        .map(|p| ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", p.to_string()))
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -266,7 +360,8 @@ struct OutNamespace {
 #[derive(Serialize)]
 struct OutNamespaceDevice {
     uuid: String,
-    sm_partition: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sm_partition: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -281,18 +376,48 @@ struct OutPartition {
     chunks: u32,
 }
 
-/// The limits of a namespace as the file writes them (None: not set).
-fn out_limits(n: &state::Namespace) -> OutLimits {
-    let dash = |s: String| (s != "-").then_some(s);
-    OutLimits {
-        pinned_memory_limit: dash(n.memory_text()),
+/// A size as the file writes it (a whole number of K, M or G): None where it has none.
+fn file_size(bytes: u64) -> Option<String> {
+    [("G", 30), ("M", 20), ("K", 10)]
+        .iter()
+        .find(|(_, shift)| bytes >= 1 << shift && bytes.is_multiple_of(1 << shift))
+        .map(|(unit, shift)| format!("{}{unit}", bytes >> shift))
+}
+
+/// The limits of a namespace as the file writes them (None: not set); Err for what v3's
+/// file cannot say (per-GPU limits, the latency-critical class, a name it does not take).
+fn out_limits(n: &state::Namespace, ngpus: usize) -> Result<OutLimits, String> {
+    let what = format!("namespace '{}' of server '{}'", n.name, n.server);
+    super::values::name(&n.name)
+        .map_err(|e| format!("{what}: MPS v3's file cannot name it: {e}"))?;
+    let mem = match n.memory_text(ngpus) {
+        m if m == "-" => None,
+        m => {
+            let bytes = omps_ring::memlimit::parse_size(&m)
+                .map_err(|_| format!("{what}: its per-GPU memory limits ({m}) cannot be written in MPS v3's file, which has one limit for every GPU"))?;
+            Some(file_size(bytes).ok_or_else(|| {
+                format!("{what}: its memory limit {m} is not a whole number of K")
+            })?)
+        }
+    };
+    let prio = match n.qos.as_str() {
+        "normal" => Some("0".to_string()),
+        "below-normal" => Some("1".to_string()),
+        q => {
+            return Err(format!(
+                "{what}: QoS class {q} is omps's own and cannot be written in MPS v3's file"
+            ))
+        }
+    };
+    Ok(OutLimits {
+        pinned_memory_limit: mem,
         active_thread_percentage: n
             .pct
             .parse::<f64>()
             .ok()
-            .map(|p| format!("{}", p.round() as u32)),
-        client_priority: dash(n.priority_text()).filter(|p| p == "0" || p == "1"),
-    }
+            .map(|p| format!("{}", p.round().max(1.0) as u32)),
+        client_priority: prio,
+    })
 }
 
 /// The running state as a configuration file's text: every v3 server (`S/...`
@@ -332,7 +457,14 @@ pub fn save_text() -> Result<String, String> {
             .first()
             .is_some_and(|m| !m.is_empty() && mems.iter().all(|x| x == m))
     {
-        implicit.limits.pinned_memory_limit = Some(mems[0].clone());
+        let bytes = omps_ring::memlimit::parse_size(&mems[0])
+            .map_err(|e| format!("the server's default limit: {e}"))?;
+        implicit.limits.pinned_memory_limit = file_size(bytes);
+    } else if mems.iter().any(|m| !m.is_empty()) {
+        return Err(format!(
+            "the server's default memory limits differ per GPU ({}): MPS v3's file has one for every GPU",
+            mems.join(", ")
+        ));
     }
     if let Ok(p) = talk::ask("get_default_active_thread_percentage") {
         let p: f64 = p.trim().parse().unwrap_or(100.0);
@@ -345,32 +477,48 @@ pub fn save_text() -> Result<String, String> {
         implicit.limits.client_priority = Some("1".into());
     }
     servers.insert(state::IMPLICIT.to_string(), implicit);
+    let uuids_of = |gpus: &str| -> Vec<String> {
+        gpus.split(',')
+            .filter_map(|g| {
+                st.devices
+                    .iter()
+                    .find(|d| d.ordinal.to_string() == g)
+                    .map(|d| d.uuid.clone())
+            })
+            .collect()
+    };
     for n in &st.namespaces {
+        let server_gpus = st
+            .namespace(&n.server, "default")
+            .map_or("all".to_string(), |d| d.gpus.clone());
         let s = servers.entry(n.server.clone()).or_default();
-        let limits = out_limits(n);
+        let limits = out_limits(n, st.devices.len())?;
         if n.name == "default" && n.server != state::IMPLICIT {
             s.limits = limits;
             if n.gpus != "all" {
-                let uuids: Vec<String> = n
-                    .gpus
-                    .split(',')
-                    .filter_map(|g| {
-                        st.devices
-                            .iter()
-                            .find(|d| d.ordinal.to_string() == g)
-                            .map(|d| d.uuid.clone())
-                    })
-                    .collect();
-                s.allowed_devices = Some(uuids.join(","));
+                s.allowed_devices = Some(uuids_of(&n.gpus).join(","));
             }
             continue;
         }
         let mut devices = Vec::new();
         if n.partition != "none" {
-            if let Some((_, u, pname, _)) = names.iter().find(|x| x.3 == n.partition) {
+            let Some((_, u, pname, _)) = names.iter().find(|x| x.3 == n.partition) else {
+                return Err(format!(
+                    "namespace '{}' runs in partition {}, which has no MPS v3 name (made with sm_partition add): \
+                     make it with sm-partition create to save it",
+                    n.full, n.partition
+                ));
+            };
+            devices.push(OutNamespaceDevice {
+                uuid: u.clone(),
+                sm_partition: Some(pname.clone()),
+            });
+        } else if n.gpus != "all" && n.gpus != server_gpus {
+            // Its own GPUs: devices without a partition.
+            for u in uuids_of(&n.gpus) {
                 devices.push(OutNamespaceDevice {
-                    uuid: u.clone(),
-                    sm_partition: pname.clone(),
+                    uuid: u,
+                    sm_partition: None,
                 });
             }
         }

@@ -141,6 +141,9 @@ pub struct NamespacePlan {
     pub limits: Limits,
     /// (device UUID, partition name) the namespace's clients run in.
     pub partitions: Vec<(String, String)>,
+    /// The devices it names without a partition: its clients' GPUs (none named: the
+    /// server's). omps's reading of a devices entry with no `sm_partition`.
+    pub devices: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -437,10 +440,11 @@ fn check(f: File) -> Result<Plan, String> {
                 count(&format!("{nkey}.cgroup_depth"), d, 0)?;
             }
             let mut nparts = Vec::new();
+            let mut ndevices: Vec<String> = Vec::new();
             for (i, d) in n.devices.iter().enumerate() {
                 let dkey = format!("{nkey}.devices[{i}]");
                 let u = uuid(&format!("{dkey}.uuid"), &d.uuid)?;
-                if nparts.iter().any(|(x, _): &(String, String)| *x == u) {
+                if nparts.iter().any(|(x, _): &(String, String)| *x == u) || ndevices.contains(&u) {
                     return Err(at(&format!("{dkey}.uuid"), format!("'{u}' is named twice")));
                 }
                 if let Some(p) = &d.sm_partition {
@@ -455,7 +459,16 @@ fn check(f: File) -> Result<Plan, String> {
                         ));
                     }
                     nparts.push((u, p.clone()));
+                } else {
+                    ndevices.push(u);
                 }
+            }
+            if !nparts.is_empty() && !ndevices.is_empty() {
+                return Err(at(
+                    &format!("{nkey}.devices"),
+                    "a namespace in a partition runs on the partition's device only: name no other"
+                        .into(),
+                ));
             }
             if nname == "default" {
                 // The server's own default namespace: its keys beside the server's would
@@ -463,6 +476,12 @@ fn check(f: File) -> Result<Plan, String> {
                 merge_default(&nkey, &mut default_limits, &l)?;
                 if !nparts.is_empty() {
                     return Err(at(&nkey, "the default namespace takes no partition in omps (give it a named namespace)".into()));
+                }
+                if !ndevices.is_empty() {
+                    return Err(at(
+                        &format!("{nkey}.devices"),
+                        format!("the default namespace's devices are {key}.allowed_devices"),
+                    ));
                 }
                 continue;
             }
@@ -479,6 +498,7 @@ fn check(f: File) -> Result<Plan, String> {
                 name: nname.clone(),
                 limits: l,
                 partitions: nparts,
+                devices: ndevices,
             });
         }
         // A partition that is not shareable may be named by one namespace only.

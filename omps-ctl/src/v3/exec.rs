@@ -75,7 +75,8 @@ fn ask(cmd: &str) -> Result<String, String> {
     talk::ask(cmd).map_err(|e| e.trim_end().to_string())
 }
 
-/// Makes namespace `full` again with `settings`; refused while it has clients.
+/// Gives namespace `full` these settings, in place (its socket and directory stay);
+/// refused while it has clients, whose limits are not changed under them.
 fn remake(st: &State, full: &str, settings: &[String], what: &str) -> Result<(), String> {
     let live = st.clients_of(full);
     if !live.is_empty() {
@@ -88,9 +89,7 @@ fn remake(st: &State, full: &str, settings: &[String], what: &str) -> Result<(),
                 .join(", ")
         ));
     }
-    ask(&format!("delete_namespace {full}"))?;
-    let line = format!("create_namespace {full} {}", settings.join(" "));
-    ask(line.trim_end()).map(drop)
+    ask(format!("set_namespace {full} {}", settings.join(" ")).trim_end()).map(drop)
 }
 
 fn check_uid(st: &State, o: &Opts) -> Result<(), String> {
@@ -175,11 +174,19 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
                 ));
             }
             for p in live {
-                ask(&format!("terminate_client {} {p}", st.server_pid))?;
+                // One gone by itself meanwhile is not an error.
+                let _ = ask(&format!("terminate_client {} {p}", st.server_pid));
             }
             for n in mine {
                 ask(&format!("delete_namespace {}", n.full))?;
             }
+            // Its SM partitions go with it.
+            let mut names = state::read_partition_names(&st.pipe);
+            for (_, _, _, id) in names.iter().filter(|x| x.0 == *name) {
+                ask(&format!("sm_partition rm {id}"))?;
+            }
+            names.retain(|x| x.0 != *name);
+            state::write_partition_names(&st.pipe, &names)?;
             Ok(String::new())
         }
         ("server", "list") | ("server", "get") => {
@@ -310,7 +317,7 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
                     n.name.clone(),
                     n.server.clone(),
                     st.status_word().into(),
-                    n.memory_text(),
+                    n.memory_text(st.devices.len()),
                     n.pct_text(),
                     n.priority_text(),
                     n.dir().display().to_string(),

@@ -39,6 +39,7 @@ pub struct Namespace {
     pub partition: String,
     /// `gpus=`: `all` or ordinals.
     pub gpus: String,
+    pub max_clients: String,
 }
 
 impl Namespace {
@@ -58,12 +59,15 @@ impl Namespace {
         if self.gpus != "all" {
             v.push(format!("gpus={}", self.gpus));
         }
+        if !self.max_clients.is_empty() {
+            v.push(format!("max_clients={}", self.max_clients));
+        }
         v
     }
 
-    /// The pinned memory limit as v3 prints it: one size if every GPU has the same, the
-    /// per-GPU list otherwise, `-` for none.
-    pub fn memory_text(&self) -> String {
+    /// The pinned memory limit as v3 prints it: one size if every one of the server's
+    /// `ngpus` GPUs has the same, the per-GPU list otherwise, `-` for none.
+    pub fn memory_text(&self, ngpus: usize) -> String {
         if self.mem == "none" {
             return "-".into();
         }
@@ -73,7 +77,9 @@ impl Namespace {
             .filter_map(|e| e.split_once('=').map(|(_, s)| s))
             .collect();
         match sizes.first() {
-            Some(first) if sizes.iter().all(|s| s == first) => first.to_string(),
+            Some(first) if sizes.len() == ngpus && sizes.iter().all(|s| s == first) => {
+                first.to_string()
+            }
             _ => self.mem.clone(),
         }
     }
@@ -289,6 +295,7 @@ pub fn parse_namespaces(text: &str) -> Vec<Namespace> {
                     "qos" => n.qos = v,
                     "partition" => n.partition = v,
                     "gpus" => n.gpus = v,
+                    "max_clients" => n.max_clients = v,
                     _ => {}
                 }
             }
@@ -332,7 +339,12 @@ mod tests {
             (ns[0].server.as_str(), ns[0].name.as_str()),
             ("omps", "team")
         );
-        assert_eq!(ns[0].memory_text(), "16M");
+        assert_eq!(ns[0].memory_text(2), "16M");
+        assert_eq!(
+            ns[0].memory_text(3),
+            "0=16M,1=16M",
+            "a GPU without the limit"
+        );
         assert_eq!(ns[0].pct_text(), "50.00");
         assert_eq!(ns[0].priority_text(), "1");
         assert_eq!(
@@ -340,15 +352,19 @@ mod tests {
             vec![
                 "mem_limit=0=16M,1=16M",
                 "thread_percentage=50.0",
-                "qos=below-normal"
+                "qos=below-normal",
+                "max_clients=768"
             ]
         );
         assert_eq!(
             (ns[1].server.as_str(), ns[1].name.as_str()),
             ("training", "default")
         );
-        assert_eq!(ns[1].memory_text(), "-");
-        assert_eq!(ns[1].settings(), vec!["qos=normal", "gpus=0"]);
+        assert_eq!(ns[1].memory_text(2), "-");
+        assert_eq!(
+            ns[1].settings(),
+            vec!["qos=normal", "gpus=0", "max_clients=768"]
+        );
         assert_eq!(ns[1].dir(), PathBuf::from("/p/training/default"));
     }
 

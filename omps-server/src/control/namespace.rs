@@ -26,7 +26,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The control commands this module answers.
-pub const COMMANDS: &[&str] = &["create_namespace", "delete_namespace", "list_namespaces"];
+pub const COMMANDS: &[&str] = &[
+    "create_namespace",
+    "delete_namespace",
+    "list_namespaces",
+    "set_namespace",
+];
 
 /// Most namespaces one server keeps (each is a listening socket polled every pass).
 pub const MAX_NAMESPACES: usize = 64;
@@ -401,6 +406,32 @@ impl Namespaces {
         Ok(())
     }
 
+    /// `set_namespace NAME [key=value...]`: the namespace's settings are these now, all of
+    /// them (what is not named goes back to its default), in place: its socket, directory
+    /// and what its processes hold stay, so that pods which mount the directory keep it.
+    /// Its memory limit holds for its processes at once; thread percentage, QoS and
+    /// partition for the clients that connect from now on.
+    fn set(
+        &mut self,
+        name: &str,
+        settings: &[&str],
+        policy: &Policy,
+        gpus: &[DeviceSnapshot],
+    ) -> Result<(), String> {
+        let Some(n) = self.list.iter_mut().find(|n| n.limits.name == name) else {
+            return Err(format!("no namespace '{name}'"));
+        };
+        let mut limits = parse(name, settings, policy, gpus)?;
+        n.limits.held.set_limit(limits.mem);
+        limits.held = n.limits.held.clone();
+        n.limits = Arc::new(limits);
+        n.line = std::iter::once(name)
+            .chain(settings.iter().copied())
+            .collect::<Vec<_>>()
+            .join(" ");
+        Ok(())
+    }
+
     /// Runs one of [`COMMANDS`]: (success, output).
     pub fn command(
         &mut self,
@@ -429,15 +460,23 @@ impl Namespaces {
                 self.record();
                 (true, String::new())
             }
-            ("list_namespaces", []) => (true, self.list_text(gpus.len())),
+            ("list_namespaces", []) => (true, self.list_text(gpus)),
+            ("set_namespace", [name, settings @ ..]) => match self.set(name, settings, policy, gpus) {
+                Ok(()) => {
+                    self.record();
+                    (true, String::new())
+                }
+                Err(why) => (false, format!("set_namespace: {why}\n")),
+            },
             _ => (
                 false,
-                format!("usage: create_namespace NAME [key=value...], delete_namespace NAME, list_namespaces (not '{cmd} {}')\n", args.join(" ")),
+                format!("usage: create_namespace NAME [key=value...], set_namespace NAME [key=value...], delete_namespace NAME, list_namespaces (not '{cmd} {}')\n", args.join(" ")),
             ),
         }
     }
 
-    fn list_text(&self, ngpus: usize) -> String {
+    fn list_text(&self, snapshots: &[DeviceSnapshot]) -> String {
+        let ngpus = snapshots.len();
         let mut s = String::new();
         for n in &self.list {
             let l = &n.limits;
@@ -466,7 +505,11 @@ impl Namespaces {
                     .map_or("default".into(), |p| format!("{:.1}", p as f64 / 1000.0)),
                 l.qos.name(),
                 l.partition
-                    .map_or("none".into(), |(g, id)| format!("gpu{g}/p{id}")),
+                    // As create_namespace takes it: the GPU's UUID and the partition.
+                    .map_or("none".into(), |(g, id)| match snapshots.get(g) {
+                        Some(d) => format!("{}/p{id}", crate::base::ids::uuid_text(&d.uuid)),
+                        None => format!("gpu{g}/p{id}"),
+                    }),
                 l.max_clients.unwrap_or_else(|| crate::client::bounds::bounds().namespace_clients()),
             ));
         }
@@ -504,7 +547,8 @@ impl Namespaces {
         match n.listener.accept() {
             Ok((s, _)) => {
                 let dir = sock::namespace_dir_in(&self.pipe_dir, &n.limits.name);
-                match strangers(&dir, n.bound) {
+                match strangers(&dir, n.bound).or_else(|| self.server_dir_strangers(&n.limits.name))
+                {
                     Some(why) => {
                         if !n.tampered.swap(true, Relaxed) {
                             tracing::warn!(
@@ -523,6 +567,42 @@ impl Namespaces {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
             Err(e) => Some(Err(e)),
         }
+    }
+
+    /// For an MPS v3 server's `default` namespace: what its server's directory holds
+    /// besides its namespaces' directories. Clients pointed at `PIPE/<server>` are routed
+    /// to `default/control` unless a socket sits in the server's directory itself
+    /// (omps-ring `client_socket_in`); one planted there would take them, so `default`
+    /// is not served while anything else is there.
+    fn server_dir_strangers(&self, name: &str) -> Option<String> {
+        let (server, "default") = name.split_once('/')? else {
+            return None;
+        };
+        let dir = self.pipe_dir.join(server);
+        let ours = |f: &str| {
+            self.list
+                .iter()
+                .any(|n| n.limits.name == format!("{server}/{f}"))
+        };
+        let odd: Vec<String> = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd
+                .filter_map(Result::ok)
+                .filter(|e| {
+                    !(e.file_type().is_ok_and(|t| t.is_dir())
+                        && ours(&e.file_name().to_string_lossy()))
+                })
+                .map(|e| crate::client::one_word(&e.file_name().to_string_lossy(), 64))
+                .take(8)
+                .collect(),
+            Err(e) => return Some(format!("{}: {e}", dir.display())),
+        };
+        (!odd.is_empty()).then(|| {
+            format!(
+                "{} holds {} besides its namespaces",
+                dir.display(),
+                odd.join(", ")
+            )
+        })
     }
 
     /// Copies of the sockets, for a restart to keep open.

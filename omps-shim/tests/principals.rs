@@ -386,6 +386,32 @@ fn a_v3_namespace_lives_under_its_servers_directory() {
         ok && list.contains("training/high_priority ") && list.contains("training/default "),
         "{list}"
     );
+    // A client pointed at PIPE/training reaches training/default; a socket planted in the
+    // server's directory would take it first, so default is not served while one is there.
+    let default = srv
+        .dir
+        .join("training")
+        .join("default")
+        .join(sock::NAMESPACE_SOCKET);
+    assert_eq!(sock::client_socket_in(&srv.dir.join("training")), default);
+    // (This process joined training/high_priority above: served, it is refused as a
+    // process in two namespaces, code 1; not served at all, its connection is closed, 805.)
+    let reach = || match Conn::connect_with(&default, &plain) {
+        Ok(_) => 0,
+        Err((code, _)) => code,
+    };
+    assert_ne!(reach(), 805, "default serves");
+    let planted =
+        std::os::unix::net::UnixListener::bind(srv.dir.join("training").join(sock::SOCKET_NAME))
+            .unwrap();
+    assert_eq!(
+        reach(),
+        805,
+        "not served with a socket planted in its server's directory"
+    );
+    drop(planted);
+    std::fs::remove_file(srv.dir.join("training").join(sock::SOCKET_NAME)).unwrap();
+    assert_ne!(reach(), 805, "served again once it is removed");
     assert!(srv.ctl("delete_namespace training/high_priority").0);
     assert!(srv.dir.join("training").exists(), "default is still there");
     assert!(srv.ctl("delete_namespace training/default").0);

@@ -80,22 +80,12 @@ pub fn boolean(v: &str) -> Result<bool, String> {
     }
 }
 
-/// A device: an ordinal, or a GPU or MIG UUID as nvidia-smi prints it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Device {
-    Ordinal(u32),
-    Uuid(String),
-}
+/// A device: an ordinal, or a GPU or MIG UUID as nvidia-smi prints it (the type omps's
+/// memory limits name devices with).
+pub use omps_ring::memlimit::DeviceKey as Device;
 
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Device::Ordinal(n) => write!(f, "{n}"),
-            Device::Uuid(u) => f.write_str(u),
-        }
-    }
-}
-
+/// A device as v3 takes it: an ordinal, or a `GPU-`/`MIG-` UUID (NVIDIA's examples shorten
+/// them, so any length of hex groups is taken here; the server says whether one exists).
 pub fn device(v: &str) -> Result<Device, String> {
     let t = v.trim();
     if let Ok(n) = t.parse::<u32>() {

@@ -158,9 +158,7 @@ pub fn run_foreground_then(setup: impl FnOnce() -> Result<(), String>) -> Result
         limit: Duration::from_secs(30),
         kill_late: true,
     }
-    .run_then(cmd, server_running, |pid| {
-        CHILD.store(pid as i32, std::sync::atomic::Ordering::Relaxed)
-    })?;
+    .run_then(cmd, server_running, child_started)?;
     if let Err(e) = setup() {
         let _ = child.wait();
         return Err(e);
@@ -175,11 +173,27 @@ pub fn run_foreground_then(setup: impl FnOnce() -> Result<(), String>) -> Result
 /// The server child that [`forward`] passes SIGTERM and SIGINT on to.
 static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
+/// A signal that came before the child ran, for [`child_started`] to pass on.
+static PENDING: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
 extern "C" fn forward(sig: libc::c_int) {
-    let pid = CHILD.load(std::sync::atomic::Ordering::Relaxed);
+    let pid = CHILD.load(std::sync::atomic::Ordering::SeqCst);
     if pid > 0 {
         // SAFETY: kill is async-signal-safe; pid is our own child's.
         unsafe { libc::kill(pid, sig) };
+    } else {
+        PENDING.store(sig, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The server child runs as `pid`: signals go to it from now on, and one that came
+/// while it was being started goes to it now.
+fn child_started(pid: u32) {
+    CHILD.store(pid as i32, std::sync::atomic::Ordering::SeqCst);
+    let sig = PENDING.swap(0, std::sync::atomic::Ordering::SeqCst);
+    if sig != 0 {
+        // SAFETY: kill takes plain integers; pid is our own child's.
+        unsafe { libc::kill(pid as i32, sig) };
     }
 }
 

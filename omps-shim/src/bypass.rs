@@ -119,9 +119,10 @@ pub fn next_env(
     let mut out: Vec<(OsString, OsString)> = Vec::with_capacity(env.len() + 1);
     for (k, v) in env {
         if k == "LD_LIBRARY_PATH" {
+            // glibc splits it at `:` and `;`.
             let kept: Vec<&[u8]> = v
                 .as_bytes()
-                .split(|&b| b == b':')
+                .split(|&b| b == b':' || b == b';')
                 .filter(|d| d.is_empty() || !our_dir(d))
                 .collect();
             out.push((k, OsString::from_vec(kept.join(&b':'))));

@@ -412,6 +412,12 @@ fn a_v3_namespace_lives_under_its_servers_directory() {
     drop(planted);
     std::fs::remove_file(srv.dir.join("training").join(sock::SOCKET_NAME)).unwrap();
     assert_ne!(reach(), 805, "served again once it is removed");
+    // A directory a deleted namespace left behind (a pod's file kept it) routes nothing.
+    let leftover = srv.dir.join("training").join("gone");
+    std::fs::create_dir_all(&leftover).unwrap();
+    std::fs::write(leftover.join("pod-file"), b"x").unwrap();
+    assert_ne!(reach(), 805, "a leftover directory does not stop default");
+    std::fs::remove_dir_all(&leftover).unwrap();
     assert!(srv.ctl("delete_namespace training/high_priority").0);
     assert!(srv.dir.join("training").exists(), "default is still there");
     assert!(srv.ctl("delete_namespace training/default").0);

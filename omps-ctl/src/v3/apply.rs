@@ -409,13 +409,22 @@ fn out_limits(n: &state::Namespace, ngpus: usize) -> Result<OutLimits, String> {
             ))
         }
     };
+    let pct = match n.pct.parse::<f64>() {
+        Ok(p) if p.fract() != 0.0 => {
+            return Err(format!("{what}: thread percentage {p} cannot be written in MPS v3's file, which takes whole percentages"))
+        }
+        Ok(p) => Some(format!("{}", p as u32)),
+        Err(_) => None,
+    };
+    if n.max_clients != "default" && !n.max_clients.is_empty() {
+        return Err(format!(
+            "{what}: max_clients={} is omps's own and cannot be written in MPS v3's file",
+            n.max_clients
+        ));
+    }
     Ok(OutLimits {
         pinned_memory_limit: mem,
-        active_thread_percentage: n
-            .pct
-            .parse::<f64>()
-            .ok()
-            .map(|p| format!("{}", p.round().max(1.0) as u32)),
+        active_thread_percentage: pct,
         client_priority: prio,
     })
 }
@@ -494,6 +503,12 @@ pub fn save_text() -> Result<String, String> {
         let s = servers.entry(n.server.clone()).or_default();
         let limits = out_limits(n, st.devices.len())?;
         if n.name == "default" && n.server != state::IMPLICIT {
+            if n.partition != "none" {
+                return Err(format!(
+                    "namespace '{}' runs in partition {}: MPS v3's file gives a server's default namespace none",
+                    n.full, n.partition
+                ));
+            }
             s.limits = limits;
             if n.gpus != "all" {
                 s.allowed_devices = Some(uuids_of(&n.gpus).join(","));

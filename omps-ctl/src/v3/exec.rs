@@ -173,17 +173,36 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
                         .join(", ")
                 ));
             }
-            for p in live {
+            for p in &live {
                 // One gone by itself meanwhile is not an error.
                 let _ = ask(&format!("terminate_client {} {p}", st.server_pid));
+            }
+            // Terminating is asynchronous: their partitions are in use until they are gone.
+            let full: Vec<String> = mine.iter().map(|n| n.full.clone()).collect();
+            for _ in 0..100 {
+                let now = State::read()?;
+                if full.iter().all(|f| now.clients_of(f).is_empty()) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
             }
             for n in mine {
                 ask(&format!("delete_namespace {}", n.full))?;
             }
-            // Its SM partitions go with it.
+            // Its SM partitions go with it: those the server still has under that name
+            // (ids start again with each server, so a stale line names nothing of it).
+            let lspart = ask("lspart").unwrap_or_default();
+            let live_id = |id: &str| {
+                lspart
+                    .lines()
+                    .any(|l| l.split_whitespace().nth(1) == Some(id))
+            };
             let mut names = state::read_partition_names(&st.pipe);
+            names.retain(|x| live_id(&x.3));
             for (_, _, _, id) in names.iter().filter(|x| x.0 == *name) {
-                ask(&format!("sm_partition rm {id}"))?;
+                if let Err(e) = ask(&format!("sm_partition rm {id}")) {
+                    eprintln!("omps-ctl: server '{name}' deleted, its partition {id} not: {e}");
+                }
             }
             names.retain(|x| x.0 != *name);
             state::write_partition_names(&st.pipe, &names)?;

@@ -257,6 +257,8 @@ fn parse(
                 }
                 l.gpus = Some(list);
             }
+            // As list_namespaces prints an unset one: the server's share.
+            "max_clients" if value == "default" => l.max_clients = None,
             "max_clients" => {
                 let n = value
                     .parse::<usize>()
@@ -374,6 +376,7 @@ impl Namespaces {
             Some(l) => l,
             None => {
                 let parent = dir.parent().unwrap_or(&self.pipe_dir).to_path_buf();
+                let existed = dir.exists();
                 let made = crate::control::listen::private_dir(&parent)
                     .and_then(|()| crate::control::listen::private_dir(&dir))
                     .and_then(|()| {
@@ -382,7 +385,13 @@ impl Namespaces {
                         let _ = std::fs::remove_file(&socket);
                         UnixListener::bind(&socket)
                     });
-                made.map_err(|e| format!("{}: {e}", socket.display()))?
+                made.map_err(|e| {
+                    // A directory made for a socket that could not be bound goes again.
+                    if !existed {
+                        let _ = std::fs::remove_dir(&dir);
+                    }
+                    format!("{}: {e}", socket.display())
+                })?
             }
         };
         listener
@@ -409,8 +418,9 @@ impl Namespaces {
     /// `set_namespace NAME [key=value...]`: the namespace's settings are these now, all of
     /// them (what is not named goes back to its default), in place: its socket, directory
     /// and what its processes hold stay, so that pods which mount the directory keep it.
-    /// Its memory limit holds for its processes at once; thread percentage, QoS and
-    /// partition for the clients that connect from now on.
+    /// A lower memory limit holds for its processes together at once (their shared
+    /// count); a higher one, as thread percentage, QoS and partition, for the clients
+    /// that connect from now on (each connected client keeps the limit it came with).
     fn set(
         &mut self,
         name: &str,
@@ -510,7 +520,7 @@ impl Namespaces {
                         Some(d) => format!("{}/p{id}", crate::base::ids::uuid_text(&d.uuid)),
                         None => format!("gpu{g}/p{id}"),
                     }),
-                l.max_clients.unwrap_or_else(|| crate::client::bounds::bounds().namespace_clients()),
+                l.max_clients.map_or("default".to_string(), |n| n.to_string()),
             ));
         }
         s
@@ -579,18 +589,13 @@ impl Namespaces {
             return None;
         };
         let dir = self.pipe_dir.join(server);
-        let ours = |f: &str| {
-            self.list
-                .iter()
-                .any(|n| n.limits.name == format!("{server}/{f}"))
-        };
+        // Only what routing could take: a socket, file or link (`omps.sock`, `control`, a
+        // `default` that is no directory). A directory a deleted namespace left behind (a
+        // pod's file kept it) or one being made holds nothing routing reaches.
         let odd: Vec<String> = match std::fs::read_dir(&dir) {
             Ok(rd) => rd
                 .filter_map(Result::ok)
-                .filter(|e| {
-                    !(e.file_type().is_ok_and(|t| t.is_dir())
-                        && ours(&e.file_name().to_string_lossy()))
-                })
+                .filter(|e| !e.file_type().is_ok_and(|t| t.is_dir()))
                 .map(|e| crate::client::one_word(&e.file_name().to_string_lossy(), 64))
                 .take(8)
                 .collect(),
@@ -598,7 +603,7 @@ impl Namespaces {
         };
         (!odd.is_empty()).then(|| {
             format!(
-                "{} holds {} besides its namespaces",
+                "{} holds {} besides its namespaces' directories",
                 dir.display(),
                 odd.join(", ")
             )

@@ -75,7 +75,7 @@ fn a_namespace_has_at_most_its_max_clients_and_the_others_go_on() {
     let (ok, list) = srv.ctl("list_namespaces");
     assert!(ok && list.contains("max_clients=2"), "{list}");
     // The default share: 16 less a quarter.
-    assert!(list.contains("max_clients=12"), "{list}");
+    assert!(list.contains("max_clients=default:12"), "{list}");
     let mut held = Vec::new();
     assert_eq!(fill(&small, &mut held), (2, 808));
     victim_connects("client_shares_victim_child", VICTIM, &other)

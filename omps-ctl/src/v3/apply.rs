@@ -416,7 +416,7 @@ fn out_limits(n: &state::Namespace, ngpus: usize) -> Result<OutLimits, String> {
         Ok(p) => Some(format!("{}", p as u32)),
         Err(_) => None,
     };
-    if n.max_clients != "default" && !n.max_clients.is_empty() {
+    if !n.max_clients.starts_with("default") && !n.max_clients.is_empty() {
         return Err(format!(
             "{what}: max_clients={} is omps's own and cannot be written in MPS v3's file",
             n.max_clients

@@ -257,8 +257,8 @@ fn parse(
                 }
                 l.gpus = Some(list);
             }
-            // As list_namespaces prints an unset one: the server's share.
-            "max_clients" if value == "default" => l.max_clients = None,
+            // As list_namespaces prints an unset one (`default:N`, the server's share).
+            "max_clients" if value == "default" || value.starts_with("default:") => l.max_clients = None,
             "max_clients" => {
                 let n = value
                     .parse::<usize>()
@@ -520,7 +520,12 @@ impl Namespaces {
                         Some(d) => format!("{}/p{id}", crate::base::ids::uuid_text(&d.uuid)),
                         None => format!("gpu{g}/p{id}"),
                     }),
-                l.max_clients.map_or("default".to_string(), |n| n.to_string()),
+                // Unset: the share it has now, marked as the default (create_namespace and
+                // set_namespace take the text back as unset).
+                l.max_clients.map_or_else(
+                    || format!("default:{}", crate::client::bounds::bounds().namespace_clients()),
+                    |n| n.to_string()
+                ),
             ));
         }
         s

@@ -104,7 +104,7 @@ fn make_namespace(
             if !live.is_empty() {
                 return Err(format!(
                     "{key}: namespace '{name}' has clients ({}): its limits are not changed under them",
-                    live.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                    state::pid_list(&live)
                 ));
             }
             ask(
@@ -127,15 +127,8 @@ fn make_namespace(
 
 fn apply_steps(plan: &Plan, replace: bool, made: &mut Made) -> Result<(), String> {
     let st = State::read()?;
-    let lspart = talk::ask("lspart").unwrap_or_default();
-    let live_part = |id: &str| -> Option<u32> {
-        lspart.lines().find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 3 && f[1] == id)
-                .then(|| f[2].parse().ok())
-                .flatten()
-        })
-    };
+    let live = state::live_partitions().unwrap_or_default();
+    let live_part = |id: &str| live.iter().find(|p| p.id == id).map(|p| p.chunks);
     let mut names: Vec<state::PartitionName> = state::read_partition_names(&st.pipe)
         .into_iter()
         .filter(|(_, _, _, id)| live_part(id).is_some())
@@ -434,18 +427,8 @@ fn out_limits(n: &state::Namespace, ngpus: usize) -> Result<OutLimits, String> {
 pub fn save_text() -> Result<String, String> {
     let st = State::read()?;
     let names = state::read_partition_names(&st.pipe);
-    let lspart = talk::ask("lspart")?;
-    let chunks_of = |id: &str| -> u32 {
-        lspart
-            .lines()
-            .find_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                (f.len() >= 3 && f[1] == id)
-                    .then(|| f[2].parse().ok())
-                    .flatten()
-            })
-            .unwrap_or(0)
-    };
+    let live = state::live_partitions()?;
+    let chunks_of = |id: &str| live.iter().find(|p| p.id == id).map_or(0, |p| p.chunks);
     let mut servers: BTreeMap<String, OutServer> = BTreeMap::new();
     // The implicit server's defaults, where set.
     let mut implicit = OutServer::default();

@@ -83,10 +83,7 @@ fn remake(st: &State, full: &str, settings: &[String], what: &str) -> Result<(),
         return Err(format!(
             "{what}: its namespace has clients ({}); their limits are not changed under them: \
              stop them (or `client terminate`) first",
-            live.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            state::pid_list(&live)
         ));
     }
     ask(format!("set_namespace {full} {}", settings.join(" ")).trim_end()).map(drop)
@@ -167,10 +164,7 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
             if !live.is_empty() && !o.contains_key("force") {
                 return Err(format!(
                     "server '{name}' has clients ({}): --force terminates them",
-                    live.iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    state::pid_list(&live)
                 ));
             }
             for p in &live {
@@ -191,12 +185,8 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
             }
             // Its SM partitions go with it: those the server still has under that name
             // (ids start again with each server, so a stale line names nothing of it).
-            let lspart = ask("lspart").unwrap_or_default();
-            let live_id = |id: &str| {
-                lspart
-                    .lines()
-                    .any(|l| l.split_whitespace().nth(1) == Some(id))
-            };
+            let lspart = state::live_partitions().unwrap_or_default();
+            let live_id = |id: &str| lspart.iter().any(|p| p.id == id);
             let mut names = state::read_partition_names(&st.pipe);
             names.retain(|x| live_id(&x.3));
             for (_, _, _, id) in names.iter().filter(|x| x.0 == *name) {
@@ -292,7 +282,7 @@ pub fn run(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<String
                 return Err(format!(
                     "namespace '{name}' has clients ({}): --force deletes it under them (they keep \
                      running, held to its limits until they exit)",
-                    live.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                    state::pid_list(&live)
                 ));
             }
             ask(&format!("delete_namespace {}", n.full)).map(|_| String::new())
@@ -534,20 +524,11 @@ fn features(module: &str, verb: &str, args: &[String], o: &Opts) -> Result<Strin
 fn partitions(st: &State, verb: &str, args: &[String], o: &Opts) -> Result<String, String> {
     let read_names = || state::read_partition_names(&st.pipe);
     let write_names = |v: &[state::PartitionName]| state::write_partition_names(&st.pipe, v);
-    let lspart = ask("lspart")?;
-    let live: Vec<(String, String, String)> = lspart
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 4 && f[1] != "-")
-                .then(|| (f[1].to_string(), f[2].to_string(), f[3].to_string()))
-        })
-        .collect();
+    let live = state::live_partitions()?;
     // Names of partitions the server no longer has (a restart) are forgotten.
     let mut names: Vec<_> = read_names()
         .into_iter()
-        .filter(|(_, _, _, id)| live.iter().any(|l| l.0 == *id))
+        .filter(|(_, _, _, id)| live.iter().any(|l| l.id == *id))
         .collect();
     let server = text(o, "server");
     if let Some(s) = &server {
@@ -582,13 +563,10 @@ fn partitions(st: &State, verb: &str, args: &[String], o: &Opts) -> Result<Strin
             let id = ask(&format!("sm_partition add {} {chunks}", d.uuid))?
                 .trim()
                 .to_string();
-            let sms = ask("lspart")?
-                .lines()
-                .find_map(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    (f.len() >= 4 && f[1] == id).then(|| f[3].to_string())
-                })
-                .unwrap_or_else(|| "?".into());
+            let sms = state::live_partitions()?
+                .into_iter()
+                .find(|p| p.id == id)
+                .map_or_else(|| "?".into(), |p| p.sms);
             names.push((s, d.uuid.clone(), name.clone(), id.clone()));
             write_names(&names)?;
             Ok(format!("SM partition '{name}' created on device {} (sm-count={sms})\nCUDA_MPS_SM_PARTITION={id}\n", d.uuid))
@@ -619,39 +597,33 @@ fn partitions(st: &State, verb: &str, args: &[String], o: &Opts) -> Result<Strin
         }
         _ => {
             let mut rows = Vec::new();
-            for (id, chunks, sms) in &live {
-                let Some((s, u, n, _)) = names.iter().find(|x| x.3 == *id) else {
-                    // Made with the legacy command: no v3 name, no server.
-                    let uuid = id.split('/').next().unwrap_or("").to_string();
-                    if server.is_none() && device.as_ref().is_none_or(|d| d.uuid == uuid) {
-                        rows.push(vec![
-                            IMPLICIT.into(),
-                            uuid,
-                            "-".into(),
-                            chunks.clone(),
-                            sms.clone(),
-                            "false".into(),
-                            "created".into(),
-                            id.clone(),
-                        ]);
+            for p in &live {
+                let (s, u, n) = match names.iter().find(|x| x.3 == p.id) {
+                    Some((s, u, n, _)) => (s.clone(), u.clone(), n.clone()),
+                    // Made with the legacy command: no v3 name, the implicit server's.
+                    None => {
+                        let uuid = p.id.split('/').next().unwrap_or("").to_string();
+                        (IMPLICIT.to_string(), uuid, "-".to_string())
                     }
-                    continue;
                 };
-                if server.as_ref().is_some_and(|x| x != s)
-                    || device.as_ref().is_some_and(|d| d.uuid != *u)
+                let unnamed = n == "-";
+                if (unnamed && server.is_some())
+                    || (!unnamed && server.as_ref().is_some_and(|x| *x != s))
+                    || device.as_ref().is_some_and(|d| d.uuid != u)
                 {
                     continue;
                 }
-                rows.push(vec![
-                    s.clone(),
-                    u.clone(),
-                    n.clone(),
-                    chunks.clone(),
-                    sms.clone(),
-                    "false".into(),
-                    "created".into(),
-                    id.clone(),
-                ]);
+                let row = [
+                    &s,
+                    &u,
+                    &n,
+                    &p.chunks.to_string(),
+                    &p.sms,
+                    "false",
+                    "created",
+                    &p.id,
+                ];
+                rows.push(row.iter().map(|c| c.to_string()).collect::<Vec<String>>());
             }
             Ok(render(
                 &[

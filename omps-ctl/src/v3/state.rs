@@ -225,6 +225,42 @@ impl State {
     }
 }
 
+/// A partition the server has now, as `lspart` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LivePartition {
+    /// omps's name for it, `UUID/pN`.
+    pub id: String,
+    pub chunks: u32,
+    pub sms: String,
+}
+
+/// The server's partitions now (`lspart`; its free-capacity rows left out).
+pub fn live_partitions() -> Result<Vec<LivePartition>, String> {
+    Ok(parse_lspart(&talk::ask("lspart")?))
+}
+
+fn parse_lspart(text: &str) -> Vec<LivePartition> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && f[1] != "-").then(|| LivePartition {
+                id: f[1].to_string(),
+                chunks: f[2].parse().unwrap_or(0),
+                sms: f[3].to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Clients' PIDs as messages list them.
+pub fn pid_list(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A v3 partition's name: (server, device UUID, name, omps's `UUID/pN`). omps names its
 /// partitions by id; the v3 names live in the operator's directory
 /// (`PIPE/operator/v3-partitions`), a line each, and a name whose partition the server no
@@ -366,6 +402,21 @@ mod tests {
             vec!["qos=normal", "gpus=0", "max_clients=768"]
         );
         assert_eq!(ns[1].dir(), PathBuf::from("/p/training/default"));
+    }
+
+    #[test]
+    fn lspart_rows_are_partitions_only() {
+        let p = parse_lspart(
+            "GPU PARTITION CHUNKS SMS CLIENTS\nGPU-a - 14 free 112 free -\nGPU-a GPU-a/p1 2 16 0\n",
+        );
+        assert_eq!(
+            p,
+            vec![LivePartition {
+                id: "GPU-a/p1".into(),
+                chunks: 2,
+                sms: "16".into()
+            }]
+        );
     }
 
     #[test]

@@ -40,8 +40,16 @@ static void say(const char *fmt, ...) {
     pthread_mutex_unlock(&lock);
 }
 
+/* RTLD_NEXT alone finds nothing when torch's libcupti was loaded as a dependency of a
+ * library Python dlopened with RTLD_LOCAL (the first GPU run, 2026-11-27): then the loaded
+ * libcupti itself is asked, by its soname, without loading a second copy. */
 static void *real(const char *name) {
     void *f = dlsym(RTLD_NEXT, name);
+    static const char *const sonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
+    for (size_t i = 0; !f && i < sizeof sonames / sizeof *sonames; i++) {
+        void *h = dlopen(sonames[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (h) f = dlsym(h, name);
+    }
     if (!f) say("%s: no real definition", name);
     return f;
 }

@@ -28,6 +28,7 @@ print("kernels seen by torch.profiler:", len(rows))
 for e in sorted(p.key_averages(), key=lambda e: e.key):
     if getattr(e, "device_time_total", 0) > 0 or getattr(e, "cuda_time_total", 0) > 0:
         print(f"  {e.key[:70]:70s} count {e.count}")
+print("cupti mapped:", sorted({l.split()[-1] for l in open("/proc/self/maps") if "cupti" in l}))
 PY
 for way in native ${1:-}; do
     log=$OUT/cupti-trace-$way.txt; : > "$log"

@@ -160,6 +160,22 @@ impl Layout {
     pub fn registered_range(&self) -> (usize, usize) {
         (self.channels_offset, self.total_len - self.channels_offset)
     }
+
+    /// What of [`Layout::registered_range`] the GPU needs before any copy: the channel
+    /// headers (completion words) and the host-function page. The server may register
+    /// this alone and each channel's [`Layout::staging_range`] at its first copy.
+    pub fn control_range(&self) -> (usize, usize) {
+        (
+            self.channels_offset,
+            self.staging_offset - self.channels_offset,
+        )
+    }
+
+    /// Channel `c`'s staging chunks, contiguous and page aligned; None past the channels.
+    pub fn staging_range(&self, c: usize) -> Option<(usize, usize)> {
+        let len = CHUNKS_PER_CHANNEL * self.params.chunk_bytes as usize;
+        (c < self.params.num_channels as usize).then(|| (self.staging_offset + c * len, len))
+    }
 }
 
 /// Server state as seen by a client, in [`SegmentHeader::server_state`].
@@ -447,6 +463,35 @@ mod tests {
             l.chunk_offset(7, 3) + l.params.chunk_bytes as usize,
             l.total_len
         );
+    }
+
+    #[test]
+    fn control_and_staging_ranges_tile_the_registered_range() {
+        for p in [LayoutParams::for_devices(2), LayoutParams::for_crowd(1)] {
+            let l = p.validate().unwrap();
+            let (start, len) = l.registered_range();
+            let (c_at, c_len) = l.control_range();
+            assert_eq!(c_at, start);
+            let mut at = c_at + c_len;
+            for c in 0..p.num_channels as usize {
+                let (s_at, s_len) = l.staging_range(c).unwrap();
+                assert_eq!(s_at, at, "channel {c} follows the one before");
+                assert_eq!(s_at % PAGE, 0);
+                assert_eq!(s_len % PAGE, 0);
+                // Every chunk of the channel, and nothing of another.
+                for k in 0..CHUNKS_PER_CHANNEL {
+                    let o = l.chunk_offset(c, k);
+                    assert!(o >= s_at && o + p.chunk_bytes as usize <= s_at + s_len);
+                }
+                at = s_at + s_len;
+            }
+            assert_eq!(
+                at,
+                start + len,
+                "the ranges end where the registered range does"
+            );
+            assert_eq!(l.staging_range(p.num_channels as usize), None);
+        }
     }
 
     #[test]

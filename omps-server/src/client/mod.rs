@@ -2,11 +2,11 @@
 //! GPU worker.
 //!
 //! Owns a client's shared state ([`ClientShared`]: its segment, memory use, allocations as
-//! peer copies see them, pinned host memory), its identity ([`identity`]), what it is
-//! charged for over all its connections ([`account`]) and may hold ([`bounds`]), its
-//! device memory limits ([`memlimit`]) and context limits ([`limits`]), the GPUs it sees
-//! ([`visible`]), the memory it exports to other clients ([`ipc`]), and the routing of
-//! its kernels' printf output ([`printf`]).
+//! peer copies see them, pinned host memory, which of its staging the GPU reaches), its
+//! identity ([`identity`]), what it is charged for over all its connections ([`account`])
+//! and may hold ([`bounds`]), its device memory limits ([`memlimit`]) and context limits
+//! ([`limits`]), the GPUs it sees ([`visible`]), the memory it exports to other clients
+//! ([`ipc`]), and the routing of its kernels' printf output ([`printf`]).
 //!
 //! May use `gpu/`, `sched/`, `base/` and the peer-fence queues of `release/`; never the
 //! workers, sessions or the control thread.

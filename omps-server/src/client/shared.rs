@@ -173,6 +173,8 @@ pub struct ClientShared {
     pub released: AtomicU32,
     /// The GPU the segment is registered with (portable registration: one is enough).
     registered_on: Option<Arc<dyn Gpu>>,
+    /// Which channels' staging is registered (shared/staging.rs).
+    staging: pins::Pins,
     /// The client's pinned host allocations: start -> length. Each is a memfd of the
     /// client's, mapped here at the same address and registered with `registered_on`.
     pub pinned: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
@@ -231,6 +233,7 @@ impl ClientShared {
             gone: AtomicBool::new(false),
             released: AtomicU32::new(0),
             registered_on,
+            staging: pins::Pins::ahead(),
             pinned: Default::default(),
             qos: AtomicU8::new(0),
             thread_milli_pct: AtomicU32::new(100_000),
@@ -611,6 +614,8 @@ impl ClientShared {
 }
 
 mod pinned;
+mod pins;
+mod staging;
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,12 @@
 //! the control thread at connect, it also made eight processes starting at once wait for
 //! each other's (18-109 ms to the first `cudaMalloc`). A thread keeps a few segments
 //! ready, so a connecting client takes one at once and the cost is paid ahead of it.
+//!
+//! Only the first [`STAGING_AHEAD`] clients get their staging registered ahead (a spare,
+//! or one made whole at connect). A later client's segment has its channel headers and
+//! host-function page registered, and each channel's staging chunks at the first copy
+//! through it (`ClientShared::staging_ready`): registration pins every page (resident in
+//! the server), and 1,024 clients that mostly never copy through staging pinned 4 GB.
 
 use crate::gpu::Gpu;
 use omps_ring::segment::Layout;
@@ -17,11 +23,30 @@ use std::sync::{Arc, Condvar, Mutex};
 /// The descriptor, its mapping, and the GPU it is registered with.
 pub type Parts = (OwnedFd, Mapping, Option<Arc<dyn Gpu>>);
 
+/// Connected clients below which a new client's staging is registered with its segment
+/// (a spare's, so the first clients start and copy as before). Beyond, a channel's staging
+/// is registered at its first copy, on the lane: 4 MiB (1 MiB in a small segment) once
+/// per channel used, where the pool registers 32 MiB per segment (1-3.5 ms, holding up
+/// every launch into the context meanwhile), against 32 MiB pinned, resident in the
+/// server, for every client whether or not it ever copies through staging.
+pub const STAGING_AHEAD: usize = 4;
+
+/// What of a segment's registered range [`Prepared::make`] registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staging {
+    /// All of it, as one registration: channel headers and every channel's staging.
+    Ahead,
+    /// The channel headers and host-function page; each channel's staging is registered
+    /// at its first copy (`ClientShared::staging_ready`).
+    AtFirstCopy,
+}
+
 /// A fresh segment: zeroed, mapped, registered (when there is a GPU).
 pub struct Prepared {
     /// None once handed over.
     parts: Option<Parts>,
     registered_at: *mut u8,
+    staging: Staging,
     /// The context generation it was registered in: a reset drops registrations.
     generation: u64,
 }
@@ -31,11 +56,19 @@ pub struct Prepared {
 unsafe impl Send for Prepared {}
 
 impl Prepared {
-    /// Makes one segment for `layout` and registers its registered range with `gpu`.
-    pub fn make(layout: &Layout, gpu: Option<&Arc<dyn Gpu>>) -> std::io::Result<Prepared> {
+    /// Makes one segment for `layout` and registers with `gpu` its registered range, or
+    /// with [`Staging::AtFirstCopy`] the part of it every client needs.
+    pub fn make(
+        layout: &Layout,
+        gpu: Option<&Arc<dyn Gpu>>,
+        staging: Staging,
+    ) -> std::io::Result<Prepared> {
         let fd = shm::create_segment("omps-client", layout.total_len)?;
         let map = Mapping::map(fd.as_fd(), layout.total_len)?;
-        let (off, len) = layout.registered_range();
+        let (off, len) = match staging {
+            Staging::Ahead => layout.registered_range(),
+            Staging::AtFirstCopy => layout.control_range(),
+        };
         // SAFETY: off + len lies inside the mapping (the layout says so).
         let at = unsafe { map.as_ptr().add(off) };
         if let Some(g) = gpu {
@@ -51,8 +84,14 @@ impl Prepared {
         Ok(Prepared {
             parts: Some((fd, map, gpu.cloned())),
             registered_at: at,
+            staging,
             generation: 0,
         })
+    }
+
+    /// Whether its staging is registered already, or waits for the first copies.
+    pub fn staging(&self) -> Staging {
+        self.staging
     }
 
     /// The segment's parts, for a client that now owns them (and unregisters at its end).
@@ -175,7 +214,7 @@ fn refill(
                 return;
             }
         }
-        match Prepared::make(layout, gpu) {
+        match Prepared::make(layout, gpu, Staging::Ahead) {
             Ok(mut p) => {
                 p.generation = generation;
                 let mut st = m.lock().unwrap_or_else(|e| e.into_inner());

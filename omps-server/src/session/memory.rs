@@ -53,6 +53,15 @@ impl Session {
                 if !self.check_range(c.dev, c.len as u64) {
                     return self.signal_now(c.channel, word, c.seq, code::INVALID_VALUE);
                 }
+                // A later client's staging is registered at its first copy (segpool.rs).
+                if let Err(e) = self.client.staging_ready(c.channel as usize) {
+                    self.log_refusal(format_args!(
+                        "registering the staging of channel {} failed: CUDA error {e}",
+                        c.channel
+                    ));
+                    self.note_error(CuError(e));
+                    return self.signal_now(c.channel, word, c.seq, e);
+                }
                 debug_assert!(c.len as usize <= cap);
                 // SAFETY: ptr..ptr+len is inside this client's registered staging chunk
                 // (checked by chunk()); the marker keeps it registered until the copy is done.

@@ -133,7 +133,7 @@ pub fn start_as_client_on(tag: &str, profile: omps_server::gpu_host::HostProfile
 }
 
 /// Makes this process `srv`'s client through the shim.
-fn client_of(srv: TestServer) -> TestServer {
+pub fn client_of(srv: TestServer) -> TestServer {
     use omps_shim::api::{ctx::*, device::*};
     // SAFETY: called before the test starts threads; the shim reads this at cuInit.
     unsafe { std::env::set_var("OMPS_PIPE_DIRECTORY", &srv.dir) };

@@ -149,16 +149,21 @@ impl Drop for ClientShared {
                 )
             };
         }
-        let (off, len) = self.seg.layout.registered_range();
-        // SAFETY: as above, for the segment's registered range; the mapping travels along.
-        unsafe {
-            crate::release::unpin::unpinner().unregister_later(
-                gpu,
-                self.seg.base().add(off),
-                len as u64,
-                Box::new(mapping),
-            )
-        };
+        // The segment's ranges (one, or the control range and each channel's staging that
+        // a copy registered): the mapping stays until the last of them is unregistered.
+        let mapping = Arc::new(mapping);
+        for (off, len) in self.segment_registrations() {
+            // SAFETY: as above, for a registered range of the segment; the mapping travels
+            // along.
+            unsafe {
+                crate::release::unpin::unpinner().unregister_later(
+                    gpu.clone(),
+                    self.seg.base().add(off),
+                    len as u64,
+                    Box::new(mapping.clone()),
+                )
+            };
+        }
     }
 }
 

@@ -170,11 +170,25 @@ impl Server {
             );
         };
         let ours = stream.try_clone()?;
-        let spare = if crowded { None } else { self.segments.take() };
+        // The first few clients' staging is registered ahead (a spare's); a later client's
+        // channel by channel at its first copy, so clients that never copy through staging
+        // pin next to nothing (segpool.rs).
+        use crate::release::segpool::{Prepared, Staging, STAGING_AHEAD};
+        let ahead = self.clients.len() < STAGING_AHEAD && !crowded;
+        let spare = if ahead { self.segments.take() } else { None };
         let prepared = match spare {
             Some(p) => p,
-            None => crate::release::segpool::Prepared::make(&layout, self.gpus.first())?,
+            None => Prepared::make(
+                &layout,
+                self.gpus.first(),
+                if ahead {
+                    Staging::Ahead
+                } else {
+                    Staging::AtFirstCopy
+                },
+            )?,
         };
+        let staging = prepared.staging();
         let (fd, map, registered_on) = prepared.hand_over();
         // SAFETY: the mapping is total_len bytes, page aligned, and moves into ClientShared
         // together with the view.
@@ -217,6 +231,9 @@ impl Server {
             .map(|s| crate::client::one_word(s.trim(), 64))
             .unwrap_or_default();
         let mut c = ClientShared::new(id, pid, name, map, seg, OwnedFd::from(ours), registered_on);
+        if staging == Staging::AtFirstCopy {
+            c.stage_at_first_copy();
+        }
         c.identity = crate::client::Identity::of(pid, settings.ns_pid);
         let (account, first) = self.accounts.of(pid, ns.map(|n| &n.held));
         // A namespace's memory limit holds for its clients together: the process joins

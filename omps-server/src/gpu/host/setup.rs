@@ -263,6 +263,13 @@ impl HostGpu {
         self.state.lock().unwrap().registered.lock().unwrap().len()
     }
 
+    /// Bytes of host memory registered now (what the driver would pin).
+    pub fn registered_bytes(&self) -> usize {
+        let st = self.state.lock().unwrap();
+        let r = st.registered.lock().unwrap();
+        r.iter().map(|&(_, n)| n).sum()
+    }
+
     /// Whether a registered range starts at `addr`: unlike [`HostGpu::registered_ranges`],
     /// not moved by the segments the server registers ahead of connections meanwhile.
     pub fn registered_at(&self, addr: u64) -> bool {

@@ -197,6 +197,42 @@ pub struct SegmentHeader {
     pub server_state: AtomicU32,
     /// The CUresult behind a FAULT or DISCONNECTED state.
     pub state_code: AtomicI32,
+    /// How long the client may stay on the CPU waiting for an answer (spinning, then
+    /// yielding) before it sleeps on the word, in microseconds; 0: [`WaitPlan::DEFAULT`].
+    /// The server lowers it while more clients are connected than it has CPUs: clients
+    /// that spin then take the CPUs from the lanes and from each other (section 5 of
+    /// docs/design.md). Read at every wait; a client that ignores it only costs CPU.
+    pub wait_active_us: AtomicU32,
+}
+
+/// How a client waits for a word: spins for `spin`, then yields the CPU between looks
+/// until `active` has passed since the start, then sleeps on the word's futex (the server
+/// wakes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitPlan {
+    pub spin: core::time::Duration,
+    pub active: core::time::Duration,
+}
+
+impl WaitPlan {
+    /// As the driver's default waits: an answer that comes within a few hundred
+    /// microseconds (a short graph's synchronize) costs no futex wake.
+    pub const DEFAULT: WaitPlan = WaitPlan {
+        spin: core::time::Duration::from_micros(200),
+        active: core::time::Duration::from_millis(2),
+    };
+
+    /// The plan a header's `wait_active_us` asks for (0: the default; never longer).
+    pub fn from_header(active_us: u32) -> WaitPlan {
+        if active_us == 0 {
+            return Self::DEFAULT;
+        }
+        let active = core::time::Duration::from_micros(active_us as u64).min(Self::DEFAULT.active);
+        WaitPlan {
+            spin: active.min(Self::DEFAULT.spin),
+            active,
+        }
+    }
 }
 
 /// One channel: a caller's in-flight synchronous call and its staging chunks.
@@ -492,6 +528,21 @@ mod tests {
             );
             assert_eq!(l.staging_range(p.num_channels as usize), None);
         }
+    }
+
+    #[test]
+    fn a_wait_plan_is_the_default_unless_the_server_asks_for_less() {
+        use core::time::Duration;
+        assert_eq!(WaitPlan::from_header(0), WaitPlan::DEFAULT);
+        let crowded = WaitPlan::from_header(20);
+        assert_eq!(crowded.spin, Duration::from_micros(20));
+        assert_eq!(crowded.active, Duration::from_micros(20), "no yielding");
+        assert_eq!(
+            WaitPlan::from_header(u32::MAX),
+            WaitPlan::DEFAULT,
+            "never longer"
+        );
+        assert_eq!(WaitPlan::from_header(500).spin, Duration::from_micros(200));
     }
 
     #[test]

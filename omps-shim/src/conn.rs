@@ -9,7 +9,7 @@ pub use crate::settings::{settings_from, settings_from_env};
 use omps_ring::futex::{self, Doorbell, WaitResult};
 use omps_ring::ring::{Producer, PushError};
 use omps_ring::segment::{
-    state, Channel, LayoutParams, SegmentView, SnapshotTable, Word, CHUNKS_PER_CHANNEL,
+    state, Channel, LayoutParams, SegmentView, SnapshotTable, WaitPlan, Word, CHUNKS_PER_CHANNEL,
     SEGMENT_MAGIC,
 };
 use omps_ring::shm::{self, Mapping};
@@ -476,9 +476,10 @@ impl Conn {
         // As the driver's default waits: spin while the answer is likely near (a graph or
         // a kernel of up to a few hundred microseconds), then yield the CPU between looks,
         // then sleep. A futex wake costs several microseconds that a synchronize of a short
-        // graph would pay every time.
-        const SPIN: Duration = Duration::from_micros(200);
-        const YIELD: Duration = Duration::from_millis(2);
+        // graph would pay every time. While more clients are connected than the server has
+        // CPUs it asks for less (`wait_active_us`): their spinning took the CPUs from the
+        // server's lanes and each other.
+        let plan = WaitPlan::from_header(self.seg.header().wait_active_us.load(Ordering::Relaxed));
         let start = Instant::now();
         loop {
             for _ in 0..64 {
@@ -487,11 +488,11 @@ impl Conn {
                 }
                 std::hint::spin_loop();
             }
-            if start.elapsed() > SPIN {
+            if start.elapsed() > plan.spin {
                 break;
             }
         }
-        while start.elapsed() < YIELD {
+        while start.elapsed() < plan.active {
             if word.load(Ordering::Acquire) == seq {
                 return Ok(());
             }

@@ -121,6 +121,8 @@ pub struct Server {
     /// are gone (or, given a deadline, once it passes).
     draining: Option<Option<Instant>>,
     next_id: u32,
+    /// What waiting clients are asked for now (`SegmentHeader::wait_active_us`).
+    wait_active_us: u32,
     uid: u32,
     quit: bool,
     /// Handshakes in progress and control connections (crate::control::peers).
@@ -297,6 +299,7 @@ impl Server {
             board,
             draining: None,
             next_id: 1,
+            wait_active_us: 0,
             // SAFETY: getuid has no preconditions.
             uid: unsafe { libc::getuid() },
             quit: false,

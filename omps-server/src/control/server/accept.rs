@@ -215,6 +215,8 @@ impl Server {
             h.magic = SEGMENT_MAGIC;
             h.params = params;
             h.client_id = id;
+            // How to wait, counting itself (the others are told below if that changes it).
+            *h.wait_active_us.get_mut() = self.wait_for(self.clients.len() + 1);
         }
         let welcome = Welcome {
             magic: wire::HELLO_MAGIC,
@@ -276,6 +278,7 @@ impl Server {
         );
         self.clients.insert(id, (c.clone(), stream));
         self.publish_placements();
+        self.publish_wait();
         for &g in &c.visible {
             // Open before any worker starts its session: a free on one GPU then always
             // waits for the client's work on the others (crate::release::peer_fence).

@@ -46,6 +46,10 @@ pub struct ServerConfig {
     /// Hardware queues one client may hold work streams on (OMPS_CLIENT_QUEUES; None:
     /// half of them, crate::sched::placement::queue_share).
     pub client_queues: Option<usize>,
+    /// Clients connected beyond which waiting clients are asked to sleep soon rather than
+    /// spin (`SegmentHeader::wait_active_us`, server/clients.rs): the CPUs this process
+    /// may use, which the clients share with the lanes; `usize::MAX`: never.
+    pub crowd_cpus: usize,
 }
 
 /// The heap every client's device malloc shares unless OMPS_MALLOC_HEAP_SIZE says
@@ -73,6 +77,7 @@ impl ServerConfig {
             malloc_heap: None,
             verifier: None,
             client_queues: None,
+            crowd_cpus: usize::MAX,
         }
     }
 
@@ -118,6 +123,7 @@ impl ServerConfig {
             client_queues: std::env::var("OMPS_CLIENT_QUEUES")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
+            crowd_cpus: std::thread::available_parallelism().map_or(usize::MAX, |n| n.get()),
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod api;
 pub mod bypass;
 pub mod conn;
 pub mod cuda;
+pub mod cupti;
 pub mod dark;
 pub mod handles;
 pub mod hostfn;

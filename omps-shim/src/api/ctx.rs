@@ -127,7 +127,9 @@ pub unsafe extern "C" fn cuCtxGetDevice(d: *mut CUdevice) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    entry(|| sync_device(current_dev()?))
+    crate::state::profile::waiting(crate::state::profile::Wait::Context, || {
+        entry(|| sync_device(current_dev()?))
+    })
 }
 
 /// # Safety

@@ -5,6 +5,7 @@ use crate::handles::{leak, next_id, retire, Event, Stream, EVENT_MAGIC, STREAM_M
 use crate::state::capture::ordered_on_host;
 use crate::state::ctx::current_dev;
 use crate::state::entry::{entry, live, out};
+use crate::state::profile::{waiting, Wait};
 use crate::state::streams::*;
 use omps_ring::wire::{self, EventCreate, EventElapsed, EventRecord, Handle, Op, StreamCreate};
 use std::ffi::{c_int, c_uint, c_void};
@@ -78,9 +79,11 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
-    entry(|| {
-        crate::state::capture::unsafe_call_allowed()?;
-        stream_sync(s)
+    waiting(Wait::Stream(s), || {
+        entry(|| {
+            crate::state::capture::unsafe_call_allowed()?;
+            stream_sync(s)
+        })
     })
 }
 
@@ -95,6 +98,12 @@ pub extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> CUresult {
+    waiting(Wait::StreamWaitEvent(s, e), || {
+        stream_wait_event(s, e, flags)
+    })
+}
+
+fn stream_wait_event(s: CUstream, e: CUevent, flags: c_uint) -> CUresult {
     // CU_EVENT_WAIT_EXTERNAL makes a difference only inside a capture: an event wait node.
     const EXTERNAL: c_uint = 1;
     entry(|| {
@@ -200,10 +209,12 @@ fn queue_event_op(ev: &Event, id: u32, dev: usize, op: Op) -> Result<(), CUresul
 
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
-    entry(|| {
-        crate::state::capture::unsafe_call_allowed()?;
-        let ev = event(e)?;
-        handle_call(ev.dev, Op::EventSync, ev.id)
+    waiting(Wait::Event(e), || {
+        entry(|| {
+            crate::state::capture::unsafe_call_allowed()?;
+            let ev = event(e)?;
+            handle_call(ev.dev, Op::EventSync, ev.id)
+        })
     })
 }
 

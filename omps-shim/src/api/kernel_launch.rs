@@ -6,6 +6,7 @@ use crate::cuda::*;
 use crate::handles::Function;
 use crate::state::entry::{entry, live};
 use crate::state::launch::*;
+use crate::state::profile::{self, Work};
 use crate::state::streams::*;
 use omps_ring::wire::{self, Launch, Op};
 use std::ffi::{c_int, c_uint, c_void};
@@ -184,6 +185,7 @@ unsafe fn launch(
     attrs: &[u8],
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
+    cbid: u32,
 ) -> Result<(), CUresult> {
     crate::state::capture::launch_allowed(s)?;
     let target = resolve_stream(s)?;
@@ -219,7 +221,16 @@ unsafe fn launch(
         a.resize(func.args_size, 0);
         // SAFETY: the caller's params/extra, per cuLaunchKernel's contract.
         unsafe { pack_args(func, params, extra, &mut a) }?;
-        live()?.push(func.dev, Op::Launch, &[bytemuck::bytes_of(&hdr), attrs, &a])
+        let work = || Work::Kernel {
+            func,
+            grid,
+            block,
+            dynamic_shared: shared,
+            cbid,
+        };
+        profile::around(s, func.dev, work, || {
+            live()?.push(func.dev, Op::Launch, &[bytemuck::bytes_of(&hdr), attrs, &a])
+        })
     })?;
     // SAFETY: a live function's module is a leaked box, never freed.
     if unsafe { (*func.module).prints } {
@@ -246,7 +257,19 @@ pub unsafe extern "C" fn cuLaunchKernel(
     extra: *mut *mut c_void,
 ) -> CUresult {
     // SAFETY: forwarded contract.
-    entry(|| unsafe { launch(f, [gx, gy, gz], [bx, by, bz], shared, s, &[], params, extra) })
+    entry(|| unsafe {
+        launch(
+            f,
+            [gx, gy, gz],
+            [bx, by, bz],
+            shared,
+            s,
+            &[],
+            params,
+            extra,
+            profile::CBID_LAUNCH_KERNEL,
+        )
+    })
 }
 
 /// Launch attributes are forwarded to the server's cuLaunchKernelEx; those that carry
@@ -275,6 +298,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
                 attrs,
                 params,
                 extra,
+                profile::CBID_LAUNCH_KERNEL_EX,
             )
         }
     })
@@ -311,6 +335,7 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel(
             &attr,
             params,
             std::ptr::null_mut(),
+            0,
         )
     })
 }

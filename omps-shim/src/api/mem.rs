@@ -131,7 +131,10 @@ fn memset(
         stream: s,
         _pad: 0,
     };
-    live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])?;
+    let work = || crate::state::profile::Work::Memset { value, bytes };
+    crate::state::profile::around(stream, dev, work, || {
+        live()?.push(dev, Op::Memset, &[bytemuck::bytes_of(&m)])
+    })?;
     if wait {
         wait_stream(dev, s)?;
     }

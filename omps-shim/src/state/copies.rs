@@ -10,6 +10,7 @@ use crate::state::ctx::{current_dev, CUcontext};
 use crate::state::device::device;
 use crate::state::entry::live;
 use crate::state::host_ranges::is_shared;
+use crate::state::profile::{self, copy_kind, memory_kind, Work};
 use crate::state::ranges::*;
 use crate::state::streams::{
     handle_call, resolve_stream, stream_sync, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
@@ -54,9 +55,51 @@ pub(crate) fn copy_htod_queued(
     }
     let dev = range_dev(dst, len as u64)?;
     let (s, foreign) = stream_for(dev, stream)?;
-    let sync = sync || foreign;
-    if is_shared(src as u64, len) {
-        return pinned_copy(Op::CopyHtoDPinned, dev, dst, src as u64, len, s, sync);
+    let shared = is_shared(src as u64, len);
+    let work = || copy_work(copy_kind::HTOD, shared, len);
+    profile::around(stream, dev, work, || {
+        htod_queue(dev, dst, src, len, s, shared)
+    })?;
+    // A blocking copy's data is on the GPU when it returns: a kernel the program queues
+    // next on a stream that does not wait for this one must find it there.
+    if sync || foreign {
+        wait_stream(dev, s)?;
+    }
+    Ok(())
+}
+
+/// What a profiler records of a copy: its direction, its host side's kind (pinned or
+/// pageable; unused device to device) and its size.
+fn copy_work(kind: u8, host_pinned: bool, len: usize) -> Work<'static> {
+    let host = if host_pinned {
+        memory_kind::PINNED
+    } else {
+        memory_kind::PAGEABLE
+    };
+    let (src_kind, dst_kind) = match kind {
+        copy_kind::HTOD => (host, memory_kind::DEVICE),
+        copy_kind::DTOH => (memory_kind::DEVICE, host),
+        _ => (memory_kind::DEVICE, memory_kind::DEVICE),
+    };
+    Work::Copy {
+        copy_kind: kind,
+        src_kind,
+        dst_kind,
+        bytes: len as u64,
+    }
+}
+
+/// Queues a host-to-device copy on stream `s` without waiting for it.
+fn htod_queue(
+    dev: usize,
+    dst: u64,
+    src: *const u8,
+    len: usize,
+    s: u32,
+    shared: bool,
+) -> Result<(), CUresult> {
+    if shared {
+        return pinned_copy(Op::CopyHtoDPinned, dev, dst, src as u64, len, s, false);
     }
     let c = live()?;
     if len <= wire::INLINE_COPY_MAX && len.is_multiple_of(4) && dst.is_multiple_of(4) {
@@ -68,8 +111,7 @@ pub(crate) fn copy_htod_queued(
         };
         // SAFETY: the caller's source holds len bytes.
         let bytes = unsafe { std::slice::from_raw_parts(src, len) };
-        c.push(dev, Op::CopyHtoDInline, &[bytemuck::bytes_of(&rec), bytes])?;
-        return if sync { wait_stream(dev, s) } else { Ok(()) };
+        return c.push(dev, Op::CopyHtoDInline, &[bytemuck::bytes_of(&rec), bytes]);
     }
     let mut ch = c.channel();
     let chunk = c.params().chunk_bytes as usize;
@@ -92,12 +134,6 @@ pub(crate) fn copy_htod_queued(
             _pad: 0,
         };
         c.push(dev, Op::CopyHtoDChunk, &[bytemuck::bytes_of(&rec)])?;
-    }
-    drop(ch);
-    // A blocking copy's data is on the GPU when it returns: a kernel the program queues
-    // next on a stream that does not wait for this one must find it there.
-    if sync {
-        wait_stream(dev, s)?;
     }
     Ok(())
 }
@@ -159,8 +195,14 @@ pub(crate) fn copy_dtoh_queued(
     let dev = range_dev(src, len as u64)?;
     let (s, foreign) = stream_for(dev, stream)?;
     if is_shared(dst as u64, len) {
-        let sync = sync || foreign;
-        return pinned_copy(Op::CopyDtoHPinned, dev, src, dst as u64, len, s, sync);
+        let work = || copy_work(copy_kind::DTOH, true, len);
+        profile::around(stream, dev, work, || {
+            pinned_copy(Op::CopyDtoHPinned, dev, src, dst as u64, len, s, false)
+        })?;
+        if sync || foreign {
+            wait_stream(dev, s)?;
+        }
+        return Ok(());
     }
     let c = live()?;
     let mut ch = c.channel();
@@ -179,9 +221,31 @@ pub(crate) fn copy_dtoh_queued(
         unsafe { crate::pcopy::copy(dst.add(off), p, n) };
         Ok(())
     };
+    // The profiler's end mark goes after the last piece is queued, before the host
+    // waits for the pieces still in flight.
+    let work = || copy_work(copy_kind::DTOH, false, len);
+    profile::around(stream, dev, work, || {
+        queue_dtoh_pieces(c, &mut ch, (dev, src), &pieces, s, &land)
+    })?;
+    for i in pieces.len().saturating_sub(CHUNKS_PER_CHANNEL)..pieces.len() {
+        land(&mut ch, i)?;
+    }
+    Ok(())
+}
+
+/// Queues each piece of a device-to-host copy through the channel's chunks, landing the
+/// piece that held a chunk before it is claimed again.
+fn queue_dtoh_pieces(
+    c: &crate::conn::Conn,
+    ch: &mut crate::conn::ChanGuard,
+    (dev, src): (usize, u64),
+    pieces: &[(usize, usize)],
+    s: u32,
+    land: &dyn Fn(&mut crate::conn::ChanGuard, usize) -> Result<(), CUresult>,
+) -> Result<(), CUresult> {
     for (i, &(off, n)) in pieces.iter().enumerate() {
         if i >= CHUNKS_PER_CHANNEL {
-            land(&mut ch, i - CHUNKS_PER_CHANNEL)?;
+            land(ch, i - CHUNKS_PER_CHANNEL)?;
         }
         let k = i % CHUNKS_PER_CHANNEL;
         let seq = ch.claim_chunk(k);
@@ -195,9 +259,6 @@ pub(crate) fn copy_dtoh_queued(
             _pad: 0,
         };
         c.push(dev, Op::CopyDtoHChunk, &[bytemuck::bytes_of(&rec)])?;
-    }
-    for i in pieces.len().saturating_sub(CHUNKS_PER_CHANNEL)..pieces.len() {
-        land(&mut ch, i)?;
     }
     Ok(())
 }
@@ -219,7 +280,10 @@ pub(crate) fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Res
         stream: s,
         _pad: 0,
     };
-    live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])?;
+    let work = || copy_work(copy_kind::DTOD, false, len);
+    profile::around(stream, dev, work, || {
+        live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])
+    })?;
     if wait {
         wait_stream(dev, s)?;
     }

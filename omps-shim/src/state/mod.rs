@@ -25,5 +25,6 @@ pub mod host_mirror;
 pub mod host_ranges;
 pub mod launch;
 pub mod modules;
+pub mod profile;
 pub mod ranges;
 pub mod streams;

@@ -1,0 +1,529 @@
+//! CUPTI's activity API as the shim keeps it: which kinds are on, the profiler's buffer
+//! callbacks, correlation ids and the external ids a profiler pushes, and the records
+//! from the moment their work is queued to their delivery into the profiler's buffers.
+//!
+//! A record of GPU work waits in `pending` until its events tell its times; every other
+//! record (API calls, external correlations, waits) has its times at once and waits in
+//! `ready`. A flush moves what has finished from the one to the other and delivers
+//! `ready`, its times converted into the profiler's clock. Only this process's own work
+//! is ever recorded: the records are built from the calls it makes, and its timing events
+//! are its own.
+
+use super::abi::{self, kind, off, Record};
+use super::clock::{self, Pair};
+use super::timing::{self, Span};
+use crate::cuda::*;
+use crate::state::profile::{self, monotonic_ns, Hooks, Wait, Work};
+use crate::state::streams::{CUevent, CUstream};
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+/// `void (*)(uint8_t **buffer, size_t *size, size_t *maxNumRecords)`
+pub type RequestFn = unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize);
+/// `void (*)(CUcontext, uint32_t streamId, uint8_t *buffer, size_t size, size_t validSize)`
+pub type CompleteFn = unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usize);
+
+/// External correlation kinds CUDA 13.0 defines (`CUpti_ExternalCorrelationKind`, below
+/// its SIZE).
+pub const EXTERNAL_KINDS: usize = 6;
+
+/// Work queued and not yet timed, past which the oldest is timed (waited for) so that
+/// the events it holds come back: a trace of any length needs a bounded number.
+const PENDING_MAX: usize = 8192;
+/// Records kept for delivery, past which new ones are dropped and counted.
+const READY_MAX: usize = 4 << 20;
+
+struct Open {
+    stream: CUstream,
+    correlation: u32,
+    cbid: u32,
+    start_ns: u64,
+    record: Option<(Record, Span)>,
+}
+
+struct Pending {
+    record: Record,
+    span: Span,
+}
+
+// SAFETY: a stream handle is the address of the shim's leaked stream record (or a
+// constant), valid on every thread; Span is Send.
+unsafe impl Send for Open {}
+
+#[derive(Default)]
+struct State {
+    enabled: HashSet<u32>,
+    driver_off: HashSet<u32>,
+    request: Option<RequestFn>,
+    complete: Option<CompleteFn>,
+    first_pair: Option<Pair>,
+    open: HashMap<u64, Open>,
+    pending: Vec<Pending>,
+    ready: Vec<Record>,
+    dropped: usize,
+    next_token: u64,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+static CORRELATION: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    static EXTERNAL: std::cell::RefCell<[Vec<u64>; EXTERNAL_KINDS]> =
+        std::cell::RefCell::new(Default::default());
+}
+
+fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    f(g.get_or_insert_with(State::default))
+}
+
+static HOOKS: Hooks = Hooks {
+    before,
+    after,
+    waited,
+};
+
+/// The kinds whose work the shim times or whose calls it records.
+fn traced(k: u32) -> bool {
+    matches!(
+        k,
+        kind::MEMCPY
+            | kind::MEMSET
+            | kind::KERNEL
+            | kind::CONCURRENT_KERNEL
+            | kind::DRIVER
+            | kind::SYNCHRONIZATION
+    )
+}
+
+/// Every kind the shim can deliver (the rest answer CUPTI_ERROR_NOT_SUPPORTED).
+pub fn supported(k: u32) -> bool {
+    traced(k) || k == kind::EXTERNAL_CORRELATION
+}
+
+pub fn enable(k: u32, on: bool) {
+    let any = with(|s| {
+        if on {
+            s.enabled.insert(k);
+            s.first_pair.get_or_insert_with(clock::pair);
+        } else {
+            s.enabled.remove(&k);
+        }
+        s.enabled.iter().any(|&k| traced(k))
+    });
+    profile::set_hooks(&HOOKS, any);
+}
+
+pub fn enable_driver_api(cbid: u32, on: bool) {
+    with(|s| {
+        if on {
+            s.driver_off.remove(&cbid)
+        } else {
+            s.driver_off.insert(cbid)
+        }
+    });
+}
+
+pub fn register(request: Option<RequestFn>, complete: Option<CompleteFn>) {
+    with(|s| {
+        s.request = request;
+        s.complete = complete;
+    });
+}
+
+pub fn push_external(k: usize, id: u64) {
+    EXTERNAL.with(|e| e.borrow_mut()[k].push(id));
+}
+
+pub fn pop_external(k: usize) -> Option<u64> {
+    EXTERNAL.with(|e| e.borrow_mut()[k].pop())
+}
+
+pub fn dropped() -> usize {
+    with(|s| s.dropped)
+}
+
+fn thread_id() -> u32 {
+    // SAFETY: gettid takes nothing and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+fn context_id(dev: usize) -> u32 {
+    dev as u32 + 1
+}
+
+fn stream_id(stream: CUstream) -> u32 {
+    let mut id = 0u64;
+    // SAFETY: a valid out-pointer.
+    let r = profile::quiet(|| unsafe { crate::api::exec::cuStreamGetId(stream, &mut id) });
+    if r == CUDA_SUCCESS {
+        id as u32
+    } else {
+        abi::INVALID_ID
+    }
+}
+
+/// Kernel names live for the process: a record's name pointer must outlive the trace.
+fn interned(name: &CStr) -> u64 {
+    static NAMES: Mutex<Option<HashMap<Vec<u8>, &'static CStr>>> = Mutex::new(None);
+    let mut g = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    let s = map
+        .entry(name.to_bytes().to_vec())
+        .or_insert_with(|| Box::leak(name.to_owned().into_boxed_c_str()));
+    s.as_ptr() as u64
+}
+
+/// A new correlation id, and the external-correlation records the ids pushed on this
+/// thread give it.
+fn correlate(s: &mut State) -> u32 {
+    let c = CORRELATION.fetch_add(1, Ordering::Relaxed) + 1;
+    if s.enabled.contains(&kind::EXTERNAL_CORRELATION) {
+        EXTERNAL.with(|e| {
+            for (k, stack) in e.borrow().iter().enumerate() {
+                if let Some(&top) = stack.last() {
+                    let mut r = Record::new(kind::EXTERNAL_CORRELATION);
+                    r.u32(off::external::EXTERNAL_KIND, k as u32)
+                        .u64(off::external::EXTERNAL_ID, top)
+                        .u32(off::external::CORRELATION_ID, c);
+                    keep(s, r);
+                }
+            }
+        });
+    }
+    c
+}
+
+fn keep(s: &mut State, r: Record) {
+    if s.ready.len() < READY_MAX {
+        s.ready.push(r);
+    } else {
+        s.dropped += 1;
+    }
+}
+
+fn work_record(work: &Work, dev: usize, stream: CUstream, correlation: u32) -> Record {
+    let (devf, ctxf, streamf, corrf, mut r) = match *work {
+        Work::Kernel {
+            func,
+            grid,
+            block,
+            dynamic_shared,
+            ..
+        } => {
+            use off::kernel::*;
+            let mut r = Record::new(kind::CONCURRENT_KERNEL);
+            for i in 0..3 {
+                r.u32(GRID + 4 * i, grid[i]).u32(BLOCK + 4 * i, block[i]);
+            }
+            static GRID_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            r.u32(STATIC_SHARED, func.static_shared as u32)
+                .u32(DYNAMIC_SHARED, dynamic_shared)
+                .u64(GRID_ID, GRID_IDS.fetch_add(1, Ordering::Relaxed) + 1)
+                .u64(NAME, interned(&func.name))
+                .u16(
+                    REGISTERS_PER_THREAD,
+                    func.attrs.known(4).unwrap_or(0) as u16,
+                );
+            (DEVICE_ID, CONTEXT_ID, STREAM_ID, CORRELATION_ID, r)
+        }
+        Work::Copy {
+            copy_kind,
+            src_kind,
+            dst_kind,
+            bytes,
+        } => {
+            use off::memcpy::*;
+            let mut r = Record::new(kind::MEMCPY);
+            r.u8(COPY_KIND, copy_kind)
+                .u8(SRC_KIND, src_kind)
+                .u8(DST_KIND, dst_kind)
+                .u64(BYTES, bytes);
+            (DEVICE_ID, CONTEXT_ID, STREAM_ID, CORRELATION_ID, r)
+        }
+        Work::Memset { value, bytes } => {
+            use off::memset::*;
+            let mut r = Record::new(kind::MEMSET);
+            r.u32(VALUE, value)
+                .u64(BYTES, bytes)
+                .u16(MEMORY_KIND, abi::memory_kind::DEVICE as u16);
+            (DEVICE_ID, CONTEXT_ID, STREAM_ID, CORRELATION_ID, r)
+        }
+    };
+    r.u32(devf, dev as u32)
+        .u32(ctxf, context_id(dev))
+        .u32(streamf, stream_id(stream))
+        .u32(corrf, correlation);
+    r
+}
+
+fn work_kind(work: &Work, enabled: &HashSet<u32>) -> Option<u32> {
+    match work {
+        Work::Kernel { .. } => [kind::CONCURRENT_KERNEL, kind::KERNEL]
+            .into_iter()
+            .find(|k| enabled.contains(k)),
+        Work::Copy { .. } => enabled.contains(&kind::MEMCPY).then_some(kind::MEMCPY),
+        Work::Memset { .. } => enabled.contains(&kind::MEMSET).then_some(kind::MEMSET),
+    }
+}
+
+fn before(stream: CUstream, dev: usize, work: &Work) -> Option<u64> {
+    let cbid = match work {
+        Work::Kernel { cbid, .. } => *cbid,
+        _ => 0,
+    };
+    let (timed, api, correlation) = with(|s| {
+        let timed = work_kind(work, &s.enabled).is_some();
+        let api = cbid != 0 && s.enabled.contains(&kind::DRIVER) && !s.driver_off.contains(&cbid);
+        if !timed && !api {
+            return (false, false, 0);
+        }
+        (timed, api, correlate(s))
+    });
+    if !timed && !api {
+        return None;
+    }
+    let start_ns = monotonic_ns();
+    let record = if timed {
+        timing::begin(stream, dev).map(|span| (work_record(work, dev, stream, correlation), span))
+    } else {
+        None
+    };
+    Some(with(|s| {
+        s.next_token += 1;
+        s.open.insert(
+            s.next_token,
+            Open {
+                stream,
+                correlation,
+                cbid: if api { cbid } else { 0 },
+                start_ns,
+                record,
+            },
+        );
+        s.next_token
+    }))
+}
+
+fn after(token: u64, result: CUresult) {
+    let end_ns = monotonic_ns();
+    let Some(mut open) = with(|s| s.open.remove(&token)) else {
+        return;
+    };
+    let pending = match open.record.take() {
+        Some((record, mut span)) if result == CUDA_SUCCESS => {
+            timing::end(&mut span, open.stream);
+            Some(Pending { record, span })
+        }
+        Some((_, span)) => {
+            timing::release(span);
+            None
+        }
+        None => None,
+    };
+    let overfull = with(|s| {
+        if open.cbid != 0 {
+            use off::api::*;
+            let mut r = Record::new(kind::DRIVER);
+            r.u32(CBID, open.cbid)
+                .u64(START, open.start_ns)
+                .u64(END, end_ns)
+                .u32(PROCESS_ID, std::process::id())
+                .u32(THREAD_ID, thread_id())
+                .u32(CORRELATION_ID, open.correlation)
+                .u32(RETURN_VALUE, result as u32);
+            keep(s, r);
+        }
+        if let Some(p) = pending {
+            s.pending.push(p);
+        }
+        s.pending.len() > PENDING_MAX
+    });
+    if overfull {
+        time_pending(true, PENDING_MAX / 2);
+    }
+}
+
+fn waited(wait: Wait, start_ns: u64, end_ns: u64, result: CUresult) {
+    if !with(|s| s.enabled.contains(&kind::SYNCHRONIZATION)) {
+        return;
+    }
+    let ctx = crate::state::ctx::current_dev().map_or(abi::INVALID_ID, context_id);
+    let event_id = |e: CUevent| crate::state::streams::event(e).map_or(abi::INVALID_ID, |e| e.id);
+    let (ty, stream, event) = match wait {
+        Wait::Stream(st) => (
+            abi::sync_type::STREAM_SYNCHRONIZE,
+            stream_id(st),
+            abi::INVALID_ID,
+        ),
+        Wait::Event(e) => (
+            abi::sync_type::EVENT_SYNCHRONIZE,
+            abi::INVALID_ID,
+            event_id(e),
+        ),
+        Wait::Context => (
+            abi::sync_type::CONTEXT_SYNCHRONIZE,
+            abi::INVALID_ID,
+            abi::INVALID_ID,
+        ),
+        Wait::StreamWaitEvent(st, e) => (
+            abi::sync_type::STREAM_WAIT_EVENT,
+            stream_id(st),
+            event_id(e),
+        ),
+    };
+    with(|s| {
+        let c = correlate(s);
+        use off::sync::*;
+        let mut r = Record::new(kind::SYNCHRONIZATION);
+        r.u32(TYPE, ty)
+            .u64(START, start_ns)
+            .u64(END, end_ns)
+            .u32(CORRELATION_ID, c)
+            .u32(CONTEXT_ID, ctx)
+            .u32(STREAM_ID, stream)
+            .u32(EVENT_ID, event)
+            .u32(RETURN_VALUE, result as u32);
+        keep(s, r);
+    });
+}
+
+/// Times up to `limit` of the oldest pending records (waiting for them when `wait`);
+/// those not finished stay, in order.
+fn time_pending(wait: bool, limit: usize) {
+    let batch: Vec<Pending> = with(|s| {
+        let n = limit.min(s.pending.len());
+        s.pending.drain(..n).collect()
+    });
+    let mut back = Vec::new();
+    let mut timed = Vec::new();
+    for Pending { mut record, span } in batch {
+        if !back.is_empty() {
+            back.push(Pending { record, span });
+            continue;
+        }
+        match timing::resolve(span, wait) {
+            Ok(Some((start, end))) => {
+                let (s_off, e_off, c_off) = match record.kind() {
+                    kind::MEMCPY => (off::memcpy::START, off::memcpy::END, None),
+                    kind::MEMSET => (off::memset::START, off::memset::END, None),
+                    _ => (
+                        off::kernel::START,
+                        off::kernel::END,
+                        Some(off::kernel::COMPLETED),
+                    ),
+                };
+                record.u64(s_off, start).u64(e_off, end);
+                if let Some(c) = c_off {
+                    record.u64(c, end);
+                }
+                timed.push(record);
+            }
+            Ok(None) => {}
+            Err(span) => back.push(Pending { record, span }),
+        }
+    }
+    with(|s| {
+        for r in timed {
+            keep(s, r);
+        }
+        if !back.is_empty() {
+            back.append(&mut s.pending);
+            s.pending = back;
+        }
+    });
+}
+
+/// `cuptiActivityFlushAll`: times what has finished (a forced flush waits up to 2 s for
+/// the rest, then leaves it for the next flush) and delivers every record held.
+pub fn flush(forced: bool) -> u32 {
+    let deadline = monotonic_ns() + 2_000_000_000;
+    loop {
+        time_pending(false, usize::MAX);
+        let left = with(|s| s.pending.len());
+        if left == 0 || !forced || monotonic_ns() > deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    deliver()
+}
+
+fn times_of(k: u32) -> &'static [usize] {
+    match k {
+        kind::CONCURRENT_KERNEL | kind::KERNEL => &off::kernel::TIMES,
+        kind::MEMCPY => &off::memcpy::TIMES,
+        kind::MEMSET => &off::memset::TIMES,
+        kind::DRIVER | kind::RUNTIME => &off::api::TIMES,
+        kind::SYNCHRONIZATION => &off::sync::TIMES,
+        _ => &[],
+    }
+}
+
+/// Hands the ready records to the profiler, in buffers it gives: external correlations
+/// first (a profiler may map them before it reads the work they name).
+fn deliver() -> u32 {
+    let (mut records, request, complete, first) = with(|s| {
+        (
+            std::mem::take(&mut s.ready),
+            s.request,
+            s.complete,
+            s.first_pair,
+        )
+    });
+    if records.is_empty() {
+        return abi::result::SUCCESS;
+    }
+    let (Some(request), Some(complete)) = (request, complete) else {
+        with(|s| s.dropped += records.len());
+        return abi::result::SUCCESS;
+    };
+    let last = clock::pair();
+    let first = first.unwrap_or(last);
+    for r in &mut records {
+        r.convert_times(times_of(r.kind()), &|t| clock::convert(first, last, t));
+    }
+    records.sort_by_key(|r| r.kind() != kind::EXTERNAL_CORRELATION);
+    let mut rest = &records[..];
+    while !rest.is_empty() {
+        let (mut buf, mut size, mut max) = (std::ptr::null_mut::<u8>(), 0usize, 0usize);
+        // SAFETY: the profiler's callback, with valid out-pointers.
+        unsafe { request(&mut buf, &mut size, &mut max) };
+        if buf.is_null() || size < rest[0].bytes().len() {
+            with(|s| s.dropped += rest.len());
+            break;
+        }
+        let mut valid = 0usize;
+        let mut n = 0usize;
+        while let Some(r) = rest.get(n) {
+            let b = r.bytes();
+            if valid + b.len() > size || (max != 0 && n >= max) {
+                break;
+            }
+            // SAFETY: the profiler's buffer holds `size` bytes; valid + len <= size.
+            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), buf.add(valid), b.len()) };
+            valid += b.len();
+            n += 1;
+        }
+        rest = &rest[n..];
+        // SAFETY: the profiler's callback, with the buffer it gave and what was written.
+        unsafe { complete(std::ptr::null_mut(), 0, buf, size, valid) };
+    }
+    abi::result::SUCCESS
+}
+
+/// `cuptiFinalize`: delivers what is held and forgets the rest (kinds, callbacks).
+pub fn finalize() {
+    flush(true);
+    let pending = with(|s| {
+        let p = std::mem::take(&mut s.pending);
+        *s = State::default();
+        p
+    });
+    for p in pending {
+        timing::release(p.span);
+    }
+    profile::set_hooks(&HOOKS, false);
+}

@@ -1,0 +1,240 @@
+//! GPU times of the work a traced program queues. The work runs in the server's context,
+//! so its times come from there: an event recorded just before and just after it on its
+//! own stream (the server records them where the work runs), read back as elapsed times
+//! from an anchor event of that GPU whose host time is known.
+//!
+//! An anchor is an event recorded on a stream of the shim's own that nothing else uses,
+//! and waited for; its GPU time lies between the host times before the record and after
+//! the wait. The narrowest of three tries is kept, and a new anchor is taken once the
+//! last is a second old, so that the float milliseconds CUDA gives stay finer than a
+//! tenth of a microsecond.
+//!
+//! Every call here goes through the shim's own entry points with the profiler's reports
+//! quieted (`profile::quiet`), so it never times itself.
+
+use crate::api::exec::{
+    cuEventCreate, cuEventDestroy_v2, cuEventElapsedTime_v2, cuEventQuery, cuEventRecord,
+    cuEventSynchronize, cuStreamCreate,
+};
+use crate::api::stream_info::cuStreamIsCapturing;
+use crate::cuda::*;
+use crate::state::profile::{monotonic_ns, quiet};
+use crate::state::streams::{CUevent, CUstream};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// An event recorded on the GPU at a known host time.
+/// Its event goes back to the pool when the last span that measures from it is done.
+pub struct Anchor {
+    dev: usize,
+    event: CUevent,
+    mono: u64,
+}
+
+impl Drop for Anchor {
+    fn drop(&mut self) {
+        give_back(self.dev, self.event);
+    }
+}
+
+/// The two events around one piece of work.
+pub struct Span {
+    dev: usize,
+    start: CUevent,
+    end: Option<CUevent>,
+    anchor: Arc<Anchor>,
+}
+
+// SAFETY: event handles are addresses of the shim's leaked event records, valid on any
+// thread; the anchor's event likewise.
+unsafe impl Send for Span {}
+// SAFETY: as above.
+unsafe impl Send for Anchor {}
+// SAFETY: as above; nothing in an Anchor changes after it is made.
+unsafe impl Sync for Anchor {}
+
+struct PerGpu {
+    free: Vec<CUevent>,
+    anchor: Option<Arc<Anchor>>,
+    stream: Option<usize>,
+}
+
+// SAFETY: as for Span: the handles are addresses valid on every thread.
+unsafe impl Send for PerGpu {}
+
+static GPUS: Mutex<Option<HashMap<usize, PerGpu>>> = Mutex::new(None);
+
+const ANCHOR_AGE_NS: u64 = 1_000_000_000;
+const ANCHOR_TRIES: usize = 3;
+
+fn with_gpu<R>(dev: usize, f: impl FnOnce(&mut PerGpu) -> R) -> R {
+    let mut g = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let per = g
+        .get_or_insert_with(HashMap::new)
+        .entry(dev)
+        .or_insert(PerGpu {
+            free: Vec::new(),
+            anchor: None,
+            stream: None,
+        });
+    f(per)
+}
+
+/// An event of device `dev` (the current one: events belong to the current context's
+/// device), from the pool or new.
+fn event(dev: usize) -> Option<CUevent> {
+    if let Some(e) = with_gpu(dev, |g| g.free.pop()) {
+        return Some(e);
+    }
+    let mut e = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; flags 0 keep timing on.
+    if unsafe { cuEventCreate(&mut e, 0) } != CUDA_SUCCESS {
+        return None;
+    }
+    match crate::state::streams::event(e) {
+        Ok(ev) if ev.dev == dev => Some(e),
+        _ => {
+            cuEventDestroy_v2(e);
+            None
+        }
+    }
+}
+
+fn give_back(dev: usize, e: CUevent) {
+    with_gpu(dev, |g| g.free.push(e));
+}
+
+/// The anchor of `dev`, a new one if there is none or it is a second old.
+fn anchor(dev: usize) -> Option<Arc<Anchor>> {
+    let now = monotonic_ns();
+    if let Some(a) = with_gpu(dev, |g| g.anchor.clone()) {
+        if now.saturating_sub(a.mono) < ANCHOR_AGE_NS {
+            return Some(a);
+        }
+    }
+    let stream = match with_gpu(dev, |g| g.stream) {
+        Some(s) => s as CUstream,
+        None => {
+            let mut s = std::ptr::null_mut();
+            const NON_BLOCKING: u32 = 1;
+            // SAFETY: a valid out-pointer.
+            if unsafe { cuStreamCreate(&mut s, NON_BLOCKING) } != CUDA_SUCCESS {
+                return None;
+            }
+            with_gpu(dev, |g| g.stream = Some(s as usize));
+            s
+        }
+    };
+    let mut best: Option<(u64, Anchor)> = None;
+    for _ in 0..ANCHOR_TRIES {
+        let e = event(dev)?;
+        let t0 = monotonic_ns();
+        if cuEventRecord(e, stream) != CUDA_SUCCESS || cuEventSynchronize(e) != CUDA_SUCCESS {
+            give_back(dev, e);
+            return None;
+        }
+        let t1 = monotonic_ns();
+        let cand = Anchor {
+            dev,
+            event: e,
+            mono: t0 / 2 + t1 / 2,
+        };
+        // The wider window's anchor is dropped: its event goes back to the pool.
+        if best.as_ref().is_none_or(|(w, _)| t1 - t0 < *w) {
+            best = Some((t1 - t0, cand));
+        }
+    }
+    let (_, a) = best?;
+    let a = Arc::new(a);
+    // Dropped outside the pool's lock (its Drop takes the lock).
+    let old = with_gpu(dev, |g| g.anchor.replace(a.clone()));
+    drop(old);
+    Some(a)
+}
+
+/// Records the start of work about to be queued on `stream` of `dev`: None when the
+/// stream is capturing (an event there would become a graph node) or no event is had.
+pub fn begin(stream: CUstream, dev: usize) -> Option<Span> {
+    quiet(|| {
+        let mut status = 0u32;
+        // SAFETY: a valid out-pointer.
+        if unsafe { cuStreamIsCapturing(stream, &mut status) } != CUDA_SUCCESS || status != 0 {
+            return None;
+        }
+        let anchor = anchor(dev)?;
+        let start = event(dev)?;
+        if cuEventRecord(start, stream) != CUDA_SUCCESS {
+            give_back(dev, start);
+            return None;
+        }
+        Some(Span {
+            dev,
+            start,
+            end: None,
+            anchor,
+        })
+    })
+}
+
+/// Records the end of the work on `stream`, right after it was queued.
+pub fn end(span: &mut Span, stream: CUstream) {
+    quiet(|| {
+        if let Some(e) = event(span.dev) {
+            if cuEventRecord(e, stream) == CUDA_SUCCESS {
+                span.end = Some(e);
+            } else {
+                give_back(span.dev, e);
+            }
+        }
+    })
+}
+
+/// The span's start and end in monotonic nanoseconds, once its work has finished;
+/// `wait` waits for it, otherwise unfinished work answers Err(span) to be asked again.
+/// Work that failed on the GPU, or a span without an end, answers Ok(None).
+pub fn resolve(span: Span, wait: bool) -> Result<Option<(u64, u64)>, Span> {
+    let Some(end) = span.end else {
+        release(span);
+        return Ok(None);
+    };
+    let r = quiet(|| {
+        let done = if wait {
+            cuEventSynchronize(end)
+        } else {
+            cuEventQuery(end)
+        };
+        if done == CUDA_ERROR_NOT_READY {
+            return Err(());
+        }
+        if done != CUDA_SUCCESS {
+            return Ok(None);
+        }
+        let (mut from_anchor, mut length) = (0f32, 0f32);
+        // SAFETY: valid out-pointers; all three events are ours and recorded.
+        let ok = unsafe {
+            cuEventElapsedTime_v2(&mut from_anchor, span.anchor.event, span.start) == CUDA_SUCCESS
+                && cuEventElapsedTime_v2(&mut length, span.start, end) == CUDA_SUCCESS
+        };
+        if !ok {
+            return Ok(None);
+        }
+        let start = span.anchor.mono as f64 + from_anchor as f64 * 1e6;
+        let start = start.max(0.0) as u64;
+        Ok(Some((start, start + (length.max(0.0) as f64 * 1e6) as u64)))
+    });
+    match r {
+        Err(()) => Err(span),
+        Ok(t) => {
+            release(span);
+            Ok(t)
+        }
+    }
+}
+
+/// Returns a span's events to the pool.
+pub fn release(span: Span) {
+    give_back(span.dev, span.start);
+    if let Some(e) = span.end {
+        give_back(span.dev, e);
+    }
+}

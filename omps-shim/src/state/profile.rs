@@ -1,0 +1,148 @@
+//! The seam between the API families and the profiler above them (`crate::cupti`): a
+//! family says what GPU work it is about to queue (a kernel, a copy, a memset) and which
+//! waits it makes; the profiler, once a program has turned CUPTI activity on, times them.
+//! The profiler registers its hooks here because it sits above the families (it queues
+//! its timing events through their entry points), and a family may not call up.
+//!
+//! With no activity on, every report costs one relaxed load.
+
+use crate::cuda::*;
+use crate::handles::Function;
+use crate::state::streams::{CUevent, CUstream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// GPU work a family is about to queue on a stream.
+pub enum Work<'a> {
+    /// A kernel launch; `cbid` is CUPTI's driver callback id of the entry point (0 where
+    /// none is known: no API record is written for it).
+    Kernel {
+        func: &'a Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        dynamic_shared: u32,
+        cbid: u32,
+    },
+    /// A copy of `bytes`; the kinds are CUPTI's (`CUpti_ActivityMemcpyKind`,
+    /// `CUpti_ActivityMemoryKind`).
+    Copy {
+        copy_kind: u8,
+        src_kind: u8,
+        dst_kind: u8,
+        bytes: u64,
+    },
+    /// A memset of `bytes` to `value`.
+    Memset { value: u32, bytes: u64 },
+}
+
+/// `CUpti_ActivityMemcpyKind` values.
+pub mod copy_kind {
+    pub const HTOD: u8 = 1;
+    pub const DTOH: u8 = 2;
+    pub const DTOD: u8 = 8;
+    pub const PTOP: u8 = 10;
+}
+
+/// `CUpti_ActivityMemoryKind` values.
+pub mod memory_kind {
+    pub const PAGEABLE: u8 = 1;
+    pub const PINNED: u8 = 2;
+    pub const DEVICE: u8 = 3;
+}
+
+/// CUPTI's driver callback ids of the launch entry points (`cupti_driver_cbid.h`); the
+/// per-thread-stream forms (`_ptsz`) report as their plain names.
+pub const CBID_LAUNCH_KERNEL: u32 = 307;
+pub const CBID_LAUNCH_KERNEL_EX: u32 = 652;
+
+/// A wait the program made (CUPTI's synchronization records).
+#[derive(Clone, Copy)]
+pub enum Wait {
+    Stream(CUstream),
+    Event(CUevent),
+    Context,
+    StreamWaitEvent(CUstream, CUevent),
+}
+
+/// What the profiler does with the reports.
+pub struct Hooks {
+    /// Before `work` is queued on `stream` of device `dev`: a token for `after`, or None
+    /// when this work is not timed (activity off for its kind, or a capturing stream).
+    pub before: fn(stream: CUstream, dev: usize, work: &Work) -> Option<u64>,
+    /// After it was queued (or refused, `result`).
+    pub after: fn(token: u64, result: CUresult),
+    /// A wait that ran from `start_ns` to `end_ns` (CLOCK_MONOTONIC).
+    pub waited: fn(wait: Wait, start_ns: u64, end_ns: u64, result: CUresult),
+}
+
+static HOOKS: OnceLock<&'static Hooks> = OnceLock::new();
+static ON: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Set while the profiler itself calls the API (its timing events and waits).
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's reports off: the profiler's own calls are not the
+/// program's work.
+pub fn quiet<R>(f: impl FnOnce() -> R) -> R {
+    let was = QUIET.with(|q| q.replace(true));
+    let r = f();
+    QUIET.with(|q| q.set(was));
+    r
+}
+
+/// Installs the profiler's hooks (once) and turns the reports on or off.
+pub fn set_hooks(hooks: &'static Hooks, on: bool) {
+    let _ = HOOKS.set(hooks);
+    ON.store(on, Ordering::Relaxed);
+}
+
+fn hooks() -> Option<&'static Hooks> {
+    if ON.load(Ordering::Relaxed) && !QUIET.with(|q| q.get()) {
+        HOOKS.get().copied()
+    } else {
+        None
+    }
+}
+
+/// Runs `queue`, which queues the work `work` describes on `stream`, reported to the
+/// profiler around it (`work` is built only when the profiler is on).
+pub(crate) fn around<'a, R>(
+    stream: CUstream,
+    dev: usize,
+    work: impl FnOnce() -> Work<'a>,
+    queue: impl FnOnce() -> Result<R, CUresult>,
+) -> Result<R, CUresult> {
+    let Some(h) = hooks() else {
+        return queue();
+    };
+    let token = (h.before)(stream, dev, &work());
+    let r = queue();
+    if let Some(t) = token {
+        (h.after)(t, r.as_ref().err().copied().unwrap_or(CUDA_SUCCESS));
+    }
+    r
+}
+
+/// Runs the wait `body`, reported to the profiler with its host times.
+pub(crate) fn waiting(wait: Wait, body: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(h) = hooks() else {
+        return body();
+    };
+    let t0 = monotonic_ns();
+    let r = body();
+    (h.waited)(wait, t0, monotonic_ns(), r);
+    r
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock the profiler's host times are taken in.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

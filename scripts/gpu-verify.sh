@@ -22,6 +22,8 @@
 #   verifier  scripts/probe/verifier_cost.sh 3 (~100 s)
 #   multiuser scripts/multi-user/run.sh (as root; ~15 s)
 #   clients   scripts/clients/run.sh jax cupy numba, both ways in (~75 s)
+#   profilers scripts/probe/cupti_{layout,direct,torch}.sh and sanitizer_bypass.sh (issue
+#             26; ~3 min)
 #   samples-preload, samples-libpath
 #             the cuda-samples corpus (target/cuda-samples, carried) built and run natively
 #             and through omps one way (~360 s with the build; alone in a call)
@@ -90,6 +92,16 @@ for part in "$@"; do
             CLIENT_TIMEOUT=60 OUT=/tmp/omps-verify-clients timeout -k 5 200 \
                 bash scripts/clients/run.sh jax cupy numba > "$f" 2>&1
             rc=$? ;;
+        profilers)
+            # Issue 26: CUPTI's numbers against CUDA's headers, CUPTI used directly and
+            # torch.profiler natively and through omps (two profiled clients at once), and
+            # compute-sanitizer stepping around the shim (~3 min).
+            rc=0
+            for probe in cupti_layout cupti_direct cupti_torch sanitizer_bypass; do
+                echo "=== $probe" >> "$f"
+                OUT=/tmp/omps-verify-profilers timeout -k 5 200 bash "scripts/probe/$probe.sh" >> "$f" 2>&1 || rc=1
+            done
+            cp /tmp/omps-verify-profilers/*.txt "$OUT/" 2>/dev/null ;;
         samples-preload|samples-libpath)
             names=$(grep -v '^#' target/cuda-samples/samples.txt | cut -d'|' -f1 | tr -d ' ' | grep . | tr '\n' ' ')
             SAMPLES_JOBS=16 timeout 120 bash target/cuda-samples/build.sh > /tmp/omps-verify-build.log 2>&1

@@ -66,7 +66,7 @@ fn real_version() -> Option<u32> {
         // SAFETY: a handle dlopen gave and a NUL-terminated name.
         let f = unsafe { libc::dlsym(h, c"cuptiGetVersion".as_ptr()) };
         let own = cuptiGetVersion as *const c_void;
-        if f.is_null() || f as *const c_void == own {
+        if f.is_null() || std::ptr::eq(f, own) {
             continue;
         }
         let mut v = 0u32;

@@ -154,7 +154,7 @@ fn anchor(dev: usize) -> Option<Arc<Anchor>> {
 
 /// Records the start of work about to be queued on `stream` of `dev`: None when the
 /// stream is capturing (an event there would become a graph node) or no event is had.
-pub fn begin(stream: CUstream, dev: usize) -> Option<Span> {
+pub(crate) fn begin(stream: CUstream, dev: usize) -> Option<Span> {
     quiet(|| {
         let mut status = 0u32;
         // SAFETY: a valid out-pointer.
@@ -177,7 +177,7 @@ pub fn begin(stream: CUstream, dev: usize) -> Option<Span> {
 }
 
 /// Records the end of the work on `stream`, right after it was queued.
-pub fn end(span: &mut Span, stream: CUstream) {
+pub(crate) fn end(span: &mut Span, stream: CUstream) {
     quiet(|| {
         if let Some(e) = event(span.dev) {
             if cuEventRecord(e, stream) == CUDA_SUCCESS {

@@ -4,8 +4,9 @@
 //! (streams, green), capture bookkeeping (capture), device memory ranges (ranges),
 //! loaded modules (modules), cached driver answers (answers), launch configurations
 //! (launch), the mirrors of registered host memory (host_mirror), page-locked and managed
-//! host ranges (host_ranges), plain device blocks and imported allocations (blocks), and
-//! the copy paths the memory families share (copies).
+//! host ranges (host_ranges), plain device blocks and imported allocations (blocks), the
+//! copy paths the memory families share (copies), and the seam through which they report
+//! their work and waits to a profiler (profile).
 //!
 //! Owns: everything more than one API family reads or changes.
 //! May use: `crate::conn` (the ring to the server), `crate::handles`, `crate::cuda`,

@@ -23,7 +23,7 @@
 #   multiuser scripts/multi-user/run.sh (as root; ~15 s)
 #   clients   scripts/clients/run.sh jax cupy numba, both ways in (~75 s)
 #   profilers scripts/probe/cupti_{layout,direct,torch}.sh and sanitizer_bypass.sh (issue
-#             26; ~3 min)
+#             26; ~6 min: alone in a call)
 #   samples-preload, samples-libpath
 #             the cuda-samples corpus (target/cuda-samples, carried) built and run natively
 #             and through omps one way (~360 s with the build; alone in a call)
@@ -99,7 +99,7 @@ for part in "$@"; do
             rc=0
             for probe in cupti_layout cupti_direct cupti_torch sanitizer_bypass; do
                 echo "=== $probe" >> "$f"
-                OUT=/tmp/omps-verify-profilers timeout -k 5 200 bash "scripts/probe/$probe.sh" >> "$f" 2>&1 || rc=1
+                OUT=/tmp/omps-verify-profilers timeout -k 5 400 bash "scripts/probe/$probe.sh" >> "$f" 2>&1 || rc=1
             done
             cp /tmp/omps-verify-profilers/*.txt "$OUT/" 2>/dev/null ;;
         samples-preload|samples-libpath)

@@ -95,7 +95,7 @@ for part in "$@"; do
         profilers)
             # Issue 26: CUPTI's numbers against CUDA's headers, CUPTI used directly and
             # torch.profiler natively and through omps (two profiled clients at once), and
-            # compute-sanitizer stepping around the shim (~3 min).
+            # compute-sanitizer stepping around the shim (~6 min).
             rc=0
             for probe in cupti_layout cupti_direct cupti_torch sanitizer_bypass; do
                 echo "=== $probe" >> "$f"

@@ -221,6 +221,53 @@ fn a_profiler_gets_its_kernels_copies_and_waits_with_their_correlations() {
             .collect();
         assert_eq!(syncs, vec![3, 4], "the stream's wait, then the context's");
 
+        // A capture while tracing: the launch into it becomes a graph node, not timed
+        // work (no event goes into the graph), and the profiler's own calls meanwhile
+        // (a flush's queries) leave the capture valid.
+        let mut cs = std::ptr::null_mut();
+        ok(omps_shim::api::exec::cuStreamCreate(&mut cs, 1));
+        // Work still untimed when the capture begins: the flush inside it queries it.
+        fill_kernel(p, 12, 16, std::ptr::null_mut());
+        ok(omps_shim::api::capture::cuStreamBeginCapture_v2(cs, 0));
+        fill_kernel(p, 10, 16, cs);
+        assert_eq!(cuptiActivityFlushAll(0), 0);
+        let mut g = std::ptr::null_mut();
+        ok(omps_shim::api::capture::cuStreamEndCapture(cs, &mut g));
+        assert!(!g.is_null(), "the capture stayed valid");
+        let mut nodes = 0usize;
+        ok(omps_shim::api::graph::cuGraphGetNodes(
+            g,
+            std::ptr::null_mut(),
+            &mut nodes,
+        ));
+        assert_eq!(nodes, 1, "the kernel alone: no timing event in the graph");
+        assert_eq!(cuptiActivityFlushAll(1), 0);
+        let all = take_records();
+        assert_eq!(
+            of_kind(&all, kind::CONCURRENT_KERNEL).len(),
+            1,
+            "the launch before the capture; the captured one runs later, as a graph's node"
+        );
+        assert_eq!(
+            of_kind(&all, kind::DRIVER).len(),
+            2,
+            "both calls are recorded"
+        );
+        let mut last = 0u64;
+        assert_eq!(
+            cuptiActivityPopExternalCorrelationId(3, &mut last),
+            result::QUEUE_EMPTY
+        );
+
+        // KERNEL alone: the serialized kind's records.
+        assert_eq!(cuptiActivityDisable(kind::CONCURRENT_KERNEL), 0);
+        assert_eq!(cuptiActivityEnable(kind::KERNEL), 0);
+        fill_kernel(p, 11, 16, std::ptr::null_mut());
+        ok(cuCtxSynchronize());
+        assert_eq!(cuptiActivityFlushAll(1), 0);
+        assert_eq!(of_kind(&take_records(), kind::KERNEL).len(), 1);
+        assert_eq!(cuptiActivityDisable(kind::KERNEL), 0);
+
         // Off: work goes on, nothing is recorded.
         for k in TRACED {
             assert_eq!(cuptiActivityDisable(k), 0);

@@ -14,6 +14,7 @@ pub mod result {
     pub const INVALID_PARAMETER: u32 = 1;
     pub const INVALID_KIND: u32 = 21;
     pub const MAX_LIMIT_REACHED: u32 = 12;
+    pub const QUEUE_EMPTY: u32 = 18;
     pub const NOT_INITIALIZED: u32 = 15;
     pub const NOT_SUPPORTED: u32 = 27;
     pub const MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: u32 = 39;
@@ -69,16 +70,23 @@ pub fn record_size(kind: u32) -> Option<usize> {
     })
 }
 
-/// One record, built field by field at its C offset.
+/// The largest record the shim writes.
+pub const RECORD_MAX: usize = 216;
+
+/// One record, built field by field at its C offset (no allocation: a trace holds
+/// many).
+#[derive(Clone)]
 pub struct Record {
-    bytes: Vec<u8>,
+    bytes: [u8; RECORD_MAX],
+    len: usize,
 }
 
 impl Record {
     pub fn new(kind: u32) -> Record {
-        let size = record_size(kind).expect("a kind the shim writes");
+        let len = record_size(kind).expect("a kind the shim writes");
         let mut r = Record {
-            bytes: vec![0; size],
+            bytes: [0; RECORD_MAX],
+            len,
         };
         r.u32(0, kind);
         r
@@ -100,12 +108,13 @@ impl Record {
         self
     }
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        &self.bytes[..self.len]
     }
     pub fn kind(&self) -> u32 {
         u32::from_le_bytes(self.bytes[..4].try_into().expect("4 bytes"))
     }
-    /// Replaces the times at `start_off` and `end_off` (host ns) by `f`'s conversion.
+    /// Replaces the times at offsets `offs` (host ns) by `f`'s conversion; a time left
+    /// at 0 (unknown) stays 0.
     pub fn convert_times(&mut self, offs: &[usize], f: &dyn Fn(u64) -> u64) {
         for &o in offs {
             let v = u64::from_le_bytes(self.bytes[o..o + 8].try_into().expect("8 bytes"));
@@ -139,6 +148,8 @@ pub mod off {
     /// `CUpti_ActivityMemcpy6`.
     pub mod memcpy {
         pub const COPY_KIND: usize = 4;
+        /// `CUpti_ActivityFlag`: bit 0 is CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC.
+        pub const FLAGS: usize = 7;
         pub const SRC_KIND: usize = 5;
         pub const DST_KIND: usize = 6;
         pub const BYTES: usize = 8;

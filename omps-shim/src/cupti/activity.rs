@@ -29,11 +29,15 @@ pub type CompleteFn = unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usi
 /// its SIZE).
 pub const EXTERNAL_KINDS: usize = 6;
 
-/// Work queued and not yet timed, past which the oldest is timed (waited for) so that
-/// the events it holds come back: a trace of any length needs a bounded number.
-const PENDING_MAX: usize = 8192;
-/// Records kept for delivery, past which new ones are dropped and counted.
-const READY_MAX: usize = 4 << 20;
+/// Work queued and not yet timed past which what has finished is timed, and past which
+/// the oldest is waited for: a trace of any length then holds at most 2 x PENDING_MAX
+/// events, well inside the least event quota a client is granted (4,096).
+const PENDING_SOFT: usize = 256;
+const PENDING_MAX: usize = 1024;
+/// Records ready past which they are delivered at once (when the profiler gave buffer
+/// callbacks), and past which new ones are dropped and counted.
+const READY_DELIVER: usize = 16 << 10;
+const READY_MAX: usize = 1 << 20;
 
 struct Open {
     stream: CUstream,
@@ -46,6 +50,7 @@ struct Open {
 struct Pending {
     record: Record,
     span: Span,
+    stream: usize,
 }
 
 // SAFETY: a stream handle is the address of the shim's leaked stream record (or a
@@ -104,16 +109,25 @@ pub fn supported(k: u32) -> bool {
 }
 
 pub fn enable(k: u32, on: bool) {
-    let any = with(|s| {
+    with(|s| {
         if on {
             s.enabled.insert(k);
             s.first_pair.get_or_insert_with(clock::pair);
         } else {
             s.enabled.remove(&k);
         }
-        s.enabled.iter().any(|&k| traced(k))
+        profile::set_hooks(&HOOKS, s.enabled.iter().any(|&k| traced(k)));
     });
-    profile::set_hooks(&HOOKS, any);
+}
+
+/// The profiler changed the clock records are delivered in: conversion starts again
+/// from a reading of the new one.
+pub fn clock_changed() {
+    with(|s| {
+        if s.first_pair.is_some() {
+            s.first_pair = Some(clock::pair());
+        }
+    });
 }
 
 pub fn enable_driver_api(cbid: u32, on: bool) {
@@ -204,7 +218,7 @@ fn keep(s: &mut State, r: Record) {
     }
 }
 
-fn work_record(work: &Work, dev: usize, stream: CUstream, correlation: u32) -> Record {
+fn work_record(work: &Work, k: u32, dev: usize, stream: CUstream, correlation: u32) -> Record {
     let (devf, ctxf, streamf, corrf, mut r) = match *work {
         Work::Kernel {
             func,
@@ -214,7 +228,7 @@ fn work_record(work: &Work, dev: usize, stream: CUstream, correlation: u32) -> R
             ..
         } => {
             use off::kernel::*;
-            let mut r = Record::new(kind::CONCURRENT_KERNEL);
+            let mut r = Record::new(k);
             for i in 0..3 {
                 r.u32(GRID + 4 * i, grid[i]).u32(BLOCK + 4 * i, block[i]);
             }
@@ -234,12 +248,14 @@ fn work_record(work: &Work, dev: usize, stream: CUstream, correlation: u32) -> R
             src_kind,
             dst_kind,
             bytes,
+            asynchronous,
         } => {
             use off::memcpy::*;
             let mut r = Record::new(kind::MEMCPY);
             r.u8(COPY_KIND, copy_kind)
                 .u8(SRC_KIND, src_kind)
                 .u8(DST_KIND, dst_kind)
+                .u8(FLAGS, asynchronous as u8)
                 .u64(BYTES, bytes);
             (DEVICE_ID, CONTEXT_ID, STREAM_ID, CORRELATION_ID, r)
         }
@@ -269,28 +285,43 @@ fn work_kind(work: &Work, enabled: &HashSet<u32>) -> Option<u32> {
     }
 }
 
+/// Keeps what is held bounded, from a point where the program's thread holds no channel
+/// and no lock: times finished work, waits for the oldest past PENDING_MAX, and delivers
+/// a full load of ready records.
+fn housekeep() {
+    let (pending, ready) = with(|s| (s.pending.len(), s.ready.len()));
+    if pending > PENDING_MAX {
+        time_pending(true, pending - PENDING_MAX / 2);
+    } else if pending > PENDING_SOFT {
+        time_pending(false, usize::MAX);
+    }
+    if ready >= READY_DELIVER {
+        deliver();
+    }
+}
+
 fn before(stream: CUstream, dev: usize, work: &Work) -> Option<u64> {
+    housekeep();
     let cbid = match work {
         Work::Kernel { cbid, .. } => *cbid,
         _ => 0,
     };
     let (timed, api, correlation) = with(|s| {
-        let timed = work_kind(work, &s.enabled).is_some();
+        let timed = work_kind(work, &s.enabled);
         let api = cbid != 0 && s.enabled.contains(&kind::DRIVER) && !s.driver_off.contains(&cbid);
-        if !timed && !api {
-            return (false, false, 0);
+        if timed.is_none() && !api {
+            return (None, false, 0);
         }
         (timed, api, correlate(s))
     });
-    if !timed && !api {
+    if timed.is_none() && !api {
         return None;
     }
     let start_ns = monotonic_ns();
-    let record = if timed {
-        timing::begin(stream, dev).map(|span| (work_record(work, dev, stream, correlation), span))
-    } else {
-        None
-    };
+    let record = timed.and_then(|k| {
+        timing::begin(stream, dev)
+            .map(|span| (work_record(work, k, dev, stream, correlation), span))
+    });
     Some(with(|s| {
         s.next_token += 1;
         s.open.insert(
@@ -315,15 +346,16 @@ fn after(token: u64, result: CUresult) {
     let pending = match open.record.take() {
         Some((record, mut span)) if result == CUDA_SUCCESS => {
             timing::end(&mut span, open.stream);
-            Some(Pending { record, span })
+            Some(Pending {
+                record,
+                span,
+                stream: open.stream as usize,
+            })
         }
-        Some((_, span)) => {
-            timing::release(span);
-            None
-        }
-        None => None,
+        // Refused: its events go back with the span.
+        _ => None,
     };
-    let overfull = with(|s| {
+    with(|s| {
         if open.cbid != 0 {
             use off::api::*;
             let mut r = Record::new(kind::DRIVER);
@@ -339,11 +371,7 @@ fn after(token: u64, result: CUresult) {
         if let Some(p) = pending {
             s.pending.push(p);
         }
-        s.pending.len() > PENDING_MAX
     });
-    if overfull {
-        time_pending(true, PENDING_MAX / 2);
-    }
 }
 
 fn waited(wait: Wait, start_ns: u64, end_ns: u64, result: CUresult) {
@@ -390,22 +418,22 @@ fn waited(wait: Wait, start_ns: u64, end_ns: u64, result: CUresult) {
     });
 }
 
-/// Times up to `limit` of the oldest pending records (waiting for them when `wait`);
-/// those not finished stay, in order.
+/// Times the pending records of work that has finished, oldest first, and (with `wait`)
+/// waits for the oldest `limit`. A stream's records are timed in order: behind one that
+/// has not finished, the same stream's later ones wait, other streams' do not.
 fn time_pending(wait: bool, limit: usize) {
-    let batch: Vec<Pending> = with(|s| {
-        let n = limit.min(s.pending.len());
-        s.pending.drain(..n).collect()
-    });
+    let batch: Vec<Pending> = with(|s| std::mem::take(&mut s.pending));
     let mut back = Vec::new();
     let mut timed = Vec::new();
-    for Pending { mut record, span } in batch {
-        if !back.is_empty() {
-            back.push(Pending { record, span });
+    let mut blocked: HashSet<usize> = HashSet::new();
+    for (i, p) in batch.into_iter().enumerate() {
+        if blocked.contains(&p.stream) {
+            back.push(p);
             continue;
         }
-        match timing::resolve(span, wait) {
+        match timing::resolve(&p.span, wait && i < limit) {
             Ok(Some((start, end))) => {
+                let Pending { mut record, .. } = p;
                 let (s_off, e_off, c_off) = match record.kind() {
                     kind::MEMCPY => (off::memcpy::START, off::memcpy::END, None),
                     kind::MEMSET => (off::memset::START, off::memset::END, None),
@@ -421,18 +449,21 @@ fn time_pending(wait: bool, limit: usize) {
                 }
                 timed.push(record);
             }
+            // Failed on the GPU or never ended: no record; its events go back.
             Ok(None) => {}
-            Err(span) => back.push(Pending { record, span }),
+            Err(timing::NotReady) => {
+                blocked.insert(p.stream);
+                back.push(p);
+            }
         }
     }
     with(|s| {
         for r in timed {
             keep(s, r);
         }
-        if !back.is_empty() {
-            back.append(&mut s.pending);
-            s.pending = back;
-        }
+        // Work queued meanwhile goes after what was held back.
+        back.append(&mut s.pending);
+        s.pending = back;
     });
 }
 
@@ -441,14 +472,20 @@ fn time_pending(wait: bool, limit: usize) {
 pub fn flush(forced: bool) -> u32 {
     let deadline = monotonic_ns() + 2_000_000_000;
     loop {
-        time_pending(false, usize::MAX);
+        time_pending(false, 0);
         let left = with(|s| s.pending.len());
         if left == 0 || !forced || monotonic_ns() > deadline {
             break;
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    deliver()
+    let r = deliver();
+    // Tracing over and nothing left to time: the pooled events stop counting against the
+    // client's quota.
+    if with(|s| s.pending.is_empty() && !s.enabled.iter().any(|&k| traced(k))) {
+        timing::drain();
+    }
+    r
 }
 
 fn times_of(k: u32) -> &'static [usize] {
@@ -492,6 +529,10 @@ fn deliver() -> u32 {
         // SAFETY: the profiler's callback, with valid out-pointers.
         unsafe { request(&mut buf, &mut size, &mut max) };
         if buf.is_null() || size < rest[0].bytes().len() {
+            if !buf.is_null() {
+                // SAFETY: the profiler's callback; its buffer goes back to it, empty.
+                unsafe { complete(std::ptr::null_mut(), 0, buf, size, 0) };
+            }
             with(|s| s.dropped += rest.len());
             break;
         }
@@ -518,12 +559,11 @@ fn deliver() -> u32 {
 pub fn finalize() {
     flush(true);
     let pending = with(|s| {
-        let p = std::mem::take(&mut s.pending);
-        *s = State::default();
-        p
+        profile::set_hooks(&HOOKS, false);
+        std::mem::take(&mut *s)
     });
-    for p in pending {
-        timing::release(p.span);
-    }
-    profile::set_hooks(&HOOKS, false);
+    // Dropped outside the lock: each span's events go back to the pool, then the pool
+    // is destroyed.
+    drop(pending);
+    timing::drain();
 }

@@ -59,16 +59,19 @@ pub fn pair() -> Pair {
 
 /// Monotonic nanoseconds to the output domain, through two pairs taken apart (the first
 /// at enable, the second at delivery): their slope is the output clock's rate, which for
-/// the TSC is not one tick a nanosecond. With one pair the rate is taken as 1.
+/// the TSC is not one tick a nanosecond. Integer arithmetic throughout: wall-clock
+/// nanoseconds (about 1.8e18) would lose 256 ns in a double. With pairs less than a
+/// millisecond apart the rate is taken as 1.
 pub fn convert(first: Pair, last: Pair, mono: u64) -> u64 {
-    let dm = last.mono as f64 - first.mono as f64;
-    let rate = if dm > 1e6 {
-        (last.out as f64 - first.out as f64) / dm
+    let dm = last.mono as i128 - first.mono as i128;
+    let dout = last.out as i128 - first.out as i128;
+    let since = mono as i128 - last.mono as i128;
+    let shift = if dm > 1_000_000 && dout > 0 {
+        since * dout / dm
     } else {
-        1.0
+        since
     };
-    let v = last.out as f64 + (mono as f64 - last.mono as f64) * rate;
-    v.max(0.0) as u64
+    (last.out as i128 + shift).clamp(0, u64::MAX as i128) as u64
 }
 
 #[cfg(test)]
@@ -90,6 +93,15 @@ mod tests {
         assert_eq!(convert(p0, p1, 30_000_001), 1_000 + 3 * 20_000_000 + 3);
         // Pairs too close together: the offset alone.
         assert_eq!(convert(p1, p1, 30_000_010), 1_000 + 3 * 20_000_000 + 10);
+        // Wall-clock nanoseconds keep every nanosecond.
+        let wall = Pair {
+            mono: 5_000_000_000,
+            out: 1_764_000_000_000_000_001,
+        };
+        assert_eq!(
+            convert(wall, wall, 5_000_000_003),
+            1_764_000_000_000_000_004
+        );
     }
 
     #[test]

@@ -85,7 +85,17 @@ fn real_version() -> Option<u32> {
 #[no_mangle]
 pub unsafe extern "C" fn cuptiGetVersion(v: *mut u32) -> u32 {
     static VERSION: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let version = *VERSION.get_or_init(|| real_version().unwrap_or(abi::API_VERSION));
+    let version = *VERSION.get_or_init(|| {
+        let v = real_version().unwrap_or(abi::API_VERSION);
+        // CUDA 13.1's CUPTI writes CUpti_ActivityKernel11; a profiler built against it
+        // reads that layout, which the shim does not write.
+        if v / 100 > abi::API_VERSION / 100 {
+            eprintln!(
+                "omps: libcupti reports version {v}; the shim writes CUDA 13.0's records (CUpti_ActivityKernel10), which a profiler built for a later CUPTI may read wrongly"
+            );
+        }
+        v
+    });
     // SAFETY: the caller's pointer.
     unsafe { put(v, version) }
 }
@@ -100,6 +110,7 @@ pub unsafe extern "C" fn cuptiGetResultString(r: u32, s: *mut *const c_char) -> 
         result::MAX_LIMIT_REACHED => c"CUPTI_ERROR_MAX_LIMIT_REACHED",
         result::NOT_INITIALIZED => c"CUPTI_ERROR_NOT_INITIALIZED",
         result::INVALID_KIND => c"CUPTI_ERROR_INVALID_KIND",
+        result::QUEUE_EMPTY => c"CUPTI_ERROR_QUEUE_EMPTY",
         result::NOT_SUPPORTED => c"CUPTI_ERROR_NOT_SUPPORTED (omps)",
         result::MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED => {
             c"CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
@@ -239,7 +250,7 @@ pub unsafe extern "C" fn cuptiActivityGetNumDroppedRecords(
 #[no_mangle]
 pub extern "C" fn cuptiActivityPushExternalCorrelationId(k: u32, id: u64) -> u32 {
     if k as usize >= activity::EXTERNAL_KINDS || k == 0 {
-        return result::INVALID_KIND;
+        return result::INVALID_PARAMETER;
     }
     activity::push_external(k as usize, id);
     result::SUCCESS
@@ -250,7 +261,7 @@ pub extern "C" fn cuptiActivityPushExternalCorrelationId(k: u32, id: u64) -> u32
 #[no_mangle]
 pub unsafe extern "C" fn cuptiActivityPopExternalCorrelationId(k: u32, last: *mut u64) -> u32 {
     if k as usize >= activity::EXTERNAL_KINDS || k == 0 {
-        return result::INVALID_KIND;
+        return result::INVALID_PARAMETER;
     }
     match activity::pop_external(k as usize) {
         Some(id) if !last.is_null() => {
@@ -259,8 +270,7 @@ pub unsafe extern "C" fn cuptiActivityPopExternalCorrelationId(k: u32, last: *mu
             result::SUCCESS
         }
         Some(_) => result::SUCCESS,
-        // CUPTI answers an empty stack so.
-        None => result::INVALID_PARAMETER,
+        None => result::QUEUE_EMPTY,
     }
 }
 
@@ -269,6 +279,7 @@ pub extern "C" fn cuptiActivityRegisterTimestampCallback(
     f: Option<unsafe extern "C" fn() -> u64>,
 ) -> u32 {
     clock::set_callback(f);
+    activity::clock_changed();
     result::SUCCESS
 }
 

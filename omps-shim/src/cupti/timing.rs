@@ -10,11 +10,13 @@
 //! tenth of a microsecond.
 //!
 //! Every call here goes through the shim's own entry points with the profiler's reports
-//! quieted (`profile::quiet`), so it never times itself.
+//! quieted (`profile::quiet`: no report, relaxed capture mode), so it never times itself
+//! and never invalidates a capture. Events come from a pool per GPU, counted against the
+//! client's event quota like the program's own, and are destroyed when tracing ends.
 
 use crate::api::exec::{
     cuEventCreate, cuEventDestroy_v2, cuEventElapsedTime_v2, cuEventQuery, cuEventRecord,
-    cuEventSynchronize, cuStreamCreate,
+    cuEventSynchronize, cuStreamCreate, cuStreamDestroy_v2,
 };
 use crate::api::stream_info::cuStreamIsCapturing;
 use crate::cuda::*;
@@ -23,8 +25,8 @@ use crate::state::streams::{CUevent, CUstream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// An event recorded on the GPU at a known host time.
-/// Its event goes back to the pool when the last span that measures from it is done.
+/// An event recorded on the GPU at a known host time. Its event goes back to the pool
+/// when the last span that measures from it is done.
 pub struct Anchor {
     dev: usize,
     event: CUevent,
@@ -37,13 +39,25 @@ impl Drop for Anchor {
     }
 }
 
-/// The two events around one piece of work.
+/// The two events around one piece of work; they go back to the pool when it is dropped.
 pub struct Span {
     dev: usize,
     start: CUevent,
     end: Option<CUevent>,
     anchor: Arc<Anchor>,
 }
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        give_back(self.dev, self.start);
+        if let Some(e) = self.end {
+            give_back(self.dev, e);
+        }
+    }
+}
+
+/// The span's work has not finished yet.
+pub struct NotReady;
 
 // SAFETY: event handles are addresses of the shim's leaked event records, valid on any
 // thread; the anchor's event likewise.
@@ -53,14 +67,12 @@ unsafe impl Send for Anchor {}
 // SAFETY: as above; nothing in an Anchor changes after it is made.
 unsafe impl Sync for Anchor {}
 
+#[derive(Default)]
 struct PerGpu {
-    free: Vec<CUevent>,
+    free: Vec<usize>,
     anchor: Option<Arc<Anchor>>,
     stream: Option<usize>,
 }
-
-// SAFETY: as for Span: the handles are addresses valid on every thread.
-unsafe impl Send for PerGpu {}
 
 static GPUS: Mutex<Option<HashMap<usize, PerGpu>>> = Mutex::new(None);
 
@@ -69,48 +81,42 @@ const ANCHOR_TRIES: usize = 3;
 
 fn with_gpu<R>(dev: usize, f: impl FnOnce(&mut PerGpu) -> R) -> R {
     let mut g = GPUS.lock().unwrap_or_else(|p| p.into_inner());
-    let per = g
-        .get_or_insert_with(HashMap::new)
-        .entry(dev)
-        .or_insert(PerGpu {
-            free: Vec::new(),
-            anchor: None,
-            stream: None,
-        });
-    f(per)
+    f(g.get_or_insert_with(HashMap::new).entry(dev).or_default())
 }
 
-/// An event of device `dev` (the current one: events belong to the current context's
-/// device), from the pool or new.
+/// Whether `dev` is the current context's device: events and streams are made there.
+fn current(dev: usize) -> bool {
+    crate::state::ctx::current_dev() == Ok(dev)
+}
+
+/// An event of device `dev`, from the pool or new (only while `dev` is current).
 fn event(dev: usize) -> Option<CUevent> {
     if let Some(e) = with_gpu(dev, |g| g.free.pop()) {
-        return Some(e);
+        return Some(e as CUevent);
+    }
+    if !current(dev) {
+        return None;
     }
     let mut e = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; flags 0 keep timing on.
-    if unsafe { cuEventCreate(&mut e, 0) } != CUDA_SUCCESS {
-        return None;
-    }
-    match crate::state::streams::event(e) {
-        Ok(ev) if ev.dev == dev => Some(e),
-        _ => {
-            cuEventDestroy_v2(e);
-            None
-        }
-    }
+    (unsafe { cuEventCreate(&mut e, 0) } == CUDA_SUCCESS).then_some(e)
 }
 
 fn give_back(dev: usize, e: CUevent) {
-    with_gpu(dev, |g| g.free.push(e));
+    with_gpu(dev, |g| g.free.push(e as usize));
 }
 
 /// The anchor of `dev`, a new one if there is none or it is a second old.
 fn anchor(dev: usize) -> Option<Arc<Anchor>> {
     let now = monotonic_ns();
-    if let Some(a) = with_gpu(dev, |g| g.anchor.clone()) {
-        if now.saturating_sub(a.mono) < ANCHOR_AGE_NS {
-            return Some(a);
+    let old = with_gpu(dev, |g| g.anchor.clone());
+    if let Some(a) = &old {
+        if now.saturating_sub(a.mono) < ANCHOR_AGE_NS || !current(dev) {
+            return old;
         }
+    }
+    if !current(dev) {
+        return None;
     }
     let stream = match with_gpu(dev, |g| g.stream) {
         Some(s) => s as CUstream,
@@ -119,7 +125,7 @@ fn anchor(dev: usize) -> Option<Arc<Anchor>> {
             const NON_BLOCKING: u32 = 1;
             // SAFETY: a valid out-pointer.
             if unsafe { cuStreamCreate(&mut s, NON_BLOCKING) } != CUDA_SUCCESS {
-                return None;
+                return old;
             }
             with_gpu(dev, |g| g.stream = Some(s as usize));
             s
@@ -127,11 +133,11 @@ fn anchor(dev: usize) -> Option<Arc<Anchor>> {
     };
     let mut best: Option<(u64, Anchor)> = None;
     for _ in 0..ANCHOR_TRIES {
-        let e = event(dev)?;
+        let Some(e) = event(dev) else { break };
         let t0 = monotonic_ns();
         if cuEventRecord(e, stream) != CUDA_SUCCESS || cuEventSynchronize(e) != CUDA_SUCCESS {
             give_back(dev, e);
-            return None;
+            break;
         }
         let t1 = monotonic_ns();
         let cand = Anchor {
@@ -144,11 +150,11 @@ fn anchor(dev: usize) -> Option<Arc<Anchor>> {
             best = Some((t1 - t0, cand));
         }
     }
-    let (_, a) = best?;
+    let Some((_, a)) = best else { return old };
     let a = Arc::new(a);
-    // Dropped outside the pool's lock (its Drop takes the lock).
-    let old = with_gpu(dev, |g| g.anchor.replace(a.clone()));
-    drop(old);
+    // The one replaced is dropped outside the pool's lock (its Drop takes the lock).
+    let replaced = with_gpu(dev, |g| g.anchor.replace(a.clone()));
+    drop(replaced);
     Some(a)
 }
 
@@ -176,7 +182,8 @@ pub(crate) fn begin(stream: CUstream, dev: usize) -> Option<Span> {
     })
 }
 
-/// Records the end of the work on `stream`, right after it was queued.
+/// Records the end of the work on `stream`, right after it was queued. Waits for
+/// nothing: it may run while the caller holds a channel.
 pub(crate) fn end(span: &mut Span, stream: CUstream) {
     quiet(|| {
         if let Some(e) = event(span.dev) {
@@ -190,21 +197,20 @@ pub(crate) fn end(span: &mut Span, stream: CUstream) {
 }
 
 /// The span's start and end in monotonic nanoseconds, once its work has finished;
-/// `wait` waits for it, otherwise unfinished work answers Err(span) to be asked again.
-/// Work that failed on the GPU, or a span without an end, answers Ok(None).
-pub fn resolve(span: Span, wait: bool) -> Result<Option<(u64, u64)>, Span> {
+/// `wait` waits for it, otherwise unfinished work answers NotReady. Work that failed on
+/// the GPU, or a span without an end, answers Ok(None).
+pub fn resolve(span: &Span, wait: bool) -> Result<Option<(u64, u64)>, NotReady> {
     let Some(end) = span.end else {
-        release(span);
         return Ok(None);
     };
-    let r = quiet(|| {
+    quiet(|| {
         let done = if wait {
             cuEventSynchronize(end)
         } else {
             cuEventQuery(end)
         };
         if done == CUDA_ERROR_NOT_READY {
-            return Err(());
+            return Err(NotReady);
         }
         if done != CUDA_SUCCESS {
             return Ok(None);
@@ -221,20 +227,30 @@ pub fn resolve(span: Span, wait: bool) -> Result<Option<(u64, u64)>, Span> {
         let start = span.anchor.mono as f64 + from_anchor as f64 * 1e6;
         let start = start.max(0.0) as u64;
         Ok(Some((start, start + (length.max(0.0) as f64 * 1e6) as u64)))
-    });
-    match r {
-        Err(()) => Err(span),
-        Ok(t) => {
-            release(span);
-            Ok(t)
-        }
-    }
+    })
 }
 
-/// Returns a span's events to the pool.
-pub fn release(span: Span) {
-    give_back(span.dev, span.start);
-    if let Some(e) = span.end {
-        give_back(span.dev, e);
-    }
+/// Tracing is over: the pooled events and the anchors' streams are destroyed, so that
+/// they no longer count against the client's quota. Spans still held give their events
+/// back later; the next `drain` destroys those.
+pub fn drain() {
+    let all: Vec<(usize, PerGpu)> = {
+        let mut g = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert_with(HashMap::new).drain().collect()
+    };
+    quiet(|| {
+        for (dev, mut per) in all {
+            // The anchor's event goes back to the pool (a fresh entry for `dev`, outside
+            // the lock) if no span holds it, and is destroyed with the rest.
+            drop(per.anchor.take());
+            let freed = with_gpu(dev, |g| std::mem::take(&mut g.free));
+            for e in per.free.into_iter().chain(freed) {
+                cuEventDestroy_v2(e as CUevent);
+            }
+            if let Some(s) = per.stream {
+                // SAFETY: the stream this module made for its anchors; nothing else has it.
+                unsafe { cuStreamDestroy_v2(s as CUstream) };
+            }
+        }
+    });
 }

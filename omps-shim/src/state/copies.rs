@@ -56,7 +56,7 @@ pub(crate) fn copy_htod_queued(
     let dev = range_dev(dst, len as u64)?;
     let (s, foreign) = stream_for(dev, stream)?;
     let shared = is_shared(src as u64, len);
-    let work = || copy_work(copy_kind::HTOD, shared, len);
+    let work = || copy_work(copy_kind::HTOD, shared, len, !(sync || foreign));
     profile::around(stream, dev, work, || {
         htod_queue(dev, dst, src, len, s, shared)
     })?;
@@ -70,7 +70,7 @@ pub(crate) fn copy_htod_queued(
 
 /// What a profiler records of a copy: its direction, its host side's kind (pinned or
 /// pageable; unused device to device) and its size.
-fn copy_work(kind: u8, host_pinned: bool, len: usize) -> Work<'static> {
+fn copy_work(kind: u8, host_pinned: bool, len: usize, asynchronous: bool) -> Work<'static> {
     let host = if host_pinned {
         memory_kind::PINNED
     } else {
@@ -86,6 +86,7 @@ fn copy_work(kind: u8, host_pinned: bool, len: usize) -> Work<'static> {
         src_kind,
         dst_kind,
         bytes: len as u64,
+        asynchronous,
     }
 }
 
@@ -195,7 +196,7 @@ pub(crate) fn copy_dtoh_queued(
     let dev = range_dev(src, len as u64)?;
     let (s, foreign) = stream_for(dev, stream)?;
     if is_shared(dst as u64, len) {
-        let work = || copy_work(copy_kind::DTOH, true, len);
+        let work = || copy_work(copy_kind::DTOH, true, len, !(sync || foreign));
         profile::around(stream, dev, work, || {
             pinned_copy(Op::CopyDtoHPinned, dev, src, dst as u64, len, s, false)
         })?;
@@ -205,6 +206,12 @@ pub(crate) fn copy_dtoh_queued(
         return Ok(());
     }
     let c = live()?;
+    // Reported before the channel is taken (the profiler may need one to begin), ended
+    // after the last piece is queued, before the host waits for the pieces in flight.
+    // The pageable path returns once the data has landed, whatever `sync` says.
+    let begun = profile::begin(stream, dev, || {
+        copy_work(copy_kind::DTOH, false, len, false)
+    });
     let mut ch = c.channel();
     ch.wait_all_chunks()?;
     let chunk = c.params().chunk_bytes as usize;
@@ -221,12 +228,9 @@ pub(crate) fn copy_dtoh_queued(
         unsafe { crate::pcopy::copy(dst.add(off), p, n) };
         Ok(())
     };
-    // The profiler's end mark goes after the last piece is queued, before the host
-    // waits for the pieces still in flight.
-    let work = || copy_work(copy_kind::DTOH, false, len);
-    profile::around(stream, dev, work, || {
-        queue_dtoh_pieces(c, &mut ch, (dev, src), &pieces, s, &land)
-    })?;
+    let queued = queue_dtoh_pieces(c, &mut ch, (dev, src), &pieces, s, &land);
+    profile::end(begun, queued.err().unwrap_or(CUDA_SUCCESS));
+    queued?;
     for i in pieces.len().saturating_sub(CHUNKS_PER_CHANNEL)..pieces.len() {
         land(&mut ch, i)?;
     }
@@ -280,7 +284,7 @@ pub(crate) fn copy_dtod(dst: u64, src: u64, len: usize, stream: CUstream) -> Res
         stream: s,
         _pad: 0,
     };
-    let work = || copy_work(copy_kind::DTOD, false, len);
+    let work = || copy_work(copy_kind::DTOD, false, len, !wait);
     profile::around(stream, dev, work, || {
         live()?.push(dev, Op::CopyDtoD, &[bytemuck::bytes_of(&rec)])
     })?;

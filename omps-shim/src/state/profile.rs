@@ -24,12 +24,14 @@ pub enum Work<'a> {
         cbid: u32,
     },
     /// A copy of `bytes`; the kinds are CUPTI's (`CUpti_ActivityMemcpyKind`,
-    /// `CUpti_ActivityMemoryKind`).
+    /// `CUpti_ActivityMemoryKind`); `asynchronous` when the call returns before the copy
+    /// is done.
     Copy {
         copy_kind: u8,
         src_kind: u8,
         dst_kind: u8,
         bytes: u64,
+        asynchronous: bool,
     },
     /// A memset of `bytes` to `value`.
     Memset { value: u32, bytes: u64 },
@@ -69,7 +71,8 @@ pub struct Hooks {
     /// Before `work` is queued on `stream` of device `dev`: a token for `after`, or None
     /// when this work is not timed (activity off for its kind, or a capturing stream).
     pub before: fn(stream: CUstream, dev: usize, work: &Work) -> Option<u64>,
-    /// After it was queued (or refused, `result`).
+    /// After it was queued (or refused, `result`). May run while the caller holds a
+    /// channel: it must not wait for the server.
     pub after: fn(token: u64, result: CUresult),
     /// A wait that ran from `start_ns` to `end_ns` (CLOCK_MONOTONIC).
     pub waited: fn(wait: Wait, start_ns: u64, end_ns: u64, result: CUresult),
@@ -83,11 +86,16 @@ thread_local! {
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs `f` with this thread's reports off: the profiler's own calls are not the
-/// program's work.
+/// Runs `f` with this thread's reports off, in relaxed capture mode: the profiler's own
+/// calls are not the program's work, and its waits and queries (on events of its own,
+/// never on a capturing stream) must not invalidate a capture the program is making, as
+/// CUPTI's never do.
 pub fn quiet<R>(f: impl FnOnce() -> R) -> R {
+    use crate::state::capture::{CAPTURE_MODE, MODE_RELAXED};
     let was = QUIET.with(|q| q.replace(true));
+    let mode = CAPTURE_MODE.with(|m| m.replace(MODE_RELAXED));
     let r = f();
+    CAPTURE_MODE.with(|m| m.set(mode));
     QUIET.with(|q| q.set(was));
     r
 }
@@ -106,22 +114,43 @@ fn hooks() -> Option<&'static Hooks> {
     }
 }
 
+/// A report begun (`begin`) and not yet ended.
+pub(crate) struct Begun {
+    hooks: &'static Hooks,
+    token: u64,
+}
+
+/// Reports work about to be queued on `stream` (`work` is built only when the profiler
+/// is on). Called before the caller holds a channel: the profiler's hooks may need one.
+pub(crate) fn begin<'a>(
+    stream: CUstream,
+    dev: usize,
+    work: impl FnOnce() -> Work<'a>,
+) -> Option<Begun> {
+    let h = hooks()?;
+    let token = (h.before)(stream, dev, &work())?;
+    Some(Begun { hooks: h, token })
+}
+
+/// Reports that the work `begin` named was queued (or refused, `result`). Needs no
+/// channel: it may be called while the caller holds one.
+pub(crate) fn end(b: Option<Begun>, result: CUresult) {
+    if let Some(b) = b {
+        (b.hooks.after)(b.token, result);
+    }
+}
+
 /// Runs `queue`, which queues the work `work` describes on `stream`, reported to the
-/// profiler around it (`work` is built only when the profiler is on).
+/// profiler around it.
 pub(crate) fn around<'a, R>(
     stream: CUstream,
     dev: usize,
     work: impl FnOnce() -> Work<'a>,
     queue: impl FnOnce() -> Result<R, CUresult>,
 ) -> Result<R, CUresult> {
-    let Some(h) = hooks() else {
-        return queue();
-    };
-    let token = (h.before)(stream, dev, &work());
+    let b = begin(stream, dev, work);
     let r = queue();
-    if let Some(t) = token {
-        (h.after)(t, r.as_ref().err().copied().unwrap_or(CUDA_SUCCESS));
-    }
+    end(b, r.as_ref().err().copied().unwrap_or(CUDA_SUCCESS));
     r
 }
 

@@ -577,6 +577,13 @@ impl<'a> ChanGuard<'a> {
         self.wait(call)
     }
 
+    /// Reads the first `len` bytes (at most the reply area's) of the last call's reply.
+    pub fn reply_bytes(&self, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        self.chan().read_reply(&mut b);
+        b
+    }
+
     /// Reads the inline reply of the last call.
     pub fn reply<T: bytemuck::Pod>(&self) -> T {
         let mut b = vec![0u8; std::mem::size_of::<T>()];

@@ -97,6 +97,31 @@ pub struct EventElapsed {
     pub end: u32,
 }
 
+/// The most pairs one EventTimes call carries: their answers fill the reply area.
+pub const EVENT_TIMES_MAX: usize = 64;
+
+/// Times of up to EVENT_TIMES_MAX pieces of work at once (a profiler's flush): followed
+/// by `count` pairs of event ids (start, end), each u32. The answer is `count`
+/// [`EventTime`]s. Nothing waits: work not finished answers CUDA_ERROR_NOT_READY.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct EventTimes {
+    pub call: CallHdr,
+    pub anchor: u32,
+    pub count: u32,
+}
+
+/// One pair's answer: the CUDA result, then milliseconds from the anchor to the start and
+/// from the start to the end (cuEventElapsedTime's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct EventTime {
+    pub result: i32,
+    pub from_anchor_ms: f32,
+    pub length_ms: f32,
+    pub _pad: u32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct HostFunc {

@@ -29,7 +29,7 @@ pub use header::*;
 pub use memory::*;
 pub use module::*;
 
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -89,6 +89,8 @@ ops! {
     EventSync = 39 => HandleCall,
     EventQuery = 40 => HandleCall,
     EventElapsed = 41 => EventElapsed,
+    /// Followed by event id pairs: see [`EventTimes`].
+    EventTimes = 65 => EventTimes,
     CtxSync = 42 => CallHdr,
     /// Waits until every earlier command of this client on this GPU has been handled by
     /// the server (not by the GPU); answers pending asynchronous errors.

@@ -81,6 +81,7 @@ impl Session {
             | Op::EventSync
             | Op::EventQuery
             | Op::EventElapsed
+            | Op::EventTimes
             | Op::CtxSync
             | Op::HostFunc
             | Op::Ping => self.handle_sync(ctx, op, p, tail)?,

@@ -77,7 +77,7 @@ impl Session {
         ctx: &mut WorkerCtx,
         op: Op,
         p: &[u8],
-        _tail: &[u8],
+        tail: &[u8],
     ) -> Result<(), Malformed> {
         let gpu = ctx.gpu.clone();
         match op {
@@ -325,6 +325,49 @@ impl Session {
                     value: ms.to_bits() as u64,
                 });
                 self.complete_pod(el.call, r)?;
+            }
+            Op::EventTimes => {
+                let t = rec::<wire::EventTimes>(p);
+                let n = t.count as usize;
+                if n > wire::EVENT_TIMES_MAX || tail.len() != n * 8 {
+                    return bad(format!(
+                        "event times: {n} pairs (at most {}) in {} bytes",
+                        wire::EVENT_TIMES_MAX,
+                        tail.len()
+                    ));
+                }
+                let anchor = self.event(t.anchor)?;
+                let mut out = Vec::with_capacity(n * std::mem::size_of::<wire::EventTime>());
+                for pair in tail.chunks_exact(8) {
+                    let id = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+                    let (start, end) = (self.event(id(&pair[..4]))?, self.event(id(&pair[4..]))?);
+                    let answer = match gpu.event_query(end) {
+                        Ok(true) => match (
+                            gpu.event_elapsed(anchor, start),
+                            gpu.event_elapsed(start, end),
+                        ) {
+                            (Ok(a), Ok(b)) => wire::EventTime {
+                                from_anchor_ms: a,
+                                length_ms: b,
+                                ..Default::default()
+                            },
+                            (Err(e), _) | (_, Err(e)) => wire::EventTime {
+                                result: e.0,
+                                ..Default::default()
+                            },
+                        },
+                        Ok(false) => wire::EventTime {
+                            result: code::NOT_READY,
+                            ..Default::default()
+                        },
+                        Err(e) => wire::EventTime {
+                            result: e.0,
+                            ..Default::default()
+                        },
+                    };
+                    out.extend_from_slice(bytemuck::bytes_of(&answer));
+                }
+                self.complete(t.call, 0, &out)?;
             }
             Op::CtxSync => {
                 let c = rec::<CallHdr>(p);

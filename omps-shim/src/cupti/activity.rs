@@ -34,6 +34,9 @@ pub const EXTERNAL_KINDS: usize = 6;
 /// events, well inside the least event quota a client is granted (4,096).
 const PENDING_SOFT: usize = 256;
 const PENDING_MAX: usize = 1024;
+/// Reports between two passes over the untimed spans (a pass asks the server about the
+/// oldest of each stream: a round trip each, not to be paid on every launch).
+const PASS_EVERY: u32 = 64;
 /// Records ready past which they are delivered at once (when the profiler gave buffer
 /// callbacks), and past which new ones are dropped and counted.
 const READY_DELIVER: usize = 16 << 10;
@@ -69,6 +72,7 @@ struct State {
     ready: Vec<Record>,
     dropped: usize,
     next_token: u64,
+    since_pass: u32,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -289,10 +293,17 @@ fn work_kind(work: &Work, enabled: &HashSet<u32>) -> Option<u32> {
 /// and no lock: times finished work, waits for the oldest past PENDING_MAX, and delivers
 /// a full load of ready records.
 fn housekeep() {
-    let (pending, ready) = with(|s| (s.pending.len(), s.ready.len()));
+    let (pending, ready, pass) = with(|s| {
+        s.since_pass += 1;
+        let pass = s.pending.len() > PENDING_SOFT && s.since_pass >= PASS_EVERY;
+        if pass {
+            s.since_pass = 0;
+        }
+        (s.pending.len(), s.ready.len(), pass)
+    });
     if pending > PENDING_MAX {
         time_pending(true, pending - PENDING_MAX / 2);
-    } else if pending > PENDING_SOFT {
+    } else if pass {
         time_pending(false, usize::MAX);
     }
     if ready >= READY_DELIVER {
@@ -418,20 +429,25 @@ fn waited(wait: Wait, start_ns: u64, end_ns: u64, result: CUresult) {
     });
 }
 
-/// Times the pending records of work that has finished, oldest first, and (with `wait`)
-/// waits for the oldest `limit`. A stream's records are timed in order: behind one that
-/// has not finished, the same stream's later ones wait, other streams' do not.
+/// Times the pending records of work that has finished; with `wait`, first waits for
+/// the oldest `limit` (for each stream, its last among them). What has not finished
+/// stays, in order.
 fn time_pending(wait: bool, limit: usize) {
     let batch: Vec<Pending> = with(|s| std::mem::take(&mut s.pending));
+    if wait {
+        let mut last: HashMap<usize, usize> = HashMap::new();
+        for (i, p) in batch.iter().take(limit).enumerate() {
+            last.insert(p.stream, i);
+        }
+        for &i in last.values() {
+            timing::wait(&batch[i].span);
+        }
+    }
+    let answers = timing::resolve_all(&batch.iter().map(|p| &p.span).collect::<Vec<_>>());
     let mut back = Vec::new();
     let mut timed = Vec::new();
-    let mut blocked: HashSet<usize> = HashSet::new();
-    for (i, p) in batch.into_iter().enumerate() {
-        if blocked.contains(&p.stream) {
-            back.push(p);
-            continue;
-        }
-        match timing::resolve(&p.span, wait && i < limit) {
+    for (p, answer) in batch.into_iter().zip(answers) {
+        match answer {
             Ok(Some((start, end))) => {
                 let Pending { mut record, .. } = p;
                 let (s_off, e_off, c_off) = match record.kind() {
@@ -451,10 +467,7 @@ fn time_pending(wait: bool, limit: usize) {
             }
             // Failed on the GPU or never ended: no record; its events go back.
             Ok(None) => {}
-            Err(timing::NotReady) => {
-                blocked.insert(p.stream);
-                back.push(p);
-            }
+            Err(timing::NotReady) => back.push(p),
         }
     }
     with(|s| {

@@ -3,6 +3,9 @@
 //! own stream (the server records them where the work runs), read back as elapsed times
 //! from an anchor event of that GPU whose host time is known.
 //!
+//! The times of many spans come back in one round trip (`EventTimes`), asked without
+//! waiting: work still running answers not ready and is asked again later.
+//!
 //! An anchor is an event recorded on a stream of the shim's own that nothing else uses,
 //! and waited for; its GPU time lies between the host times before the record and after
 //! the wait. The narrowest of three tries is kept, and a new anchor is taken once the
@@ -15,13 +18,14 @@
 //! client's event quota like the program's own, and are destroyed when tracing ends.
 
 use crate::api::exec::{
-    cuEventCreate, cuEventDestroy_v2, cuEventElapsedTime_v2, cuEventQuery, cuEventRecord,
-    cuEventSynchronize, cuStreamCreate, cuStreamDestroy_v2,
+    cuEventCreate, cuEventDestroy_v2, cuEventRecord, cuEventSynchronize, cuStreamCreate,
+    cuStreamDestroy_v2,
 };
 use crate::api::stream_info::cuStreamIsCapturing;
 use crate::cuda::*;
 use crate::state::profile::{monotonic_ns, quiet};
 use crate::state::streams::{CUevent, CUstream};
+use omps_ring::wire::{self, Op};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -57,6 +61,7 @@ impl Drop for Span {
 }
 
 /// The span's work has not finished yet.
+#[derive(Clone, Copy, Debug)]
 pub struct NotReady;
 
 // SAFETY: event handles are addresses of the shim's leaked event records, valid on any
@@ -196,38 +201,78 @@ pub(crate) fn end(span: &mut Span, stream: CUstream) {
     })
 }
 
-/// The span's start and end in monotonic nanoseconds, once its work has finished;
-/// `wait` waits for it, otherwise unfinished work answers NotReady. Work that failed on
-/// the GPU, or a span without an end, answers Ok(None).
-pub fn resolve(span: &Span, wait: bool) -> Result<Option<(u64, u64)>, NotReady> {
-    let Some(end) = span.end else {
-        return Ok(None);
-    };
-    quiet(|| {
-        let done = if wait {
-            cuEventSynchronize(end)
-        } else {
-            cuEventQuery(end)
-        };
-        if done == CUDA_ERROR_NOT_READY {
-            return Err(NotReady);
+/// Waits until the span's work has finished (or failed).
+pub fn wait(span: &Span) {
+    if let Some(end) = span.end {
+        quiet(|| cuEventSynchronize(end));
+    }
+}
+
+/// Each span's start and end in monotonic nanoseconds, for work that has finished:
+/// NotReady for work still running, Ok(None) for work that failed or a span without an
+/// end. One round trip per EVENT_TIMES_MAX spans of one GPU and anchor (EventTimes),
+/// none waits.
+pub fn resolve_all(spans: &[&Span]) -> Vec<Result<Option<(u64, u64)>, NotReady>> {
+    let mut out: Vec<Result<Option<(u64, u64)>, NotReady>> = vec![Ok(None); spans.len()];
+    let mut groups: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    for (i, sp) in spans.iter().enumerate() {
+        if sp.end.is_some() {
+            let key = (sp.dev, Arc::as_ptr(&sp.anchor) as usize);
+            groups.entry(key).or_default().push(i);
         }
-        if done != CUDA_SUCCESS {
-            return Ok(None);
+    }
+    for ((dev, _), idx) in groups {
+        for chunk in idx.chunks(wire::EVENT_TIMES_MAX) {
+            let answers = quiet(|| times(dev, spans, chunk)).unwrap_or_default();
+            for (&i, t) in chunk.iter().zip(answers) {
+                let anchor_ns = spans[i].anchor.mono as f64;
+                out[i] = match t.result {
+                    0 => {
+                        let start = (anchor_ns + t.from_anchor_ms as f64 * 1e6).max(0.0) as u64;
+                        Ok(Some((
+                            start,
+                            start + (t.length_ms.max(0.0) as f64 * 1e6) as u64,
+                        )))
+                    }
+                    CUDA_ERROR_NOT_READY => Err(NotReady),
+                    _ => Ok(None),
+                };
+            }
         }
-        let (mut from_anchor, mut length) = (0f32, 0f32);
-        // SAFETY: valid out-pointers; all three events are ours and recorded.
-        let ok = unsafe {
-            cuEventElapsedTime_v2(&mut from_anchor, span.anchor.event, span.start) == CUDA_SUCCESS
-                && cuEventElapsedTime_v2(&mut length, span.start, end) == CUDA_SUCCESS
-        };
-        if !ok {
-            return Ok(None);
-        }
-        let start = span.anchor.mono as f64 + from_anchor as f64 * 1e6;
-        let start = start.max(0.0) as u64;
-        Ok(Some((start, start + (length.max(0.0) as f64 * 1e6) as u64)))
+    }
+    out
+}
+
+/// One EventTimes call for the spans `idx` of `spans`, all of GPU `dev` and one anchor.
+fn times(dev: usize, spans: &[&Span], idx: &[usize]) -> Option<Vec<wire::EventTime>> {
+    let id = |e: CUevent| crate::state::streams::event(e).ok().map(|ev| ev.id);
+    let anchor = id(spans[idx[0]].anchor.event)?;
+    let mut ids = Vec::with_capacity(idx.len() * 8);
+    for &i in idx {
+        ids.extend_from_slice(&id(spans[i].start)?.to_le_bytes());
+        ids.extend_from_slice(&id(spans[i].end?)?.to_le_bytes());
+    }
+    let c = crate::state::entry::live().ok()?;
+    let mut ch = c.channel();
+    ch.call(dev, Op::EventTimes, |call| {
+        let mut rec = bytemuck::bytes_of(&wire::EventTimes {
+            call,
+            anchor,
+            count: idx.len() as u32,
+        })
+        .to_vec();
+        rec.extend_from_slice(&ids);
+        rec
     })
+    .ok()?;
+    let size = std::mem::size_of::<wire::EventTime>();
+    let bytes = ch.reply_bytes(idx.len() * size);
+    Some(
+        bytes
+            .chunks_exact(size)
+            .map(bytemuck::pod_read_unaligned)
+            .collect(),
+    )
 }
 
 /// Tracing is over: the pooled events and the anchors' streams are destroyed, so that

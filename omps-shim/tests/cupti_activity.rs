@@ -259,6 +259,52 @@ fn a_profiler_gets_its_kernels_copies_and_waits_with_their_correlations() {
             result::QUEUE_EMPTY
         );
 
+        // Graph replays: each kernel node of each replay is a record, named, with the
+        // replay's correlation id, timed by the server's twin of the graph, though the
+        // program destroyed its graph right after instantiating it (as PyTorch does).
+        {
+            use omps_shim::api::graph::*;
+            // The capture stream of before: the test server has few work streams.
+            let gs = cs;
+            ok(omps_shim::api::capture::cuStreamBeginCapture_v2(gs, 0));
+            fill_kernel(p, 20, 16, gs);
+            fill_kernel(p, 21, 16, gs);
+            let mut g = std::ptr::null_mut();
+            ok(omps_shim::api::capture::cuStreamEndCapture(gs, &mut g));
+            let mut exec = std::ptr::null_mut();
+            ok(cuGraphInstantiateWithFlags(&mut exec, g, 0));
+            ok(cuGraphDestroy(g));
+            assert_eq!(cuptiActivityFlushAll(1), 0);
+            let _ = take_records();
+            ok(cuGraphLaunch(exec, gs));
+            ok(cuGraphLaunch(exec, gs));
+            ok(cuStreamSynchronize(gs));
+            let mut back = [0u32; 16];
+            ok(cuMemcpyDtoH_v2(back.as_mut_ptr() as *mut c_void, p, 64));
+            assert_eq!(back, [21; 16], "the twin ran the graph's work");
+            assert_eq!(cuptiActivityFlushAll(1), 0);
+            let all = take_records();
+            let nodes = of_kind(&all, kind::CONCURRENT_KERNEL);
+            assert_eq!(nodes.len(), 4, "two kernel nodes, two replays");
+            let corr: Vec<u32> = nodes
+                .iter()
+                .map(|k| u32_at(k, off::kernel::CORRELATION_ID))
+                .collect();
+            assert!(corr[0] == corr[1] && corr[2] == corr[3] && corr[1] != corr[2]);
+            for k in &nodes {
+                let name = CStr::from_ptr(u64_at(k, off::kernel::NAME) as *const _);
+                assert_eq!(name.to_str().unwrap(), "fill_u32");
+                assert!(u64_at(k, off::kernel::START) <= u64_at(k, off::kernel::END));
+            }
+            for w in nodes.windows(2) {
+                assert!(
+                    u64_at(w[1], off::kernel::START) >= u64_at(w[0], off::kernel::END),
+                    "nodes of a chain, replays of a stream, in order"
+                );
+            }
+            ok(cuGraphExecDestroy(exec));
+        }
+
         // KERNEL alone: the serialized kind's records.
         assert_eq!(cuptiActivityDisable(kind::CONCURRENT_KERNEL), 0);
         assert_eq!(cuptiActivityEnable(kind::KERNEL), 0);

@@ -1,7 +1,8 @@
-//! EventTimes (the profiler's batched timing call) as hostile input: the answer for
-//! pairs of the client's own events, and a client cut off, others untouched, when the
+//! The profiler's ops as hostile input. EventTimes (its batched timing call): the answer
+//! for pairs of the client's own events, and a client cut off, others untouched, when the
 //! count and the ids that follow disagree, when it asks for more than a reply holds, or
-//! names an event that is not its own.
+//! names an event that is not its own. GraphProfileInfo and GraphLaunchProfiled: a
+//! client that names an executable graph it does not have is cut off.
 
 mod common;
 use common::*;
@@ -65,7 +66,7 @@ fn event_times_answers_its_own_pairs_and_cuts_off_a_liar() {
 
     let liars: [(u32, Vec<u32>, &str); 3] = [
         (3, vec![2, 3], "a count the ids do not fill"),
-        (65, vec![2, 3].repeat(65), "more pairs than a reply holds"),
+        (65, [2, 3].repeat(65), "more pairs than a reply holds"),
         (1, vec![2, 99], "an event that is not its own"),
     ];
     for (count, ids, what) in liars {
@@ -76,6 +77,39 @@ fn event_times_answers_its_own_pairs_and_cuts_off_a_liar() {
         let _ = ask(&liar, 1, count, &ids);
         assert!(wait_disconnected(&liar), "accepted: {what}");
     }
+    // The graph profiling ops name executable graphs: one the client does not have is a
+    // lie, whether asked about or launched.
+    let liar = Conn::connect_to(&srv.socket()).unwrap();
+    let _ = liar.channel().call(0, Op::GraphProfileInfo, |call| {
+        bytemuck::bytes_of(&wire::GraphProfileInfo {
+            call,
+            exec: 77,
+            first: 0,
+        })
+        .to_vec()
+    });
+    assert!(
+        wait_disconnected(&liar),
+        "accepted: info of an unknown graph"
+    );
+    let liar = Conn::connect_to(&srv.socket()).unwrap();
+    create(&liar, 1);
+    let l = wire::GraphLaunchProfiled {
+        exec: 77,
+        stream: 0,
+        count: 1,
+        _pad: 0,
+    };
+    liar.push(
+        0,
+        Op::GraphLaunchProfiled,
+        &[bytemuck::bytes_of(&l), &[1, 0, 0, 0, 1, 0, 0, 0]],
+    )
+    .unwrap();
+    assert!(
+        wait_disconnected(&liar),
+        "accepted: launch of an unknown graph"
+    );
     assert!(alloc(&c, 64) != 0, "the others go on");
     assert_eq!(ask(&c, 1, 1, &[2, 3]).unwrap()[0].result, 0);
 }

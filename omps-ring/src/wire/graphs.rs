@@ -101,3 +101,48 @@ pub struct GraphLaunch {
     pub exec: u32,
     pub stream: u32,
 }
+
+/// The timed nodes of executable graph `exec`'s profiling twin, from node `first` on (a
+/// profiler traces its replays; docs/design.md 12b, design G). The answer is a
+/// [`ProfiledNodes`] and up to PROFILED_PER_REPLY [`ProfiledNode`]s.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphProfileInfo {
+    pub call: CallHdr,
+    pub exec: u32,
+    pub first: u32,
+}
+
+/// How many timed nodes the twin has, and how many follow in this answer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ProfiledNodes {
+    pub total: u32,
+    pub count: u32,
+}
+
+/// A timed kernel node: the client's function id (0: not one of its own), shape and
+/// dynamic shared memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ProfiledNode {
+    pub func: u32,
+    pub shared: u32,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+}
+
+/// Timed nodes one answer holds (a 1 KiB reply area).
+pub const PROFILED_PER_REPLY: usize = 31;
+
+/// A launch of `exec`'s profiling twin on `stream`: followed by 2 x `count` event ids of
+/// the client's own, a start and an end for each timed node, in order (`count` is the
+/// twin's node total).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GraphLaunchProfiled {
+    pub exec: u32,
+    pub stream: u32,
+    pub count: u32,
+    pub _pad: u32,
+}

@@ -91,6 +91,9 @@ ops! {
     EventElapsed = 41 => EventElapsed,
     /// Followed by event id pairs: see [`EventTimes`].
     EventTimes = 65 => EventTimes,
+    GraphProfileInfo = 66 => GraphProfileInfo,
+    /// Followed by event ids: see [`GraphLaunchProfiled`].
+    GraphLaunchProfiled = 67 => GraphLaunchProfiled,
     CtxSync = 42 => CallHdr,
     /// Waits until every earlier command of this client on this GPU has been handled by
     /// the server (not by the GPU); answers pending asynchronous errors.

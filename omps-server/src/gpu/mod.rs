@@ -64,6 +64,30 @@ pub mod func_attr {
     pub const MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
 }
 
+/// A graph's profiling twin (docs/design.md 12b, design G): a copy of the graph with an
+/// event-record node before and after each kernel node, instantiated.
+#[derive(Debug)]
+pub struct ProfileTwin {
+    pub exec: u64,
+    /// The instrumented copy the twin was made from, destroyed with it.
+    pub graph: u64,
+    /// The event every record node names until a launch points it at the client's own.
+    pub placeholder: u64,
+    /// Per kernel node, in the graph's node order.
+    pub nodes: Vec<TimedNode>,
+}
+
+/// A kernel node of a twin: its two event-record nodes and its launch shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimedNode {
+    pub start: u64,
+    pub end: u64,
+    pub func: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared: u32,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FunctionInfo {
     pub handle: u64,
@@ -341,6 +365,12 @@ pub trait Gpu: Send + Sync + 'static {
     /// conditional bodies' included, as (address, bytes): what a launch of its executable
     /// graph must still find the client's (issue 23, finding 9).
     fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>>;
+    /// `graph`'s profiling twin: see [`ProfileTwin`].
+    fn graph_profile_twin(&self, graph: u64) -> GpuResult<ProfileTwin>;
+    /// Points event-record node `node` of executable graph `exec` at `event`.
+    fn graph_exec_set_event(&self, exec: u64, node: u64, event: u64) -> GpuResult<()>;
+    /// Destroys a twin's executable graph, graph and placeholder event.
+    fn graph_profile_twin_destroy(&self, twin: &ProfileTwin);
 
     /// A CUDA array of `shape`: its handle and the bytes it takes.
     fn array_create(&self, shape: &ArrayShape) -> GpuResult<(u64, u64)>;

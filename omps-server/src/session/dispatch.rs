@@ -110,7 +110,12 @@ impl Session {
             | Op::GraphQuery => self.handle_graphs(ctx, op, p, tail)?,
             Op::GraphCond => {
                 fixed_only(tail, "conditional graph op")?;
-                self.handle_graph_cond(ctx, &rec::<wire::GraphCond>(p))?;
+                let c = rec::<wire::GraphCond>(p);
+                self.graph_cond_profile(ctx, &c);
+                self.handle_graph_cond(ctx, &c)?;
+            }
+            Op::GraphProfileInfo | Op::GraphLaunchProfiled => {
+                self.handle_graph_profile(ctx, op, p, tail)?
             }
             Op::IpcGetMemHandle
             | Op::IpcOpenMemHandle

@@ -111,6 +111,7 @@ impl Session {
                 let r = r.and_then(|(e, ranges)| match self.graph_id() {
                     Ok(id) => {
                         self.execs.insert(id, e);
+                        self.note_exec_source(id, g.graph);
                         self.note_exec_ranges(ctx, id, ranges);
                         Ok(wire::U64Reply { value: id as u64 })
                     }
@@ -161,9 +162,14 @@ impl Session {
                 map.remove(&h.id);
                 let mut rel = Release::default();
                 if op == Op::GraphDestroy {
-                    rel.graphs.push(handle);
+                    // Kept while executable graphs made from it live (a profiler's twin
+                    // is made from it).
+                    if !self.keep_destroyed_graph(h.id, handle) {
+                        rel.graphs.push(handle);
+                    }
                 } else {
                     rel.execs.push(handle);
+                    self.exec_profile_gone(ctx, h.id, true);
                 }
                 // An executable graph may still run: freed once the client's work is done.
                 ctx.release_later(self, rel);

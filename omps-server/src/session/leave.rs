@@ -62,7 +62,7 @@ impl Session {
             .collect();
         let module_bytes = self.modules.values().map(|m| m.data_bytes).sum::<u64>()
             + held_modules.iter().map(|m| m.2).sum::<u64>();
-        let rel = Release {
+        let mut rel = Release {
             // Pinned ranges it gave back that its graphs held: unregistered with the rest.
             pinned: held_pinned,
             limits: None,
@@ -108,6 +108,8 @@ impl Session {
                 a
             },
         };
+        // Profiling twins and the graphs kept for them.
+        self.profiles.drain_into(&mut rel);
         (self.client, rel)
     }
 

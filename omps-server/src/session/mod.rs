@@ -18,6 +18,7 @@ mod depth;
 mod dispatch;
 mod exec;
 mod graph_memory;
+mod graph_profile;
 mod graphs;
 mod green;
 mod ipc;

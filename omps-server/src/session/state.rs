@@ -168,6 +168,8 @@ pub struct Session {
     /// Its graphs and executable graphs: id -> the driver's handle.
     pub(super) graphs: HashMap<u32, u64>,
     pub(super) execs: HashMap<u32, u64>,
+    /// Profiling twins of its executable graphs, and the graphs kept for them.
+    pub(super) profiles: super::graph_profile::GraphProfiles,
     /// The device memory each executable graph's memset and memcpy nodes use, and the
     /// blocks freed while one does, held until none does (session/graph_memory.rs).
     pub(super) exec_ranges: HashMap<u32, Vec<Range>>,
@@ -250,6 +252,7 @@ impl Session {
             fn_attrs: HashMap::new(),
             graphs: HashMap::new(),
             execs: HashMap::new(),
+            profiles: Default::default(),
             exec_ranges: HashMap::new(),
             graph_held: Vec::new(),
             graph_held_other: Vec::new(),

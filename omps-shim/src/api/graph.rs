@@ -235,6 +235,26 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
             }
         }
     }
+    if op == Op::GraphLaunch {
+        // A profiler traces the replay: the server launches the graph's twin, whose
+        // record nodes take these events (docs/design.md 12b, design G).
+        if let Some((begun, events)) = crate::state::profile::graph_begin(s, dev, ex.id()) {
+            let l = wire::GraphLaunchProfiled {
+                exec: ex.id(),
+                stream,
+                count: (events.len() / 2) as u32,
+                _pad: 0,
+            };
+            let ids: Vec<u8> = events.iter().flat_map(|e| e.to_le_bytes()).collect();
+            let r = live()?.push(
+                dev,
+                Op::GraphLaunchProfiled,
+                &[bytemuck::bytes_of(&l), &ids],
+            );
+            crate::state::profile::end(Some(begun), r.err().unwrap_or(CUDA_SUCCESS));
+            return r;
+        }
+    }
     let l = wire::GraphLaunch {
         exec: ex.id(),
         stream,

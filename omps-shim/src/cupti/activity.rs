@@ -13,6 +13,7 @@ use super::abi::{self, kind, off, Record};
 use super::clock::{self, Pair};
 use super::timing::{self, Span};
 use crate::cuda::*;
+use crate::handles::Function;
 use crate::state::profile::{self, monotonic_ns, Hooks, Wait, Work};
 use crate::state::streams::{CUevent, CUstream};
 use std::collections::{HashMap, HashSet};
@@ -47,7 +48,11 @@ struct Open {
     correlation: u32,
     cbid: u32,
     start_ns: u64,
-    record: Option<(Record, Span)>,
+    /// The records of the work and their spans: one for a kernel, copy or memset, one a
+    /// timed node for a graph replay.
+    records: Vec<(Record, Span)>,
+    /// The spans' events are recorded by the server (a graph's twin), not by `after`.
+    recorded_by_server: bool,
 }
 
 struct Pending {
@@ -92,6 +97,7 @@ static HOOKS: Hooks = Hooks {
     before,
     after,
     waited,
+    graph,
 };
 
 /// The kinds whose work the shim times or whose calls it records.
@@ -231,20 +237,9 @@ fn work_record(work: &Work, k: u32, dev: usize, stream: CUstream, correlation: u
             dynamic_shared,
             ..
         } => {
-            use off::kernel::*;
             let mut r = Record::new(k);
-            for i in 0..3 {
-                r.u32(GRID + 4 * i, grid[i]).u32(BLOCK + 4 * i, block[i]);
-            }
-            static GRID_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            r.u32(STATIC_SHARED, func.static_shared as u32)
-                .u32(DYNAMIC_SHARED, dynamic_shared)
-                .u64(GRID_ID, GRID_IDS.fetch_add(1, Ordering::Relaxed) + 1)
-                .u64(NAME, interned(&func.name))
-                .u16(
-                    REGISTERS_PER_THREAD,
-                    func.attrs.known(4).unwrap_or(0) as u16,
-                );
+            kernel_fields(&mut r, Some(func), grid, block, dynamic_shared);
+            use off::kernel::*;
             (DEVICE_ID, CONTEXT_ID, STREAM_ID, CORRELATION_ID, r)
         }
         Work::Copy {
@@ -277,6 +272,46 @@ fn work_record(work: &Work, k: u32, dev: usize, stream: CUstream, correlation: u
         .u32(streamf, stream_id(stream))
         .u32(corrf, correlation);
     r
+}
+
+/// A kernel record's own fields: shape, shared memory, registers where known, name
+/// (`func` None: a graph node whose function this process does not know).
+fn kernel_fields(
+    r: &mut Record,
+    func: Option<&Function>,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+) {
+    use off::kernel::*;
+    static GRID_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    for i in 0..3 {
+        r.u32(GRID + 4 * i, grid[i]).u32(BLOCK + 4 * i, block[i]);
+    }
+    r.u32(DYNAMIC_SHARED, shared)
+        .u64(GRID_ID, GRID_IDS.fetch_add(1, Ordering::Relaxed) + 1);
+    match func {
+        Some(f) => {
+            r.u32(STATIC_SHARED, f.static_shared as u32)
+                .u64(NAME, interned(&f.name))
+                .u16(REGISTERS_PER_THREAD, f.attrs.known(4).unwrap_or(0) as u16);
+        }
+        None => {
+            r.u64(
+                NAME,
+                interned(c"(a graph node's kernel this process did not load)"),
+            );
+        }
+    }
+}
+
+/// A kernel record's device, context, stream and correlation.
+fn ids_fields(r: &mut Record, dev: usize, stream: CUstream, correlation: u32) {
+    use off::kernel::*;
+    r.u32(DEVICE_ID, dev as u32)
+        .u32(CONTEXT_ID, context_id(dev))
+        .u32(STREAM_ID, stream_id(stream))
+        .u32(CORRELATION_ID, correlation);
 }
 
 fn work_kind(work: &Work, enabled: &HashSet<u32>) -> Option<u32> {
@@ -329,24 +364,68 @@ fn before(stream: CUstream, dev: usize, work: &Work) -> Option<u64> {
         return None;
     }
     let start_ns = monotonic_ns();
-    let record = timed.and_then(|k| {
-        timing::begin(stream, dev)
-            .map(|span| (work_record(work, k, dev, stream, correlation), span))
-    });
-    Some(with(|s| {
-        s.next_token += 1;
-        s.open.insert(
-            s.next_token,
-            Open {
-                stream,
-                correlation,
-                cbid: if api { cbid } else { 0 },
-                start_ns,
-                record,
-            },
-        );
-        s.next_token
+    let records = timed
+        .and_then(|k| {
+            timing::begin(stream, dev)
+                .map(|span| (work_record(work, k, dev, stream, correlation), span))
+        })
+        .into_iter()
+        .collect();
+    Some(open(Open {
+        stream,
+        correlation,
+        cbid: if api { cbid } else { 0 },
+        start_ns,
+        records,
+        recorded_by_server: false,
     }))
+}
+
+fn open(o: Open) -> u64 {
+    with(|s| {
+        s.next_token += 1;
+        s.open.insert(s.next_token, o);
+        s.next_token
+    })
+}
+
+/// A graph replay: one kernel record per timed node of the graph's twin, all with the
+/// launch's correlation id, as CUPTI gives them.
+fn graph(stream: CUstream, dev: usize, exec: u32) -> Option<profile::GraphReport> {
+    housekeep();
+    let k = with(|s| {
+        [kind::CONCURRENT_KERNEL, kind::KERNEL]
+            .into_iter()
+            .find(|k| s.enabled.contains(k))
+    })?;
+    let nodes = super::graphs::timed_nodes(dev, exec)?;
+    let start_ns = monotonic_ns();
+    let spans = timing::graph_spans(stream, dev, nodes.len())?;
+    let mut ids = Vec::with_capacity(2 * spans.len());
+    for sp in &spans {
+        ids.extend(timing::event_ids(sp)?);
+    }
+    let correlation = with(correlate);
+    let records = nodes
+        .iter()
+        .zip(spans)
+        .map(|(n, sp)| {
+            let func = crate::state::modules::function_by_id(dev, n.func);
+            let mut r = Record::new(k);
+            kernel_fields(&mut r, func, n.grid, n.block, n.shared);
+            ids_fields(&mut r, dev, stream, correlation);
+            (r, sp)
+        })
+        .collect();
+    let token = open(Open {
+        stream,
+        correlation,
+        cbid: 0,
+        start_ns,
+        records,
+        recorded_by_server: true,
+    });
+    Some((token, ids))
 }
 
 fn after(token: u64, result: CUresult) {
@@ -354,18 +433,20 @@ fn after(token: u64, result: CUresult) {
     let Some(mut open) = with(|s| s.open.remove(&token)) else {
         return;
     };
-    let pending = match open.record.take() {
-        Some((record, mut span)) if result == CUDA_SUCCESS => {
-            timing::end(&mut span, open.stream);
-            Some(Pending {
+    // Refused: the spans' events go back as they are dropped.
+    let mut pending = Vec::new();
+    if result == CUDA_SUCCESS {
+        for (record, mut span) in std::mem::take(&mut open.records) {
+            if !open.recorded_by_server {
+                timing::end(&mut span, open.stream);
+            }
+            pending.push(Pending {
                 record,
                 span,
                 stream: open.stream as usize,
-            })
+            });
         }
-        // Refused: its events go back with the span.
-        _ => None,
-    };
+    }
     with(|s| {
         if open.cbid != 0 {
             use off::api::*;
@@ -379,9 +460,7 @@ fn after(token: u64, result: CUresult) {
                 .u32(RETURN_VALUE, result as u32);
             keep(s, r);
         }
-        if let Some(p) = pending {
-            s.pending.push(p);
-        }
+        s.pending.append(&mut pending);
     });
 }
 

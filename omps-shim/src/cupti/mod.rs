@@ -23,6 +23,7 @@
 pub mod abi;
 pub mod activity;
 pub mod clock;
+pub mod graphs;
 pub mod timing;
 
 use abi::result;

@@ -187,6 +187,40 @@ pub(crate) fn begin(stream: CUstream, dev: usize) -> Option<Span> {
     })
 }
 
+/// Spans for the `n` timed nodes of a graph replay on `stream` of `dev`: their events are
+/// recorded by the server's twin of the graph, not here. None when the stream is
+/// capturing (the launch becomes a node of that capture) or events are short.
+pub(crate) fn graph_spans(stream: CUstream, dev: usize, n: usize) -> Option<Vec<Span>> {
+    quiet(|| {
+        let mut status = 0u32;
+        // SAFETY: a valid out-pointer.
+        if unsafe { cuStreamIsCapturing(stream, &mut status) } != CUDA_SUCCESS || status != 0 {
+            return None;
+        }
+        let anchor = anchor(dev)?;
+        let mut spans = Vec::with_capacity(n);
+        for _ in 0..n {
+            // A span short of its events gives back what it took when dropped.
+            let start = event(dev)?;
+            let mut span = Span {
+                dev,
+                start,
+                end: None,
+                anchor: anchor.clone(),
+            };
+            span.end = Some(event(dev)?);
+            spans.push(span);
+        }
+        Some(spans)
+    })
+}
+
+/// The server's ids of a span's two events.
+pub(crate) fn event_ids(span: &Span) -> Option<[u32; 2]> {
+    let id = |e: CUevent| crate::state::streams::event(e).ok().map(|ev| ev.id);
+    Some([id(span.start)?, id(span.end?)?])
+}
+
 /// Records the end of the work on `stream`, right after it was queued. Waits for
 /// nothing: it may run while the caller holds a channel.
 pub(crate) fn end(span: &mut Span, stream: CUstream) {

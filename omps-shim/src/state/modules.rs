@@ -63,6 +63,21 @@ pub(crate) fn upload(
     Ok(())
 }
 
+/// Every function loaded, by GPU and the server's id (which a session never reuses): the
+/// kernels of a graph replay a profiler traces come back from the server as ids.
+/// Held as addresses: a Function's module pointer keeps it from being Sync, though it
+/// is never freed and never changes after load.
+static BY_ID: std::sync::Mutex<Option<std::collections::HashMap<(usize, u32), usize>>> =
+    std::sync::Mutex::new(None);
+
+/// The function the server knows as `id` on GPU `dev`.
+pub(crate) fn function_by_id(dev: usize, id: u32) -> Option<&'static Function> {
+    let g = BY_ID.lock().unwrap_or_else(|p| p.into_inner());
+    let a = *g.as_ref()?.get(&(dev, id))?;
+    // SAFETY: an address parse_module took from a leaked Function, never freed.
+    Some(unsafe { &*(a as *const Function) })
+}
+
 pub(crate) fn parse_module(r: &[u8], dev: usize, prints: bool) -> Option<CUmodule> {
     let head: ModuleReply = wire::get(r)?;
     let total = (head.total_len as usize).min(r.len());
@@ -108,6 +123,13 @@ pub(crate) fn parse_module(r: &[u8], dev: usize, prints: bool) -> Option<CUmodul
         };
         // SAFETY: freshly leaked, never freed.
         functions.push(unsafe { &*leak(f) });
+    }
+    {
+        let mut by_id = BY_ID.lock().unwrap_or_else(|p| p.into_inner());
+        let map = by_id.get_or_insert_with(std::collections::HashMap::new);
+        for &f in &functions {
+            map.insert((dev, f.id), f as *const Function as usize);
+        }
     }
     // SAFETY: module was just leaked and is not yet shared.
     unsafe {

@@ -66,6 +66,9 @@ pub enum Wait {
     StreamWaitEvent(CUstream, CUevent),
 }
 
+/// A traced graph launch: the token for `after`, and the event ids the launch carries.
+pub type GraphReport = (u64, Vec<u32>);
+
 /// What the profiler does with the reports.
 pub struct Hooks {
     /// Before `work` is queued on `stream` of device `dev`: a token for `after`, or None
@@ -76,6 +79,10 @@ pub struct Hooks {
     pub after: fn(token: u64, result: CUresult),
     /// A wait that ran from `start_ns` to `end_ns` (CLOCK_MONOTONIC).
     pub waited: fn(wait: Wait, start_ns: u64, end_ns: u64, result: CUresult),
+    /// Before executable graph `exec` (the server's id) is launched on `stream`: a token
+    /// for `after` and the event ids the launch carries (GraphLaunchProfiled), a start and
+    /// an end per timed node; None: launched untimed.
+    pub graph: fn(stream: CUstream, dev: usize, exec: u32) -> Option<GraphReport>,
 }
 
 static HOOKS: OnceLock<&'static Hooks> = OnceLock::new();
@@ -152,6 +159,14 @@ pub(crate) fn around<'a, R>(
     let r = queue();
     end(b, r.as_ref().err().copied().unwrap_or(CUDA_SUCCESS));
     r
+}
+
+/// Reports a graph launch about to be queued: the token for `end` and the event ids the
+/// profiled launch carries, or None to launch it as usual.
+pub(crate) fn graph_begin(stream: CUstream, dev: usize, exec: u32) -> Option<(Begun, Vec<u32>)> {
+    let h = hooks()?;
+    let (token, events) = (h.graph)(stream, dev, exec)?;
+    Some((Begun { hooks: h, token }, events))
 }
 
 /// Runs the wait `body`, reported to the profiler with its host times.

@@ -4,6 +4,7 @@ pub mod arrays;
 mod batch;
 mod context;
 mod device;
+mod graph_profile;
 mod graphs;
 pub mod green;
 mod launch;
@@ -313,6 +314,18 @@ impl Gpu for CudaGpu {
 
     fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>> {
         graphs::graph_memory_ranges(self, graph)
+    }
+
+    fn graph_profile_twin(&self, graph: u64) -> GpuResult<crate::gpu::ProfileTwin> {
+        graph_profile::graph_profile_twin(self, graph)
+    }
+
+    fn graph_exec_set_event(&self, exec: u64, node: u64, event: u64) -> GpuResult<()> {
+        graph_profile::graph_exec_set_event(self, exec, node, event)
+    }
+
+    fn graph_profile_twin_destroy(&self, twin: &crate::gpu::ProfileTwin) {
+        graph_profile::graph_profile_twin_destroy(self, twin)
     }
 
     fn graph_node_type(&self, node: u64) -> GpuResult<u32> {

@@ -319,6 +319,18 @@ impl Gpu for HostGpu {
         graphs::graph_destroy(self, graph)
     }
 
+    fn graph_profile_twin(&self, graph: u64) -> GpuResult<crate::gpu::ProfileTwin> {
+        graphs::graph_profile_twin(self, graph)
+    }
+
+    fn graph_exec_set_event(&self, exec: u64, node: u64, event: u64) -> GpuResult<()> {
+        graphs::graph_exec_set_event(self, exec, node, event)
+    }
+
+    fn graph_profile_twin_destroy(&self, twin: &crate::gpu::ProfileTwin) {
+        graphs::graph_profile_twin_destroy(self, twin)
+    }
+
     fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>> {
         graphs::graph_memory_ranges(self, graph)
     }

@@ -3,7 +3,7 @@
 
 use super::ops::{cond_handles, HostOp};
 use super::state::HostGpu;
-use crate::gpu::{code, CuError, Gpu, GpuResult};
+use crate::gpu::{code, CuError, Gpu, GpuResult, ProfileTwin, TimedNode};
 use std::sync::atomic::Ordering;
 
 pub(super) fn capture_begin(gpu: &HostGpu, s: usize) -> GpuResult<()> {
@@ -187,6 +187,7 @@ pub(super) fn graph_node_type(gpu: &HostGpu, node: u64) -> GpuResult<u32> {
         HostOp::Dtod { .. } | HostOp::Htod { .. } | HostOp::Dtoh { .. } => 1,
         HostOp::Memset { .. } => 2,
         HostOp::Word { .. } | HostOp::WaitEq { .. } => 12,
+        HostOp::Record { .. } => 7,
         HostOp::Cond { .. } => 13,
     })
 }
@@ -344,4 +345,81 @@ pub(super) fn graph_exec_destroy(gpu: &HostGpu, exec: u64) -> GpuResult<()> {
         .remove(&exec)
         .map(drop)
         .ok_or(CuError(code::INVALID_HANDLE))
+}
+
+/// A profiling twin (docs/design.md 12b, design G): a copy of `graph` with a record op
+/// before and after each launch, instantiated.
+pub(super) fn graph_profile_twin(gpu: &HostGpu, graph: u64) -> GpuResult<ProfileTwin> {
+    let copy = graph_clone(gpu, graph)?;
+    let mut nodes = Vec::new();
+    {
+        let mut st = gpu.state.lock().unwrap();
+        let ops = st
+            .graphs
+            .remove(&copy)
+            .ok_or(CuError(code::INVALID_HANDLE))?;
+        let mut out = Vec::with_capacity(ops.len() * 3);
+        for op in ops {
+            let HostOp::Launch { func, .. } = &op else {
+                out.push(op);
+                continue;
+            };
+            let func = *func;
+            let start = (copy << 16) | out.len() as u64;
+            out.push(HostOp::Record {
+                node: start,
+                event: 0,
+            });
+            out.push(op);
+            let end = (copy << 16) | out.len() as u64;
+            out.push(HostOp::Record {
+                node: end,
+                event: 0,
+            });
+            nodes.push(TimedNode {
+                start,
+                end,
+                func,
+                grid: [1; 3],
+                block: [1; 3],
+                shared: 0,
+            });
+        }
+        st.graphs.insert(copy, out);
+    }
+    let exec = graph_instantiate(gpu, copy, 0)?;
+    Ok(ProfileTwin {
+        exec,
+        graph: copy,
+        placeholder: 0,
+        nodes,
+    })
+}
+
+pub(super) fn graph_exec_set_event(
+    gpu: &HostGpu,
+    exec: u64,
+    node: u64,
+    event: u64,
+) -> GpuResult<()> {
+    let mut st = gpu.state.lock().unwrap();
+    st.events.get(&event).ok_or(CuError(code::INVALID_HANDLE))?;
+    let ops = st
+        .execs
+        .get_mut(&exec)
+        .ok_or(CuError(code::INVALID_HANDLE))?;
+    for op in ops.iter_mut() {
+        if let HostOp::Record { node: n, event: e } = op {
+            if *n == node {
+                *e = event;
+                return Ok(());
+            }
+        }
+    }
+    Err(CuError(code::INVALID_VALUE))
+}
+
+pub(super) fn graph_profile_twin_destroy(gpu: &HostGpu, twin: &ProfileTwin) {
+    let _ = graph_exec_destroy(gpu, twin.exec);
+    let _ = graph_destroy(gpu, twin.graph);
 }

@@ -41,6 +41,12 @@ pub(super) enum HostOp {
         src: u64,
         len: usize,
     },
+    /// An event-record node of a profiling twin: `node` names it, `event` is the event a
+    /// launch pointed it at (0: none yet, it records nothing).
+    Record {
+        node: u64,
+        event: u64,
+    },
     /// A conditional node: its handle, CUgraphConditionalNodeType and body graphs, whose
     /// work an instantiation copies into `run`.
     Cond {

@@ -125,6 +125,11 @@ impl HostGpu {
                     count,
                 } => self.memset(dst, value, elem, count, s)?,
                 &HostOp::Dtod { dst, src, len } => self.copy_dtod(dst, src, len, s)?,
+                &HostOp::Record { event, .. } => {
+                    if event != 0 {
+                        super::streams::event_record(self, event, s)?;
+                    }
+                }
                 // SAFETY: a word of registered memory, as when it was captured.
                 &HostOp::Word { addr, value } => unsafe {
                     self.write_u32(addr as *mut u32, value, s)?

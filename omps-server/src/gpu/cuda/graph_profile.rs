@@ -1,0 +1,129 @@
+//! [`CudaGpu`]'s profiling twins (docs/design.md 12b, design G): a copy of a client's
+//! graph with an event-record node before and after each kernel node, so that a traced
+//! replay times every kernel; each launch points the record nodes at the client's own
+//! events first. Only a client that traces ever has one.
+
+use super::device::{ck, CudaGpu};
+use super::{graphs, streams};
+use crate::gpu::{GpuResult, ProfileTwin, TimedNode};
+use cudarc::driver::sys as cu;
+
+/// CU_GRAPH_NODE_TYPE_KERNEL.
+const KERNEL: u32 = 0;
+
+pub(super) fn graph_profile_twin(gpu: &CudaGpu, graph: u64) -> GpuResult<ProfileTwin> {
+    let copy = graphs::graph_clone(gpu, graph)?;
+    let placeholder = match streams::event_create(gpu, 0) {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = graphs::graph_destroy(gpu, copy);
+            return Err(e);
+        }
+    };
+    let built = instrument(gpu, copy, placeholder).and_then(|nodes| {
+        let exec = graphs::graph_instantiate(gpu, copy, 0)?;
+        Ok((exec, nodes))
+    });
+    match built {
+        Ok((exec, nodes)) => Ok(ProfileTwin {
+            exec,
+            graph: copy,
+            placeholder,
+            nodes,
+        }),
+        Err(e) => {
+            let _ = graphs::graph_destroy(gpu, copy);
+            let _ = streams::event_destroy(gpu, placeholder);
+            Err(e)
+        }
+    }
+}
+
+/// Adds the record nodes around each kernel node of `g` (a copy the caller owns).
+fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNode>> {
+    let graph = g as cu::CUgraph;
+    let event = placeholder as cu::CUevent;
+    let mut out = Vec::new();
+    for node in graphs::graph_nodes(gpu, g)? {
+        if graphs::graph_node_type(gpu, node)? != KERNEL {
+            continue;
+        }
+        let n = node as cu::CUgraphNode;
+        // SAFETY: all-zero is a valid CUDA_KERNEL_NODE_PARAMS (pointers null, sizes 0).
+        let mut p: cu::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: a kernel node of the copy; a valid out-pointer.
+        ck(unsafe { cu::cuGraphKernelNodeGetParams_v2(n, &mut p) })?;
+        let mut func = p.func;
+        if func.is_null() && !p.kern.is_null() {
+            // SAFETY: the node's library kernel; a valid out-pointer.
+            ck(unsafe { cu::cuKernelGetFunction(&mut func, p.kern) })?;
+        }
+        let deps = dependencies(n)?;
+        let mut start = std::ptr::null_mut();
+        // SAFETY: nodes of the copy; `deps` holds deps.len() of them.
+        ck(unsafe {
+            cu::cuGraphAddEventRecordNode(&mut start, graph, deps.as_ptr(), deps.len(), event)
+        })?;
+        // SAFETY: two nodes of the copy; null edge data is the default edge.
+        ck(unsafe { cu::cuGraphAddDependencies_v2(graph, &start, &n, std::ptr::null(), 1) })?;
+        let mut end = std::ptr::null_mut();
+        // SAFETY: the kernel node of the copy as the one dependency.
+        ck(unsafe { cu::cuGraphAddEventRecordNode(&mut end, graph, &n, 1, event) })?;
+        out.push(TimedNode {
+            start: start as u64,
+            end: end as u64,
+            func: func as u64,
+            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+            shared: p.sharedMemBytes,
+        });
+    }
+    Ok(out)
+}
+
+/// The nodes `n` depends on.
+fn dependencies(n: cu::CUgraphNode) -> GpuResult<Vec<cu::CUgraphNode>> {
+    let mut count = 0usize;
+    // SAFETY: a node of a graph the caller owns; null arrays ask for the count.
+    ck(unsafe {
+        cu::cuGraphNodeGetDependencies_v2(n, std::ptr::null_mut(), std::ptr::null_mut(), &mut count)
+    })?;
+    let mut deps = vec![std::ptr::null_mut(); count];
+    if count > 0 {
+        // SAFETY: room for `count` nodes; edge data not asked for.
+        ck(unsafe {
+            cu::cuGraphNodeGetDependencies_v2(
+                n,
+                deps.as_mut_ptr(),
+                std::ptr::null_mut(),
+                &mut count,
+            )
+        })?;
+        deps.truncate(count);
+    }
+    Ok(deps)
+}
+
+pub(super) fn graph_exec_set_event(
+    gpu: &CudaGpu,
+    exec: u64,
+    node: u64,
+    event: u64,
+) -> GpuResult<()> {
+    gpu.bind();
+    // SAFETY: a twin's executable graph and one of its record nodes (the session checks
+    // both against the twin), and one of the client's events.
+    ck(unsafe {
+        cu::cuGraphExecEventRecordNodeSetEvent(
+            exec as cu::CUgraphExec,
+            node as cu::CUgraphNode,
+            event as cu::CUevent,
+        )
+    })
+}
+
+pub(super) fn graph_profile_twin_destroy(gpu: &CudaGpu, twin: &ProfileTwin) {
+    let _ = graphs::graph_exec_destroy(gpu, twin.exec);
+    let _ = graphs::graph_destroy(gpu, twin.graph);
+    let _ = streams::event_destroy(gpu, twin.placeholder);
+}

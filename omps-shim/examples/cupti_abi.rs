@@ -4,7 +4,8 @@
 //! (`scripts/probe/cupti_layout.sh`).
 use omps_shim::cupti::abi::{kind, off, record_size, result, sync_type};
 use omps_shim::state::profile::{
-    copy_kind, memory_kind, CBID_LAUNCH_KERNEL, CBID_LAUNCH_KERNEL_EX,
+    copy_kind, memory_kind, CBID_GRAPH_LAUNCH, CBID_LAUNCH_COOPERATIVE_KERNEL, CBID_LAUNCH_KERNEL,
+    CBID_LAUNCH_KERNEL_EX,
 };
 
 fn main() {
@@ -154,6 +155,14 @@ fn main() {
         (
             "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx",
             CBID_LAUNCH_KERNEL_EX as usize,
+        ),
+        (
+            "CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel",
+            CBID_LAUNCH_COOPERATIVE_KERNEL as usize,
+        ),
+        (
+            "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch",
+            CBID_GRAPH_LAUNCH as usize,
         ),
     ];
     for (name, v) in lines {

@@ -335,7 +335,7 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel(
             &attr,
             params,
             std::ptr::null_mut(),
-            0,
+            profile::CBID_LAUNCH_COOPERATIVE_KERNEL,
         )
     })
 }

@@ -405,7 +405,14 @@ fn graph(stream: CUstream, dev: usize, exec: u32) -> Option<profile::GraphReport
     for sp in &spans {
         ids.extend(timing::event_ids(sp)?);
     }
-    let correlation = with(correlate);
+    let (correlation, cbid) = with(|s| {
+        let api = s.enabled.contains(&kind::DRIVER)
+            && !s.driver_off.contains(&profile::CBID_GRAPH_LAUNCH);
+        (
+            correlate(s),
+            if api { profile::CBID_GRAPH_LAUNCH } else { 0 },
+        )
+    });
     let records = nodes
         .iter()
         .zip(spans)
@@ -420,7 +427,7 @@ fn graph(stream: CUstream, dev: usize, exec: u32) -> Option<profile::GraphReport
     let token = open(Open {
         stream,
         correlation,
-        cbid: 0,
+        cbid,
         start_ns,
         records,
         recorded_by_server: true,

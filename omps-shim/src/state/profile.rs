@@ -56,6 +56,8 @@ pub mod memory_kind {
 /// per-thread-stream forms (`_ptsz`) report as their plain names.
 pub const CBID_LAUNCH_KERNEL: u32 = 307;
 pub const CBID_LAUNCH_KERNEL_EX: u32 = 652;
+pub const CBID_LAUNCH_COOPERATIVE_KERNEL: u32 = 477;
+pub const CBID_GRAPH_LAUNCH: u32 = 514;
 
 /// A wait the program made (CUPTI's synchronization records).
 #[derive(Clone, Copy)]

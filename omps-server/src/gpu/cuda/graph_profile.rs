@@ -5,11 +5,14 @@
 
 use super::device::{ck, CudaGpu};
 use super::{graphs, streams};
-use crate::gpu::{GpuResult, ProfileTwin, TimedNode};
+use crate::gpu::{code, CuError, GpuResult, ProfileTwin, TimedNode};
 use cudarc::driver::sys as cu;
 
 /// CU_GRAPH_NODE_TYPE_KERNEL.
 const KERNEL: u32 = 0;
+/// Node types a copy cannot stand in for: memory allocation and free (the copy would
+/// allocate its own), conditional (the graph's kernels set the original's handles).
+const NOT_COPIED: [u32; 3] = [10, 11, 13];
 
 pub(super) fn graph_profile_twin(gpu: &CudaGpu, graph: u64) -> GpuResult<ProfileTwin> {
     let copy = graphs::graph_clone(gpu, graph)?;
@@ -44,8 +47,15 @@ fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNod
     let graph = g as cu::CUgraph;
     let event = placeholder as cu::CUevent;
     let mut out = Vec::new();
-    for node in graphs::graph_nodes(gpu, g)? {
-        if graphs::graph_node_type(gpu, node)? != KERNEL {
+    let nodes = graphs::graph_nodes(gpu, g)?;
+    let types = (nodes.iter())
+        .map(|&n| graphs::graph_node_type(gpu, n))
+        .collect::<GpuResult<Vec<u32>>>()?;
+    if types.iter().any(|t| NOT_COPIED.contains(t)) {
+        return Err(CuError(code::NOT_SUPPORTED));
+    }
+    for (&node, &ty) in nodes.iter().zip(&types) {
+        if ty != KERNEL {
             continue;
         }
         let n = node as cu::CUgraphNode;

@@ -350,6 +350,15 @@ pub(super) fn graph_exec_destroy(gpu: &HostGpu, exec: u64) -> GpuResult<()> {
 /// A profiling twin (docs/design.md 12b, design G): a copy of `graph` with a record op
 /// before and after each launch, instantiated.
 pub(super) fn graph_profile_twin(gpu: &HostGpu, graph: u64) -> GpuResult<ProfileTwin> {
+    // As the driver's: a conditional node's handle would be the original's.
+    let conditional = {
+        let st = gpu.state.lock().unwrap();
+        let ops = st.graphs.get(&graph).ok_or(CuError(code::INVALID_HANDLE))?;
+        ops.iter().any(|op| matches!(op, HostOp::Cond { .. }))
+    };
+    if conditional {
+        return Err(CuError(code::NOT_SUPPORTED));
+    }
     let copy = graph_clone(gpu, graph)?;
     let mut nodes = Vec::new();
     {

@@ -16,7 +16,7 @@
 //!
 //! Left out, each answering CUPTI_ERROR_NOT_SUPPORTED and naming itself once: RUNTIME
 //! records (the runtime's calls never reach the shim), callbacks (a subscription is
-//! accepted and no callback is made), OVERHEAD, graph and unified-memory records, and
+//! accepted and no callback is made), OVERHEAD and unified-memory records, and
 //! the counter families (profiler, PM and PC sampling, events, metrics), which would need
 //! the GPU's counters of the shared context.
 

@@ -14,16 +14,18 @@
 //! `crate::cuda`. Nothing below calls up into it: it installs its hooks in
 //! `state::profile`.
 //!
-//! Left out, each answering CUPTI_ERROR_NOT_SUPPORTED and naming itself once: RUNTIME
-//! records (the runtime's calls never reach the shim), callbacks (a subscription is
-//! accepted and no callback is made), OVERHEAD and unified-memory records, and
-//! the counter families (profiler, PM and PC sampling, events, metrics), which would need
-//! the GPU's counters of the shared context.
+//! Left out: RUNTIME and OVERHEAD records (their kinds are accepted and the absence said
+//! once: the runtime's calls never reach the shim), callbacks (a subscription is accepted
+//! and no callback is made), and, answering CUPTI_ERROR_NOT_SUPPORTED and naming
+//! themselves once, other kinds (unified memory among them) and the counter families
+//! (profiler, range profiler, PM and PC sampling, events, metrics: the stubs at the end),
+//! which would need the GPU's counters of the shared context.
 
 pub mod abi;
 pub mod activity;
 pub mod clock;
 pub mod graphs;
+mod records;
 pub mod timing;
 
 use abi::result;
@@ -484,4 +486,40 @@ pub unsafe extern "C" fn cuptiGetCallbackName(
     _name: *mut *const c_char,
 ) -> u32 {
     not_supported("cuptiGetCallbackName")
+}
+
+/// CUPTI's counter families: each answers CUPTI_ERROR_NOT_SUPPORTED and names itself
+/// once (they would need the GPU's counters of the context every client shares). The
+/// stubs take no arguments: under the C calling convention the caller owns its
+/// arguments, so ignoring them is sound whatever the real signature is.
+macro_rules! counters_not_supported {
+    ($($name:ident)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name() -> u32 {
+            not_supported(stringify!($name))
+        }
+    )*};
+}
+
+counters_not_supported! {
+    cuptiProfilerInitialize cuptiProfilerDeInitialize cuptiProfilerBeginSession
+    cuptiProfilerEndSession cuptiProfilerSetConfig cuptiProfilerUnsetConfig
+    cuptiProfilerBeginPass cuptiProfilerEndPass cuptiProfilerEnableProfiling
+    cuptiProfilerDisableProfiling cuptiProfilerIsPassCollected cuptiProfilerFlushCounterData
+    cuptiProfilerPushRange cuptiProfilerPopRange cuptiProfilerGetCounterAvailability
+    cuptiProfilerCounterDataImageCalculateSize cuptiProfilerCounterDataImageInitialize
+    cuptiProfilerCounterDataImageCalculateScratchBufferSize
+    cuptiProfilerCounterDataImageInitializeScratchBuffer
+    cuptiRangeProfilerEnable cuptiRangeProfilerDisable cuptiRangeProfilerStart
+    cuptiRangeProfilerStop cuptiRangeProfilerSetConfig
+    cuptiPmSamplingEnable cuptiPmSamplingDisable cuptiPmSamplingStart cuptiPmSamplingStop
+    cuptiPmSamplingSetConfig cuptiPmSamplingGetCounterData cuptiPmSamplingDecodeData
+    cuptiPCSamplingEnable cuptiPCSamplingDisable cuptiPCSamplingStart cuptiPCSamplingStop
+    cuptiPCSamplingGetData cuptiPCSamplingSetConfigurationAttribute
+    cuptiPCSamplingGetConfigurationAttribute cuptiPCSamplingGetNumStallReasons
+    cuptiPCSamplingGetStallReasons
+    cuptiEventGroupCreate cuptiEventGroupDestroy cuptiEventGroupEnable cuptiEventGroupDisable
+    cuptiEventGroupReadEvent cuptiEventGroupReadAllEvents cuptiEventGetIdFromName
+    cuptiMetricGetIdFromName cuptiMetricGetValue cuptiMetricCreateEventGroupSets
+    cuptiSetEventCollectionMode
 }

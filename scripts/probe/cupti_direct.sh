@@ -12,14 +12,8 @@ BIN=$(realpath "${OMPS_BIN:-target/release}")
 OUT=${OUT:-/tmp/omps-cupti-direct}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/omps-cupti-direct.XXXXXX)
 report=$OUT/cupti-direct.txt; : > "$report"
-inc=""; lib=""
-for d in /usr/local/cuda/extras/CUPTI $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13") for p in nvidia.__path__))' 2>/dev/null); do
-    if [ -f "$d/include/cupti.h" ]; then
-        inc=$d/include
-        for l in "$d/lib64" "$d/lib"; do [ -e "$l/libcupti.so" ] || [ -e "$l/libcupti.so.13" ] && lib=$l && break; done
-        break
-    fi
-done
+. scripts/probe/cupti_paths.sh
+inc=$CUPTI_INC; lib=$CUPTI_LIB
 echo "CUPTI headers: ${inc:-none}, library: ${lib:-none}" | tee -a "$report"
 [ -n "$inc" ] && [ -n "$lib" ] || exit 1
 so=$(ls "$lib"/libcupti.so* | head -1)

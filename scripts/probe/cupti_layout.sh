@@ -11,10 +11,8 @@ BIN=$(realpath "${OMPS_BIN:-target/release}")
 OUT=${OUT:-/tmp/omps-cupti-layout}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/omps-cupti-layout.XXXXXX)
 report=$OUT/cupti-layout.txt; : > "$report"
-inc=""
-for d in /usr/local/cuda/extras/CUPTI $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13") for p in nvidia.__path__))' 2>/dev/null); do
-    [ -f "$d/include/cupti.h" ] && inc=$d/include && break
-done
+. scripts/probe/cupti_paths.sh
+inc=$CUPTI_INC
 echo "CUPTI headers: ${inc:-none}" | tee -a "$report"
 [ -n "$inc" ] || exit 1
 "$BIN/examples/cupti_abi" > "$W/omps.txt"

@@ -161,18 +161,14 @@ pub mod off {
         pub const CORRELATION_ID: usize = 44;
         pub const TIMES: [usize; 2] = [START, END];
     }
-    /// `CUpti_ActivityMemset4`.
+    /// `CUpti_ActivityMemset4`: from `bytes` to `correlationId` at the offsets
+    /// `CUpti_ActivityMemcpy6` has them.
     pub mod memset {
+        pub use super::memcpy::{
+            BYTES, CONTEXT_ID, CORRELATION_ID, DEVICE_ID, END, START, STREAM_ID, TIMES,
+        };
         pub const VALUE: usize = 4;
-        pub const BYTES: usize = 8;
-        pub const START: usize = 16;
-        pub const END: usize = 24;
-        pub const DEVICE_ID: usize = 32;
-        pub const CONTEXT_ID: usize = 36;
-        pub const STREAM_ID: usize = 40;
-        pub const CORRELATION_ID: usize = 44;
         pub const MEMORY_KIND: usize = 50;
-        pub const TIMES: [usize; 2] = [START, END];
     }
     /// `CUpti_ActivityAPI` (DRIVER, RUNTIME).
     pub mod api {

@@ -22,6 +22,7 @@
 #   verifier  scripts/probe/verifier_cost.sh 3 (~100 s)
 #   multiuser scripts/multi-user/run.sh (as root; ~15 s)
 #   clients   scripts/clients/run.sh jax cupy numba, both ways in (~75 s)
+#   v3        scripts/mps-v3/demo.sh and scripts/mps-compat/compare.sh (issue 26; ~1 min)
 #   profilers scripts/probe/cupti_{layout,direct,torch}.sh and sanitizer_bypass.sh (issue
 #             26; ~6 min: alone in a call)
 #   samples-preload, samples-libpath
@@ -92,6 +93,14 @@ for part in "$@"; do
             CLIENT_TIMEOUT=60 OUT=/tmp/omps-verify-clients timeout -k 5 200 \
                 bash scripts/clients/run.sh jax cupy numba > "$f" 2>&1
             rc=$? ;;
+        v3)
+            # Issue 26: the MPS v3 operator's script against omps, and the legacy (v2)
+            # operator's script against NVIDIA MPS and omps, compared (~1 min).
+            rc=0
+            OUT=/tmp/omps-verify-v3 timeout -k 5 120 bash scripts/mps-v3/demo.sh > "$f" 2>&1 || rc=1
+            cp /tmp/omps-verify-v3/mps-v3-demo.txt "$OUT/" 2>/dev/null
+            echo "=== legacy comparison" >> "$f"
+            timeout -k 5 240 bash scripts/mps-compat/compare.sh /tmp/omps-verify-compat >> "$f" 2>&1 || rc=1 ;;
         profilers)
             # Issue 26: CUPTI's numbers against CUDA's headers, CUPTI used directly and
             # torch.profiler natively and through omps (two profiled clients at once), and

@@ -365,8 +365,9 @@ pub trait Gpu: Send + Sync + 'static {
     /// conditional bodies' included, as (address, bytes): what a launch of its executable
     /// graph must still find the client's (issue 23, finding 9).
     fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>>;
-    /// `graph`'s profiling twin: see [`ProfileTwin`].
-    fn graph_profile_twin(&self, graph: u64) -> GpuResult<ProfileTwin>;
+    /// `graph`'s profiling twin, instantiated with `flags` (the original's): see
+    /// [`ProfileTwin`]. NOT_SUPPORTED for a graph a copy cannot stand in for.
+    fn graph_profile_twin(&self, graph: u64, flags: u64) -> GpuResult<ProfileTwin>;
     /// Points event-record node `node` of executable graph `exec` at `event`.
     fn graph_exec_set_event(&self, exec: u64, node: u64, event: u64) -> GpuResult<()>;
     /// Destroys a twin's executable graph, graph and placeholder event.

@@ -86,8 +86,11 @@ impl Session {
                     Some(ranges) => {
                         let r = gpu.graph_exec_update(e, g).map(|()| 0);
                         if r.is_ok() {
-                            // The update's memory replaces what the executable graph used.
-                            self.note_exec_ranges(ctx, c.handle as u32, ranges);
+                            // The update's memory replaces what the executable graph used,
+                            // and its graph is the one a profiling twin is made from.
+                            let exec = c.handle as u32;
+                            self.note_exec_ranges(ctx, exec, ranges);
+                            self.update_exec_source(ctx, exec, c.graph);
                         }
                         r
                     }
@@ -192,7 +195,8 @@ impl Session {
     /// Room for `n` more graphs within what the client was granted (OMPS_MAX_GRAPHS, or
     /// less where the server-wide total is shared out: crate::client::account::Grant).
     pub(super) fn room_for_graphs(&self, n: usize) -> Result<(), CuError> {
-        let held = self.graphs.len() + self.execs.len() + self.cond.bodies.len();
+        let held =
+            self.graphs.len() + self.execs.len() + self.cond.bodies.len() + self.profiles.held();
         match held.saturating_add(n) > self.client.max_graphs() {
             true => Err(CuError(code::OUT_OF_MEMORY)),
             false => Ok(()),

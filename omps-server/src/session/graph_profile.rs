@@ -6,33 +6,50 @@
 //!
 //! The twin is made from the graph the executable graph was instantiated from, which
 //! PyTorch destroys right after instantiating: a graph that executable graphs were made
-//! from is kept (out of the client's reach) until the last of them goes. An update of an
-//! executable graph, or a change to its graph, makes its twin stale: the next traced
-//! launch builds it again, or answers that it cannot.
+//! from is kept (out of the client's reach, counted in its OMPS_MAX_GRAPHS) until the
+//! last of them goes. A successful update makes the update's graph the source; a change
+//! to the source graph drops it. The twin and the original are two executable graphs,
+//! which the driver does not order as it orders two launches of one: a launch of the one
+//! after the other waits for it (an event per executable graph, recorded after each).
 
 use super::*;
 use crate::gpu::ProfileTwin;
 use omps_ring::wire::graph;
 use std::collections::HashMap;
 
+struct Twin {
+    twin: ProfileTwin,
+    /// Each timed node's function as the client knows it (0: not one of its own).
+    funcs: Vec<u32>,
+}
+
 #[derive(Default)]
 pub(crate) struct GraphProfiles {
-    /// Executable graph -> the graph it was made from.
-    sources: HashMap<u32, u32>,
+    /// Executable graph -> the graph it was made from and its instantiation flags.
+    sources: HashMap<u32, (u32, u64)>,
     /// Graphs the client destroyed while executable graphs made from them live.
     kept: HashMap<u32, u64>,
-    /// Executable graph -> its twin (None: it could not be made; asked again after a
-    /// change).
-    twins: HashMap<u32, Option<ProfileTwin>>,
+    /// Executable graph -> its twin (None: it cannot be made; asked again after a change).
+    twins: HashMap<u32, Option<Twin>>,
+    /// Executable graph -> the event recorded after its last launch or its twin's, and
+    /// whether that launch was the twin's.
+    order: HashMap<u32, (u64, bool)>,
 }
 
 impl GraphProfiles {
+    /// Driver graphs and executable graphs held beside the client's own (kept graphs, a
+    /// twin's graph and executable graph): counted against OMPS_MAX_GRAPHS.
+    pub(crate) fn held(&self) -> usize {
+        self.kept.len() + 2 * self.twins.values().filter(|t| t.is_some()).count()
+    }
+
     /// Everything held, for the release when the client goes.
     pub(crate) fn drain_into(&mut self, rel: &mut Release) {
         rel.graphs.extend(self.kept.drain().map(|(_, g)| g));
-        for twin in self.twins.drain().filter_map(|(_, t)| t) {
-            twin_into(twin, rel);
+        for t in self.twins.drain().filter_map(|(_, t)| t) {
+            twin_into(t.twin, rel);
         }
+        rel.events.extend(self.order.drain().map(|(_, (e, _))| e));
         self.sources.clear();
     }
 }
@@ -46,98 +63,179 @@ fn twin_into(twin: ProfileTwin, rel: &mut Release) {
 }
 
 impl Session {
-    /// Executable graph `exec` was made from graph `graph`.
-    pub(super) fn note_exec_source(&mut self, exec: u32, graph: u32) {
-        self.profiles.sources.insert(exec, graph);
+    /// Executable graph `exec` was made from (or updated to) graph `graph`.
+    pub(super) fn note_exec_source(&mut self, exec: u32, graph: u32, flags: u64) {
+        self.profiles.sources.insert(exec, (graph, flags));
+    }
+
+    /// Executable graph `exec` took graph `graph`'s parameters (a successful update):
+    /// `graph` is its source from now on, and the graph it replaces goes if it was kept
+    /// for it alone.
+    pub(super) fn update_exec_source(&mut self, ctx: &mut WorkerCtx, exec: u32, graph: u32) {
+        let Some((old, flags)) = self.profiles.sources.insert(exec, (graph, 0)) else {
+            return;
+        };
+        self.profiles.sources.insert(exec, (graph, flags));
+        let mut rel = Release::default();
+        if !self.profiles.sources.values().any(|&(g, _)| g == old) {
+            if let Some(h) = self.profiles.kept.remove(&old) {
+                rel.graphs.push(h);
+            }
+        }
+        self.release_if_any(ctx, rel);
     }
 
     /// The client destroys graph `id` (driver handle `handle`): true when it is kept
     /// because executable graphs made from it live.
     pub(super) fn keep_destroyed_graph(&mut self, id: u32, handle: u64) -> bool {
-        if self.profiles.sources.values().any(|&g| g == id) {
+        if self.profiles.sources.values().any(|&(g, _)| g == id) {
             self.profiles.kept.insert(id, handle);
             return true;
         }
         false
     }
 
-    /// Executable graph `exec` is gone (or changed, `gone` false): its twin goes, and,
-    /// when gone, the kept graph it was the last user of.
-    pub(super) fn exec_profile_gone(&mut self, ctx: &mut WorkerCtx, exec: u32, gone: bool) {
-        let mut rel = Release::default();
-        if let Some(Some(twin)) = self.profiles.twins.remove(&exec) {
-            twin_into(twin, &mut rel);
+    /// Executable graph `exec`'s twin goes into `rel`; when `gone` (the executable graph
+    /// is destroyed, or its source changed) its source and order event too, and the kept
+    /// graph it was the last user of.
+    pub(super) fn exec_profile_gone(&mut self, exec: u32, gone: bool, rel: &mut Release) {
+        if let Some(Some(t)) = self.profiles.twins.remove(&exec) {
+            twin_into(t.twin, rel);
         }
-        if gone {
-            if let Some(g) = self.profiles.sources.remove(&exec) {
-                if !self.profiles.sources.values().any(|&x| x == g) {
-                    if let Some(h) = self.profiles.kept.remove(&g) {
-                        rel.graphs.push(h);
-                    }
+        if !gone {
+            return;
+        }
+        if let Some((e, _)) = self.profiles.order.remove(&exec) {
+            rel.events.push(e);
+        }
+        if let Some((g, _)) = self.profiles.sources.remove(&exec) {
+            if !self.profiles.sources.values().any(|&(x, _)| x == g) {
+                if let Some(h) = self.profiles.kept.remove(&g) {
+                    rel.graphs.push(h);
                 }
             }
         }
-        if !rel.graphs.is_empty() || !rel.execs.is_empty() {
+    }
+
+    /// A conditional-graph op (wire::graph) is about to run: an update makes the
+    /// executable graph's twin stale (its new source is noted once the update succeeds,
+    /// conditional.rs); a capture into a graph or its clearing changes that graph, so
+    /// executable graphs made from it lose it as their source.
+    pub(super) fn graph_cond_profile(&mut self, ctx: &mut WorkerCtx, c: &wire::GraphCond) {
+        let mut rel = Release::default();
+        match c.kind {
+            graph::EXEC_UPDATE => {
+                if let Ok(e) = u32::try_from(c.handle) {
+                    self.exec_profile_gone(e, false, &mut rel);
+                }
+            }
+            graph::CAPTURE_TO | graph::COND_CLEAR => {
+                let stale: Vec<u32> = (self.profiles.sources.iter())
+                    .filter(|&(_, &(g, _))| g == c.graph)
+                    .map(|(&e, _)| e)
+                    .collect();
+                for e in stale {
+                    self.exec_profile_gone(e, true, &mut rel);
+                }
+            }
+            _ => {}
+        }
+        self.release_if_any(ctx, rel);
+    }
+
+    /// Releases `rel` after the client's work, unless it holds nothing.
+    pub(super) fn release_if_any(&mut self, ctx: &mut WorkerCtx, rel: Release) {
+        if !rel.graphs.is_empty() || !rel.execs.is_empty() || !rel.events.is_empty() {
             // A twin may still run: freed once the client's work is done.
             ctx.release_later(self, rel);
         }
     }
 
-    /// Graph `graph` changes (nodes added or cleared): executable graphs made from it no
-    /// longer match it, so they lose their source (and twin), and a kept graph with no
-    /// executable graph left goes.
-    fn graph_profile_changed(&mut self, ctx: &mut WorkerCtx, graph: u32) {
-        let stale: Vec<u32> = (self.profiles.sources.iter())
-            .filter(|&(_, &g)| g == graph)
-            .map(|(&e, _)| e)
-            .collect();
-        for e in stale {
-            self.exec_profile_gone(ctx, e, true);
-        }
-    }
-
-    /// A conditional-graph op (wire::graph) is about to run: what it changes.
-    pub(super) fn graph_cond_profile(&mut self, ctx: &mut WorkerCtx, c: &wire::GraphCond) {
-        match c.kind {
-            // The executable graph takes the other graph's parameters: that graph is its
-            // source from now on.
-            graph::EXEC_UPDATE => {
-                if let Ok(e) = u32::try_from(c.handle) {
-                    if self.execs.contains_key(&e) && self.graphs.contains_key(&c.graph) {
-                        self.exec_profile_gone(ctx, e, true);
-                        self.note_exec_source(e, c.graph);
-                    }
-                }
-            }
-            graph::CAPTURE_TO | graph::COND_NODE | graph::COND_CLEAR | graph::CHILD_NODE => {
-                self.graph_profile_changed(ctx, c.graph)
-            }
-            _ => {}
-        }
-    }
-
-    /// The driver handle of the graph executable graph `exec` was made from.
-    fn exec_source(&self, exec: u32) -> Option<u64> {
-        let g = *self.profiles.sources.get(&exec)?;
-        self.graphs
-            .get(&g)
-            .or_else(|| self.profiles.kept.get(&g))
-            .copied()
-    }
-
-    /// The twin of `exec`, built at first need: Err(CUresult) when it cannot be.
-    fn twin(&mut self, ctx: &mut WorkerCtx, exec: u32) -> Result<&ProfileTwin, i32> {
+    /// The twin of `exec`, built at first need: Err(CUresult) when it cannot be (no
+    /// source, a graph a copy cannot stand in for, or no room in OMPS_MAX_GRAPHS).
+    fn twin(&mut self, ctx: &mut WorkerCtx, exec: u32) -> Result<&Twin, i32> {
         if !self.profiles.twins.contains_key(&exec) {
-            let built = match self.exec_source(exec) {
-                Some(g) => ctx.gpu.graph_profile_twin(g).ok(),
-                None => None,
+            let source = self.profiles.sources.get(&exec).and_then(|&(g, flags)| {
+                let h = self.graphs.get(&g).or_else(|| self.profiles.kept.get(&g))?;
+                Some((*h, flags))
+            });
+            let built = match source {
+                Some((g, flags)) if self.room_for_graphs(2).is_ok() => {
+                    ctx.gpu.graph_profile_twin(g, flags).ok()
+                }
+                _ => None,
             };
+            let built = built.map(|twin| {
+                let by_handle: HashMap<u64, u32> = (self.functions.iter())
+                    .map(|(&id, f)| (f.handle, id))
+                    .collect();
+                let funcs = (twin.nodes.iter())
+                    .map(|n| by_handle.get(&n.func).copied().unwrap_or(0))
+                    .collect();
+                Twin { twin, funcs }
+            });
             self.profiles.twins.insert(exec, built);
         }
         match self.profiles.twins.get(&exec) {
             Some(Some(t)) => Ok(t),
             _ => Err(code::NOT_SUPPORTED),
         }
+    }
+
+    /// Before launching executable graph `exec` (`twin`: its twin) on work stream `s`:
+    /// waits for the last launch of the other one. After: `recorded` below.
+    fn order_before(&mut self, ctx: &mut WorkerCtx, exec: u32, twin: bool, s: usize) {
+        let entry = match self.profiles.order.get(&exec) {
+            Some(&e) => e,
+            None => match ctx.gpu.event_create(0) {
+                Ok(ev) => {
+                    self.profiles.order.insert(exec, (ev, twin));
+                    (ev, twin)
+                }
+                Err(_) => return,
+            },
+        };
+        if entry.1 != twin {
+            if let Err(err) = ctx.gpu.stream_wait_event(s, entry.0) {
+                self.note_error(err);
+            }
+        }
+    }
+
+    fn order_after(&mut self, ctx: &mut WorkerCtx, exec: u32, twin: bool, s: usize) {
+        if let Some(e) = self.profiles.order.get_mut(&exec) {
+            e.1 = twin;
+            if let Err(err) = ctx.gpu.event_record(e.0, s) {
+                self.note_error(err);
+            }
+        }
+    }
+
+    /// Launches the client's executable graph `exec` (driver handle `e`) on work stream
+    /// `s` of client stream `stream`, after its twin's last launch where it has one.
+    pub(super) fn launch_original(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        exec: u32,
+        e: u64,
+        s: usize,
+        stream: u32,
+    ) {
+        let ordered = self.profiles.order.contains_key(&exec) && !self.capturing_stream(stream);
+        if ordered {
+            self.order_before(ctx, exec, false, s);
+        }
+        self.client.launches.fetch_add(1, Ordering::Relaxed);
+        if let Err(err) = ctx.gpu.graph_launch(e, s) {
+            self.note_error(err);
+        }
+        if ordered {
+            self.order_after(ctx, exec, false, s);
+        }
+    }
+
+    fn capturing_stream(&self, stream: u32) -> bool {
+        self.streams.get(&stream).is_some_and(|st| st.capturing)
     }
 
     pub(super) fn handle_graph_profile(
@@ -154,28 +252,23 @@ impl Session {
                 if !self.execs.contains_key(&q.exec) {
                     return bad(format!("profiling unknown executable graph {}", q.exec));
                 }
-                let funcs: HashMap<u64, u32> = self
-                    .functions
-                    .iter()
-                    .map(|(&id, f)| (f.handle, id))
-                    .collect();
                 let reply = match self.twin(ctx, q.exec) {
                     Err(e) => return self.complete(q.call, e, &[]),
                     Ok(t) => {
-                        let first = (q.first as usize).min(t.nodes.len());
-                        let page = &t.nodes[first..];
-                        let page = &page[..page.len().min(wire::PROFILED_PER_REPLY)];
+                        let first = (q.first as usize).min(t.twin.nodes.len());
+                        let n = (t.twin.nodes.len() - first).min(wire::PROFILED_PER_REPLY);
                         let mut out = bytemuck::bytes_of(&wire::ProfiledNodes {
-                            total: t.nodes.len() as u32,
-                            count: page.len() as u32,
+                            total: t.twin.nodes.len() as u32,
+                            count: n as u32,
                         })
                         .to_vec();
-                        for n in page {
+                        for (node, &func) in (t.twin.nodes.iter().zip(&t.funcs)).skip(first).take(n)
+                        {
                             out.extend_from_slice(bytemuck::bytes_of(&wire::ProfiledNode {
-                                func: funcs.get(&n.func).copied().unwrap_or(0),
-                                shared: n.shared,
-                                grid: n.grid,
-                                block: n.block,
+                                func,
+                                shared: node.shared,
+                                grid: node.grid,
+                                block: node.block,
                             }));
                         }
                         out
@@ -185,17 +278,17 @@ impl Session {
             }
             Op::GraphLaunchProfiled => {
                 let l = rec::<wire::GraphLaunchProfiled>(p);
-                if !self.execs.contains_key(&l.exec) {
+                let Some(&e) = self.execs.get(&l.exec) else {
                     return bad(format!("launching unknown executable graph {}", l.exec));
-                }
+                };
                 let n = l.count as usize;
-                if tail.len() != n * 8 {
+                if tail.len() != n.saturating_mul(8) {
                     return bad(format!(
                         "profiled launch: {n} nodes in {} bytes",
                         tail.len()
                     ));
                 }
-                let mut events = Vec::with_capacity(2 * n);
+                let mut events = Vec::with_capacity(tail.len() / 4);
                 for id in tail.chunks_exact(4) {
                     events.push(self.event(u32::from_le_bytes(id.try_into().expect("4")))?);
                 }
@@ -203,29 +296,46 @@ impl Session {
                     return Ok(());
                 };
                 let gpu = ctx.gpu.clone();
-                let twin = match self.twin(ctx, l.exec) {
-                    Ok(t) if t.nodes.len() == n => t,
-                    // Stale since the client asked (its graph changed): the launch runs
-                    // untimed, as the program asked it to run.
-                    _ => {
-                        let e = self.execs[&l.exec];
+                // A launch into a capture becomes a node of it: no twin there.
+                let twin = match self.capturing_stream(l.stream) {
+                    true => None,
+                    false => match self.twin(ctx, l.exec) {
+                        Ok(t) if t.twin.nodes.len() == n => {
+                            Some((t.twin.exec, t.twin.nodes.clone()))
+                        }
+                        _ => None,
+                    },
+                };
+                let set = twin.as_ref().map(|(x, nodes)| {
+                    nodes
+                        .iter()
+                        .zip(events.chunks_exact(2))
+                        .try_for_each(|(node, pair)| {
+                            gpu.graph_exec_set_event(*x, node.start, pair[0])?;
+                            gpu.graph_exec_set_event(*x, node.end, pair[1])
+                        })
+                });
+                match (twin, set) {
+                    (Some((x, _)), Some(Ok(()))) => {
+                        self.order_before(ctx, l.exec, true, s);
                         self.client.launches.fetch_add(1, Ordering::Relaxed);
-                        if let Err(err) = gpu.graph_launch(e, s) {
+                        if let Err(err) = gpu.graph_launch(x, s) {
                             self.note_error(err);
                         }
-                        return Ok(());
+                        self.order_after(ctx, l.exec, true, s);
                     }
-                };
-                let mut r = Ok(());
-                for (node, pair) in twin.nodes.iter().zip(events.chunks_exact(2)) {
-                    r = r
-                        .and_then(|()| gpu.graph_exec_set_event(twin.exec, node.start, pair[0]))
-                        .and_then(|()| gpu.graph_exec_set_event(twin.exec, node.end, pair[1]));
-                }
-                let exec = twin.exec;
-                self.client.launches.fetch_add(1, Ordering::Relaxed);
-                if let Err(err) = r.and_then(|()| gpu.graph_launch(exec, s)) {
-                    self.note_error(err);
+                    // Untimed (stale twin, none to be had, a capture): the program's launch
+                    // runs as it asked, and each pair is recorded end first, so that the
+                    // profiler drops it (a negative length) instead of reading old times.
+                    _ => {
+                        if !self.capturing_stream(l.stream) {
+                            for pair in events.chunks_exact(2) {
+                                let _ = gpu.event_record(pair[1], s);
+                                let _ = gpu.event_record(pair[0], s);
+                            }
+                        }
+                        self.launch_original(ctx, l.exec, e, s, l.stream);
+                    }
                 }
             }
             _ => unreachable!("dispatched to graph profiling: {op:?}"),

@@ -111,7 +111,7 @@ impl Session {
                 let r = r.and_then(|(e, ranges)| match self.graph_id() {
                     Ok(id) => {
                         self.execs.insert(id, e);
-                        self.note_exec_source(id, g.graph);
+                        self.note_exec_source(id, g.graph, g.flags);
                         self.note_exec_ranges(ctx, id, ranges);
                         Ok(wire::U64Reply { value: id as u64 })
                     }
@@ -131,13 +131,10 @@ impl Session {
                 let Some(s) = self.stream(ctx, l.stream)? else {
                     return Ok(());
                 };
-                let r = if op == Op::GraphLaunch {
-                    self.client.launches.fetch_add(1, Ordering::Relaxed);
-                    gpu.graph_launch(e, s)
-                } else {
-                    gpu.graph_upload(e, s)
-                };
-                if let Err(err) = r {
+                if op == Op::GraphLaunch {
+                    // After its profiling twin's last launch, where it has one.
+                    self.launch_original(ctx, l.exec, e, s, l.stream);
+                } else if let Err(err) = gpu.graph_upload(e, s) {
                     self.note_error(err);
                 }
             }
@@ -169,10 +166,10 @@ impl Session {
                     }
                 } else {
                     rel.execs.push(handle);
-                    self.exec_profile_gone(ctx, h.id, true);
+                    self.exec_profile_gone(h.id, true, &mut rel);
                 }
                 // An executable graph may still run: freed once the client's work is done.
-                ctx.release_later(self, rel);
+                self.release_if_any(ctx, rel);
                 // Then what it alone held (blocks, openings, modules), after it.
                 let exec = (op == Op::GraphExecDestroy).then_some(h.id);
                 self.graph_gone(ctx, exec);

@@ -238,9 +238,12 @@ fn launch(op: Op, e: CUgraphExec, s: CUstream) -> Result<(), CUresult> {
     if op == Op::GraphLaunch {
         // A profiler traces the replay: the server launches the graph's twin, whose
         // record nodes take these events (docs/design.md 12b, design G).
-        if let Some((begun, events)) = crate::state::profile::graph_begin(s, dev, ex.id()) {
+        // The id read once: a rebind on another thread must not pair one graph's nodes
+        // with another's launch.
+        let id = ex.id();
+        if let Some((begun, events)) = crate::state::profile::graph_begin(s, dev, id) {
             let l = wire::GraphLaunchProfiled {
-                exec: ex.id(),
+                exec: id,
                 stream,
                 count: (events.len() / 2) as u32,
                 _pad: 0,

@@ -261,6 +261,9 @@ pub fn resolve_all(spans: &[&Span]) -> Vec<Result<Option<(u64, u64)>, NotReady>>
             for (&i, t) in chunk.iter().zip(answers) {
                 let anchor_ns = spans[i].anchor.mono as f64;
                 out[i] = match t.result {
+                    // The server recorded the pair end first: the work ran untimed (a
+                    // graph replay without its twin).
+                    0 if t.length_ms < 0.0 => Ok(None),
                     0 => {
                         let start = (anchor_ns + t.from_anchor_ms as f64 * 1e6).max(0.0) as u64;
                         Ok(Some((

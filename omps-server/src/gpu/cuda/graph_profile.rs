@@ -8,13 +8,16 @@ use super::{graphs, streams};
 use crate::gpu::{code, CuError, GpuResult, ProfileTwin, TimedNode};
 use cudarc::driver::sys as cu;
 
-/// CU_GRAPH_NODE_TYPE_KERNEL.
+/// CU_GRAPH_NODE_TYPE_KERNEL and _GRAPH (a child graph).
 const KERNEL: u32 = 0;
-/// Node types a copy cannot stand in for: memory allocation and free (the copy would
-/// allocate its own), conditional (the graph's kernels set the original's handles).
+const CHILD_GRAPH: u32 = 4;
+/// Node types a copy cannot stand in for, in the graph or a child graph of it: memory
+/// allocation and free (the copy would allocate its own), conditional (the graph's
+/// kernels set the original's handles).
 const NOT_COPIED: [u32; 3] = [10, 11, 13];
 
-pub(super) fn graph_profile_twin(gpu: &CudaGpu, graph: u64) -> GpuResult<ProfileTwin> {
+pub(super) fn graph_profile_twin(gpu: &CudaGpu, graph: u64, flags: u64) -> GpuResult<ProfileTwin> {
+    copyable(gpu, graph)?;
     let copy = graphs::graph_clone(gpu, graph)?;
     let placeholder = match streams::event_create(gpu, 0) {
         Ok(e) => e,
@@ -24,7 +27,7 @@ pub(super) fn graph_profile_twin(gpu: &CudaGpu, graph: u64) -> GpuResult<Profile
         }
     };
     let built = instrument(gpu, copy, placeholder).and_then(|nodes| {
-        let exec = graphs::graph_instantiate(gpu, copy, 0)?;
+        let exec = graphs::graph_instantiate(gpu, copy, flags)?;
         Ok((exec, nodes))
     });
     match built {
@@ -51,9 +54,6 @@ fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNod
     let types = (nodes.iter())
         .map(|&n| graphs::graph_node_type(gpu, n))
         .collect::<GpuResult<Vec<u32>>>()?;
-    if types.iter().any(|t| NOT_COPIED.contains(t)) {
-        return Err(CuError(code::NOT_SUPPORTED));
-    }
     for (&node, &ty) in nodes.iter().zip(&types) {
         if ty != KERNEL {
             continue;
@@ -91,25 +91,50 @@ fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNod
     Ok(out)
 }
 
-/// The nodes `n` depends on.
+/// Whether a copy of `graph` can stand in for it: no node of a kind in NOT_COPIED, in it
+/// or in its child graphs, and no edge other than the default (a programmatic edge
+/// lets a kernel start before its dependency ends; a record node between them would
+/// change that).
+fn copyable(gpu: &CudaGpu, graph: u64) -> GpuResult<()> {
+    gpu.bind();
+    for node in graphs::graph_nodes(gpu, graph)? {
+        let ty = graphs::graph_node_type(gpu, node)?;
+        if NOT_COPIED.contains(&ty) {
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
+        let n = node as cu::CUgraphNode;
+        dependencies(n)?;
+        if ty == CHILD_GRAPH {
+            let mut child = std::ptr::null_mut();
+            // SAFETY: a child-graph node; the graph stays its node's.
+            ck(unsafe { cu::cuGraphChildGraphNodeGetGraph(n, &mut child) })?;
+            copyable(gpu, child as u64)?;
+        }
+    }
+    Ok(())
+}
+
+/// The nodes `n` depends on, all by default edges (NOT_SUPPORTED otherwise).
 fn dependencies(n: cu::CUgraphNode) -> GpuResult<Vec<cu::CUgraphNode>> {
     let mut count = 0usize;
-    // SAFETY: a node of a graph the caller owns; null arrays ask for the count.
+    // SAFETY: a node of a graph the caller holds; null arrays ask for the count.
     ck(unsafe {
         cu::cuGraphNodeGetDependencies_v2(n, std::ptr::null_mut(), std::ptr::null_mut(), &mut count)
     })?;
     let mut deps = vec![std::ptr::null_mut(); count];
     if count > 0 {
-        // SAFETY: room for `count` nodes; edge data not asked for.
+        // SAFETY: all-zero edge data is the default edge, a valid value.
+        let zero: cu::CUgraphEdgeData = unsafe { std::mem::zeroed() };
+        let mut edges = vec![zero; count];
+        // SAFETY: room for `count` nodes and as many edges.
         ck(unsafe {
-            cu::cuGraphNodeGetDependencies_v2(
-                n,
-                deps.as_mut_ptr(),
-                std::ptr::null_mut(),
-                &mut count,
-            )
+            cu::cuGraphNodeGetDependencies_v2(n, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut count)
         })?;
         deps.truncate(count);
+        let plain = |e: &cu::CUgraphEdgeData| e.from_port == 0 && e.to_port == 0 && e.type_ == 0;
+        if !edges[..count].iter().all(plain) {
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
     }
     Ok(deps)
 }

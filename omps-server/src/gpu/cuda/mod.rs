@@ -316,8 +316,8 @@ impl Gpu for CudaGpu {
         graphs::graph_memory_ranges(self, graph)
     }
 
-    fn graph_profile_twin(&self, graph: u64) -> GpuResult<crate::gpu::ProfileTwin> {
-        graph_profile::graph_profile_twin(self, graph)
+    fn graph_profile_twin(&self, graph: u64, flags: u64) -> GpuResult<crate::gpu::ProfileTwin> {
+        graph_profile::graph_profile_twin(self, graph, flags)
     }
 
     fn graph_exec_set_event(&self, exec: u64, node: u64, event: u64) -> GpuResult<()> {

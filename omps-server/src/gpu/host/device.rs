@@ -319,8 +319,8 @@ impl Gpu for HostGpu {
         graphs::graph_destroy(self, graph)
     }
 
-    fn graph_profile_twin(&self, graph: u64) -> GpuResult<crate::gpu::ProfileTwin> {
-        graphs::graph_profile_twin(self, graph)
+    fn graph_profile_twin(&self, graph: u64, flags: u64) -> GpuResult<crate::gpu::ProfileTwin> {
+        graphs::graph_profile_twin(self, graph, flags)
     }
 
     fn graph_exec_set_event(&self, exec: u64, node: u64, event: u64) -> GpuResult<()> {

@@ -349,7 +349,7 @@ pub(super) fn graph_exec_destroy(gpu: &HostGpu, exec: u64) -> GpuResult<()> {
 
 /// A profiling twin (docs/design.md 12b, design G): a copy of `graph` with a record op
 /// before and after each launch, instantiated.
-pub(super) fn graph_profile_twin(gpu: &HostGpu, graph: u64) -> GpuResult<ProfileTwin> {
+pub(super) fn graph_profile_twin(gpu: &HostGpu, graph: u64, flags: u64) -> GpuResult<ProfileTwin> {
     // As the driver's: a conditional node's handle would be the original's.
     let conditional = {
         let st = gpu.state.lock().unwrap();
@@ -363,10 +363,11 @@ pub(super) fn graph_profile_twin(gpu: &HostGpu, graph: u64) -> GpuResult<Profile
     let mut nodes = Vec::new();
     {
         let mut st = gpu.state.lock().unwrap();
-        let ops = st
-            .graphs
-            .remove(&copy)
-            .ok_or(CuError(code::INVALID_HANDLE))?;
+        let ops = st.graphs.remove(&copy).unwrap_or_default();
+        if ops.len() * 3 >= 1 << 16 {
+            // Record nodes are named by their place in the copy (16 bits).
+            return Err(CuError(code::NOT_SUPPORTED));
+        }
         let mut out = Vec::with_capacity(ops.len() * 3);
         for op in ops {
             let HostOp::Launch { func, .. } = &op else {
@@ -396,13 +397,18 @@ pub(super) fn graph_profile_twin(gpu: &HostGpu, graph: u64) -> GpuResult<Profile
         }
         st.graphs.insert(copy, out);
     }
-    let exec = graph_instantiate(gpu, copy, 0)?;
-    Ok(ProfileTwin {
-        exec,
-        graph: copy,
-        placeholder: 0,
-        nodes,
-    })
+    match graph_instantiate(gpu, copy, flags) {
+        Ok(exec) => Ok(ProfileTwin {
+            exec,
+            graph: copy,
+            placeholder: 0,
+            nodes,
+        }),
+        Err(e) => {
+            let _ = graph_destroy(gpu, copy);
+            Err(e)
+        }
+    }
 }
 
 pub(super) fn graph_exec_set_event(

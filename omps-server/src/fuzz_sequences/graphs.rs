@@ -53,16 +53,45 @@ pub(super) fn step_graphs_ipc_link(
         }
         3 => {
             if let Some(exec) = b.pick(&held.execs) {
-                let l = wire::GraphLaunch {
-                    exec,
-                    stream: b.pick(&held.streams).unwrap_or(0),
-                };
-                let op = if b.u8() & 1 == 0 {
-                    Op::GraphLaunch
-                } else {
-                    Op::GraphUpload
-                };
-                return me.send(ctx, op, &[bytemuck::bytes_of(&l)]);
+                let stream = b.pick(&held.streams).unwrap_or(0);
+                match b.u8() % 4 {
+                    // A profiler's questions and replays: a twin's nodes, then a replay
+                    // with a count and event ids that may not fit it.
+                    2 => {
+                        let q = wire::GraphProfileInfo {
+                            call: me.call(),
+                            exec,
+                            first: b.u8() as u32 % 4,
+                        };
+                        return me.send(ctx, Op::GraphProfileInfo, &[bytemuck::bytes_of(&q)]);
+                    }
+                    3 => {
+                        let count = (b.u8() % 4) as u32;
+                        let ids: Vec<u8> = (0..2 * count)
+                            .flat_map(|_| b.pick(&held.events).unwrap_or(1).to_le_bytes())
+                            .collect();
+                        let l = wire::GraphLaunchProfiled {
+                            exec,
+                            stream,
+                            count,
+                            _pad: 0,
+                        };
+                        return me.send(
+                            ctx,
+                            Op::GraphLaunchProfiled,
+                            &[bytemuck::bytes_of(&l), &ids],
+                        );
+                    }
+                    k => {
+                        let l = wire::GraphLaunch { exec, stream };
+                        let op = if k == 0 {
+                            Op::GraphLaunch
+                        } else {
+                            Op::GraphUpload
+                        };
+                        return me.send(ctx, op, &[bytemuck::bytes_of(&l)]);
+                    }
+                }
             }
         }
         4 => {

@@ -268,6 +268,7 @@ fn a_profiler_gets_its_kernels_copies_and_waits_with_their_correlations() {
             let gs = cs;
             ok(omps_shim::api::capture::cuStreamBeginCapture_v2(gs, 0));
             fill_kernel(p, 20, 16, gs);
+            ok(cuMemsetD32Async(p, 0, 16, gs));
             fill_kernel(p, 21, 16, gs);
             let mut g = std::ptr::null_mut();
             ok(omps_shim::api::capture::cuStreamEndCapture(gs, &mut g));
@@ -286,6 +287,14 @@ fn a_profiler_gets_its_kernels_copies_and_waits_with_their_correlations() {
             let all = take_records();
             let nodes = of_kind(&all, kind::CONCURRENT_KERNEL);
             assert_eq!(nodes.len(), 4, "two kernel nodes, two replays");
+            let sets = of_kind(&all, kind::MEMSET);
+            assert_eq!(sets.len(), 2, "a memset node, two replays");
+            assert_eq!(u64_at(sets[0], off::memset::BYTES), 64);
+            assert_eq!(
+                u32_at(sets[0], off::memset::CORRELATION_ID),
+                u32_at(nodes[0], off::kernel::CORRELATION_ID),
+                "a replay's nodes share its correlation id"
+            );
             let corr: Vec<u32> = nodes
                 .iter()
                 .map(|k| u32_at(k, off::kernel::CORRELATION_ID))

@@ -121,19 +121,27 @@ pub struct ProfiledNodes {
     pub count: u32,
 }
 
-/// A timed kernel node: the client's function id (0: not one of its own), shape and
-/// dynamic shared memory.
+/// A timed node: `kind` is its CUgraphNodeType (kernel 0, memcpy 1, memset 2). A kernel
+/// has the client's function id (0: not one of its own), shape and dynamic shared memory;
+/// a memset its value and bytes; a memcpy its bytes and the sides' CUmemorytype
+/// (`src_type`, `dst_type`: 1 host, 2 device, 3 array, 4 unified).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct ProfiledNode {
+    pub kind: u32,
     pub func: u32,
     pub shared: u32,
+    pub value: u32,
     pub grid: [u32; 3],
     pub block: [u32; 3],
+    pub bytes: u64,
+    pub src_type: u8,
+    pub dst_type: u8,
+    pub _pad: [u8; 6],
 }
 
-/// Timed nodes one answer holds (a 1 KiB reply area).
-pub const PROFILED_PER_REPLY: usize = 31;
+/// Timed nodes one answer holds (a 1 KiB reply area, after its ProfiledNodes).
+pub const PROFILED_PER_REPLY: usize = 18;
 
 /// A launch of `exec`'s profiling twin on `stream`: followed by 2 x `count` event ids of
 /// the client's own, a start and an end for each timed node, in order (`count` is the

@@ -82,10 +82,28 @@ pub struct ProfileTwin {
 pub struct TimedNode {
     pub start: u64,
     pub end: u64,
-    pub func: u64,
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub shared: u32,
+    pub work: TimedWork,
+}
+
+/// What a timed node of a twin does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimedWork {
+    Kernel {
+        func: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+    },
+    Memset {
+        value: u32,
+        bytes: u64,
+    },
+    /// The two sides' CUmemorytype (1 host, 2 device, 3 array, 4 unified).
+    Memcpy {
+        src: u8,
+        dst: u8,
+        bytes: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@
 //! after the other waits for it (an event per executable graph, recorded after each).
 
 use super::*;
-use crate::gpu::ProfileTwin;
+use crate::gpu::{ProfileTwin, TimedNode, TimedWork};
 use omps_ring::wire::graph;
 use std::collections::HashMap;
 
@@ -52,6 +52,38 @@ impl GraphProfiles {
         rel.events.extend(self.order.drain().map(|(_, (e, _))| e));
         self.sources.clear();
     }
+}
+
+/// A timed node as the wire tells it (`func`: the client's id of a kernel's function).
+fn profiled(node: &TimedNode, func: u32) -> wire::ProfiledNode {
+    let mut p = wire::ProfiledNode {
+        func,
+        ..Default::default()
+    };
+    match node.work {
+        TimedWork::Kernel {
+            grid,
+            block,
+            shared,
+            ..
+        } => {
+            p.grid = grid;
+            p.block = block;
+            p.shared = shared;
+        }
+        TimedWork::Memcpy { src, dst, bytes } => {
+            p.kind = 1;
+            p.src_type = src;
+            p.dst_type = dst;
+            p.bytes = bytes;
+        }
+        TimedWork::Memset { value, bytes } => {
+            p.kind = 2;
+            p.value = value;
+            p.bytes = bytes;
+        }
+    }
+    p
 }
 
 fn twin_into(twin: ProfileTwin, rel: &mut Release) {
@@ -170,7 +202,12 @@ impl Session {
                     .map(|(&id, f)| (f.handle, id))
                     .collect();
                 let funcs = (twin.nodes.iter())
-                    .map(|n| by_handle.get(&n.func).copied().unwrap_or(0))
+                    .map(|n| match n.work {
+                        TimedWork::Kernel { func, .. } => {
+                            by_handle.get(&func).copied().unwrap_or(0)
+                        }
+                        _ => 0,
+                    })
                     .collect();
                 Twin { twin, funcs }
             });
@@ -264,12 +301,7 @@ impl Session {
                         .to_vec();
                         for (node, &func) in (t.twin.nodes.iter().zip(&t.funcs)).skip(first).take(n)
                         {
-                            out.extend_from_slice(bytemuck::bytes_of(&wire::ProfiledNode {
-                                func,
-                                shared: node.shared,
-                                grid: node.grid,
-                                block: node.block,
-                            }));
+                            out.extend_from_slice(bytemuck::bytes_of(&profiled(node, func)));
                         }
                         out
                     }

@@ -49,14 +49,16 @@ struct Open {
     cbid: u32,
     start_ns: u64,
     /// The records of the work and their spans: one for a kernel, copy or memset, one a
-    /// timed node for a graph replay.
-    records: Vec<(Record, Span)>,
+    /// timed node for a graph replay (None: its kind is off).
+    records: Vec<(Option<Record>, Span)>,
     /// The spans' events are recorded by the server (a graph's twin), not by `after`.
     recorded_by_server: bool,
 }
 
 struct Pending {
-    record: Record,
+    /// None: a graph node whose kind is off, timed only because the replay records
+    /// every node's events (its span keeps them from reuse until they are done).
+    record: Option<Record>,
     span: Span,
     stream: usize,
 }
@@ -250,7 +252,7 @@ fn before(stream: CUstream, dev: usize, work: &Work) -> Option<u64> {
     let records = timed
         .and_then(|k| {
             timing::begin(stream, dev)
-                .map(|span| (work_record(work, k, dev, stream, correlation), span))
+                .map(|span| (Some(work_record(work, k, dev, stream, correlation)), span))
         })
         .into_iter()
         .collect();
@@ -276,11 +278,16 @@ fn open(o: Open) -> u64 {
 /// launch's correlation id, as CUPTI gives them.
 fn graph(stream: CUstream, dev: usize, exec: u32) -> Option<profile::GraphReport> {
     housekeep();
-    let k = with(|s| {
-        [kind::CONCURRENT_KERNEL, kind::KERNEL]
+    let (kernel, copies, memsets) = with(|s| {
+        let kernel = [kind::CONCURRENT_KERNEL, kind::KERNEL]
             .into_iter()
-            .find(|k| s.enabled.contains(k))
-    })?;
+            .find(|k| s.enabled.contains(k));
+        let on = |k| s.enabled.contains(&k);
+        (kernel, on(kind::MEMCPY), on(kind::MEMSET))
+    });
+    if kernel.is_none() && !copies && !memsets {
+        return None;
+    }
     let nodes = super::graphs::timed_nodes(dev, exec)?;
     let start_ns = monotonic_ns();
     let spans = timing::graph_spans(stream, dev, nodes.len())?;
@@ -300,10 +307,27 @@ fn graph(stream: CUstream, dev: usize, exec: u32) -> Option<profile::GraphReport
         .iter()
         .zip(spans)
         .map(|(n, sp)| {
-            let func = crate::state::modules::function_by_id(dev, n.func);
-            let mut r = Record::new(k);
-            kernel_fields(&mut r, func, n.grid, n.block, n.shared);
-            ids_fields(&mut r, dev, stream, correlation);
+            let r = match n.kind {
+                0 => kernel.map(|k| {
+                    let func = crate::state::modules::function_by_id(dev, n.func);
+                    let mut r = Record::new(k);
+                    kernel_fields(&mut r, func, n.grid, n.block, n.shared);
+                    ids_fields(&mut r, dev, stream, correlation);
+                    r
+                }),
+                1 if copies => {
+                    let work = graph_copy(n.src_type, n.dst_type, n.bytes);
+                    Some(work_record(&work, kind::MEMCPY, dev, stream, correlation))
+                }
+                2 if memsets => {
+                    let work = Work::Memset {
+                        value: n.value,
+                        bytes: n.bytes,
+                    };
+                    Some(work_record(&work, kind::MEMSET, dev, stream, correlation))
+                }
+                _ => None,
+            };
             (r, sp)
         })
         .collect();
@@ -418,7 +442,13 @@ fn time_pending(wait: bool, limit: usize) {
     for (p, answer) in batch.into_iter().zip(answers) {
         match answer {
             Ok(Some((start, end))) => {
-                let Pending { mut record, .. } = p;
+                let Pending {
+                    record: Some(mut record),
+                    ..
+                } = p
+                else {
+                    continue;
+                };
                 let (s_off, e_off, c_off) = match record.kind() {
                     kind::MEMCPY => (off::memcpy::START, off::memcpy::END, None),
                     kind::MEMSET => (off::memset::START, off::memset::END, None),

@@ -146,3 +146,42 @@ pub(super) fn times_of(k: u32) -> &'static [usize] {
         _ => &[],
     }
 }
+
+/// A graph's memcpy node as CUPTI records it, from its sides' CUmemorytype (1 host, 2
+/// device, 3 array, 4 unified): host memory in a graph is page-locked.
+pub(super) fn graph_copy(src: u8, dst: u8, bytes: u64) -> Work<'static> {
+    use abi::{copy_kind as ck, memory_kind as mk};
+    let side = |t: u8| match t {
+        1 => (b'h', mk::PINNED),
+        3 => (b'a', ARRAY),
+        _ => (b'd', mk::DEVICE),
+    };
+    let ((s, src_kind), (d, dst_kind)) = (side(src), side(dst));
+    let copy_kind = match (s, d) {
+        (b'h', b'd') => ck::HTOD,
+        (b'd', b'h') => ck::DTOH,
+        (b'd', b'd') => ck::DTOD,
+        (b'h', b'h') => HTOH,
+        (b'h', b'a') => HTOA,
+        (b'a', b'h') => ATOH,
+        (b'a', b'a') => ATOA,
+        (b'a', b'd') => ATOD,
+        _ => DTOA,
+    };
+    Work::Copy {
+        copy_kind,
+        src_kind,
+        dst_kind,
+        bytes,
+        asynchronous: true,
+    }
+}
+
+/// `CUpti_ActivityMemcpyKind` and `CUpti_ActivityMemoryKind` values only graph copies use.
+const HTOA: u8 = 3;
+const ATOH: u8 = 4;
+const ATOA: u8 = 5;
+const ATOD: u8 = 6;
+const DTOA: u8 = 7;
+const HTOH: u8 = 9;
+const ARRAY: u8 = 4;

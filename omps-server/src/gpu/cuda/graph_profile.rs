@@ -1,15 +1,18 @@
 //! [`CudaGpu`]'s profiling twins (docs/design.md 12b, design G): a copy of a client's
-//! graph with an event-record node before and after each kernel node, so that a traced
-//! replay times every kernel; each launch points the record nodes at the client's own
-//! events first. Only a client that traces ever has one.
+//! graph with an event-record node before and after each kernel, memset and memcpy node,
+//! so that a traced replay times each; each launch points the record nodes at the
+//! client's own events first. Only a client that traces ever has one.
 
 use super::device::{ck, CudaGpu};
+use super::graphs::Memcpy3dRaw;
 use super::{graphs, streams};
-use crate::gpu::{code, CuError, GpuResult, ProfileTwin, TimedNode};
+use crate::gpu::{code, CuError, GpuResult, ProfileTwin, TimedNode, TimedWork};
 use cudarc::driver::sys as cu;
 
-/// CU_GRAPH_NODE_TYPE_KERNEL and _GRAPH (a child graph).
+/// CU_GRAPH_NODE_TYPE_KERNEL, _MEMCPY, _MEMSET and _GRAPH (a child graph).
 const KERNEL: u32 = 0;
+const MEMCPY: u32 = 1;
+const MEMSET: u32 = 2;
 const CHILD_GRAPH: u32 = 4;
 /// Node types a copy cannot stand in for, in the graph or a child graph of it: memory
 /// allocation and free (the copy would allocate its own), conditional (the graph's
@@ -55,19 +58,43 @@ fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNod
         .map(|&n| graphs::graph_node_type(gpu, n))
         .collect::<GpuResult<Vec<u32>>>()?;
     for (&node, &ty) in nodes.iter().zip(&types) {
-        if ty != KERNEL {
-            continue;
-        }
         let n = node as cu::CUgraphNode;
-        // SAFETY: all-zero is a valid CUDA_KERNEL_NODE_PARAMS (pointers null, sizes 0).
-        let mut p: cu::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-        // SAFETY: a kernel node of the copy; a valid out-pointer.
-        ck(unsafe { cu::cuGraphKernelNodeGetParams_v2(n, &mut p) })?;
-        let mut func = p.func;
-        if func.is_null() && !p.kern.is_null() {
-            // SAFETY: the node's library kernel; a valid out-pointer.
-            ck(unsafe { cu::cuKernelGetFunction(&mut func, p.kern) })?;
-        }
+        let work = match ty {
+            KERNEL => kernel_work(n)?,
+            MEMSET => {
+                // SAFETY: a memset node of the copy; a zeroed block for the driver to fill.
+                let p = unsafe {
+                    let mut p: cu::CUDA_MEMSET_NODE_PARAMS = std::mem::zeroed();
+                    ck(cu::cuGraphMemsetNodeGetParams(n, &mut p))?;
+                    p
+                };
+                let row = (p.width as u64).saturating_mul(p.elementSize as u64);
+                TimedWork::Memset {
+                    value: p.value,
+                    bytes: row.saturating_mul(p.height.max(1) as u64),
+                }
+            }
+            MEMCPY => {
+                let mut p = Memcpy3dRaw::default();
+                // SAFETY: a memcpy node of the copy; Memcpy3dRaw has CUDA_MEMCPY3D's layout
+                // with plain integers where cudarc has enums.
+                ck(unsafe {
+                    cu::cuGraphMemcpyNodeGetParams(
+                        n,
+                        (&mut p as *mut Memcpy3dRaw).cast::<cu::CUDA_MEMCPY3D>(),
+                    )
+                })?;
+                let bytes = (p.WidthInBytes as u64)
+                    .saturating_mul(p.Height.max(1) as u64)
+                    .saturating_mul(p.Depth.max(1) as u64);
+                TimedWork::Memcpy {
+                    src: p.srcMemoryType as u8,
+                    dst: p.dstMemoryType as u8,
+                    bytes,
+                }
+            }
+            _ => continue,
+        };
         let deps = dependencies(n)?;
         let mut start = std::ptr::null_mut();
         // SAFETY: nodes of the copy; `deps` holds deps.len() of them.
@@ -77,18 +104,35 @@ fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNod
         // SAFETY: two nodes of the copy; null edge data is the default edge.
         ck(unsafe { cu::cuGraphAddDependencies_v2(graph, &start, &n, std::ptr::null(), 1) })?;
         let mut end = std::ptr::null_mut();
-        // SAFETY: the kernel node of the copy as the one dependency.
+        // SAFETY: the timed node of the copy as the one dependency.
         ck(unsafe { cu::cuGraphAddEventRecordNode(&mut end, graph, &n, 1, event) })?;
         out.push(TimedNode {
             start: start as u64,
             end: end as u64,
-            func: func as u64,
-            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
-            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
-            shared: p.sharedMemBytes,
+            work,
         });
     }
     Ok(out)
+}
+
+/// A kernel node's function (its library kernel's, where it names one), shape and
+/// dynamic shared memory.
+fn kernel_work(n: cu::CUgraphNode) -> GpuResult<TimedWork> {
+    // SAFETY: all-zero is a valid CUDA_KERNEL_NODE_PARAMS (pointers null, sizes 0).
+    let mut p: cu::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    // SAFETY: a kernel node of the copy; a valid out-pointer.
+    ck(unsafe { cu::cuGraphKernelNodeGetParams_v2(n, &mut p) })?;
+    let mut func = p.func;
+    if func.is_null() && !p.kern.is_null() {
+        // SAFETY: the node's library kernel; a valid out-pointer.
+        ck(unsafe { cu::cuKernelGetFunction(&mut func, p.kern) })?;
+    }
+    Ok(TimedWork::Kernel {
+        func: func as u64,
+        grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+        block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+        shared: p.sharedMemBytes,
+    })
 }
 
 /// Whether a copy of `graph` can stand in for it: no node of a kind in NOT_COPIED, in it

@@ -3,7 +3,7 @@
 
 use super::ops::{cond_handles, HostOp};
 use super::state::HostGpu;
-use crate::gpu::{code, CuError, Gpu, GpuResult, ProfileTwin, TimedNode};
+use crate::gpu::{code, CuError, Gpu, GpuResult, ProfileTwin, TimedNode, TimedWork};
 use std::sync::atomic::Ordering;
 
 pub(super) fn capture_begin(gpu: &HostGpu, s: usize) -> GpuResult<()> {
@@ -370,11 +370,29 @@ pub(super) fn graph_profile_twin(gpu: &HostGpu, graph: u64, flags: u64) -> GpuRe
         }
         let mut out = Vec::with_capacity(ops.len() * 3);
         for op in ops {
-            let HostOp::Launch { func, .. } = &op else {
-                out.push(op);
-                continue;
+            // As the CUDA twin: kernels, memsets and copies are timed (CUmemorytype: 1
+            // host, 2 device).
+            let work = match &op {
+                HostOp::Launch { func, .. } => TimedWork::Kernel {
+                    func: *func,
+                    grid: [1; 3],
+                    block: [1; 3],
+                    shared: 0,
+                },
+                HostOp::Memset {
+                    value, elem, count, ..
+                } => TimedWork::Memset {
+                    value: *value,
+                    bytes: *elem as u64 * *count as u64,
+                },
+                HostOp::Dtod { len, .. } => memcpy_work(2, 2, *len),
+                HostOp::Htod { len, .. } => memcpy_work(1, 2, *len),
+                HostOp::Dtoh { len, .. } => memcpy_work(2, 1, *len),
+                _ => {
+                    out.push(op);
+                    continue;
+                }
             };
-            let func = *func;
             let start = (copy << 16) | out.len() as u64;
             out.push(HostOp::Record {
                 node: start,
@@ -386,14 +404,7 @@ pub(super) fn graph_profile_twin(gpu: &HostGpu, graph: u64, flags: u64) -> GpuRe
                 node: end,
                 event: 0,
             });
-            nodes.push(TimedNode {
-                start,
-                end,
-                func,
-                grid: [1; 3],
-                block: [1; 3],
-                shared: 0,
-            });
+            nodes.push(TimedNode { start, end, work });
         }
         st.graphs.insert(copy, out);
     }
@@ -437,4 +448,13 @@ pub(super) fn graph_exec_set_event(
 pub(super) fn graph_profile_twin_destroy(gpu: &HostGpu, twin: &ProfileTwin) {
     let _ = graph_exec_destroy(gpu, twin.exec);
     let _ = graph_destroy(gpu, twin.graph);
+}
+
+/// A timed copy of `len` bytes between sides of CUmemorytype `src` and `dst`.
+fn memcpy_work(src: u8, dst: u8, len: usize) -> TimedWork {
+    TimedWork::Memcpy {
+        src,
+        dst,
+        bytes: len as u64,
+    }
 }

@@ -12,47 +12,11 @@
 //! which the driver does not order as it orders two launches of one: a launch of the one
 //! after the other waits for it (an event per executable graph, recorded after each).
 
+use super::profiles::{twin_into, Twin};
 use super::*;
-use crate::gpu::{ProfileTwin, TimedNode, TimedWork};
+use crate::gpu::{TimedNode, TimedWork};
 use omps_ring::wire::graph;
 use std::collections::HashMap;
-
-struct Twin {
-    twin: ProfileTwin,
-    /// Each timed node's function as the client knows it (0: not one of its own).
-    funcs: Vec<u32>,
-}
-
-#[derive(Default)]
-pub(crate) struct GraphProfiles {
-    /// Executable graph -> the graph it was made from and its instantiation flags.
-    sources: HashMap<u32, (u32, u64)>,
-    /// Graphs the client destroyed while executable graphs made from them live.
-    kept: HashMap<u32, u64>,
-    /// Executable graph -> its twin (None: it cannot be made; asked again after a change).
-    twins: HashMap<u32, Option<Twin>>,
-    /// Executable graph -> the event recorded after its last launch or its twin's, and
-    /// whether that launch was the twin's.
-    order: HashMap<u32, (u64, bool)>,
-}
-
-impl GraphProfiles {
-    /// Driver graphs and executable graphs held beside the client's own (kept graphs, a
-    /// twin's graph and executable graph): counted against OMPS_MAX_GRAPHS.
-    pub(crate) fn held(&self) -> usize {
-        self.kept.len() + 2 * self.twins.values().filter(|t| t.is_some()).count()
-    }
-
-    /// Everything held, for the release when the client goes.
-    pub(crate) fn drain_into(&mut self, rel: &mut Release) {
-        rel.graphs.extend(self.kept.drain().map(|(_, g)| g));
-        for t in self.twins.drain().filter_map(|(_, t)| t) {
-            twin_into(t.twin, rel);
-        }
-        rel.events.extend(self.order.drain().map(|(_, (e, _))| e));
-        self.sources.clear();
-    }
-}
 
 /// A timed node as the wire tells it (`func`: the client's id of a kernel's function).
 fn profiled(node: &TimedNode, func: u32) -> wire::ProfiledNode {
@@ -84,14 +48,6 @@ fn profiled(node: &TimedNode, func: u32) -> wire::ProfiledNode {
         }
     }
     p
-}
-
-fn twin_into(twin: ProfileTwin, rel: &mut Release) {
-    rel.execs.push(twin.exec);
-    rel.graphs.push(twin.graph);
-    if twin.placeholder != 0 {
-        rel.events.push(twin.placeholder);
-    }
 }
 
 impl Session {

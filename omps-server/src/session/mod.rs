@@ -28,6 +28,7 @@ mod link;
 mod memory;
 mod modules;
 mod pool_share;
+mod profiles;
 mod record;
 mod state;
 mod streams;

@@ -169,7 +169,7 @@ pub struct Session {
     pub(super) graphs: HashMap<u32, u64>,
     pub(super) execs: HashMap<u32, u64>,
     /// Profiling twins of its executable graphs, and the graphs kept for them.
-    pub(super) profiles: super::graph_profile::GraphProfiles,
+    pub(super) profiles: super::profiles::GraphProfiles,
     /// The device memory each executable graph's memset and memcpy nodes use, and the
     /// blocks freed while one does, held until none does (session/graph_memory.rs).
     pub(super) exec_ranges: HashMap<u32, Vec<Range>>,

@@ -46,7 +46,7 @@ pub static WAITS: Counter = Counter::new();
 pub static SLEPT: Counter = Counter::new();
 
 /// Round-trip calls by wire op tag (tags are below 64).
-pub static CALLS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+pub static CALLS: [AtomicU64; 128] = [const { AtomicU64::new(0) }; 128];
 
 pub fn count_call(tag: u32) {
     if let Some(c) = CALLS.get(tag as usize) {

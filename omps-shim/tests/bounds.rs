@@ -200,6 +200,29 @@ fn graphs_beyond_the_bound() {
     assert!(srv.ctl("status").0);
 }
 
+/// A graph destroyed right after its instantiation (PyTorch's way) no longer counts,
+/// though the server keeps it for a profiler's twin while its executable graph lives.
+#[test]
+fn graphs_destroyed_after_instantiation_free_their_place() {
+    small_bounds();
+    let srv = TestServer::start("bound-kept");
+    let c = Conn::connect_to(&srv.socket()).unwrap();
+    c.streams.take().unwrap();
+    stream_create(&c, 1);
+    let mut execs = Vec::new();
+    for _ in 0..GRAPHS - 1 {
+        capture(&c, Op::CaptureBegin, 1).unwrap();
+        let g = capture(&c, Op::CaptureEnd, 1).unwrap() as u32;
+        execs.push(instantiate_graph(&c, g, 0).expect("within the bound"));
+        let h = wire::Handle { id: g, _pad: 0 };
+        c.push(0, Op::GraphDestroy, &[bytemuck::bytes_of(&h)])
+            .unwrap();
+    }
+    c.ping(0).unwrap();
+    assert_eq!(execs.len(), GRAPHS - 1);
+    c.ping(0).expect("the client goes on");
+}
+
 #[test]
 fn a_client_that_never_reads_its_answers_is_cut_off_without_stalling_anyone() {
     small_bounds();

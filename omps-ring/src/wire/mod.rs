@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn every_op_round_trips_through_its_tag() {
-        for tag in 0..64 {
+        for tag in 0..256 {
             if let Some(op) = Op::from_tag(tag) {
                 assert_eq!(op as u32, tag);
                 assert!(op.fixed_len() >= 8, "{op:?}");

@@ -6,8 +6,9 @@
 //!
 //! The twin is made from the graph the executable graph was instantiated from, which
 //! PyTorch destroys right after instantiating: a graph that executable graphs were made
-//! from is kept (out of the client's reach, counted in its OMPS_MAX_GRAPHS) until the
-//! last of them goes. A successful update makes the update's graph the source; a change
+//! from is kept out of the client's reach until the last of them goes (not counted in its
+//! OMPS_MAX_GRAPHS: there are at most as many as its executable graphs, which count). A
+//! successful update makes the update's graph the source; a change
 //! to the source graph drops it. The twin and the original are two executable graphs,
 //! which the driver does not order as it orders two launches of one: a launch of the one
 //! after the other waits for it (an event per executable graph, recorded after each).

@@ -27,10 +27,13 @@ pub(crate) struct GraphProfiles {
 }
 
 impl GraphProfiles {
-    /// Driver graphs and executable graphs held beside the client's own (kept graphs, a
-    /// twin's graph and executable graph): counted against OMPS_MAX_GRAPHS.
+    /// Driver graphs and executable graphs a profiler's twins hold (a graph and an
+    /// executable graph each): counted against OMPS_MAX_GRAPHS. Kept graphs are not: a
+    /// client that never profiles keeps every graph it instantiated and destroyed
+    /// (PyTorch's way) and must not meet its limit at half its graphs; each is kept for an
+    /// executable graph that counts, so they are at most as many as those.
     pub(crate) fn held(&self) -> usize {
-        self.kept.len() + 2 * self.twins.values().filter(|t| t.is_some()).count()
+        2 * self.twins.values().filter(|t| t.is_some()).count()
     }
 
     /// Everything held, for the release when the client goes.

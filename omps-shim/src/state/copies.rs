@@ -213,7 +213,10 @@ pub(crate) fn copy_dtoh_queued(
         copy_work(copy_kind::DTOH, false, len, false)
     });
     let mut ch = c.channel();
-    ch.wait_all_chunks()?;
+    if let Err(e) = ch.wait_all_chunks() {
+        profile::end(begun, e);
+        return Err(e);
+    }
     let chunk = c.params().chunk_bytes as usize;
     let pieces: Vec<(usize, usize)> = (0..len)
         .step_by(chunk)

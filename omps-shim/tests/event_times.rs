@@ -9,21 +9,6 @@ use common::*;
 use omps_ring::wire::{self, Op};
 use omps_shim::conn::Conn;
 
-fn create(c: &Conn, id: u32) {
-    let ec = wire::EventCreate { id, flags: 0 };
-    c.push(0, Op::EventCreate, &[bytemuck::bytes_of(&ec)])
-        .unwrap();
-}
-
-fn record(c: &Conn, id: u32) {
-    let r = wire::EventRecord {
-        event: id,
-        stream: wire::STREAM_DEFAULT,
-    };
-    c.push(0, Op::EventRecord, &[bytemuck::bytes_of(&r)])
-        .unwrap();
-}
-
 /// Sends EventTimes with `count` in the header and `ids` after it.
 fn ask(c: &Conn, anchor: u32, count: u32, ids: &[u32]) -> Result<Vec<wire::EventTime>, i32> {
     let mut ch = c.channel();
@@ -52,12 +37,12 @@ fn event_times_answers_its_own_pairs_and_cuts_off_a_liar() {
     let srv = TestServer::start("event-times");
     let c = Conn::connect_to(&srv.socket()).unwrap();
     for id in 1..=4 {
-        create(&c, id);
+        event_create_raw(&c, id);
     }
-    record(&c, 1);
-    record(&c, 2);
+    event_record_raw(&c, 1);
+    event_record_raw(&c, 2);
     memset(&c, alloc(&c, 4096));
-    record(&c, 3);
+    event_record_raw(&c, 3);
     let t = ask(&c, 1, 2, &[2, 3, 3, 4]).unwrap();
     assert_eq!(t.len(), 2);
     assert_eq!(t[0].result, 0);
@@ -72,7 +57,7 @@ fn event_times_answers_its_own_pairs_and_cuts_off_a_liar() {
     for (count, ids, what) in liars {
         let liar = Conn::connect_to(&srv.socket()).unwrap();
         for id in 1..=3 {
-            create(&liar, id);
+            event_create_raw(&liar, id);
         }
         let _ = ask(&liar, 1, count, &ids);
         assert!(wait_disconnected(&liar), "accepted: {what}");
@@ -93,7 +78,7 @@ fn event_times_answers_its_own_pairs_and_cuts_off_a_liar() {
         "accepted: info of an unknown graph"
     );
     let liar = Conn::connect_to(&srv.socket()).unwrap();
-    create(&liar, 1);
+    event_create_raw(&liar, 1);
     let l = wire::GraphLaunchProfiled {
         exec: 77,
         stream: 0,

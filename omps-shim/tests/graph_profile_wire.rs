@@ -11,21 +11,6 @@ use common::*;
 use omps_ring::wire::{self, Op};
 use omps_shim::conn::Conn;
 
-fn create(c: &Conn, id: u32) {
-    let ec = wire::EventCreate { id, flags: 0 };
-    c.push(0, Op::EventCreate, &[bytemuck::bytes_of(&ec)])
-        .unwrap();
-}
-
-fn record(c: &Conn, id: u32) {
-    let r = wire::EventRecord {
-        event: id,
-        stream: wire::STREAM_DEFAULT,
-    };
-    c.push(0, Op::EventRecord, &[bytemuck::bytes_of(&r)])
-        .unwrap();
-}
-
 fn info(c: &Conn, exec: u32) -> Result<(wire::ProfiledNodes, Vec<wire::ProfiledNode>), i32> {
     let mut ch = c.channel();
     ch.call(0, Op::GraphProfileInfo, |call| {
@@ -110,9 +95,9 @@ fn profiled_replays_are_timed_checked_and_never_read_old_times() {
     assert_eq!(nodes[0].func, fill, "the client's own function id");
 
     for id in 1..=7 {
-        create(&c, id);
+        event_create_raw(&c, id);
     }
-    record(&c, 1);
+    event_record_raw(&c, 1);
     launch(&c, x, 5, 1, &[2, 3]);
     let timed = lengths(&c, 1, &[2, 3]);
     assert!(timed[0] >= 0.0, "timed: {timed:?}");
@@ -128,7 +113,7 @@ fn profiled_replays_are_timed_checked_and_never_read_old_times() {
     for (count, ids, what) in liars {
         let (liar, lx, _) = client_with_graph(&srv);
         for id in 1..=2 {
-            create(&liar, id);
+            event_create_raw(&liar, id);
         }
         launch(&liar, lx, 5, count, &ids);
         assert!(wait_disconnected(&liar), "accepted: {what}");

@@ -215,7 +215,7 @@ impl Session {
         s: usize,
         stream: u32,
     ) {
-        let ordered = self.profiles.order.contains_key(&exec) && !self.capturing_stream(stream);
+        let ordered = self.profiles.order.contains_key(&exec) && !self.stream_capturing(stream);
         if ordered {
             self.order_before(ctx, exec, false, s);
         }
@@ -226,10 +226,6 @@ impl Session {
         if ordered {
             self.order_after(ctx, exec, false, s);
         }
-    }
-
-    fn capturing_stream(&self, stream: u32) -> bool {
-        self.streams.get(&stream).is_some_and(|st| st.capturing)
     }
 
     pub(super) fn handle_graph_profile(
@@ -286,7 +282,7 @@ impl Session {
                 };
                 let gpu = ctx.gpu.clone();
                 // A launch into a capture becomes a node of it: no twin there.
-                let twin = match self.capturing_stream(l.stream) {
+                let twin = match self.stream_capturing(l.stream) {
                     true => None,
                     false => match self.twin(ctx, l.exec) {
                         Ok(t) if t.twin.nodes.len() == n => {
@@ -317,7 +313,7 @@ impl Session {
                     // runs as it asked, and each pair is recorded end first, so that the
                     // profiler drops it (a negative length) instead of reading old times.
                     _ => {
-                        if !self.capturing_stream(l.stream) {
+                        if !self.stream_capturing(l.stream) {
                             for pair in events.chunks_exact(2) {
                                 let _ = gpu.event_record(pair[1], s);
                                 let _ = gpu.event_record(pair[0], s);

@@ -378,7 +378,7 @@ impl Session {
         self.capturing = n;
     }
 
-    fn stream_capturing(&self, id: u32) -> bool {
+    pub(super) fn stream_capturing(&self, id: u32) -> bool {
         self.streams.get(&id).is_some_and(|s| s.capturing)
     }
 

@@ -774,3 +774,30 @@ pub unsafe fn capture_graph_of(
     assert_eq!(r, 0, "cuStreamGetCaptureInfo");
     (status, g as omps_shim::state::capture::CUgraph)
 }
+
+/// Creates event `id` (timing on) on GPU 0 through a raw connection.
+#[allow(dead_code)]
+pub fn event_create_raw(c: &omps_shim::conn::Conn, id: u32) {
+    let ec = omps_ring::wire::EventCreate { id, flags: 0 };
+    c.push(
+        0,
+        omps_ring::wire::Op::EventCreate,
+        &[bytemuck::bytes_of(&ec)],
+    )
+    .unwrap();
+}
+
+/// Records event `id` on the legacy default stream of GPU 0 through a raw connection.
+#[allow(dead_code)]
+pub fn event_record_raw(c: &omps_shim::conn::Conn, id: u32) {
+    let r = omps_ring::wire::EventRecord {
+        event: id,
+        stream: omps_ring::wire::STREAM_DEFAULT,
+    };
+    c.push(
+        0,
+        omps_ring::wire::Op::EventRecord,
+        &[bytemuck::bytes_of(&r)],
+    )
+    .unwrap();
+}

@@ -4,7 +4,6 @@
 //! client's own events first. Only a client that traces ever has one.
 
 use super::device::{ck, CudaGpu};
-use super::graphs::Memcpy3dRaw;
 use super::{graphs, streams};
 use crate::gpu::{code, CuError, GpuResult, ProfileTwin, TimedNode, TimedWork};
 use cudarc::driver::sys as cu;
@@ -75,15 +74,7 @@ fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNod
                 }
             }
             MEMCPY => {
-                let mut p = Memcpy3dRaw::default();
-                // SAFETY: a memcpy node of the copy; Memcpy3dRaw has CUDA_MEMCPY3D's layout
-                // with plain integers where cudarc has enums.
-                ck(unsafe {
-                    cu::cuGraphMemcpyNodeGetParams(
-                        n,
-                        (&mut p as *mut Memcpy3dRaw).cast::<cu::CUDA_MEMCPY3D>(),
-                    )
-                })?;
+                let p = graphs::memcpy_node_params(n)?;
                 let bytes = (p.WidthInBytes as u64)
                     .saturating_mul(p.Height.max(1) as u64)
                     .saturating_mul(p.Depth.max(1) as u64);

@@ -146,6 +146,18 @@ pub(super) fn graph_nodes(gpu: &CudaGpu, graph: u64) -> GpuResult<Vec<u64>> {
     Ok(nodes.into_iter().map(|p| p as u64).collect())
 }
 
+/// A memcpy node's parameters, as the driver gives them.
+pub(super) fn memcpy_node_params(n: cu::CUgraphNode) -> GpuResult<Memcpy3dRaw> {
+    let mut p = Memcpy3dRaw::default();
+    // SAFETY: a memcpy node of a graph the server holds; Memcpy3dRaw has CUDA_MEMCPY3D's
+    // layout (checked below it) with plain integers where cudarc has enums, so any value
+    // the driver writes is valid.
+    ck(unsafe {
+        cu::cuGraphMemcpyNodeGetParams(n, (&mut p as *mut Memcpy3dRaw).cast::<cu::CUDA_MEMCPY3D>())
+    })?;
+    Ok(p)
+}
+
 pub(super) fn graph_memory_ranges(gpu: &CudaGpu, graph: u64) -> GpuResult<Vec<(u64, u64)>> {
     const MEMCPY: u32 = 1;
     const MEMSET: u32 = 2;
@@ -189,16 +201,7 @@ pub(super) fn graph_memory_ranges(gpu: &CudaGpu, graph: u64) -> GpuResult<Vec<(u
                     out.push((p.dst, span(width, p.height, 1, p.pitch, p.height)));
                 }
                 MEMCPY => {
-                    let mut p = Memcpy3dRaw::default();
-                    // SAFETY: a memcpy node of one of the client's graphs; Memcpy3dRaw
-                    // has CUDA_MEMCPY3D's layout (checked below it) with plain integers
-                    // where cudarc has enums, so any value the driver writes is valid.
-                    ck(unsafe {
-                        cu::cuGraphMemcpyNodeGetParams(
-                            n,
-                            (&mut p as *mut Memcpy3dRaw).cast::<cu::CUDA_MEMCPY3D>(),
-                        )
-                    })?;
+                    let p = memcpy_node_params(n)?;
                     // Each side in device or page-locked memory: where its region
                     // starts, and its span with its own pitch and rows per slice.
                     let side_base = |t: u32, host: usize, dev: u64| match t {

@@ -5,13 +5,25 @@ use crate::cuda::{CUresult, CUDA_ERROR_NOT_SUPPORTED};
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// Prints `text` on stderr the first time this process says something under `key`
+/// (every time under OMPS_TRACE).
+pub(crate) fn say_once(key: &str, text: impl FnOnce() -> String) {
+    let first = {
+        let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get_or_insert_with(HashSet::new)
+            .insert(key.to_string())
+    };
+    if first || crate::trace_enabled() {
+        eprintln!("{}", text());
+    }
+}
 
 pub(crate) fn unsupported(name: &'static str) -> CUresult {
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    if seen.get_or_insert_with(HashSet::new).insert(name) || crate::trace_enabled() {
-        eprintln!("omps: {name} is not supported yet; returning CUDA_ERROR_NOT_SUPPORTED");
-    }
+    say_once(name, || {
+        format!("omps: {name} is not supported yet; returning CUDA_ERROR_NOT_SUPPORTED")
+    });
     CUDA_ERROR_NOT_SUPPORTED
 }
 

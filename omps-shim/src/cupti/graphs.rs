@@ -27,10 +27,9 @@ pub fn timed_nodes(dev: usize, exec: u32) -> Option<Nodes> {
     }
     let asked = crate::state::profile::quiet(|| ask(dev, exec));
     if asked.is_none() {
-        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            eprintln!("omps: a CUDA graph's kernels are not timed for the profiler (its graph changed after it was instantiated, or the server cannot copy it); its replays run as usual");
-        }
+        crate::unsupported::say_once("untimed CUDA graph", || {
+            "omps: a CUDA graph's kernels are not timed for the profiler (its graph changed after it was instantiated, or the server cannot copy it); its replays run as usual".to_string()
+        });
     }
     let nodes = asked.map(Arc::new);
     KNOWN

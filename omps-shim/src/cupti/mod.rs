@@ -32,14 +32,10 @@ use abi::result;
 use std::ffi::{c_char, c_void};
 
 /// Names an unsupported CUPTI entry point once and answers CUPTI_ERROR_NOT_SUPPORTED.
-fn not_supported(name: &'static str) -> u32 {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
-    static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    if seen.get_or_insert_with(HashSet::new).insert(name) {
-        eprintln!("omps: {name} is not supported under omps; returning CUPTI_ERROR_NOT_SUPPORTED");
-    }
+fn not_supported(name: &str) -> u32 {
+    crate::unsupported::say_once(name, || {
+        format!("omps: {name} is not supported under omps; returning CUPTI_ERROR_NOT_SUPPORTED")
+    });
     result::NOT_SUPPORTED
 }
 
@@ -128,40 +124,20 @@ fn enable(k: u32, on: bool) -> u32 {
     // Kineto turns these on with the rest: accepted, and said once, so that a profile
     // without runtime rows is explained.
     if on && (k == abi::kind::RUNTIME || k == abi::kind::OVERHEAD) {
-        note_once(
-            "omps: CUPTI RUNTIME and OVERHEAD records are not produced under omps (the runtime's calls do not reach the shim); kernel, memcpy, memset, synchronization, driver and external-correlation records are",
-        );
+        crate::unsupported::say_once("CUPTI RUNTIME and OVERHEAD records", || {
+            "omps: CUPTI RUNTIME and OVERHEAD records are not produced under omps (the runtime's calls do not reach the shim); kernel, memcpy, memset, synchronization, driver and external-correlation records are".to_string()
+        });
         return result::SUCCESS;
     }
     if !activity::supported(k) {
         return if on {
-            not_supported(kind_name(k))
+            not_supported(&format!("cuptiActivityEnable(kind {k})"))
         } else {
             result::SUCCESS
         };
     }
     activity::enable(k, on);
     result::SUCCESS
-}
-
-/// Says `text` once per process.
-fn note_once(text: &str) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        eprintln!("{text}");
-    }
-}
-
-/// The name an unsupported kind is reported by (once per kind).
-fn kind_name(k: u32) -> &'static str {
-    static NAMES: std::sync::Mutex<Vec<(u32, &'static str)>> = std::sync::Mutex::new(Vec::new());
-    let mut g = NAMES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, n)) = g.iter().find(|(x, _)| *x == k) {
-        return n;
-    }
-    let n: &'static str = Box::leak(format!("cuptiActivityEnable(kind {k})").into_boxed_str());
-    g.push((k, n));
-    n
 }
 
 #[no_mangle]

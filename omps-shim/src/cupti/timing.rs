@@ -163,16 +163,22 @@ fn anchor(dev: usize) -> Option<Arc<Anchor>> {
     Some(a)
 }
 
+/// The anchor work queued on `stream` of `dev` is timed from: None when the stream is
+/// capturing (an event there would become a graph node) or no anchor is had.
+fn ready(stream: CUstream, dev: usize) -> Option<Arc<Anchor>> {
+    let mut status = 0u32;
+    // SAFETY: a valid out-pointer.
+    if unsafe { cuStreamIsCapturing(stream, &mut status) } != CUDA_SUCCESS || status != 0 {
+        return None;
+    }
+    anchor(dev)
+}
+
 /// Records the start of work about to be queued on `stream` of `dev`: None when the
 /// stream is capturing (an event there would become a graph node) or no event is had.
 pub(crate) fn begin(stream: CUstream, dev: usize) -> Option<Span> {
     quiet(|| {
-        let mut status = 0u32;
-        // SAFETY: a valid out-pointer.
-        if unsafe { cuStreamIsCapturing(stream, &mut status) } != CUDA_SUCCESS || status != 0 {
-            return None;
-        }
-        let anchor = anchor(dev)?;
+        let anchor = ready(stream, dev)?;
         let start = event(dev)?;
         if cuEventRecord(start, stream) != CUDA_SUCCESS {
             give_back(dev, start);
@@ -192,12 +198,7 @@ pub(crate) fn begin(stream: CUstream, dev: usize) -> Option<Span> {
 /// capturing (the launch becomes a node of that capture) or events are short.
 pub(crate) fn graph_spans(stream: CUstream, dev: usize, n: usize) -> Option<Vec<Span>> {
     quiet(|| {
-        let mut status = 0u32;
-        // SAFETY: a valid out-pointer.
-        if unsafe { cuStreamIsCapturing(stream, &mut status) } != CUDA_SUCCESS || status != 0 {
-            return None;
-        }
-        let anchor = anchor(dev)?;
+        let anchor = ready(stream, dev)?;
         let mut spans = Vec::with_capacity(n);
         for _ in 0..n {
             // A span short of its events gives back what it took when dropped.

@@ -10,14 +10,18 @@ use common::*;
 use omps_shim::cupti::abi::{kind, off, result};
 use omps_shim::cupti::*;
 use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Mutex;
 
 static DELIVERED: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// Buffers the profiler gave and has not been given back.
+static OUTSTANDING: AtomicIsize = AtomicIsize::new(0);
 const BUF: usize = 1 << 12;
 /// The profiler's clock: monotonic nanoseconds plus this, so that a converted time shows.
 const CLOCK_OFFSET: u64 = 1 << 50;
 
 unsafe extern "C" fn request(buf: *mut *mut u8, size: *mut usize, max: *mut usize) {
+    OUTSTANDING.fetch_add(1, Ordering::SeqCst);
     let b: &'static mut [u8] = Box::leak(vec![0u8; BUF].into_boxed_slice());
     // SAFETY: the shim's out-pointers.
     unsafe {
@@ -28,6 +32,7 @@ unsafe extern "C" fn request(buf: *mut *mut u8, size: *mut usize, max: *mut usiz
 }
 
 unsafe extern "C" fn complete(_: *mut c_void, _: u32, buf: *mut u8, _size: usize, valid: usize) {
+    OUTSTANDING.fetch_sub(1, Ordering::SeqCst);
     // Walked as a profiler walks it: record by record until MAX_LIMIT_REACHED.
     let mut rec: *mut c_void = std::ptr::null_mut();
     let mut out = Vec::new();
@@ -122,6 +127,11 @@ fn a_profiler_gets_its_kernels_copies_and_waits_with_their_correlations() {
             result::NOT_SUPPORTED,
             "unknown kind refused"
         );
+        assert_eq!(
+            OUTSTANDING.load(Ordering::SeqCst),
+            1,
+            "a buffer is asked for as tracing starts: Kineto flushes only while it has one out"
+        );
 
         let f = host_function(c"fill_u32");
         let mut p = 0u64;
@@ -143,6 +153,11 @@ fn a_profiler_gets_its_kernels_copies_and_waits_with_their_correlations() {
         ok(cuCtxSynchronize());
         assert_eq!(cuptiActivityFlushAll(1), 0);
         let t_end = profiler_clock();
+        assert_eq!(
+            OUTSTANDING.load(Ordering::SeqCst),
+            1,
+            "a forced flush gives every buffer back and asks for one to go on with"
+        );
 
         let all = take_records();
         let kernels = of_kind(&all, kind::CONCURRENT_KERNEL);
@@ -381,6 +396,11 @@ fn a_profiler_gets_its_kernels_copies_and_waits_with_their_correlations() {
         assert!(
             take_records().is_empty(),
             "nothing recorded with activity off"
+        );
+        assert_eq!(
+            OUTSTANDING.load(Ordering::SeqCst),
+            0,
+            "with every kind off, no buffer is kept"
         );
         let _ = f;
         assert_eq!(cuptiUnsubscribe(sub), 0);

@@ -16,8 +16,11 @@ report=$OUT/cupti-direct.txt; : > "$report"
 inc=$CUPTI_INC; lib=$CUPTI_LIB
 echo "CUPTI headers: ${inc:-none}, library: ${lib:-none}" | tee -a "$report"
 [ -n "$inc" ] && [ -n "$lib" ] || exit 1
+# The wheel ships only libcupti.so.13, which nvcc will not take as an input: linked
+# through a libcupti.so of our own that points at it.
 so=$(ls "$lib"/libcupti.so* | head -1)
-timeout 120 nvcc -arch=sm_90 -O2 -I"$inc" -o "$W/direct" scripts/probe/cupti_direct.cu "$so" \
+ln -sf "$so" "$W/libcupti.so"
+timeout 120 nvcc -arch=sm_90 -O2 -I"$inc" -o "$W/direct" scripts/probe/cupti_direct.cu -L"$W" -lcupti \
     -Xlinker -rpath -Xlinker "$lib" >> "$report" 2>&1 || { echo "build failed" | tee -a "$report"; exit 1; }
 run() { LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 60 "$@"; }
 run "$W/direct" > "$W/native1.txt" 2>&1

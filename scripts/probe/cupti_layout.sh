@@ -21,7 +21,9 @@ echo "CUPTI headers: ${inc:-none}" | tee -a "$report"
     echo '#include <stddef.h>'
     echo '#include <stdio.h>'
     echo 'int main(void) {'
-    while read -r name _; do
+    # A line is a name (one word, or `sizeof TYPE`) and its number.
+    while read -r line; do
+        name=${line% *}
         case $name in
             sizeof*) echo "  printf(\"$name %zu\\n\", sizeof(${name#sizeof }));" ;;
             kernel.*) echo "  printf(\"$name %zu\\n\", offsetof(CUpti_ActivityKernel10, ${name#*.}));" ;;

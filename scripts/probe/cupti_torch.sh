@@ -66,6 +66,8 @@ compare "graph decoder (CUDA graph replays)" "$W/native.graph_decoder" "$W/omps.
                 <(grep '^kernel ' "$W/omps.resnet50" | sed 's/.*avg_us //') \
                 <(grep '^kernel ' "$W/native.resnet50" | sed 's/ | count.*//; s/^kernel //' | cut -c1-70)
     echo "--- omps lines of the omps runs:"; grep -h '^omps' "$W"/omps.* | sort | uniq -c
+    echo "--- the server's lines on profiling twins:"
+    grep -h "profiling twin" "$W"/log/*.log 2>/dev/null | sed 's/^.*no profiling/no profiling/' | sort | uniq -c | head -20
 } >> "$report"
 cat "$report"
 exit $rc

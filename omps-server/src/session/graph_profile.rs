@@ -150,9 +150,32 @@ impl Session {
             });
             let built = match source {
                 Some((g, flags)) if self.room_for_graphs(2).is_ok() => {
-                    ctx.gpu.graph_profile_twin(g, flags).ok()
+                    match ctx.gpu.graph_profile_twin(g, flags) {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            tracing::info!(
+                                client = self.client.id,
+                                "no profiling twin for graph exec {exec}: the copy failed ({})",
+                                e.0
+                            );
+                            None
+                        }
+                    }
                 }
-                _ => None,
+                Some(_) => {
+                    tracing::info!(
+                        client = self.client.id,
+                        "no profiling twin for graph exec {exec}: no room in OMPS_MAX_GRAPHS"
+                    );
+                    None
+                }
+                None => {
+                    tracing::info!(
+                        client = self.client.id,
+                        "no profiling twin for graph exec {exec}: its source graph is gone"
+                    );
+                    None
+                }
             };
             let built = built.map(|twin| {
                 let by_handle: HashMap<u64, u32> = (self.functions.iter())

@@ -67,12 +67,27 @@ struct Pending {
 // constant), valid on every thread; Span is Send.
 unsafe impl Send for Open {}
 
+/// A buffer the profiler gave and the shim has not handed back yet. One is always held
+/// while a kind is on, as CUPTI holds one from the first record: Kineto flushes only
+/// when it has given out a buffer that is not back (it skips the flush otherwise, and
+/// every record with it).
+struct Held {
+    buf: *mut u8,
+    size: usize,
+    max: usize,
+}
+
+// SAFETY: the profiler's buffer, written only by whoever holds it (it is taken out of
+// the state before it is written) and then handed back.
+unsafe impl Send for Held {}
+
 #[derive(Default)]
 struct State {
     enabled: HashSet<u32>,
     driver_off: HashSet<u32>,
     request: Option<RequestFn>,
     complete: Option<CompleteFn>,
+    held: Option<Held>,
     first_pair: Option<Pair>,
     open: HashMap<u64, Open>,
     pending: Vec<Pending>,
@@ -130,6 +145,36 @@ pub fn enable(k: u32, on: bool) {
         }
         profile::set_hooks(&HOOKS, s.enabled.iter().any(|&k| traced(k)));
     });
+    ensure_buffer();
+}
+
+/// Asks the profiler for the buffer the shim holds while a kind is on, if none is held;
+/// outside the state's lock (the profiler's callback may call back into CUPTI).
+fn ensure_buffer() {
+    let request = with(|s| {
+        let on = !s.enabled.is_empty() && s.complete.is_some();
+        s.request.filter(|_| on && s.held.is_none())
+    });
+    let Some(request) = request else { return };
+    let (mut buf, mut size, mut max) = (std::ptr::null_mut::<u8>(), 0usize, 0usize);
+    // SAFETY: the profiler's callback, with valid out-pointers.
+    unsafe { request(&mut buf, &mut size, &mut max) };
+    if buf.is_null() {
+        super::debug::debug(|| "the profiler gave no buffer".into());
+        return;
+    }
+    let held = Held { buf, size, max };
+    // Another thread may have been given one meanwhile: the second goes back empty.
+    if let Some(extra) = with(|s| s.held.replace(held)) {
+        give_back_empty(extra);
+    }
+}
+
+fn give_back_empty(h: Held) {
+    if let Some(complete) = with(|s| s.complete) {
+        // SAFETY: the profiler's callback, with a buffer it gave and nothing written.
+        unsafe { complete(std::ptr::null_mut(), 0, h.buf, h.size, 0) };
+    }
 }
 
 /// The profiler changed the clock records are delivered in: conversion starts again
@@ -157,6 +202,7 @@ pub fn register(request: Option<RequestFn>, complete: Option<CompleteFn>) {
         s.request = request;
         s.complete = complete;
     });
+    ensure_buffer();
 }
 
 pub fn push_external(k: usize, id: u64) {
@@ -227,7 +273,7 @@ fn housekeep() {
         time_pending(false, usize::MAX);
     }
     if ready >= READY_DELIVER {
-        deliver();
+        deliver(false);
     }
 }
 
@@ -491,7 +537,7 @@ pub fn flush(forced: bool) -> u32 {
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    let r = deliver();
+    let r = deliver(forced);
     // Tracing over and nothing left to time: the pooled events stop counting against the
     // client's quota.
     if with(|s| s.pending.is_empty() && !s.enabled.iter().any(|&k| traced(k))) {
@@ -500,18 +546,30 @@ pub fn flush(forced: bool) -> u32 {
     r
 }
 
-/// Hands the ready records to the profiler, in buffers it gives: external correlations
-/// first (a profiler may map them before it reads the work they name).
-fn deliver() -> u32 {
-    let (mut records, request, complete, first) = with(|s| {
+/// Hands the ready records to the profiler, in the buffer held and others it gives:
+/// external correlations first (a profiler may map them before it reads the work they
+/// name). `forced` hands the held buffer back even when nothing is ready, as a forced
+/// flush of CUPTI does; a new one is then asked for while a kind is on.
+fn deliver(forced: bool) -> u32 {
+    let (mut records, request, complete, first, held) = with(|s| {
+        let held = if forced || !s.ready.is_empty() {
+            s.held.take()
+        } else {
+            None
+        };
         (
             std::mem::take(&mut s.ready),
             s.request,
             s.complete,
             s.first_pair,
+            held,
         )
     });
     if records.is_empty() {
+        if let Some(h) = held {
+            give_back_empty(h);
+        }
+        ensure_buffer();
         return abi::result::SUCCESS;
     }
     let (Some(request), Some(complete)) = (request, complete) else {
@@ -524,11 +582,16 @@ fn deliver() -> u32 {
         r.convert_times(times_of(r.kind()), &|t| clock::convert(first, last, t));
     }
     records.sort_by_key(|r| r.kind() != kind::EXTERNAL_CORRELATION);
+    super::debug::debug(|| describe(&records, last));
+    let mut held = held;
     let mut rest = &records[..];
     while !rest.is_empty() {
-        let (mut buf, mut size, mut max) = (std::ptr::null_mut::<u8>(), 0usize, 0usize);
-        // SAFETY: the profiler's callback, with valid out-pointers.
-        unsafe { request(&mut buf, &mut size, &mut max) };
+        let Held { buf, size, max } = held.take().unwrap_or_else(|| {
+            let (mut buf, mut size, mut max) = (std::ptr::null_mut::<u8>(), 0usize, 0usize);
+            // SAFETY: the profiler's callback, with valid out-pointers.
+            unsafe { request(&mut buf, &mut size, &mut max) };
+            Held { buf, size, max }
+        });
         if buf.is_null() || size < rest[0].bytes().len() {
             if !buf.is_null() {
                 // SAFETY: the profiler's callback; its buffer goes back to it, empty.
@@ -553,16 +616,43 @@ fn deliver() -> u32 {
         // SAFETY: the profiler's callback, with the buffer it gave and what was written.
         unsafe { complete(std::ptr::null_mut(), 0, buf, size, valid) };
     }
+    ensure_buffer();
     abi::result::SUCCESS
+}
+
+/// What a delivery holds, for OMPS_CUPTI_DEBUG: records per kind and the span of their
+/// times against the profiler's clock now.
+fn describe(records: &[Record], now: clock::Pair) -> String {
+    let mut kinds: std::collections::BTreeMap<u32, usize> = Default::default();
+    let (mut lo, mut hi) = (u64::MAX, 0u64);
+    for r in records {
+        *kinds.entry(r.kind()).or_default() += 1;
+        for &o in times_of(r.kind()) {
+            let v = u64::from_le_bytes(r.bytes()[o..o + 8].try_into().expect("8 bytes"));
+            if v != 0 {
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }
+        }
+    }
+    format!(
+        "delivering {} records (kind: count {kinds:?}), times {lo}..{hi}, profiler clock now {}",
+        records.len(),
+        now.out
+    )
 }
 
 /// `cuptiFinalize`: delivers what is held and forgets the rest (kinds, callbacks).
 pub fn finalize() {
     flush(true);
-    let pending = with(|s| {
+    let mut pending = with(|s| {
         profile::set_hooks(&HOOKS, false);
         std::mem::take(&mut *s)
     });
+    if let (Some(h), Some(complete)) = (pending.held.take(), pending.complete) {
+        // SAFETY: the profiler's callback, with a buffer it gave and nothing written.
+        unsafe { complete(std::ptr::null_mut(), 0, h.buf, h.size, 0) };
+    }
     // Dropped outside the lock: each span's events go back to the pool, then the pool
     // is destroyed.
     drop(pending);

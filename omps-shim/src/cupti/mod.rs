@@ -24,11 +24,13 @@
 pub mod abi;
 pub mod activity;
 pub mod clock;
+mod debug;
 pub mod graphs;
 mod records;
 pub mod timing;
 
 use abi::result;
+use debug::debug;
 use std::ffi::{c_char, c_void};
 
 /// Names an unsupported CUPTI entry point once and answers CUPTI_ERROR_NOT_SUPPORTED.
@@ -121,6 +123,7 @@ pub unsafe extern "C" fn cuptiGetResultString(r: u32, s: *mut *const c_char) -> 
 }
 
 fn enable(k: u32, on: bool) -> u32 {
+    debug(|| format!("activity kind {k} {}", if on { "on" } else { "off" }));
     // Kineto turns these on with the rest: accepted, and said once, so that a profile
     // without runtime rows is explained.
     if on && (k == abi::kind::RUNTIME || k == abi::kind::OVERHEAD) {
@@ -169,6 +172,7 @@ pub extern "C" fn cuptiActivityRegisterCallbacks(
     if request.is_none() || complete.is_none() {
         return result::INVALID_PARAMETER;
     }
+    debug(|| "the profiler registered its buffer callbacks".into());
     activity::register(request, complete);
     result::SUCCESS
 }
@@ -176,11 +180,13 @@ pub extern "C" fn cuptiActivityRegisterCallbacks(
 /// Flag 1 is CUPTI_ACTIVITY_FLAG_FLUSH_FORCED.
 #[no_mangle]
 pub extern "C" fn cuptiActivityFlushAll(flag: u32) -> u32 {
+    debug(|| format!("flush (flag {flag})"));
     activity::flush(flag & 1 != 0)
 }
 
 #[no_mangle]
 pub extern "C" fn cuptiActivityFlush(_ctx: *mut c_void, _stream: u32, flag: u32) -> u32 {
+    debug(|| format!("flush (flag {flag})"));
     activity::flush(flag & 1 != 0)
 }
 
@@ -257,6 +263,12 @@ pub unsafe extern "C" fn cuptiActivityPopExternalCorrelationId(k: u32, last: *mu
 pub extern "C" fn cuptiActivityRegisterTimestampCallback(
     f: Option<unsafe extern "C" fn() -> u64>,
 ) -> u32 {
+    debug(|| {
+        format!(
+            "timestamp callback {}",
+            if f.is_some() { "registered" } else { "removed" }
+        )
+    });
     clock::set_callback(f);
     activity::clock_changed();
     result::SUCCESS

@@ -155,7 +155,10 @@ fn anchor(dev: usize) -> Option<Arc<Anchor>> {
             best = Some((t1 - t0, cand));
         }
     }
-    let Some((_, a)) = best else { return old };
+    let Some((_, a)) = best else {
+        super::debug::debug(|| format!("no anchor event on GPU {dev}: spans there are not timed"));
+        return old;
+    };
     let a = Arc::new(a);
     // The one replaced is dropped outside the pool's lock (its Drop takes the lock).
     let replaced = with_gpu(dev, |g| g.anchor.replace(a.clone()));
@@ -168,10 +171,19 @@ fn anchor(dev: usize) -> Option<Arc<Anchor>> {
 fn ready(stream: CUstream, dev: usize) -> Option<Arc<Anchor>> {
     let mut status = 0u32;
     // SAFETY: a valid out-pointer.
-    if unsafe { cuStreamIsCapturing(stream, &mut status) } != CUDA_SUCCESS || status != 0 {
+    let r = unsafe { cuStreamIsCapturing(stream, &mut status) };
+    if r != CUDA_SUCCESS || status != 0 {
+        // A capture's work is timed when its graph replays; a failed query is said.
+        if r != CUDA_SUCCESS {
+            super::debug::debug(|| format!("a stream's capture status failed ({r}): not timed"));
+        }
         return None;
     }
-    anchor(dev)
+    let a = anchor(dev);
+    if a.is_none() {
+        super::debug::debug(|| format!("no anchor on GPU {dev} (current: {:?})", current(dev)));
+    }
+    a
 }
 
 /// Records the start of work about to be queued on `stream` of `dev`: None when the
@@ -179,8 +191,12 @@ fn ready(stream: CUstream, dev: usize) -> Option<Arc<Anchor>> {
 pub(crate) fn begin(stream: CUstream, dev: usize) -> Option<Span> {
     quiet(|| {
         let anchor = ready(stream, dev)?;
-        let start = event(dev)?;
+        let Some(start) = event(dev) else {
+            super::debug::debug(|| format!("no event on GPU {dev} for a span"));
+            return None;
+        };
         if cuEventRecord(start, stream) != CUDA_SUCCESS {
+            super::debug::debug(|| "recording a span's start failed".into());
             give_back(dev, start);
             return None;
         }
@@ -259,6 +275,11 @@ pub fn resolve_all(spans: &[&Span]) -> Vec<Result<Option<(u64, u64)>, NotReady>>
     for ((dev, _), idx) in groups {
         for chunk in idx.chunks(wire::EVENT_TIMES_MAX) {
             let answers = quiet(|| times(dev, spans, chunk)).unwrap_or_default();
+            if answers.len() != chunk.len() {
+                super::debug::debug(|| {
+                    format!("EventTimes failed for {} spans on GPU {dev}", chunk.len())
+                });
+            }
             for (&i, t) in chunk.iter().zip(answers) {
                 let anchor_ns = spans[i].anchor.mono as f64;
                 out[i] = match t.result {
@@ -273,7 +294,10 @@ pub fn resolve_all(spans: &[&Span]) -> Vec<Result<Option<(u64, u64)>, NotReady>>
                         )))
                     }
                     CUDA_ERROR_NOT_READY => Err(NotReady),
-                    _ => Ok(None),
+                    r => {
+                        super::debug::debug(|| format!("a span's times answer {r}: no record"));
+                        Ok(None)
+                    }
                 };
             }
         }

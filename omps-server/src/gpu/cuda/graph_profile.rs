@@ -86,14 +86,19 @@ fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNod
             }
             _ => continue,
         };
-        let deps = dependencies(n)?;
+        let (deps, programmatic) = dependencies(n)?;
         let mut start = std::ptr::null_mut();
         // SAFETY: nodes of the copy; `deps` holds deps.len() of them.
         ck(unsafe {
             cu::cuGraphAddEventRecordNode(&mut start, graph, deps.as_ptr(), deps.len(), event)
         })?;
-        // SAFETY: two nodes of the copy; null edge data is the default edge.
-        ck(unsafe { cu::cuGraphAddDependencies_v2(graph, &start, &n, std::ptr::null(), 1) })?;
+        // A node that may start before a dependency ends (a programmatic edge, as cuBLAS's
+        // kernels on Hopper capture) is not held back by its start record: the record then
+        // marks when its dependencies ended, a little after the kernel may have begun.
+        if !programmatic {
+            // SAFETY: two nodes of the copy; null edge data is the default edge.
+            ck(unsafe { cu::cuGraphAddDependencies_v2(graph, &start, &n, std::ptr::null(), 1) })?;
+        }
         let mut end = std::ptr::null_mut();
         // SAFETY: the timed node of the copy as the one dependency.
         ck(unsafe { cu::cuGraphAddEventRecordNode(&mut end, graph, &n, 1, event) })?;
@@ -127,9 +132,7 @@ fn kernel_work(n: cu::CUgraphNode) -> GpuResult<TimedWork> {
 }
 
 /// Whether a copy of `graph` can stand in for it: no node of a kind in NOT_COPIED, in it
-/// or in its child graphs, and no edge other than the default (a programmatic edge
-/// lets a kernel start before its dependency ends; a record node between them would
-/// change that).
+/// or in its child graphs, and no edge but default and programmatic ones.
 fn copyable(gpu: &CudaGpu, graph: u64) -> GpuResult<()> {
     gpu.bind();
     for node in graphs::graph_nodes(gpu, graph)? {
@@ -149,8 +152,10 @@ fn copyable(gpu: &CudaGpu, graph: u64) -> GpuResult<()> {
     Ok(())
 }
 
-/// The nodes `n` depends on, all by default edges (NOT_SUPPORTED otherwise).
-fn dependencies(n: cu::CUgraphNode) -> GpuResult<Vec<cu::CUgraphNode>> {
+/// The nodes `n` depends on, and whether any edge from them is programmatic (the kernel
+/// may start before that dependency ends); NOT_SUPPORTED for an edge of another type or
+/// into a port of `n` (none is defined).
+fn dependencies(n: cu::CUgraphNode) -> GpuResult<(Vec<cu::CUgraphNode>, bool)> {
     let mut count = 0usize;
     // SAFETY: a node of a graph the caller holds; null arrays ask for the count.
     ck(unsafe {
@@ -166,12 +171,17 @@ fn dependencies(n: cu::CUgraphNode) -> GpuResult<Vec<cu::CUgraphNode>> {
             cu::cuGraphNodeGetDependencies_v2(n, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut count)
         })?;
         deps.truncate(count);
-        let plain = |e: &cu::CUgraphEdgeData| e.from_port == 0 && e.to_port == 0 && e.type_ == 0;
-        if !edges[..count].iter().all(plain) {
+        let edges = &edges[..count];
+        // CU_GRAPH_DEPENDENCY_TYPE_DEFAULT (0) and _PROGRAMMATIC (1); ports out of a kernel
+        // node are CU_GRAPH_KERNEL_NODE_PORT_DEFAULT, _PROGRAMMATIC and _LAUNCH_ORDER.
+        let known = |e: &cu::CUgraphEdgeData| e.to_port == 0 && e.type_ <= 1 && e.from_port <= 2;
+        if !edges.iter().all(known) {
             return Err(CuError(code::NOT_SUPPORTED));
         }
+        let programmatic = edges.iter().any(|e| e.type_ != 0 || e.from_port != 0);
+        return Ok((deps, programmatic));
     }
-    Ok(deps)
+    Ok((deps, false))
 }
 
 pub(super) fn graph_exec_set_event(

@@ -16,7 +16,8 @@
 #             every request's latency $OUT/serving.json
 #   faults    scripts/faults/run.sh (~90 s)
 #   rate      scripts/sched/run.py --only rate,qos (~150 s; OMPS_LAUNCH_RUNS=1 for launch runs;
-#             RATE_MEASURES=rate,qos,fair,scale for the 1,024-client measures too, ~+3 min)
+#             RATE_MEASURES=rate,qos,fair,scale for the 1,024-client measures too, ~+3 min,
+#             with RATE_TIMEOUT=480 or so: the default deadline is 280 s)
 #   soak      scripts/soak/soak.sh with SOAK_KILLS kills (default 120) and SOAK_TORCH_KILLS
 #             PyTorch kills (default 4)
 #   verifier  scripts/probe/verifier_cost.sh 3 (~100 s)
@@ -69,7 +70,7 @@ for part in "$@"; do
             # Issue 25: launches per second (N = 1, 8, 32, 256) and the QoS measure beside it,
             # natively, under MPS and under omps (launch runs on only where the caller
             # exported OMPS_LAUNCH_RUNS=1); ~150 s.
-            timeout -k 5 280 python3 scripts/sched/run.py --only "${RATE_MEASURES:-rate,qos}" --out /tmp/omps-verify-rate \
+            timeout -k 5 "${RATE_TIMEOUT:-280}" python3 scripts/sched/run.py --only "${RATE_MEASURES:-rate,qos}" --out /tmp/omps-verify-rate \
                 > /tmp/omps-verify-rate.log 2>&1
             rc=$?
             grep -F ' | ' /tmp/omps-verify-rate.log > "$f" ;;

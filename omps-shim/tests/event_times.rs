@@ -32,6 +32,78 @@ fn ask(c: &Conn, anchor: u32, count: u32, ids: &[u32]) -> Result<Vec<wire::Event
         .collect())
 }
 
+/// Sends Profiling (`on`): the server's answer.
+fn profiling(c: &Conn, on: u32) -> Result<(), i32> {
+    c.channel()
+        .call(0, Op::Profiling, |call| {
+            bytemuck::bytes_of(&wire::Profiling { call, on, _pad: 0 }).to_vec()
+        })
+        .map(|_| ())
+}
+
+/// Records event 1, queues a memset, records event 2 (all on the default stream) and asks
+/// for the pair's times, anchored at event 3: the answer and the host window around the
+/// work.
+fn span(c: &Conn, dst: u64) -> (wire::EventTime, u64, u64) {
+    let t0 = omps_shim::state::profile::monotonic_ns();
+    event_record_raw(c, 1);
+    memset(c, dst);
+    event_record_raw(c, 2);
+    let t = ask(c, 3, 1, &[1, 2]).unwrap()[0];
+    (t, t0, omps_shim::state::profile::monotonic_ns())
+}
+
+/// A client whose profiler traces (Profiling on) gets its spans from the server's own
+/// record of the work (source GPU, CLOCK_MONOTONIC nanoseconds), each client its own
+/// though both use the same event ids; off again, the events answer; a Profiling that is
+/// neither on nor off cuts its sender off.
+#[test]
+fn a_traced_client_is_timed_by_the_servers_record_of_its_work() {
+    let srv = TestServer::start("event-times-timed");
+    let (a, b) = (
+        Conn::connect_to(&srv.socket()).unwrap(),
+        Conn::connect_to(&srv.socket()).unwrap(),
+    );
+    let mut windows = Vec::new();
+    for c in [&a, &b] {
+        for id in 1..=3 {
+            event_create_raw(c, id);
+        }
+        event_record_raw(c, 3);
+        assert_eq!(profiling(c, 1), Ok(()), "the host GPU times work itself");
+        let dst = alloc(c, 4096);
+        let (t, from, to) = span(c, dst);
+        assert_eq!((t.result, t.source), (0, wire::time_source::GPU));
+        assert!(
+            from <= t.start_ns && t.start_ns <= t.end_ns && t.end_ns <= to,
+            "{from} {} {} {to}",
+            t.start_ns,
+            t.end_ns
+        );
+        windows.push((from, to, t));
+    }
+    assert!(
+        windows[1].2.start_ns >= windows[1].0 && windows[1].2.start_ns > windows[0].1,
+        "the second client's span is its own work, not the first's (same event ids)"
+    );
+    // The span was asked once: asked again, its events answer.
+    let again = ask(&a, 3, 1, &[1, 2]).unwrap()[0];
+    assert_eq!((again.result, again.source), (0, wire::time_source::EVENTS));
+    assert_eq!(profiling(&a, 0), Ok(()));
+    let (t, _, _) = span(&a, alloc(&a, 4096));
+    assert_eq!(
+        (t.result, t.source),
+        (0, wire::time_source::EVENTS),
+        "off: events"
+    );
+    assert!(t.length_ms >= 0.0);
+
+    let liar = Conn::connect_to(&srv.socket()).unwrap();
+    let _ = profiling(&liar, 7);
+    assert!(wait_disconnected(&liar), "accepted: Profiling on = 7");
+    assert_eq!(profiling(&b, 0), Ok(()), "the others go on");
+}
+
 #[test]
 fn event_times_answers_its_own_pairs_and_cuts_off_a_liar() {
     let srv = TestServer::start("event-times");

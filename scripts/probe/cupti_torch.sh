@@ -65,6 +65,15 @@ compare "graph decoder (CUDA graph replays)" "$W/native.graph_decoder" "$W/omps.
                 <(grep '^kernel ' "$W/native2.resnet50" | sed 's/.*avg_us //') \
                 <(grep '^kernel ' "$W/omps.resnet50" | sed 's/.*avg_us //') \
                 <(grep '^kernel ' "$W/native.resnet50" | sed 's/ | count.*//; s/^kernel //' | cut -c1-70)
+    # Each kernel's omps mean against the two native runs: within their spread, or
+    # within 5% of their mean where the spread is narrower.
+    paste -d' ' <(grep '^kernel ' "$W/native.resnet50" | sed 's/.*avg_us //') \
+                <(grep '^kernel ' "$W/native2.resnet50" | sed 's/.*avg_us //') \
+                <(grep '^kernel ' "$W/omps.resnet50" | sed 's/.*avg_us //') |
+        awk '{ lo = ($1 < $2 ? $1 : $2); hi = ($1 > $2 ? $1 : $2); m = ($1 + $2) / 2;
+               if (m > 0) { r = $3 / m; s += r; n++; if (r > max) max = r; if (min == 0 || r < min) min = r }
+               if ($3 >= lo * 0.95 && $3 <= hi * 1.05) ok++ }
+             END { if (n) printf "--- ResNet-50 durations: %d of %d kernels within the native spread (5%% slack); omps / native mean %.2f (%.2f-%.2f)\n", ok, n, s / n, min, max }'
     echo "--- omps lines of the omps runs:"; grep -h '^omps' "$W"/omps.* | sort | uniq -c
     echo "--- the server's lines on profiling twins:"
     grep -h "profiling twin" "$W"/log/*.log 2>/dev/null | sed 's/^.*no profiling/no profiling/' | sort | uniq -c | head -20

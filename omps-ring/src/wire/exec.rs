@@ -98,7 +98,7 @@ pub struct EventElapsed {
 }
 
 /// The most pairs one EventTimes call carries: their answers fill the reply area.
-pub const EVENT_TIMES_MAX: usize = 64;
+pub const EVENT_TIMES_MAX: usize = 32;
 
 /// Times of up to EVENT_TIMES_MAX pieces of work at once (a profiler's flush): followed
 /// by `count` pairs of event ids (start, end), each u32. The answer is `count`
@@ -111,14 +111,38 @@ pub struct EventTimes {
     pub count: u32,
 }
 
-/// One pair's answer: the CUDA result, then milliseconds from the anchor to the start and
-/// from the start to the end (cuEventElapsedTime's).
+/// One pair's answer: the CUDA result and where the times come from. From the events
+/// (`source` [`time_source::EVENTS`]): milliseconds from the anchor to the start and from
+/// the start to the end (cuEventElapsedTime's). From the GPU's own record of the work
+/// between the two events (`source` [`time_source::GPU`], a client the server times, see
+/// [`Profiling`]): the work's start and end in CLOCK_MONOTONIC nanoseconds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct EventTime {
     pub result: i32,
+    pub source: u32,
     pub from_anchor_ms: f32,
     pub length_ms: f32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// Where an [`EventTime`]'s times come from.
+pub mod time_source {
+    pub const EVENTS: u32 = 0;
+    pub const GPU: u32 = 1;
+}
+
+/// A profiler in the client starts (`on` 1) or stops (0) tracing this GPU's work: while
+/// on, the server times the client's kernels, copies and memsets with the GPU's own
+/// records of them where it can, and answers the spans of [`EventTimes`] from those. The
+/// answer is 0 when it does, CUDA_ERROR_NOT_SUPPORTED when it cannot (events then time
+/// everything).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Profiling {
+    pub call: CallHdr,
+    pub on: u32,
     pub _pad: u32,
 }
 

@@ -29,7 +29,7 @@ pub use header::*;
 pub use memory::*;
 pub use module::*;
 
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"omps-hi!");
 
 /// The stream handle a client uses for its legacy default stream (CUDA's `0`).
@@ -94,6 +94,7 @@ ops! {
     GraphProfileInfo = 66 => GraphProfileInfo,
     /// Followed by event ids: see [`GraphLaunchProfiled`].
     GraphLaunchProfiled = 67 => GraphLaunchProfiled,
+    Profiling = 68 => Profiling,
     CtxSync = 42 => CallHdr,
     /// Waits until every earlier command of this client on this GPU has been handled by
     /// the server (not by the GPU); answers pending asynchronous errors.

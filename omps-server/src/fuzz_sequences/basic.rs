@@ -90,6 +90,32 @@ pub(super) fn step_basic(
             return me.send(ctx, Op::EventCreate, &[bytemuck::bytes_of(&c)]);
         }
         8 => {
+            // A profiler: tracing on or off (the server then keys the work of the spans
+            // events start), and its spans' times asked.
+            match b.u8() % 8 {
+                0 => {
+                    let p = wire::Profiling {
+                        call: me.call(),
+                        on: (b.u8() & 1) as u32,
+                        _pad: 0,
+                    };
+                    return me.send(ctx, Op::Profiling, &[bytemuck::bytes_of(&p)]);
+                }
+                1 if !held.events.is_empty() => {
+                    let count = (b.u8() % 4) as u32;
+                    let anchor = b.pick(&held.events).unwrap_or(1);
+                    let ids: Vec<u8> = (0..2 * count)
+                        .flat_map(|_| b.pick(&held.events).unwrap_or(1).to_le_bytes())
+                        .collect();
+                    let t = wire::EventTimes {
+                        call: me.call(),
+                        anchor,
+                        count,
+                    };
+                    return me.send(ctx, Op::EventTimes, &[bytemuck::bytes_of(&t), &ids]);
+                }
+                _ => {}
+            }
             if let Some(event) = b.pick(&held.events) {
                 let op = if b.u8() & 1 == 0 {
                     Op::EventRecord

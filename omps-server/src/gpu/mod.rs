@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod features;
 pub mod host;
 pub mod nvml;
+pub mod work_times;
 
 use omps_ring::segment::DeviceSnapshot;
 
@@ -390,6 +391,23 @@ pub trait Gpu: Send + Sync + 'static {
     fn graph_exec_set_event(&self, exec: u64, node: u64, event: u64) -> GpuResult<()>;
     /// Destroys a twin's executable graph, graph and placeholder event.
     fn graph_profile_twin_destroy(&self, twin: &ProfileTwin);
+
+    /// GPU-side timing of traced clients' work (docs/design.md 12b, design S), counted:
+    /// each traced session starts it once and stops it once. True when this backend times
+    /// work with the GPU's own records; false leaves the session's spans to events.
+    fn timer_start(&self) -> bool {
+        false
+    }
+    fn timer_stop(&self) {}
+    /// The driver work the calling thread queues until [`Gpu::timer_end`] is work of `key`.
+    fn timer_begin(&self, _key: u64) {}
+    fn timer_end(&self) {}
+    /// The start and end (CLOCK_MONOTONIC ns) of `key`'s work, once known; asked once.
+    fn timer_take(&self, _key: u64) -> Option<(u64, u64)> {
+        None
+    }
+    /// Asks for the records of finished work the backend has not been given yet.
+    fn timer_settle(&self) {}
 
     /// A CUDA array of `shape`: its handle and the bytes it takes.
     fn array_create(&self, shape: &ArrayShape) -> GpuResult<(u64, u64)>;

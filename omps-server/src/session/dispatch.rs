@@ -46,6 +46,23 @@ impl Session {
         {
             return Ok(());
         }
+        self.timer_before(op, p);
+        // The driver calls of a traced client's work carry its span's key (timer.rs).
+        let keyed = self.timer_begin(ctx, op, p);
+        let r = self.run_op(ctx, op, p, tail);
+        if keyed {
+            ctx.gpu.timer_end();
+        }
+        r
+    }
+
+    fn run_op(
+        &mut self,
+        ctx: &mut WorkerCtx,
+        op: Op,
+        p: &[u8],
+        tail: &[u8],
+    ) -> Result<(), Malformed> {
         match op {
             Op::Launch | Op::Query | Op::TensorMap => self.handle_exec(ctx, op, p, tail)?,
             Op::Memset
@@ -116,6 +133,10 @@ impl Session {
             }
             Op::GraphProfileInfo | Op::GraphLaunchProfiled => {
                 self.handle_graph_profile(ctx, op, p, tail)?
+            }
+            Op::Profiling => {
+                fixed_only(tail, "profiling")?;
+                self.handle_profiling(ctx, &rec::<wire::Profiling>(p))?;
             }
             Op::IpcGetMemHandle
             | Op::IpcOpenMemHandle

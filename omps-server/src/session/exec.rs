@@ -51,7 +51,11 @@ impl Session {
                 };
                 let shape = (h, l.grid, l.block, l.shared_mem);
                 // Whether a launch of this shape may join a run (kinds/launch_run.rs).
-                let gathers = attrs.is_empty() && self.capturing == 0 && gpu.takes_runs(s);
+                // A traced client's launches go one by one: each carries its span's key.
+                let gathers = attrs.is_empty()
+                    && self.capturing == 0
+                    && !self.timer.timed
+                    && gpu.takes_runs(s);
                 if gathers && self.run.proven(&shape) {
                     if self.run.other_work(s) {
                         self.flush_run(ctx);

@@ -33,6 +33,7 @@ mod record;
 mod state;
 mod streams;
 mod sync;
+mod timer;
 mod vmm;
 
 pub use crate::client::answer::answer_later;

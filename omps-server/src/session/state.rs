@@ -170,6 +170,8 @@ pub struct Session {
     pub(super) execs: HashMap<u32, u64>,
     /// Profiling twins of its executable graphs, and the graphs kept for them.
     pub(super) profiles: super::profiles::GraphProfiles,
+    /// The GPU's own times of its work while its profiler traces (session/timer.rs).
+    pub(super) timer: super::kinds::span_timer::SessionTimer,
     /// The device memory each executable graph's memset and memcpy nodes use, and the
     /// blocks freed while one does, held until none does (session/graph_memory.rs).
     pub(super) exec_ranges: HashMap<u32, Vec<Range>>,
@@ -253,6 +255,7 @@ impl Session {
             graphs: HashMap::new(),
             execs: HashMap::new(),
             profiles: Default::default(),
+            timer: Default::default(),
             exec_ranges: HashMap::new(),
             graph_held: Vec::new(),
             graph_held_other: Vec::new(),

@@ -340,8 +340,24 @@ impl Session {
                 let mut out = Vec::with_capacity(n * std::mem::size_of::<wire::EventTime>());
                 for pair in tail.chunks_exact(8) {
                     let id = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
-                    let (start, end) = (self.event(id(&pair[..4]))?, self.event(id(&pair[4..]))?);
+                    let start_id = id(&pair[..4]);
+                    let (start, end) = (self.event(start_id)?, self.event(id(&pair[4..]))?);
                     let answer = match gpu.event_query(end) {
+                        // The GPU's own record of the work, for a client the server times.
+                        Ok(true) if let Some(timed) = self.timer_answer(&*gpu, start_id) => {
+                            match timed {
+                                Ok((start_ns, end_ns)) => wire::EventTime {
+                                    source: wire::time_source::GPU,
+                                    start_ns,
+                                    end_ns,
+                                    ..Default::default()
+                                },
+                                Err(r) => wire::EventTime {
+                                    result: r,
+                                    ..Default::default()
+                                },
+                            }
+                        }
                         Ok(true) => match (
                             gpu.event_elapsed(anchor, start),
                             gpu.event_elapsed(start, end),

@@ -77,6 +77,9 @@ struct PerGpu {
     free: Vec<usize>,
     anchor: Option<Arc<Anchor>>,
     stream: Option<usize>,
+    /// The server was told this GPU is traced (`Profiling`): it then times the work of
+    /// spans itself where it can (docs/design.md 12b, design S).
+    announced: bool,
 }
 
 static GPUS: Mutex<Option<HashMap<usize, PerGpu>>> = Mutex::new(None);
@@ -166,6 +169,29 @@ fn anchor(dev: usize) -> Option<Arc<Anchor>> {
     Some(a)
 }
 
+/// Tells the server whether this process traces GPU `dev`'s work; its answer (whether
+/// it times the work itself) changes nothing here: EventTimes says per span.
+fn announce(dev: usize, on: bool) {
+    let Ok(c) = crate::state::entry::live() else {
+        return;
+    };
+    let mut ch = c.channel();
+    let r = ch.call(dev, Op::Profiling, |call| {
+        bytemuck::bytes_of(&wire::Profiling {
+            call,
+            on: on as u32,
+            _pad: 0,
+        })
+        .to_vec()
+    });
+    super::debug::debug(|| {
+        format!(
+            "GPU {dev}: the server times traced work itself: {}",
+            r.is_ok()
+        )
+    });
+}
+
 /// The anchor work queued on `stream` of `dev` is timed from: None when the stream is
 /// capturing (an event there would become a graph node) or no anchor is had.
 fn ready(stream: CUstream, dev: usize) -> Option<Arc<Anchor>> {
@@ -178,6 +204,9 @@ fn ready(stream: CUstream, dev: usize) -> Option<Arc<Anchor>> {
             super::debug::debug(|| format!("a stream's capture status failed ({r}): not timed"));
         }
         return None;
+    }
+    if !with_gpu(dev, |g| std::mem::replace(&mut g.announced, true)) {
+        announce(dev, true);
     }
     let a = anchor(dev);
     if a.is_none() {
@@ -283,6 +312,10 @@ pub fn resolve_all(spans: &[&Span]) -> Vec<Result<Option<(u64, u64)>, NotReady>>
             for (&i, t) in chunk.iter().zip(answers) {
                 let anchor_ns = spans[i].anchor.mono as f64;
                 out[i] = match t.result {
+                    // The server's record of the work itself, in this host's monotonic ns.
+                    0 if t.source == wire::time_source::GPU => {
+                        Ok(Some((t.start_ns, t.end_ns.max(t.start_ns))))
+                    }
                     // The server recorded the pair end first: the work ran untimed (a
                     // graph replay without its twin).
                     0 if t.length_ms < 0.0 => Ok(None),
@@ -347,6 +380,9 @@ pub fn drain() {
     };
     quiet(|| {
         for (dev, mut per) in all {
+            if per.announced {
+                announce(dev, false);
+            }
             // The anchor's event goes back to the pool (a fresh entry for `dev`, outside
             // the lock) if no span holds it, and is destroyed with the rest.
             drop(per.anchor.take());

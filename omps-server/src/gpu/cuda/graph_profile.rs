@@ -102,6 +102,12 @@ fn instrument(gpu: &CudaGpu, g: u64, placeholder: u64) -> GpuResult<Vec<TimedNod
         let mut end = std::ptr::null_mut();
         // SAFETY: the timed node of the copy as the one dependency.
         ck(unsafe { cu::cuGraphAddEventRecordNode(&mut end, graph, &n, 1, event) })?;
+        if programmatic {
+            // The kernel may end before its start record runs (it began early): the end
+            // record then waits for the start one, so that the span is never negative.
+            // SAFETY: two record nodes of the copy; null edge data is the default edge.
+            ck(unsafe { cu::cuGraphAddDependencies_v2(graph, &start, &end, std::ptr::null(), 1) })?;
+        }
         out.push(TimedNode {
             start: start as u64,
             end: end as u64,

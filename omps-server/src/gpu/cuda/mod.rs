@@ -3,6 +3,7 @@
 pub mod arrays;
 mod batch;
 mod context;
+mod cupti;
 mod device;
 mod graph_profile;
 mod graphs;
@@ -326,6 +327,30 @@ impl Gpu for CudaGpu {
 
     fn graph_profile_twin_destroy(&self, twin: &crate::gpu::ProfileTwin) {
         graph_profile::graph_profile_twin_destroy(self, twin)
+    }
+
+    fn timer_start(&self) -> bool {
+        cupti::start()
+    }
+
+    fn timer_stop(&self) {
+        cupti::stop()
+    }
+
+    fn timer_begin(&self, key: u64) {
+        cupti::begin(key)
+    }
+
+    fn timer_end(&self) {
+        cupti::end()
+    }
+
+    fn timer_take(&self, key: u64) -> Option<(u64, u64)> {
+        cupti::take(key)
+    }
+
+    fn timer_settle(&self) {
+        cupti::settle()
     }
 
     fn graph_node_type(&self, node: u64) -> GpuResult<u32> {

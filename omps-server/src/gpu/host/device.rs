@@ -331,6 +331,22 @@ impl Gpu for HostGpu {
         graphs::graph_profile_twin_destroy(self, twin)
     }
 
+    fn timer_start(&self) -> bool {
+        true
+    }
+
+    fn timer_begin(&self, key: u64) {
+        super::timer::begin(key)
+    }
+
+    fn timer_end(&self) {
+        super::timer::end()
+    }
+
+    fn timer_take(&self, key: u64) -> Option<(u64, u64)> {
+        super::timer::take(key)
+    }
+
     fn graph_memory_ranges(&self, graph: u64) -> GpuResult<Vec<(u64, u64)>> {
         graphs::graph_memory_ranges(self, graph)
     }

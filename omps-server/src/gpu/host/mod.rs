@@ -28,6 +28,7 @@ mod replay;
 mod setup;
 mod state;
 mod streams;
+mod timer;
 mod vmm;
 
 pub use profile::HostProfile;

@@ -12,4 +12,5 @@ pub mod green;
 pub mod launch_run;
 pub mod pool_share;
 pub mod quick_free;
+pub mod span_timer;
 pub mod vmm;

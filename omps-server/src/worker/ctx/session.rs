@@ -80,6 +80,8 @@ impl WorkerCtx {
             }
         };
         let (fence_streams, left) = (s.fence_streams(), s.left_events(self));
+        // A profiler that was tracing stops with it.
+        s.end_timing(&*self.gpu);
         // Blocks kept for its next allocations go with the rest of what it held.
         s.adopt_kept(self.kept_of(s.client.id));
         let bound = s.bound_work_streams();

@@ -75,6 +75,8 @@ compare "graph decoder (CUDA graph replays)" "$W/native.graph_decoder" "$W/omps.
                if ($3 >= lo * 0.95 && $3 <= hi * 1.05) ok++ }
              END { if (n) printf "--- ResNet-50 durations: %d of %d kernels within the native spread (5%% slack); omps / native mean %.2f (%.2f-%.2f)\n", ok, n, s / n, min, max }'
     echo "--- omps lines of the omps runs:"; grep -h '^omps' "$W"/omps.* | sort | uniq -c
+    echo "--- the server's lines on CUPTI:"
+    grep -h "CUPTI\|timed by events" "$W"/log/*.log 2>/dev/null | sed 's/^.*\] //' | sort | uniq -c | head -5
     echo "--- the server's lines on profiling twins:"
     grep -h "profiling twin" "$W"/log/*.log 2>/dev/null | sed 's/^.*no profiling/no profiling/' | sort | uniq -c | head -20
 } >> "$report"

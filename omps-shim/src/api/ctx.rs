@@ -164,7 +164,10 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(d: *mut CUdevice, ctx: CUcontext) -> 
 
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
-    entry(|| sync_device(ctx_or_current(ctx)?.dev))
+    // CUDA 13's cudaDeviceSynchronize comes here: a profiler records its wait too.
+    crate::state::profile::waiting(crate::state::profile::Wait::Context, || {
+        entry(|| sync_device(ctx_or_current(ctx)?.dev))
+    })
 }
 
 #[no_mangle]

@@ -301,6 +301,7 @@ pub fn resolve_all(spans: &[&Span]) -> Vec<Result<Option<(u64, u64)>, NotReady>>
             groups.entry(key).or_default().push(i);
         }
     }
+    let mut by_source = [0usize; 3];
     for ((dev, _), idx) in groups {
         for chunk in idx.chunks(wire::EVENT_TIMES_MAX) {
             let answers = quiet(|| times(dev, spans, chunk)).unwrap_or_default();
@@ -310,6 +311,11 @@ pub fn resolve_all(spans: &[&Span]) -> Vec<Result<Option<(u64, u64)>, NotReady>>
                 });
             }
             for (&i, t) in chunk.iter().zip(answers) {
+                by_source[match (t.result, t.source) {
+                    (0, wire::time_source::GPU) => 0,
+                    (0, _) => 1,
+                    _ => 2,
+                }] += 1;
                 let anchor_ns = spans[i].anchor.mono as f64;
                 out[i] = match t.result {
                     // The server's record of the work itself, in this host's monotonic ns.
@@ -335,6 +341,12 @@ pub fn resolve_all(spans: &[&Span]) -> Vec<Result<Option<(u64, u64)>, NotReady>>
             }
         }
     }
+    super::debug::debug(|| {
+        format!(
+            "span times: {} from the server's records, {} from events, {} not ready or failed",
+            by_source[0], by_source[1], by_source[2]
+        )
+    });
     out
 }
 

@@ -22,9 +22,18 @@ use std::sync::{Mutex, OnceLock};
 const MEMCPY: u32 = 1;
 const MEMSET: u32 = 2;
 const KERNEL: u32 = 3;
+const DRIVER: u32 = 4;
 const CONCURRENT_KERNEL: u32 = 10;
 const EXTERNAL_CORRELATION: u32 = 39;
-const KINDS: [u32; 4] = [CONCURRENT_KERNEL, MEMCPY, MEMSET, EXTERNAL_CORRELATION];
+/// DRIVER's records are not read, but CUPTI makes external-correlation records only for
+/// calls it records.
+const KINDS: [u32; 5] = [
+    CONCURRENT_KERNEL,
+    MEMCPY,
+    MEMSET,
+    DRIVER,
+    EXTERNAL_CORRELATION,
+];
 /// CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0: the kind of the keys pushed.
 const KEY_KIND: u32 = 3;
 const FLUSH_FORCED: u32 = 1;
@@ -62,6 +71,12 @@ static TIMES: Mutex<Option<WorkTimes>> = Mutex::new(None);
 static USERS: Mutex<usize> = Mutex::new(0);
 /// When the last flush was asked for (monotonic ns).
 static LAST_FLUSH: AtomicU64 = AtomicU64::new(0);
+/// Records read of work, of keyed calls; keys asked for, found: said when tracing ends.
+static COUNTS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+fn count(i: usize) {
+    COUNTS[i].fetch_add(1, Ordering::Relaxed);
+}
 
 fn with_times<R>(f: impl FnOnce(&mut WorkTimes) -> R) -> R {
     let mut g = TIMES.lock().unwrap_or_else(|p| p.into_inner());
@@ -226,10 +241,15 @@ unsafe fn read(t: &mut WorkTimes, r: *const u8) {
         let u64_at = |o: usize| (r.add(o) as *const u64).read_unaligned();
         match u32_at(0) {
             CONCURRENT_KERNEL | KERNEL => {
+                count(0);
                 t.work(u32_at(KERNEL_CORRELATION), u64_at(START), u64_at(END))
             }
-            MEMCPY | MEMSET => t.work(u32_at(COPY_CORRELATION), u64_at(START), u64_at(END)),
+            MEMCPY | MEMSET => {
+                count(0);
+                t.work(u32_at(COPY_CORRELATION), u64_at(START), u64_at(END))
+            }
             EXTERNAL_CORRELATION if u32_at(EXT_KIND) == KEY_KIND => {
+                count(1);
                 t.key(u32_at(EXT_CORRELATION), u64_at(EXT_ID))
             }
             _ => {}
@@ -275,6 +295,11 @@ pub fn stop() {
                 (c.disable)(k);
             }
         }
+        let n = COUNTS.each_ref().map(|c| c.swap(0, Ordering::Relaxed));
+        tracing::info!(
+            "CUPTI tracing ends: {} records of work, {} of keyed calls; {} spans asked, {} answered from records",
+            n[0], n[1], n[2], n[3]
+        );
     }
 }
 
@@ -294,7 +319,9 @@ pub fn end() {
 }
 
 pub fn take(key: u64) -> Option<(u64, u64)> {
-    with_times(|t| t.take(key))
+    let t = with_times(|t| t.take(key));
+    count(if t.is_some() { 3 } else { 2 });
+    t
 }
 
 /// Asks CUPTI for what it holds, at most every millisecond (a flush walks every buffer).

@@ -46,11 +46,21 @@ wait $a $b
 LD_PRELOAD=$BIN/libomps_shim.so prof graph_decoder "$W/omps.graph_decoder"
 timeout 20 "$BIN/omps-ctl" quit > /dev/null 2>&1
 names() { grep '^kernel ' "$1" | sed 's/ | avg_us.*//'; }
+# A CUDA graph's device-to-device memcpy nodes: natively the driver runs most of them as
+# a kernel of its own (`memcpy32_post`, a KERNEL record) and the rest as copies; omps
+# records each as the copy the program asked for (its server does not say which way the
+# driver ran it). The graph comparison counts them together, as one line.
+graph_names() {
+    names "$1" | awk -F' [|] count ' '
+        $1 ~ /^kernel (memcpy32_post|Memcpy DtoD \(Device -> Device\))$/ { copies += $2; next }
+        { print }
+        END { if (copies) print "kernel (a graph memcpy node, DtoD) | count " copies }' | sort
+}
 rc=0
 compare() {
-    local what=$1 nat=$2 omp=$3
-    if [ "$(names "$nat" | grep -c .)" -gt 0 ] && diff <(names "$nat") <(names "$omp") > "$W/diff" 2>&1; then
-        echo "$what: the same kernels and counts as natively ($(names "$nat" | grep -c .) kernels)" | tee -a "$report"
+    local what=$1 nat=$2 omp=$3 list=${4:-names}
+    if [ "$($list "$nat" | grep -c .)" -gt 0 ] && diff <($list "$nat") <($list "$omp") > "$W/diff" 2>&1; then
+        echo "$what: the same kernels and counts as natively ($($list "$nat" | grep -c .) kernels)" | tee -a "$report"
     else
         echo "$what: DIFFERENT from native (< native, > omps):" | tee -a "$report"; cat "$W/diff" >> "$report"
         echo "--- omps output:" >> "$report"; tail -20 "$omp" >> "$report"; rc=1
@@ -58,7 +68,8 @@ compare() {
 }
 compare "ResNet-50, beside the decoder" "$W/native.resnet50" "$W/omps.resnet50"
 compare "decoder, beside ResNet-50" "$W/native.decoder" "$W/omps.decoder"
-compare "graph decoder (CUDA graph replays)" "$W/native.graph_decoder" "$W/omps.graph_decoder"
+compare "graph decoder (CUDA graph replays; graph memcpy nodes counted together)" \
+    "$W/native.graph_decoder" "$W/omps.graph_decoder" graph_names
 {
     echo "--- ResNet-50, mean device time per kernel (us): native run 1 | native run 2 | omps | kernel"
     paste -d'|' <(grep '^kernel ' "$W/native.resnet50" | sed 's/.*avg_us //') \

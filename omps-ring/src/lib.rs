@@ -7,11 +7,14 @@
 //! * [`segment`]: where everything sits inside a client's segment.
 //! * [`wire`]: the plain-old-data records that travel through the ring and the socket.
 //! * [`sock`]: where the server's socket lives, and messages that carry descriptors.
+//! * [`clock`]: the clock both sides time a profiler's records in.
 //! * [`image`]: code images (fatbins, cubins, PTX) as the driver would read them; the shim
 //!   looks into them for printf, the server for data a shared module would share.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(not(loom))]
+pub mod clock;
 #[cfg(not(loom))]
 pub mod futex;
 #[cfg(not(loom))]

@@ -8,6 +8,7 @@
 //! client can never read another's times. Everything here is bounded: past `LIMIT`
 //! entries of a map, its oldest go.
 
+pub use omps_ring::clock::monotonic_ns;
 use std::collections::{HashMap, VecDeque};
 
 /// Entries each map keeps at most (some 10 MB in all).
@@ -100,18 +101,6 @@ impl WorkTimes {
     pub fn take(&mut self, key: u64) -> Option<(u64, u64)> {
         self.times.remove(&key)
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock every time here is in, the one a client's
-/// shim reads on the same machine.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

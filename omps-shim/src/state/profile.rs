@@ -182,13 +182,4 @@ pub(crate) fn waiting(wait: Wait, body: impl FnOnce() -> CUresult) -> CUresult {
     r
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock the profiler's host times are taken in.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use omps_ring::clock::monotonic_ns;

@@ -8,6 +8,7 @@
 //! * [`wire`]: the plain-old-data records that travel through the ring and the socket.
 //! * [`sock`]: where the server's socket lives, and messages that carry descriptors.
 //! * [`clock`]: the clock both sides time a profiler's records in.
+//! * [`cupti_layout`]: CUPTI's activity kinds and record layouts, which both sides use.
 //! * [`image`]: code images (fatbins, cubins, PTX) as the driver would read them; the shim
 //!   looks into them for printf, the server for data a shared module would share.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -15,6 +16,8 @@
 
 #[cfg(not(loom))]
 pub mod clock;
+#[cfg(not(loom))]
+pub mod cupti_layout;
 #[cfg(not(loom))]
 pub mod futex;
 #[cfg(not(loom))]

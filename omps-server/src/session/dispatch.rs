@@ -4,15 +4,6 @@
 
 use super::*;
 
-/// A span's key pushed on the lane's thread (`Gpu::timer_begin`): popped when dropped.
-struct KeyPushed(std::sync::Arc<dyn crate::gpu::Gpu>);
-
-impl Drop for KeyPushed {
-    fn drop(&mut self) {
-        self.0.timer_end();
-    }
-}
-
 impl Session {
     /// Decodes, validates and runs one record.
     pub fn handle(&mut self, ctx: &mut WorkerCtx, tag: u32, p: &[u8]) -> Result<(), Malformed> {
@@ -56,22 +47,9 @@ impl Session {
             return Ok(());
         }
         self.timer_before(op, p);
-        // The driver calls of a traced client's work carry its span's key (timer.rs),
-        // taken off again however the record ends: a panic in its handling (the lane
-        // goes on with other clients) must not leave the key on their work.
-        let _key = self
-            .timer_begin(ctx, op, p)
-            .then(|| KeyPushed(ctx.gpu.clone()));
-        self.run_op(ctx, op, p, tail)
-    }
-
-    fn run_op(
-        &mut self,
-        ctx: &mut WorkerCtx,
-        op: Op,
-        p: &[u8],
-        tail: &[u8],
-    ) -> Result<(), Malformed> {
+        // The driver calls of a traced client's work carry its span's key (timer.rs)
+        // until this record is handled, however it ends.
+        let _key = self.timer_key(ctx, op, p);
         match op {
             Op::Launch | Op::Query | Op::TensorMap => self.handle_exec(ctx, op, p, tail)?,
             Op::Memset

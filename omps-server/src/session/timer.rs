@@ -27,6 +27,17 @@ fn work_stream(op: Op, p: &[u8]) -> Option<u32> {
     })
 }
 
+/// A span's key pushed on the lane's thread (`Gpu::timer_begin`), popped when dropped:
+/// also when a panic ends the record's handling (the lane goes on with other clients,
+/// whose work must not carry the key).
+pub(super) struct KeyPushed(std::sync::Arc<dyn Gpu>);
+
+impl Drop for KeyPushed {
+    fn drop(&mut self) {
+        self.0.timer_end();
+    }
+}
+
 impl Session {
     /// `Profiling`: the client's profiler starts or stops tracing this GPU.
     pub(super) fn handle_profiling(
@@ -94,13 +105,15 @@ impl Session {
         }
     }
 
-    /// The key a work record's driver calls carry, if any (begun on the backend).
-    pub(super) fn timer_begin(&self, ctx: &WorkerCtx, op: Op, p: &[u8]) -> bool {
-        let Some(key) = work_stream(op, p).and_then(|s| self.timer.key_for(s)) else {
-            return false;
-        };
+    /// Pushes the key a traced client's work record's driver calls carry, if any; the
+    /// guard pops it. Untraced clients' records (every launch of them) cost one test.
+    pub(super) fn timer_key(&self, ctx: &WorkerCtx, op: Op, p: &[u8]) -> Option<KeyPushed> {
+        if !self.timer.timed {
+            return None;
+        }
+        let key = work_stream(op, p).and_then(|s| self.timer.key_for(s))?;
         ctx.gpu.timer_begin(key);
-        true
+        Some(KeyPushed(ctx.gpu.clone()))
     }
 
     /// The GPU's times of the span starting at event `start`, whose end event has

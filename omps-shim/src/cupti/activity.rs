@@ -156,24 +156,34 @@ fn ensure_buffer() {
         s.request.filter(|_| on && s.held.is_none())
     });
     let Some(request) = request else { return };
-    let (mut buf, mut size, mut max) = (std::ptr::null_mut::<u8>(), 0usize, 0usize);
-    // SAFETY: the profiler's callback, with valid out-pointers.
-    unsafe { request(&mut buf, &mut size, &mut max) };
-    if buf.is_null() {
+    let held = ask(request);
+    if held.buf.is_null() {
         super::debug::debug(|| "the profiler gave no buffer".into());
         return;
     }
-    let held = Held { buf, size, max };
     // Another thread may have been given one meanwhile: the second goes back empty.
     if let Some(extra) = with(|s| s.held.replace(held)) {
         give_back_empty(extra);
     }
 }
 
+/// A buffer from the profiler's request callback (null: it gave none).
+fn ask(request: RequestFn) -> Held {
+    let (mut buf, mut size, mut max) = (std::ptr::null_mut::<u8>(), 0usize, 0usize);
+    // SAFETY: the profiler's callback, with valid out-pointers.
+    unsafe { request(&mut buf, &mut size, &mut max) };
+    Held { buf, size, max }
+}
+
+/// Hands a buffer the profiler gave back to it, with `valid` bytes of records written.
+fn hand_back(complete: CompleteFn, h: &Held, valid: usize) {
+    // SAFETY: the profiler's callback, with a buffer it gave and what was written in it.
+    unsafe { complete(std::ptr::null_mut(), 0, h.buf, h.size, valid) };
+}
+
 fn give_back_empty(h: Held) {
     if let Some(complete) = with(|s| s.complete) {
-        // SAFETY: the profiler's callback, with a buffer it gave and nothing written.
-        unsafe { complete(std::ptr::null_mut(), 0, h.buf, h.size, 0) };
+        hand_back(complete, &h, 0);
     }
 }
 
@@ -586,16 +596,11 @@ fn deliver(forced: bool) -> u32 {
     let mut held = held;
     let mut rest = &records[..];
     while !rest.is_empty() {
-        let Held { buf, size, max } = held.take().unwrap_or_else(|| {
-            let (mut buf, mut size, mut max) = (std::ptr::null_mut::<u8>(), 0usize, 0usize);
-            // SAFETY: the profiler's callback, with valid out-pointers.
-            unsafe { request(&mut buf, &mut size, &mut max) };
-            Held { buf, size, max }
-        });
+        let h = held.take().unwrap_or_else(|| ask(request));
+        let Held { buf, size, max } = h;
         if buf.is_null() || size < rest[0].bytes().len() {
             if !buf.is_null() {
-                // SAFETY: the profiler's callback; its buffer goes back to it, empty.
-                unsafe { complete(std::ptr::null_mut(), 0, buf, size, 0) };
+                hand_back(complete, &h, 0);
             }
             with(|s| s.dropped += rest.len());
             break;
@@ -613,8 +618,7 @@ fn deliver(forced: bool) -> u32 {
             n += 1;
         }
         rest = &rest[n..];
-        // SAFETY: the profiler's callback, with the buffer it gave and what was written.
-        unsafe { complete(std::ptr::null_mut(), 0, buf, size, valid) };
+        hand_back(complete, &h, valid);
     }
     ensure_buffer();
     abi::result::SUCCESS
@@ -650,8 +654,7 @@ pub fn finalize() {
         std::mem::take(&mut *s)
     });
     if let (Some(h), Some(complete)) = (pending.held.take(), pending.complete) {
-        // SAFETY: the profiler's callback, with a buffer it gave and nothing written.
-        unsafe { complete(std::ptr::null_mut(), 0, h.buf, h.size, 0) };
+        hand_back(complete, &h, 0);
     }
     // Dropped outside the lock: each span's events go back to the pool, then the pool
     // is destroyed.

@@ -14,39 +14,23 @@
 //! are made for all of the context's work); they are off again once no client traces.
 
 use crate::gpu::work_times::{monotonic_ns, WorkTimes};
+use omps_ring::cupti_layout::{kind, off};
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// CUpti_ActivityKind values turned on (cupti_activity.h).
-const MEMCPY: u32 = 1;
-const MEMSET: u32 = 2;
-const KERNEL: u32 = 3;
-const DRIVER: u32 = 4;
-const CONCURRENT_KERNEL: u32 = 10;
-const EXTERNAL_CORRELATION: u32 = 39;
-/// DRIVER's records are not read, but CUPTI makes external-correlation records only for
-/// calls it records.
+/// Activity kinds turned on. DRIVER's records are not read, but CUPTI makes
+/// external-correlation records only for calls it records.
 const KINDS: [u32; 5] = [
-    CONCURRENT_KERNEL,
-    MEMCPY,
-    MEMSET,
-    DRIVER,
-    EXTERNAL_CORRELATION,
+    kind::CONCURRENT_KERNEL,
+    kind::MEMCPY,
+    kind::MEMSET,
+    kind::DRIVER,
+    kind::EXTERNAL_CORRELATION,
 ];
 /// CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0: the kind of the keys pushed.
 const KEY_KIND: u32 = 3;
 const FLUSH_FORCED: u32 = 1;
-/// Offsets in the records read (CUDA 13.0's CUpti_ActivityKernel10, CUpti_ActivityMemcpy6,
-/// CUpti_ActivityMemset4 and CUpti_ActivityExternalCorrelation, checked against the
-/// headers by scripts/probe/cupti_layout.sh): every version of these records keeps them.
-const START: usize = 16;
-const END: usize = 24;
-const KERNEL_CORRELATION: usize = 92;
-const COPY_CORRELATION: usize = 44;
-const EXT_KIND: usize = 4;
-const EXT_ID: usize = 8;
-const EXT_CORRELATION: usize = 16;
 /// Bytes of each buffer given to CUPTI.
 const BUFFER: usize = 4 << 20;
 /// CUPTI delivers what it holds this often by itself (ms).
@@ -235,22 +219,35 @@ unsafe extern "C" fn complete(_: *mut c_void, _: u32, buf: *mut u8, size: usize,
 /// # Safety
 /// `r` is a record CUPTI wrote, of the size its kind has.
 unsafe fn read(t: &mut WorkTimes, r: *const u8) {
-    // SAFETY: each read is inside the record of its kind (offsets above).
+    // SAFETY: each read is inside the record of its kind (omps_ring::cupti_layout).
     unsafe {
         let u32_at = |o: usize| (r.add(o) as *const u32).read_unaligned();
         let u64_at = |o: usize| (r.add(o) as *const u64).read_unaligned();
+        // Start, end and correlation sit where every version of these records keeps them
+        // (the memset record's as the memcpy record's).
         match u32_at(0) {
-            CONCURRENT_KERNEL | KERNEL => {
+            kind::CONCURRENT_KERNEL | kind::KERNEL => {
                 count(0);
-                t.work(u32_at(KERNEL_CORRELATION), u64_at(START), u64_at(END))
+                let (k, e, c) = (
+                    off::kernel::START,
+                    off::kernel::END,
+                    off::kernel::CORRELATION_ID,
+                );
+                t.work(u32_at(c), u64_at(k), u64_at(e))
             }
-            MEMCPY | MEMSET => {
+            kind::MEMCPY | kind::MEMSET => {
                 count(0);
-                t.work(u32_at(COPY_CORRELATION), u64_at(START), u64_at(END))
+                let (k, e, c) = (
+                    off::memcpy::START,
+                    off::memcpy::END,
+                    off::memcpy::CORRELATION_ID,
+                );
+                t.work(u32_at(c), u64_at(k), u64_at(e))
             }
-            EXTERNAL_CORRELATION if u32_at(EXT_KIND) == KEY_KIND => {
+            kind::EXTERNAL_CORRELATION if u32_at(off::external::EXTERNAL_KIND) == KEY_KIND => {
                 count(1);
-                t.key(u32_at(EXT_CORRELATION), u64_at(EXT_ID))
+                let c = u32_at(off::external::CORRELATION_ID);
+                t.key(c, u64_at(off::external::EXTERNAL_ID))
             }
             _ => {}
         }

@@ -43,11 +43,8 @@ impl SessionTimer {
         (u64::from(self.uid) << 32) | u64::from(span)
     }
 
-    /// The key of the next work on `stream`, while timed.
+    /// The key of the next work on `stream` (spans are kept only while timed).
     pub fn key_for(&self, stream: u32) -> Option<u64> {
-        if !self.timed {
-            return None;
-        }
         self.by_stream.get(&stream).map(|&s| self.key(s))
     }
 }
